@@ -1,0 +1,64 @@
+package adaptive
+
+import "time"
+
+// Pacing sets how long a worker waits between polls.
+//
+// While polls keep finding work, the n-th consecutive productive poll is
+// followed by a wait of ActiveInterval - (n-1)·RampStep, never less than
+// MinInterval (see [Pacing.ProceedDelay]). After a poll that finds nothing,
+// the worker waits IdleInterval or until it is poked, whichever comes first,
+// and the ramp starts over at ActiveInterval.
+type Pacing struct {
+	// MinInterval is the shortest wait between productive polls: the pace of
+	// a sustained backlog. Must be >= 0 and <= ActiveInterval.
+	MinInterval time.Duration
+	// ActiveInterval is the wait after the first productive poll following
+	// an idle period. Must be <= IdleInterval.
+	ActiveInterval time.Duration
+	// RampStep is subtracted from the wait for every further consecutive
+	// productive poll. Zero keeps the pace at ActiveInterval. Must be >= 0.
+	RampStep time.Duration
+	// IdleInterval is the safety-net poll period while idle: without a poke,
+	// an idle worker polls again after this long. Must be > 0.
+	IdleInterval time.Duration
+}
+
+// Validate returns nil if p is usable, and otherwise a [*ConfigError]
+// describing the first problem found.
+func (p Pacing) Validate() error { return p.validate("") }
+
+func (p Pacing) validate(prefix string) error {
+	switch {
+	case p.MinInterval < 0:
+		return configErrorf(prefix+"MinInterval", "must be >= 0, got %v", p.MinInterval)
+	case p.RampStep < 0:
+		return configErrorf(prefix+"RampStep", "must be >= 0, got %v", p.RampStep)
+	case p.IdleInterval <= 0:
+		return configErrorf(prefix+"IdleInterval", "must be > 0, got %v", p.IdleInterval)
+	case p.ActiveInterval < p.MinInterval:
+		return configErrorf(prefix+"ActiveInterval", "must be >= MinInterval (%v), got %v", p.MinInterval, p.ActiveInterval)
+	case p.IdleInterval < p.ActiveInterval:
+		return configErrorf(prefix+"IdleInterval", "must be >= ActiveInterval (%v), got %v", p.ActiveInterval, p.IdleInterval)
+	}
+	return nil
+}
+
+// ProceedDelay returns the wait after the streak-th consecutive productive
+// poll (streak counts from 1; values below 1 are treated as 1):
+// max(MinInterval, ActiveInterval - (streak-1)·RampStep). It never
+// overflows.
+func (p Pacing) ProceedDelay(streak int) time.Duration {
+	if p.ActiveInterval <= p.MinInterval {
+		return p.MinInterval
+	}
+	steps := max(streak, 1) - 1
+	if steps == 0 || p.RampStep <= 0 {
+		return p.ActiveInterval
+	}
+	room := p.ActiveInterval - p.MinInterval
+	if int64(steps) > int64(room/p.RampStep) {
+		return p.MinInterval // steps·RampStep > room: past the floor
+	}
+	return max(p.ActiveInterval-time.Duration(steps)*p.RampStep, p.MinInterval)
+}

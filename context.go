@@ -1,0 +1,59 @@
+package outbox
+
+import (
+	"context"
+	"reflect"
+
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+)
+
+type txKey struct{}
+
+// txBinding is what WithTx stores: the caller's transaction and its adapter.
+type txBinding struct {
+	tx  any
+	q   pgexec.Querier
+	err error
+}
+
+// WithTx returns a context that carries tx, the caller's open transaction: a
+// pgx.Tx, a *sql.Tx or a watermill-sql executor. A Publisher created with
+// NewPublisher writes a message into the transaction found in the message's
+// context, so set it with msg.SetContext(outbox.WithTx(ctx, tx)) — or, in a
+// Router handler, on the context of the messages the handler returns.
+//
+// A nil or unsupported tx is reported by Publish (ErrNilTx,
+// ErrUnsupportedTx), not here, so that the error surfaces where it matters.
+func WithTx(ctx context.Context, tx any) context.Context {
+	q, err := pgexec.FromTx(tx)
+	return context.WithValue(ctx, txKey{}, &txBinding{tx: tx, q: q, err: err})
+}
+
+// TxFromContext returns the transaction stored by WithTx, if any.
+func TxFromContext(ctx context.Context) (any, bool) {
+	b, ok := ctx.Value(txKey{}).(*txBinding)
+	if !ok {
+		return nil, false
+	}
+	return b.tx, true
+}
+
+func bindingFromContext(ctx context.Context) *txBinding {
+	if ctx == nil {
+		return nil
+	}
+	b, _ := ctx.Value(txKey{}).(*txBinding)
+	return b
+}
+
+// sameTx reports whether two bindings carry the same transaction.
+func sameTx(a, b *txBinding) bool {
+	if a == b {
+		return true
+	}
+	if a == nil || b == nil {
+		return false
+	}
+	ta, tb := reflect.TypeOf(a.tx), reflect.TypeOf(b.tx)
+	return ta == tb && ta != nil && ta.Comparable() && a.tx == b.tx
+}

@@ -1,0 +1,61 @@
+package outbox
+
+import "github.com/millrace/watermill-outbox/internal/errs"
+
+// Errors returned by the outbox. Each can be matched with errors.Is; the
+// structured ones can also be taken apart with errors.As.
+var (
+	// ErrInvalidName: a schema or topic name is not allowed (*NameError).
+	ErrInvalidName = errs.ErrInvalidName
+	// ErrInvalidConfig: a configuration value is impossible (*ConfigError).
+	ErrInvalidConfig = errs.ErrInvalidConfig
+	// ErrSchemaTooNew: the database was migrated by a newer release
+	// (*SchemaVersionError).
+	ErrSchemaTooNew = errs.ErrSchemaTooNew
+	// ErrPartitionMismatch: a topic exists with another partition count
+	// (*PartitionMismatchError).
+	ErrPartitionMismatch = errs.ErrPartitionMismatch
+	// ErrInvalidPartitionCount: a partition count outside 1..1024.
+	ErrInvalidPartitionCount = errs.ErrInvalidPartitionCount
+	// ErrPayloadTooLarge: a payload exceeds PublisherConfig.MaxPayloadBytes
+	// (*PayloadTooLargeError).
+	ErrPayloadTooLarge = errs.ErrPayloadTooLarge
+	// ErrInvalidMessage: a message cannot be stored byte-exact, e.g. metadata
+	// with a NUL byte or invalid UTF-8 (*MessageError).
+	ErrInvalidMessage = errs.ErrInvalidMessage
+	// ErrPublisherClosed: Publish was called after Close.
+	ErrPublisherClosed = errs.ErrPublisherClosed
+	// ErrNilTx: a nil transaction was given.
+	ErrNilTx = errs.ErrNilTx
+	// ErrNoTx: a message context carries no transaction (see WithTx) and the
+	// publisher is not allowed to open its own.
+	ErrNoTx = errs.ErrNoTx
+	// ErrUnsupportedTx: the transaction or database handle is of a type the
+	// outbox cannot use.
+	ErrUnsupportedTx = errs.ErrUnsupportedTx
+	// ErrMixedTx: the messages of one Publish call carry different
+	// transactions in their contexts.
+	ErrMixedTx = errs.ErrMixedTx
+	// ErrUnknownTopic: the topic is not registered and the publisher cannot
+	// register it (no DB, or AutoCreateTopics off).
+	ErrUnknownTopic = errs.ErrUnknownTopic
+	// ErrClosed: a component was used after Close.
+	ErrClosed = errs.ErrClosed
+)
+
+// Structured errors; see the errs package for their fields.
+type (
+	// NameError reports an invalid schema or topic name.
+	NameError = errs.NameError
+	// ConfigError reports an impossible configuration value.
+	ConfigError = errs.ConfigError
+	// SchemaVersionError reports a database migrated by a newer release.
+	SchemaVersionError = errs.SchemaVersionError
+	// PartitionMismatchError reports a partition count that differs from the
+	// registered one.
+	PartitionMismatchError = errs.PartitionMismatchError
+	// PayloadTooLargeError reports an oversize payload.
+	PayloadTooLargeError = errs.PayloadTooLargeError
+	// MessageError reports a message that cannot be stored byte-exact.
+	MessageError = errs.MessageError
+)

@@ -1,0 +1,109 @@
+// Package errs holds the outbox's error values so that internal packages can
+// return them; the root package re-exports each one under the same identity.
+package errs
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors; see the re-exports in package outbox for their meaning.
+var (
+	ErrInvalidName           = errors.New("outbox: invalid name")
+	ErrInvalidConfig         = errors.New("outbox: invalid configuration")
+	ErrSchemaTooNew          = errors.New("outbox: database schema is newer than this library")
+	ErrPartitionMismatch     = errors.New("outbox: topic already registered with a different partition count")
+	ErrInvalidPartitionCount = errors.New("outbox: invalid partition count")
+	ErrPayloadTooLarge       = errors.New("outbox: payload too large")
+	ErrInvalidMessage        = errors.New("outbox: invalid message")
+	ErrPublisherClosed       = errors.New("outbox: publisher closed")
+	ErrNilTx                 = errors.New("outbox: nil transaction")
+	ErrNoTx                  = errors.New("outbox: no transaction in the message context")
+	ErrUnsupportedTx         = errors.New("outbox: unsupported transaction or database handle")
+	ErrMixedTx               = errors.New("outbox: messages of one Publish call carry different transactions")
+	ErrUnknownTopic          = errors.New("outbox: unknown topic")
+	ErrClosed                = errors.New("outbox: closed")
+)
+
+// NameError reports an invalid schema or topic name.
+type NameError struct {
+	Kind   string // "schema" or "topic"
+	Name   string
+	Reason string
+}
+
+func (e *NameError) Error() string {
+	return fmt.Sprintf("outbox: invalid %s name %q: %s", e.Kind, e.Name, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidName) true.
+func (e *NameError) Is(target error) bool { return target == ErrInvalidName }
+
+// ConfigError reports an impossible configuration value.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("outbox: invalid configuration: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// SchemaVersionError reports a database migrated by a newer release.
+type SchemaVersionError struct {
+	Schema   string
+	Database int // version recorded in the database
+	Library  int // newest version this library knows
+}
+
+func (e *SchemaVersionError) Error() string {
+	return fmt.Sprintf("outbox: schema %q is at version %d, newer than this library's %d: upgrade the library", e.Schema, e.Database, e.Library)
+}
+
+// Is makes errors.Is(err, ErrSchemaTooNew) true.
+func (e *SchemaVersionError) Is(target error) bool { return target == ErrSchemaTooNew }
+
+// PartitionMismatchError reports a topic registered with another partition
+// count than requested.
+type PartitionMismatchError struct {
+	Topic      string
+	Registered int
+	Requested  int
+}
+
+func (e *PartitionMismatchError) Error() string {
+	return fmt.Sprintf("outbox: topic %q has %d partitions, not %d (partition counts cannot change)", e.Topic, e.Registered, e.Requested)
+}
+
+// Is makes errors.Is(err, ErrPartitionMismatch) true.
+func (e *PartitionMismatchError) Is(target error) bool { return target == ErrPartitionMismatch }
+
+// PayloadTooLargeError reports a message whose payload exceeds the limit.
+type PayloadTooLargeError struct {
+	UUID  string
+	Size  int
+	Limit int
+}
+
+func (e *PayloadTooLargeError) Error() string {
+	return fmt.Sprintf("outbox: message %s: payload of %d bytes exceeds the limit of %d", e.UUID, e.Size, e.Limit)
+}
+
+// Is makes errors.Is(err, ErrPayloadTooLarge) true.
+func (e *PayloadTooLargeError) Is(target error) bool { return target == ErrPayloadTooLarge }
+
+// MessageError reports a message the outbox cannot store byte-exact.
+type MessageError struct {
+	UUID   string
+	Reason string
+}
+
+func (e *MessageError) Error() string {
+	return fmt.Sprintf("outbox: message %s: %s", e.UUID, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidMessage) true.
+func (e *MessageError) Is(target error) bool { return target == ErrInvalidMessage }

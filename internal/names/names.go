@@ -1,0 +1,76 @@
+// Package names validates and quotes the names the outbox puts into SQL.
+// Schema names become identifiers (validated, then quoted); topic names are
+// always bind parameters, but are validated so that they map cleanly onto
+// Kafka topics and NATS subjects.
+package names
+
+import (
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+)
+
+// DefaultSchema is the schema the outbox uses unless configured otherwise.
+const DefaultSchema = "watermill_outbox"
+
+// MaxSchemaLen leaves room for the suffixes of notification channel names
+// within PostgreSQL's 63-byte identifier limit.
+const MaxSchemaLen = 48
+
+// MaxTopicLen matches Kafka's topic name limit.
+const MaxTopicLen = 249
+
+// Schema validates a schema name: lower-case ASCII letters, digits and
+// underscores, starting with a letter or underscore, at most MaxSchemaLen
+// bytes, and not a reserved pg_ prefix.
+func Schema(name string) error {
+	bad := func(reason string) error { return &errs.NameError{Kind: "schema", Name: name, Reason: reason} }
+	switch {
+	case name == "":
+		return bad("empty")
+	case len(name) > MaxSchemaLen:
+		return bad("longer than 48 bytes")
+	case len(name) >= 3 && name[:3] == "pg_":
+		return bad("the pg_ prefix is reserved by PostgreSQL")
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		letter := c >= 'a' && c <= 'z' || c == '_'
+		if !letter && !(i > 0 && c >= '0' && c <= '9') {
+			return bad("use lower-case letters, digits and underscores, starting with a letter or underscore")
+		}
+	}
+	return nil
+}
+
+// Topic validates a topic name: 1 to 249 bytes of ASCII letters, digits,
+// '.', '_' and '-', the characters Kafka accepts in topic names.
+func Topic(name string) error {
+	bad := func(reason string) error { return &errs.NameError{Kind: "topic", Name: name, Reason: reason} }
+	switch {
+	case name == "":
+		return bad("empty")
+	case len(name) > MaxTopicLen:
+		return bad("longer than 249 bytes")
+	case name == "." || name == "..":
+		return bad("reserved")
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return bad("use ASCII letters, digits, '.', '_' and '-'")
+		}
+	}
+	return nil
+}
+
+// Quote returns the schema name quoted as an SQL identifier.
+func Quote(schema string) string { return pgx.Identifier{schema}.Sanitize() }
+
+// PendingChannel is the notification channel publishers use to wake the
+// sequencer of schema.
+func PendingChannel(schema string) string { return schema + "_pending" }
+
+// SequencedChannel is the notification channel the sequencer uses to wake
+// subscribers of schema; the payload is the topic name.
+func SequencedChannel(schema string) string { return schema + "_sequenced" }

@@ -1,0 +1,260 @@
+// Package pgexec runs the outbox's SQL over whatever handle the caller has:
+// pgx (a pgx.Tx, *pgx.Conn, *pgxpool.Pool), database/sql (*sql.Tx, *sql.DB,
+// *sql.Conn) or a watermill-sql executor. It exists so that the rest of the
+// outbox is written once against one small interface.
+package pgexec
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"reflect"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+)
+
+// Rows is the subset of a result set the outbox reads.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close()
+}
+
+// Querier runs statements.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (rowsAffected int64, err error)
+	Query(ctx context.Context, sql string, args ...any) (Rows, error)
+}
+
+// Tx is an open transaction.
+type Tx interface {
+	Querier
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// DB runs statements and begins transactions.
+type DB interface {
+	Querier
+	Begin(ctx context.Context) (Tx, error)
+}
+
+type pgxQueryer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+type pgxBeginner interface {
+	pgxQueryer
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+type stdQueryer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+type stdBeginner interface {
+	stdQueryer
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// FromTx adapts a caller's transaction (or any executor) to a Querier.
+// Supported: pgx.Tx and other pgx handles, *sql.Tx and other database/sql
+// handles, and watermill-sql executors (anything with ExecContext and
+// QueryContext). nil gives errs.ErrNilTx.
+func FromTx(tx any) (Querier, error) {
+	if isNil(tx) {
+		return nil, errs.ErrNilTx
+	}
+	switch t := tx.(type) {
+	case pgxQueryer: // also watermill-sql's PgxTx, which embeds a pgx.Tx
+
+		return pgxQ{t}, nil
+	case stdQueryer:
+		return stdQ{t}, nil
+	case wsql.ContextExecutor:
+		return wmQ{t}, nil
+	}
+	return nil, fmt.Errorf("%w: %T (want a pgx.Tx, *sql.Tx or a watermill-sql executor)", errs.ErrUnsupportedTx, tx)
+}
+
+// FromDB adapts a database handle that can begin transactions: a
+// *pgxpool.Pool or *pgx.Conn, or a *sql.DB or *sql.Conn.
+func FromDB(db any) (DB, error) {
+	if isNil(db) {
+		return nil, fmt.Errorf("%w: nil database handle", errs.ErrUnsupportedTx)
+	}
+	switch d := db.(type) {
+	case pgxBeginner:
+		return pgxDB{pgxQ{d}, d}, nil
+	case stdBeginner:
+		return stdDB{stdQ{d}, d}, nil
+	}
+	return nil, fmt.Errorf("%w: %T (want a *pgxpool.Pool, *pgx.Conn or *sql.DB)", errs.ErrUnsupportedTx, db)
+}
+
+// QueryRow runs a query that returns at most one row and scans it. It
+// reports pgx.ErrNoRows when there is none.
+func QueryRow(ctx context.Context, q Querier, sql string, args []any, dest ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// InTx runs fn in a transaction of db, committing when fn returns nil and
+// rolling back otherwise.
+func InTx(ctx context.Context, db DB, fn func(tx Tx) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+type pgxQ struct{ q pgxQueryer }
+
+func (p pgxQ) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := p.q.Exec(ctx, sql, args...)
+	return tag.RowsAffected(), err
+}
+
+func (p pgxQ) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
+	rows, err := p.q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+type pgxDB struct {
+	pgxQ
+	b pgxBeginner
+}
+
+func (p pgxDB) Begin(ctx context.Context) (Tx, error) {
+	tx, err := p.b.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pgxTx{pgxQ{tx}, tx}, nil
+}
+
+type pgxTx struct {
+	pgxQ
+	tx pgx.Tx
+}
+
+func (t pgxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t pgxTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+type stdQ struct{ q stdQueryer }
+
+func (s stdQ) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := s.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	return n, nil
+}
+
+func (s stdQ) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	rows, err := s.q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return stdRows{rows}, nil
+}
+
+type stdRows struct{ *sql.Rows }
+
+func (r stdRows) Close() { _ = r.Rows.Close() }
+
+type stdDB struct {
+	stdQ
+	b stdBeginner
+}
+
+func (s stdDB) Begin(ctx context.Context) (Tx, error) {
+	tx, err := s.b.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	return stdTx{stdQ{tx}, tx}, nil
+}
+
+type stdTx struct {
+	stdQ
+	tx *sql.Tx
+}
+
+func (t stdTx) Commit(context.Context) error   { return t.tx.Commit() }
+func (t stdTx) Rollback(context.Context) error { return t.tx.Rollback() }
+
+type wmQ struct{ q wsql.ContextExecutor }
+
+func (w wmQ) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := w.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	return n, nil
+}
+
+func (w wmQ) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	rows, err := w.q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return wmRows{r: rows}, nil
+}
+
+// wmRows adapts watermill-sql's Rows, which has no Err method: Close
+// reports the iteration error there.
+type wmRows struct{ r wsql.Rows }
+
+func (w wmRows) Next() bool             { return w.r.Next() }
+func (w wmRows) Scan(dest ...any) error { return w.r.Scan(dest...) }
+func (w wmRows) Err() error {
+	if e, ok := w.r.(interface{ Err() error }); ok {
+		return e.Err()
+	}
+	return nil
+}
+func (w wmRows) Close() { _ = w.r.Close() }

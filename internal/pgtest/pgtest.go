@@ -1,0 +1,136 @@
+// Package pgtest gives tests a real PostgreSQL server: a throwaway cluster
+// started once per test binary (see internal/pgcluster), or the server named
+// by OUTBOX_TEST_DATABASE_URL. Each test gets its own schema.
+//
+// Use it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/millrace/watermill-outbox/internal/pgcluster"
+)
+
+// EnvDatabaseURL names the environment variable that points the tests at an
+// existing server instead of a throwaway cluster.
+const EnvDatabaseURL = "OUTBOX_TEST_DATABASE_URL"
+
+var (
+	databaseURL string
+	external    bool
+)
+
+// Main starts the server, runs the tests and stops the server, also when the
+// tests fail or panic. It does not return.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if url := os.Getenv(EnvDatabaseURL); url != "" {
+		databaseURL, external = url, true
+		return m.Run()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest:", err)
+		return 1
+	}
+	defer cluster.Stop()
+	databaseURL = cluster.URL("postgres")
+	return m.Run()
+}
+
+// URL is the connection string of the test database. It fails the test when
+// Main was not used.
+func URL(t testing.TB) string {
+	t.Helper()
+	if databaseURL == "" {
+		t.Fatal("pgtest: no database; call pgtest.Main from TestMain")
+	}
+	return databaseURL
+}
+
+// Pool opens a connection pool that is closed when the test ends.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Close waits for every acquired connection; a test that failed with a
+		// transaction open would hang here, so report it instead.
+		done := make(chan struct{})
+		go func() { pool.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Errorf("pgtest: pool not closed after 15s: a connection is still acquired (open transaction?)")
+		}
+	})
+	return pool
+}
+
+// DB opens a database/sql handle (pgx's stdlib driver) closed when the test
+// ends.
+func DB(t testing.TB) *sql.DB {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// Schema returns a fresh schema name for this test. The schema itself is
+// created by whoever uses it (the outbox migrations create theirs); it is
+// dropped when the test ends if the server is not a throwaway one.
+func Schema(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "t_" + hex.EncodeToString(b)
+	if external {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, databaseURL)
+			if err != nil {
+				t.Logf("pgtest: drop schema %s: %v", name, err)
+				return
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+				t.Logf("pgtest: drop schema %s: %v", name, err)
+			}
+		})
+	}
+	return name
+}
+
+// External reports whether the tests run against OUTBOX_TEST_DATABASE_URL
+// rather than a throwaway cluster.
+func External() bool { return external }

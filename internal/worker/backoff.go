@@ -1,0 +1,37 @@
+package worker
+
+import (
+	"time"
+
+	"github.com/millrace/watermill-outbox/adaptive"
+)
+
+// BackoffConfig sets how long the loop waits after Execute fails: Base after
+// the first failure, doubling with every further consecutive failure, capped
+// at Max.
+type BackoffConfig struct {
+	// Base is the wait after the first failure. Must be > 0.
+	Base time.Duration
+	// Max caps the wait. Must be >= Base.
+	Max time.Duration
+}
+
+// DefaultBackoff is used when [Config.Backoff] is left zero: 1 s doubling up
+// to 1 min.
+var DefaultBackoff = BackoffConfig{Base: time.Second, Max: time.Minute}
+
+// Validate returns nil if c is usable, and otherwise a [*adaptive.ConfigError].
+func (c BackoffConfig) Validate() error {
+	if c.Base <= 0 {
+		return &adaptive.ConfigError{Field: "Backoff.Base", Reason: "must be > 0, got " + c.Base.String()}
+	}
+	if c.Max < c.Base {
+		return &adaptive.ConfigError{Field: "Backoff.Max", Reason: "must be >= Backoff.Base (" + c.Base.String() + "), got " + c.Max.String()}
+	}
+	return nil
+}
+
+// Delay returns the wait after failures consecutive failures (failures >= 1).
+func (c BackoffConfig) Delay(failures int) time.Duration {
+	return adaptive.ExponentialBackoff(c.Base, c.Max, failures)
+}

@@ -1,0 +1,194 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime/debug"
+	"time"
+
+	"github.com/millrace/watermill-outbox/adaptive"
+)
+
+// Config configures [Run]. Only Pacing and Backoff have defaults; every
+// other field is optional.
+type Config struct {
+	// Name identifies the worker in [Failure] reports.
+	Name string
+	// Pacing sets the waits after Proceed and Idle. If left zero,
+	// adaptive.Default().Pacing is used.
+	Pacing adaptive.Pacing
+	// Backoff sets the waits after failed calls. If left zero,
+	// [DefaultBackoff] is used.
+	Backoff BackoffConfig
+	// Bulkhead, if set, must grant a slot before each Execute call.
+	Bulkhead *Bulkhead
+	// Poker, if set, wakes the worker early while it is idle.
+	Poker *Poker
+	// OnFailure, if set, is called on the worker's goroutine after every
+	// failed or panicking Execute call, before the backoff wait. It must not
+	// block for long.
+	OnFailure func(Failure)
+}
+
+// Failure describes one failed Execute call, as passed to
+// [Config.OnFailure].
+type Failure struct {
+	// Worker is [Config.Name].
+	Worker string
+	// Err is the error Execute returned, or a [*PanicError] if it panicked.
+	Err error
+	// Consecutive is the number of failed calls in a row, this one included.
+	Consecutive int
+	// RetryIn is how long the loop waits before the next call.
+	RetryIn time.Duration
+}
+
+// PanicError reports a panic recovered from [Action.Execute].
+type PanicError struct {
+	// Value is the value passed to panic.
+	Value any
+	// Stack is the goroutine's stack trace at the time of the panic.
+	Stack []byte
+}
+
+// Error implements error.
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("worker: action panicked: %v", e.Value)
+}
+
+// Unwrap returns the panic value if it is an error, so errors.Is and
+// errors.As see through the panic.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// withDefaults returns c with zero Pacing and Backoff replaced by defaults.
+func (c Config) withDefaults() Config {
+	if c.Pacing == (adaptive.Pacing{}) {
+		c.Pacing = adaptive.Default().Pacing
+	}
+	if c.Backoff == (BackoffConfig{}) {
+		c.Backoff = DefaultBackoff
+	}
+	return c
+}
+
+// Validate returns nil if c, with defaults applied, is usable, and
+// otherwise a [*adaptive.ConfigError] (matching [adaptive.ErrInvalidConfig]).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if err := c.Pacing.Validate(); err != nil {
+		var ce *adaptive.ConfigError
+		if errors.As(err, &ce) {
+			return &adaptive.ConfigError{Field: "Pacing." + ce.Field, Reason: ce.Reason}
+		}
+		return err
+	}
+	return c.Backoff.Validate()
+}
+
+// Run calls action.Execute in a loop, as described in the package
+// documentation, until ctx is cancelled; then it returns nil. It returns an
+// error matching [adaptive.ErrInvalidConfig] at once, without calling
+// Execute, if cfg is invalid or action is nil.
+func Run(ctx context.Context, cfg Config, action Action) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if action == nil {
+		return &adaptive.ConfigError{Field: "action", Reason: "must not be nil"}
+	}
+	l := loop{cfg: cfg.withDefaults(), action: action}
+	for {
+		wait, wakeOnPoke, ok := l.step(ctx)
+		if !ok || !l.pause(ctx, wait, wakeOnPoke) {
+			return nil
+		}
+	}
+}
+
+type loop struct {
+	cfg      Config
+	action   Action
+	streak   int // consecutive Proceeds
+	failures int // consecutive failed calls
+}
+
+// step makes one Execute call and works out the wait before the next one.
+// ok is false once ctx is done.
+func (l *loop) step(ctx context.Context) (wait time.Duration, wakeOnPoke, ok bool) {
+	if ctx.Err() != nil {
+		return 0, false, false
+	}
+	dir, err := l.execute(ctx)
+	if ctx.Err() != nil {
+		return 0, false, false // stopping: the error, if any, is the cancellation
+	}
+	if err != nil {
+		l.streak = 0
+		if l.failures < math.MaxInt {
+			l.failures++
+		}
+		wait = l.cfg.Backoff.Delay(l.failures)
+		if l.cfg.OnFailure != nil {
+			l.cfg.OnFailure(Failure{Worker: l.cfg.Name, Err: err, Consecutive: l.failures, RetryIn: wait})
+		}
+		return wait, false, true
+	}
+	l.failures = 0
+	switch dir.kind {
+	case kindProceed:
+		if l.streak < math.MaxInt {
+			l.streak++
+		}
+		return l.cfg.Pacing.ProceedDelay(l.streak), false, true
+	case kindSleep:
+		l.streak = 0
+		return dir.delay, false, true
+	default:
+		l.streak = 0
+		return l.cfg.Pacing.IdleInterval, true, true
+	}
+}
+
+// execute acquires a bulkhead slot and calls the action, turning a panic
+// into a *PanicError. The slot is released even if the action panics.
+func (l *loop) execute(ctx context.Context) (dir Directive, err error) {
+	if l.cfg.Bulkhead != nil {
+		release, err := l.cfg.Bulkhead.Acquire(ctx)
+		if err != nil {
+			return Directive{}, err
+		}
+		defer release()
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			dir, err = Directive{}, &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return l.action.Execute(ctx)
+}
+
+// pause waits for d (or, if wakeOnPoke, until poked) and reports whether the
+// loop should go on, i.e. ctx is still live.
+func (l *loop) pause(ctx context.Context, d time.Duration, wakeOnPoke bool) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	var poke <-chan struct{}
+	if wakeOnPoke {
+		poke = l.cfg.Poker.wake()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+	case <-poke:
+	}
+	return ctx.Err() == nil
+}

@@ -1,0 +1,78 @@
+package outbox_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+)
+
+func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = outbox.Migrate(ctx(t), pool, schema)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("instance %d: %v", i, err)
+		}
+	}
+	if err := outbox.Migrate(ctx(t), pool, schema); err != nil {
+		t.Fatalf("second run: %v", err)
+	}
+	v, err := outbox.CurrentSchemaVersion(ctx(t), pool, schema)
+	if err != nil || v != outbox.SchemaVersion {
+		t.Fatalf("version = %d, %v; want %d", v, err, outbox.SchemaVersion)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx(t), "SELECT count(*) FROM "+schema+".schema_migrations").Scan(&rows); err != nil || rows != outbox.SchemaVersion {
+		t.Fatalf("schema_migrations has %d rows (%v), want one per version (%d)", rows, err, outbox.SchemaVersion)
+	}
+}
+
+func TestMigrateWorksThroughDatabaseSQL(t *testing.T) {
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t)
+	if err := outbox.Migrate(ctx(t), db, schema); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := outbox.CurrentSchemaVersion(ctx(t), db, schema); err != nil || v != outbox.SchemaVersion {
+		t.Fatalf("version = %d, %v", v, err)
+	}
+}
+
+func TestMigrateRefusesNewerDatabase(t *testing.T) {
+	e := newEnv(t)
+	future := outbox.SchemaVersion + 1
+	if _, err := e.pool.Exec(ctx(t), "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'from the future')", future); err != nil {
+		t.Fatal(err)
+	}
+	err := outbox.Migrate(ctx(t), e.pool, e.schema)
+	if !errors.Is(err, outbox.ErrSchemaTooNew) {
+		t.Fatalf("err = %v, want ErrSchemaTooNew", err)
+	}
+	var sv *outbox.SchemaVersionError
+	if !errors.As(err, &sv) || sv.Database != future || sv.Library != outbox.SchemaVersion {
+		t.Fatalf("err = %#v", err)
+	}
+	if v, _ := outbox.CurrentSchemaVersion(ctx(t), e.pool, e.schema); v != future {
+		t.Fatalf("version changed to %d", v)
+	}
+}
+
+func TestUnmigratedSchemaHasVersionZero(t *testing.T) {
+	pool := pgtest.Pool(t)
+	if v, err := outbox.CurrentSchemaVersion(ctx(t), pool, pgtest.Schema(t)); err != nil || v != 0 {
+		t.Fatalf("version = %d, %v; want 0", v, err)
+	}
+}

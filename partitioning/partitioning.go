@@ -1,0 +1,69 @@
+package partitioning
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Bounds on the number of partitions a topic may have.
+const (
+	// MinPartitions is the smallest valid partition count.
+	MinPartitions = 1
+	// MaxPartitions is the largest valid partition count.
+	MaxPartitions = 1024
+)
+
+// ErrInvalidPartitionCount is matched (via errors.Is) by every error reporting
+// a partition count outside [MinPartitions, MaxPartitions].
+var ErrInvalidPartitionCount = errors.New("partitioning: invalid partition count")
+
+// PartitionCountError reports a partition count outside
+// [MinPartitions, MaxPartitions]. It matches [ErrInvalidPartitionCount].
+type PartitionCountError struct {
+	// Partitions is the rejected partition count.
+	Partitions int
+}
+
+// Error implements error.
+func (e *PartitionCountError) Error() string {
+	return fmt.Sprintf("partitioning: invalid partition count %d (must be in %d..%d)",
+		e.Partitions, MinPartitions, MaxPartitions)
+}
+
+// Is reports whether target is [ErrInvalidPartitionCount].
+func (e *PartitionCountError) Is(target error) bool {
+	return target == ErrInvalidPartitionCount
+}
+
+// ValidatePartitions returns nil if partitions lies in
+// [MinPartitions, MaxPartitions], and a *PartitionCountError otherwise.
+func ValidatePartitions(partitions int) error {
+	if partitions < MinPartitions || partitions > MaxPartitions {
+		return &PartitionCountError{Partitions: partitions}
+	}
+	return nil
+}
+
+// Partitioner maps a partition key to a partition in [0, partitions).
+//
+// Implementations must be deterministic and safe for concurrent use, must
+// return a valid partition for every key (including the empty key), and must
+// reject partition counts outside [MinPartitions, MaxPartitions] with an
+// error matching [ErrInvalidPartitionCount].
+type Partitioner interface {
+	// Partition returns the partition for key among partitions partitions.
+	Partition(key string, partitions int) (int, error)
+}
+
+// PartitionerFunc adapts an ordinary function to the [Partitioner] interface.
+type PartitionerFunc func(key string, partitions int) (int, error)
+
+// Partition calls f(key, partitions).
+func (f PartitionerFunc) Partition(key string, partitions int) (int, error) {
+	return f(key, partitions)
+}
+
+// Default returns the default partitioner, [Murmur2].
+func Default() Partitioner {
+	return Murmur2{}
+}

@@ -1,0 +1,452 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/partitioning"
+)
+
+// PartitionKeyMetadata is the metadata key read for a message's partition key
+// unless PublisherConfig.PartitionKeyFunc says otherwise.
+const PartitionKeyMetadata = "partition_key"
+
+// Payload size limits.
+const (
+	DefaultMaxPayloadBytes = 1 << 20   // 1 MiB, Kafka's default message size limit
+	MaxMaxPayloadBytes     = 256 << 20 // what one Publish may carry per message
+)
+
+// PartitionKeyFunc returns the partition key of a message. Messages with the
+// same key go to the same partition and keep their order; an empty key means
+// "no order needed": such messages are spread evenly over the partitions.
+type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
+
+// PartitionKeyFromMetadata reads the partition key from msg's metadata
+// (PartitionKeyMetadata). It is the default PartitionKeyFunc.
+func PartitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
+	return msg.Metadata.Get(PartitionKeyMetadata), nil
+}
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// Schema is the PostgreSQL schema of the outbox tables (DefaultSchema
+	// when empty). Create it with Migrate.
+	Schema string
+
+	// DB is an optional *pgxpool.Pool or *sql.DB. The publisher uses it to
+	// register unknown topics (outside the caller's transaction, so a
+	// rollback cannot leave a half-registered topic) and, with
+	// OwnTransaction, to write messages whose context carries no
+	// transaction.
+	DB any
+
+	// OwnTransaction lets a context-bound publisher write a message whose
+	// context has no transaction in a transaction of its own through DB.
+	// When false such a Publish fails with ErrNoTx, which is what a handler
+	// that must publish atomically with its own writes wants.
+	OwnTransaction bool
+
+	// Topics lists topics with their partition counts. A topic listed here is
+	// registered on first use; registering it with another count than the
+	// database has fails with a *PartitionMismatchError.
+	Topics map[string]int
+
+	// AutoCreateTopics registers topics that are neither in the database nor
+	// in Topics with DefaultPartitions partitions. Needs DB.
+	AutoCreateTopics bool
+
+	// DefaultPartitions is the partition count of auto-created topics
+	// (default 1: a single, totally ordered partition).
+	DefaultPartitions int
+
+	// PartitionKeyFunc extracts the partition key (default: metadata
+	// "partition_key").
+	PartitionKeyFunc PartitionKeyFunc
+
+	// Partitioner maps keys to partitions (default: Kafka-compatible
+	// murmur2, see package partitioning).
+	Partitioner partitioning.Partitioner
+
+	// MaxPayloadBytes limits the size of one message's payload (default
+	// DefaultMaxPayloadBytes, at most MaxMaxPayloadBytes).
+	MaxPayloadBytes int
+
+	// DisableNotify turns off the NOTIFY that wakes the sequencer when a
+	// transaction that published commits. The sequencer then finds new
+	// messages by polling only. One notification is sent per Publish call
+	// (PostgreSQL folds identical notifications of one transaction into
+	// one); see docs/benchmarks.md for what it costs.
+	DisableNotify bool
+}
+
+func (c *PublisherConfig) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.DefaultPartitions == 0 {
+		c.DefaultPartitions = 1
+	}
+	if c.PartitionKeyFunc == nil {
+		c.PartitionKeyFunc = PartitionKeyFromMetadata
+	}
+	if c.Partitioner == nil {
+		c.Partitioner = partitioning.Default()
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+}
+
+// Validate reports the first impossible setting as a *ConfigError (or a
+// *NameError for a bad schema or topic name).
+func (c PublisherConfig) Validate() error {
+	c.setDefaults()
+	if err := names.Schema(c.Schema); err != nil {
+		return err
+	}
+	if c.MaxPayloadBytes < 0 || c.MaxPayloadBytes > MaxMaxPayloadBytes {
+		return &errs.ConfigError{Field: "MaxPayloadBytes", Reason: fmt.Sprintf("%d is outside 1..%d", c.MaxPayloadBytes, MaxMaxPayloadBytes)}
+	}
+	if err := validPartitionCount(c.DefaultPartitions); err != nil {
+		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
+	}
+	for topic, n := range c.Topics {
+		if err := names.Topic(topic); err != nil {
+			return err
+		}
+		if err := validPartitionCount(n); err != nil {
+			return &errs.ConfigError{Field: "Topics[" + topic + "]", Reason: err.Error()}
+		}
+	}
+	if c.OwnTransaction && c.DB == nil {
+		return &errs.ConfigError{Field: "OwnTransaction", Reason: "needs DB to open transactions"}
+	}
+	if c.AutoCreateTopics && c.DB == nil {
+		return &errs.ConfigError{Field: "AutoCreateTopics", Reason: "needs DB to register topics"}
+	}
+	if c.DB != nil {
+		if _, err := pgexec.FromDB(c.DB); err != nil {
+			return &errs.ConfigError{Field: "DB", Reason: err.Error()}
+		}
+	}
+	return nil
+}
+
+// Publisher is a message.Publisher that writes messages into the outbox
+// inside the caller's PostgreSQL transaction: a message is stored if and only
+// if that transaction commits. The sequencer later gives it its place (seq)
+// in its partition.
+//
+// Every Publish call is one round trip to the server however many messages
+// it carries (after the first use of a topic, whose partition count is then
+// cached). Messages of one call keep their order. A Publisher is safe for
+// concurrent use.
+type Publisher struct {
+	cfg    PublisherConfig
+	logger watermill.LoggerAdapter
+	bound  pgexec.Querier // the transaction of a NewTxPublisher, nil otherwise
+	db     pgexec.DB      // cfg.DB adapted, may be nil
+
+	insertSQL string
+	channel   string
+
+	mu     sync.Mutex
+	topics map[string]*topicState
+
+	closed atomic.Bool
+}
+
+type topicState struct {
+	partitions int
+	next       atomic.Uint64 // round-robin position for keyless messages
+}
+
+// NewPublisher creates a context-bound Publisher: one long-lived instance,
+// typically injected into handlers, that writes each message into the
+// transaction stored in the message's context with WithTx.
+func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+	return newPublisher(nil, cfg, logger)
+}
+
+// NewTxPublisher creates a Publisher bound to one transaction tx: a pgx.Tx, a
+// *sql.Tx or a watermill-sql executor (anything with database/sql's
+// ExecContext and QueryContext). The database/sql path needs a driver that
+// accepts Go slices as array parameters, such as pgx's stdlib driver.
+func NewTxPublisher(tx any, cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+	q, err := pgexec.FromTx(tx)
+	if err != nil {
+		return nil, err
+	}
+	return newPublisher(q, cfg, logger)
+}
+
+func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	p := &Publisher{
+		cfg:     cfg,
+		logger:  logger,
+		bound:   bound,
+		topics:  make(map[string]*topicState),
+		channel: names.PendingChannel(cfg.Schema),
+	}
+	if cfg.DB != nil {
+		p.db, _ = pgexec.FromDB(cfg.DB) // checked by Validate
+	}
+	insert := `INSERT INTO ` + names.Quote(cfg.Schema) + `.pending (topic, partition, partition_key, uuid, metadata, payload)
+	SELECT $1, x.p, NULLIF(x.k, ''), x.u, x.m::jsonb, x.b
+	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
+	ORDER BY x.ord`
+	if cfg.DisableNotify {
+		p.insertSQL = insert
+	} else {
+		p.insertSQL = `WITH ins AS (` + insert + `) SELECT pg_notify($7, '')`
+	}
+	return p, nil
+}
+
+// Publish writes msgs to topic in the caller's transaction. See Publisher.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if p.closed.Load() {
+		return errs.ErrPublisherClosed
+	}
+	if err := names.Topic(topic); err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	q, ctx, err := p.executor(msgs)
+	if err != nil {
+		return err
+	}
+	ts, err := p.topic(ctx, q, topic)
+	if err != nil {
+		return err
+	}
+	batch, err := p.encode(topic, ts, msgs)
+	if err != nil {
+		return err
+	}
+	args := []any{topic, batch.partitions, batch.keys, batch.uuids, batch.metadata, batch.payloads}
+	if !p.cfg.DisableNotify {
+		args = append(args, p.channel)
+	}
+	if _, err := q.Exec(ctx, p.insertSQL, args...); err != nil {
+		return fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err)
+	}
+	return nil
+}
+
+// executor picks the transaction the messages are written in.
+func (p *Publisher) executor(msgs []*message.Message) (pgexec.Querier, context.Context, error) {
+	ctx := msgs[0].Context()
+	if p.bound != nil {
+		return p.bound, ctx, nil
+	}
+	first := bindingFromContext(ctx)
+	for _, m := range msgs[1:] {
+		if b := bindingFromContext(m.Context()); !sameTx(b, first) {
+			return nil, nil, errs.ErrMixedTx
+		}
+	}
+	switch {
+	case first != nil && first.err != nil:
+		return nil, nil, first.err
+	case first != nil:
+		return first.q, ctx, nil
+	case p.cfg.OwnTransaction:
+		// A single statement on a pool runs in its own transaction.
+		return p.db, ctx, nil
+	default:
+		return nil, nil, fmt.Errorf("%w: set it with outbox.WithTx(ctx, tx) on the message context, or enable OwnTransaction", errs.ErrNoTx)
+	}
+}
+
+// topic returns the cached partition count of topic, looking it up (in the
+// caller's transaction) or registering it (through DB) on first use.
+func (p *Publisher) topic(ctx context.Context, q pgexec.Querier, topic string) (*topicState, error) {
+	p.mu.Lock()
+	ts := p.topics[topic]
+	p.mu.Unlock()
+	if ts != nil {
+		return ts, nil
+	}
+	want, listed := p.cfg.Topics[topic]
+	n, err := lookupTopic(ctx, q, p.cfg.Schema, topic)
+	switch {
+	case err == nil && listed && n != want:
+		return nil, &errs.PartitionMismatchError{Topic: topic, Registered: n, Requested: want}
+	case errors.Is(err, errs.ErrUnknownTopic) && (listed || p.cfg.AutoCreateTopics):
+		if p.db == nil {
+			return nil, fmt.Errorf("%w: %q (set PublisherConfig.DB to register topics)", errs.ErrUnknownTopic, topic)
+		}
+		if !listed {
+			want = p.cfg.DefaultPartitions
+		}
+		if n, err = registerTopic(ctx, p.db, p.cfg.Schema, topic, want); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ts = p.topics[topic]; ts == nil {
+		ts = &topicState{partitions: n}
+		p.topics[topic] = ts
+	}
+	return ts, nil
+}
+
+type encodedBatch struct {
+	partitions []int32
+	keys       []string
+	uuids      []string
+	metadata   []string
+	payloads   [][]byte
+}
+
+// encode validates every message and turns the batch into column arrays, so
+// that nothing is written when any message is bad.
+func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message) (encodedBatch, error) {
+	b := encodedBatch{
+		partitions: make([]int32, len(msgs)),
+		keys:       make([]string, len(msgs)),
+		uuids:      make([]string, len(msgs)),
+		metadata:   make([]string, len(msgs)),
+		payloads:   make([][]byte, len(msgs)),
+	}
+	var buf []byte
+	for i, m := range msgs {
+		if m == nil {
+			return b, &errs.MessageError{UUID: "(nil)", Reason: "nil message"}
+		}
+		if len(m.Payload) > p.cfg.MaxPayloadBytes {
+			return b, &errs.PayloadTooLargeError{UUID: m.UUID, Size: len(m.Payload), Limit: p.cfg.MaxPayloadBytes}
+		}
+		if !storableText(m.UUID) {
+			return b, &errs.MessageError{UUID: strconv.Quote(m.UUID), Reason: "UUID must be valid UTF-8 without NUL bytes"}
+		}
+		key, err := p.cfg.PartitionKeyFunc(topic, m)
+		if err != nil {
+			return b, fmt.Errorf("outbox: partition key of message %s: %w", m.UUID, err)
+		}
+		if !storableText(key) {
+			return b, &errs.MessageError{UUID: m.UUID, Reason: "partition key must be valid UTF-8 without NUL bytes"}
+		}
+		var part int
+		if key == "" {
+			part = int(ts.next.Add(1)-1) % ts.partitions
+		} else if part, err = p.cfg.Partitioner.Partition(key, ts.partitions); err != nil {
+			return b, fmt.Errorf("outbox: partition of message %s: %w", m.UUID, err)
+		} else if part < 0 || part >= ts.partitions {
+			return b, &errs.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("partitioner returned %d for %d partitions", part, ts.partitions)}
+		}
+		buf, err = appendMetadataJSON(buf[:0], m.Metadata)
+		if err != nil {
+			return b, &errs.MessageError{UUID: m.UUID, Reason: err.Error()}
+		}
+		b.partitions[i] = int32(part)
+		b.keys[i] = key
+		b.uuids[i] = m.UUID
+		b.metadata[i] = string(buf)
+		b.payloads[i] = nonNil(m.Payload)
+	}
+	return b, nil
+}
+
+// Close makes later Publish calls fail with ErrPublisherClosed. It does not
+// touch the caller's transaction.
+func (p *Publisher) Close() error {
+	p.closed.Store(true)
+	return nil
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// storableText reports whether s survives a round trip through a
+// PostgreSQL text or jsonb value unchanged.
+func storableText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// appendMetadataJSON encodes metadata as a JSON object. Keys and values must
+// be valid UTF-8 without NUL (jsonb cannot hold \u0000), so that they come
+// back byte-exact.
+func appendMetadataJSON(dst []byte, md message.Metadata) ([]byte, error) {
+	dst = append(dst, '{')
+	first := true
+	for k, v := range md {
+		if !storableText(k) || !storableText(v) {
+			return nil, fmt.Errorf("metadata %q must be valid UTF-8 without NUL bytes", k)
+		}
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = appendJSONString(dst, k)
+		dst = append(dst, ':')
+		dst = appendJSONString(dst, v)
+	}
+	return append(dst, '}'), nil
+}
+
+const hexDigits = "0123456789abcdef"
+
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}

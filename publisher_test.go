@@ -1,0 +1,330 @@
+package outbox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+)
+
+// oddMessage has a payload with every byte value and metadata with quotes,
+// backslashes, control characters and non-ASCII text.
+func oddMessage(uuid, key string) *message.Message {
+	payload := make([]byte, 0, 512)
+	for i := 0; i < 512; i++ {
+		payload = append(payload, byte(i))
+	}
+	m := message.NewMessage(uuid, payload)
+	m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+	m.Metadata.Set(`quote"back\slash`, "tab\tnewline\nbell\x07 ünïcødé 🚀 <&>")
+	m.Metadata.Set("empty", "")
+	return m
+}
+
+func assertSameMessage(t *testing.T, got logRow, want *message.Message) {
+	t.Helper()
+	if got.UUID != want.UUID {
+		t.Fatalf("uuid = %q, want %q", got.UUID, want.UUID)
+	}
+	if !bytes.Equal(got.Payload, want.Payload) {
+		t.Fatalf("payload differs: %x vs %x", got.Payload, want.Payload)
+	}
+	if len(got.Metadata) != len(want.Metadata) {
+		t.Fatalf("metadata = %q, want %q", got.Metadata, want.Metadata)
+	}
+	for k, v := range want.Metadata {
+		if got.Metadata[k] != v {
+			t.Fatalf("metadata[%q] = %q, want %q", k, got.Metadata[k], v)
+		}
+	}
+}
+
+func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 4)
+	cfg := outbox.PublisherConfig{Schema: e.schema}
+	db := pgtest.DB(t)
+
+	kinds := map[string]func(t *testing.T, msg *message.Message, commit bool){
+		"pgx.Tx": func(t *testing.T, msg *message.Message, commit bool) {
+			tx, err := e.pool.Begin(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pub, err := outbox.NewTxPublisher(tx, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pub.Publish("orders", msg); err != nil {
+				t.Fatal(err)
+			}
+			finish(t, commit, func() error { return tx.Commit(ctx(t)) }, func() error { return tx.Rollback(ctx(t)) })
+		},
+		"*sql.Tx": func(t *testing.T, msg *message.Message, commit bool) {
+			tx, err := db.BeginTx(ctx(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pub, err := outbox.NewTxPublisher(tx, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pub.Publish("orders", msg); err != nil {
+				t.Fatal(err)
+			}
+			finish(t, commit, tx.Commit, tx.Rollback)
+		},
+		"watermill-sql std executor": func(t *testing.T, msg *message.Message, commit bool) {
+			beginner := wsql.BeginnerFromStdSQL(db)
+			tx, err := beginner.BeginTx(ctx(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pub, err := outbox.NewTxPublisher(tx, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pub.Publish("orders", msg); err != nil {
+				t.Fatal(err)
+			}
+			finish(t, commit, tx.Commit, tx.Rollback)
+		},
+		"watermill-sql pgx executor": func(t *testing.T, msg *message.Message, commit bool) {
+			beginner := wsql.BeginnerFromPgx(e.pool)
+			tx, err := beginner.BeginTx(ctx(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pub, err := outbox.NewTxPublisher(tx, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pub.Publish("orders", msg); err != nil {
+				t.Fatal(err)
+			}
+			finish(t, commit, tx.Commit, tx.Rollback)
+		},
+		"context-bound pgx.Tx": func(t *testing.T, msg *message.Message, commit bool) {
+			pub, err := outbox.NewPublisher(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tx, err := e.pool.Begin(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg.SetContext(outbox.WithTx(ctx(t), tx))
+			if err := pub.Publish("orders", msg); err != nil {
+				t.Fatal(err)
+			}
+			finish(t, commit, func() error { return tx.Commit(ctx(t)) }, func() error { return tx.Rollback(ctx(t)) })
+		},
+	}
+	for name, publish := range kinds {
+		t.Run(name, func(t *testing.T) {
+			committed := oddMessage("commit-"+name, "key-"+name)
+			rolledBack := oddMessage("rollback-"+name, "key-"+name)
+			publish(t, committed, true)
+			publish(t, rolledBack, false)
+			e.sequenceAll(t)
+			var found []logRow
+			for _, r := range e.readLog(t, "orders") {
+				if strings.HasSuffix(r.UUID, name) {
+					found = append(found, r)
+				}
+			}
+			if len(found) != 1 {
+				t.Fatalf("found %d rows for %s, want only the committed one", len(found), name)
+			}
+			assertSameMessage(t, found[0], committed)
+			if found[0].Key == nil || *found[0].Key != "key-"+name {
+				t.Fatalf("partition key = %v", found[0].Key)
+			}
+		})
+	}
+}
+
+func finish(t *testing.T, commit bool, commitFn, rollbackFn func() error) {
+	t.Helper()
+	fn := rollbackFn
+	if commit {
+		fn = commitFn
+	}
+	if err := fn(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// queryCounter counts the statements a pgx connection sends.
+type queryCounter struct{ n atomic.Int64 }
+
+func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := &queryCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for round := 0; round < 3; round++ {
+		tx, err := pool.Begin(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background()) // no-op after Commit; frees the pool on failure
+		var msgs []*message.Message
+		for i := 0; i < 500; i++ {
+			m := message.NewMessage(string(rune('a'+round))+"-"+itoa(i), []byte("x"))
+			m.SetContext(outbox.WithTx(ctx(t), tx))
+			msgs = append(msgs, m)
+			want = append(want, m.UUID)
+		}
+		before := counter.n.Load()
+		if err := pub.Publish("orders", msgs...); err != nil {
+			t.Fatal(err)
+		}
+		statements := counter.n.Load() - before
+		// The first Publish also looks the topic up once; later ones are one
+		// statement for 500 messages.
+		if limit := int64(1); round == 0 && statements > 2 || round > 0 && statements != limit {
+			t.Fatalf("round %d: Publish of 500 messages sent %d statements", round, statements)
+		}
+		if err := tx.Commit(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.sequenceAll(t)
+	rows := e.readLog(t, "orders")
+	if len(rows) != len(want) {
+		t.Fatalf("%d rows, want %d", len(rows), len(want))
+	}
+	for i, r := range rows {
+		if r.UUID != want[i] || r.Seq != int64(i+1) {
+			t.Fatalf("row %d: uuid %s seq %d, want %s seq %d", i, r.UUID, r.Seq, want[i], i+1)
+		}
+	}
+}
+
+func itoa(i int) string { return strings.TrimSpace(strings.Repeat(" ", 0) + fmtInt(i)) }
+
+func fmtInt(i int) string {
+	if i == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; i > 0; i /= 10 {
+		b = append([]byte{byte('0' + i%10)}, b...)
+	}
+	return string(b)
+}
+
+func TestOwnTransactionAndAutoCreatedTopics(t *testing.T) {
+	e := newEnv(t)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{
+		Schema: e.schema, DB: e.pool, OwnTransaction: true, AutoCreateTopics: true, DefaultPartitions: 8,
+		Topics: map[string]int{"listed": 3},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("auto", message.NewMessage("m1", []byte("a"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("listed", message.NewMessage("m2", []byte("b"))); err != nil {
+		t.Fatal(err)
+	}
+	for topic, want := range map[string]int{"auto": 8, "listed": 3} {
+		if n, err := outbox.TopicPartitions(ctx(t), e.pool, e.schema, topic); err != nil || n != want {
+			t.Fatalf("%s: %d partitions (%v), want %d", topic, n, err, want)
+		}
+	}
+	if n := e.sequenceAll(t); n != 2 {
+		t.Fatalf("sequenced %d, want 2", n)
+	}
+}
+
+func TestKeylessMessagesAreSpreadEvenly(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "spread", 8)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*message.Message
+	for i := 0; i < 800; i++ {
+		msgs = append(msgs, message.NewMessage("k"+itoa(i), nil))
+	}
+	if err := pub.Publish("spread", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	e.sequenceAll(t)
+	per := map[int]int{}
+	for _, r := range e.readLog(t, "spread") {
+		per[r.Partition]++
+		if r.Key != nil {
+			t.Fatalf("keyless message stored with key %q", *r.Key)
+		}
+	}
+	for p := 0; p < 8; p++ {
+		if per[p] != 100 {
+			t.Fatalf("partition %d got %d messages, want 100 (%v)", p, per[p], per)
+		}
+	}
+}
+
+func TestCustomPartitionKeyFunc(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "custom", 16)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{
+		Schema: e.schema, DB: e.pool, OwnTransaction: true,
+		PartitionKeyFunc: func(topic string, m *message.Message) (string, error) {
+			if m.Metadata.Get("tenant") == "" {
+				return "", errors.New("no tenant")
+			}
+			return m.Metadata.Get("tenant"), nil
+		},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := message.NewMessage("a", nil)
+	a.Metadata.Set("tenant", "acme")
+	if err := pub.Publish("custom", a); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("custom", message.NewMessage("b", nil)); err == nil || !strings.Contains(err.Error(), "no tenant") {
+		t.Fatalf("err = %v, want the key func's error", err)
+	}
+	e.sequenceAll(t)
+	rows := e.readLog(t, "custom")
+	if len(rows) != 1 || rows[0].Key == nil || *rows[0].Key != "acme" {
+		t.Fatalf("rows = %+v", rows)
+	}
+}

@@ -1,0 +1,406 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+)
+
+// SequencerConfig configures a Sequencer.
+type SequencerConfig struct {
+	// Schema is the outbox schema (DefaultSchema when empty).
+	Schema string
+	// Pool is the connection pool the sequencer works through. Required.
+	Pool *pgxpool.Pool
+	// BatchSize bounds the messages sequenced in one pass, one transaction
+	// (default 5000). It is shared among the partitions of the pass.
+	BatchSize int
+	// MaxPartitionsPerPass bounds how many partitions one pass locks
+	// (default 256).
+	MaxPartitionsPerPass int
+	// PollInterval is the safety net: how often the sequencer looks for new
+	// messages without being notified (default 500ms).
+	PollInterval time.Duration
+	// Debounce is how long the sequencer waits after a notification before
+	// it runs, so that a burst of commits is sequenced in one pass rather
+	// than one pass per commit (default 1ms; negative: none).
+	Debounce time.Duration
+	// DisableListen stops the sequencer from listening for publishers'
+	// notifications; it then polls only.
+	DisableListen bool
+	// DisableNotify stops the sequencer from notifying subscribers (one
+	// notification per topic per pass) after it sequenced messages.
+	DisableNotify bool
+	// MaxErrorBackoff caps the wait after database errors (default 5s).
+	MaxErrorBackoff time.Duration
+}
+
+func (c *SequencerConfig) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 5000
+	}
+	if c.MaxPartitionsPerPass == 0 {
+		c.MaxPartitionsPerPass = 256
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 500 * time.Millisecond
+	}
+	if c.Debounce == 0 {
+		c.Debounce = time.Millisecond
+	}
+	if c.MaxErrorBackoff == 0 {
+		c.MaxErrorBackoff = 5 * time.Second
+	}
+}
+
+// Validate reports the first impossible setting.
+func (c SequencerConfig) Validate() error {
+	c.setDefaults()
+	if err := names.Schema(c.Schema); err != nil {
+		return err
+	}
+	switch {
+	case c.Pool == nil:
+		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+	case c.BatchSize < 1:
+		return &errs.ConfigError{Field: "BatchSize", Reason: "must be at least 1"}
+	case c.MaxPartitionsPerPass < 1:
+		return &errs.ConfigError{Field: "MaxPartitionsPerPass", Reason: "must be at least 1"}
+	case c.PollInterval < 0:
+		return &errs.ConfigError{Field: "PollInterval", Reason: "must be positive"}
+	case c.MaxErrorBackoff < 0:
+		return &errs.ConfigError{Field: "MaxErrorBackoff", Reason: "must be positive"}
+	}
+	return nil
+}
+
+// Sequencer gives committed messages their place in their partition: a
+// gap-free, strictly increasing seq, in the order their transactions became
+// visible. It runs after commit, so a reader following seq can never skip a
+// message whose transaction committed late.
+//
+// Any number of sequencers may run, e.g. one per instance: each partition is
+// sequenced by one of them at a time (a row lock taken with SKIP LOCKED), and
+// none of them waits for another.
+type Sequencer struct {
+	cfg    SequencerConfig
+	logger watermill.LoggerAdapter
+
+	lockSQL, moveSQL string
+	listenChannel    string
+	notifyChannel    string
+
+	poke chan struct{}
+
+	sequenced atomic.Int64
+	passes    atomic.Int64
+
+	closeOnce sync.Once
+	cancel    context.CancelFunc
+	ctx       context.Context
+	wg        sync.WaitGroup
+	running   atomic.Bool
+}
+
+// NewSequencer creates a Sequencer. Start it with Run.
+func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequencer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	s := names.Quote(cfg.Schema)
+	ctx, cancel := context.WithCancel(context.Background())
+	seq := &Sequencer{
+		cfg:           cfg,
+		logger:        logger.With(watermill.LogFields{"component": "outbox.sequencer", "schema": cfg.Schema}),
+		listenChannel: names.PendingChannel(cfg.Schema),
+		notifyChannel: names.SequencedChannel(cfg.Schema),
+		poke:          make(chan struct{}, 1),
+		ctx:           ctx,
+		cancel:        cancel,
+	}
+	// Statement 1 locks the partitions that have pending messages and that no
+	// other sequencer holds, least recently sequenced first.
+	seq.lockSQL = `SELECT p.topic, p.partition FROM ` + s + `.partitions p
+	WHERE EXISTS (SELECT 1 FROM ` + s + `.pending m WHERE m.topic = p.topic AND m.partition = p.partition)
+	ORDER BY p.sequenced_at NULLS FIRST
+	LIMIT $1
+	FOR UPDATE OF p SKIP LOCKED`
+	// Statement 2 runs with a snapshot taken after those locks were granted,
+	// so it sees every row and every last_seq committed by the partition's
+	// previous sequencer. It moves the oldest pending rows of each locked
+	// partition into the log, numbering them from last_seq+1 in id order.
+	notify := ""
+	if !cfg.DisableNotify {
+		notify = ", pg_notify($4, topic)::text"
+	}
+	seq.moveSQL = `WITH locked AS (
+		SELECT * FROM unnest($1::text[], $2::int4[]) AS l(topic, partition)
+	), picked AS (
+		SELECT m.topic, m.partition, m.id FROM locked l
+		CROSS JOIN LATERAL (
+			SELECT topic, partition, id FROM ` + s + `.pending m
+			WHERE m.topic = l.topic AND m.partition = l.partition
+			ORDER BY id LIMIT $3
+		) m
+	), moved AS (
+		DELETE FROM ` + s + `.pending d USING picked
+		WHERE d.topic = picked.topic AND d.partition = picked.partition AND d.id = picked.id
+		RETURNING d.*
+	), numbered AS (
+		SELECT mv.*, p.last_seq + row_number() OVER (PARTITION BY mv.topic, mv.partition ORDER BY mv.id) AS seq
+		FROM moved mv JOIN ` + s + `.partitions p ON p.topic = mv.topic AND p.partition = mv.partition
+	), inserted AS (
+		INSERT INTO ` + s + `.log (topic, partition, seq, partition_key, uuid, metadata, payload, created_at)
+		SELECT topic, partition, seq, partition_key, uuid, metadata, payload, created_at
+		FROM numbered ORDER BY topic, partition, seq
+		RETURNING topic, partition, seq
+	), advanced AS (
+		UPDATE ` + s + `.partitions p SET last_seq = x.max_seq, sequenced_at = now()
+		FROM (SELECT topic, partition, max(seq) AS max_seq, count(*) AS n FROM inserted GROUP BY topic, partition) x
+		WHERE p.topic = x.topic AND p.partition = x.partition
+		RETURNING p.topic, x.n
+	)
+	SELECT topic, sum(n)::bigint, max(n)::bigint` + notify + ` FROM advanced GROUP BY topic`
+	return seq, nil
+}
+
+// SequencerStats are running totals of a Sequencer.
+type SequencerStats struct {
+	Sequenced int64 // messages given a seq
+	Passes    int64 // passes that sequenced at least one message
+}
+
+// Stats returns the running totals.
+func (s *Sequencer) Stats() SequencerStats {
+	return SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load()}
+}
+
+// Run sequences until ctx is cancelled or Close is called. It returns nil
+// then; database errors are logged and retried with backoff, never returned.
+// Run may be called once.
+func (s *Sequencer) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("outbox: Sequencer.Run called twice")
+	}
+	s.wg.Add(1)
+	defer s.wg.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+
+	var listener sync.WaitGroup
+	if !s.cfg.DisableListen {
+		listener.Add(1)
+		go func() {
+			defer listener.Done()
+			listen(ctx, s.cfg.Pool, s.listenChannel, s.logger, func(string) { s.wake() })
+		}()
+	}
+	defer listener.Wait()
+
+	backoff := time.Duration(0)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		_, more, err := s.Pass(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := s.cfg.PollInterval
+		switch {
+		case err != nil:
+			backoff = min(max(2*backoff, 50*time.Millisecond), s.cfg.MaxErrorBackoff)
+			wait = backoff
+			s.logger.Error("Sequencing failed, retrying", err, watermill.LogFields{"backoff": backoff})
+		case more:
+			backoff = 0
+			continue
+		default:
+			backoff = 0
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		case <-s.poke:
+			if err == nil && s.cfg.Debounce > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(s.cfg.Debounce):
+				}
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+func (s *Sequencer) wake() {
+	select {
+	case s.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Close stops Run and waits for it to return.
+func (s *Sequencer) Close() error {
+	s.closeOnce.Do(s.cancel)
+	s.wg.Wait()
+	return nil
+}
+
+// SequenceAll runs passes until no committed message is left unsequenced in
+// partitions this sequencer can lock, and returns how many it sequenced.
+// Useful in tests, tools and demos; services use Run.
+func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, more, err := s.Pass(ctx)
+		total += n
+		if err != nil || !more {
+			return total, err
+		}
+	}
+}
+
+// Pass runs one sequencing pass in one transaction. It returns how many
+// messages it sequenced and whether more may be waiting (a partition gave a
+// full share or more partitions had work than one pass takes).
+func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
+	tx, err := s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: sequencer: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	rows, err := tx.Query(ctx, s.lockSQL, s.cfg.MaxPartitionsPerPass)
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: sequencer: lock partitions: %w", err)
+	}
+	var topics []string
+	var parts []int32
+	for rows.Next() {
+		var t string
+		var p int32
+		if err := rows.Scan(&t, &p); err != nil {
+			rows.Close()
+			return 0, false, err
+		}
+		topics = append(topics, t)
+		parts = append(parts, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, false, fmt.Errorf("outbox: sequencer: lock partitions: %w", err)
+	}
+	if len(topics) == 0 {
+		return 0, false, tx.Commit(ctx)
+	}
+	share := max(1, s.cfg.BatchSize/len(topics))
+	args := []any{topics, parts, share}
+	if !s.cfg.DisableNotify {
+		args = append(args, s.notifyChannel)
+	}
+	rows, err = tx.Query(ctx, s.moveSQL, args...)
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: sequencer: move: %w", err)
+	}
+	fullShare := false
+	for rows.Next() {
+		var topic string
+		var sum, maxPerPartition int64
+		dest := []any{&topic, &sum, &maxPerPartition}
+		if !s.cfg.DisableNotify {
+			dest = append(dest, new(string))
+		}
+		if err := rows.Scan(dest...); err != nil {
+			rows.Close()
+			return 0, false, err
+		}
+		n += int(sum)
+		if maxPerPartition >= int64(share) {
+			fullShare = true
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, false, fmt.Errorf("outbox: sequencer: move: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, false, fmt.Errorf("outbox: sequencer: commit: %w", err)
+	}
+	if n > 0 {
+		s.sequenced.Add(int64(n))
+		s.passes.Add(1)
+	}
+	return n, fullShare || len(topics) == s.cfg.MaxPartitionsPerPass, nil
+}
+
+// listen holds one connection from pool with LISTEN channel and calls fn
+// with each notification's payload until ctx ends. Lost connections are
+// re-established with backoff; fn("") is called after each (re)connect, as
+// notifications may have been missed meanwhile.
+func listen(ctx context.Context, pool *pgxpool.Pool, channel string, logger watermill.LoggerAdapter, fn func(payload string)) {
+	backoff := time.Duration(0)
+	for ctx.Err() == nil {
+		err := listenOnce(ctx, pool, channel, fn)
+		if ctx.Err() != nil {
+			return
+		}
+		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+		logger.Error("LISTEN connection lost, reconnecting", err, watermill.LogFields{"channel": channel, "backoff": backoff})
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+	}
+}
+
+func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, fn func(string)) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection carries a LISTEN: never give it back to the pool.
+	c := conn.Hijack()
+	defer c.Close(context.Background())
+	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return err
+	}
+	fn("")
+	for {
+		n, err := c.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		fn(n.Payload)
+	}
+}

@@ -1,0 +1,126 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+)
+
+// Partition counts a topic may have.
+const (
+	MinPartitions = 1
+	MaxPartitions = 1024
+)
+
+// DefaultSchema is the PostgreSQL schema the outbox uses unless configured
+// otherwise.
+const DefaultSchema = names.DefaultSchema
+
+// RegisterTopic makes sure topic exists in schema with the given partition
+// count, creating it and its partitions when missing. db is a
+// *pgxpool.Pool, *pgx.Conn or *sql.DB. Asking for another count than the
+// registered one fails with a *PartitionMismatchError and changes nothing:
+// partition counts are fixed, because a key's partition must not move.
+func RegisterTopic(ctx context.Context, db any, schema, topic string, partitions int) error {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := names.Schema(schema); err != nil {
+		return err
+	}
+	if err := names.Topic(topic); err != nil {
+		return err
+	}
+	if err := validPartitionCount(partitions); err != nil {
+		return err
+	}
+	d, err := pgexec.FromDB(db)
+	if err != nil {
+		return err
+	}
+	_, err = registerTopic(ctx, d, schema, topic, partitions)
+	return err
+}
+
+// TopicPartitions reports the partition count of a registered topic, or an
+// error matching ErrUnknownTopic.
+func TopicPartitions(ctx context.Context, db any, schema, topic string) (int, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := names.Schema(schema); err != nil {
+		return 0, err
+	}
+	if err := names.Topic(topic); err != nil {
+		return 0, err
+	}
+	d, err := pgexec.FromDB(db)
+	if err != nil {
+		return 0, err
+	}
+	return lookupTopic(ctx, d, schema, topic)
+}
+
+func validPartitionCount(n int) error {
+	if n < MinPartitions || n > MaxPartitions {
+		return fmt.Errorf("%w: %d (allowed: %d..%d)", errs.ErrInvalidPartitionCount, n, MinPartitions, MaxPartitions)
+	}
+	return nil
+}
+
+func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (int, error) {
+	var n int
+	err := pgexec.QueryRow(ctx, q, "SELECT partitions FROM "+names.Quote(schema)+".topics WHERE name = $1", []any{topic}, &n)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("%w: %q in schema %q", errs.ErrUnknownTopic, topic, schema)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("outbox: look up topic %q: %w", topic, err)
+	}
+	return n, nil
+}
+
+// registerTopic inserts the topic with its partition rows in one statement,
+// or reads the existing count. When another instance registers the same
+// topic at the same moment, the insert waits for it and finds the row; the
+// statement's snapshot cannot see that row yet, so it is read again.
+func registerTopic(ctx context.Context, q pgexec.Querier, schema, topic string, partitions int) (int, error) {
+	s := names.Quote(schema)
+	stmt := `WITH ins AS (
+		INSERT INTO ` + s + `.topics (name, partitions) VALUES ($1, $2)
+		ON CONFLICT (name) DO NOTHING
+		RETURNING name, partitions
+	), parts AS (
+		INSERT INTO ` + s + `.partitions (topic, partition)
+		SELECT name, g FROM ins, generate_series(0, ins.partitions - 1) AS g
+	)
+	SELECT partitions FROM ins`
+	for attempt := 0; attempt < 3; attempt++ {
+		var got int
+		err := pgexec.QueryRow(ctx, q, stmt, []any{topic, partitions}, &got)
+		if err == nil {
+			return got, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, fmt.Errorf("outbox: register topic %q: %w", topic, err)
+		}
+		got, err = lookupTopic(ctx, q, schema, topic)
+		if errors.Is(err, errs.ErrUnknownTopic) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if got != partitions {
+			return 0, &errs.PartitionMismatchError{Topic: topic, Registered: got, Requested: partitions}
+		}
+		return got, nil
+	}
+	return 0, fmt.Errorf("outbox: register topic %q: concurrent registration did not settle", topic)
+}
