@@ -1,0 +1,191 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	outbox "github.com/millrace/watermill-outbox"
+)
+
+// dbState is everything a bad input could have changed.
+type dbState struct {
+	topics, partitions, pending, log, schemas int
+}
+
+func snapshot(t *testing.T, e env) dbState {
+	t.Helper()
+	var s dbState
+	s.topics, s.partitions, s.pending, s.log = e.count(t, "topics"), e.count(t, "partitions"), e.count(t, "pending"), e.count(t, "log")
+	if err := e.pool.QueryRow(ctx(t), "SELECT count(*) FROM pg_namespace").Scan(&s.schemas); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 4)
+	base := outbox.PublisherConfig{Schema: e.schema}
+	msg := func() *message.Message {
+		m := message.NewMessage("m", []byte("ok"))
+		m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+		return m
+	}
+	// inTx publishes through a fresh transaction that is committed when the
+	// publish "succeeded", so a half-written state would be visible.
+	inTx := func(t *testing.T, cfg outbox.PublisherConfig, topic string, msgs ...*message.Message) error {
+		tx, err := e.pool.Begin(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		pub, err := outbox.NewTxPublisher(tx, cfg, nil)
+		if err != nil {
+			return err
+		}
+		if err := pub.Publish(topic, msgs...); err != nil {
+			return err
+		}
+		return tx.Commit(ctx(t))
+	}
+	cases := []struct {
+		name string
+		want error
+		run  func(t *testing.T) error
+	}{
+		{"schema name with a quote", outbox.ErrInvalidName, func(t *testing.T) error {
+			return outbox.Migrate(ctx(t), e.pool, `evil"; DROP SCHEMA public; --`)
+		}},
+		{"schema name upper case", outbox.ErrInvalidName, func(t *testing.T) error {
+			_, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: "Outbox"}, nil)
+			return err
+		}},
+		{"schema name too long", outbox.ErrInvalidName, func(t *testing.T) error {
+			return outbox.RegisterTopic(ctx(t), e.pool, strings.Repeat("s", 49), "orders", 4)
+		}},
+		{"topic name with SQL", outbox.ErrInvalidName, func(t *testing.T) error {
+			return inTx(t, base, "orders'; DELETE FROM log; --", msg())
+		}},
+		{"empty topic name", outbox.ErrInvalidName, func(t *testing.T) error { return inTx(t, base, "", msg()) }},
+		{"topic name too long", outbox.ErrInvalidName, func(t *testing.T) error {
+			return outbox.RegisterTopic(ctx(t), e.pool, e.schema, strings.Repeat("t", 250), 1)
+		}},
+		{"oversize payload in a batch", outbox.ErrPayloadTooLarge, func(t *testing.T) error {
+			big := message.NewMessage("big", make([]byte, 2048))
+			cfg := base
+			cfg.MaxPayloadBytes = 1024
+			return inTx(t, cfg, "orders", msg(), big)
+		}},
+		{"partition count mismatch", outbox.ErrPartitionMismatch, func(t *testing.T) error {
+			return outbox.RegisterTopic(ctx(t), e.pool, e.schema, "orders", 8)
+		}},
+		{"publisher configured with another partition count", outbox.ErrPartitionMismatch, func(t *testing.T) error {
+			cfg := base
+			cfg.Topics = map[string]int{"orders": 2}
+			return inTx(t, cfg, "orders", msg())
+		}},
+		{"zero partitions", outbox.ErrInvalidPartitionCount, func(t *testing.T) error {
+			return outbox.RegisterTopic(ctx(t), e.pool, e.schema, "zero", 0)
+		}},
+		{"1025 partitions", outbox.ErrInvalidPartitionCount, func(t *testing.T) error {
+			return outbox.RegisterTopic(ctx(t), e.pool, e.schema, "many", 1025)
+		}},
+		{"publish after close", outbox.ErrPublisherClosed, func(t *testing.T) error {
+			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = pub.Close()
+			return pub.Publish("orders", msg())
+		}},
+		{"nil tx", outbox.ErrNilTx, func(t *testing.T) error {
+			_, err := outbox.NewTxPublisher(nil, base, nil)
+			return err
+		}},
+		{"typed nil *sql.Tx", outbox.ErrNilTx, func(t *testing.T) error {
+			_, err := outbox.NewTxPublisher((*sql.Tx)(nil), base, nil)
+			return err
+		}},
+		{"nil pgx.Tx in the context", outbox.ErrNilTx, func(t *testing.T) error {
+			pub, _ := outbox.NewPublisher(base, nil)
+			m := msg()
+			var tx pgx.Tx
+			m.SetContext(outbox.WithTx(ctx(t), tx))
+			return pub.Publish("orders", m)
+		}},
+		{"unsupported tx type", outbox.ErrUnsupportedTx, func(t *testing.T) error {
+			_, err := outbox.NewTxPublisher("not a transaction", base, nil)
+			return err
+		}},
+		{"no tx in the context", outbox.ErrNoTx, func(t *testing.T) error {
+			pub, _ := outbox.NewPublisher(base, nil)
+			return pub.Publish("orders", msg())
+		}},
+		{"messages in different transactions", outbox.ErrMixedTx, func(t *testing.T) error {
+			pub, _ := outbox.NewPublisher(base, nil)
+			tx1, _ := e.pool.Begin(ctx(t))
+			defer tx1.Rollback(context.Background())
+			tx2, _ := e.pool.Begin(ctx(t))
+			defer tx2.Rollback(context.Background())
+			a, b := msg(), msg()
+			a.SetContext(outbox.WithTx(ctx(t), tx1))
+			b.SetContext(outbox.WithTx(ctx(t), tx2))
+			return pub.Publish("orders", a, b)
+		}},
+		{"metadata with NUL", outbox.ErrInvalidMessage, func(t *testing.T) error {
+			bad := msg()
+			bad.Metadata.Set("k", "a\x00b")
+			return inTx(t, base, "orders", msg(), bad)
+		}},
+		{"metadata not UTF-8", outbox.ErrInvalidMessage, func(t *testing.T) error {
+			bad := msg()
+			bad.Metadata.Set("k", "\xff\xfe")
+			return inTx(t, base, "orders", bad)
+		}},
+		{"unknown topic without DB", outbox.ErrUnknownTopic, func(t *testing.T) error {
+			return inTx(t, base, "never-registered", msg())
+		}},
+		{"negative payload limit", outbox.ErrInvalidConfig, func(t *testing.T) error {
+			cfg := base
+			cfg.MaxPayloadBytes = -1
+			_, err := outbox.NewPublisher(cfg, nil)
+			return err
+		}},
+		{"own transaction without DB", outbox.ErrInvalidConfig, func(t *testing.T) error {
+			cfg := base
+			cfg.OwnTransaction = true
+			_, err := outbox.NewPublisher(cfg, nil)
+			return err
+		}},
+		{"sequencer without pool", outbox.ErrInvalidConfig, func(t *testing.T) error {
+			_, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema}, nil)
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := snapshot(t, e)
+			var err error
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("panic: %v", r)
+					}
+				}()
+				err = tc.run(t)
+			}()
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if after := snapshot(t, e); after != before {
+				t.Fatalf("database changed: %+v -> %+v", before, after)
+			}
+		})
+	}
+}

@@ -1,0 +1,277 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	outbox "github.com/millrace/watermill-outbox"
+)
+
+// stressResult is what the publishing goroutines know for sure.
+type stressResult struct {
+	mu         sync.Mutex
+	committed  map[string]string // uuid -> aggregate key
+	rolledBack map[string]bool
+}
+
+// runStress publishes from 16 goroutines while `sequencers` sequencers run,
+// and checks every guarantee of the sequencer against what committed.
+func runStress(t *testing.T, sequencers int) {
+	const (
+		goroutines = 16
+		target     = 20000
+		partitions = 16
+		keys       = 400
+		topic      = "stress"
+	)
+	e := newEnv(t)
+	e.register(t, topic, partitions)
+	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".aggregates (key text PRIMARY KEY, version int NOT NULL DEFAULT 0)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx(t), "INSERT INTO "+e.schema+".aggregates (key) SELECT 'agg-' || g FROM generate_series(1, $1) g", keys); err != nil {
+		t.Fatal(err)
+	}
+
+	runCtx, stop := context.WithCancel(ctx(t))
+	defer stop()
+	var seqWG sync.WaitGroup
+	var seqs []*outbox.Sequencer
+	for i := 0; i < sequencers; i++ {
+		// Small passes over few partitions make racing sequencers interleave.
+		s, err := outbox.NewSequencer(outbox.SequencerConfig{
+			Schema: e.schema, Pool: e.pool, BatchSize: 64 + 32*i, MaxPartitionsPerPass: 4 + i,
+			PollInterval: 20 * time.Millisecond, DisableListen: i == 1,
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, s)
+		seqWG.Add(1)
+		go func() {
+			defer seqWG.Done()
+			if err := s.Run(runCtx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := &stressResult{committed: map[string]string{}, rolledBack: map[string]bool{}}
+	var published atomic.Int64
+	var pubWG sync.WaitGroup
+	for g := 0; g < goroutines; g++ {
+		pubWG.Add(1)
+		go func() {
+			defer pubWG.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 42))
+			for n := 0; published.Load() < target; n++ {
+				if err := publishOne(ctx(t), e, pub, topic, rng, keys, g, n, res, &published); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	pubWG.Wait()
+	if t.Failed() {
+		return
+	}
+	// Let the running sequencers finish the backlog, then stop them.
+	deadline := time.Now().Add(2 * time.Minute)
+	for e.count(t, "pending") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("sequencers left %d messages pending", e.count(t, "pending"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	seqWG.Wait()
+	var total int64
+	for i, s := range seqs {
+		st := s.Stats()
+		total += st.Sequenced
+		t.Logf("sequencer %d: %d messages in %d passes", i, st.Sequenced, st.Passes)
+		if sequencers > 1 && st.Sequenced == 0 {
+			t.Errorf("sequencer %d never won a partition: the race was not exercised", i)
+		}
+	}
+
+	rows := e.readLog(t, topic)
+	if int64(len(rows)) != total {
+		t.Errorf("log has %d rows, sequencers report %d", len(rows), total)
+	}
+	checkStress(t, rows, res)
+}
+
+// publishOne runs one transaction: lock an aggregate row, bump its version,
+// publish 1-5 messages for it, and commit, roll back (~10%), or hold the
+// transaction open for a while before committing (~3%) so that later
+// transactions commit first.
+func publishOne(c context.Context, e env, pub *outbox.Publisher, topic string, rng *rand.Rand, keys, g, n int, res *stressResult, published *atomic.Int64) error {
+	key := "agg-" + strconv.Itoa(1+rng.IntN(keys))
+	tx, err := e.pool.Begin(c)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background())
+	var version int
+	if err := tx.QueryRow(c, "UPDATE "+e.schema+".aggregates SET version = version + 1 WHERE key = $1 RETURNING version", key).Scan(&version); err != nil {
+		return err
+	}
+	count := 1 + rng.IntN(5)
+	txCtx := outbox.WithTx(c, tx)
+	msgs := make([]*message.Message, count)
+	for i := range msgs {
+		m := message.NewMessage(fmt.Sprintf("g%d-n%d-m%d", g, n, i), []byte(key))
+		m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		m.Metadata.Set("version", strconv.Itoa(version))
+		m.Metadata.Set("index", strconv.Itoa(i))
+		m.SetContext(txCtx)
+		msgs[i] = m
+	}
+	if err := pub.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	roll := rng.Float64()
+	switch {
+	case roll < 0.10:
+		if err := tx.Rollback(c); err != nil {
+			return err
+		}
+		res.mu.Lock()
+		for _, m := range msgs {
+			res.rolledBack[m.UUID] = true
+		}
+		res.mu.Unlock()
+		return nil
+	case roll < 0.13:
+		// Hold the transaction (and its aggregate row) open while the others
+		// commit: its messages got lower ids than rows committed meanwhile.
+		time.Sleep(time.Duration(5+rng.IntN(30)) * time.Millisecond)
+	}
+	if err := tx.Commit(c); err != nil {
+		return err
+	}
+	res.mu.Lock()
+	for _, m := range msgs {
+		res.committed[m.UUID] = key
+	}
+	res.mu.Unlock()
+	published.Add(int64(count))
+	return nil
+}
+
+func checkStress(t *testing.T, rows []logRow, res *stressResult) {
+	t.Helper()
+	if len(res.committed) < 20000 {
+		t.Fatalf("only %d messages committed", len(res.committed))
+	}
+	seen := map[string]bool{}
+	nextSeq := map[int]int64{}
+	lastVersion := map[string][2]int{} // key -> (version, index) of the previous message
+	keyPartition := map[string]int{}
+	for _, r := range rows {
+		if seen[r.UUID] {
+			t.Fatalf("message %s sequenced twice", r.UUID)
+		}
+		seen[r.UUID] = true
+		if res.rolledBack[r.UUID] {
+			t.Fatalf("rolled-back message %s was sequenced", r.UUID)
+		}
+		key, ok := res.committed[r.UUID]
+		if !ok {
+			t.Fatalf("unknown message %s in the log", r.UUID)
+		}
+		nextSeq[r.Partition]++
+		if r.Seq != nextSeq[r.Partition] {
+			t.Fatalf("partition %d: seq %d where %d was due (gap or duplicate)", r.Partition, r.Seq, nextSeq[r.Partition])
+		}
+		if p, ok := keyPartition[key]; ok && p != r.Partition {
+			t.Fatalf("key %s in partitions %d and %d", key, p, r.Partition)
+		}
+		keyPartition[key] = r.Partition
+		// Transactions on one aggregate are serialized by its row lock, so
+		// their commit order is their version order: seq must follow it, and
+		// messages of one transaction keep their Publish order.
+		v, _ := strconv.Atoi(r.Metadata["version"])
+		i, _ := strconv.Atoi(r.Metadata["index"])
+		prev := lastVersion[key]
+		if v < prev[0] || v == prev[0] && i != prev[1]+1 || v > prev[0] && i != 0 {
+			t.Fatalf("key %s: message (version %d, #%d) sequenced after (version %d, #%d)", key, v, i, prev[0], prev[1])
+		}
+		lastVersion[key] = [2]int{v, i}
+	}
+	for uuid := range res.committed {
+		if !seen[uuid] {
+			t.Fatalf("committed message %s was never sequenced", uuid)
+		}
+	}
+	t.Logf("%d committed, %d rolled back, %d partitions, all checks hold", len(res.committed), len(res.rolledBack), len(nextSeq))
+}
+
+func TestSequencerGapFreeInCommitOrderUnderConcurrency(t *testing.T) {
+	runStress(t, 1)
+}
+
+func TestTwoSequencersRacingOverTheSamePartitions(t *testing.T) {
+	runStress(t, 2)
+}
+
+func TestSequencerRunWakesOnNotify(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "wake", 2)
+	// A poll interval far beyond the test's deadline: only a notification can
+	// make the sequencer pick the message up in time.
+	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema, Pool: e.pool, PollInterval: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Run(context.Background())
+	defer s.Close()
+	waitForListener(t, e, e.schema+"_pending")
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("wake", message.NewMessage("w1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for s.Stats().Sequenced != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the notification did not wake the sequencer")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitForListener waits until some session LISTENs on channel.
+func waitForListener(t *testing.T, e env, channel string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := e.pool.QueryRow(ctx(t), "SELECT count(*) FROM pg_stat_activity WHERE query = $1", `LISTEN "`+channel+`"`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nobody listens on %s", channel)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
