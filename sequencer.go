@@ -39,7 +39,8 @@ type SequencerConfig struct {
 	// notifications; it then polls only.
 	DisableListen bool
 	// DisableNotify stops the sequencer from notifying subscribers (one
-	// notification per topic per pass) after it sequenced messages.
+	// notification per topic per pass, naming the partitions that got new
+	// messages: "topic:0,5,7") after it sequenced messages.
 	DisableNotify bool
 	// MaxErrorBackoff caps the wait after database errors (default 5s).
 	MaxErrorBackoff time.Duration
@@ -148,7 +149,7 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 	// partition into the log, numbering them from last_seq+1 in id order.
 	notify := ""
 	if !cfg.DisableNotify {
-		notify = ", pg_notify($4, topic)::text"
+		notify = ", pg_notify($4, topic || ':' || string_agg(partition::text, ','))::text"
 	}
 	seq.moveSQL = `WITH locked AS (
 		SELECT * FROM unnest($1::text[], $2::int4[]) AS l(topic, partition)
@@ -175,7 +176,7 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 		UPDATE ` + s + `.partitions p SET last_seq = x.max_seq, sequenced_at = now()
 		FROM (SELECT topic, partition, max(seq) AS max_seq, count(*) AS n FROM inserted GROUP BY topic, partition) x
 		WHERE p.topic = x.topic AND p.partition = x.partition
-		RETURNING p.topic, x.n
+		RETURNING p.topic, p.partition, x.n
 	)
 	SELECT topic, sum(n)::bigint, max(n)::bigint` + notify + ` FROM advanced GROUP BY topic`
 	return seq, nil

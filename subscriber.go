@@ -1,0 +1,427 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/worker"
+	"github.com/millrace/watermill-outbox/lease"
+)
+
+// Strategy says how a Subscriber's handler runs relative to the database.
+type Strategy int
+
+const (
+	// Leased runs the handler outside any transaction, while the instance
+	// holds the partition's lease, with a deadline before the lease could
+	// end. Delivery is at-least-once: a message whose handler finished just
+	// as the lease was lost is delivered again (same MetadataID).
+	Leased Strategy = iota
+	// Transactional runs the handler while the partition's transaction is
+	// open; the handler gets it with TxFromContext(msg.Context()), and its
+	// writes commit atomically with the cursor: exactly-once effects inside
+	// PostgreSQL. Each message runs under a savepoint, so a Nack undoes only
+	// that message's writes.
+	Transactional
+)
+
+func (s Strategy) String() string {
+	switch s {
+	case Leased:
+		return "leased"
+	case Transactional:
+		return "transactional"
+	}
+	return "Strategy(" + strconv.Itoa(int(s)) + ")"
+}
+
+// SubscriberConfig configures a Subscriber.
+type SubscriberConfig struct {
+	// Schema is the outbox schema (DefaultSchema when empty).
+	Schema string
+	// Pool is the connection pool. Required.
+	Pool *pgxpool.Pool
+	// ConsumerGroup names the group whose cursor this subscriber advances.
+	// Subscribers in one group share the partitions; each group sees every
+	// message. Required.
+	ConsumerGroup string
+	// Strategy is Leased (default) or Transactional.
+	Strategy Strategy
+	// Tuning sets batch sizes, pacing, backoff, leases and the bulkhead;
+	// start from a profile (adaptive.Default() when zero).
+	Tuning adaptive.Tuning
+	// StartFromNewest makes a new group start after the messages already
+	// sequenced instead of at the oldest retained one.
+	StartFromNewest bool
+	// Topics, AutoCreateTopics and DefaultPartitions work as in
+	// PublisherConfig: a subscriber may come up before any publisher.
+	Topics            map[string]int
+	AutoCreateTopics  bool
+	DefaultPartitions int
+	// RejectHandler takes rejected (poison) messages out of the stream, e.g.
+	// the dead-letter store. Without one, a rejected message is retried like
+	// a nacked one: nothing is ever dropped silently.
+	RejectHandler RejectHandler
+	// MaxAttempts, when > 0, rejects a message delivered that many times
+	// without success (needs RejectHandler).
+	MaxAttempts int
+	// HandlerTimeout bounds a handler in the Leased strategy (default
+	// LeaseTTL - RenewInterval, so it ends before the lease can).
+	HandlerTimeout time.Duration
+	// CloseTimeout bounds how long Close waits for in-flight messages to be
+	// acked or nacked (default 5s); unfinished ones are treated as nacked.
+	CloseTimeout time.Duration
+	// DisableSequencer stops the subscriber from running a Sequencer of its
+	// own. Some process must run one; any number may run.
+	DisableSequencer bool
+	// MemberID identifies this instance in leases (default: random).
+	MemberID string
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Tuning == (adaptive.Tuning{}) {
+		c.Tuning = adaptive.Default()
+	}
+	if c.DefaultPartitions == 0 {
+		c.DefaultPartitions = 1
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = c.Tuning.LeaseTTL - c.Tuning.RenewInterval
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 5 * time.Second
+	}
+	if c.MemberID == "" {
+		c.MemberID = watermill.NewShortUUID()
+	}
+}
+
+// Validate reports the first impossible setting.
+func (c SubscriberConfig) Validate() error {
+	c.setDefaults()
+	if err := names.Schema(c.Schema); err != nil {
+		return err
+	}
+	if err := c.Tuning.Validate(); err != nil {
+		return &errs.ConfigError{Field: "Tuning", Reason: err.Error()}
+	}
+	switch {
+	case c.Pool == nil:
+		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+	case c.ConsumerGroup == "":
+		return &errs.ConfigError{Field: "ConsumerGroup", Reason: "required"}
+	case len(c.ConsumerGroup) > 200 || !storableText(c.ConsumerGroup):
+		return &errs.ConfigError{Field: "ConsumerGroup", Reason: "at most 200 bytes of UTF-8 without NUL"}
+	case c.Strategy != Leased && c.Strategy != Transactional:
+		return &errs.ConfigError{Field: "Strategy", Reason: "must be Leased or Transactional"}
+	case c.MaxAttempts < 0:
+		return &errs.ConfigError{Field: "MaxAttempts", Reason: "must be >= 0"}
+	case c.MaxAttempts > 0 && c.RejectHandler == nil:
+		return &errs.ConfigError{Field: "MaxAttempts", Reason: "needs a RejectHandler to take exhausted messages out"}
+	case c.HandlerTimeout < 0 || c.HandlerTimeout > c.Tuning.LeaseTTL:
+		return &errs.ConfigError{Field: "HandlerTimeout", Reason: "must be positive and at most Tuning.LeaseTTL"}
+	case c.CloseTimeout < 0:
+		return &errs.ConfigError{Field: "CloseTimeout", Reason: "must be positive"}
+	}
+	if err := validPartitionCount(c.DefaultPartitions); err != nil {
+		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
+	}
+	for topic, n := range c.Topics {
+		if err := names.Topic(topic); err != nil {
+			return err
+		}
+		if err := validPartitionCount(n); err != nil {
+			return &errs.ConfigError{Field: "Topics[" + topic + "]", Reason: err.Error()}
+		}
+	}
+	return nil
+}
+
+// Subscriber is a message.Subscriber over the sequenced outbox log. Each
+// Subscribe call joins the consumer group on a topic: the instance takes
+// leases on its fair share of the topic's partitions and runs one worker
+// per leased partition. A worker reads a batch in seq order, delivers its
+// messages one at a time (the next only after the previous was acked), and
+// moves the group's cursor once per batch, fenced by its lease.
+type Subscriber struct {
+	cfg    SubscriberConfig
+	logger watermill.LoggerAdapter
+	db     pgexec.DB
+
+	bulkhead  *worker.Bulkhead
+	readSQL   string
+	sequencer *Sequencer
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	closed   bool
+	started  bool
+	pokers   map[string]map[int]map[*worker.Poker]struct{} // topic -> partition -> pokers
+	topicsMu sync.Mutex
+	topics   map[string]int
+}
+
+// NewSubscriber creates a Subscriber.
+func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	bulkhead, err := worker.NewBulkhead(cfg.Tuning.MaxConcurrentPartitions)
+	if err != nil {
+		return nil, err
+	}
+	db, _ := pgexec.FromDB(cfg.Pool)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Subscriber{
+		cfg:      cfg,
+		logger:   logger.With(watermill.LogFields{"component": "outbox.subscriber", "group": cfg.ConsumerGroup}),
+		db:       db,
+		bulkhead: bulkhead,
+		ctx:      ctx,
+		cancel:   cancel,
+		pokers:   map[string]map[int]map[*worker.Poker]struct{}{},
+		topics:   map[string]int{},
+		readSQL: `SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload FROM ` + names.Quote(cfg.Schema) + `.log
+		WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4`,
+	}
+	if !cfg.DisableSequencer {
+		s.sequencer, err = NewSequencer(SequencerConfig{Schema: cfg.Schema, Pool: cfg.Pool}, logger)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// SubscribeInitialize registers topic if needed (AutoCreateTopics or
+// Topics), so that messages published before the first Subscribe are kept
+// for the group.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	if err := names.Topic(topic); err != nil {
+		return err
+	}
+	_, err := s.topic(s.ctx, topic)
+	return err
+}
+
+func (s *Subscriber) topic(ctx context.Context, topic string) (int, error) {
+	s.topicsMu.Lock()
+	n, ok := s.topics[topic]
+	s.topicsMu.Unlock()
+	if ok {
+		return n, nil
+	}
+	want, listed := s.cfg.Topics[topic]
+	n, err := lookupTopic(ctx, s.db, s.cfg.Schema, topic)
+	switch {
+	case err == nil && listed && n != want:
+		return 0, &errs.PartitionMismatchError{Topic: topic, Registered: n, Requested: want}
+	case errors.Is(err, errs.ErrUnknownTopic) && (listed || s.cfg.AutoCreateTopics):
+		if !listed {
+			want = s.cfg.DefaultPartitions
+		}
+		if n, err = registerTopic(ctx, s.db, s.cfg.Schema, topic, want); err != nil {
+			return 0, err
+		}
+	case err != nil:
+		return 0, err
+	}
+	s.topicsMu.Lock()
+	s.topics[topic] = n
+	s.topicsMu.Unlock()
+	return n, nil
+}
+
+// Subscribe joins the consumer group on topic and returns the channel its
+// messages arrive on. The channel is closed when ctx ends or the Subscriber
+// is closed.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := names.Topic(topic); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errs.ErrClosed
+	}
+	s.wg.Add(1)
+	first := !s.started
+	s.started = true
+	s.mu.Unlock()
+	started := false
+	defer func() {
+		if !started {
+			s.wg.Done()
+		}
+	}()
+
+	partitions, err := s.topic(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	manager, err := lease.NewManager(lease.Config{
+		Schema:          s.cfg.Schema,
+		Pool:            s.cfg.Pool,
+		Group:           s.cfg.ConsumerGroup,
+		Topic:           topic,
+		Partitions:      partitions,
+		MemberID:        s.cfg.MemberID + "-" + watermill.NewShortUUID(),
+		TTL:             s.cfg.Tuning.LeaseTTL,
+		RenewInterval:   s.cfg.Tuning.RenewInterval,
+		StartFromNewest: s.cfg.StartFromNewest,
+	}, s.logger)
+	if err != nil {
+		return nil, err
+	}
+	if first {
+		s.startBackground()
+	}
+
+	out := make(chan *message.Message)
+	subCtx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	started = true
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		defer stop()
+		defer cancel()
+		var workers sync.WaitGroup
+		err := manager.Run(subCtx, func(l *lease.Lease) {
+			w := s.newPartitionWorker(topic, l, out)
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				defer l.Done()
+				w.run()
+			}()
+		})
+		if err != nil && subCtx.Err() == nil {
+			s.logger.Error("Lease manager stopped", err, watermill.LogFields{"topic": topic})
+		}
+		workers.Wait()
+	}()
+	return out, nil
+}
+
+// startBackground starts the notification listener and, unless disabled,
+// the sequencer; both stop on Close.
+func (s *Subscriber) startBackground() {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		listen(s.ctx, s.cfg.Pool, names.SequencedChannel(s.cfg.Schema), s.logger, s.onSequenced)
+	}()
+	if s.sequencer != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_ = s.sequencer.Run(s.ctx)
+		}()
+	}
+}
+
+// onSequenced wakes the workers of the partitions named in a sequencer
+// notification ("topic:p1,p2,…"); an empty payload (after a reconnect, when
+// notifications may have been lost) wakes every worker.
+func (s *Subscriber) onSequenced(payload string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	topic, list, ok := strings.Cut(payload, ":")
+	if payload == "" || !ok {
+		for _, parts := range s.pokers {
+			for _, ps := range parts {
+				for p := range ps {
+					p.Poke()
+				}
+			}
+		}
+		return
+	}
+	parts := s.pokers[topic]
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		for p := range parts[n] {
+			p.Poke()
+		}
+	}
+}
+
+func (s *Subscriber) addPoker(topic string, partition int, p *worker.Poker) func() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pokers[topic] == nil {
+		s.pokers[topic] = map[int]map[*worker.Poker]struct{}{}
+	}
+	if s.pokers[topic][partition] == nil {
+		s.pokers[topic][partition] = map[*worker.Poker]struct{}{}
+	}
+	s.pokers[topic][partition][p] = struct{}{}
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.pokers[topic][partition], p)
+	}
+}
+
+// Close stops every subscription: workers finish or nack their in-flight
+// message (within CloseTimeout), leases are released, channels are closed,
+// and Close returns when every goroutine has ended.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// errLeaseEnded stops a worker whose lease ended (lost, released, or the
+// subscription stopped).
+var errLeaseEnded = errors.New("lease ended")
+
+func leaseEnded(err error) bool {
+	return errors.Is(err, errLeaseEnded) || errors.Is(err, lease.ErrLeaseLost)
+}
+
+// fmtErr keeps error text bounded for the cursor's last_error column.
+func fmtErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if len(msg) > 2000 {
+		return fmt.Errorf("%s…", msg[:2000])
+	}
+	return err
+}

@@ -1,0 +1,486 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/adaptive"
+)
+
+func fastTuning() adaptive.Tuning {
+	tu := adaptive.Default()
+	tu.BatchSize = 32
+	tu.BackoffBase = 20 * time.Millisecond
+	tu.BackoffMax = 200 * time.Millisecond
+	tu.LeaseTTL = 2 * time.Second
+	tu.RenewInterval = 300 * time.Millisecond
+	tu.Pacing.IdleInterval = 200 * time.Millisecond
+	return tu
+}
+
+// publishKeyed publishes perKey messages for each of keys keys (in rounds,
+// so keys interleave), with metadata "n" counting per key from 1.
+func publishKeyed(t *testing.T, e env, topic string, keys, perKey int) []string {
+	t.Helper()
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uuids []string
+	for n := 1; n <= perKey; n++ {
+		var batch []*message.Message
+		for k := 0; k < keys; k++ {
+			m := message.NewMessage(fmt.Sprintf("k%d-n%d", k, n), []byte("p"))
+			m.Metadata.Set(outbox.PartitionKeyMetadata, "key-"+strconv.Itoa(k))
+			m.Metadata.Set("n", strconv.Itoa(n))
+			batch = append(batch, m)
+			uuids = append(uuids, m.UUID)
+		}
+		if err := pub.Publish(topic, batch...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return uuids
+}
+
+// handled records handler invocations in the order they happened.
+type handled struct {
+	mu    sync.Mutex
+	calls []call
+	ids   map[string]int
+}
+
+type call struct {
+	instance string
+	uuid     string
+	key      string
+	n        int
+	id       string
+	seq      int64
+}
+
+func (h *handled) add(instance string, m *message.Message) (duplicate bool) {
+	n, _ := strconv.Atoi(m.Metadata.Get("n"))
+	seq, _ := strconv.ParseInt(m.Metadata.Get(outbox.MetadataSeq), 10, 64)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ids == nil {
+		h.ids = map[string]int{}
+	}
+	id := m.Metadata.Get(outbox.MetadataID)
+	h.ids[id]++
+	h.calls = append(h.calls, call{instance, m.UUID, m.Metadata.Get(outbox.PartitionKeyMetadata), n, id, seq})
+	return h.ids[id] > 1
+}
+
+func (h *handled) distinct() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ids)
+}
+
+// checkOrder verifies that, per key, first deliveries arrive in publish order
+// and every duplicate carries an id delivered before.
+func (h *handled) checkOrder(t *testing.T, uuids []string) (duplicates int) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	seen := map[string]bool{}
+	lastN := map[string]int{}
+	got := map[string]bool{}
+	for _, c := range h.calls {
+		got[c.uuid] = true
+		if seen[c.id] {
+			duplicates++
+			continue
+		}
+		seen[c.id] = true
+		if c.n != lastN[c.key]+1 {
+			t.Fatalf("key %s: message n=%d handled after n=%d (instance %s)", c.key, c.n, lastN[c.key], c.instance)
+		}
+		lastN[c.key] = c.n
+	}
+	for _, u := range uuids {
+		if !got[u] {
+			t.Fatalf("message %s never reached a handler", u)
+		}
+	}
+	return duplicates
+}
+
+// consume runs a subscription that acks everything after an optional
+// per-message delay, until ctx ends.
+func consume(ctx context.Context, t *testing.T, sub *outbox.Subscriber, topic, instance string, h *handled, delay time.Duration) *sync.WaitGroup {
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for m := range msgs {
+			h.add(instance, m)
+			time.Sleep(delay)
+			m.Ack()
+		}
+	}()
+	return &wg
+}
+
+func newSub(t *testing.T, e env, group string, tune func(*outbox.SubscriberConfig)) *outbox.Subscriber {
+	t.Helper()
+	cfg := outbox.SubscriberConfig{Schema: e.schema, Pool: e.pool, ConsumerGroup: group, Tuning: fastTuning(), CloseTimeout: time.Second}
+	if tune != nil {
+		tune(&cfg)
+	}
+	sub, err := outbox.NewSubscriber(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 16)
+	leakOpts := goleak.IgnoreCurrent()
+	uuids := publishKeyed(t, e, "orders", 64, 40) // 2,560 messages
+	h := &handled{}
+
+	a, b := newSub(t, e, "billing", nil), newSub(t, e, "billing", nil)
+	ctxA, cancelA := context.WithCancel(context.Background())
+	wgA := consume(ctxA, t, a, "orders", "A", h, time.Millisecond)
+	wgB := consume(context.Background(), t, b, "orders", "B", h, time.Millisecond)
+
+	// Cancel A in the middle of its batches, then add C.
+	waitFor(t, "a quarter of the messages", time.Minute, func() bool { return h.distinct() > len(uuids)/4 })
+	cancelA()
+	wgA.Wait()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c := newSub(t, e, "billing", nil)
+	wgC := consume(context.Background(), t, c, "orders", "C", h, time.Millisecond)
+
+	waitFor(t, "every message", 2*time.Minute, func() bool { return h.distinct() == len(uuids) })
+	dups := h.checkOrder(t, uuids)
+	t.Logf("%d deliveries, %d distinct, %d duplicates", len(h.calls), h.distinct(), dups)
+	// A stopped cleanly (its acked prefix was recorded before its leases were
+	// released), so nobody had to redeliver more than one in-flight message
+	// per partition.
+	if dups > 16 {
+		t.Fatalf("%d duplicates after a clean stop", dups)
+	}
+	byInstance := map[string]int{}
+	for _, cl := range h.calls {
+		byInstance[cl.instance]++
+	}
+	if byInstance["A"] == 0 || byInstance["B"] == 0 || byInstance["C"] == 0 {
+		t.Fatalf("work was not shared: %v", byInstance)
+	}
+	for _, s := range []*outbox.Subscriber{b, c} {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wgB.Wait()
+	wgC.Wait()
+	goleak.VerifyNone(t, leakOpts)
+}
+
+func TestFrozenInstanceCannotMoveTheCursorAfterTakeover(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "single", 1)
+	uuids := publishKeyed(t, e, "single", 1, 20)
+
+	frozen := newSub(t, e, "g", nil)
+	defer frozen.Close()
+	msgsA, err := frozen.Subscribe(context.Background(), "single")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := <-msgsA // the frozen instance holds message 1 and never answers in time
+	if first.UUID != uuids[0] {
+		t.Fatalf("first delivery %s, want %s", first.UUID, uuids[0])
+	}
+	// Simulate a paused process: its lease runs out (as if it missed its
+	// renewals) while its handler is still busy.
+	if _, err := e.pool.Exec(ctx(t), "UPDATE "+e.schema+".cursors SET lease_expires_at = now() - interval '1 second' WHERE group_name = 'g'"); err != nil {
+		t.Fatal(err)
+	}
+	h := &handled{}
+	other := newSub(t, e, "g", nil)
+	defer other.Close()
+	wg := consume(context.Background(), t, other, "single", "other", h, 0)
+	waitFor(t, "the new owner to finish", time.Minute, func() bool { return h.distinct() == len(uuids) })
+
+	cursor := func() int64 {
+		var seq int64
+		if err := e.pool.QueryRow(ctx(t), "SELECT seq FROM "+e.schema+".cursors WHERE group_name = 'g'").Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	waitFor(t, "the cursor at the end", 30*time.Second, func() bool { return cursor() == int64(len(uuids)) })
+	// The zombie wakes up and acks: its write must be fenced off.
+	first.Ack()
+	time.Sleep(500 * time.Millisecond)
+	if got := cursor(); got != int64(len(uuids)) {
+		t.Fatalf("zombie moved the cursor to %d", got)
+	}
+	select {
+	case m, ok := <-msgsA:
+		if ok {
+			t.Fatalf("zombie delivered %s after losing its lease", m.UUID)
+		}
+	case <-time.After(300 * time.Millisecond):
+	}
+	_ = other.Close()
+	wg.Wait()
+}
+
+// rejectLog is a RejectHandler that stores rejected messages in a table, in
+// the transaction that moves the cursor.
+func rejectLog(t *testing.T, e env) (outbox.RejectHandler, func() []outbox.RejectedMessage) {
+	t.Helper()
+	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".rejects (uuid text PRIMARY KEY, seq bigint, attempts int, reason text)"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []outbox.RejectedMessage
+	handler := outbox.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+		if _, err := tx.Exec(c, "INSERT INTO "+e.schema+".rejects VALUES ($1, $2, $3, $4)", m.UUID, m.Seq, m.Attempts, m.Reason.Error()); err != nil {
+			return err
+		}
+		mu.Lock()
+		got = append(got, m)
+		mu.Unlock()
+		return nil
+	})
+	return handler, func() []outbox.RejectedMessage {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]outbox.RejectedMessage(nil), got...)
+	}
+}
+
+func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
+	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
+		t.Run(strategy.String(), func(t *testing.T) {
+			e := newEnv(t)
+			e.register(t, "events", 4)
+			rejects, rejected := rejectLog(t, e)
+			// 1,000 messages on one key (one partition) with a poison one early
+			// on, and 600 on other keys.
+			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const poison = 5
+			var hot []*message.Message
+			for i := 1; i <= 1000; i++ {
+				m := message.NewMessage("hot-"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
+				m.Metadata.Set(outbox.PartitionKeyMetadata, "hot")
+				hot = append(hot, m)
+			}
+			if err := pub.Publish("events", hot...); err != nil {
+				t.Fatal(err)
+			}
+			var cold []*message.Message
+			for i := 0; i < 600; i++ {
+				key := "cold-" + strconv.Itoa(i)
+				m := message.NewMessage(key, nil)
+				m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+				cold = append(cold, m)
+			}
+			if err := pub.Publish("events", cold...); err != nil {
+				t.Fatal(err)
+			}
+			e.sequenceAll(t)
+			var hotPartition int
+			if err := e.pool.QueryRow(ctx(t), "SELECT partition FROM "+e.schema+".log WHERE uuid = 'hot-1'").Scan(&hotPartition); err != nil {
+				t.Fatal(err)
+			}
+
+			tune := fastTuning()
+			tune.BatchSize = 64
+			tune.DegradeAfter = 1
+			tune.BackoffBase = 100 * time.Millisecond
+			sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) {
+				c.Strategy = strategy
+				c.Tuning = tune
+				c.RejectHandler = rejects
+				c.MaxAttempts = 3
+			})
+			defer sub.Close()
+			msgs, err := sub.Subscribe(context.Background(), "events")
+			if err != nil {
+				t.Fatal(err)
+			}
+			poisonAttempts, coldDone, coldWhilePoisoned := 0, 0, 0
+			var hotOrder []int
+			for delivered := 0; delivered < 999+600; {
+				var m *message.Message
+				select {
+				case m = <-msgs:
+				case <-time.After(30 * time.Second):
+					t.Fatalf("stalled: %d hot delivered, %d cold, %d poison attempts", len(hotOrder), coldDone, poisonAttempts)
+				}
+				isHot := m.Metadata.Get(outbox.PartitionKeyMetadata) == "hot"
+				switch {
+				case m.UUID == "hot-"+strconv.Itoa(poison):
+					poisonAttempts++
+					if attempt := m.Metadata.Get(outbox.MetadataAttempt); attempt != strconv.Itoa(poisonAttempts) {
+						t.Fatalf("attempt metadata %s on delivery %d", attempt, poisonAttempts)
+					}
+					m.Nack()
+					continue
+				case isHot:
+					i, _ := strconv.Atoi(string(m.Payload))
+					hotOrder = append(hotOrder, i)
+				default:
+					coldDone++
+					partition, _ := strconv.Atoi(m.Metadata.Get(outbox.MetadataPartition))
+					if poisonAttempts > 0 && len(hotOrder) < poison && partition != hotPartition {
+						coldWhilePoisoned++
+					}
+				}
+				m.Ack()
+				delivered++
+			}
+			for i, n := range hotOrder {
+				want := i + 1
+				if want >= poison {
+					want++
+				}
+				if n != want {
+					t.Fatalf("hot partition out of order at %d: got %d, want %d", i, n, want)
+				}
+			}
+			if poisonAttempts != 3 {
+				t.Fatalf("poison delivered %d times, want exactly MaxAttempts=3", poisonAttempts)
+			}
+			rs := rejected()
+			if len(rs) != 1 || rs[0].UUID != "hot-"+strconv.Itoa(poison) || rs[0].Attempts != 3 || rs[0].Partition != hotPartition || !errors.Is(rs[0].Reason, outbox.ErrPoison) {
+				t.Fatalf("rejected = %+v", rs)
+			}
+			// The other partitions kept flowing while the poison message was
+			// being retried with backoff.
+			if coldWhilePoisoned < 20 {
+				t.Fatalf("only %d messages of other partitions were handled while the poison message was retried", coldWhilePoisoned)
+			}
+			t.Logf("%d messages of other partitions handled during the poison's retries", coldWhilePoisoned)
+		})
+	}
+}
+
+func TestRejectTakesMessageOutAtOnce(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "r", 1)
+	rejects, rejected := rejectLog(t, e)
+	uuids := publishKeyed(t, e, "r", 1, 10)
+	sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) { c.RejectHandler = rejects })
+	defer sub.Close()
+	msgs, err := sub.Subscribe(context.Background(), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for len(order) < 10 {
+		m := <-msgs
+		order = append(order, m.UUID)
+		if m.UUID == uuids[3] {
+			if err := outbox.Reject(m, errors.New("unparseable")); !errors.Is(err, outbox.ErrPoison) {
+				t.Fatalf("Reject returned %v", err)
+			}
+			m.Nack() // a Router nacks a handler error; the rejection wins
+			continue
+		}
+		m.Ack()
+	}
+	for i, u := range order {
+		if u != uuids[i] {
+			t.Fatalf("delivery %d = %s, want %s (a rejected message must not be retried)", i, u, uuids[i])
+		}
+	}
+	rs := rejected()
+	if len(rs) != 1 || rs[0].UUID != uuids[3] || rs[0].Attempts != 1 || rs[0].Reason.Error() != "unparseable" {
+		t.Fatalf("rejected = %+v", rs)
+	}
+}
+
+func TestTransactionalStrategyHasExactlyOnceEffects(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "tx", 4)
+	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".effects (id text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	uuids := publishKeyed(t, e, "tx", 8, 50)
+	sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) { c.Strategy = outbox.Transactional })
+	msgs, err := sub.Subscribe(context.Background(), "tx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deliveries int
+	rng := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range msgs {
+			deliveries++
+			txAny, ok := outbox.TxFromContext(m.Context())
+			if !ok {
+				t.Error("no transaction in the message context")
+				m.Nack()
+				continue
+			}
+			tx := txAny.(pgx.Tx)
+			// The write happens, then every 7th delivery is nacked: its write
+			// must vanish with the savepoint, and the retry must write again.
+			if _, err := tx.Exec(m.Context(), "INSERT INTO "+e.schema+".effects VALUES ($1)", m.Metadata.Get(outbox.MetadataID)); err != nil {
+				t.Errorf("effect: %v", err)
+				m.Nack()
+				continue
+			}
+			rng++
+			if rng%7 == 0 {
+				m.Nack()
+				continue
+			}
+			m.Ack()
+		}
+	}()
+	waitFor(t, "every effect", time.Minute, func() bool { return e.count(t, "effects") == len(uuids) })
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if n := e.count(t, "effects"); n != len(uuids) {
+		t.Fatalf("%d effects, want %d", n, len(uuids))
+	}
+	if deliveries <= len(uuids) {
+		t.Fatalf("%d deliveries: the nacks did not cause retries", deliveries)
+	}
+}
