@@ -31,6 +31,14 @@ type partitionWorker struct {
 
 	cursor int64 // last seq done, as stored in the cursor row
 
+	// The message last handed to the subscription, whose metadata (as the
+	// handler and middleware left it) goes with a rejection.
+	lastMsg *message.Message
+
+	// The adaptive state last written to the cursor row.
+	shownState adaptive.State
+	shownSize  int
+
 	// Failures of the message at the head of the partition (cursor+1).
 	headSeq      int64
 	attempts     int
@@ -203,6 +211,7 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 // settle feeds the batch's outcome to the adaptive mode and picks the next
 // step. failureQ, when set, records a nack on the cursor row.
 func (w *partitionWorker) settle(ctx context.Context, result outcome, reason error, processed int, full bool, failureQ pgexec.Querier) (worker.Directive, error) {
+	defer w.showState(ctx)
 	switch result {
 	case acked:
 		w.mode.Succeeded()
@@ -290,6 +299,7 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx pgx.Tx) (o
 	}
 	defer cancel() // a message's context ends with its Ack or Nack
 	msg.SetContext(hctx)
+	w.lastMsg = msg
 
 	select {
 	case w.out <- msg:
@@ -339,6 +349,13 @@ func (w *partitionWorker) answer(d *delivery, got outcome, e logEntry) (outcome,
 }
 
 func (w *partitionWorker) rejectedMessage(e logEntry, reason error) RejectedMessage {
+	metadata := e.metadata
+	if w.lastMsg != nil && w.lastMsg.UUID == e.uuid {
+		metadata = make(map[string]string, len(w.lastMsg.Metadata))
+		for k, v := range w.lastMsg.Metadata {
+			metadata[k] = v
+		}
+	}
 	return RejectedMessage{
 		Group:        w.s.cfg.ConsumerGroup,
 		Topic:        w.topic,
@@ -346,7 +363,7 @@ func (w *partitionWorker) rejectedMessage(e logEntry, reason error) RejectedMess
 		Seq:          e.seq,
 		UUID:         e.uuid,
 		PartitionKey: e.key,
-		Metadata:     e.metadata,
+		Metadata:     metadata,
 		Payload:      e.payload,
 		Reason:       reason,
 		Attempts:     w.attempts,
@@ -376,4 +393,21 @@ func (w *partitionWorker) rejectInOwnTx(ctx context.Context, e logEntry, reason 
 		w.cursor = e.seq
 	}
 	return err
+}
+
+// showState writes the adaptive state to the cursor row when it changed,
+// for the admin status. It is fenced by the lease token and best effort.
+func (w *partitionWorker) showState(ctx context.Context) {
+	state, size := w.mode.State(), w.mode.BatchSize()
+	if state == w.shownState && size == w.shownSize {
+		return
+	}
+	dctx, cancel := dbContext(ctx)
+	defer cancel()
+	_, err := w.s.db.Exec(dctx, w.s.stateSQL, w.s.cfg.ConsumerGroup, w.topic, w.part, w.lease.Token(), state.String(), size)
+	if err != nil {
+		w.logger.Debug("Cannot record adaptive state", watermill.LogFields{"err": err})
+		return
+	}
+	w.shownState, w.shownSize = state, size
 }

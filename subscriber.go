@@ -166,6 +166,7 @@ type Subscriber struct {
 
 	bulkhead  *worker.Bulkhead
 	readSQL   string
+	stateSQL  string
 	sequencer *Sequencer
 
 	ctx    context.Context // cancelled by Close
@@ -206,6 +207,8 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		topics:   map[string]int{},
 		readSQL: `SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload FROM ` + names.Quote(cfg.Schema) + `.log
 		WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4`,
+		stateSQL: `UPDATE ` + names.Quote(cfg.Schema) + `.cursors SET adaptive_state = $5, batch_size = $6
+		WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_token = $4`,
 	}
 	if !cfg.DisableSequencer {
 		s.sequencer, err = NewSequencer(SequencerConfig{Schema: cfg.Schema, Pool: cfg.Pool}, logger)
