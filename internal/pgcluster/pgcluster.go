@@ -62,7 +62,7 @@ type Cluster struct {
 // Start initialises a cluster in a new temporary directory and starts it.
 // The returned cluster must be stopped with Stop; Start also arranges for
 // the cluster to be stopped when the process receives SIGINT or SIGTERM.
-func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	bindir, err := findBinDir()
 	if err != nil {
 		return nil, err
@@ -71,7 +71,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: temp dir: %w", err)
 	}
-	c = &Cluster{dir: dir, bindir: bindir, exited: make(chan struct{})}
+	c := &Cluster{dir: dir, bindir: bindir, exited: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			c.Stop()

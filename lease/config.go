@@ -1,0 +1,127 @@
+package lease
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+)
+
+const (
+	maxPartitions = 1024 // partition count of a topic, as in the outbox
+	maxLabelLen   = 200  // bytes of Config.Group and Config.MemberID
+	minTTL        = 100 * time.Millisecond
+)
+
+// Defaults of Config.
+const (
+	DefaultTTL             = 10 * time.Second // Config.TTL
+	DefaultBalanceInterval = time.Second      // Config.BalanceInterval
+)
+
+// Config configures a Manager.
+type Config struct {
+	// Schema is the outbox schema (default "watermill_outbox").
+	Schema string
+	// Pool is the connection pool the manager works through. Required.
+	Pool *pgxpool.Pool
+	// Group is the consumer group: 1 to 200 bytes of valid UTF-8 without
+	// NUL. Required.
+	Group string
+	// Topic is the topic whose partitions are leased. Required.
+	Topic string
+	// Partitions is the topic's partition count (1..1024). Required.
+	Partitions int
+	// MemberID identifies this member of the group (default: a random
+	// unique id). Two running managers must never share one.
+	MemberID string
+	// TTL is how long a lease, and a member's heartbeat, stay valid without
+	// renewal (default 10s, at least 100ms).
+	TTL time.Duration
+	// RenewInterval is how often held leases are renewed (default TTL/3).
+	// Must be < TTL.
+	RenewInterval time.Duration
+	// BalanceInterval is how often the member heartbeats and re-evaluates
+	// membership, its share, paused partitions and free leases (default
+	// 1s). Must be < TTL.
+	BalanceInterval time.Duration
+	// StartFromNewest makes a new group's cursors start at the partition's
+	// current last seq, skipping the existing messages, instead of at 0.
+	// Existing cursors never move.
+	StartFromNewest bool
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = names.DefaultSchema
+	}
+	if c.MemberID == "" {
+		c.MemberID = watermill.NewShortUUID()
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.RenewInterval == 0 {
+		c.RenewInterval = c.TTL / 3
+	}
+	if c.BalanceInterval == 0 {
+		c.BalanceInterval = DefaultBalanceInterval
+	}
+}
+
+// Validate reports the first impossible setting as a *errs.ConfigError
+// (outbox.ConfigError), or a *errs.NameError for a bad schema or topic.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if err := names.Schema(c.Schema); err != nil {
+		return err
+	}
+	if c.Pool == nil {
+		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+	}
+	if err := validLabel(c.Group, maxLabelLen); err != nil {
+		return &errs.ConfigError{Field: "Group", Reason: err.Error()}
+	}
+	if err := names.Topic(c.Topic); err != nil {
+		return err
+	}
+	if c.Partitions < 1 || c.Partitions > maxPartitions {
+		return &errs.ConfigError{Field: "Partitions", Reason: fmt.Sprintf("%d is outside 1..%d", c.Partitions, maxPartitions)}
+	}
+	if err := validLabel(c.MemberID, maxLabelLen); err != nil {
+		return &errs.ConfigError{Field: "MemberID", Reason: err.Error()}
+	}
+	switch {
+	case c.TTL < minTTL:
+		return &errs.ConfigError{Field: "TTL", Reason: fmt.Sprintf("must be at least %v, got %v", minTTL, c.TTL)}
+	case c.RenewInterval <= 0:
+		return &errs.ConfigError{Field: "RenewInterval", Reason: fmt.Sprintf("must be positive, got %v", c.RenewInterval)}
+	case c.RenewInterval >= c.TTL:
+		return &errs.ConfigError{Field: "RenewInterval", Reason: fmt.Sprintf("must be < TTL (%v), got %v", c.TTL, c.RenewInterval)}
+	case c.BalanceInterval <= 0:
+		return &errs.ConfigError{Field: "BalanceInterval", Reason: fmt.Sprintf("must be positive, got %v", c.BalanceInterval)}
+	case c.BalanceInterval >= c.TTL:
+		return &errs.ConfigError{Field: "BalanceInterval", Reason: fmt.Sprintf("must be < TTL (%v), got %v", c.TTL, c.BalanceInterval)}
+	}
+	return nil
+}
+
+func validLabel(s string, maxLen int) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("required")
+	case len(s) > maxLen:
+		return fmt.Errorf("longer than %d bytes", maxLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("not valid UTF-8")
+	case strings.IndexByte(s, 0) >= 0:
+		return fmt.Errorf("contains a NUL byte")
+	}
+	return nil
+}

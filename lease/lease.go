@@ -1,0 +1,199 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+)
+
+// ErrLeaseLost reports that a fenced write found the lease no longer ours:
+// another member acquired it, it expired, or it was released.
+var ErrLeaseLost = errors.New("lease: lease lost")
+
+// ErrSeqNotAhead reports an Advance to a seq at or behind the cursor while
+// the lease is still valid; the cursor is unchanged and the lease kept.
+var ErrSeqNotAhead = errors.New("lease: seq is not ahead of the cursor")
+
+// Causes of a lease context's end other than ErrLeaseLost, reported by
+// context.Cause.
+var (
+	errRebalanced = errors.New("lease: released to rebalance the group")
+	errPaused     = errors.New("lease: released because the partition was paused")
+	errStopped    = errors.New("lease: manager stopped")
+	errWorkerDone = errors.New("lease: released because its worker called Done")
+)
+
+// maxErrorLen bounds the last_error text RecordFailure stores.
+const maxErrorLen = 4096
+
+type leaseState int
+
+const (
+	stateActive    leaseState = iota // held, worker running
+	stateDraining                    // held and renewed, context cancelled, waiting for Done before release
+	stateLost                        // no longer ours, waiting for Done
+	stateReleasing                   // Done called, release in the database under way
+)
+
+// Lease is this member's lease on one partition, handed to the callback of
+// Manager.Run. It is safe for concurrent use.
+type Lease struct {
+	m         *Manager
+	partition int
+	token     int64
+	cursor    int64
+	attempts  int
+
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	done     chan struct{}
+	doneOnce sync.Once
+
+	// Guarded by m.mu.
+	state      leaseState
+	validUntil time.Time // local clock: when the last renewal was sent, plus TTL
+}
+
+// Partition is the leased partition.
+func (l *Lease) Partition() int { return l.partition }
+
+// Token is the fencing token: the lease's epoch, larger than that of every
+// earlier lease on the partition.
+func (l *Lease) Token() int64 { return l.token }
+
+// Cursor is the group's cursor in the partition when the lease was
+// acquired: the seq of the last message finished, 0 for none.
+func (l *Lease) Cursor() int64 { return l.cursor }
+
+// Attempts is the failure count recorded for the partition when the lease
+// was acquired (see RecordFailure); Advance resets it.
+func (l *Lease) Attempts() int { return l.attempts }
+
+// Context is cancelled when the lease is lost, released (rebalance, pause)
+// or the manager stops; context.Cause tells which, and is ErrLeaseLost for
+// a lost lease. The worker must then stop and call Done.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done tells the manager that the worker using this lease has stopped, so
+// that the lease can be released. Safe to call more than once.
+func (l *Lease) Done() {
+	l.doneOnce.Do(func() {
+		close(l.done)
+		l.m.poke()
+	})
+}
+
+func (l *Lease) isDone() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Advance moves the group's cursor in the partition to seq, the last message
+// finished. The UPDATE is fenced: it applies only while this lease is the
+// partition's current one (owner and token) and unexpired on the server's
+// clock, and only if seq is ahead of the cursor. It also clears the failure
+// count and last error.
+//
+// q is where the statement runs: the caller's open transaction, so that the
+// cursor moves if and only if the transaction commits, or nil for the
+// manager's pool. The row stays locked until that transaction ends, which
+// also keeps other members from acquiring the partition meanwhile.
+//
+// When the lease is no longer ours, Advance returns an error matching
+// ErrLeaseLost and cancels the lease's context; for a seq that is not ahead
+// of the cursor it returns ErrSeqNotAhead.
+func (l *Lease) Advance(ctx context.Context, q pgexec.Querier, seq int64) error {
+	q = l.querier(q)
+	n, err := q.Exec(ctx, l.m.advanceSQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, seq)
+	if err != nil {
+		return fmt.Errorf("lease: advance partition %d to %d: %w", l.partition, seq, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	return l.diagnose(ctx, q, "advance", seq)
+}
+
+// RecordFailure counts a failed attempt at the partition's next message and
+// stores cause as its last error, fenced like Advance. q is as for Advance.
+func (l *Lease) RecordFailure(ctx context.Context, q pgexec.Querier, cause error) error {
+	q = l.querier(q)
+	n, err := q.Exec(ctx, l.m.failureSQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, errorText(cause))
+	if err != nil {
+		return fmt.Errorf("lease: record failure on partition %d: %w", l.partition, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	return l.diagnose(ctx, q, "record failure", -1)
+}
+
+func (l *Lease) querier(q pgexec.Querier) pgexec.Querier {
+	if q == nil {
+		return l.m.pool
+	}
+	return q
+}
+
+// diagnose explains why a fenced write changed nothing. seq < 0: no cursor
+// condition was involved.
+func (l *Lease) diagnose(ctx context.Context, q pgexec.Querier, op string, seq int64) error {
+	var (
+		cursor int64
+		owner  string
+		token  int64
+		live   bool
+	)
+	err := pgexec.QueryRow(ctx, q, l.m.inspectSQL, []any{l.m.cfg.Group, l.m.cfg.Topic, l.partition}, &cursor, &owner, &token, &live)
+	var lost error
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		lost = fmt.Errorf("%w: %s on partition %d: the cursor row is gone", ErrLeaseLost, op, l.partition)
+	case err != nil:
+		return fmt.Errorf("lease: %s on partition %d changed nothing; inspecting the lease failed: %w", op, l.partition, err)
+	case owner == l.m.cfg.MemberID && token == l.token && live:
+		if seq >= 0 {
+			return fmt.Errorf("%w: partition %d: seq %d, cursor %d", ErrSeqNotAhead, l.partition, seq, cursor)
+		}
+		return fmt.Errorf("lease: %s on partition %d changed nothing although the lease is valid", op, l.partition)
+	case owner == "":
+		lost = fmt.Errorf("%w: %s on partition %d (token %d): the lease was released", ErrLeaseLost, op, l.partition, l.token)
+	case owner != l.m.cfg.MemberID || token != l.token:
+		lost = fmt.Errorf("%w: %s on partition %d (token %d): now held by %q with token %d", ErrLeaseLost, op, l.partition, l.token, owner, token)
+	default:
+		lost = fmt.Errorf("%w: %s on partition %d (token %d): the lease expired", ErrLeaseLost, op, l.partition, l.token)
+	}
+	l.m.markLost(l, lost)
+	return lost
+}
+
+// errorText makes cause storable as PostgreSQL text: valid UTF-8, no NUL,
+// at most maxErrorLen bytes.
+func errorText(cause error) string {
+	s := "unknown error"
+	if cause != nil {
+		s = cause.Error()
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	if len(s) > maxErrorLen {
+		cut := maxErrorLen
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	return s
+}

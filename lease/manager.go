@@ -1,0 +1,588 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+)
+
+// Manager keeps this member's heartbeat, acquires and renews leases for its
+// fair share of the partitions, and hands them to the caller. Create it with
+// NewManager and start it with Run.
+type Manager struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	pool   pgexec.DB
+
+	createSQL, gcSQL, balanceSQL, acquireSQL, renewSQL, releaseSQL, leaveSQL string
+	advanceSQL, failureSQL, inspectSQL                                       string
+
+	running atomic.Bool
+	wake    chan struct{}
+	frozen  atomic.Bool // test hook: the Run loop ignores its timers, like a stalled process
+
+	mu     sync.Mutex
+	leases map[int]*Lease // leases held, or waiting for their worker's Done
+}
+
+// NewManager validates cfg and creates a Manager.
+func NewManager(cfg Config, logger watermill.LoggerAdapter) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	pool, err := pgexec.FromDB(cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg: cfg,
+		logger: logger.With(watermill.LogFields{
+			"component": "outbox.lease", "schema": cfg.Schema,
+			"group": cfg.Group, "topic": cfg.Topic, "member": cfg.MemberID,
+		}),
+		pool:   pool,
+		wake:   make(chan struct{}, 1),
+		leases: make(map[int]*Lease),
+	}
+	m.prepareSQL()
+	return m, nil
+}
+
+// prepareSQL builds the statements. The schema is the only identifier put
+// into them, validated and quoted; every value is a bind parameter. Durations
+// travel as microseconds ($ttl * interval '1 microsecond').
+func (m *Manager) prepareSQL() {
+	s := names.Quote(m.cfg.Schema)
+	cursors, members := s+".cursors", s+".members"
+	const us = " * interval '1 microsecond'"
+	// $1 group, $2 topic, $3 partitions, $4 start from newest.
+	m.createSQL = `INSERT INTO ` + cursors + ` (group_name, topic, partition, seq)
+	SELECT $1, $2, g, CASE WHEN $4::boolean THEN coalesce(p.last_seq, 0) ELSE 0 END
+	FROM generate_series(0, $3::int4 - 1) AS g
+	LEFT JOIN ` + s + `.partitions p ON p.topic = $2 AND p.partition = g
+	ON CONFLICT (group_name, topic, partition) DO NOTHING`
+	// $1 group, $2 topic, $3 age in µs.
+	m.gcSQL = `DELETE FROM ` + members + ` WHERE group_name = $1 AND topic = $2 AND heartbeat_at < now() - $3::int8` + us
+	// $1 group, $2 topic, $3 me, $4 TTL in µs, $5 partitions. Heartbeat, then
+	// read the other live members, the number of partitions not paused, and
+	// the paused partitions this member holds.
+	m.balanceSQL = `WITH hb AS (
+		INSERT INTO ` + members + ` (group_name, topic, member_id, heartbeat_at) VALUES ($1, $2, $3, now())
+		ON CONFLICT (group_name, topic, member_id) DO UPDATE SET heartbeat_at = now()
+	)
+	SELECT
+		ARRAY(SELECT member_id FROM ` + members + ` WHERE group_name = $1 AND topic = $2 AND member_id <> $3
+			AND heartbeat_at > now() - $4::int8` + us + `),
+		(SELECT count(*) FROM ` + cursors + ` WHERE group_name = $1 AND topic = $2 AND partition < $5 AND NOT paused),
+		ARRAY(SELECT partition FROM ` + cursors + ` WHERE group_name = $1 AND topic = $2 AND paused AND lease_owner = $3)`
+	// $1 group, $2 topic, $3 me, $4 partitions, $5 excluded partitions, $6
+	// TTL in µs, $7 how many. Free or expired leases only, never a live
+	// one; each member scans in its own hash order, so that members
+	// starting together do not contend for the same rows.
+	m.acquireSQL = `UPDATE ` + cursors + ` c
+	SET lease_owner = $3, lease_token = c.lease_token + 1, lease_expires_at = now() + $6::int8` + us + `
+	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
+		SELECT partition FROM ` + cursors + `
+		WHERE group_name = $1 AND topic = $2 AND partition < $4 AND NOT paused
+			AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= now())
+			AND partition <> ALL($5::int4[])
+		ORDER BY hashtext($3 || ':' || partition::text), partition
+		LIMIT $7
+		FOR UPDATE SKIP LOCKED)
+	RETURNING c.partition, c.lease_token, c.seq, c.attempts`
+	// $1 group, $2 topic, $3 me, $4 partitions, $5 tokens, $6 TTL in µs.
+	// Renews the unexpired ones (renewed = true). A row locked by a
+	// transaction (typically our worker's, between Advance and commit) is
+	// skipped rather than waited for, and reported with renewed = false if
+	// it is still ours: nobody else can acquire it while it is locked. A
+	// partition missing from the result is lost.
+	m.renewSQL = `WITH mine AS (
+		SELECT partition FROM ` + cursors + `
+		WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
+			AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
+		FOR UPDATE SKIP LOCKED
+	), renewed AS (
+		UPDATE ` + cursors + ` c SET lease_expires_at = now() + $6::int8` + us + `
+		FROM mine
+		WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = mine.partition AND c.lease_expires_at > now()
+		RETURNING c.partition
+	)
+	SELECT partition, true FROM renewed
+	UNION ALL
+	SELECT partition, false FROM ` + cursors + `
+	WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
+		AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
+		AND lease_expires_at > now()
+		AND partition NOT IN (SELECT partition FROM mine)`
+	// $1 group, $2 topic, $3 me, $4 partitions, $5 tokens. Fenced by owner
+	// and token. A row locked by a transaction is skipped, not waited for:
+	// that lease is left to expire.
+	m.releaseSQL = `UPDATE ` + cursors + ` c SET lease_owner = NULL, lease_expires_at = NULL
+	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
+		SELECT partition FROM ` + cursors + `
+		WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
+			AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
+		FOR UPDATE SKIP LOCKED)`
+	// $1 group, $2 topic, $3 me.
+	m.leaveSQL = `DELETE FROM ` + members + ` WHERE group_name = $1 AND topic = $2 AND member_id = $3`
+	// $1 group, $2 topic, $3 partition, $4 me, $5 token, $6 seq. Fenced
+	// writes compare with clock_timestamp(), not now(): they may run late in
+	// a long transaction, whose now() is its start.
+	const fence = ` WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
+		AND lease_expires_at > clock_timestamp()`
+	m.advanceSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, last_error = NULL, last_error_at = NULL,
+		updated_at = clock_timestamp()` + fence + ` AND seq < $6`
+	// $6 error text.
+	m.failureSQL = `UPDATE ` + cursors + ` SET attempts = least(attempts, 2147483646) + 1, last_error = $6,
+		last_error_at = clock_timestamp(), updated_at = clock_timestamp()` + fence
+	// $1 group, $2 topic, $3 partition.
+	m.inspectSQL = `SELECT seq, coalesce(lease_owner, ''), lease_token, coalesce(lease_expires_at > clock_timestamp(), false)
+	FROM ` + cursors + ` WHERE group_name = $1 AND topic = $2 AND partition = $3`
+}
+
+// MemberID is this member's id in the group.
+func (m *Manager) MemberID() string { return m.cfg.MemberID }
+
+// Held returns the partitions whose lease this member currently holds,
+// sorted: acquired, not released, and, by the local clock, renewed within
+// TTL (so never a partition another member may already have acquired).
+func (m *Manager) Held() []int {
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []int
+	for p, l := range m.leases {
+		if (l.state == stateActive || l.state == stateDraining) && now.Before(l.validUntil) {
+			out = append(out, p)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// Run creates the group's cursor rows if missing, then keeps this member's
+// heartbeat and its share of the leases until ctx ends, calling onAcquire
+// from Run's goroutine for each lease acquired. onAcquire must not block:
+// it typically starts a worker that runs until l.Context() ends and then
+// calls l.Done(). A lease is released only after its Done.
+//
+// When ctx ends, Run cancels every lease's context, waits up to TTL for
+// their Done (renewing meanwhile), releases them, removes the member and
+// returns nil. Leases whose worker did not finish in time are left to
+// expire. Database errors while running are logged and retried; Run returns
+// an error only if the cursor rows cannot be created, or if it is already
+// running.
+func (m *Manager) Run(ctx context.Context, onAcquire func(l *Lease)) error {
+	if onAcquire == nil {
+		return errors.New("lease: Run needs an onAcquire callback")
+	}
+	if !m.running.CompareAndSwap(false, true) {
+		return errors.New("lease: Run is already running")
+	}
+	defer m.running.Store(false)
+
+	if err := m.start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	renew := time.NewTicker(m.cfg.RenewInterval)
+	defer renew.Stop()
+	balance := time.NewTicker(m.cfg.BalanceInterval)
+	defer balance.Stop()
+
+	m.balance(ctx, onAcquire)
+	for {
+		select {
+		case <-ctx.Done():
+			m.shutdown(ctx)
+			return nil
+		case <-renew.C:
+			if !m.frozen.Load() {
+				m.renew(ctx)
+			}
+		case <-balance.C:
+			if !m.frozen.Load() {
+				m.balance(ctx, onAcquire)
+			}
+		case <-m.wake:
+			if !m.frozen.Load() {
+				m.releaseFinished(ctx)
+			}
+		}
+	}
+}
+
+// start creates the cursor rows (one statement) and forgets long-dead
+// members.
+func (m *Manager) start(ctx context.Context) error {
+	if _, err := m.pool.Exec(ctx, m.createSQL, m.cfg.Group, m.cfg.Topic, m.cfg.Partitions, m.cfg.StartFromNewest); err != nil {
+		return fmt.Errorf("lease: create cursors of group %q on topic %q: %w", m.cfg.Group, m.cfg.Topic, err)
+	}
+	if _, err := m.pool.Exec(ctx, m.gcSQL, m.cfg.Group, m.cfg.Topic, (10 * m.cfg.TTL).Microseconds()); err != nil {
+		m.logger.Error("Cannot remove dead members", err, nil)
+	}
+	return nil
+}
+
+// opContext bounds one database round trip of the Run loop, so that a
+// stuck connection cannot stall renewals forever.
+func (m *Manager) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, m.cfg.TTL/2)
+}
+
+func (m *Manager) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// balance heartbeats, computes this member's share, gives back paused and
+// surplus leases, releases finished ones, and acquires up to the share.
+func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
+	m.expireLocal()
+	m.releaseFinished(ctx)
+
+	var (
+		others []string
+		active int
+		paused []int32
+	)
+	opCtx, cancel := m.opContext(ctx)
+	err := pgexec.QueryRow(opCtx, m.pool, m.balanceSQL,
+		[]any{m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, m.cfg.TTL.Microseconds(), m.cfg.Partitions},
+		&others, &active, &paused)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			m.logger.Error("Heartbeat failed", err, nil)
+		}
+		return
+	}
+	target := share(active, m.cfg.MemberID, others)
+
+	m.mu.Lock()
+	for _, p := range paused {
+		if l := m.leases[int(p)]; l != nil && l.state == stateActive {
+			l.state = stateDraining
+			l.cancel(errPaused)
+			m.logger.Info("Releasing lease of paused partition", watermill.LogFields{"partition": l.partition, "token": l.token})
+		}
+	}
+	var held []*Lease
+	draining := 0
+	for _, l := range m.leases {
+		switch l.state {
+		case stateActive:
+			held = append(held, l)
+		case stateDraining:
+			draining++
+		}
+	}
+	if surplus := len(held) - target; surplus > 0 {
+		// Give back the highest partitions; any choice converges.
+		sort.Slice(held, func(i, j int) bool { return held[i].partition > held[j].partition })
+		for _, l := range held[:surplus] {
+			l.state = stateDraining
+			l.cancel(errRebalanced)
+			m.logger.Info("Releasing lease to rebalance", watermill.LogFields{
+				"partition": l.partition, "token": l.token, "share": target, "members": len(others) + 1,
+			})
+		}
+		held = held[surplus:]
+	}
+	need := target - len(held) - draining
+	exclude := make([]int32, 0, len(m.leases))
+	for p := range m.leases {
+		exclude = append(exclude, int32(p))
+	}
+	m.mu.Unlock()
+
+	if need <= 0 {
+		return
+	}
+	got := m.acquire(ctx, need, exclude)
+	if len(got) == 0 {
+		return
+	}
+	parts := make([]int, len(got))
+	for i, l := range got {
+		parts[i] = l.partition
+	}
+	m.logger.Info("Acquired leases", watermill.LogFields{"partitions": parts, "share": target, "members": len(others) + 1})
+	for _, l := range got {
+		m.logger.Debug("Acquired lease", watermill.LogFields{"partition": l.partition, "token": l.token, "cursor": l.cursor})
+		onAcquire(l)
+	}
+}
+
+// share is this member's number of partitions: active/n for each of the n
+// live members, plus one for the first active%n of them in id order.
+func share(active int, me string, others []string) int {
+	if active <= 0 {
+		return 0
+	}
+	ids := append(slices.Clone(others), me)
+	sort.Strings(ids)
+	ids = slices.Compact(ids)
+	n := len(ids)
+	rank := sort.SearchStrings(ids, me)
+	t := active / n
+	if rank < active%n {
+		t++
+	}
+	return t
+}
+
+func (m *Manager) acquire(ctx context.Context, need int, exclude []int32) []*Lease {
+	sent := time.Now()
+	opCtx, cancel := m.opContext(ctx)
+	defer cancel()
+	rows, err := m.pool.Query(opCtx, m.acquireSQL, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID,
+		m.cfg.Partitions, exclude, m.cfg.TTL.Microseconds(), need)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.logger.Error("Cannot acquire leases", err, nil)
+		}
+		return nil
+	}
+	defer rows.Close()
+	var got []*Lease
+	for rows.Next() {
+		var (
+			partition int32
+			token     int64
+			cursor    int64
+			attempts  int32
+		)
+		if err := rows.Scan(&partition, &token, &cursor, &attempts); err != nil {
+			m.logger.Error("Cannot read acquired lease", err, nil)
+			continue
+		}
+		lctx, lcancel := context.WithCancelCause(context.WithoutCancel(ctx))
+		got = append(got, &Lease{
+			m: m, partition: int(partition), token: token, cursor: cursor, attempts: int(attempts),
+			ctx: lctx, cancel: lcancel, done: make(chan struct{}),
+			state: stateActive, validUntil: sent.Add(m.cfg.TTL),
+		})
+	}
+	if err := rows.Err(); err != nil {
+		// The statement failed as a whole: nothing was acquired.
+		for _, l := range got {
+			l.cancel(err)
+		}
+		if ctx.Err() == nil {
+			m.logger.Error("Cannot acquire leases", err, nil)
+		}
+		return nil
+	}
+	m.mu.Lock()
+	for _, l := range got {
+		m.leases[l.partition] = l
+	}
+	m.mu.Unlock()
+	return got
+}
+
+// renew extends every held lease in one statement and cancels the lost
+// ones at once.
+func (m *Manager) renew(ctx context.Context) {
+	m.expireLocal()
+	m.mu.Lock()
+	var parts []int32
+	var tokens []int64
+	for p, l := range m.leases {
+		if l.state == stateActive || l.state == stateDraining {
+			parts = append(parts, int32(p))
+			tokens = append(tokens, l.token)
+		}
+	}
+	m.mu.Unlock()
+	if len(parts) == 0 {
+		return
+	}
+	sent := time.Now()
+	opCtx, cancel := m.opContext(ctx)
+	defer cancel()
+	rows, err := m.pool.Query(opCtx, m.renewSQL, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens, m.cfg.TTL.Microseconds())
+	if err != nil {
+		if ctx.Err() == nil {
+			m.logger.Error("Cannot renew leases", err, nil)
+		}
+		return
+	}
+	defer rows.Close()
+	ok := make(map[int]bool, len(parts)) // partition -> renewed (false: locked, still valid)
+	for rows.Next() {
+		var p int32
+		var renewed bool
+		if err := rows.Scan(&p, &renewed); err != nil {
+			m.logger.Error("Cannot read renewed lease", err, nil)
+			return
+		}
+		ok[int(p)] = renewed
+	}
+	if err := rows.Err(); err != nil {
+		if ctx.Err() == nil {
+			m.logger.Error("Cannot renew leases", err, nil)
+		}
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, p := range parts {
+		l := m.leases[int(p)]
+		if l == nil || l.token != tokens[i] || (l.state != stateActive && l.state != stateDraining) {
+			continue
+		}
+		renewed, found := ok[int(p)]
+		switch {
+		case !found:
+			m.lostLocked(l, fmt.Errorf("%w: partition %d (token %d) could not be renewed: expired or taken over", ErrLeaseLost, l.partition, l.token))
+		case renewed:
+			l.validUntil = sent.Add(m.cfg.TTL)
+		}
+	}
+}
+
+// expireLocal treats leases not renewed within TTL, by the local clock, as
+// lost: the server may already have given them to another member.
+func (m *Manager) expireLocal() {
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, l := range m.leases {
+		if (l.state == stateActive || l.state == stateDraining) && !now.Before(l.validUntil) {
+			m.lostLocked(l, fmt.Errorf("%w: partition %d (token %d) not renewed within %v", ErrLeaseLost, l.partition, l.token, m.cfg.TTL))
+		}
+	}
+}
+
+func (m *Manager) markLost(l *Lease, cause error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lostLocked(l, cause)
+}
+
+func (m *Manager) lostLocked(l *Lease, cause error) {
+	if l.state == stateActive || l.state == stateDraining {
+		l.state = stateLost
+		m.logger.Info("Lease lost", watermill.LogFields{"partition": l.partition, "token": l.token, "reason": cause.Error()})
+	}
+	l.cancel(cause)
+}
+
+// releaseFinished releases, in one statement, the leases whose worker called
+// Done. Lost ones are included: the release is
+// fenced by owner and token, so it only frees a lease still ours.
+func (m *Manager) releaseFinished(ctx context.Context) {
+	m.mu.Lock()
+	var ls []*Lease
+	var parts []int32
+	var tokens []int64
+	for p, l := range m.leases {
+		if l.isDone() {
+			if l.state == stateActive {
+				// The worker stopped on its own: give the partition back.
+				l.cancel(errWorkerDone)
+			}
+			l.state = stateReleasing
+			ls = append(ls, l)
+			parts = append(parts, int32(p))
+			tokens = append(tokens, l.token)
+		}
+	}
+	m.mu.Unlock()
+	if len(ls) == 0 {
+		return
+	}
+	opCtx, cancel := m.opContext(ctx)
+	defer cancel()
+	if _, err := m.pool.Exec(opCtx, m.releaseSQL, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens); err != nil {
+		// Kept in stateReleasing and retried; meanwhile they expire.
+		if ctx.Err() == nil {
+			m.logger.Error("Cannot release leases", err, watermill.LogFields{"partitions": parts})
+		}
+		return
+	}
+	m.mu.Lock()
+	for _, l := range ls {
+		if m.leases[l.partition] == l {
+			delete(m.leases, l.partition)
+		}
+	}
+	m.mu.Unlock()
+	m.logger.Info("Released leases", watermill.LogFields{"partitions": parts})
+}
+
+// shutdown ends every lease, waits up to TTL for the workers, releases the
+// leases and removes the member.
+func (m *Manager) shutdown(parent context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 2*m.cfg.TTL)
+	defer cancel()
+	m.mu.Lock()
+	for _, l := range m.leases {
+		if l.state == stateActive {
+			l.state = stateDraining
+		}
+		l.cancel(errStopped)
+	}
+	m.mu.Unlock()
+
+	deadline := time.NewTimer(m.cfg.TTL)
+	defer deadline.Stop()
+	renew := time.NewTicker(m.cfg.RenewInterval)
+	defer renew.Stop()
+wait:
+	for {
+		m.releaseFinished(ctx)
+		m.mu.Lock()
+		left := len(m.leases)
+		m.mu.Unlock()
+		if left == 0 {
+			break
+		}
+		select {
+		case <-m.wake:
+		case <-renew.C:
+			m.renew(ctx)
+		case <-deadline.C:
+			break wait
+		}
+	}
+
+	m.mu.Lock()
+	if len(m.leases) > 0 {
+		var parts []int
+		for p := range m.leases {
+			parts = append(parts, p)
+		}
+		sort.Ints(parts)
+		m.logger.Error("Leases not released: their workers did not call Done in time; they will expire",
+			nil, watermill.LogFields{"partitions": parts})
+		clear(m.leases)
+	}
+	m.mu.Unlock()
+
+	opCtx, opCancel := m.opContext(ctx)
+	defer opCancel()
+	if _, err := m.pool.Exec(opCtx, m.leaveSQL, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID); err != nil {
+		m.logger.Error("Cannot remove member", err, nil)
+	}
+}
