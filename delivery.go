@@ -22,6 +22,9 @@ const (
 	// MetadataAttempt counts deliveries of this message to this consumer
 	// group, starting at 1.
 	MetadataAttempt = "outbox_attempt"
+	// MetadataPartitionKey is the message's partition key, when it has one
+	// (the forwarder uses it as the Kafka record key).
+	MetadataPartitionKey = "outbox_partition_key"
 	// MetadataID is the message's stable id, "topic/partition/seq": the same
 	// on every redelivery, so consumers can drop duplicates by it.
 	MetadataID = "outbox_id"

@@ -31,6 +31,9 @@ type partitionWorker struct {
 
 	cursor int64 // last seq done, as stored in the cursor row
 
+	batch     BatchHandler // set for ConsumeBatches, nil for Subscribe
+	handleErr error        // a database error met while handling a batch
+
 	// The message last handed to the subscription, whose metadata (as the
 	// handler and middleware left it) goes with a rejection.
 	lastMsg *message.Message
@@ -118,21 +121,17 @@ func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, 
 	if err != nil || len(entries) == 0 {
 		return worker.Idle(), err
 	}
-	done, processed := w.cursor, 0
-	result, reason := acked, error(nil)
-	for _, e := range entries {
-		result, reason = w.deliver(ctx, e, nil)
-		if result != acked {
-			if result == rejected {
-				if err := w.rejectInOwnTx(ctx, e, reason); err != nil {
-					result, reason = nacked, err
-				} else {
-					done = e.seq
-				}
-			}
-			break
+	processed, result, reason := w.handle(ctx, entries, nil)
+	done := w.cursor
+	if processed > 0 {
+		done = entries[processed-1].seq
+	}
+	if result == rejected {
+		if err := w.rejectInOwnTx(ctx, entries[processed], reason); err != nil {
+			result, reason = nacked, err
+		} else {
+			done = entries[processed].seq
 		}
-		done, processed = e.seq, processed+1
 	}
 	if done > w.cursor {
 		dctx, cancel := dbContext(ctx)
@@ -145,8 +144,8 @@ func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, 
 	return w.settle(ctx, result, reason, processed, len(entries) == size, w.s.db)
 }
 
-// executeTransactional runs one batch in one transaction, with a savepoint
-// per message; the cursor moves in the same transaction.
+// executeTransactional runs one batch in one transaction; the cursor moves
+// in the same transaction, so the handlers' writes commit with it.
 func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Directive, err error) {
 	tx, err := w.s.cfg.Pool.Begin(ctx)
 	if err != nil {
@@ -168,28 +167,19 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 	}
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	done, processed := w.cursor, 0
-	result, reason := acked, error(nil)
-	for _, e := range entries {
-		if _, err := tx.Exec(dctx, "SAVEPOINT outbox_delivery"); err != nil {
-			return worker.Idle(), err
+	processed, result, reason := w.handle(ctx, entries, tx)
+	if err := w.takeHandleError(); err != nil {
+		return worker.Idle(), err
+	}
+	done := w.cursor
+	if processed > 0 {
+		done = entries[processed-1].seq
+	}
+	if result == rejected {
+		if err := w.s.cfg.RejectHandler.HandleReject(dctx, tx, w.rejectedMessage(entries[processed], reason)); err != nil {
+			return worker.Idle(), fmt.Errorf("outbox: reject handler: %w", err)
 		}
-		result, reason = w.deliver(ctx, e, tx)
-		if result == acked {
-			done, processed = e.seq, processed+1
-			continue
-		}
-		// Undo whatever the handler wrote for this message.
-		if _, err := tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
-			return worker.Idle(), err
-		}
-		if result == rejected {
-			if err := w.s.cfg.RejectHandler.HandleReject(dctx, tx, w.rejectedMessage(e, reason)); err != nil {
-				return worker.Idle(), fmt.Errorf("outbox: reject handler: %w", err)
-			}
-			done = e.seq
-		}
-		break
+		done = entries[processed].seq
 	}
 	if done > w.cursor {
 		if err := w.lease.Advance(dctx, q, done); err != nil {
@@ -206,6 +196,47 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 	}
 	w.cursor = done
 	return w.settle(ctx, result, reason, processed, len(entries) == size, nil)
+}
+
+// handle gives the batch to the subscription: one message at a time over
+// the channel, or all at once to a BatchHandler. It returns how many
+// entries from the start are done and how the next one (if any) ended:
+// nacked, rejected, or stopped. With tx set (Transactional) it keeps the
+// done prefix's writes and undoes the rest with savepoints.
+func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx pgx.Tx) (int, outcome, error) {
+	if w.batch != nil {
+		return w.handleBatch(ctx, entries, tx)
+	}
+	dctx, cancel := dbContext(ctx)
+	defer cancel()
+	for i, e := range entries {
+		if tx != nil {
+			if _, err := tx.Exec(dctx, "SAVEPOINT outbox_delivery"); err != nil {
+				w.handleErr = err
+				return i, stopped, nil
+			}
+		}
+		result, reason := w.deliver(ctx, e, tx)
+		if result == acked {
+			continue
+		}
+		if tx != nil {
+			// Undo whatever the handler wrote for this message.
+			if _, err := tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
+				w.handleErr = err
+				return i, stopped, nil
+			}
+		}
+		return i, result, reason
+	}
+	return len(entries), acked, nil
+}
+
+// takeHandleError returns (and clears) a database error met by handle.
+func (w *partitionWorker) takeHandleError() error {
+	err := w.handleErr
+	w.handleErr = nil
+	return err
 }
 
 // settle feeds the batch's outcome to the adaptive mode and picks the next
@@ -273,32 +304,9 @@ func (w *partitionWorker) read(ctx context.Context, q pgexec.Querier, limit int)
 // Ack or Nack. With tx set (Transactional) the handler finds the
 // transaction in the message context.
 func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx pgx.Tx) (outcome, error) {
-	if e.seq != w.headSeq {
-		w.headSeq, w.attempts = e.seq, 0
-		w.firstFailure, w.lastFailure = time.Time{}, time.Time{}
-	}
-	w.attempts++
-
-	msg := message.NewMessage(e.uuid, e.payload)
-	for k, v := range e.metadata {
-		msg.Metadata.Set(k, v)
-	}
-	msg.Metadata.Set(MetadataTopic, w.topic)
-	msg.Metadata.Set(MetadataPartition, strconv.Itoa(w.part))
-	msg.Metadata.Set(MetadataSeq, strconv.FormatInt(e.seq, 10))
-	msg.Metadata.Set(MetadataAttempt, strconv.Itoa(w.attempts))
-	msg.Metadata.Set(MetadataID, StableID(w.topic, w.part, e.seq))
-
-	d := &delivery{}
-	hctx := context.WithValue(ctx, deliveryKey{}, d)
-	var cancel context.CancelFunc
-	if tx != nil {
-		hctx, cancel = context.WithCancel(WithTx(hctx, tx))
-	} else {
-		hctx, cancel = context.WithTimeout(hctx, w.s.cfg.HandlerTimeout)
-	}
+	w.countAttempt(e.seq)
+	msg, d, cancel := w.newMessage(ctx, e, tx, w.attempts)
 	defer cancel() // a message's context ends with its Ack or Nack
-	msg.SetContext(hctx)
 	w.lastMsg = msg
 
 	select {
@@ -322,6 +330,123 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx pgx.Tx) (o
 			return stopped, nil
 		}
 	}
+}
+
+// countAttempt counts a delivery of the message at seq towards the
+// attempts of the partition's head message.
+func (w *partitionWorker) countAttempt(seq int64) {
+	if seq != w.headSeq {
+		w.headSeq, w.attempts = seq, 0
+		w.firstFailure, w.lastFailure = time.Time{}, time.Time{}
+	}
+	w.attempts++
+}
+
+// newMessage builds the Watermill message for a log entry, with the
+// outbox metadata and a context that carries the delivery handle (and the
+// transaction, for the Transactional strategy). cancel ends the context.
+func (w *partitionWorker) newMessage(ctx context.Context, e logEntry, tx pgx.Tx, attempt int) (*message.Message, *delivery, context.CancelFunc) {
+	msg := message.NewMessage(e.uuid, e.payload)
+	for k, v := range e.metadata {
+		msg.Metadata.Set(k, v)
+	}
+	msg.Metadata.Set(MetadataTopic, w.topic)
+	msg.Metadata.Set(MetadataPartition, strconv.Itoa(w.part))
+	msg.Metadata.Set(MetadataSeq, strconv.FormatInt(e.seq, 10))
+	msg.Metadata.Set(MetadataAttempt, strconv.Itoa(attempt))
+	msg.Metadata.Set(MetadataID, StableID(w.topic, w.part, e.seq))
+	if e.key != "" {
+		msg.Metadata.Set(MetadataPartitionKey, e.key)
+	}
+	d := &delivery{}
+	hctx := context.WithValue(ctx, deliveryKey{}, d)
+	var cancel context.CancelFunc
+	if tx != nil {
+		hctx, cancel = context.WithCancel(WithTx(hctx, tx))
+	} else {
+		hctx, cancel = context.WithTimeout(hctx, w.s.cfg.HandlerTimeout)
+	}
+	msg.SetContext(hctx)
+	return msg, d, cancel
+}
+
+// handleBatch gives the whole batch to the BatchHandler. With tx set, a
+// batch that is not done entirely is undone entirely (its writes cannot be
+// split), so nothing of it counts as done; adaptive degradation then
+// shrinks the batch until the failing message stands alone.
+func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, tx pgx.Tx) (int, outcome, error) {
+	w.countAttempt(entries[0].seq)
+	msgs := make([]*message.Message, len(entries))
+	deliveries := make([]*delivery, len(entries))
+	for i, e := range entries {
+		attempt := 1
+		if i == 0 {
+			attempt = w.attempts
+		}
+		var cancel context.CancelFunc
+		msgs[i], deliveries[i], cancel = w.newMessage(ctx, e, tx, attempt)
+		defer cancel()
+	}
+	dctx, cancelDB := dbContext(ctx)
+	defer cancelDB()
+	if tx != nil {
+		if _, err := tx.Exec(dctx, "SAVEPOINT outbox_batch"); err != nil {
+			w.handleErr = err
+			return 0, stopped, nil
+		}
+	}
+	done, err := w.callBatch(ctx, msgs)
+	if done >= len(entries) {
+		return len(entries), acked, nil
+	}
+	if ctx.Err() != nil && err == nil {
+		err = context.Cause(ctx)
+	}
+	if err == nil {
+		err = fmt.Errorf("batch handler finished %d of %d messages without an error", done, len(entries))
+	}
+	if tx != nil {
+		if _, rerr := tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_batch"); rerr != nil {
+			w.handleErr = rerr
+			return 0, stopped, nil
+		}
+		if done > 0 {
+			done = 0
+			deliveries[0] = &delivery{} // the head was not the one that failed
+		}
+	}
+	if done == 0 {
+		w.lastMsg = msgs[0]
+		result, reason := w.answerBatch(deliveries[0], err, entries[0])
+		return 0, result, reason
+	}
+	// A message after the head failed: it is retried as the next head.
+	if rej, cause := deliveries[done].rejection(); rej && w.s.cfg.RejectHandler != nil {
+		w.lastMsg = msgs[done]
+		w.countAttempt(entries[done].seq)
+		return done, rejected, cause
+	}
+	return done, nacked, err
+}
+
+// answerBatch classifies the failure of a batch's head message.
+func (w *partitionWorker) answerBatch(d *delivery, err error, e logEntry) (outcome, error) {
+	result, reason := w.answer(d, nacked, e)
+	if result == nacked {
+		reason = err
+	}
+	return result, reason
+}
+
+// callBatch runs the BatchHandler, turning a panic into an error.
+func (w *partitionWorker) callBatch(ctx context.Context, msgs []*message.Message) (done int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			done, err = 0, fmt.Errorf("outbox: batch handler panicked: %v", r)
+		}
+	}()
+	done, err = w.batch(ctx, msgs)
+	return max(0, min(done, len(msgs))), err
 }
 
 // answer turns an Ack or Nack into an outcome: a Reject wins over both, and

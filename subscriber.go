@@ -262,6 +262,49 @@ func (s *Subscriber) topic(ctx context.Context, topic string) (int, error) {
 // messages arrive on. The channel is closed when ctx ends or the Subscriber
 // is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	out := make(chan *message.Message)
+	done, err := s.join(ctx, topic, out, nil)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		<-done
+		close(out)
+	}()
+	return out, nil
+}
+
+// BatchHandler processes consecutive messages of one partition, in seq
+// order, and returns how many of them, from the start, are done. When
+// done < len(batch), err says why; the rest is retried with backoff and the
+// batch shrinks (adaptive degradation). To take a message out of the stream
+// for good, call Reject(batch[i], cause) and return done = i: it goes to the
+// RejectHandler and the stream moves on. Messages carry the same metadata as
+// those of Subscribe.
+type BatchHandler func(ctx context.Context, batch []*message.Message) (done int, err error)
+
+// ConsumeBatches joins the consumer group on topic, like Subscribe, and
+// hands whole batches to h instead of single messages: the cursor moves
+// once per batch, past the done prefix. Use it where a batch can be
+// processed in one go, e.g. one round trip to a broker. It blocks until ctx
+// ends or the Subscriber is closed, and then returns nil.
+func (s *Subscriber) ConsumeBatches(ctx context.Context, topic string, h BatchHandler) error {
+	if h == nil {
+		return &errs.ConfigError{Field: "BatchHandler", Reason: "must not be nil"}
+	}
+	done, err := s.join(ctx, topic, nil, h)
+	if err != nil {
+		return err
+	}
+	<-done
+	return nil
+}
+
+// join makes this instance a member of the group on topic: it takes leases
+// on its share of the partitions and runs a worker per leased partition,
+// delivering to out or to batch. The returned channel is closed when ctx
+// ends or the Subscriber closes and every worker has stopped.
+func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.Message, batch BatchHandler) (<-chan struct{}, error) {
 	if err := names.Topic(topic); err != nil {
 		return nil, err
 	}
@@ -303,18 +346,19 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s.startBackground()
 	}
 
-	out := make(chan *message.Message)
+	done := make(chan struct{})
 	subCtx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.ctx, cancel)
 	started = true
 	go func() {
 		defer s.wg.Done()
-		defer close(out)
+		defer close(done)
 		defer stop()
 		defer cancel()
 		var workers sync.WaitGroup
 		err := manager.Run(subCtx, func(l *lease.Lease) {
 			w := s.newPartitionWorker(topic, l, out)
+			w.batch = batch
 			workers.Add(1)
 			go func() {
 				defer workers.Done()
@@ -327,7 +371,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 		workers.Wait()
 	}()
-	return out, nil
+	return done, nil
 }
 
 // startBackground starts the notification listener and, unless disabled,
