@@ -263,14 +263,9 @@ func (s *Subscriber) topic(ctx context.Context, topic string) (int, error) {
 // is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	out := make(chan *message.Message)
-	done, err := s.join(ctx, topic, out, nil)
-	if err != nil {
+	if _, err := s.join(ctx, topic, out, nil); err != nil {
 		return nil, err
 	}
-	go func() {
-		<-done
-		close(out)
-	}()
 	return out, nil
 }
 
@@ -302,8 +297,9 @@ func (s *Subscriber) ConsumeBatches(ctx context.Context, topic string, h BatchHa
 
 // join makes this instance a member of the group on topic: it takes leases
 // on its share of the partitions and runs a worker per leased partition,
-// delivering to out or to batch. The returned channel is closed when ctx
-// ends or the Subscriber closes and every worker has stopped.
+// delivering to out or to batch. When ctx ends or the Subscriber closes and
+// every worker has stopped, it closes out (before Close can return) and the
+// returned channel.
 func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.Message, batch BatchHandler) (<-chan struct{}, error) {
 	if err := names.Topic(topic); err != nil {
 		return nil, err
@@ -353,6 +349,11 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 	go func() {
 		defer s.wg.Done()
 		defer close(done)
+		defer func() {
+			if out != nil {
+				close(out)
+			}
+		}()
 		defer stop()
 		defer cancel()
 		var workers sync.WaitGroup

@@ -134,3 +134,7 @@ func Schema(t testing.TB) string {
 // External reports whether the tests run against OUTBOX_TEST_DATABASE_URL
 // rather than a throwaway cluster.
 func External() bool { return external }
+
+// DatabaseURL is the connection string of the test database, for code that
+// has no testing.TB (Example functions). It is empty outside Main.
+func DatabaseURL() string { return databaseURL }

@@ -1,0 +1,92 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+)
+
+// Publish two messages in the caller's transaction, sequence them, and read
+// them back with a Subscriber of the "billing" group.
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.DatabaseURL())
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	const schema = "example_outbox"
+	if err := outbox.Migrate(ctx, pool, schema); err != nil {
+		panic(err)
+	}
+	if err := outbox.RegisterTopic(ctx, pool, schema, "orders", 4); err != nil {
+		panic(err)
+	}
+
+	// A long-lived publisher, injected into handlers.
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
+	if err != nil {
+		panic(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		panic(err)
+	}
+	for _, event := range []string{"created", "paid"} {
+		msg := message.NewMessage("order-42-"+event, []byte(event))
+		msg.Metadata.Set(outbox.PartitionKeyMetadata, "order-42")
+		msg.SetContext(outbox.WithTx(ctx, tx)) // the handler's own transaction
+		if err := pub.Publish("orders", msg); err != nil {
+			panic(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil { // stored if and only if this commits
+		panic(err)
+	}
+
+	// The subscriber runs a sequencer of its own unless told not to.
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "billing"}, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "orders")
+	if err != nil {
+		panic(err)
+	}
+	for i := 0; i < 2; i++ {
+		select {
+		case m := <-msgs:
+			fmt.Println(string(m.Payload), m.Metadata.Get(outbox.MetadataSeq), m.Metadata.Get(outbox.MetadataID))
+			m.Ack()
+		case <-time.After(time.Minute):
+			fmt.Println("timed out")
+		}
+	}
+	// Output:
+	// created 1 orders/0/1
+	// paid 2 orders/0/2
+}
+
+// A custom partition key: messages of one customer stay in order.
+func ExamplePublisherConfig_partitionKeyFunc() {
+	cfg := outbox.PublisherConfig{
+		PartitionKeyFunc: func(topic string, msg *message.Message) (string, error) {
+			return msg.Metadata.Get("customer_id"), nil
+		},
+	}
+	fmt.Println(cfg.Validate())
+	// Output: <nil>
+}
+
+// The stable id of a message: the same on every redelivery.
+func ExampleStableID() {
+	fmt.Println(outbox.StableID("orders", 3, 42))
+	// Output: orders/3/42
+}
