@@ -1,0 +1,101 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+)
+
+// victimPool is a pool whose connections can be told apart on the server.
+func victimPool(t *testing.T, name string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func TestSubscriberSurvivesKilledConnections(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "rough", 4)
+	uuids := publishKeyed(t, e, "rough", 16, 60)
+	pool := victimPool(t, "victim")
+	sub := newSub(t, env{pool: pool, schema: e.schema}, "g", nil)
+	h := &handled{}
+	wg := consume(context.Background(), t, sub, "rough", "victim", h, 2*time.Millisecond)
+
+	// Kill every connection of the subscriber (workers, lease manager,
+	// listener, embedded sequencer) again and again while it works.
+	kills := 0
+	for h.distinct() < len(uuids) && kills < 40 {
+		time.Sleep(50 * time.Millisecond)
+		var n int
+		if err := e.pool.QueryRow(ctx(t), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE application_name = 'victim' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		kills += n
+	}
+	if kills == 0 {
+		t.Fatal("no connection was killed: the test did not test anything")
+	}
+	waitFor(t, "every message despite the killed connections", 2*time.Minute, func() bool { return h.distinct() == len(uuids) })
+	dups := h.checkOrder(t, uuids)
+	t.Logf("%d connections killed; %d deliveries, %d duplicates (identified by id)", kills, len(h.calls), dups)
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+}
+
+func TestSubscriberConfigValidation(t *testing.T) {
+	pool := pgtest.Pool(t)
+	badTuning := adaptive.Default()
+	badTuning.RenewInterval = badTuning.LeaseTTL
+	cases := map[string]outbox.SubscriberConfig{
+		"no pool":                      {ConsumerGroup: "g"},
+		"no group":                     {Pool: pool},
+		"group with NUL":               {Pool: pool, ConsumerGroup: "a\x00b"},
+		"unknown strategy":             {Pool: pool, ConsumerGroup: "g", Strategy: 7},
+		"max attempts without handler": {Pool: pool, ConsumerGroup: "g", MaxAttempts: 3},
+		"renew not below lease TTL":    {Pool: pool, ConsumerGroup: "g", Tuning: badTuning},
+		"handler timeout past lease":   {Pool: pool, ConsumerGroup: "g", HandlerTimeout: time.Hour},
+		"1025 default partitions":      {Pool: pool, ConsumerGroup: "g", DefaultPartitions: 1025},
+	}
+	for name, cfg := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := outbox.NewSubscriber(cfg, nil)
+			if !errors.Is(err, outbox.ErrInvalidConfig) {
+				t.Fatalf("err = %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+	if _, err := outbox.NewSubscriber(outbox.SubscriberConfig{Pool: pool, ConsumerGroup: "g", Schema: "Bad-Schema"}, nil); !errors.Is(err, outbox.ErrInvalidName) {
+		t.Fatalf("bad schema: %v", err)
+	}
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Pool: pool, ConsumerGroup: "g"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.Subscribe(context.Background(), "bad topic"); !errors.Is(err, outbox.ErrInvalidName) {
+		t.Fatalf("bad topic: %v", err)
+	}
+	_ = sub.Close()
+	if _, err := sub.Subscribe(context.Background(), "t"); !errors.Is(err, outbox.ErrClosed) {
+		t.Fatalf("subscribe after close: %v", err)
+	}
+}
