@@ -154,15 +154,19 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 	seq.moveSQL = `WITH locked AS (
 		SELECT * FROM unnest($1::text[], $2::int4[]) AS l(topic, partition)
 	), picked AS (
-		SELECT m.topic, m.partition, m.id FROM locked l
+		SELECT m.ctid AS tid FROM locked l
 		CROSS JOIN LATERAL (
-			SELECT topic, partition, id FROM ` + s + `.pending m
+			SELECT ctid FROM ` + s + `.pending m
 			WHERE m.topic = l.topic AND m.partition = l.partition
 			ORDER BY id LIMIT $3
 		) m
 	), moved AS (
-		DELETE FROM ` + s + `.pending d USING picked
-		WHERE d.topic = picked.topic AND d.partition = picked.partition AND d.id = picked.id
+		-- By row address: a TID scan, whatever the size of the backlog.
+		-- Pending rows are never updated, and rows deleted by an earlier
+		-- sequencer are invisible to this snapshot, so the addresses are
+		-- exactly the rows picked.
+		DELETE FROM ` + s + `.pending d
+		WHERE d.ctid = ANY (ARRAY(SELECT tid FROM picked))
 		RETURNING d.*
 	), numbered AS (
 		SELECT mv.*, p.last_seq + row_number() OVER (PARTITION BY mv.topic, mv.partition ORDER BY mv.id) AS seq
