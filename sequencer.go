@@ -23,7 +23,8 @@ type SequencerConfig struct {
 	// Pool is the connection pool the sequencer works through. Required.
 	Pool *pgxpool.Pool
 	// BatchSize bounds the messages sequenced in one pass, one transaction
-	// (default 5000). It is shared among the partitions of the pass.
+	// (default 5000): the oldest pending messages of the partitions the
+	// pass locked.
 	BatchSize int
 	// MaxPartitionsPerPass bounds how many partitions one pass locks
 	// (default 256).
@@ -136,17 +137,22 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 		ctx:           ctx,
 		cancel:        cancel,
 	}
-	// Statement 1 locks the partitions that have pending messages and that no
-	// other sequencer holds, least recently sequenced first.
+	// Statement 1 locks the partitions of the oldest pending messages that
+	// no other sequencer holds, least recently sequenced first.
 	seq.lockSQL = `SELECT p.topic, p.partition FROM ` + s + `.partitions p
-	WHERE EXISTS (SELECT 1 FROM ` + s + `.pending m WHERE m.topic = p.topic AND m.partition = p.partition)
+	WHERE (p.topic, p.partition) IN (
+		SELECT DISTINCT w.topic, w.partition FROM (
+			SELECT topic, partition FROM ` + s + `.pending ORDER BY id LIMIT $2
+		) w
+	)
 	ORDER BY p.sequenced_at NULLS FIRST
 	LIMIT $1
 	FOR UPDATE OF p SKIP LOCKED`
 	// Statement 2 runs with a snapshot taken after those locks were granted,
-	// so it sees every row and every last_seq committed by the partition's
-	// previous sequencer. It moves the oldest pending rows of each locked
-	// partition into the log, numbering them from last_seq+1 in id order.
+	// so it sees every row and every last_seq committed by the partitions'
+	// previous sequencers. It moves the oldest pending rows of the locked
+	// partitions (in id order, so each partition gets a prefix of its own
+	// rows) into the log, numbering each partition's rows from last_seq+1.
 	notify := ""
 	if !cfg.DisableNotify {
 		notify = ", pg_notify($4, topic || ':' || string_agg(partition::text, ','))::text"
@@ -154,12 +160,9 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 	seq.moveSQL = `WITH locked AS (
 		SELECT * FROM unnest($1::text[], $2::int4[]) AS l(topic, partition)
 	), picked AS (
-		SELECT m.ctid AS tid FROM locked l
-		CROSS JOIN LATERAL (
-			SELECT ctid FROM ` + s + `.pending m
-			WHERE m.topic = l.topic AND m.partition = l.partition
-			ORDER BY id LIMIT $3
-		) m
+		SELECT m.ctid AS tid FROM ` + s + `.pending m
+		WHERE (m.topic, m.partition) IN (SELECT topic, partition FROM locked)
+		ORDER BY m.id LIMIT $3
 	), moved AS (
 		-- By row address: a TID scan, whatever the size of the backlog.
 		-- Pending rows are never updated, and rows deleted by an earlier
@@ -293,8 +296,8 @@ func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
 }
 
 // Pass runs one sequencing pass in one transaction. It returns how many
-// messages it sequenced and whether more may be waiting (a partition gave a
-// full share or more partitions had work than one pass takes).
+// messages it sequenced and whether more may be waiting (the pass was full,
+// or more partitions had work than one pass takes).
 func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	tx, err := s.cfg.Pool.Begin(ctx)
 	if err != nil {
@@ -305,7 +308,7 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	rows, err := tx.Query(ctx, s.lockSQL, s.cfg.MaxPartitionsPerPass)
+	rows, err := tx.Query(ctx, s.lockSQL, s.cfg.MaxPartitionsPerPass, s.cfg.BatchSize)
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: sequencer: lock partitions: %w", err)
 	}
@@ -328,8 +331,7 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	if len(topics) == 0 {
 		return 0, false, tx.Commit(ctx)
 	}
-	share := max(1, s.cfg.BatchSize/len(topics))
-	args := []any{topics, parts, share}
+	args := []any{topics, parts, s.cfg.BatchSize}
 	if !s.cfg.DisableNotify {
 		args = append(args, s.notifyChannel)
 	}
@@ -337,7 +339,6 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: sequencer: move: %w", err)
 	}
-	fullShare := false
 	for rows.Next() {
 		var topic string
 		var sum, maxPerPartition int64
@@ -350,9 +351,6 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 			return 0, false, err
 		}
 		n += int(sum)
-		if maxPerPartition >= int64(share) {
-			fullShare = true
-		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -365,7 +363,7 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 		s.sequenced.Add(int64(n))
 		s.passes.Add(1)
 	}
-	return n, fullShare || len(topics) == s.cfg.MaxPartitionsPerPass, nil
+	return n, n >= s.cfg.BatchSize || len(topics) == s.cfg.MaxPartitionsPerPass, nil
 }
 
 // listen holds one connection from pool with LISTEN channel and calls fn

@@ -25,7 +25,9 @@ CREATE TABLE {{schema}}.partitions (
 -- committed rows of a partition by id, and two transactions serialized on
 -- a key must keep their commit order.
 CREATE TABLE {{schema}}.pending (
-    id            bigint      GENERATED ALWAYS AS IDENTITY,
+    -- The only index: an increasing key is appended at the right edge of
+    -- the btree, the cheapest index a publisher can maintain.
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     topic         text        NOT NULL,
     partition     integer     NOT NULL,
     partition_key text,
@@ -34,7 +36,6 @@ CREATE TABLE {{schema}}.pending (
     payload       bytea       NOT NULL,
     created_at    timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX pending_partition_id_idx ON {{schema}}.pending (topic, partition, id);
 
 -- The sequenced log: gap-free seq per (topic, partition), assigned after
 -- commit, in commit-visibility order.

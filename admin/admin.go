@@ -1,0 +1,313 @@
+// Package admin operates consumer groups of the outbox: pause and resume
+// partitions or whole groups, reset a group's cursor to a seq or a point in
+// time, and report the status of every topic, group and partition (head,
+// cursor, lag, lease, adaptive state, failures, dead letters).
+//
+// Everything works through the database, so it can run in any process: a
+// CLI, an HTTP admin endpoint, a test. The running subscribers pick the
+// changes up by themselves: a paused partition's lease is given back within
+// the lease manager's balance interval (1s by default), and a reset revokes
+// the partition's lease, so the worker that held it stops and the next
+// holder starts from the new cursor.
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+)
+
+// Errors of the admin operations. Each can be matched with errors.Is.
+var (
+	// ErrNotFound: no cursor matches the scope (unknown group, topic or
+	// partition, or the group never subscribed to the topic).
+	ErrNotFound = errors.New("admin: no such cursor")
+	// ErrInvalidArgument: a scope or position is impossible.
+	ErrInvalidArgument = errors.New("admin: invalid argument")
+	// ErrSeqOutOfRange: a reset to a seq beyond a partition's head
+	// (*SeqRangeError).
+	ErrSeqOutOfRange = errors.New("admin: seq out of range")
+)
+
+// SeqRangeError reports a reset to a seq the partition does not have yet.
+type SeqRangeError struct {
+	Topic     string
+	Partition int
+	Seq       int64 // requested
+	Head      int64 // the partition's last seq
+}
+
+func (e *SeqRangeError) Error() string {
+	return fmt.Sprintf("admin: cannot reset %s/%d to seq %d: its head is %d", e.Topic, e.Partition, e.Seq, e.Head)
+}
+
+// Is makes errors.Is(err, ErrSeqOutOfRange) true.
+func (e *SeqRangeError) Is(target error) bool { return target == ErrSeqOutOfRange }
+
+// Config configures an Admin.
+type Config struct {
+	// Schema is the outbox schema (default "watermill_outbox").
+	Schema string
+	// Pool is the connection pool. Required.
+	Pool *pgxpool.Pool
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = names.DefaultSchema
+	}
+}
+
+// Validate reports the first impossible setting as a *outbox.ConfigError,
+// or a *outbox.NameError for a bad schema name.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if err := names.Schema(c.Schema); err != nil {
+		return err
+	}
+	if c.Pool == nil {
+		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+	}
+	return nil
+}
+
+// Admin runs the admin operations. It holds no resources of its own and is
+// safe for concurrent use.
+type Admin struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	s      string // quoted schema
+}
+
+// New creates an Admin.
+func New(cfg Config, logger watermill.LoggerAdapter) (*Admin, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Admin{
+		cfg:    cfg,
+		logger: logger.With(watermill.LogFields{"component": "outbox.admin", "schema": cfg.Schema}),
+		s:      names.Quote(cfg.Schema),
+	}, nil
+}
+
+// Scope selects cursors: a consumer group's, on one topic or on all its
+// topics, in some partitions or all of them.
+type Scope struct {
+	// Group is the consumer group. Required.
+	Group string `json:"group"`
+	// Topic limits the scope to one topic ("": every topic the group
+	// consumes; not allowed for ResetCursor).
+	Topic string `json:"topic,omitempty"`
+	// Partitions limits the scope to these partitions of Topic (none: all).
+	Partitions []int `json:"partitions,omitempty"`
+}
+
+func (s Scope) validate() error {
+	switch {
+	case s.Group == "":
+		return fmt.Errorf("%w: Scope.Group is required", ErrInvalidArgument)
+	case s.Topic == "" && len(s.Partitions) > 0:
+		return fmt.Errorf("%w: Scope.Partitions needs Scope.Topic", ErrInvalidArgument)
+	}
+	if s.Topic != "" {
+		if err := names.Topic(s.Topic); err != nil {
+			return err
+		}
+	}
+	for _, p := range s.Partitions {
+		if p < 0 || p > 1023 {
+			return fmt.Errorf("%w: partition %d", ErrInvalidArgument, p)
+		}
+	}
+	return nil
+}
+
+func (s Scope) partitions() []int32 {
+	out := make([]int32, len(s.Partitions))
+	for i, p := range s.Partitions {
+		out[i] = int32(p)
+	}
+	return out
+}
+
+// scopeSQL selects the scope's cursor rows ($1 group, $2 topic or empty, $3
+// partitions or empty) in key order, locked.
+func (a *Admin) scopeSQL(columns string) string {
+	return `SELECT ` + columns + ` FROM ` + a.s + `.cursors
+	WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND (cardinality($3::int4[]) = 0 OR partition = ANY($3::int4[]))
+	ORDER BY topic, partition
+	FOR UPDATE`
+}
+
+// Pause pauses the scope's partitions: the group's members stop acquiring
+// them and give back the leases they hold within their balance interval
+// (after the message in flight). It returns how many partitions the scope
+// covers (ErrNotFound for none).
+func (a *Admin) Pause(ctx context.Context, s Scope) (int, error) {
+	return a.setPaused(ctx, s, true)
+}
+
+// Resume resumes the scope's partitions; the group goes on from its cursors.
+// It returns how many partitions the scope covers (ErrNotFound for none).
+func (a *Admin) Resume(ctx context.Context, s Scope) (int, error) {
+	return a.setPaused(ctx, s, false)
+}
+
+func (a *Admin) setPaused(ctx context.Context, s Scope, paused bool) (int, error) {
+	if err := s.validate(); err != nil {
+		return 0, err
+	}
+	tag, err := a.cfg.Pool.Exec(ctx, `UPDATE `+a.s+`.cursors c SET paused = $4, updated_at = clock_timestamp()
+	FROM (`+a.scopeSQL("topic, partition")+`) x
+	WHERE c.group_name = $1 AND c.topic = x.topic AND c.partition = x.partition`,
+		s.Group, s.Topic, s.partitions(), paused)
+	if err != nil {
+		return 0, fmt.Errorf("admin: pause/resume %+v: %w", s, err)
+	}
+	n := int(tag.RowsAffected())
+	if err := s.complete(n); err != nil {
+		return 0, err
+	}
+	op := "Resumed"
+	if paused {
+		op = "Paused"
+	}
+	a.logger.Info(op+" partitions", watermill.LogFields{"group": s.Group, "topic": s.Topic, "partitions": s.Partitions, "count": n})
+	return n, nil
+}
+
+// complete reports ErrNotFound when the scope matched no cursor, or fewer
+// than the partitions it names.
+func (s Scope) complete(n int) error {
+	want := len(slices.Compact(slices.Sorted(slices.Values(s.Partitions))))
+	if n == 0 || want > 0 && n < want {
+		return fmt.Errorf("%w: group %q, topic %q, partitions %v (found %d)", ErrNotFound, s.Group, s.Topic, s.Partitions, n)
+	}
+	return nil
+}
+
+// Position is where ResetCursor puts a cursor: ToSeq or ToTime.
+type Position struct {
+	seq    int64
+	at     time.Time
+	isTime bool
+}
+
+// ToSeq is the position after the message at seq (0: before the first):
+// the group's next message is seq+1.
+func ToSeq(seq int64) Position { return Position{seq: seq} }
+
+// ToTime is the position before the first message sequenced at or after t
+// (log.sequenced_at), in each partition: the group gets again every
+// message from t on (as far as the log still holds them). A time after the
+// last message puts the cursor at the partition's head.
+func ToTime(t time.Time) Position { return Position{at: t, isTime: true} }
+
+// CursorReset describes one cursor moved by ResetCursor.
+type CursorReset struct {
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	From      int64  `json:"from"`
+	To        int64  `json:"to"`
+}
+
+// ResetCursor moves the scope's cursors (Scope.Topic is required) to pos,
+// backwards (replay) or forwards (skip), in one transaction. The same
+// statement revokes each partition's lease (no owner, token + 1), so the
+// worker holding it stops at its next renewal or cursor write, which fails,
+// and the next holder reads the new cursor. The failure count and last error
+// are cleared. A seq beyond a partition's head is refused
+// (*SeqRangeError) and nothing changes.
+//
+// Messages the retention vacuum already deleted cannot be replayed: the
+// group goes on from the oldest one left.
+func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]CursorReset, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	if s.Topic == "" {
+		return nil, fmt.Errorf("%w: ResetCursor needs Scope.Topic", ErrInvalidArgument)
+	}
+	if !pos.isTime && pos.seq < 0 {
+		return nil, fmt.Errorf("%w: seq %d is negative", ErrInvalidArgument, pos.seq)
+	}
+	if pos.isTime && pos.at.IsZero() {
+		return nil, fmt.Errorf("%w: zero time", ErrInvalidArgument)
+	}
+	var resets []CursorReset
+	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
+		// Lock the cursors and read each partition's head; with a time, also
+		// the seq before the first message sequenced at or after it.
+		target := `$4::int8`
+		args := []any{s.Group, s.Topic, s.partitions(), pos.seq}
+		if pos.isTime {
+			target = `coalesce((SELECT min(l.seq) - 1 FROM ` + a.s + `.log l
+				WHERE l.topic = c.topic AND l.partition = c.partition AND l.sequenced_at >= $4::timestamptz), coalesce(p.last_seq, 0))`
+			args[3] = pos.at
+		}
+		rows, err := tx.Query(ctx, `SELECT c.partition, c.seq, coalesce(p.last_seq, 0), `+target+`
+		FROM (`+a.scopeSQL("topic, partition, seq")+`) c
+		LEFT JOIN `+a.s+`.partitions p ON p.topic = c.topic AND p.partition = c.partition
+		ORDER BY c.partition`, args...)
+		if err != nil {
+			return fmt.Errorf("admin: reset: read cursors: %w", err)
+		}
+		var (
+			parts []int32
+			seqs  []int64
+		)
+		for rows.Next() {
+			var (
+				r    CursorReset
+				head int64
+			)
+			if err := rows.Scan(&r.Partition, &r.From, &head, &r.To); err != nil {
+				rows.Close()
+				return fmt.Errorf("admin: reset: read cursors: %w", err)
+			}
+			if r.To > head {
+				rows.Close()
+				return &SeqRangeError{Topic: s.Topic, Partition: r.Partition, Seq: r.To, Head: head}
+			}
+			r.Topic = s.Topic
+			resets = append(resets, r)
+			parts = append(parts, int32(r.Partition))
+			seqs = append(seqs, r.To)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("admin: reset: read cursors: %w", err)
+		}
+		if err := s.complete(len(resets)); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE `+a.s+`.cursors c
+		SET seq = x.seq, lease_owner = NULL, lease_token = c.lease_token + 1, lease_expires_at = NULL,
+			attempts = 0, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
+		FROM unnest($3::int4[], $4::int8[]) AS x(partition, seq)
+		WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = x.partition`, s.Group, s.Topic, parts, seqs)
+		if err != nil {
+			return fmt.Errorf("admin: reset: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.logger.Info("Cursors reset", watermill.LogFields{"group": s.Group, "topic": s.Topic, "resets": resets})
+	return resets, nil
+}

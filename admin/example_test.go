@@ -1,0 +1,53 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/json"
+	"log"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/admin"
+)
+
+// An operator's session: pause a partition that keeps failing, look at the
+// status, replay the last hour of another partition, resume.
+func ExampleAdmin() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	a, err := admin.New(admin.Config{Pool: pool}, watermill.NewStdLogger(false, false))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	billing7 := admin.Scope{Group: "billing", Topic: "orders", Partitions: []int{7}}
+	if _, err := a.Pause(ctx, billing7); err != nil {
+		log.Fatal(err)
+	}
+
+	report, err := a.Status(ctx, admin.Filter{Group: "billing"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(report) // lag, leases, errors, dead letters
+
+	resets, err := a.ResetCursor(ctx, admin.Scope{Group: "billing", Topic: "orders", Partitions: []int{3}},
+		admin.ToTime(time.Now().Add(-time.Hour)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, r := range resets {
+		log.Printf("partition %d: cursor %d -> %d", r.Partition, r.From, r.To)
+	}
+
+	if _, err := a.Resume(ctx, billing7); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,384 @@
+package deadletter
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+
+	outbox "github.com/millrace/watermill-outbox"
+)
+
+// Page sizes of List.
+const (
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
+)
+
+// Metadata Replay sets on the message it publishes.
+const (
+	// MetadataReplayOf is the id of the dead-letter entry replayed.
+	MetadataReplayOf = "deadletter_replay_of"
+	// MetadataOriginalUUID is the UUID of the message that was
+	// dead-lettered (the replayed message has a new one).
+	MetadataOriginalUUID = "deadletter_original_uuid"
+)
+
+// Filter selects entries. Zero fields select everything.
+type Filter struct {
+	// Group and Topic select one consumer group and one topic.
+	Group string `json:"group,omitempty"`
+	Topic string `json:"topic,omitempty"`
+	// Statuses selects entries in any of these states.
+	Statuses []Status `json:"statuses,omitempty"`
+	// From and To bound CreatedAt: From <= CreatedAt < To.
+	From time.Time `json:"from,omitzero"`
+	To   time.Time `json:"to,omitzero"`
+}
+
+// ListOptions are the arguments of List.
+type ListOptions struct {
+	Filter
+	// Limit is the page size (default DefaultPageSize, at most
+	// MaxPageSize).
+	Limit int
+	// Cursor continues after the previous page (its NextCursor); empty for
+	// the first page.
+	Cursor string
+	// Descending lists the newest entries first (default: oldest first).
+	Descending bool
+}
+
+// Page is one page of List.
+type Page struct {
+	Entries []Entry `json:"entries"`
+	// NextCursor continues the listing; empty on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+const entryColumns = `id, group_name, topic, partition, seq, uuid, coalesce(partition_key, ''), metadata, payload, reason,
+	attempts, first_failure_at, last_failure_at, status, coalesce(replay_topic, ''), coalesce(replay_uuid, ''),
+	created_at, updated_at`
+
+func scanEntry(row pgx.Row) (Entry, error) {
+	var (
+		e         Entry
+		partition *int32
+		seq       *int64
+		status    string
+	)
+	err := row.Scan(&e.ID, &e.Group, &e.Topic, &partition, &seq, &e.UUID, &e.PartitionKey, &e.Metadata, &e.Payload,
+		&e.Reason, &e.Attempts, &e.FirstFailureAt, &e.LastFailureAt, &status, &e.ReplayTopic, &e.ReplayUUID,
+		&e.CreatedAt, &e.UpdatedAt)
+	if err != nil {
+		return Entry{}, err
+	}
+	e.Status = Status(status)
+	if partition != nil && seq != nil {
+		e.Partition, e.Seq = int(*partition), *seq
+	} else {
+		e.Partition, e.External = -1, true
+	}
+	if e.Metadata == nil {
+		e.Metadata = map[string]string{}
+	}
+	return e, nil
+}
+
+// where renders f as SQL conditions on bind parameters appended to args.
+func (f Filter) where(args []any) ([]string, []any, error) {
+	var conds []string
+	add := func(cond string, v any) {
+		args = append(args, v)
+		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(len(args))))
+	}
+	if f.Group != "" {
+		add("group_name = $?", f.Group)
+	}
+	if f.Topic != "" {
+		add("topic = $?", f.Topic)
+	}
+	if len(f.Statuses) > 0 {
+		ss := make([]string, len(f.Statuses))
+		for i, s := range f.Statuses {
+			if !s.valid() {
+				return nil, nil, invalidArg("unknown status %q", s)
+			}
+			ss[i] = string(s)
+		}
+		add("status = ANY($?::text[])", ss)
+	}
+	if !f.From.IsZero() {
+		add("created_at >= $?", f.From)
+	}
+	if !f.To.IsZero() {
+		add("created_at < $?", f.To)
+	}
+	return conds, args, nil
+}
+
+func whereClause(conds []string) string {
+	if len(conds) == 0 {
+		return ""
+	}
+	return " WHERE " + strings.Join(conds, " AND ")
+}
+
+// List returns a page of the entries f selects, ordered by id (the order
+// they were written in). Paging is by keyset: a cursor stays valid while
+// entries are added or removed, and no entry appears on two pages.
+func (s *Store) List(ctx context.Context, opts ListOptions) (Page, error) {
+	limit := opts.Limit
+	switch {
+	case limit == 0:
+		limit = DefaultPageSize
+	case limit < 0 || limit > MaxPageSize:
+		return Page{}, invalidArg("limit %d is outside 1..%d", limit, MaxPageSize)
+	}
+	conds, args, err := opts.Filter.where(nil)
+	if err != nil {
+		return Page{}, err
+	}
+	dir, cmp, order := "a", ">", "ASC"
+	if opts.Descending {
+		dir, cmp, order = "d", "<", "DESC"
+	}
+	if opts.Cursor != "" {
+		after, err := decodeCursor(opts.Cursor, dir)
+		if err != nil {
+			return Page{}, err
+		}
+		args = append(args, after)
+		conds = append(conds, "id "+cmp+" $"+strconv.Itoa(len(args)))
+	}
+	args = append(args, limit+1)
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT `+entryColumns+` FROM `+s.table+whereClause(conds)+
+		` ORDER BY id `+order+` LIMIT $`+strconv.Itoa(len(args)), args...)
+	if err != nil {
+		return Page{}, fmt.Errorf("deadletter: list: %w", err)
+	}
+	defer rows.Close()
+	page := Page{Entries: make([]Entry, 0, limit)}
+	for rows.Next() {
+		e, err := scanEntry(rows)
+		if err != nil {
+			return Page{}, fmt.Errorf("deadletter: list: %w", err)
+		}
+		page.Entries = append(page.Entries, e)
+	}
+	if err := rows.Err(); err != nil {
+		return Page{}, fmt.Errorf("deadletter: list: %w", err)
+	}
+	if len(page.Entries) > limit {
+		page.Entries = page.Entries[:limit]
+		page.NextCursor = encodeCursor(dir, page.Entries[limit-1].ID)
+	}
+	return page, nil
+}
+
+func encodeCursor(dir string, id int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(dir + ":" + strconv.FormatInt(id, 10)))
+}
+
+func decodeCursor(c, dir string) (int64, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return 0, ErrInvalidCursor
+	}
+	d, n, ok := strings.Cut(string(b), ":")
+	if !ok || d != dir {
+		return 0, ErrInvalidCursor
+	}
+	id, err := strconv.ParseInt(n, 10, 64)
+	if err != nil {
+		return 0, ErrInvalidCursor
+	}
+	return id, nil
+}
+
+// Count returns how many entries f selects.
+func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
+	conds, args, err := f.where(nil)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := s.cfg.Pool.QueryRow(ctx, `SELECT count(*) FROM `+s.table+whereClause(conds), args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("deadletter: count: %w", err)
+	}
+	return n, nil
+}
+
+// Get returns the entry with the given id, or an error matching
+// ErrNotFound.
+func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
+	return s.get(ctx, s.cfg.Pool, id, false)
+}
+
+func (s *Store) get(ctx context.Context, q querier, id int64, lock bool) (Entry, error) {
+	sql := `SELECT ` + entryColumns + ` FROM ` + s.table + ` WHERE id = $1`
+	if lock {
+		sql += ` FOR UPDATE`
+	}
+	e, err := scanEntry(q.QueryRow(ctx, sql, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Entry{}, fmt.Errorf("%w: id %d", ErrNotFound, id)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("deadletter: get %d: %w", id, err)
+	}
+	return e, nil
+}
+
+// ReplayOptions are the arguments of Replay.
+type ReplayOptions struct {
+	// Topic is where the message is published again (default: the
+	// entry's own topic). It must be registered.
+	Topic string
+}
+
+// deliveryMetadata are the keys the Subscriber and the PoisonQueue
+// middleware add on delivery; a replayed message starts without them.
+var deliveryMetadata = []string{
+	outbox.MetadataTopic, outbox.MetadataPartition, outbox.MetadataSeq, outbox.MetadataAttempt, outbox.MetadataID,
+	middleware.ReasonForPoisonedKey, middleware.PoisonedTopicKey, middleware.PoisonedHandlerKey, middleware.PoisonedSubscriberKey,
+}
+
+// Replay publishes the entry's message again, as a new message (new UUID)
+// with its payload, partition key and metadata (without the delivery
+// metadata the Subscriber and the PoisonQueue middleware added, and with
+// MetadataReplayOf and MetadataOriginalUUID), to its topic or opts.Topic,
+// and marks the entry replayed: both in one transaction, so the message is
+// published if and only if the status changes. The topic must be
+// registered (otherwise an error matching outbox.ErrUnknownTopic). Only a
+// pending entry can be replayed (*StateError otherwise).
+func (s *Store) Replay(ctx context.Context, id int64, opts ReplayOptions) (Entry, error) {
+	var out Entry
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		e, err := s.get(ctx, tx, id, true)
+		if err != nil {
+			return err
+		}
+		if e.Status != StatusPending {
+			return &StateError{ID: id, Op: "replay", Status: e.Status}
+		}
+		topic := opts.Topic
+		if topic == "" {
+			topic = e.Topic
+		}
+		key := e.PartitionKey
+		pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{
+			Schema:           s.cfg.Schema,
+			PartitionKeyFunc: func(string, *message.Message) (string, error) { return key, nil },
+			Partitioner:      s.cfg.Partitioner,
+			MaxPayloadBytes:  outbox.MaxMaxPayloadBytes,
+		}, s.logger)
+		if err != nil {
+			return err
+		}
+		msg := message.NewMessage(watermill.NewUUID(), e.Payload)
+		for k, v := range e.Metadata {
+			msg.Metadata.Set(k, v)
+		}
+		for _, k := range deliveryMetadata {
+			delete(msg.Metadata, k)
+		}
+		if key != "" {
+			msg.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		}
+		msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(e.ID, 10))
+		msg.Metadata.Set(MetadataOriginalUUID, e.UUID)
+		msg.SetContext(ctx)
+		if err := pub.Publish(topic, msg); err != nil {
+			return fmt.Errorf("deadletter: replay %d to %q: %w", id, topic, err)
+		}
+		out, err = scanEntry(tx.QueryRow(ctx, `UPDATE `+s.table+`
+			SET status = 'replayed', replay_topic = $2, replay_uuid = $3, updated_at = clock_timestamp()
+			WHERE id = $1 RETURNING `+entryColumns, id, topic, msg.UUID))
+		if err != nil {
+			return fmt.Errorf("deadletter: replay %d: %w", id, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return Entry{}, err
+	}
+	s.logger.Info("Dead letter replayed", watermill.LogFields{"id": id, "topic": out.ReplayTopic, "uuid": out.ReplayUUID})
+	return out, nil
+}
+
+// Discard marks a pending entry discarded: handled by someone, not to be
+// replayed. Only a pending entry can be discarded (*StateError otherwise).
+func (s *Store) Discard(ctx context.Context, id int64) (Entry, error) {
+	e, err := scanEntry(s.cfg.Pool.QueryRow(ctx, `UPDATE `+s.table+`
+		SET status = 'discarded', updated_at = clock_timestamp()
+		WHERE id = $1 AND status = 'pending' RETURNING `+entryColumns, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		cur, gerr := s.Get(ctx, id)
+		if gerr != nil {
+			return Entry{}, gerr
+		}
+		return Entry{}, &StateError{ID: id, Op: "discard", Status: cur.Status}
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("deadletter: discard %d: %w", id, err)
+	}
+	return e, nil
+}
+
+// PurgeOptions are the arguments of Purge.
+type PurgeOptions struct {
+	// OlderThan deletes entries created more than this long ago (by the
+	// database clock); 0 deletes regardless of age.
+	OlderThan time.Duration
+	// Statuses, when set, deletes only entries in these states, e.g.
+	// replayed and discarded ones.
+	Statuses []Status
+	// ChunkSize bounds the rows deleted per statement (default 1000), so
+	// that a large purge never holds many locks for long.
+	ChunkSize int
+}
+
+// Purge deletes old entries and returns how many it deleted.
+func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
+	if opts.OlderThan < 0 {
+		return 0, invalidArg("OlderThan %v is negative", opts.OlderThan)
+	}
+	chunk := opts.ChunkSize
+	switch {
+	case chunk == 0:
+		chunk = 1000
+	case chunk < 0:
+		return 0, invalidArg("ChunkSize %d is negative", chunk)
+	}
+	var cutoff time.Time
+	if err := s.cfg.Pool.QueryRow(ctx, `SELECT now() - $1::int8 * interval '1 microsecond'`, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("deadletter: purge: %w", err)
+	}
+	conds, args, err := Filter{Statuses: opts.Statuses, To: cutoff}.where(nil)
+	if err != nil {
+		return 0, err
+	}
+	args = append(args, chunk)
+	sql := `DELETE FROM ` + s.table + ` WHERE id = ANY(ARRAY(SELECT id FROM ` + s.table + whereClause(conds) +
+		` ORDER BY id LIMIT $` + strconv.Itoa(len(args)) + `))`
+	var total int64
+	for {
+		tag, err := s.cfg.Pool.Exec(ctx, sql, args...)
+		if err != nil {
+			return total, fmt.Errorf("deadletter: purge: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(chunk) {
+			return total, nil
+		}
+	}
+}

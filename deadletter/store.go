@@ -1,0 +1,256 @@
+package deadletter
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/partitioning"
+)
+
+// DefaultMaxReasonBytes is the default of Config.MaxReasonBytes.
+const DefaultMaxReasonBytes = 4096
+
+// Config configures a Store.
+type Config struct {
+	// Schema is the outbox schema (outbox.DefaultSchema when empty),
+	// migrated with outbox.Migrate.
+	Schema string
+	// Pool is the connection pool for the store's own operations (List,
+	// Replay, ...; HandleReject runs in the caller's transaction). Required.
+	Pool *pgxpool.Pool
+	// Partitioner maps a replayed message's partition key to its partition
+	// (default: the outbox's Kafka-compatible murmur2). Set it to the one
+	// the original publisher used.
+	Partitioner partitioning.Partitioner
+	// MaxReasonBytes bounds the stored reason text (default
+	// DefaultMaxReasonBytes); longer reasons are cut.
+	MaxReasonBytes int
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = outbox.DefaultSchema
+	}
+	if c.Partitioner == nil {
+		c.Partitioner = partitioning.Default()
+	}
+	if c.MaxReasonBytes == 0 {
+		c.MaxReasonBytes = DefaultMaxReasonBytes
+	}
+}
+
+// Validate reports the first impossible setting as a *outbox.ConfigError,
+// or a *outbox.NameError for a bad schema name.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if err := names.Schema(c.Schema); err != nil {
+		return err
+	}
+	switch {
+	case c.Pool == nil:
+		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+	case c.MaxReasonBytes < 16:
+		return &errs.ConfigError{Field: "MaxReasonBytes", Reason: fmt.Sprintf("must be at least 16, got %d", c.MaxReasonBytes)}
+	}
+	return nil
+}
+
+// Status is the state of a dead-letter entry.
+type Status string
+
+// The statuses of an entry. Every entry starts pending; Replay and Discard
+// end that state, once.
+const (
+	StatusPending   Status = "pending"
+	StatusReplayed  Status = "replayed"
+	StatusDiscarded Status = "discarded"
+)
+
+func (s Status) valid() bool {
+	return s == StatusPending || s == StatusReplayed || s == StatusDiscarded
+}
+
+// Entry is one dead letter.
+type Entry struct {
+	// ID identifies the entry in the store.
+	ID int64 `json:"id"`
+	// Group is the consumer group that rejected the message (for a message
+	// that did not come from an outbox Subscriber: the handler name the
+	// PoisonQueue middleware recorded, if any).
+	Group string `json:"group"`
+	// Topic is the topic the message was read from.
+	Topic string `json:"topic"`
+	// Partition and Seq are the message's position in the outbox log;
+	// -1 and 0 when External.
+	Partition int   `json:"partition"`
+	Seq       int64 `json:"seq"`
+	// External is true for a message that did not come from the outbox log
+	// (written through PoisonPublisher from another subscriber).
+	External bool `json:"external"`
+	// UUID, PartitionKey, Metadata and Payload are the message as the
+	// handler last saw it (with the metadata the Subscriber and middleware
+	// added).
+	UUID         string            `json:"uuid"`
+	PartitionKey string            `json:"partition_key,omitempty"`
+	Metadata     map[string]string `json:"metadata"`
+	Payload      []byte            `json:"payload"`
+	// Reason is why the message was taken out of its stream.
+	Reason string `json:"reason"`
+	// Attempts is how many times the message was delivered.
+	Attempts int `json:"attempts"`
+	// FirstFailureAt and LastFailureAt bound the failures seen.
+	FirstFailureAt time.Time `json:"first_failure_at"`
+	LastFailureAt  time.Time `json:"last_failure_at"`
+	// Status is pending until the entry is replayed or discarded.
+	Status Status `json:"status"`
+	// ReplayTopic and ReplayUUID name the message Replay published.
+	ReplayTopic string `json:"replay_topic,omitempty"`
+	ReplayUUID  string `json:"replay_uuid,omitempty"`
+	// CreatedAt is when the entry was written, UpdatedAt when its status
+	// last changed.
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Store is the dead-letter store. It implements outbox.RejectHandler and is
+// safe for concurrent use.
+type Store struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	table  string
+}
+
+var _ outbox.RejectHandler = (*Store)(nil)
+
+// NewStore creates a Store over the dead_letters table of cfg.Schema.
+func NewStore(cfg Config, logger watermill.LoggerAdapter) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Store{
+		cfg:    cfg,
+		logger: logger.With(watermill.LogFields{"component": "outbox.deadletter", "schema": cfg.Schema}),
+		table:  names.Quote(cfg.Schema) + ".dead_letters",
+	}, nil
+}
+
+// HandleReject stores m in tx, the transaction that moves the group's cursor
+// past it (outbox.RejectHandler). Writing the same message (group, topic,
+// partition, seq) again is a no-op, so a retried rejection never
+// duplicates an entry. A message with Seq 0 is stored as External and
+// deduplicated by (group, topic, uuid).
+func (s *Store) HandleReject(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+	if tx == nil {
+		return outbox.ErrNilTx
+	}
+	_, err := s.insert(ctx, tx, m)
+	return err
+}
+
+// Add stores m in a transaction of its own and reports whether it was new
+// (false: an entry for the same message exists). It is for messages that
+// are not rejected by a Subscriber, e.g. from another message broker.
+func (s *Store) Add(ctx context.Context, m outbox.RejectedMessage) (bool, error) {
+	return s.insert(ctx, s.cfg.Pool, m)
+}
+
+// querier is what pgx.Tx and *pgxpool.Pool have in common.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (s *Store) insert(ctx context.Context, q querier, m outbox.RejectedMessage) (bool, error) {
+	var partition, seq any
+	if m.Seq > 0 {
+		partition, seq = int32(m.Partition), m.Seq
+	}
+	metadata, err := encodeMetadata(m.Metadata)
+	if err != nil {
+		return false, err
+	}
+	reason := "rejected"
+	if m.Reason != nil {
+		reason = m.Reason.Error()
+	}
+	var key any
+	if m.PartitionKey != "" {
+		key = cleanText(m.PartitionKey, 0)
+	}
+	payload := m.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	rows, err := q.Query(ctx, `INSERT INTO `+s.table+` (group_name, topic, partition, seq, uuid, partition_key, metadata,
+		payload, reason, attempts, first_failure_at, last_failure_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, coalesce($11, $12, now()), coalesce($12, $11, now()))
+	ON CONFLICT DO NOTHING
+	RETURNING id`,
+		cleanText(m.Group, 0), cleanText(m.Topic, 0), partition, seq, cleanText(m.UUID, 0), key, metadata,
+		payload, cleanText(reason, s.cfg.MaxReasonBytes), max(m.Attempts, 0), timeOrNil(m.FirstFailure), timeOrNil(m.LastFailure))
+	if err != nil {
+		return false, fmt.Errorf("deadletter: store message %s: %w", m.UUID, err)
+	}
+	defer rows.Close()
+	inserted := rows.Next()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("deadletter: store message %s: %w", m.UUID, err)
+	}
+	return inserted, nil
+}
+
+func timeOrNil(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// encodeMetadata turns metadata into a JSON object jsonb accepts: text is
+// made valid UTF-8 without NUL (jsonb cannot hold \u0000).
+func encodeMetadata(md map[string]string) (string, error) {
+	clean := make(map[string]string, len(md))
+	for k, v := range md {
+		clean[cleanText(k, 0)] = cleanText(v, 0)
+	}
+	b, err := json.Marshal(clean)
+	if err != nil {
+		return "", fmt.Errorf("deadletter: encode metadata: %w", err)
+	}
+	return string(b), nil
+}
+
+// cleanText makes s storable as PostgreSQL text: valid UTF-8, no NUL, and
+// at most limit bytes when limit > 0 (cut at a rune boundary).
+func cleanText(s string, limit int) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	if limit > 0 && len(s) > limit {
+		cut := limit - len("…")
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
+}

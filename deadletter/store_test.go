@@ -1,0 +1,396 @@
+package deadletter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/partitioning"
+)
+
+func TestConfigValidate(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		name string
+		cfg  deadletter.Config
+		want error
+	}{
+		{"no pool", deadletter.Config{}, outbox.ErrInvalidConfig},
+		{"bad schema", deadletter.Config{Pool: e.pool, Schema: "Bad-Schema"}, outbox.ErrInvalidName},
+		{"tiny reason", deadletter.Config{Pool: e.pool, MaxReasonBytes: 3}, outbox.ErrInvalidConfig},
+		{"ok", deadletter.Config{Pool: e.pool}, nil},
+	} {
+		err := tc.cfg.Validate()
+		if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+		if _, nerr := deadletter.NewStore(tc.cfg, nil); (nerr == nil) != (err == nil) {
+			t.Errorf("%s: NewStore %v, Validate %v", tc.name, nerr, err)
+		}
+	}
+}
+
+// A dead-lettered message is replayed as a new message with its key and
+// metadata, consumed again, and the entry is replayed; the status change
+// and the publish are one transaction.
+func TestReplayRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 4)
+	var msgs []*message.Message
+	for n := 1; n <= 20; n++ {
+		payload := "ok"
+		if n == 7 {
+			payload = "bad"
+		}
+		m := keyed("o"+strconv.Itoa(n), "k-"+strconv.Itoa(n%5), n, payload)
+		m.Metadata.Set("tenant", "acme")
+		msgs = append(msgs, m)
+	}
+	e.publish(t, "orders", msgs...)
+
+	sub := e.subscriber(t, "g", nil)
+	ch, err := sub.Subscribe(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *message.Message, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range ch {
+			// Rejected the first time; the replayed copy is fine ("fixed").
+			if string(m.Payload) == "bad" && m.Metadata.Get(deadletter.MetadataReplayOf) == "" {
+				_ = outbox.Reject(m, errors.New("bad order"))
+				m.Nack()
+				continue
+			}
+			got <- m
+			m.Ack()
+		}
+	}()
+	waitFor(t, "the dead letter", 30*time.Second, func() bool { return e.count(t, deadletter.Filter{}) == 1 })
+	page, err := e.store.List(testCtx(t), deadletter.ListOptions{Filter: deadletter.Filter{Statuses: []deadletter.Status{deadletter.StatusPending}}})
+	if err != nil || len(page.Entries) != 1 {
+		t.Fatalf("%+v, %v", page, err)
+	}
+	entry := page.Entries[0]
+	if entry.UUID != "o7" || entry.Reason != "bad order" || entry.Attempts != 1 {
+		t.Fatalf("entry %+v", entry)
+	}
+
+	replayed, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if replayed.Status != deadletter.StatusReplayed || replayed.ReplayTopic != "orders" || replayed.ReplayUUID == "" || replayed.ReplayUUID == entry.UUID {
+		t.Fatalf("after replay: %+v", replayed)
+	}
+	var again *message.Message
+	waitFor(t, "the replayed message", 30*time.Second, func() bool {
+		for {
+			select {
+			case m := <-got:
+				if m.UUID == replayed.ReplayUUID {
+					again = m
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if p := again.Metadata.Get(outbox.MetadataPartition); p != strconv.Itoa(entry.Partition) {
+		t.Fatalf("replayed into partition %s, the original was in %d", p, entry.Partition)
+	}
+	if again.Metadata.Get(outbox.PartitionKeyMetadata) != "k-2" || again.Metadata.Get("tenant") != "acme" || again.Metadata.Get("n") != "7" ||
+		again.Metadata.Get(deadletter.MetadataReplayOf) != strconv.FormatInt(entry.ID, 10) ||
+		again.Metadata.Get(deadletter.MetadataOriginalUUID) != "o7" || string(again.Payload) != "bad" {
+		t.Fatalf("replayed message metadata %v payload %q", again.Metadata, again.Payload)
+	}
+	if seq, _ := strconv.ParseInt(again.Metadata.Get(outbox.MetadataSeq), 10, 64); seq <= entry.Seq {
+		t.Fatalf("replayed at seq %d, not after the original %d", seq, entry.Seq)
+	}
+	if n := e.count(t, deadletter.Filter{Statuses: []deadletter.Status{deadletter.StatusReplayed}}); n != 1 {
+		t.Fatalf("%d replayed entries", n)
+	}
+
+	// A replayed entry cannot be replayed or discarded again.
+	if _, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrInvalidState) {
+		t.Fatalf("second replay: %v", err)
+	}
+	var se *deadletter.StateError
+	if _, err := e.store.Discard(testCtx(t), entry.ID); !errors.As(err, &se) || se.Status != deadletter.StatusReplayed || se.Op != "discard" {
+		t.Fatalf("discard of a replayed entry: %v", err)
+	}
+}
+
+func addEntry(t *testing.T, e env, m outbox.RejectedMessage) deadletter.Entry {
+	t.Helper()
+	if added, err := e.store.Add(testCtx(t), m); err != nil || !added {
+		t.Fatalf("add: %v, %v", added, err)
+	}
+	page, err := e.store.List(testCtx(t), deadletter.ListOptions{Limit: 1, Descending: true})
+	if err != nil || len(page.Entries) != 1 {
+		t.Fatalf("%+v, %v", page, err)
+	}
+	return page.Entries[0]
+}
+
+// Replay to a named topic, which must be registered: a failed replay
+// publishes nothing and leaves the entry pending.
+func TestReplayToNamedTopic(t *testing.T) {
+	e := newEnv(t)
+	entry := addEntry(t, e, outbox.RejectedMessage{
+		Group: "g", Topic: "orders", Partition: 1, Seq: 5, UUID: "u5", PartitionKey: "customer-1",
+		Metadata: map[string]string{"x": "y", outbox.MetadataSeq: "5"}, Payload: []byte("body"), Reason: errors.New("r"),
+	})
+	_, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{Topic: "orders-retry"})
+	if !errors.Is(err, outbox.ErrUnknownTopic) {
+		t.Fatalf("replay to an unregistered topic: %v", err)
+	}
+	if got, err := e.store.Get(testCtx(t), entry.ID); err != nil || got.Status != deadletter.StatusPending {
+		t.Fatalf("after a failed replay: %+v, %v", got, err)
+	}
+	if n := e.queryInt(t, "SELECT count(*) FROM "+e.schema+".pending"); n != 0 {
+		t.Fatalf("%d messages published by a failed replay", n)
+	}
+
+	e.register(t, "orders-retry", 8)
+	replayed, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{Topic: "orders-retry"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		topic, key, uuid string
+		partition        int
+		md               map[string]string
+		payload          []byte
+	)
+	if err := e.pool.QueryRow(testCtx(t), "SELECT topic, partition, partition_key, uuid, metadata, payload FROM "+e.schema+".pending").
+		Scan(&topic, &partition, &key, &uuid, &md, &payload); err != nil {
+		t.Fatal(err)
+	}
+	wantPartition, err := partitioning.Default().Partition("customer-1", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topic != "orders-retry" || partition != wantPartition || key != "customer-1" || uuid != replayed.ReplayUUID || md["x"] != "y" || string(payload) != "body" {
+		t.Fatalf("published %s %d %s %s %v %q", topic, partition, key, uuid, md, payload)
+	}
+	if _, stale := md[outbox.MetadataSeq]; stale {
+		t.Fatalf("delivery metadata carried over: %v", md)
+	}
+	if replayed.ReplayTopic != "orders-retry" || replayed.Status != deadletter.StatusReplayed || !replayed.UpdatedAt.After(replayed.CreatedAt) {
+		t.Fatalf("entry %+v", replayed)
+	}
+}
+
+func TestOperationsOnMissingEntries(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.store.Get(testCtx(t), 42); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Fatalf("Get: %v", err)
+	}
+	if _, err := e.store.Replay(testCtx(t), 42, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Fatalf("Replay: %v", err)
+	}
+	if _, err := e.store.Discard(testCtx(t), 42); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Fatalf("Discard: %v", err)
+	}
+}
+
+func TestDiscard(t *testing.T) {
+	e := newEnv(t)
+	entry := addEntry(t, e, outbox.RejectedMessage{Group: "g", Topic: "t", Partition: 0, Seq: 1, UUID: "u"})
+	d, err := e.store.Discard(testCtx(t), entry.ID)
+	if err != nil || d.Status != deadletter.StatusDiscarded {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	if _, err := e.store.Discard(testCtx(t), entry.ID); !errors.Is(err, deadletter.ErrInvalidState) {
+		t.Fatalf("second discard: %v", err)
+	}
+	if _, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrInvalidState) {
+		t.Fatalf("replay of a discarded entry: %v", err)
+	}
+}
+
+// Keyset paging visits every entry exactly once, in order, in both
+// directions, also while entries are added between pages; filters and
+// Count agree.
+func TestListPagingAndFilters(t *testing.T) {
+	e := newEnv(t)
+	const total = 250
+	err := pgx.BeginFunc(testCtx(t), e.pool, func(tx pgx.Tx) error {
+		for i := 0; i < total; i++ {
+			m := outbox.RejectedMessage{
+				Group: []string{"a", "b"}[i%2], Topic: []string{"t1", "t2", "t3"}[i%3],
+				Partition: i % 4, Seq: int64(i + 1), UUID: "u" + strconv.Itoa(i), Reason: errors.New("r"),
+			}
+			if err := e.store.HandleReject(testCtx(t), tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A tenth discarded, and a fifth written two days ago.
+	if _, err := e.pool.Exec(testCtx(t), "UPDATE "+e.schema+".dead_letters SET status = 'discarded' WHERE seq % 10 = 0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(testCtx(t), "UPDATE "+e.schema+".dead_letters SET created_at = now() - interval '2 days' WHERE seq % 5 = 1"); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, desc := range []bool{false, true} {
+		t.Run(fmt.Sprintf("descending=%v", desc), func(t *testing.T) {
+			var ids []int64
+			cursor, pages := "", 0
+			for {
+				page, err := e.store.List(testCtx(t), deadletter.ListOptions{Limit: 100, Cursor: cursor, Descending: desc})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pages++
+				for _, en := range page.Entries {
+					ids = append(ids, en.ID)
+				}
+				if pages == 1 && !desc {
+					// Written while paging: they come after everything listed so far.
+					for i := 0; i < 3; i++ {
+						addEntry(t, e, outbox.RejectedMessage{Group: "late", Topic: "t1", UUID: "late-" + strconv.Itoa(i)})
+					}
+				}
+				if page.NextCursor == "" {
+					break
+				}
+				cursor = page.NextCursor
+			}
+			want := total + 3 // the late ones are written during the first subtest
+			if len(ids) != want || pages != 3 {
+				t.Fatalf("%d entries on %d pages, want %d on 3", len(ids), pages, want)
+			}
+			for i := 1; i < len(ids); i++ {
+				if desc && ids[i] >= ids[i-1] || !desc && ids[i] <= ids[i-1] {
+					t.Fatalf("ids out of order or repeated at %d: %d after %d", i, ids[i], ids[i-1])
+				}
+			}
+		})
+	}
+
+	pending := []deadletter.Status{deadletter.StatusPending}
+	for _, tc := range []struct {
+		f    deadletter.Filter
+		want int64
+	}{
+		{deadletter.Filter{}, total + 3},
+		{deadletter.Filter{Group: "a"}, total / 2},
+		{deadletter.Filter{Group: "a", Topic: "t1"}, 42},                                   // i%6 == 0
+		{deadletter.Filter{Statuses: []deadletter.Status{deadletter.StatusDiscarded}}, 25}, // seq%10 == 0
+		{deadletter.Filter{Statuses: pending, Group: "b"}, 125 - 25},                       // even seq: group b
+		{deadletter.Filter{To: time.Now().Add(-24 * time.Hour)}, 50},                       // seq%5 == 1
+		{deadletter.Filter{From: time.Now().Add(-24 * time.Hour), To: time.Now().Add(time.Hour)}, total - 50 + 3},
+		{deadletter.Filter{Statuses: []deadletter.Status{deadletter.StatusReplayed}}, 0},
+	} {
+		n := e.count(t, tc.f)
+		if n != tc.want {
+			t.Errorf("Count(%+v) = %d, want %d", tc.f, n, tc.want)
+		}
+		// Paging through the same filter finds as many.
+		var listed int64
+		opts := deadletter.ListOptions{Filter: tc.f, Limit: 7}
+		for {
+			page, err := e.store.List(testCtx(t), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, en := range page.Entries {
+				if tc.f.Group != "" && en.Group != tc.f.Group || tc.f.Topic != "" && en.Topic != tc.f.Topic {
+					t.Fatalf("filter %+v listed %+v", tc.f, en)
+				}
+			}
+			listed += int64(len(page.Entries))
+			if page.NextCursor == "" {
+				break
+			}
+			opts.Cursor = page.NextCursor
+		}
+		if listed != tc.want {
+			t.Errorf("List(%+v) found %d, want %d", tc.f, listed, tc.want)
+		}
+	}
+
+	// Bad arguments.
+	first, err := e.store.List(testCtx(t), deadletter.ListOptions{Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range []deadletter.ListOptions{
+		{Cursor: "not a cursor"},
+		{Cursor: first.NextCursor, Descending: true}, // from an ascending listing
+		{Limit: deadletter.MaxPageSize + 1},
+		{Limit: -1},
+		{Filter: deadletter.Filter{Statuses: []deadletter.Status{"lost"}}},
+	} {
+		if _, err := e.store.List(testCtx(t), opts); !errors.Is(err, deadletter.ErrInvalidArgument) {
+			t.Errorf("List(%+v): %v, want ErrInvalidArgument", opts, err)
+		}
+	}
+}
+
+func TestPurge(t *testing.T) {
+	e := newEnv(t)
+	for i := 0; i < 40; i++ {
+		addEntry(t, e, outbox.RejectedMessage{Group: "g", Topic: "t", Partition: 0, Seq: int64(i + 1), UUID: "u" + strconv.Itoa(i)})
+	}
+	// Half of them ten days old; of each half, a quarter discarded and a
+	// quarter replayed (set directly).
+	for _, stmt := range []string{
+		"UPDATE {s}.dead_letters SET created_at = now() - interval '10 days' WHERE seq <= 20",
+		"UPDATE {s}.dead_letters SET status = 'discarded' WHERE seq % 4 = 1",
+		"UPDATE {s}.dead_letters SET status = 'replayed' WHERE seq % 4 = 2",
+	} {
+		if _, err := e.pool.Exec(testCtx(t), strings.ReplaceAll(stmt, "{s}", e.schema)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	week := 7 * 24 * time.Hour
+	resolved := []deadletter.Status{deadletter.StatusReplayed, deadletter.StatusDiscarded}
+	n, err := e.store.Purge(testCtx(t), deadletter.PurgeOptions{OlderThan: week, Statuses: resolved, ChunkSize: 3})
+	if err != nil || n != 10 {
+		t.Fatalf("purge of old resolved entries: %d, %v; want 10", n, err)
+	}
+	if c := e.count(t, deadletter.Filter{}); c != 30 {
+		t.Fatalf("%d left, want 30", c)
+	}
+	n, err = e.store.Purge(testCtx(t), deadletter.PurgeOptions{OlderThan: week})
+	if err != nil || n != 10 {
+		t.Fatalf("purge of old entries: %d, %v; want the 10 old pending ones", n, err)
+	}
+	if c := e.count(t, deadletter.Filter{To: time.Now().Add(-week)}); c != 0 {
+		t.Fatalf("%d old entries left", c)
+	}
+	n, err = e.store.Purge(testCtx(t), deadletter.PurgeOptions{Statuses: []deadletter.Status{deadletter.StatusPending}})
+	if err != nil || n != 10 {
+		t.Fatalf("purge of pending entries of any age: %d, %v; want 10", n, err)
+	}
+	if c := e.count(t, deadletter.Filter{}); c != 10 {
+		t.Fatalf("%d left, want the 10 recent resolved ones", c)
+	}
+	if _, err := e.store.Purge(testCtx(t), deadletter.PurgeOptions{OlderThan: -time.Second}); !errors.Is(err, deadletter.ErrInvalidArgument) {
+		t.Fatalf("negative age: %v", err)
+	}
+}

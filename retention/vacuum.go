@@ -1,0 +1,369 @@
+// Package retention keeps the outbox log bounded: a Vacuum deletes the log
+// rows every consumer group has finished.
+//
+// A row of a partition may go once it is at or below the cursor of every
+// group on its topic (the minimum over the groups' cursors); a topic that
+// no group consumes keeps everything. With KeepFor, consumed rows younger
+// than that stay, for replays (admin.ResetCursor). Deletes run in bounded
+// chunks, each its own short transaction, and only partitions whose cursors
+// moved since the last visit are visited.
+//
+// A group that subscribes later (without StartFromNewest) starts at the
+// oldest message still retained, and a cursor reset (package admin) can go
+// back only that far.
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+)
+
+// Defaults of Config.
+const (
+	DefaultInterval          = 10 * time.Second
+	DefaultChunkSize         = 5000
+	DefaultMaxChunksPerVisit = 20
+)
+
+// Config configures a Vacuum.
+type Config struct {
+	// Schema is the outbox schema (default "watermill_outbox").
+	Schema string
+	// Pool is the connection pool. Required.
+	Pool *pgxpool.Pool
+	// Interval is the pause between passes when the last pass finished its
+	// work (default DefaultInterval). A pass that left work (a partition
+	// hit MaxChunksPerVisit) is followed by the next one at once.
+	Interval time.Duration
+	// ChunkSize bounds the rows one DELETE removes (default
+	// DefaultChunkSize).
+	ChunkSize int
+	// MaxChunksPerVisit bounds the DELETEs per partition per pass (default
+	// DefaultMaxChunksPerVisit), so that a partition with a large backlog
+	// does not hold up the others.
+	MaxChunksPerVisit int
+	// KeepFor keeps consumed rows until they are this old (by the
+	// sequencer's clock, log.sequenced_at), so that a group can be reset
+	// back that far. 0 deletes them as soon as every group is past them.
+	KeepFor time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = names.DefaultSchema
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.ChunkSize == 0 {
+		c.ChunkSize = DefaultChunkSize
+	}
+	if c.MaxChunksPerVisit == 0 {
+		c.MaxChunksPerVisit = DefaultMaxChunksPerVisit
+	}
+}
+
+// Validate reports the first impossible setting as a *outbox.ConfigError,
+// or a *outbox.NameError for a bad schema name.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if err := names.Schema(c.Schema); err != nil {
+		return err
+	}
+	switch {
+	case c.Pool == nil:
+		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+	case c.Interval < 0:
+		return &errs.ConfigError{Field: "Interval", Reason: fmt.Sprintf("must be positive, got %v", c.Interval)}
+	case c.ChunkSize < 1:
+		return &errs.ConfigError{Field: "ChunkSize", Reason: fmt.Sprintf("must be at least 1, got %d", c.ChunkSize)}
+	case c.MaxChunksPerVisit < 1:
+		return &errs.ConfigError{Field: "MaxChunksPerVisit", Reason: fmt.Sprintf("must be at least 1, got %d", c.MaxChunksPerVisit)}
+	case c.KeepFor < 0:
+		return &errs.ConfigError{Field: "KeepFor", Reason: fmt.Sprintf("must not be negative, got %v", c.KeepFor)}
+	}
+	return nil
+}
+
+// PassStats describes one pass of a Vacuum.
+type PassStats struct {
+	// Partitions is how many partitions had cursors; Visited how many of
+	// them the pass worked on (their cursors had moved, or work was left).
+	Partitions int
+	Visited    int
+	// Deleted is how many log rows the pass deleted.
+	Deleted int64
+	// More reports work left for the next pass (a partition hit
+	// MaxChunksPerVisit).
+	More bool
+}
+
+// Stats are running totals of a Vacuum.
+type Stats struct {
+	Passes  int64 // passes run
+	Visits  int64 // partition visits
+	Deleted int64 // log rows deleted
+}
+
+type partitionKey struct {
+	topic     string
+	partition int32
+}
+
+// partitionState is what the vacuum knows about a partition from its last
+// visit.
+type partitionState struct {
+	// done: every row at or below it is deleted (or was never there).
+	done int64
+	// With KeepFor: the horizon of the visit that left young rows, and
+	// when (database clock) the oldest of them becomes deletable.
+	keptHorizon int64
+	retryAt     time.Time
+}
+
+// Vacuum deletes consumed log rows. Create it with NewVacuum, run it with
+// Run (one per instance is fine: concurrent vacuums never delete a row
+// that is still needed), stop it with Close.
+type Vacuum struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+
+	horizonSQL, deleteSQL, oldestSQL string
+
+	passMu sync.Mutex // one pass at a time
+	state  map[partitionKey]*partitionState
+
+	passes, visits, deleted atomic.Int64
+
+	ctx     context.Context // cancelled by Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	closed  bool
+	running bool
+}
+
+// NewVacuum creates a Vacuum. It does nothing until Run or VacuumOnce.
+func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	s := names.Quote(cfg.Schema)
+	ctx, cancel := context.WithCancel(context.Background())
+	v := &Vacuum{
+		cfg:    cfg,
+		logger: logger.With(watermill.LogFields{"component": "outbox.retention", "schema": cfg.Schema}),
+		state:  map[partitionKey]*partitionState{},
+		ctx:    ctx,
+		cancel: cancel,
+	}
+	// The horizon of each partition of a registered topic that has cursors:
+	// the lowest cursor over every group. Also the database clock, which
+	// KeepFor is measured by.
+	v.horizonSQL = `SELECT c.topic, c.partition, min(c.seq), now()
+	FROM ` + s + `.cursors c JOIN ` + s + `.topics t ON t.name = c.topic AND c.partition < t.partitions
+	GROUP BY c.topic, c.partition`
+	// $1 topic, $2 partition, $3 horizon, $4 chunk, $5 cutoff (NULL: no
+	// KeepFor). The horizon is checked again against the cursors as of this
+	// statement, so a group reset or created since the horizon was read is
+	// respected.
+	v.deleteSQL = `WITH d AS (
+		DELETE FROM ` + s + `.log WHERE ctid = ANY(ARRAY(
+			SELECT ctid FROM ` + s + `.log
+			WHERE topic = $1 AND partition = $2
+				AND seq <= least($3::int8, (SELECT min(seq) FROM ` + s + `.cursors WHERE topic = $1 AND partition = $2))
+				AND ($5::timestamptz IS NULL OR sequenced_at < $5)
+			ORDER BY seq
+			LIMIT $4))
+		RETURNING seq
+	)
+	SELECT count(*), coalesce(max(seq), 0) FROM d`
+	// $1 topic, $2 partition, $3 horizon: the oldest row kept at or below
+	// the horizon.
+	v.oldestSQL = `SELECT seq, sequenced_at FROM ` + s + `.log
+	WHERE topic = $1 AND partition = $2 AND seq <= $3 ORDER BY seq LIMIT 1`
+	return v, nil
+}
+
+// Stats returns the running totals.
+func (v *Vacuum) Stats() Stats {
+	return Stats{Passes: v.passes.Load(), Visits: v.visits.Load(), Deleted: v.deleted.Load()}
+}
+
+// Run vacuums until ctx ends or Close is called, then returns nil.
+// Database errors are logged and retried at the next pass. Run may be
+// called once.
+func (v *Vacuum) Run(ctx context.Context) error {
+	v.mu.Lock()
+	switch {
+	case v.closed:
+		v.mu.Unlock()
+		return errs.ErrClosed
+	case v.running:
+		v.mu.Unlock()
+		return errors.New("retention: Run called twice")
+	}
+	v.running = true
+	v.wg.Add(1)
+	v.mu.Unlock()
+	defer v.wg.Done()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(v.ctx, cancel)
+	defer stop()
+
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		stats, err := v.VacuumOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := v.cfg.Interval
+		switch {
+		case err != nil:
+			v.logger.Error("Vacuum pass failed", err, nil)
+		case stats.More:
+			wait = 0
+		}
+		if stats.Deleted > 0 {
+			v.logger.Debug("Vacuum pass", watermill.LogFields{"visited": stats.Visited, "deleted": stats.Deleted, "more": stats.More})
+		}
+		timer.Reset(wait)
+	}
+}
+
+// Close stops Run and waits for it to return.
+func (v *Vacuum) Close() error {
+	v.mu.Lock()
+	v.closed = true
+	v.mu.Unlock()
+	v.cancel()
+	v.wg.Wait()
+	return nil
+}
+
+// VacuumOnce runs one pass: it reads every partition's horizon and deletes,
+// in partitions whose horizon moved since their last visit (or that have
+// work left), the rows at or below it, in chunks. It returns what it did;
+// on an error, the work done so far stays done.
+func (v *Vacuum) VacuumOnce(ctx context.Context) (PassStats, error) {
+	v.passMu.Lock()
+	defer v.passMu.Unlock()
+	v.passes.Add(1)
+
+	type horizon struct {
+		key  partitionKey
+		seq  int64
+		dbAt time.Time
+	}
+	rows, err := v.cfg.Pool.Query(ctx, v.horizonSQL)
+	if err != nil {
+		return PassStats{}, fmt.Errorf("retention: read cursors: %w", err)
+	}
+	var hs []horizon
+	for rows.Next() {
+		var h horizon
+		if err := rows.Scan(&h.key.topic, &h.key.partition, &h.seq, &h.dbAt); err != nil {
+			rows.Close()
+			return PassStats{}, fmt.Errorf("retention: read cursors: %w", err)
+		}
+		hs = append(hs, h)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return PassStats{}, fmt.Errorf("retention: read cursors: %w", err)
+	}
+
+	stats := PassStats{Partitions: len(hs)}
+	for _, h := range hs {
+		st := v.state[h.key]
+		if st == nil {
+			st = &partitionState{}
+			v.state[h.key] = st
+		}
+		if h.seq <= st.done {
+			continue // nothing consumed since the last visit
+		}
+		if !st.retryAt.IsZero() && h.seq == st.keptHorizon && h.dbAt.Before(st.retryAt) {
+			continue // only rows KeepFor still keeps
+		}
+		stats.Visited++
+		v.visits.Add(1)
+		n, more, err := v.visit(ctx, h.key, h.seq, h.dbAt, st)
+		stats.Deleted += n
+		v.deleted.Add(n)
+		if err != nil {
+			return stats, err
+		}
+		stats.More = stats.More || more
+	}
+	return stats, nil
+}
+
+// visit deletes the rows of one partition at or below horizon, at most
+// MaxChunksPerVisit chunks, and updates st.
+func (v *Vacuum) visit(ctx context.Context, key partitionKey, horizon int64, dbNow time.Time, st *partitionState) (deleted int64, more bool, err error) {
+	var cutoff any
+	if v.cfg.KeepFor > 0 {
+		cutoff = dbNow.Add(-v.cfg.KeepFor)
+	}
+	for chunk := 0; chunk < v.cfg.MaxChunksPerVisit; chunk++ {
+		var n, maxSeq int64
+		err := v.cfg.Pool.QueryRow(ctx, v.deleteSQL, key.topic, key.partition, horizon, v.cfg.ChunkSize, cutoff).Scan(&n, &maxSeq)
+		if err != nil {
+			return deleted, false, fmt.Errorf("retention: delete from %s/%d: %w", key.topic, key.partition, err)
+		}
+		deleted += n
+		if n < int64(v.cfg.ChunkSize) {
+			return deleted, false, v.finish(ctx, key, horizon, st)
+		}
+	}
+	return deleted, true, nil
+}
+
+// finish records a partition's state after its rows at or below horizon
+// are deleted, except those KeepFor keeps.
+func (v *Vacuum) finish(ctx context.Context, key partitionKey, horizon int64, st *partitionState) error {
+	st.retryAt, st.keptHorizon = time.Time{}, 0
+	if v.cfg.KeepFor == 0 {
+		st.done = horizon
+		return nil
+	}
+	var (
+		seq int64
+		at  time.Time
+	)
+	err := v.cfg.Pool.QueryRow(ctx, v.oldestSQL, key.topic, key.partition, horizon).Scan(&seq, &at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		st.done = horizon
+		return nil
+	case err != nil:
+		return fmt.Errorf("retention: read %s/%d: %w", key.topic, key.partition, err)
+	}
+	st.done = seq - 1
+	st.keptHorizon, st.retryAt = horizon, at.Add(v.cfg.KeepFor)
+	return nil
+}
