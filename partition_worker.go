@@ -304,8 +304,7 @@ func (w *partitionWorker) read(ctx context.Context, q pgexec.Querier, limit int)
 // Ack or Nack. With tx set (Transactional) the handler finds the
 // transaction in the message context.
 func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx pgx.Tx) (outcome, error) {
-	w.countAttempt(e.seq)
-	msg, d, cancel := w.newMessage(ctx, e, tx, w.attempts)
+	msg, d, cancel := w.newMessage(ctx, e, tx, w.countAttempt(e.seq))
 	defer cancel() // a message's context ends with its Ack or Nack
 	w.lastMsg = msg
 
@@ -333,13 +332,19 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx pgx.Tx) (o
 }
 
 // countAttempt counts a delivery of the message at seq towards the
-// attempts of the partition's head message.
-func (w *partitionWorker) countAttempt(seq int64) {
+// attempts of the partition's head message, and returns its attempt number.
+func (w *partitionWorker) countAttempt(seq int64) int {
+	// A batch retried from an earlier message (a transaction undone as a
+	// whole) must not forget the failures of the later head.
+	if seq < w.headSeq && w.attempts > 0 {
+		return 1
+	}
 	if seq != w.headSeq {
 		w.headSeq, w.attempts = seq, 0
 		w.firstFailure, w.lastFailure = time.Time{}, time.Time{}
 	}
 	w.attempts++
+	return w.attempts
 }
 
 // newMessage builds the Watermill message for a log entry, with the
@@ -375,13 +380,13 @@ func (w *partitionWorker) newMessage(ctx context.Context, e logEntry, tx pgx.Tx,
 // split), so nothing of it counts as done; adaptive degradation then
 // shrinks the batch until the failing message stands alone.
 func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, tx pgx.Tx) (int, outcome, error) {
-	w.countAttempt(entries[0].seq)
+	headAttempt := w.countAttempt(entries[0].seq)
 	msgs := make([]*message.Message, len(entries))
 	deliveries := make([]*delivery, len(entries))
 	for i, e := range entries {
 		attempt := 1
 		if i == 0 {
-			attempt = w.attempts
+			attempt = headAttempt
 		}
 		var cancel context.CancelFunc
 		msgs[i], deliveries[i], cancel = w.newMessage(ctx, e, tx, attempt)

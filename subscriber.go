@@ -89,6 +89,10 @@ type SubscriberConfig struct {
 	DisableSequencer bool
 	// MemberID identifies this instance in leases (default: random).
 	MemberID string
+	// BalanceInterval is how often the instance re-evaluates its share of
+	// the partitions and the paused ones: the latency of a rebalance or a
+	// pause (default 1s; must be below Tuning.LeaseTTL).
+	BalanceInterval time.Duration
 }
 
 func (c *SubscriberConfig) setDefaults() {
@@ -109,6 +113,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.MemberID == "" {
 		c.MemberID = watermill.NewShortUUID()
+	}
+	if c.BalanceInterval == 0 {
+		c.BalanceInterval = lease.DefaultBalanceInterval
 	}
 }
 
@@ -138,6 +145,8 @@ func (c SubscriberConfig) Validate() error {
 		return &errs.ConfigError{Field: "HandlerTimeout", Reason: "must be positive and at most Tuning.LeaseTTL"}
 	case c.CloseTimeout < 0:
 		return &errs.ConfigError{Field: "CloseTimeout", Reason: "must be positive"}
+	case c.BalanceInterval < 0 || c.BalanceInterval >= c.Tuning.LeaseTTL:
+		return &errs.ConfigError{Field: "BalanceInterval", Reason: "must be positive and below Tuning.LeaseTTL"}
 	}
 	if err := validPartitionCount(c.DefaultPartitions); err != nil {
 		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
@@ -333,6 +342,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		MemberID:        s.cfg.MemberID + "-" + watermill.NewShortUUID(),
 		TTL:             s.cfg.Tuning.LeaseTTL,
 		RenewInterval:   s.cfg.Tuning.RenewInterval,
+		BalanceInterval: s.cfg.BalanceInterval,
 		StartFromNewest: s.cfg.StartFromNewest,
 	}, s.logger)
 	if err != nil {
