@@ -1,0 +1,64 @@
+// Package exampledb gives the examples a database with no setup: a
+// throwaway PostgreSQL server (removed on exit) with the outbox migrated.
+package exampledb
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/pgcluster"
+)
+
+// DB is a running throwaway database.
+type DB struct {
+	Pool    *pgxpool.Pool
+	cluster *pgcluster.Cluster
+}
+
+// Start starts the server, connects and migrates the outbox schema. It
+// needs the PostgreSQL server binaries (Debian: apt-get install postgresql).
+func Start(ctx context.Context) (*DB, error) {
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, cluster.URL("postgres"))
+	if err != nil {
+		cluster.Stop()
+		return nil, err
+	}
+	if err := outbox.Migrate(ctx, pool, outbox.DefaultSchema); err != nil {
+		pool.Close()
+		cluster.Stop()
+		return nil, err
+	}
+	fmt.Printf("PostgreSQL on 127.0.0.1:%d (throwaway), outbox migrated\n", cluster.Port())
+	return &DB{Pool: pool, cluster: cluster}, nil
+}
+
+// Stop closes the pool and removes the server.
+func (db *DB) Stop() {
+	db.Pool.Close()
+	db.cluster.Stop()
+}
+
+// Logger returns a Watermill logger showing warnings and errors only.
+func Logger() watermill.LoggerAdapter {
+	return watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
+// Main runs run and prints its final line: "OK", or the error and exit
+// status 1.
+func Main(run func(ctx context.Context) error) {
+	if err := run(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "FAILED:", err)
+		os.Exit(1)
+	}
+	fmt.Println("OK")
+}

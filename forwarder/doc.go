@@ -1,0 +1,42 @@
+// Package forwarder relays the messages of a PostgreSQL outbox to a
+// message broker: Kafka (through sarama, with watermill-kafka's record
+// format), NATS JetStream (with watermill-nats's message format), or any
+// Watermill message.Publisher.
+//
+// A Forwarder reads outbox topics as a consumer group (outbox.Subscriber's
+// ConsumeBatches): any number of instances share the partitions, each
+// partition is read by one instance at a time, in seq order, in batches.
+// Each batch goes to the broker in one go (one produce request per Kafka
+// broker, asynchronous JetStream publishes awaited together, one Publish
+// call), and the group's cursor moves past the part of the batch the broker
+// confirmed, once per batch. So:
+//
+//   - nothing committed to the outbox is lost: a message leaves the outbox
+//     stream only when the broker confirmed it, or when it is rejected as
+//     poison (it then goes to the Subscriber's RejectHandler, e.g. a
+//     dead-letter table);
+//   - per-key order carries over: messages with the same partition key share
+//     an outbox partition, are sent in seq order and, on Kafka, share a
+//     partition again (murmur2, like Kafka's own partitioner);
+//   - messages can be duplicated (at-least-once): what was sent but not
+//     confirmed, or confirmed after the forwarder's lease ended, is sent
+//     again. Every copy carries the same stable id, outbox.MetadataID
+//     ("topic/partition/seq"), as metadata (Kafka header, NATS header), and
+//     on JetStream it is the Nats-Msg-Id, so the server drops copies within
+//     the stream's duplicate window.
+//
+// A broker outage only stalls the forwarder: failed sends are retried with
+// backoff (the outbox.Subscriber's Tuning) until the broker is back.
+//
+//	target, _ := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers})
+//	defer target.Close()
+//	fwd, _ := forwarder.NewForwarder(forwarder.Config{
+//		Subscriber: outbox.SubscriberConfig{Pool: pool, RejectHandler: deadLetters},
+//		Topics:     []string{"orders"},
+//		Target:     target,
+//	}, logger)
+//	defer fwd.Close()
+//	err := fwd.Run(ctx)
+//
+// See docs/forwarder.md for the details.
+package forwarder

@@ -1,0 +1,259 @@
+package forwarder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/names"
+)
+
+// DefaultConsumerGroup is the outbox consumer group of a Forwarder whose
+// Config.Subscriber.ConsumerGroup is empty.
+const DefaultConsumerGroup = "outbox-forwarder"
+
+// Target publishes batches of outbox messages to a broker.
+//
+// Send publishes batch, in order, to topic (the target topic or subject) and
+// returns how many messages from the start of batch the broker confirmed.
+// It follows the contract of outbox.BatchHandler: with done < len(batch) it
+// returns the reason, and the rest is retried later with backoff; to take a
+// message that can never be published out of the stream, it calls
+// outbox.Reject(batch[i], cause) and returns done = i.
+//
+// To keep per-key order, a message must not become visible on the broker
+// unless every message before it in batch is (a prefix property), as far as
+// the broker allows; see the targets of this package.
+type Target interface {
+	Send(ctx context.Context, topic string, batch []*message.Message) (done int, err error)
+}
+
+// TargetFunc adapts a function to Target.
+type TargetFunc func(ctx context.Context, topic string, batch []*message.Message) (int, error)
+
+// Send calls f.
+func (f TargetFunc) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	return f(ctx, topic, batch)
+}
+
+// Config configures a Forwarder.
+type Config struct {
+	// Subscriber configures the outbox side: Pool (required), Schema,
+	// ConsumerGroup (DefaultConsumerGroup when empty), Tuning (batch size,
+	// backoff, leases), RejectHandler (where poison messages go: without one
+	// they are retried forever), MaxAttempts, and so on. Strategy must be
+	// outbox.Leased (the default): a broker publish cannot join a database
+	// transaction.
+	Subscriber outbox.SubscriberConfig
+	// Topics are the outbox topics to forward. Required.
+	Topics []string
+	// Target publishes the batches. Required. The Forwarder does not close
+	// it.
+	Target Target
+	// TargetTopic maps an outbox topic to the topic (Kafka) or subject
+	// (NATS) it is forwarded to. Default: the same name.
+	TargetTopic func(outboxTopic string) string
+	// SendTimeout bounds one Send (default: the Subscriber's HandlerTimeout,
+	// which defaults to Tuning.LeaseTTL - Tuning.RenewInterval, so that a
+	// send ends before the partition's lease can).
+	SendTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Subscriber.ConsumerGroup == "" {
+		c.Subscriber.ConsumerGroup = DefaultConsumerGroup
+	}
+	if c.TargetTopic == nil {
+		c.TargetTopic = func(topic string) string { return topic }
+	}
+	if c.SendTimeout == 0 {
+		c.SendTimeout = c.Subscriber.HandlerTimeout
+	}
+	if c.SendTimeout == 0 {
+		tu := c.Subscriber.Tuning
+		if tu == (adaptive.Tuning{}) {
+			tu = adaptive.Default()
+		}
+		c.SendTimeout = tu.LeaseTTL - tu.RenewInterval
+	}
+}
+
+// Validate reports the first impossible setting.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if err := c.Subscriber.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.Subscriber.Strategy != outbox.Leased:
+		return &outbox.ConfigError{Field: "Subscriber.Strategy", Reason: "must be Leased: a broker publish cannot join a database transaction"}
+	case len(c.Topics) == 0:
+		return &outbox.ConfigError{Field: "Topics", Reason: "required"}
+	case c.Target == nil:
+		return &outbox.ConfigError{Field: "Target", Reason: "required"}
+	case c.SendTimeout < 0:
+		return &outbox.ConfigError{Field: "SendTimeout", Reason: "must be positive"}
+	}
+	seen := map[string]bool{}
+	for _, topic := range c.Topics {
+		if err := names.Topic(topic); err != nil {
+			return err
+		}
+		if seen[topic] {
+			return &outbox.ConfigError{Field: "Topics", Reason: fmt.Sprintf("topic %q listed twice", topic)}
+		}
+		seen[topic] = true
+		if c.TargetTopic(topic) == "" {
+			return &outbox.ConfigError{Field: "TargetTopic", Reason: fmt.Sprintf("maps topic %q to an empty name", topic)}
+		}
+	}
+	return nil
+}
+
+// Forwarder relays the messages of outbox topics to a broker. It reads the
+// topics as a consumer group of the outbox (so any number of instances share
+// the partitions, and a crashed instance's partitions move to the others)
+// and hands each batch of one partition, in seq order, to the Target. The
+// group's cursor moves past a batch only after the broker confirmed every
+// message of it, so nothing committed is lost; a batch that failed halfway
+// is sent again from its first unconfirmed message, so messages may arrive
+// twice, each copy carrying the same outbox.MetadataID.
+type Forwarder struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	sub    *outbox.Subscriber
+
+	mu      sync.Mutex
+	running bool
+
+	batches   atomic.Int64
+	messages  atomic.Int64
+	failures  atomic.Int64
+	rejected  atomic.Int64
+	lastError atomic.Pointer[string]
+}
+
+// NewForwarder creates a Forwarder; Run starts it.
+func NewForwarder(cfg Config, logger watermill.LoggerAdapter) (*Forwarder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	sub, err := outbox.NewSubscriber(cfg.Subscriber, logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Forwarder{
+		cfg:    cfg,
+		logger: logger.With(watermill.LogFields{"component": "outbox.forwarder", "group": cfg.Subscriber.ConsumerGroup}),
+		sub:    sub,
+	}, nil
+}
+
+// Run forwards until ctx ends or the Forwarder is closed, and then returns
+// nil (or the error that kept it from joining the group on a topic). It can
+// be called once.
+func (f *Forwarder) Run(ctx context.Context) error {
+	f.mu.Lock()
+	if f.running {
+		f.mu.Unlock()
+		return errors.New("forwarder: Run called twice")
+	}
+	f.running = true
+	f.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(f.cfg.Topics))
+	for _, topic := range f.cfg.Topics {
+		h := f.handler(topic, f.cfg.TargetTopic(topic))
+		go func() {
+			err := f.sub.ConsumeBatches(ctx, topic, h)
+			if err != nil {
+				err = fmt.Errorf("forwarder: topic %s: %w", topic, err)
+				cancel() // one topic failed to start: stop the others too
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range f.cfg.Topics {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Close stops the Forwarder: in-flight sends finish or are abandoned (their
+// messages are sent again by whoever takes the partitions over), leases are
+// released. Run returns. Close does not close the Target.
+func (f *Forwarder) Close() error {
+	return f.sub.Close()
+}
+
+// Stats counts the Forwarder's work since it started.
+type Stats struct {
+	// Batches and Messages count the sends the broker confirmed entirely,
+	// and the messages it confirmed (also of partly failed batches).
+	Batches, Messages int64
+	// Failures counts the sends that failed entirely or in part, Rejected
+	// those of them that rejected a message as poison.
+	Failures, Rejected int64
+	// LastError is the error of the last failed send, if any.
+	LastError string
+}
+
+// Stats returns the Forwarder's counters.
+func (f *Forwarder) Stats() Stats {
+	s := Stats{Batches: f.batches.Load(), Messages: f.messages.Load(), Failures: f.failures.Load(), Rejected: f.rejected.Load()}
+	if e := f.lastError.Load(); e != nil {
+		s.LastError = *e
+	}
+	return s
+}
+
+// handler forwards the batches of one outbox topic to targetTopic.
+func (f *Forwarder) handler(topic, targetTopic string) outbox.BatchHandler {
+	logger := f.logger.With(watermill.LogFields{"topic": topic, "target_topic": targetTopic})
+	return func(ctx context.Context, batch []*message.Message) (int, error) {
+		ctx, cancel := context.WithTimeout(ctx, f.cfg.SendTimeout)
+		defer cancel()
+		done, err := f.cfg.Target.Send(ctx, targetTopic, batch)
+		done = max(0, min(done, len(batch)))
+		f.messages.Add(int64(done))
+		if done == len(batch) {
+			f.batches.Add(1)
+			return done, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("forwarder: target confirmed %d of %d messages without an error", done, len(batch))
+		}
+		f.failures.Add(1)
+		msg := err.Error()
+		f.lastError.Store(&msg)
+		if errors.Is(err, outbox.ErrPoison) {
+			f.rejected.Add(1)
+			return done, err // the target logged it
+		}
+		logger.Info("Send failed, the rest of the batch is retried", watermill.LogFields{
+			"partition": batch[0].Metadata.Get(outbox.MetadataPartition),
+			"from_seq":  batch[done].Metadata.Get(outbox.MetadataSeq),
+			"confirmed": done,
+			"batch":     len(batch),
+			"err":       err.Error(),
+		})
+		return done, err
+	}
+}

@@ -1,0 +1,128 @@
+package forwarder_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder"
+)
+
+func TestConfigValidation(t *testing.T) {
+	e := newEnv(t)
+	target := forwarder.TargetFunc(func(context.Context, string, []*message.Message) (int, error) { return 0, nil })
+	valid := forwarder.Config{Subscriber: outbox.SubscriberConfig{Pool: e.pool}, Topics: []string{"orders"}, Target: target}
+	if err := valid.Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for name, edit := range map[string]func(*forwarder.Config){
+		"no pool":         func(c *forwarder.Config) { c.Subscriber.Pool = nil },
+		"no topics":       func(c *forwarder.Config) { c.Topics = nil },
+		"bad topic":       func(c *forwarder.Config) { c.Topics = []string{"a b"} },
+		"topic twice":     func(c *forwarder.Config) { c.Topics = []string{"a", "a"} },
+		"no target":       func(c *forwarder.Config) { c.Target = nil },
+		"transactional":   func(c *forwarder.Config) { c.Subscriber.Strategy = outbox.Transactional },
+		"empty mapping":   func(c *forwarder.Config) { c.TargetTopic = func(string) string { return "" } },
+		"negative budget": func(c *forwarder.Config) { c.SendTimeout = -time.Second },
+	} {
+		c := valid
+		edit(&c)
+		if err := c.Validate(); !errors.Is(err, outbox.ErrInvalidConfig) && !errors.Is(err, outbox.ErrInvalidName) {
+			t.Errorf("%s: %v", name, err)
+		}
+		if _, err := forwarder.NewForwarder(c, nil); err == nil {
+			t.Errorf("%s: NewForwarder accepted it", name)
+		}
+	}
+}
+
+// flakyPublisher publishes through inner one message at a time, in order,
+// and stops at the first message with metadata "fail" (a permanent error)
+// or, every third call, after the first message (a transient one).
+type flakyPublisher struct {
+	inner message.Publisher
+	calls int
+}
+
+var errPermanent = errors.New("permanently refused")
+
+func (p *flakyPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.calls++
+	for i, m := range msgs {
+		if m.Metadata.Get("fail") != "" {
+			return errPermanent
+		}
+		if i == 1 && p.calls%3 == 0 {
+			return errors.New("transient failure")
+		}
+		if err := p.inner.Publish(topic, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *flakyPublisher) Close() error { return nil }
+
+// Any Watermill publisher can be the target: here Go channels, with
+// transient failures after part of a batch and a message refused for good.
+func TestPublisherTarget(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 4)
+	gc := gochannel.NewGoChannel(gochannel.Config{Persistent: true, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{}) // in order
+	defer gc.Close()
+	msgs, err := gc.Subscribe(context.Background(), "orders.out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &received{}
+	go func() {
+		for m := range msgs {
+			r.add(m, -1)
+			m.Ack()
+		}
+	}()
+	pub := newPublisher(t, e)
+	var bad string
+	for i := 0; i < 20; i++ {
+		pub.round("orders", 8, func(m *message.Message) {
+			if m.Metadata.Get("n") == "11" && m.Metadata.Get(outbox.PartitionKeyMetadata) == "key-5" {
+				m.Metadata.Set("fail", "yes")
+				bad = m.UUID
+			}
+		})
+	}
+	// One publisher call at a time (flakyPublisher is not concurrency-safe).
+	target := forwarder.NewPublisherTarget(&flakyPublisher{inner: gc}, func(err error) bool { return errors.Is(err, errPermanent) })
+	fwd := startForwarder(t, e, nil, serialized(target), []string{"orders"}, func(c *forwarder.Config) {
+		c.TargetTopic = func(topic string) string { return topic + ".out" }
+	})
+	waitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
+		return r.distinct() == pub.count()-1 && len(e.deadLettered(t)) == 1
+	})
+	dead := e.deadLettered(t)
+	if dead[bad] == "" {
+		t.Fatalf("dead letters %v, want %s", dead, bad)
+	}
+	dups := r.check(t, pub.snapshot(), dead)
+	st := fwd.Stats()
+	t.Logf("%d duplicates; stats %+v", dups, st)
+	if st.Rejected != 1 || st.Failures < 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func serialized(t forwarder.Target) forwarder.Target {
+	sem := make(chan struct{}, 1)
+	return forwarder.TargetFunc(func(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+		sem <- struct{}{}
+		defer func() { <-sem }()
+		return t.Send(ctx, topic, batch)
+	})
+}

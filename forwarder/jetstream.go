@@ -1,0 +1,216 @@
+package forwarder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	outbox "github.com/millrace/watermill-outbox"
+)
+
+// JetStreamConfig configures a JetStreamTarget.
+type JetStreamConfig struct {
+	// URL of the NATS server(s), comma-separated; the target then owns its
+	// connection. Either URL or Conn is required.
+	URL string
+	// Options are extra options for the connection made from URL. The
+	// target adds nats.ReconnectBufSize(-1) and nats.MaxReconnects(-1) after
+	// them (see Conn).
+	Options []nats.Option
+	// Conn is a connection to use instead of URL; the target does not close
+	// it. It must have been made with nats.ReconnectBufSize(-1): with a
+	// reconnect buffer, messages published while the connection is down are
+	// held and sent after the reconnect while those in flight when it broke
+	// are lost, so a message could be stored after one that came before it,
+	// and the server's de-duplication would then drop the resent one.
+	Conn *nats.Conn
+	// AckTimeout bounds the wait for the acknowledgement of a publish
+	// (default 10 s); the send's own deadline may end it sooner.
+	AckTimeout time.Duration
+	// Marshaler builds the NATS messages (default watermill-nats's
+	// NATSMarshaler, so that watermill-nats subscribers read them as usual:
+	// metadata in headers, the UUID in header "_watermill_message_uuid").
+	Marshaler wmnats.Marshaler
+	// Logger (default: none).
+	Logger watermill.LoggerAdapter
+}
+
+func (c *JetStreamConfig) setDefaults() {
+	if c.Marshaler == nil {
+		c.Marshaler = &wmnats.NATSMarshaler{}
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = 10 * time.Second
+	}
+}
+
+// Validate reports the first impossible setting.
+func (c JetStreamConfig) Validate() error {
+	switch {
+	case c.AckTimeout < 0:
+		return &outbox.ConfigError{Field: "AckTimeout", Reason: "must be positive"}
+	case c.URL == "" && c.Conn == nil:
+		return &outbox.ConfigError{Field: "URL", Reason: "URL or Conn is required"}
+	case c.URL != "" && c.Conn != nil:
+		return &outbox.ConfigError{Field: "Conn", Reason: "set URL or Conn, not both"}
+	case c.Conn != nil && c.Conn.Opts.ReconnectBufSize != -1:
+		return &outbox.ConfigError{Field: "Conn", Reason: "must be made with nats.ReconnectBufSize(-1), or a reconnect can reorder messages"}
+	}
+	return nil
+}
+
+// JetStreamTarget publishes to NATS JetStream: the messages of a batch are
+// published asynchronously, in order, each with header Nats-Msg-Id set to
+// the stable id (outbox.MetadataID), and their acknowledgements are awaited
+// together. The server drops a message whose id it stored within the
+// stream's duplicate window (Duplicates, 2 minutes by default), so the
+// copies a retry sends again never reach consumers.
+//
+// The subject is the target topic; a stream must cover it (the target
+// creates no streams). A message the server refuses for good (larger than
+// the server's max_payload or the stream's MaxMsgSize, or with a metadata
+// key that is no valid header name) is taken out of the stream with
+// outbox.Reject; other failures (no connection, no stream, timeouts) are
+// transient. Publishing stops at the first failure, so that no message of a
+// partition is stored after one before it failed.
+type JetStreamTarget struct {
+	cfg    JetStreamConfig
+	logger watermill.LoggerAdapter
+	nc     *nats.Conn
+	own    bool
+	js     jetstream.JetStream
+
+	closeOnce sync.Once
+}
+
+// NewJetStreamTarget creates a JetStreamTarget. With URL, the connection
+// keeps reconnecting forever; the first connection attempt must succeed
+// unless Options contain nats.RetryOnFailedConnect(true).
+func NewJetStreamTarget(cfg JetStreamConfig) (*JetStreamTarget, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	t := &JetStreamTarget{cfg: cfg, logger: cfg.Logger.With(watermill.LogFields{"component": "outbox.forwarder.jetstream"}), nc: cfg.Conn}
+	if t.nc == nil {
+		opts := append(append([]nats.Option{nats.Name("watermill-outbox-forwarder")}, cfg.Options...),
+			nats.ReconnectBufSize(-1), nats.MaxReconnects(-1))
+		nc, err := nats.Connect(cfg.URL, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("forwarder: jetstream: connect: %w", err)
+		}
+		t.nc, t.own = nc, true
+	}
+	js, err := jetstream.New(t.nc, jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
+	if err != nil {
+		if t.own {
+			t.nc.Close()
+		}
+		return nil, fmt.Errorf("forwarder: jetstream: %w", err)
+	}
+	t.js = js
+	return t, nil
+}
+
+// Close closes the connection the target made (not one given in Conn).
+func (t *JetStreamTarget) Close() error {
+	t.closeOnce.Do(func() {
+		if t.own {
+			t.nc.Close()
+		}
+	})
+	return nil
+}
+
+// JetStream returns the JetStream handle the target publishes with (to
+// create streams, for instance).
+func (t *JetStreamTarget) JetStream() jetstream.JetStream { return t.js }
+
+// Send implements Target.
+func (t *JetStreamTarget) Send(ctx context.Context, subject string, batch []*message.Message) (int, error) {
+	futures := make([]jetstream.PubAckFuture, 0, len(batch))
+	var stopErr error // why publishing stopped before the end of the batch
+	for _, msg := range batch {
+		nm, err := t.cfg.Marshaler.Marshal(subject, Outgoing(msg))
+		if err != nil {
+			stopErr = &permanentError{fmt.Errorf("marshal message %s: %w", msg.UUID, err)}
+			break
+		}
+		id := msg.Metadata.Get(outbox.MetadataID)
+		if id == "" {
+			id = msg.UUID
+		}
+		// No client-side retries: a retried publish could be stored after
+		// the messages published behind it.
+		f, err := t.js.PublishMsgAsync(nm, jetstream.WithMsgID(id), jetstream.WithRetryAttempts(0))
+		if err != nil {
+			if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg) {
+				err = &permanentError{err}
+			}
+			stopErr = err
+			break
+		}
+		futures = append(futures, f)
+	}
+	for i, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			if isPermanentJetStreamError(err) {
+				err = &permanentError{err}
+			}
+			return t.fail(batch, i, err)
+		case <-ctx.Done():
+			return i, fmt.Errorf("forwarder: jetstream: no acknowledgement in time: %w", context.Cause(ctx))
+		}
+	}
+	if stopErr != nil {
+		return t.fail(batch, len(futures), stopErr)
+	}
+	return len(batch), nil
+}
+
+// fail reports batch[:i] as done and batch[i] as failed with err; a
+// permanent error rejects batch[i].
+func (t *JetStreamTarget) fail(batch []*message.Message, i int, err error) (int, error) {
+	var perm *permanentError
+	if errors.As(err, &perm) {
+		t.logger.Error("JetStream refuses the message for good: rejecting it", perm.err, watermill.LogFields{"id": batch[i].Metadata.Get(outbox.MetadataID)})
+		return i, outbox.Reject(batch[i], fmt.Errorf("jetstream: %w", perm.err))
+	}
+	return i, fmt.Errorf("forwarder: jetstream: message %d of %d: %w", i+1, len(batch), err)
+}
+
+// isPermanentJetStreamError says whether a publish acknowledgement error
+// means the message can never be stored.
+func isPermanentJetStreamError(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jsErrCodeStreamMessageExceedsMaximum:
+			return true
+		}
+	}
+	return false
+}
+
+// permanentError marks an error that no retry can cure.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// jsErrCodeStreamMessageExceedsMaximum is nats-server's
+// JSStreamMessageExceedsMaximumErr: larger than the stream's MaxMsgSize.
+const jsErrCodeStreamMessageExceedsMaximum jetstream.ErrorCode = 10054

@@ -1,0 +1,288 @@
+package forwarder_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmjs "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/jetstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder"
+)
+
+// startNATS starts an embedded nats-server with JetStream (port -1: any
+// free port) and stops it when the test ends.
+func startNATS(t *testing.T, port int, dir string, tune func(*server.Options)) *server.Server {
+	t.Helper()
+	opts := &server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true}
+	if tune != nil {
+		tune(opts)
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+func natsPort(s *server.Server) int { return s.Addr().(*net.TCPAddr).Port }
+
+// createStream creates stream name over subject name, with the given
+// duplicate window and max message size (0: the defaults).
+func createStream(t *testing.T, url, name string, maxMsgSize int32) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(testCtx(t), jetstream.StreamConfig{
+		Name: name, Subjects: []string{name}, Storage: jetstream.FileStorage,
+		Duplicates: 2 * time.Minute, MaxMsgSize: maxMsgSize,
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newJetStreamTarget(t *testing.T, url string) *forwarder.JetStreamTarget {
+	t.Helper()
+	target, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{
+		URL: url, AckTimeout: 2 * time.Second,
+		Options: []nats.Option{nats.ReconnectWait(100 * time.Millisecond)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = target.Close() })
+	return target
+}
+
+// consumeJetStream reads the whole stream of topic with watermill-nats's
+// JetStream subscriber until the test ends.
+func consumeJetStream(t *testing.T, url, topic string, r *received) {
+	t.Helper()
+	sub, err := wmjs.NewSubscriber(wmjs.SubscriberConfig{URL: url, Logger: watermill.NopLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range msgs {
+			r.add(m, -1)
+			m.Ack()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		_ = sub.Close()
+		<-done
+	})
+}
+
+func TestJetStreamConfigNeedsNoReconnectBuffer(t *testing.T) {
+	s := startNATS(t, -1, t.TempDir(), nil)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{Conn: nc}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("connection with a reconnect buffer: %v", err)
+	}
+	nc2, err := nats.Connect(s.ClientURL(), nats.ReconnectBufSize(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	if _, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{Conn: nc2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("no URL, no Conn: %v", err)
+	}
+}
+
+// Two instances forward; A dies in the middle of a batch (half of it
+// stored in JetStream, the cursor not moved, its leases not renewed) and B
+// takes over and sends the batch again. Thanks to Nats-Msg-Id the server
+// drops the copies: the consumer gets every message exactly once, in key
+// order.
+func TestJetStreamExactlyOnceInKeyOrderWhenAnInstanceDiesMidBatch(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 8)
+	s := startNATS(t, -1, t.TempDir(), nil)
+	createStream(t, s.ClientURL(), "orders", 0)
+
+	pub := newPublisher(t, e)
+	for i := 0; i < 40; i++ {
+		pub.round("orders", 16, func(m *message.Message) { m.Metadata.Set("note", "kept") })
+	}
+	poolA, freezeA, thawA := freezablePool(t)
+	crashing := newCrashingTarget(newJetStreamTarget(t, s.ClientURL()), 100, freezeA)
+	startForwarder(t, e, poolA, crashing, []string{"orders"}, nil)
+	<-crashing.crashed
+	t.Cleanup(func() { thawA(); close(crashing.release) }) // runs before A's Close
+	b := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
+
+	r := &received{}
+	consumeJetStream(t, s.ClientURL(), "orders", r)
+	waitFor(t, "every message in JetStream", time.Minute, func() bool { return r.distinct() == pub.count() })
+	time.Sleep(300 * time.Millisecond) // a late duplicate would show now
+	if dups := r.check(t, pub.snapshot(), nil); dups != 0 {
+		t.Fatalf("%d duplicates reached the consumer", dups)
+	}
+	t.Logf("A sent %d messages and half a batch (%d) before dying; B %+v", crashing.sent.Load(), crashing.halfLen.Load(), b.Stats())
+	if crashing.halfLen.Load() == 0 {
+		t.Fatal("A did not send half a batch")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, g := range r.msgs {
+		if g.metadata.Get("note") != "kept" || g.metadata.Get(outbox.MetadataAttempt) != "" || g.metadata.Get(nats.MsgIdHdr) != "" {
+			t.Fatalf("metadata %v", g.metadata)
+		}
+	}
+}
+
+// The NATS server goes down in the middle of the stream and comes back on
+// the same port with the same store; meanwhile messages keep being
+// committed. The forwarder waits and resumes: every message arrives once,
+// in key order.
+func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 4)
+	dir := t.TempDir()
+	s := startNATS(t, -1, dir, nil)
+	port, url := natsPort(s), s.ClientURL()
+	createStream(t, url, "orders", 0)
+	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, url), []string{"orders"}, nil)
+
+	pub := newPublisher(t, e)
+	stop, publishing := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(publishing)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+				pub.round("orders", 12, nil)
+			}
+		}
+	}()
+	waitFor(t, "a part of the stream forwarded", time.Minute, func() bool { return fwd.Stats().Messages > 300 })
+	s.Shutdown()
+	s.WaitForShutdown()
+	waitFor(t, "failed sends while NATS is down", time.Minute, func() bool { return fwd.Stats().Failures > 3 })
+	time.Sleep(2 * time.Second)
+	before := fwd.Stats()
+	s = startNATS(t, port, dir, nil)
+	time.Sleep(time.Second)
+	close(stop)
+	<-publishing
+	t.Logf("published %d; forwarded %d before the restart, %d failed sends (%s)", pub.count(), before.Messages, before.Failures, before.LastError)
+
+	r := &received{}
+	consumeJetStream(t, url, "orders", r)
+	waitFor(t, "every message in JetStream", 2*time.Minute, func() bool { return r.distinct() == pub.count() })
+	time.Sleep(300 * time.Millisecond)
+	dups := r.check(t, pub.snapshot(), nil)
+	t.Logf("%d messages arrived, %d duplicates; stats %+v", r.total(), dups, fwd.Stats())
+	if dups != 0 {
+		t.Fatalf("%d duplicates reached the consumer", dups)
+	}
+}
+
+// Until the stream exists, sends fail (no responders); once it is created,
+// the forwarder catches up.
+func TestJetStreamWaitsForTheStream(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 2)
+	s := startNATS(t, -1, t.TempDir(), nil)
+	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
+	pub := newPublisher(t, e)
+	for i := 0; i < 10; i++ {
+		pub.round("orders", 5, nil)
+	}
+	waitFor(t, "failed sends", time.Minute, func() bool { return fwd.Stats().Failures > 2 })
+	createStream(t, s.ClientURL(), "orders", 0)
+	r := &received{}
+	consumeJetStream(t, s.ClientURL(), "orders", r)
+	waitFor(t, "every message in JetStream", time.Minute, func() bool { return r.distinct() == pub.count() })
+	if dups := r.check(t, pub.snapshot(), nil); dups != 0 {
+		t.Fatalf("%d duplicates", dups)
+	}
+	t.Logf("stats %+v", fwd.Stats())
+}
+
+// Poison for NATS: a message over the stream's MaxMsgSize (refused by the
+// server), one over the server's max_payload (refused by the client) and
+// one whose metadata key is no valid header name go to the dead-letter
+// table; the stream continues around them, in order.
+func TestJetStreamPoisonMessagesAreDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 4)
+	s := startNATS(t, -1, t.TempDir(), func(o *server.Options) { o.MaxPayload = 64 << 10 })
+	createStream(t, s.ClientURL(), "orders", 16<<10)
+
+	pub := newPublisher(t, e)
+	want := map[string]string{} // uuid -> expected reason fragment
+	for i := 0; i < 20; i++ {
+		pub.round("orders", 10, func(m *message.Message) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			case "5/key-3":
+				m.Payload = make([]byte, 20<<10) // over the stream's MaxMsgSize
+				want[m.UUID] = "maximum"
+			case "7/key-4":
+				m.Payload = make([]byte, 100<<10) // over max_payload
+				want[m.UUID] = "maximum payload"
+			case "9/key-1":
+				m.Metadata.Set("bad key", "x") // no valid NATS header name
+				want[m.UUID] = "header"
+			}
+		})
+	}
+	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
+	r := &received{}
+	consumeJetStream(t, s.ClientURL(), "orders", r)
+	waitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
+		return r.distinct() == pub.count()-len(want) && len(e.deadLettered(t)) == len(want)
+	})
+	dead := e.deadLettered(t)
+	for u, reason := range want {
+		if !strings.Contains(dead[u], reason) {
+			t.Fatalf("message %s: dead-letter reason %q, want it to mention %q", u, dead[u], reason)
+		}
+	}
+	if dups := r.check(t, pub.snapshot(), dead); dups != 0 {
+		t.Fatalf("%d duplicates", dups)
+	}
+	t.Logf("dead letters %v; stats %+v", dead, fwd.Stats())
+}

@@ -1,0 +1,569 @@
+package forwarder
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/partitioning"
+)
+
+// KafkaConfig configures a KafkaTarget.
+type KafkaConfig struct {
+	// Brokers are the seed brokers. Required.
+	Brokers []string
+	// Sarama is the client configuration. Default: DefaultSaramaConfig().
+	// Start from it when you need changes. Used from it: Version (at least
+	// 0.11), Net, Metadata, ClientID, TLS/SASL, and of Producer:
+	// Partitioner, RequiredAcks (not NoResponse), Timeout, Compression,
+	// CompressionLevel and MaxMessageBytes (keep it at most the brokers'
+	// message.max.bytes). Sarama's producer retries and flushing are not
+	// used: the target produces each batch itself (see KafkaTarget).
+	Sarama *sarama.Config
+	// Marshaler builds the Kafka records (default kafka.DefaultMarshaler, so
+	// that watermill-kafka subscribers read them as usual: the Watermill
+	// metadata become headers, the message UUID goes in header
+	// "_watermill_message_uuid").
+	Marshaler kafka.Marshaler
+	// Key returns the record key of a message. Default: PartitionKey, the
+	// key the message was published to the outbox with. A message without
+	// key is placed by the partitioner (see Murmur2Partitioner).
+	Key func(msg *message.Message) []byte
+	// Logger (default: none).
+	Logger watermill.LoggerAdapter
+}
+
+// DefaultSaramaConfig returns the client configuration of a KafkaTarget:
+// sarama's defaults with
+//   - Producer.Partitioner = NewMurmur2Partitioner, Kafka's default
+//     partitioner and the outbox's: a key lands on the same partition number
+//     in both when the partition counts are equal;
+//   - Producer.RequiredAcks = WaitForAll;
+//   - network timeouts of 5 s (dial) and 10 s (read, write) and short
+//     metadata retries, so that a send to an unreachable cluster fails well
+//     within the partition's lease.
+func DefaultSaramaConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.ClientID = "watermill-outbox-forwarder"
+	c.Producer.Partitioner = NewMurmur2Partitioner
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Return.Successes = true
+	c.Net.DialTimeout = 5 * time.Second
+	c.Net.ReadTimeout = 10 * time.Second
+	c.Net.WriteTimeout = 10 * time.Second
+	c.Metadata.Retry.Max = 1
+	c.Metadata.Retry.Backoff = 250 * time.Millisecond
+	return c
+}
+
+func (c *KafkaConfig) setDefaults() {
+	if c.Sarama == nil {
+		c.Sarama = DefaultSaramaConfig()
+	}
+	if c.Marshaler == nil {
+		c.Marshaler = kafka.DefaultMarshaler{}
+	}
+	if c.Key == nil {
+		c.Key = func(msg *message.Message) []byte {
+			if k := PartitionKey(msg); k != "" {
+				return []byte(k)
+			}
+			return nil
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports the first impossible setting.
+func (c KafkaConfig) Validate() error {
+	c.setDefaults()
+	if len(c.Brokers) == 0 {
+		return &outbox.ConfigError{Field: "Brokers", Reason: "required"}
+	}
+	if err := c.Sarama.Validate(); err != nil {
+		return &outbox.ConfigError{Field: "Sarama", Reason: err.Error()}
+	}
+	switch {
+	case !c.Sarama.Version.IsAtLeast(sarama.V0_11_0_0):
+		return &outbox.ConfigError{Field: "Sarama.Version", Reason: "must be at least 0.11 (record batches with headers)"}
+	case c.Sarama.Producer.Partitioner == nil || sameFunc(c.Sarama.Producer.Partitioner, sarama.NewHashPartitioner):
+		return &outbox.ConfigError{Field: "Sarama.Producer.Partitioner", Reason: "sarama's default hash partitioner (FNV-1a) places keys unlike the outbox and Kafka's Java client: use forwarder.NewMurmur2Partitioner (see DefaultSaramaConfig)"}
+	case c.Sarama.Producer.RequiredAcks == sarama.NoResponse:
+		return &outbox.ConfigError{Field: "Sarama.Producer.RequiredAcks", Reason: "NoResponse cannot confirm a message"}
+	}
+	return nil
+}
+
+func sameFunc(a, b any) bool { return reflect.ValueOf(a).Pointer() == reflect.ValueOf(b).Pointer() }
+
+// KafkaTarget publishes to Kafka through a sarama client. Records are built
+// by watermill-kafka's Marshaler, keyed by the outbox partition key and
+// placed by murmur2 (Producer.Partitioner).
+//
+// A batch goes to Kafka in one produce request per leader broker, holding
+// one record batch per partition: Kafka appends a partition's record batch
+// entirely or not at all, so when a send fails, no record of a partition
+// is stored after a record of that partition that was not. This is what
+// keeps per-key order through broker failures; a sarama SyncProducer cannot
+// promise it (its pipeline splits a partition's messages over several
+// requests, and once its retries give up on one of them, those behind it
+// may still be stored). A batch larger than Producer.MaxMessageBytes in a
+// partition is sent in several requests, one after the other.
+//
+// When partitions fail, Send reports the prefix of the batch before the
+// first record of a failed partition as done; records after it that did
+// arrive (in other partitions) are sent again: duplicates, each with the
+// stable id in header outbox_id. Errors that no retry can cure take the
+// message out of the stream with outbox.Reject: a marshal failure, a record
+// larger than Producer.MaxMessageBytes, an invalid topic, and a broker's
+// MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE or INVALID_RECORD for a record
+// alone in its partition's record batch (for a larger batch, the
+// Subscriber first shrinks the batch until the record is alone). All else
+// (broker down, leader elections, timeouts) is a transient error, retried
+// with backoff.
+type KafkaTarget struct {
+	cfg    KafkaConfig
+	logger watermill.LoggerAdapter
+
+	mu           sync.Mutex
+	client       sarama.Client
+	closed       bool
+	partitioners map[string]*lockedPartitioner
+}
+
+type lockedPartitioner struct {
+	mu sync.Mutex
+	p  sarama.Partitioner
+}
+
+// NewKafkaTarget creates a KafkaTarget. It connects on the first Send, so
+// that a forwarder can start while Kafka is unreachable.
+func NewKafkaTarget(cfg KafkaConfig) (*KafkaTarget, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	return &KafkaTarget{
+		cfg:          cfg,
+		logger:       cfg.Logger.With(watermill.LogFields{"component": "outbox.forwarder.kafka"}),
+		partitioners: map[string]*lockedPartitioner{},
+	}, nil
+}
+
+func (t *KafkaTarget) connect() (sarama.Client, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, outbox.ErrClosed
+	}
+	if t.client == nil {
+		c, err := sarama.NewClient(t.cfg.Brokers, t.cfg.Sarama)
+		if err != nil {
+			return nil, fmt.Errorf("cannot connect: %w", err)
+		}
+		t.client = c
+	}
+	return t.client, nil
+}
+
+func (t *KafkaTarget) partitioner(topic string) *lockedPartitioner {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.partitioners[topic]
+	if p == nil {
+		p = &lockedPartitioner{p: t.cfg.Sarama.Producer.Partitioner(topic)}
+		t.partitioners[topic] = p
+	}
+	return p
+}
+
+// Close closes the client. Sends in flight fail.
+func (t *KafkaTarget) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	if t.client != nil {
+		return t.client.Close()
+	}
+	return nil
+}
+
+// outRecord is one message of a batch on its way to Kafka.
+type outRecord struct {
+	index     int // in the batch
+	partition int32
+	record    *sarama.Record
+	size      int // upper bound of its encoded size
+}
+
+// recordInfo rides along in sarama.ProducerMessage.Metadata for the
+// partitioner.
+type recordInfo struct {
+	outboxPartition int // -1 when unknown
+}
+
+// OutboxPartition is the partition the record's message had in the outbox.
+func (r recordInfo) OutboxPartition() int { return r.outboxPartition }
+
+// Send implements Target.
+func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	client, err := t.connect()
+	if err != nil {
+		return 0, fmt.Errorf("forwarder: kafka: %w", err)
+	}
+	partitions, err := client.Partitions(topic)
+	if err != nil {
+		if errors.Is(err, sarama.ErrInvalidTopic) {
+			return 0, t.reject(batch[0], err)
+		}
+		return 0, fmt.Errorf("forwarder: kafka: partitions of %s: %w", topic, err)
+	}
+	part := t.partitioner(topic)
+	maxBytes := t.cfg.Sarama.Producer.MaxMessageBytes
+	records := make([]outRecord, 0, len(batch))
+	var bad error // why batch[len(records)] cannot be sent
+	for i, msg := range batch {
+		r, err := t.record(topic, msg, part, int32(len(partitions)))
+		if err == nil && r.size+recordBatchOverhead > maxBytes {
+			err = fmt.Errorf("record of %d bytes is larger than Producer.MaxMessageBytes (%d): %w", r.size, maxBytes, sarama.ErrMessageSizeTooLarge)
+		}
+		if err != nil {
+			bad = err
+			break
+		}
+		r.index = i
+		records = append(records, r)
+	}
+	for start := 0; start < len(records); {
+		end := chunkEnd(records, start, maxBytes)
+		done, err := t.produce(ctx, client, topic, records[start:end])
+		if done < end-start {
+			i := start + done
+			var perm *permanentError
+			if errors.As(err, &perm) {
+				return i, t.reject(batch[i], perm.err)
+			}
+			return i, err
+		}
+		start = end
+	}
+	if bad != nil {
+		return len(records), t.reject(batch[len(records)], bad)
+	}
+	return len(batch), nil
+}
+
+func (t *KafkaTarget) reject(msg *message.Message, cause error) error {
+	t.logger.Error("Kafka cannot take the message, ever: rejecting it", cause, watermill.LogFields{"id": msg.Metadata.Get(outbox.MetadataID)})
+	return outbox.Reject(msg, fmt.Errorf("kafka: %w", cause))
+}
+
+// Bounds of the encoded sizes, as sarama's producer computes them.
+const (
+	recordBatchOverhead   = 61
+	maximumRecordOverhead = 5*binary.MaxVarintLen32 + binary.MaxVarintLen64 + 1
+)
+
+func (t *KafkaTarget) record(topic string, msg *message.Message, part *lockedPartitioner, partitions int32) (outRecord, error) {
+	pm, err := t.cfg.Marshaler.Marshal(topic, Outgoing(msg))
+	if err != nil {
+		return outRecord{}, fmt.Errorf("marshal message %s: %w", msg.UUID, err)
+	}
+	if key := t.cfg.Key(msg); len(key) > 0 {
+		pm.Key = sarama.ByteEncoder(key)
+	}
+	pm.Metadata = recordInfo{outboxPartition: outboxPartition(msg)}
+	r := &sarama.Record{}
+	if pm.Key != nil {
+		if r.Key, err = pm.Key.Encode(); err != nil {
+			return outRecord{}, fmt.Errorf("encode key of message %s: %w", msg.UUID, err)
+		}
+	}
+	if pm.Value != nil {
+		if r.Value, err = pm.Value.Encode(); err != nil {
+			return outRecord{}, fmt.Errorf("encode value of message %s: %w", msg.UUID, err)
+		}
+	}
+	size := maximumRecordOverhead + len(r.Key) + len(r.Value)
+	r.Headers = make([]*sarama.RecordHeader, len(pm.Headers))
+	for i := range pm.Headers {
+		r.Headers[i] = &pm.Headers[i]
+		size += len(pm.Headers[i].Key) + len(pm.Headers[i].Value) + 2*binary.MaxVarintLen32
+	}
+	part.mu.Lock()
+	p, err := part.p.Partition(pm, partitions)
+	part.mu.Unlock()
+	if err != nil {
+		return outRecord{}, fmt.Errorf("partition message %s: %w", msg.UUID, err)
+	}
+	if p < 0 || p >= partitions {
+		return outRecord{}, fmt.Errorf("partitioner chose partition %d of %d for message %s", p, partitions, msg.UUID)
+	}
+	return outRecord{partition: p, record: r, size: size}, nil
+}
+
+// chunkEnd returns the end of the chunk of records that starts at start:
+// as many records as fit MaxMessageBytes in every partition, at least one.
+func chunkEnd(records []outRecord, start, maxBytes int) int {
+	sizes := map[int32]int{}
+	for i := start; i < len(records); i++ {
+		r := records[i]
+		if sizes[r.partition] == 0 {
+			sizes[r.partition] = recordBatchOverhead
+		}
+		if i > start && sizes[r.partition]+r.size > maxBytes {
+			return i
+		}
+		sizes[r.partition] += r.size
+	}
+	return len(records)
+}
+
+func outboxPartition(msg *message.Message) int {
+	p, err := strconv.Atoi(msg.Metadata.Get(outbox.MetadataPartition))
+	if err != nil {
+		return -1
+	}
+	return p
+}
+
+// produce sends chunk in one produce request per leader broker, one record
+// batch per partition, and returns how many records from the start of
+// chunk are stored: those before the first record of a failed partition.
+func (t *KafkaTarget) produce(ctx context.Context, client sarama.Client, topic string, chunk []outRecord) (int, error) {
+	type partSet struct {
+		first   int // position in chunk of its first record
+		records []*sarama.Record
+		err     error // nil once stored
+	}
+	sets := map[int32]*partSet{}
+	var order []int32
+	for i, r := range chunk {
+		s := sets[r.partition]
+		if s == nil {
+			s = &partSet{first: i, err: errNoAnswer}
+			sets[r.partition] = s
+			order = append(order, r.partition)
+		}
+		s.records = append(s.records, r.record)
+	}
+	requests := map[*sarama.Broker]*sarama.ProduceRequest{}
+	members := map[*sarama.Broker][]int32{}
+	refresh := false
+	for _, p := range order {
+		leader, err := client.Leader(topic, p)
+		if err != nil {
+			sets[p].err, refresh = err, true
+			continue
+		}
+		req := requests[leader]
+		if req == nil {
+			req = t.newRequest()
+			requests[leader] = req
+		}
+		req.AddBatch(topic, p, t.newBatch(sets[p].records))
+		members[leader] = append(members[leader], p)
+	}
+
+	type answer struct {
+		broker *sarama.Broker
+		resp   *sarama.ProduceResponse
+		err    error
+	}
+	answers := make(chan answer, len(requests))
+	for b, req := range requests {
+		go func() {
+			resp, err := b.Produce(req)
+			answers <- answer{b, resp, err}
+		}()
+	}
+	var ctxErr error
+wait:
+	for range requests {
+		select {
+		case a := <-answers:
+			for _, p := range members[a.broker] {
+				s := sets[p]
+				switch {
+				case a.err != nil:
+					s.err = a.err
+				case a.resp == nil:
+					s.err = nil // acks = 0 (validated away)
+				default:
+					block := a.resp.GetBlock(topic, p)
+					switch {
+					case block == nil:
+						s.err = sarama.ErrIncompleteResponse
+					case block.Err != sarama.ErrNoError:
+						s.err = block.Err
+					default:
+						s.err = nil
+					}
+				}
+			}
+			if a.err != nil {
+				// The connection is broken or out of sync: reconnect on the
+				// next send.
+				_ = a.broker.Close()
+				refresh = true
+			}
+		case <-ctx.Done():
+			ctxErr = fmt.Errorf("no answer in time: %w", context.Cause(ctx))
+			break wait
+		}
+	}
+
+	failed, cause := len(chunk), error(nil)
+	for _, p := range order {
+		s := sets[p]
+		if s.err == nil {
+			continue
+		}
+		if retriableAfterRefresh(s.err) {
+			refresh = true
+		}
+		if s.first < failed {
+			failed, cause = s.first, s.err
+		}
+	}
+	if refresh {
+		_ = client.RefreshMetadata(topic)
+	}
+	if failed == len(chunk) {
+		return failed, nil
+	}
+	if cause == errNoAnswer && ctxErr != nil {
+		cause = ctxErr
+	}
+	if permanentKafkaError(cause, len(sets[chunk[failed].partition].records)) {
+		return failed, &permanentError{cause}
+	}
+	return failed, fmt.Errorf("forwarder: kafka: partition %d of %s: %w", chunk[failed].partition, topic, cause)
+}
+
+var errNoAnswer = errors.New("no answer from the broker")
+
+func (t *KafkaTarget) newRequest() *sarama.ProduceRequest {
+	c := t.cfg.Sarama
+	req := &sarama.ProduceRequest{
+		RequiredAcks: c.Producer.RequiredAcks,
+		Timeout:      int32(c.Producer.Timeout / time.Millisecond),
+		Version:      3,
+	}
+	// As sarama's producer picks it.
+	switch {
+	case c.Version.IsAtLeast(sarama.V2_4_0_0):
+		req.Version = 8
+	case c.Version.IsAtLeast(sarama.V2_1_0_0):
+		req.Version = 7
+	case c.Version.IsAtLeast(sarama.V2_0_0_0):
+		req.Version = 6
+	case c.Version.IsAtLeast(sarama.V1_0_0_0):
+		req.Version = 5
+	}
+	return req
+}
+
+func (t *KafkaTarget) newBatch(records []*sarama.Record) *sarama.RecordBatch {
+	now := time.Now().Truncate(time.Millisecond)
+	for i, r := range records {
+		r.OffsetDelta = int64(i)
+	}
+	return &sarama.RecordBatch{
+		Version:          2,
+		FirstTimestamp:   now,
+		MaxTimestamp:     now,
+		Codec:            t.cfg.Sarama.Producer.Compression,
+		CompressionLevel: t.cfg.Sarama.Producer.CompressionLevel,
+		ProducerID:       -1, // not idempotent
+		ProducerEpoch:    -1,
+		FirstSequence:    -1,
+		LastOffsetDelta:  int32(len(records) - 1),
+		Records:          records,
+	}
+}
+
+// retriableAfterRefresh says whether err suggests stale metadata.
+func retriableAfterRefresh(err error) bool {
+	var kerr sarama.KError
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case sarama.ErrNotLeaderForPartition, sarama.ErrLeaderNotAvailable, sarama.ErrUnknownTopicOrPartition,
+			sarama.ErrFencedLeaderEpoch, sarama.ErrUnknownLeaderEpoch:
+			return true
+		}
+	}
+	return false
+}
+
+// permanentKafkaError says whether a partition's error means its first
+// record can never be published; setSize is the number of records of its
+// record batch.
+func permanentKafkaError(err error, setSize int) bool {
+	var kerr sarama.KError
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case sarama.ErrInvalidTopic:
+			return true
+		case sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord:
+			// The broker judged the whole record batch: the record is to
+			// blame only when it was alone in it.
+			return setSize == 1
+		}
+	}
+	return false
+}
+
+// Murmur2Partitioner is a sarama.Partitioner that places keyed records as
+// Kafka's default partitioner (and franz-go's, and the outbox) does:
+// toPositive(murmur2(key)) % partitions. With the same partition count, a
+// key lands on the same partition number in Kafka as in the outbox. A
+// record without key goes to the partition number its message had in the
+// outbox, modulo the partition count, so keyless messages keep the order
+// they had there; without that information, round-robin.
+type Murmur2Partitioner struct {
+	next int32
+}
+
+// NewMurmur2Partitioner is a sarama.PartitionerConstructor for
+// Murmur2Partitioner.
+func NewMurmur2Partitioner(string) sarama.Partitioner { return &Murmur2Partitioner{} }
+
+// Partition implements sarama.Partitioner.
+func (p *Murmur2Partitioner) Partition(msg *sarama.ProducerMessage, numPartitions int32) (int32, error) {
+	if numPartitions <= 0 {
+		return 0, fmt.Errorf("forwarder: %d partitions", numPartitions)
+	}
+	if msg.Key == nil {
+		if op, ok := msg.Metadata.(interface{ OutboxPartition() int }); ok && op.OutboxPartition() >= 0 {
+			return int32(op.OutboxPartition() % int(numPartitions)), nil
+		}
+		p.next = (p.next + 1) % numPartitions
+		return p.next, nil
+	}
+	key, err := msg.Key.Encode()
+	if err != nil {
+		return 0, err
+	}
+	return (partitioning.Murmur2Hash(key) & 0x7fffffff) % numPartitions, nil
+}
+
+// RequiresConsistency implements sarama.Partitioner: a key always maps to
+// the same partition.
+func (p *Murmur2Partitioner) RequiresConsistency() bool { return true }
