@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	outbox "github.com/millrace/watermill-outbox"
@@ -212,54 +211,13 @@ func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
 	goleak.VerifyNone(t, leakOpts)
 }
 
-// freezablePool is a pool whose connection acquisitions block while frozen:
-// a process paused by the OS (GC, VM migration, SIGSTOP) looks like this to
-// the database — no renewals, no heartbeats, no writes — until it thaws.
-func freezablePool(t *testing.T) (*pgxpool.Pool, func(), func()) {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	thawed := make(chan struct{})
-	close(thawed)
-	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
-		mu.Lock()
-		gate := thawed
-		mu.Unlock()
-		select {
-		case <-gate:
-			return true, nil
-		case <-ctx.Done():
-			return false, ctx.Err()
-		}
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	freeze := func() {
-		mu.Lock()
-		thawed = make(chan struct{})
-		mu.Unlock()
-	}
-	thaw := func() {
-		mu.Lock()
-		close(thawed)
-		mu.Unlock()
-	}
-	return pool, freeze, thaw
-}
-
 func TestFrozenInstanceCannotMoveTheCursorAfterTakeover(t *testing.T) {
 	e := newEnv(t)
 	e.register(t, "single", 1)
 	uuids := publishKeyed(t, e, "single", 1, 20)
 	e.sequenceAll(t)
 
-	pool, freeze, thaw := freezablePool(t)
+	pool, freeze, thaw := pgtest.FreezablePool(t)
 	zombie := newSub(t, env{pool: pool, schema: e.schema}, "g", func(c *outbox.SubscriberConfig) { c.DisableSequencer = true })
 	defer zombie.Close()
 	msgsA, err := zombie.Subscribe(context.Background(), "single")

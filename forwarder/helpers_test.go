@@ -325,54 +325,6 @@ func startForwarder(t *testing.T, e env, pool *pgxpool.Pool, target forwarder.Ta
 	return fwd
 }
 
-// freezablePool is a pool whose connection acquisitions block while frozen:
-// what a process paused or cut off looks like to the database (no lease
-// renewals, no cursor writes).
-func freezablePool(t *testing.T) (pool *pgxpool.Pool, freeze, thaw func()) {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	thawed := make(chan struct{})
-	close(thawed)
-	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
-		mu.Lock()
-		gate := thawed
-		mu.Unlock()
-		select {
-		case <-gate:
-			return true, nil
-		case <-ctx.Done():
-			return false, ctx.Err()
-		}
-	}
-	pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	var frozen atomic.Bool
-	freeze = func() {
-		if frozen.Swap(true) {
-			return
-		}
-		mu.Lock()
-		thawed = make(chan struct{})
-		mu.Unlock()
-	}
-	thaw = func() {
-		if !frozen.Swap(false) {
-			return
-		}
-		mu.Lock()
-		close(thawed)
-		mu.Unlock()
-	}
-	return pool, freeze, thaw
-}
-
 // crashingTarget passes batches to inner until, after `after` messages, it
 // "crashes" in the middle of a batch: it sends the first half of that batch,
 // freezes the instance's database pool (no more lease renewals) and blocks

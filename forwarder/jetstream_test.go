@@ -17,6 +17,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 // startNATS starts an embedded nats-server with JetStream (port -1: any
@@ -144,7 +145,7 @@ func TestJetStreamExactlyOnceInKeyOrderWhenAnInstanceDiesMidBatch(t *testing.T) 
 	for i := 0; i < 40; i++ {
 		pub.round("orders", 16, func(m *message.Message) { m.Metadata.Set("note", "kept") })
 	}
-	poolA, freezeA, thawA := freezablePool(t)
+	poolA, freezeA, thawA := pgtest.FreezablePool(t)
 	crashing := newCrashingTarget(newJetStreamTarget(t, s.ClientURL()), 100, freezeA)
 	startForwarder(t, e, poolA, crashing, []string{"orders"}, nil)
 	<-crashing.crashed

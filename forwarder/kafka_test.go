@@ -20,6 +20,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -336,7 +337,7 @@ func TestKafkaInstanceKilledMidBatch(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		pub.round("orders", 16, nil)
 	}
-	poolA, freezeA, thawA := freezablePool(t)
+	poolA, freezeA, thawA := pgtest.FreezablePool(t)
 	crashing := newCrashingTarget(newKafkaTarget(t, brokers, nil), 100, freezeA)
 	startForwarder(t, e, poolA, crashing, []string{"orders"}, nil)
 	<-crashing.crashed

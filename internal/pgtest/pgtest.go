@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,3 +139,51 @@ func External() bool { return external }
 // DatabaseURL is the connection string of the test database, for code that
 // has no testing.TB (Example functions). It is empty outside Main.
 func DatabaseURL() string { return databaseURL }
+
+// FreezablePool opens a pool (closed when the test ends) whose connection
+// acquisitions block while it is frozen. To the database that is what a
+// paused or cut-off process looks like: no lease renewals, no heartbeats, no
+// cursor writes, until it thaws. freeze and thaw are idempotent.
+func FreezablePool(t testing.TB) (pool *pgxpool.Pool, freeze, thaw func()) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	frozen := false
+	thawed := make(chan struct{})
+	close(thawed)
+	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+		mu.Lock()
+		gate := thawed
+		mu.Unlock()
+		select {
+		case <-gate:
+			return true, nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	freeze = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !frozen {
+			frozen, thawed = true, make(chan struct{})
+		}
+	}
+	thaw = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if frozen {
+			frozen = false
+			close(thawed)
+		}
+	}
+	return pool, freeze, thaw
+}
