@@ -351,6 +351,20 @@ func (w *partitionWorker) countAttempt(seq int64) int {
 // outbox metadata and a context that carries the delivery handle (and the
 // transaction, for the Transactional strategy). cancel ends the context.
 func (w *partitionWorker) newMessage(ctx context.Context, e logEntry, tx pgx.Tx, attempt int) (*message.Message, *delivery, context.CancelFunc) {
+	var cancel context.CancelFunc
+	if tx != nil {
+		ctx, cancel = context.WithCancel(WithTx(ctx, tx))
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, w.s.cfg.HandlerTimeout)
+	}
+	msg, d := w.buildMessage(ctx, e, attempt)
+	return msg, d, cancel
+}
+
+// buildMessage builds the Watermill message for a log entry on a context
+// that already carries the transaction or deadline; it adds the delivery
+// handle.
+func (w *partitionWorker) buildMessage(ctx context.Context, e logEntry, attempt int) (*message.Message, *delivery) {
 	msg := message.NewMessage(e.uuid, e.payload)
 	for k, v := range e.metadata {
 		msg.Metadata.Set(k, v)
@@ -364,15 +378,8 @@ func (w *partitionWorker) newMessage(ctx context.Context, e logEntry, tx pgx.Tx,
 		msg.Metadata.Set(MetadataPartitionKey, e.key)
 	}
 	d := &delivery{}
-	hctx := context.WithValue(ctx, deliveryKey{}, d)
-	var cancel context.CancelFunc
-	if tx != nil {
-		hctx, cancel = context.WithCancel(WithTx(hctx, tx))
-	} else {
-		hctx, cancel = context.WithTimeout(hctx, w.s.cfg.HandlerTimeout)
-	}
-	msg.SetContext(hctx)
-	return msg, d, cancel
+	msg.SetContext(context.WithValue(ctx, deliveryKey{}, d))
+	return msg, d
 }
 
 // handleBatch gives the whole batch to the BatchHandler. With tx set, a
@@ -383,14 +390,22 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	headAttempt := w.countAttempt(entries[0].seq)
 	msgs := make([]*message.Message, len(entries))
 	deliveries := make([]*delivery, len(entries))
+	// One context for the whole batch: one deadline (Leased) or one
+	// transaction (Transactional), ended when the batch is done.
+	var bctx context.Context
+	var cancel context.CancelFunc
+	if tx != nil {
+		bctx, cancel = context.WithCancel(WithTx(ctx, tx))
+	} else {
+		bctx, cancel = context.WithTimeout(ctx, w.s.cfg.HandlerTimeout)
+	}
+	defer cancel()
 	for i, e := range entries {
 		attempt := 1
 		if i == 0 {
 			attempt = headAttempt
 		}
-		var cancel context.CancelFunc
-		msgs[i], deliveries[i], cancel = w.newMessage(ctx, e, tx, attempt)
-		defer cancel()
+		msgs[i], deliveries[i] = w.buildMessage(bctx, e, attempt)
 	}
 	dctx, cancelDB := dbContext(ctx)
 	defer cancelDB()
