@@ -145,6 +145,10 @@ func (c SubscriberConfig) Validate() error {
 		return &errs.ConfigError{Field: "HandlerTimeout", Reason: "must be positive and at most Tuning.LeaseTTL"}
 	case c.CloseTimeout < 0:
 		return &errs.ConfigError{Field: "CloseTimeout", Reason: "must be positive"}
+	case len(c.MemberID) > 160 || !storableText(c.MemberID):
+		return &errs.ConfigError{Field: "MemberID", Reason: "at most 160 bytes of UTF-8 without NUL (a suffix per subscription is added)"}
+	case c.Tuning.LeaseTTL < 100*time.Millisecond:
+		return &errs.ConfigError{Field: "Tuning.LeaseTTL", Reason: "must be at least 100ms"}
 	case c.BalanceInterval < 0 || c.BalanceInterval >= c.Tuning.LeaseTTL:
 		return &errs.ConfigError{Field: "BalanceInterval", Reason: "must be positive and below Tuning.LeaseTTL"}
 	}

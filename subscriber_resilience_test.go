@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,6 +76,7 @@ func TestSubscriberConfigValidation(t *testing.T) {
 		"renew not below lease TTL":    {Pool: pool, ConsumerGroup: "g", Tuning: badTuning},
 		"handler timeout past lease":   {Pool: pool, ConsumerGroup: "g", HandlerTimeout: time.Hour},
 		"1025 default partitions":      {Pool: pool, ConsumerGroup: "g", DefaultPartitions: 1025},
+		"member id too long":           {Pool: pool, ConsumerGroup: "g", MemberID: strings.Repeat("m", 161)},
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -84,6 +84,18 @@ func (h *handled) add(instance string, m *message.Message) (duplicate bool) {
 	return h.ids[id] > 1
 }
 
+func (h *handled) by(instance string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, c := range h.calls {
+		if c.instance == instance {
+			n++
+		}
+	}
+	return n
+}
+
 func (h *handled) distinct() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -172,18 +184,21 @@ func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
 
 	a, b := newSub(t, e, "billing", nil), newSub(t, e, "billing", nil)
 	ctxA, cancelA := context.WithCancel(context.Background())
-	wgA := consume(ctxA, t, a, "orders", "A", h, time.Millisecond)
-	wgB := consume(context.Background(), t, b, "orders", "B", h, time.Millisecond)
+	const delay = 3 * time.Millisecond // slow enough that the churn happens mid-stream
+	wgA := consume(ctxA, t, a, "orders", "A", h, delay)
+	wgB := consume(context.Background(), t, b, "orders", "B", h, delay)
 
-	// Cancel A in the middle of its batches, then add C.
-	waitFor(t, "a quarter of the messages", time.Minute, func() bool { return h.distinct() > len(uuids)/4 })
+	// Cancel A in the middle of its batches (once both have been working),
+	// then add C.
+	waitFor(t, "A and B both at work", time.Minute, func() bool { return h.by("A") >= 50 && h.by("B") >= 50 })
 	cancelA()
 	wgA.Wait()
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
 	c := newSub(t, e, "billing", nil)
-	wgC := consume(context.Background(), t, c, "orders", "C", h, time.Millisecond)
+	wgC := consume(context.Background(), t, c, "orders", "C", h, delay)
+	waitFor(t, "C to take its share", time.Minute, func() bool { return h.by("C") >= 50 })
 
 	waitFor(t, "every message", 2*time.Minute, func() bool { return h.distinct() == len(uuids) })
 	dups := h.checkOrder(t, uuids)

@@ -72,5 +72,6 @@ func Quote(schema string) string { return pgx.Identifier{schema}.Sanitize() }
 func PendingChannel(schema string) string { return schema + "_pending" }
 
 // SequencedChannel is the notification channel the sequencer uses to wake
-// subscribers of schema; the payload is the topic name.
+// subscribers of schema; the payload names the topic and the partitions
+// that got new messages: "topic:0,5,7".
 func SequencedChannel(schema string) string { return schema + "_sequenced" }
