@@ -1,25 +1,46 @@
-// Command outbox-demo runs the transactional outbox end to end against a
-// throwaway PostgreSQL server and checks its guarantees.
+// Command outbox-demo runs the transactional outbox end to end, from
+// transactions in PostgreSQL to consumers of Kafka and NATS JetStream, and
+// checks its guarantees along the way.
 //
 //	go run ./cmd/outbox-demo
 //
 // It needs no setup beyond Go and the PostgreSQL server binaries (Debian:
-// apt-get install postgresql): it starts its own server in a temporary
-// directory and removes it when done, also on Ctrl-C.
+// apt-get install postgresql): it starts its own PostgreSQL server in a
+// temporary directory, Kafka in-process (franz-go's kfake) and an embedded
+// NATS server with JetStream, and stops and removes them all when done,
+// also on Ctrl-C.
 //
-// The demo runs in stages:
+// The demo runs in stages, one file each:
 //
-//  1. start PostgreSQL, migrate the outbox, register topic "orders" and
-//     create an "orders" table: the aggregates whose changes are published;
-//  2. publish: concurrent publishers each run transactions that update one
-//     order row (which locks it) and publish 1–5 messages keyed by the
+//  1. database.go: start PostgreSQL, migrate the outbox, register topic
+//     "orders" and create an "orders" table: the aggregates whose changes
+//     are published;
+//  2. brokers.go: start Kafka with topic "orders" (as many partitions as
+//     the outbox topic) and NATS with a JetStream stream "orders";
+//  3. forward.go: start a Sequencer and two Forwarders over the outbox
+//     topic, each its own consumer group: one to Kafka, one to JetStream;
+//  4. consume.go: start the broker-side consumers, a watermill-kafka
+//     subscriber and a watermill-nats JetStream subscriber, which record
+//     each message with its arrival time;
+//  5. publish.go: concurrent publishers each run transactions that update
+//     one order row (which locks it) and publish 1–5 messages keyed by the
 //     order's id through the context-bound Publisher, then commit — or roll
-//     back, some of the time. A Sequencer runs meanwhile;
-//  3. wait until the sequencer has sequenced every committed message;
-//  4. verify against the database: every committed message is in the log
+//     back, some of the time — and note when Commit returned. Everything
+//     else works meanwhile; progress.go prints a line every second;
+//  6. await.go: wait until the sequencer has sequenced every committed
+//     message, and until both consumers have received every one;
+//  7. verify.go: check the database: every committed message is in the log
 //     exactly once and no rolled-back one is; each partition's seq runs
 //     1..n without gaps; each key sits in its murmur2 partition and its
-//     messages follow the order of its transactions along seq.
+//     messages follow the order of its transactions along seq;
+//  8. verify_brokers.go: check what the consumers received: every committed
+//     message and nothing else, under the outbox id of its log row; per
+//     key, first arrivals in version order; copies (at-least-once) carry
+//     the outbox id of an earlier arrival, and on NATS there are none, as
+//     the server drops them by Nats-Msg-Id; Kafka records sit on the
+//     partition numbered like their outbox partition;
+//  9. summary.go: counts, publish and end-to-end rates, and the latency
+//     from commit to arrival at each broker's consumer (p50, p99, max).
 //
 // It prints "OK" and exits 0, or lists the violations and exits 1.
 package main
@@ -86,8 +107,7 @@ const (
 	exitInterrupted = 130
 )
 
-// stage is one step of the demo. Later stages (subscribers, forwarders,
-// brokers) slot in between publishing and verification.
+// stage is one step of the demo.
 type stage struct {
 	title string
 	run   func(ctx context.Context) error
@@ -109,6 +129,8 @@ func run(args []string, out io.Writer) int {
 
 	d := newDemo(cfg, out)
 	defer d.close()
+	// From the interrupt on, everything fails on its way down: keep quiet.
+	context.AfterFunc(ctx, func() { d.quiet.Store(true) })
 	fmt.Fprintf(out, "outbox-demo: %d messages, %d publishers, %d partitions, %d keys, %.0f%% rollbacks\n",
 		cfg.messages, cfg.publishers, cfg.partitions, cfg.keys, 100*cfg.rollback)
 
@@ -138,9 +160,14 @@ func (d *demo) stages() []stage {
 	return []stage{
 		{"start PostgreSQL", d.startDatabase},
 		{"set up the outbox and the orders table", d.setUp},
-		{"publish (the sequencer runs meanwhile)", d.publish},
+		{"start Kafka and NATS JetStream", d.startBrokers},
+		{"start the sequencer and the forwarders", d.startForwarding},
+		{"start the brokers' consumers", d.startConsumers},
+		{"publish (the sequencer, the forwarders and the consumers work meanwhile)", d.publish},
 		{"wait until every committed message is sequenced", d.awaitSequenced},
+		{"wait until both brokers' consumers have every committed message", d.awaitDelivered},
 		{"verify the log against what was committed", d.verify},
+		{"verify what the brokers' consumers received", d.verifyBrokers},
 		{"summary", d.summarize},
 	}
 }

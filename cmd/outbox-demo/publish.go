@@ -24,11 +24,12 @@ const (
 
 // sent is a message the demo published, and what became of its transaction.
 type sent struct {
-	uuid      string
-	key       string
-	version   int64
-	index     int
-	committed bool
+	uuid        string
+	key         string
+	version     int64
+	index       int
+	committed   bool
+	committedAt time.Time // when Commit returned; zero when rolled back
 }
 
 // publishResult is what the publish stage produced.
@@ -44,29 +45,27 @@ type counters struct {
 	rolledBackTx, rolledBackMsgs atomic.Int64
 }
 
-// publish runs the publishers until -messages messages are published, with
-// a sequencer running meanwhile, and prints progress every second.
+// publish runs the publishers until -messages messages are published. The
+// sequencer, the forwarders and the brokers' consumers work meanwhile, and
+// a progress line follows them all every second until every message has
+// arrived (see awaitDelivered).
 func (d *demo) publish(ctx context.Context) error {
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{DB: d.pool}, d.logger)
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	if err := d.startSequencer(); err != nil {
-		return err
-	}
 
 	res := &d.published
-	stopProgress := d.printProgress(&res.counts)
-	start := time.Now()
+	d.publishStart = time.Now()
+	d.startProgress()
 	msgs, err := d.runPublishers(ctx, pub, &res.counts)
-	res.elapsed = time.Since(start)
+	res.elapsed = time.Since(d.publishStart)
 	res.messages = msgs
-	stopProgress()
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "   published %d messages in %d transactions in %s: %.0f msg/s\n",
+	fmt.Fprintf(d.out, "   publishers done: %d messages in %d transactions in %s: %.0f msg/s\n",
 		len(msgs), res.counts.committedTx.Load()+res.counts.rolledBackTx.Load(),
 		res.elapsed.Round(time.Millisecond), float64(len(msgs))/res.elapsed.Seconds())
 	return nil
@@ -169,6 +168,7 @@ func (w *worker) transaction(ctx context.Context, n int) error {
 		return err
 	}
 
+	var committedAt time.Time // where the commit→broker latency starts
 	if rollback {
 		if err := tx.Rollback(ctx); err != nil {
 			return fmt.Errorf("rollback: %w", err)
@@ -179,11 +179,13 @@ func (w *worker) transaction(ctx context.Context, n int) error {
 		if err := tx.Commit(ctx); err != nil {
 			return fmt.Errorf("commit: %w", err)
 		}
+		committedAt = time.Now()
 		w.counts.committedTx.Add(1)
 		w.counts.committedMsgs.Add(int64(n))
 	}
 	for i, m := range msgs {
-		w.sent = append(w.sent, sent{uuid: m.UUID, key: key, version: version, index: i + 1, committed: !rollback})
+		w.sent = append(w.sent, sent{uuid: m.UUID, key: key, version: version, index: i + 1,
+			committed: !rollback, committedAt: committedAt})
 	}
 	return nil
 }
@@ -202,35 +204,4 @@ func newMessages(txCtx context.Context, key string, version int64, n int) []*mes
 		msgs[i] = m
 	}
 	return msgs
-}
-
-// printProgress prints the counters and the sequencer's total every second
-// until the returned function is called, which prints a last line.
-func (d *demo) printProgress(c *counters) (stop func()) {
-	start := time.Now()
-	line := func() {
-		fmt.Fprintf(d.out, "   %5.1fs  committed %6d msgs (%5d tx)  rolled back %5d msgs (%4d tx)  sequenced %6d\n",
-			time.Since(start).Seconds(), c.committedMsgs.Load(), c.committedTx.Load(),
-			c.rolledBackMsgs.Load(), c.rolledBackTx.Load(), d.sequencer.Stats().Sequenced)
-	}
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				line()
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-finished
-		line()
-	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -13,42 +12,12 @@ import (
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
-// sequenceTimeout bounds the wait for the sequencer after publishing.
-const sequenceTimeout = 30 * time.Second
-
 // errViolations reports that verification found violations.
 var errViolations = errors.New("verification failed")
 
 // table returns the quoted name of an outbox table.
 func table(name string) string {
 	return pgx.Identifier{outbox.DefaultSchema, name}.Sanitize()
-}
-
-// awaitSequenced waits until no committed message is left unsequenced. All
-// publishers are done, so whatever is still pending was committed.
-func (d *demo) awaitSequenced(ctx context.Context) error {
-	start := time.Now()
-	for {
-		var pending int
-		if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+table("pending")).Scan(&pending); err != nil {
-			return err
-		}
-		if pending == 0 {
-			break
-		}
-		if time.Since(start) > sequenceTimeout {
-			return fmt.Errorf("%d committed message(s) still unsequenced after %s", pending, sequenceTimeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	st := d.sequencer.Stats()
-	fmt.Fprintf(d.out, "   %d messages sequenced in %d passes; the last %s after publishing ended\n",
-		st.Sequenced, st.Passes, time.Since(start).Round(time.Millisecond))
-	return nil
 }
 
 // logRow is a message read back from the outbox log.
@@ -92,7 +61,8 @@ func (d *demo) readLog(ctx context.Context) ([]logRow, map[int]int64, error) {
 	return log, lastSeq, err
 }
 
-// verify reads the log back and checks the outbox's guarantees.
+// verify reads the log back and checks the outbox's guarantees, then
+// prints what each partition holds.
 func (d *demo) verify(ctx context.Context) error {
 	log, lastSeq, err := d.readLog(ctx)
 	if err != nil {
@@ -103,19 +73,30 @@ func (d *demo) verify(ctx context.Context) error {
 	for _, m := range d.published.messages {
 		byUUID[m.uuid] = m
 	}
-	checks := []struct {
-		name  string
-		check func() []string
-	}{
+	d.runChecks([]check{
 		{"every committed message is in the log exactly once", func() []string { return checkExactlyOnce(log, d.published.messages) }},
 		{"no rolled-back or unknown message is in the log", func() []string { return checkOnlyCommitted(log, byUUID) }},
 		{"each log row carries the key and version it was published with", func() []string { return checkContent(log, byUUID) }},
 		{"seq runs 1..n without gaps in every partition", func() []string { return checkSeqs(log, lastSeq, d.cfg.partitions) }},
 		{"each key is in its murmur2 partition", func() []string { return checkPartitions(log, d.cfg.partitions) }},
 		{"each key's versions increase along seq", func() []string { return checkKeyOrder(log) }},
-	}
+	})
+	fmt.Fprintln(d.out)
+	d.printPartitions()
+	return nil
+}
+
+// check is one named verification; run returns the violations it found.
+type check struct {
+	name string
+	run  func() []string
+}
+
+// runChecks runs the checks, prints "ok" or the violations of each, and
+// adds the violations to d.violations.
+func (d *demo) runChecks(checks []check) {
 	for _, c := range checks {
-		found := c.check()
+		found := c.run()
 		d.violations.add(c.name, found)
 		if len(found) == 0 {
 			fmt.Fprintf(d.out, "   ok    %s\n", c.name)
@@ -130,7 +111,6 @@ func (d *demo) verify(ctx context.Context) error {
 			fmt.Fprintf(d.out, "           %s\n", v)
 		}
 	}
-	return nil
 }
 
 // maxListed bounds the violations printed per check.
@@ -255,23 +235,6 @@ func checkKeyOrder(log []logRow) []string {
 		last[r.key] = position{v, i}
 	}
 	return out
-}
-
-// summarize prints the totals and a table of the partitions, and reports
-// the violations verify found.
-func (d *demo) summarize(context.Context) error {
-	c := &d.published.counts
-	fmt.Fprintf(d.out, "   published    %6d messages in %5d transactions (%.0f msg/s)\n",
-		len(d.published.messages), c.committedTx.Load()+c.rolledBackTx.Load(),
-		float64(len(d.published.messages))/d.published.elapsed.Seconds())
-	fmt.Fprintf(d.out, "   committed    %6d messages in %5d transactions\n", c.committedMsgs.Load(), c.committedTx.Load())
-	fmt.Fprintf(d.out, "   rolled back  %6d messages in %5d transactions\n", c.rolledBackMsgs.Load(), c.rolledBackTx.Load())
-	fmt.Fprintf(d.out, "   sequenced    %6d messages (in the log)\n\n", len(d.log))
-	d.printPartitions()
-	if d.violations.total() > 0 {
-		return errViolations
-	}
-	return nil
 }
 
 // printPartitions prints messages, last seq and distinct keys per partition.
