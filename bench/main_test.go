@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
+	"github.com/millrace/watermill-outbox/internal/procstat"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -136,7 +137,7 @@ func newEnv(tb testing.TB, checkpoint bool) *env {
 	if err := e.admin.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
 		tb.Fatal(err)
 	}
-	e.postmaster = postmasterOf(backend)
+	e.postmaster = procstat.PostmasterOf(backend)
 	for range publishers {
 		e.workers = append(e.workers, connect())
 	}
@@ -222,7 +223,7 @@ type mark struct {
 
 func (e *env) mark(ctx context.Context) (mark, error) {
 	var m mark
-	m.serverCPU, m.clientCPU, m.serverCPUKnown = cpuUsage(e.postmaster)
+	m.serverCPU, m.clientCPU, m.serverCPUKnown = procstat.CPU(e.postmaster)
 	if err := e.admin.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&m.lsn); err != nil {
 		return m, err
 	}

@@ -23,6 +23,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/procstat"
 )
 
 // The subscriber benchmarks (docs/subscriber-benchmarks.md):
@@ -117,7 +118,7 @@ type sched struct {
 }
 
 func (e *env) sched() sched {
-	server, client, ok := cpuUsage(e.postmaster)
+	server, client, ok := procstat.CPU(e.postmaster)
 	s := sched{cpu: server + client, clientCPU: client, ok: ok}
 	if !ok {
 		return s

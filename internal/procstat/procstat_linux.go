@@ -1,6 +1,8 @@
 //go:build linux
 
-package bench
+// Package procstat reads CPU time of this process and of a local PostgreSQL
+// server from /proc, for the benchmarks.
+package procstat
 
 import (
 	"bytes"
@@ -16,11 +18,11 @@ import (
 // 100 on every Linux platform Go supports).
 const clockTick = 10 * time.Millisecond
 
-// cpuUsage is CPU time (user + system) spent so far by the PostgreSQL
+// CPU is the CPU time (user + system) spent so far by the PostgreSQL
 // server whose postmaster is postmaster (its live processes plus the
 // children it has reaped) and by this process. ok is false when the
 // server's processes cannot be read (a server on another machine).
-func cpuUsage(postmaster int) (server, client time.Duration, ok bool) {
+func CPU(postmaster int) (server, client time.Duration, ok bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
 		client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -77,9 +79,9 @@ func procStat(pid int) ([]int64, error) {
 	return out, nil
 }
 
-// postmasterOf returns the postmaster of the backend with pid backend, or 0
+// PostmasterOf returns the postmaster of the backend with pid backend, or 0
 // when it is not a local process.
-func postmasterOf(backend int) int {
+func PostmasterOf(backend int) int {
 	f, err := procStat(backend)
 	if err != nil {
 		return 0

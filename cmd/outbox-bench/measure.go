@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/millrace/watermill-outbox/internal/procstat"
+)
+
+type cpuSample struct{ process, server time.Duration }
+
+// readCPU returns the CPU time (user + system) of this process (which holds
+// the in-process Kafka broker too) and of the PostgreSQL server whose
+// postmaster is postmaster: its live processes and the children it reaped.
+func readCPU(postmaster int) cpuSample {
+	server, process, _ := procstat.CPU(postmaster)
+	return cpuSample{process: process, server: server}
+}
+
+// resetPeakRSS resets this process's peak RSS (VmHWM) so that each run
+// reports its own; where that is not possible, peakRSS falls back to
+// getrusage's maximum over the whole process.
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+// peakRSS is this process's peak resident set size in bytes since the last
+// resetPeakRSS (VmHWM), or since it started (getrusage) without /proc.
+func peakRSS() int64 {
+	if f, err := os.Open("/proc/self/status"); err == nil {
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+				kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				if err == nil {
+					return kb << 10
+				}
+			}
+		}
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		return ru.Maxrss << 10
+	}
+	return 0
+}
+
+// brokerCounter counts the records of a topic from the broker's end
+// offsets (records are never deleted from the in-process broker).
+type brokerCounter struct {
+	client     *kgo.Client
+	partitions int32
+}
+
+func newBrokerCounter(brokers []string, partitions int32) (*brokerCounter, error) {
+	c, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	return &brokerCounter{client: c, partitions: partitions}, nil
+}
+
+func (c *brokerCounter) Close() { c.client.Close() }
+
+// Count returns the sum of the end offsets of topic's partitions.
+func (c *brokerCounter) Count(ctx context.Context, topic string) (int64, error) {
+	req := kmsg.NewPtrListOffsetsRequest()
+	t := kmsg.NewListOffsetsRequestTopic()
+	t.Topic = topic
+	for p := range c.partitions {
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition = p
+		rp.Timestamp = -1 // latest
+		t.Partitions = append(t.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, t)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, c.client)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, rt := range resp.Topics {
+		for _, rp := range rt.Partitions {
+			if rp.ErrorCode != 0 {
+				return 0, fmt.Errorf("list offsets %s/%d: error code %d", rt.Topic, rp.Partition, rp.ErrorCode)
+			}
+			n += rp.Offset
+		}
+	}
+	return n, nil
+}
+
+// machineInfo describes where the benchmark ran.
+type machineInfo struct {
+	CPUs       int     `json:"cpus"`
+	CPUModel   string  `json:"cpu_model"`
+	MemoryGiB  float64 `json:"memory_gib"`
+	Kernel     string  `json:"kernel"`
+	Go         string  `json:"go"`
+	PostgreSQL string  `json:"postgresql"`
+	LoadAvg    string  `json:"loadavg_at_start"`
+}
+
+func (m machineInfo) String() string {
+	return fmt.Sprintf("%d CPUs (%s), %.0f GiB RAM, Linux %s, %s, load average %s", m.CPUs, m.CPUModel, m.MemoryGiB, m.Kernel, m.Go, m.LoadAvg)
+}
+
+func describeMachine() machineInfo {
+	m := machineInfo{CPUs: runtime.NumCPU(), Go: runtime.Version()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb float64
+		if _, err := fmt.Sscanf(string(b), "MemTotal: %f kB", &kb); err == nil {
+			m.MemoryGiB = kb / (1 << 20)
+		}
+	}
+	if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		m.Kernel = strings.TrimSpace(string(out))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(b))
+		if len(f) >= 3 {
+			m.LoadAvg = strings.Join(f[:3], " ")
+		}
+	}
+	return m
+}
