@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -13,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/ceiling"
 	"github.com/millrace/watermill-outbox/internal/names"
-	"github.com/millrace/watermill-outbox/partitioning"
 )
 
 // A publish variant writes one transaction's messages.
@@ -64,10 +63,8 @@ func setupPlain(ctx context.Context, e *env, schema string) (*publishTarget, err
 	) WITH (autovacuum_enabled = false)`); err != nil {
 		return nil, err
 	}
-	insert := sqlFor(schema, `INSERT INTO {{s}}.plain (uuid, metadata, payload, partition_key, topic, partition)
-	SELECT x.u, x.m::jsonb, x.b, x.k, $1, x.p
-	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) AS x(p, k, u, m, b)`)
-	return &publishTarget{publish: plainInsert(insert), countSQL: sqlFor(schema, "SELECT count(*) FROM {{s}}.plain")}, nil
+	insert := sqlFor(schema, "INSERT INTO {{s}}.plain "+ceiling.InsertColumns)
+	return &publishTarget{publish: ceiling.PlainInsert(insert, topic, partitionCount), countSQL: sqlFor(schema, "SELECT count(*) FROM {{s}}.plain")}, nil
 }
 
 // setupPlainPending writes the plain way (same statement shape and client
@@ -76,37 +73,8 @@ func setupPlainPending(ctx context.Context, e *env, schema string) (*publishTarg
 	if _, err := setupOutbox(ctx, e, schema, true); err != nil {
 		return nil, err
 	}
-	insert := sqlFor(schema, `INSERT INTO {{s}}.pending (uuid, metadata, payload, partition_key, topic, partition)
-	SELECT x.u, x.m::jsonb, x.b, x.k, $1, x.p
-	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) AS x(p, k, u, m, b)`)
-	return &publishTarget{publish: plainInsert(insert), countSQL: sqlFor(schema, "SELECT count(*) FROM {{s}}.pending")}, nil
-}
-
-// plainInsert turns the messages into column arrays as an application
-// would and runs insert with them.
-func plainInsert(insert string) func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-	partitioner := partitioning.Default()
-	return func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-		parts := make([]int32, len(msgs))
-		ks := make([]string, len(msgs))
-		uuids := make([]string, len(msgs))
-		metas := make([]string, len(msgs))
-		payloads := make([][]byte, len(msgs))
-		for i, m := range msgs {
-			ks[i] = m.Metadata.Get(outbox.PartitionKeyMetadata)
-			p, err := partitioner.Partition(ks[i], partitionCount)
-			if err != nil {
-				return err
-			}
-			md, err := json.Marshal(m.Metadata)
-			if err != nil {
-				return err
-			}
-			parts[i], uuids[i], metas[i], payloads[i] = int32(p), m.UUID, string(md), m.Payload
-		}
-		_, err := tx.Exec(ctx, insert, topic, parts, ks, uuids, metas, payloads)
-		return err
-	}
+	insert := sqlFor(schema, "INSERT INTO {{s}}.pending "+ceiling.InsertColumns)
+	return &publishTarget{publish: ceiling.PlainInsert(insert, topic, partitionCount), countSQL: sqlFor(schema, "SELECT count(*) FROM {{s}}.pending")}, nil
 }
 
 // setupOutbox migrates the outbox into schema, registers the topic and

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -16,7 +15,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/forwarder"
-	"github.com/millrace/watermill-outbox/partitioning"
+	"github.com/millrace/watermill-outbox/internal/ceiling"
 )
 
 // outboxTopic is the topic name inside each system's schema.
@@ -38,32 +37,8 @@ func (b *bench) setupCeiling(ctx context.Context, schema string) (*system, error
 	)`)); err != nil {
 		return nil, err
 	}
-	insert := sqlFor(schema, `INSERT INTO {{s}}.plain (uuid, metadata, payload, partition_key, topic, partition)
-	SELECT x.u, x.m::jsonb, x.b, x.k, $1, x.p
-	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) AS x(p, k, u, m, b)`)
-	partitioner := partitioning.Default()
-	partitions := b.cfg.partitions
-	return &system{publish: func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-		parts := make([]int32, len(msgs))
-		ks := make([]string, len(msgs))
-		uuids := make([]string, len(msgs))
-		metas := make([]string, len(msgs))
-		payloads := make([][]byte, len(msgs))
-		for i, m := range msgs {
-			ks[i] = m.Metadata.Get(outbox.PartitionKeyMetadata)
-			p, err := partitioner.Partition(ks[i], partitions)
-			if err != nil {
-				return err
-			}
-			md, err := json.Marshal(m.Metadata)
-			if err != nil {
-				return err
-			}
-			parts[i], uuids[i], metas[i], payloads[i] = int32(p), m.UUID, string(md), m.Payload
-		}
-		_, err := tx.Exec(ctx, insert, outboxTopic, parts, ks, uuids, metas, payloads)
-		return err
-	}}, nil
+	insert := sqlFor(schema, "INSERT INTO {{s}}.plain "+ceiling.InsertColumns)
+	return &system{publish: ceiling.PlainInsert(insert, outboxTopic, b.cfg.partitions)}, nil
 }
 
 // setupPeer creates (b), as watermill-sql and Watermill's docs show it:
