@@ -136,7 +136,13 @@ func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, 
 	if done > w.cursor {
 		dctx, cancel := dbContext(ctx)
 		defer cancel()
-		if _, err := w.withBulkhead(dctx, func() ([]logEntry, error) { return nil, w.lease.Advance(dctx, w.s.db, done) }); err != nil {
+		advance := func() ([]logEntry, error) {
+			if w.s.cfg.SyncCursorCommits {
+				return nil, w.lease.Advance(dctx, w.s.db, done)
+			}
+			return nil, w.lease.AdvanceRelaxed(dctx, done)
+		}
+		if _, err := w.withBulkhead(dctx, advance); err != nil {
 			return worker.Idle(), err
 		}
 		w.cursor = done

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -85,11 +86,25 @@ type PublisherConfig struct {
 
 	// DisableNotify turns off the NOTIFY that wakes the sequencer when a
 	// transaction that published commits. The sequencer then finds new
-	// messages by polling only. One notification is sent per Publish call
-	// (PostgreSQL folds identical notifications of one transaction into
-	// one); see docs/benchmarks.md for what it costs.
+	// messages by polling only.
 	DisableNotify bool
+
+	// NotifyInterval spaces the NOTIFYs (default DefaultNotifyInterval;
+	// negative: one per Publish call). A Publish call sends one only if no
+	// Publisher of this process sent one for the same schema within the
+	// interval. PostgreSQL serializes the commits of transactions that
+	// notify, holding a lock through their WAL flush, so a NOTIFY per
+	// transaction caps a stream of small transactions at one commit per
+	// flush. Messages of a transaction that did not notify are found by
+	// the sequencer, which keeps polling for a while after each pass that
+	// found work (see SequencerConfig.MinPassInterval); see
+	// docs/operations.md for the one case where such a message waits up to
+	// the sequencer's PollInterval.
+	NotifyInterval time.Duration
 }
+
+// DefaultNotifyInterval is the default PublisherConfig.NotifyInterval.
+const DefaultNotifyInterval = 10 * time.Millisecond
 
 func (c *PublisherConfig) setDefaults() {
 	if c.Schema == "" {
@@ -106,6 +121,9 @@ func (c *PublisherConfig) setDefaults() {
 	}
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if c.NotifyInterval == 0 {
+		c.NotifyInterval = DefaultNotifyInterval
 	}
 }
 
@@ -159,8 +177,10 @@ type Publisher struct {
 	bound  pgexec.Querier // the transaction of a NewTxPublisher, nil otherwise
 	db     pgexec.DB      // cfg.DB adapted, may be nil
 
-	insertSQL string
-	channel   string
+	insertSQL       string // without NOTIFY
+	insertNotifySQL string // with NOTIFY; "" when DisableNotify
+	channel         string
+	notifyGate      *notifyGate
 
 	mu     sync.Mutex
 	topics map[string]*topicState
@@ -214,10 +234,10 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 	SELECT $1, x.p, NULLIF(x.k, ''), x.u, x.m::jsonb, x.b
 	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
 	ORDER BY x.ord`
-	if cfg.DisableNotify {
-		p.insertSQL = insert
-	} else {
-		p.insertSQL = `WITH ins AS (` + insert + `) SELECT pg_notify($7, '')`
+	p.insertSQL = insert
+	if !cfg.DisableNotify {
+		p.insertNotifySQL = `WITH ins AS (` + insert + `) SELECT pg_notify($7, '')`
+		p.notifyGate = notifyGateFor(p.channel)
 	}
 	return p, nil
 }
@@ -245,11 +265,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return err
 	}
-	args := []any{topic, batch.partitions, batch.keys, batch.uuids, batch.metadata, batch.payloads}
-	if !p.cfg.DisableNotify {
-		args = append(args, p.channel)
+	sql, args := p.insertSQL, []any{topic, batch.partitions, batch.keys, batch.uuids, batch.metadata, batch.payloads}
+	if p.notifyGate != nil && p.notifyGate.pass(time.Now(), p.cfg.NotifyInterval) {
+		sql, args = p.insertNotifySQL, append(args, p.channel)
 	}
-	if _, err := q.Exec(ctx, p.insertSQL, args...); err != nil {
+	if _, err := q.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err)
 	}
 	return nil
@@ -449,4 +469,37 @@ func appendJSONString(dst []byte, s string) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+// notifyGate spaces the NOTIFYs that all Publishers of this process send on
+// one channel (one schema).
+type notifyGate struct{ last atomic.Int64 } // UnixNano of the last pass
+
+var notifyGates sync.Map // channel name -> *notifyGate
+
+func notifyGateFor(channel string) *notifyGate {
+	if g, ok := notifyGates.Load(channel); ok {
+		return g.(*notifyGate)
+	}
+	g, _ := notifyGates.LoadOrStore(channel, new(notifyGate))
+	return g.(*notifyGate)
+}
+
+// pass reports whether a NOTIFY may be sent at now: interval < 0, or none
+// passed within interval before now (a clock that went back counts as
+// expired). Concurrent callers within one interval get one true.
+func (g *notifyGate) pass(now time.Time, interval time.Duration) bool {
+	if interval < 0 {
+		return true
+	}
+	t := now.UnixNano()
+	for {
+		last := g.last.Load()
+		if last != 0 && t >= last && t-last < int64(interval) {
+			return false
+		}
+		if g.last.CompareAndSwap(last, t) {
+			return true
+		}
+	}
 }

@@ -29,13 +29,24 @@ type SequencerConfig struct {
 	// MaxPartitionsPerPass bounds how many partitions one pass locks
 	// (default 256).
 	MaxPartitionsPerPass int
-	// PollInterval is the safety net: how often the sequencer looks for new
-	// messages without being notified (default 500ms).
+	// PollInterval is the safety net: how often an idle sequencer looks for
+	// new messages without being notified (default 500ms).
 	PollInterval time.Duration
-	// Debounce is how long the sequencer waits after a notification before
-	// it runs, so that a burst of commits is sequenced in one pass rather
-	// than one pass per commit (default 1ms; negative: none).
+	// Debounce is how long an idle sequencer waits after a notification
+	// before it runs, so that a burst of commits is sequenced in one pass
+	// rather than one pass per commit (default 1ms; negative: none).
 	Debounce time.Duration
+	// MinPassInterval paces a busy sequencer (default 20ms; negative: no
+	// floor). A pass that found work, but not a full batch, is followed by
+	// the next one this long after it started, notified or not, so a stream
+	// of commits is taken in passes of everything committed meanwhile
+	// rather than in one pass per commit; notifications never bring a pass
+	// closer than this to the previous one. After a pass that found
+	// nothing the wait doubles, up to PollInterval, so messages whose
+	// transaction did not notify (see PublisherConfig.NotifyInterval) are
+	// found within about the time they were late. A full pass is followed
+	// at once.
+	MinPassInterval time.Duration
 	// DisableListen stops the sequencer from listening for publishers'
 	// notifications; it then polls only.
 	DisableListen bool
@@ -62,6 +73,9 @@ func (c *SequencerConfig) setDefaults() {
 	}
 	if c.Debounce == 0 {
 		c.Debounce = time.Millisecond
+	}
+	if c.MinPassInterval == 0 {
+		c.MinPassInterval = 20 * time.Millisecond
 	}
 	if c.MaxErrorBackoff == 0 {
 		c.MaxErrorBackoff = 5 * time.Second
@@ -225,24 +239,40 @@ func (s *Sequencer) Run(ctx context.Context) error {
 	defer listener.Wait()
 
 	backoff := time.Duration(0)
+	// followUp is the wait before the next unprompted pass after work was
+	// found: MinPassInterval after a productive pass, doubling with every
+	// empty pass up to PollInterval (0: idle).
+	followUp := time.Duration(0)
+	minGap := max(s.cfg.MinPassInterval, 0)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		_, more, err := s.Pass(ctx)
+		started := time.Now()
+		n, more, err := s.Pass(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait := s.cfg.PollInterval
+		var wait time.Duration
 		switch {
 		case err != nil:
 			backoff = min(max(2*backoff, 50*time.Millisecond), s.cfg.MaxErrorBackoff)
-			wait = backoff
+			wait, followUp = backoff, 0
 			s.logger.Error("Sequencing failed, retrying", err, watermill.LogFields{"backoff": backoff})
 		case more:
 			backoff = 0
 			continue
-		default:
+		case n > 0:
 			backoff = 0
+			followUp = max(minGap, time.Millisecond)
+			wait = followUp - time.Since(started)
+		case followUp > 0:
+			followUp = min(2*followUp, s.cfg.PollInterval)
+			wait = followUp
+		default:
+			wait = s.cfg.PollInterval
+		}
+		if wait <= 0 {
+			continue
 		}
 		timer.Reset(wait)
 		select {
@@ -250,11 +280,15 @@ func (s *Sequencer) Run(ctx context.Context) error {
 			return nil
 		case <-timer.C:
 		case <-s.poke:
-			if err == nil && s.cfg.Debounce > 0 {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(s.cfg.Debounce):
+			if err == nil {
+				// Not before the debounce, nor closer than minGap to the
+				// start of the previous pass.
+				if d := max(s.cfg.Debounce, minGap-time.Since(started)); d > 0 {
+					select {
+					case <-ctx.Done():
+						return nil
+					case <-time.After(d):
+					}
 				}
 			}
 		}

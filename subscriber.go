@@ -87,12 +87,34 @@ type SubscriberConfig struct {
 	// DisableSequencer stops the subscriber from running a Sequencer of its
 	// own. Some process must run one; any number may run.
 	DisableSequencer bool
+	// SyncCursorCommits makes the Leased strategy commit each cursor move
+	// with synchronous_commit on. By default a Leased cursor move commits
+	// without waiting for the server's WAL flush (see
+	// lease.Lease.AdvanceRelaxed): after a crash of the PostgreSQL server,
+	// the messages of the last few hundred milliseconds of cursor moves are
+	// delivered again, which the Leased strategy's at-least-once delivery
+	// allows. The Transactional strategy always commits synchronously.
+	SyncCursorCommits bool
+	// Sequencer tunes the Subscriber's own Sequencer; its Schema and Pool
+	// are always the Subscriber's, and its MinPassInterval defaults to
+	// Tuning.SequencerInterval.
+	Sequencer SequencerConfig
 	// MemberID identifies this instance in leases (default: random).
 	MemberID string
 	// BalanceInterval is how often the instance re-evaluates its share of
 	// the partitions and the paused ones: the latency of a rebalance or a
 	// pause (default 1s; must be below Tuning.LeaseTTL).
 	BalanceInterval time.Duration
+}
+
+// sequencerConfig is the configuration of the Subscriber's own Sequencer.
+func (c SubscriberConfig) sequencerConfig() SequencerConfig {
+	sc := c.Sequencer
+	sc.Schema, sc.Pool = c.Schema, c.Pool
+	if sc.MinPassInterval == 0 {
+		sc.MinPassInterval = c.Tuning.SequencerInterval
+	}
+	return sc
 }
 
 func (c *SubscriberConfig) setDefaults() {
@@ -127,6 +149,15 @@ func (c SubscriberConfig) Validate() error {
 	}
 	if err := c.Tuning.Validate(); err != nil {
 		return &errs.ConfigError{Field: "Tuning", Reason: err.Error()}
+	}
+	if c.Pool != nil && !c.DisableSequencer {
+		if err := c.sequencerConfig().Validate(); err != nil {
+			var ce *errs.ConfigError
+			if errors.As(err, &ce) {
+				return &errs.ConfigError{Field: "Sequencer." + ce.Field, Reason: ce.Reason}
+			}
+			return err
+		}
 	}
 	switch {
 	case c.Pool == nil:
@@ -224,7 +255,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_token = $4`,
 	}
 	if !cfg.DisableSequencer {
-		s.sequencer, err = NewSequencer(SequencerConfig{Schema: cfg.Schema, Pool: cfg.Pool}, logger)
+		s.sequencer, err = NewSequencer(cfg.sequencerConfig(), logger)
 		if err != nil {
 			return nil, err
 		}

@@ -77,6 +77,7 @@ func TestSubscriberConfigValidation(t *testing.T) {
 		"handler timeout past lease":   {Pool: pool, ConsumerGroup: "g", HandlerTimeout: time.Hour},
 		"1025 default partitions":      {Pool: pool, ConsumerGroup: "g", DefaultPartitions: 1025},
 		"member id too long":           {Pool: pool, ConsumerGroup: "g", MemberID: strings.Repeat("m", 161)},
+		"sequencer batch size":         {Pool: pool, ConsumerGroup: "g", Sequencer: outbox.SequencerConfig{BatchSize: -1}},
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -40,6 +40,13 @@ type Tuning struct {
 	// MaxConcurrentPartitions is the bulkhead size: how many partition
 	// workers may query the database at the same time. Must be >= 1.
 	MaxConcurrentPartitions int
+	// SequencerInterval paces the sequencer a subscriber runs while
+	// messages keep coming (its MinPassInterval; 0: the sequencer's
+	// default). Each pass wakes the workers of the partitions it filled,
+	// so this interval sets the batch sizes of a steady stream: shorter
+	// cuts latency, longer cuts the database work per message. Must be
+	// >= 0.
+	SequencerInterval time.Duration
 }
 
 // Validate returns nil if t is usable, and otherwise a [*ConfigError]
@@ -60,6 +67,8 @@ func (t Tuning) Validate() error {
 		return configErrorf("RenewInterval", "must be < LeaseTTL (%v), got %v", t.LeaseTTL, t.RenewInterval)
 	case t.MaxConcurrentPartitions < 1:
 		return configErrorf("MaxConcurrentPartitions", "must be >= 1, got %d", t.MaxConcurrentPartitions)
+	case t.SequencerInterval < 0:
+		return configErrorf("SequencerInterval", "must be >= 0, got %v", t.SequencerInterval)
 	}
 	return nil
 }
@@ -92,6 +101,7 @@ func Default() Tuning {
 		LeaseTTL:                30 * time.Second,
 		RenewInterval:           10 * time.Second,
 		MaxConcurrentPartitions: 16,
+		SequencerInterval:       20 * time.Millisecond,
 	}
 }
 
@@ -116,6 +126,7 @@ func LowLatency() Tuning {
 		LeaseTTL:                30 * time.Second,
 		RenewInterval:           10 * time.Second,
 		MaxConcurrentPartitions: 32,
+		SequencerInterval:       2 * time.Millisecond,
 	}
 }
 
@@ -137,6 +148,7 @@ func HighThroughput() Tuning {
 		LeaseTTL:                60 * time.Second,
 		RenewInterval:           20 * time.Second,
 		MaxConcurrentPartitions: 64,
+		SequencerInterval:       20 * time.Millisecond,
 	}
 }
 
@@ -159,6 +171,7 @@ func Relaxed() Tuning {
 		LeaseTTL:                30 * time.Second,
 		RenewInterval:           10 * time.Second,
 		MaxConcurrentPartitions: 4,
+		SequencerInterval:       100 * time.Millisecond,
 	}
 }
 

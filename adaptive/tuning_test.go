@@ -120,6 +120,7 @@ func TestTuningValidate(t *testing.T) {
 		{"renew equals lease", func(t *adaptive.Tuning) { t.RenewInterval = t.LeaseTTL }, "RenewInterval"},
 		{"renew above lease", func(t *adaptive.Tuning) { t.RenewInterval = 2 * t.LeaseTTL }, "RenewInterval"},
 		{"zero bulkhead", func(t *adaptive.Tuning) { t.MaxConcurrentPartitions = 0 }, "MaxConcurrentPartitions"},
+		{"negative sequencer interval", func(t *adaptive.Tuning) { t.SequencerInterval = -time.Millisecond }, "SequencerInterval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

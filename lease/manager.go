@@ -25,7 +25,7 @@ type Manager struct {
 	pool   pgexec.DB
 
 	createSQL, gcSQL, balanceSQL, acquireSQL, renewSQL, releaseSQL, leaveSQL string
-	advanceSQL, failureSQL, inspectSQL                                       string
+	advanceSQL, advanceRelaxedSQL, failureSQL, inspectSQL                    string
 
 	running atomic.Bool
 	wake    chan struct{}
@@ -146,6 +146,11 @@ func (m *Manager) prepareSQL() {
 		AND lease_expires_at > clock_timestamp()`
 	m.advanceSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, last_error = NULL, last_error_at = NULL,
 		updated_at = clock_timestamp()` + fence + ` AND seq < $6`
+	// The same in a transaction of its own that commits without waiting
+	// for its WAL flush: set_config(..., true) lasts until the end of the
+	// statement's implicit transaction, and the commit reads it.
+	m.advanceRelaxedSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, last_error = NULL, last_error_at = NULL,
+		updated_at = clock_timestamp() FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed` + fence + ` AND seq < $6`
 	// $6 error text.
 	m.failureSQL = `UPDATE ` + cursors + ` SET attempts = least(attempts, 2147483646) + 1, last_error = $6,
 		last_error_at = clock_timestamp(), updated_at = clock_timestamp()` + fence

@@ -69,6 +69,22 @@ func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {
 		t.Fatal("lease context cancelled by a refused advance")
 	}
 
+	// Relaxed: moves the cursor and clears failures like Advance, and is
+	// refused the same way when not ahead.
+	if err := l0.RecordFailure(ctx, nil, errors.New("boom")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l0.AdvanceRelaxed(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.cursor(t, "g", "orders", 0); r.attempts != 0 || r.lastErr != nil || r.seq != 7 {
+		t.Fatalf("after relaxed advance: %+v", r)
+	}
+	if err := l0.AdvanceRelaxed(ctx, 7); !errors.Is(err, lease.ErrSeqNotAhead) || errors.Is(err, lease.ErrLeaseLost) {
+		t.Fatalf("relaxed advance to the current seq: %v", err)
+	}
+	e.exec(t, `UPDATE `+e.schema+`.cursors SET seq = 6 WHERE group_name = 'g' AND topic = 'orders' AND partition = 0`)
+
 	// In the caller's transaction: the cursor moves if and only if it commits.
 	for _, commit := range []bool{false, true} {
 		tx, err := e.pool.Begin(ctx)
@@ -113,6 +129,12 @@ func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {
 	}
 	if err := l1.RecordFailure(ctx, nil, errors.New("x")); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("record failure with a stale token: %v", err)
+	}
+	if err := l1.AdvanceRelaxed(ctx, 3); !errors.Is(err, lease.ErrLeaseLost) {
+		t.Fatalf("relaxed advance with a stale token: %v", err)
+	}
+	if r := e.cursor(t, "g", "orders", 1); r.seq != 0 {
+		t.Fatalf("after stale relaxed advance: %+v", r)
 	}
 	select {
 	case <-l1.Context().Done():
