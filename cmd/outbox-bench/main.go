@@ -1,4 +1,4 @@
-// Command outbox-bench compares, in one process and on one machine, three
+// Command outbox-bench measures, in one process and on one machine, three
 // ways of getting rows written in a transaction out to Kafka:
 //
 //	(a) ceiling: a plain multi-row INSERT of the same rows into a bare table
@@ -10,31 +10,95 @@
 //	    forwarder.Forwarder with a KafkaTarget.
 //
 // It starts a throwaway durable PostgreSQL cluster (fsync and
-// synchronous_commit on) and an in-process Kafka broker (franz-go's kfake),
-// publishes the same workload with each system (-publishers goroutines,
-// -per-tx messages per transaction) while its relay runs, and reports publish
-// throughput, end-to-end throughput (from the first publish to the last
-// message at the broker, counted from the broker's end offsets), CPU time of
-// this process and the PostgreSQL server, and peak RSS of this process.
+// synchronous_commit on, pg_stat_statements loaded when available) and, per
+// measured run, a fresh in-process Kafka broker (franz-go's kfake), and runs
+// up to three phases (-phases):
 //
-//	go run ./cmd/outbox-bench            # defaults: 200,000 messages, 100 and 1 per transaction
-//	go run ./cmd/outbox-bench -smoke     # tiny sizes, for CI
+//   - compare: each system of -systems publishes -messages messages with
+//     -publishers goroutines, -per-tx messages per transaction. (b) and (c)
+//     run twice: "steady" (the relay runs while publishing) and "backlog"
+//     (publish with the relay stopped, then start it and time the drain).
+//     Reports publish msg/s, end-to-end msg/s (from the first publish until
+//     the broker's end offsets reach the message count), drain msg/s, CPU
+//     time of this process and of the PostgreSQL server, peak RSS, and the
+//     ratios (c)/(a) and (c)/(b).
+//   - latency: (b) and (c) (the latter with adaptive.LowLatency()) at each
+//     open-loop offered load of -latency-loads msg/s for -latency-duration:
+//     max(1, load/1000) messages per transaction, transactions started at
+//     fixed times by -latency-publishers goroutines. A franz-go consumer
+//     reads the Kafka topic; commit→broker latency is the time from COMMIT
+//     returning to the consumer receiving the record (matched by the
+//     metadata bench_n, a Kafka header). Reports p50/p90/p99/p99.9/max.
+//   - growth, (c) only: (i) -growth-history messages (4 publishers, 100/tx,
+//     unpaced unless -growth-max-backlog) with the retention Vacuum on and
+//     the consumer deleting what it consumed from the broker, with a point
+//     (msg/s, latency, RSS, Go heap, log and pending rows and sizes) every
+//     10% delivered; (ii) -growth-messages messages for each partition
+//     count of -growth-partitions.
 //
-// Results go to -out (default ./outbox-bench-results): results.json,
-// results.md and throughput.png. See docs/comparison.md.
+// Flags:
+//
+//	-phases compare,latency,growth   phases to run
+//	-systems ceiling,peer,outbox     systems of the compare phase
+//	-messages 200000                 messages per system and -per-tx value (compare)
+//	-per-tx 100,1                    messages per transaction (compare)
+//	-publishers 4                    publishers, one connection each (compare)
+//	-payload 256  -keys 1000         payload bytes, distinct partition keys
+//	-partitions 16                   outbox and Kafka partitions (compare, latency, growth history)
+//	-outbox-notify=true              (c): the Publisher's NOTIFY wakes the Sequencer
+//	-latency-loads 1000,10000        offered loads, msg/s
+//	-latency-duration 20s            how long each load is offered
+//	-latency-publishers 8            publishers (connections) of the latency phase
+//	-growth-history 1000000          messages of the history run
+//	-growth-max-backlog 0            history: publishers wait while more than this many are undelivered (0: unpaced)
+//	-growth-partitions 1,4,16,64     partition counts of the partitions sweep
+//	-growth-messages 200000          messages per partition count
+//	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
+//	-out outbox-bench-results        output directory
+//	-smoke                           tiny sizes, all phases well under 90 s; for CI
+//
+//	go run ./cmd/outbox-bench                      # everything, full sizes
+//	go run ./cmd/outbox-bench -smoke               # tiny sizes, for CI
+//	go run ./cmd/outbox-bench -phases latency -latency-loads 1000
+//
+// Results go to -out: results.json (every figure, samples, latency CDFs,
+// growth points, top statements), results.md (the tables), throughput.png
+// (compare: rate at the broker over time, steady and drain), latency.png
+// (commit→broker latency CDF), growth.png (history and partition curves)
+// and statements.md (pg_stat_statements' top statements per run of (b) and
+// (c)). Progress goes to stdout. See docs/comparison.md.
+//
+// The exit status is 1 when a run did not get all its messages to the
+// broker within -max-drain (after the outputs are written), 2 for bad flags.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
+// Phases, in the order they run.
+const (
+	phaseCompare = "compare"
+	phaseLatency = "latency"
+	phaseGrowth  = "growth"
+)
+
+// maxTracked bounds the messages of a latency or growth run: each has its
+// commit and receive times in memory (16 bytes per message).
+const maxTracked = 20_000_000
+
+// config holds the parsed flags.
 type config struct {
+	phases     []string
+	systems    []string
 	messages   int
 	payload    int
 	keys       int
@@ -46,41 +110,161 @@ type config struct {
 	smoke      bool
 	// outboxNotify leaves the outbox Publisher's NOTIFY on (the default).
 	outboxNotify bool
+
+	latencyLoads      []int
+	latencyDuration   time.Duration
+	latencyPublishers int
+
+	growthHistory    int
+	growthMaxBacklog int
+	growthPartitions []int
+	growthMessages   int
 }
 
+func (c *config) has(phase string) bool { return slices.Contains(c.phases, phase) }
+
 func main() {
-	var cfg config
-	var perTx string
-	flag.IntVar(&cfg.messages, "messages", 200000, "messages per system and per -per-tx value")
-	flag.IntVar(&cfg.payload, "payload", 256, "payload bytes per message")
-	flag.IntVar(&cfg.keys, "keys", 1000, "distinct partition keys")
-	flag.IntVar(&cfg.partitions, "partitions", 16, "partitions of the outbox topic and of the Kafka topics")
-	flag.StringVar(&perTx, "per-tx", "100,1", "messages per transaction; a comma-separated list runs each")
-	flag.IntVar(&cfg.publishers, "publishers", 4, "concurrent publishers, one connection each")
-	flag.DurationVar(&cfg.maxDrain, "max-drain", 15*time.Minute, "give up waiting for a system's messages at the broker after this long (the result is then marked incomplete)")
-	flag.StringVar(&cfg.out, "out", "outbox-bench-results", "directory for results.json, results.md and throughput.png")
-	flag.BoolVar(&cfg.outboxNotify, "outbox-notify", true, "(c): the Publisher sends NOTIFY to wake the Sequencer (its default); false leaves the Sequencer to its poll interval")
-	flag.BoolVar(&cfg.smoke, "smoke", false, "tiny sizes (2,000 messages, 100 and 1 per transaction), finishes in seconds; for CI")
-	flag.Parse()
-	for _, s := range strings.Split(perTx, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			fmt.Fprintf(os.Stderr, "outbox-bench: bad -per-tx %q\n", s)
-			os.Exit(2)
-		}
-		cfg.perTx = append(cfg.perTx, n)
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
 	}
-	if cfg.smoke {
-		cfg.messages = 2000
-		cfg.maxDrain = 20 * time.Second
-		// -per-tx 1 at 2,000 messages takes about a second per system.
-	}
-	if cfg.messages < 1 || cfg.payload < 0 || cfg.keys < 1 || cfg.partitions < 1 || cfg.partitions > 1024 || cfg.publishers < 1 {
-		fmt.Fprintln(os.Stderr, "outbox-bench: -messages, -keys, -publishers must be ≥ 1, -partitions 1..1024, -payload ≥ 0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
 		os.Exit(2)
 	}
 	if err := run(context.Background(), cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
 		os.Exit(1)
 	}
+}
+
+// parseFlags parses and validates the command line; -smoke replaces the
+// sizes (not -phases, -systems or -out).
+func parseFlags(args []string) (config, error) {
+	var cfg config
+	var phases, systems, perTx, loads, partitions string
+	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
+	fs.StringVar(&phases, "phases", "compare,latency,growth", "phases to run: compare, latency, growth (comma-separated)")
+	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, outbox (comma-separated)")
+	fs.IntVar(&cfg.messages, "messages", 200000, "compare: messages per system and per -per-tx value")
+	fs.IntVar(&cfg.payload, "payload", 256, "payload bytes per message")
+	fs.IntVar(&cfg.keys, "keys", 1000, "distinct partition keys")
+	fs.IntVar(&cfg.partitions, "partitions", 16, "partitions of the outbox topic and of the Kafka topics (compare, latency, growth history)")
+	fs.StringVar(&perTx, "per-tx", "100,1", "compare: messages per transaction; a comma-separated list runs each")
+	fs.IntVar(&cfg.publishers, "publishers", 4, "compare: concurrent publishers, one connection each")
+	fs.DurationVar(&cfg.maxDrain, "max-drain", 15*time.Minute, "give up waiting for a run's messages at the broker after this long (the result is then marked incomplete)")
+	fs.StringVar(&cfg.out, "out", "outbox-bench-results", "directory for results.json, results.md, statements.md and the PNGs")
+	fs.BoolVar(&cfg.outboxNotify, "outbox-notify", true, "(c): the Publisher sends NOTIFY to wake the Sequencer (its default); false leaves the Sequencer to its poll interval")
+	fs.StringVar(&loads, "latency-loads", "1000,10000", "latency: offered loads in msg/s (comma-separated)")
+	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 20*time.Second, "latency: how long each load is offered")
+	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
+	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
+	fs.IntVar(&cfg.growthMaxBacklog, "growth-max-backlog", 0, "growth: publishers wait while more than this many messages are not yet at the consumer (0: unpaced)")
+	fs.StringVar(&partitions, "growth-partitions", "1,4,16,64", "growth: partition counts (comma-separated)")
+	fs.IntVar(&cfg.growthMessages, "growth-messages", 200000, "growth: messages per partition count")
+	fs.BoolVar(&cfg.smoke, "smoke", false, "tiny sizes (compare 2,000 messages; loads 200 and 1000 msg/s for 2 s; history 20,000; partitions 1,4 with 5,000 each); for CI")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth); err != nil {
+		return cfg, err
+	}
+	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysOutbox); err != nil {
+		return cfg, err
+	}
+	if cfg.perTx, err = parseInts("-per-tx", perTx, 1, 1<<20); err != nil {
+		return cfg, err
+	}
+	if cfg.latencyLoads, err = parseInts("-latency-loads", loads, 1, 1_000_000); err != nil {
+		return cfg, err
+	}
+	if cfg.growthPartitions, err = parseInts("-growth-partitions", partitions, 1, 1024); err != nil {
+		return cfg, err
+	}
+	if cfg.smoke {
+		cfg.messages = 2000
+		cfg.maxDrain = 20 * time.Second
+		cfg.latencyLoads = []int{200, 1000}
+		cfg.latencyDuration = 2 * time.Second
+		cfg.growthHistory = 20000
+		cfg.growthPartitions = []int{1, 4}
+		cfg.growthMessages = 5000
+	}
+	return cfg, cfg.validate()
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.messages < 1, c.keys < 1, c.publishers < 1, c.latencyPublishers < 1:
+		return fmt.Errorf("-messages, -keys, -publishers and -latency-publishers must be at least 1")
+	case c.payload < 0:
+		return fmt.Errorf("-payload must not be negative")
+	case c.partitions < 1 || c.partitions > 1024:
+		return fmt.Errorf("-partitions must be 1..1024")
+	case c.maxDrain <= 0 || c.latencyDuration <= 0:
+		return fmt.Errorf("-max-drain and -latency-duration must be positive")
+	case c.latencyDuration > time.Hour:
+		return fmt.Errorf("-latency-duration must be at most 1h")
+	case c.growthHistory < 10:
+		return fmt.Errorf("-growth-history must be at least 10 (a point per 10%%)")
+	case c.growthMessages < 1:
+		return fmt.Errorf("-growth-messages must be at least 1")
+	case c.growthMaxBacklog < 0:
+		return fmt.Errorf("-growth-max-backlog must not be negative")
+	case c.out == "":
+		return fmt.Errorf("-out must not be empty")
+	}
+	for _, l := range c.latencyLoads {
+		// The commit and receive times are kept per message.
+		if n := int64(l) * int64(c.latencyDuration/time.Millisecond) / 1000; n > maxTracked {
+			return fmt.Errorf("-latency-loads %d for -latency-duration %v is %d messages; at most %d", l, c.latencyDuration, n, maxTracked)
+		}
+		if latencyTxs(l, c.latencyDuration) < 1 {
+			return fmt.Errorf("-latency-loads %d: less than one transaction in -latency-duration %v", l, c.latencyDuration)
+		}
+	}
+	if c.growthHistory > maxTracked || c.growthMessages > maxTracked {
+		return fmt.Errorf("-growth-history and -growth-messages must be at most %d", maxTracked)
+	}
+	return nil
+}
+
+// parseNames splits a comma-separated list and checks each name against
+// allowed; the result keeps allowed's order, without repeats.
+func parseNames(flagName, s string, allowed ...string) ([]string, error) {
+	seen := map[string]bool{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(allowed, f) {
+			return nil, fmt.Errorf("bad %s value %q (allowed: %s)", flagName, f, strings.Join(allowed, ", "))
+		}
+		seen[f] = true
+	}
+	var out []string
+	for _, a := range allowed {
+		if seen[a] {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// parseInts splits a comma-separated list of integers in lo..hi, keeping
+// their order and dropping repeats.
+func parseInts(flagName, s string, lo, hi int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < lo || n > hi {
+			return nil, fmt.Errorf("bad %s value %q (want an integer %d..%d)", flagName, f, lo, hi)
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }

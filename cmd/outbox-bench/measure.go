@@ -18,7 +18,12 @@ import (
 	"github.com/millrace/watermill-outbox/internal/procstat"
 )
 
+// cpuSample is the CPU time used so far by this process and by the
+// PostgreSQL server.
 type cpuSample struct{ process, server time.Duration }
+
+// total is the sum of both, in seconds.
+func (c cpuSample) total() float64 { return (c.process + c.server).Seconds() }
 
 // readCPU returns the CPU time (user + system) of this process (which holds
 // the in-process Kafka broker too) and of the PostgreSQL server whose
@@ -36,17 +41,8 @@ func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) 
 // peakRSS is this process's peak resident set size in bytes since the last
 // resetPeakRSS (VmHWM), or since it started (getrusage) without /proc.
 func peakRSS() int64 {
-	if f, err := os.Open("/proc/self/status"); err == nil {
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-				kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-				if err == nil {
-					return kb << 10
-				}
-			}
-		}
+	if kb, ok := procStatusKB("VmHWM:"); ok {
+		return kb << 10
 	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
@@ -55,8 +51,39 @@ func peakRSS() int64 {
 	return 0
 }
 
+// currentRSS is this process's resident set size in bytes now (VmRSS), 0
+// without /proc.
+func currentRSS() int64 {
+	kb, _ := procStatusKB("VmRSS:")
+	return kb << 10
+}
+
+// procStatusKB reads a "<field> <n> kB" line of /proc/self/status.
+func procStatusKB(field string) (int64, bool) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), field); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb, err == nil
+		}
+	}
+	return 0, false
+}
+
+// heapInuse is the Go heap in use (runtime.MemStats.HeapInuse), in bytes.
+func heapInuse() int64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse)
+}
+
 // brokerCounter counts the records of a topic from the broker's end
-// offsets (records are never deleted from the in-process broker).
+// offsets (high watermarks, which deleting records does not lower).
 type brokerCounter struct {
 	client     *kgo.Client
 	partitions int32

@@ -11,6 +11,7 @@ import (
 	wforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
@@ -20,6 +21,40 @@ import (
 
 // outboxTopic is the topic name inside each system's schema.
 const outboxTopic = "bench"
+
+// system is one way of publishing (and relaying) set up for one run, in a
+// schema of its own. The relay does not run until start.
+type system struct {
+	// publish writes one transaction's messages with tx.
+	publish func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
+	// kafkaTopic is where the relay delivers; "" for the ceiling.
+	kafkaTopic string
+	// start starts the relay (nil for the ceiling); it returns once the
+	// relay runs, or with its error.
+	start func(ctx context.Context) error
+	// stop stops the relay if it was started and releases everything.
+	stop func()
+}
+
+// outboxOptions are what the runs of (c) vary.
+type outboxOptions struct {
+	partitions int
+	tuning     adaptive.Tuning
+}
+
+// setup creates system name in schema, relaying to kafkaTopic on brokers.
+// opts apply to (c) only.
+func (b *bench) setup(ctx context.Context, name, schema, kafkaTopic string, brokers []string, opts outboxOptions) (*system, error) {
+	switch name {
+	case sysCeiling:
+		return b.setupCeiling(ctx, schema)
+	case sysPeer:
+		return b.setupPeer(ctx, schema, kafkaTopic, brokers)
+	case sysOutbox:
+		return b.setupOutbox(ctx, schema, kafkaTopic, brokers, opts)
+	}
+	return nil, fmt.Errorf("unknown system %q", name)
+}
 
 // setupCeiling creates (a): a bare table with the columns of the outbox's
 // pending table, no identity, no index, written with one multi-row INSERT
@@ -38,19 +73,21 @@ func (b *bench) setupCeiling(ctx context.Context, schema string) (*system, error
 		return nil, err
 	}
 	insert := sqlFor(schema, "INSERT INTO {{s}}.plain "+ceiling.InsertColumns)
-	return &system{publish: ceiling.PlainInsert(insert, outboxTopic, b.cfg.partitions)}, nil
+	return &system{publish: ceiling.PlainInsert(insert, outboxTopic, b.cfg.partitions), stop: func() {}}, nil
 }
 
 // setupPeer creates (b), as watermill-sql and Watermill's docs show it:
 // in each transaction a watermill-sql Publisher (DefaultPostgreSQLSchema)
 // over the transaction, decorated by components/forwarder's Publisher, which
 // wraps each message in an envelope naming its destination topic and
-// writes it to the forwarder topic's table. A components/forwarder
-// Forwarder reads that table with a watermill-sql Subscriber
-// (DefaultPostgreSQLOffsetsAdapter) and publishes each message with
-// watermill-kafka's publisher (a sarama SyncProducer), keyed by the
-// partition key.
-func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string) (*system, error) {
+// writes it to the forwarder topic's table. The relay, once started: a
+// components/forwarder Forwarder that reads that table with a watermill-sql
+// Subscriber (DefaultPostgreSQLOffsetsAdapter, PollInterval 100 ms) and
+// publishes each message with watermill-kafka's publisher (a sarama
+// SyncProducer), keyed by the partition key. The forwarder unwraps the
+// envelope with the message's metadata, which watermill-kafka's marshaler
+// puts into record headers.
+func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string, brokers []string) (*system, error) {
 	schemaAdapter := wsql.DefaultPostgreSQLSchema{
 		GenerateMessagesTableName: func(topic string) string {
 			return pgx.Identifier{schema, "watermill_" + topic}.Sanitize()
@@ -80,64 +117,80 @@ func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string) (*syst
 		relayPool.Close()
 		return nil, err
 	}
+	// Creates the tables, so that publishing can start before the relay.
 	if err := sub.SubscribeInitialize(fwdTopic); err != nil {
+		_ = sub.Close()
 		relayPool.Close()
 		return nil, err
 	}
-	kpub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: b.brokers,
-		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-			return msg.Metadata.Get(outbox.PartitionKeyMetadata), nil
-		}),
-	}, logger)
-	if err != nil {
-		relayPool.Close()
-		return nil, err
+	var (
+		kpub    message.Publisher
+		fwd     *wforwarder.Forwarder
+		done    chan error
+		started bool
+	)
+	sys := &system{kafkaTopic: kafkaTopic}
+	sys.start = func(context.Context) error {
+		kp, err := kafka.NewPublisher(kafka.PublisherConfig{
+			Brokers: brokers,
+			Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+				return msg.Metadata.Get(outbox.PartitionKeyMetadata), nil
+			}),
+		}, logger)
+		if err != nil {
+			return err
+		}
+		kpub = kp
+		fwd, err = wforwarder.NewForwarder(sub, kpub, logger, wforwarder.Config{ForwarderTopic: fwdTopic, CloseTimeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		done = make(chan error, 1)
+		started = true
+		go func() { done <- fwd.Run(context.Background()) }()
+		select {
+		case <-fwd.Running():
+			return nil
+		case err := <-done:
+			done <- err
+			return fmt.Errorf("watermill forwarder: %w", err)
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("watermill forwarder did not start")
+		}
 	}
-	fwd, err := wforwarder.NewForwarder(sub, kpub, logger, wforwarder.Config{ForwarderTopic: fwdTopic, CloseTimeout: 5 * time.Second})
-	if err != nil {
-		relayPool.Close()
-		return nil, err
-	}
-	done := make(chan error, 1)
-	go func() { done <- fwd.Run(context.Background()) }()
-	select {
-	case <-fwd.Running():
-	case err := <-done:
-		relayPool.Close()
-		return nil, fmt.Errorf("watermill forwarder: %w", err)
-	case <-time.After(30 * time.Second):
-		relayPool.Close()
-		return nil, fmt.Errorf("watermill forwarder did not start")
-	}
-	fcfg := wforwarder.PublisherConfig{ForwarderTopic: fwdTopic}
-	return &system{
-		kafkaTopic: kafkaTopic,
-		publish: func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-			pub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: schemaAdapter}, logger)
-			if err != nil {
-				return err
-			}
-			for _, m := range msgs {
-				m.SetContext(ctx)
-			}
-			return wforwarder.NewPublisher(pub, fcfg).Publish(kafkaTopic, msgs...)
-		},
-		stop: func() {
+	sys.stop = func() {
+		if started {
 			_ = fwd.Close()
 			<-done
+		}
+		// The router closes the subscriber it ran; closing again is harmless.
+		_ = sub.Close()
+		if kpub != nil {
 			_ = kpub.Close()
-			relayPool.Close()
-		},
-	}, nil
+		}
+		relayPool.Close()
+	}
+	fcfg := wforwarder.PublisherConfig{ForwarderTopic: fwdTopic}
+	sys.publish = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		pub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: schemaAdapter}, logger)
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			m.SetContext(ctx)
+		}
+		return wforwarder.NewPublisher(pub, fcfg).Publish(kafkaTopic, msgs...)
+	}
+	return sys, nil
 }
 
-// setupOutbox creates (c): Migrate into the schema, register the topic, a
-// long-lived context-bound outbox.Publisher (NOTIFY on, the default), and a
-// forwarder.Forwarder (its Subscriber runs the Sequencer, the default) with
-// a KafkaTarget (DefaultSaramaConfig), all with default tuning, on a pool of
-// its own as in cmd/outbox-demo.
-func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string) (*system, error) {
+// setupOutbox creates (c): Migrate into the schema, register the topic
+// with opts.partitions partitions, and a long-lived context-bound
+// outbox.Publisher (NOTIFY on unless -outbox-notify=false). The relay, once
+// started: a forwarder.Forwarder (its Subscriber runs the Sequencer, the
+// default) with a KafkaTarget (DefaultSaramaConfig) and opts.tuning, on a
+// pool of its own as in cmd/outbox-demo.
+func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brokers []string, opts outboxOptions) (*system, error) {
 	admin, err := b.pool(ctx, 2)
 	if err != nil {
 		return nil, err
@@ -146,55 +199,64 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string) (*sy
 	if err := outbox.Migrate(ctx, admin, schema); err != nil {
 		return nil, err
 	}
-	if err := outbox.RegisterTopic(ctx, admin, schema, outboxTopic, b.cfg.partitions); err != nil {
+	if err := outbox.RegisterTopic(ctx, admin, schema, outboxTopic, opts.partitions); err != nil {
 		return nil, err
 	}
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DisableNotify: !b.cfg.outboxNotify}, nil)
 	if err != nil {
 		return nil, err
 	}
-	tuning := adaptive.Default()
-	relayPool, err := b.pool(ctx, tuning.MaxConcurrentPartitions+4)
-	if err != nil {
-		return nil, err
+	var (
+		relayPool *pgxpool.Pool
+		target    *forwarder.KafkaTarget
+		fwd       *forwarder.Forwarder
+		done      chan error
+	)
+	sys := &system{kafkaTopic: kafkaTopic}
+	sys.start = func(ctx context.Context) error {
+		var err error
+		if relayPool, err = b.pool(ctx, opts.tuning.MaxConcurrentPartitions+4); err != nil {
+			return err
+		}
+		if target, err = forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers}); err != nil {
+			return err
+		}
+		fwd, err = forwarder.NewForwarder(forwarder.Config{
+			Subscriber: outbox.SubscriberConfig{
+				Schema:       schema,
+				Pool:         relayPool,
+				Tuning:       opts.tuning,
+				CloseTimeout: 5 * time.Second,
+			},
+			Topics:      []string{outboxTopic},
+			Target:      target,
+			TargetTopic: func(string) string { return kafkaTopic },
+		}, nil)
+		if err != nil {
+			return err
+		}
+		done = make(chan error, 1)
+		go func() { done <- fwd.Run(context.Background()) }()
+		return nil
 	}
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: b.brokers})
-	if err != nil {
-		relayPool.Close()
-		return nil, err
-	}
-	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber: outbox.SubscriberConfig{
-			Schema:       schema,
-			Pool:         relayPool,
-			Tuning:       tuning,
-			CloseTimeout: 5 * time.Second,
-		},
-		Topics:      []string{outboxTopic},
-		Target:      target,
-		TargetTopic: func(string) string { return kafkaTopic },
-	}, nil)
-	if err != nil {
-		_ = target.Close()
-		relayPool.Close()
-		return nil, err
-	}
-	done := make(chan error, 1)
-	go func() { done <- fwd.Run(context.Background()) }()
-	return &system{
-		kafkaTopic: kafkaTopic,
-		publish: func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-			txCtx := outbox.WithTx(ctx, tx)
-			for _, m := range msgs {
-				m.SetContext(txCtx)
-			}
-			return pub.Publish(outboxTopic, msgs...)
-		},
-		stop: func() {
+	sys.stop = func() {
+		if fwd != nil {
 			_ = fwd.Close()
 			<-done
+		}
+		if target != nil {
 			_ = target.Close()
+		}
+		if relayPool != nil {
 			relayPool.Close()
-		},
-	}, nil
+		}
+	}
+	sys.publish = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		txCtx := outbox.WithTx(ctx, tx)
+		for _, m := range msgs {
+			m.SetContext(txCtx)
+		}
+		return pub.Publish(outboxTopic, msgs...)
+	}
+	return sys, nil
 }
