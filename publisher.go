@@ -179,8 +179,10 @@ type Publisher struct {
 
 	insertSQL       string // without NOTIFY
 	insertNotifySQL string // with NOTIFY; "" when DisableNotify
-	channel         string
-	notifyGate      *notifyGate
+	// The same for a single message: plain VALUES, cheaper than unnest.
+	insertOneSQL, insertOneNotifySQL string
+	channel                          string
+	notifyGate                       *notifyGate
 
 	mu     sync.Mutex
 	topics map[string]*topicState
@@ -234,9 +236,12 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 	SELECT $1, x.p, NULLIF(x.k, ''), x.u, x.m::jsonb, x.b
 	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
 	ORDER BY x.ord`
-	p.insertSQL = insert
+	insertOne := `INSERT INTO ` + names.Quote(cfg.Schema) + `.pending (topic, partition, partition_key, uuid, metadata, payload)
+	VALUES ($1, $2, NULLIF($3, ''), $4, $5::jsonb, $6)`
+	p.insertSQL, p.insertOneSQL = insert, insertOne
 	if !cfg.DisableNotify {
 		p.insertNotifySQL = `WITH ins AS (` + insert + `) SELECT pg_notify($7, '')`
+		p.insertOneNotifySQL = `WITH ins AS (` + insertOne + `) SELECT pg_notify($7, '')`
 		p.notifyGate = notifyGateFor(p.channel)
 	}
 	return p, nil
@@ -265,9 +270,14 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return err
 	}
-	sql, args := p.insertSQL, []any{topic, batch.partitions, batch.keys, batch.uuids, batch.metadata, batch.payloads}
+	sql, notifySQL := p.insertSQL, p.insertNotifySQL
+	args := []any{topic, batch.partitions, batch.keys, batch.uuids, batch.metadata, batch.payloads}
+	if len(msgs) == 1 {
+		sql, notifySQL = p.insertOneSQL, p.insertOneNotifySQL
+		args = []any{topic, batch.partitions[0], batch.keys[0], batch.uuids[0], batch.metadata[0], batch.payloads[0]}
+	}
 	if p.notifyGate != nil && p.notifyGate.pass(time.Now(), p.cfg.NotifyInterval) {
-		sql, args = p.insertNotifySQL, append(args, p.channel)
+		sql, args = notifySQL, append(args, p.channel)
 	}
 	if _, err := q.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err)

@@ -56,8 +56,8 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 	cfg := outbox.PublisherConfig{Schema: e.schema}
 	db := pgtest.DB(t)
 
-	kinds := map[string]func(t *testing.T, msg *message.Message, commit bool){
-		"pgx.Tx": func(t *testing.T, msg *message.Message, commit bool) {
+	kinds := map[string]func(t *testing.T, msgs []*message.Message, commit bool){
+		"pgx.Tx": func(t *testing.T, msgs []*message.Message, commit bool) {
 			tx, err := e.pool.Begin(ctx(t))
 			if err != nil {
 				t.Fatal(err)
@@ -66,12 +66,12 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := pub.Publish("orders", msg); err != nil {
+			if err := pub.Publish("orders", msgs...); err != nil {
 				t.Fatal(err)
 			}
 			finish(t, commit, func() error { return tx.Commit(ctx(t)) }, func() error { return tx.Rollback(ctx(t)) })
 		},
-		"*sql.Tx": func(t *testing.T, msg *message.Message, commit bool) {
+		"*sql.Tx": func(t *testing.T, msgs []*message.Message, commit bool) {
 			tx, err := db.BeginTx(ctx(t), nil)
 			if err != nil {
 				t.Fatal(err)
@@ -80,12 +80,12 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := pub.Publish("orders", msg); err != nil {
+			if err := pub.Publish("orders", msgs...); err != nil {
 				t.Fatal(err)
 			}
 			finish(t, commit, tx.Commit, tx.Rollback)
 		},
-		"watermill-sql std executor": func(t *testing.T, msg *message.Message, commit bool) {
+		"watermill-sql std executor": func(t *testing.T, msgs []*message.Message, commit bool) {
 			beginner := wsql.BeginnerFromStdSQL(db)
 			tx, err := beginner.BeginTx(ctx(t), nil)
 			if err != nil {
@@ -95,12 +95,12 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := pub.Publish("orders", msg); err != nil {
+			if err := pub.Publish("orders", msgs...); err != nil {
 				t.Fatal(err)
 			}
 			finish(t, commit, tx.Commit, tx.Rollback)
 		},
-		"watermill-sql pgx executor": func(t *testing.T, msg *message.Message, commit bool) {
+		"watermill-sql pgx executor": func(t *testing.T, msgs []*message.Message, commit bool) {
 			beginner := wsql.BeginnerFromPgx(e.pool)
 			tx, err := beginner.BeginTx(ctx(t), nil)
 			if err != nil {
@@ -110,12 +110,12 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := pub.Publish("orders", msg); err != nil {
+			if err := pub.Publish("orders", msgs...); err != nil {
 				t.Fatal(err)
 			}
 			finish(t, commit, tx.Commit, tx.Rollback)
 		},
-		"context-bound pgx.Tx": func(t *testing.T, msg *message.Message, commit bool) {
+		"context-bound pgx.Tx": func(t *testing.T, msgs []*message.Message, commit bool) {
 			pub, err := outbox.NewPublisher(cfg, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -124,8 +124,10 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			msg.SetContext(outbox.WithTx(ctx(t), tx))
-			if err := pub.Publish("orders", msg); err != nil {
+			for _, m := range msgs {
+				m.SetContext(outbox.WithTx(ctx(t), tx))
+			}
+			if err := pub.Publish("orders", msgs...); err != nil {
 				t.Fatal(err)
 			}
 			finish(t, commit, func() error { return tx.Commit(ctx(t)) }, func() error { return tx.Rollback(ctx(t)) })
@@ -133,23 +135,33 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 	}
 	for name, publish := range kinds {
 		t.Run(name, func(t *testing.T) {
+			// One message per call (a VALUES insert) and several per call
+			// (an unnest insert) take different statements.
 			committed := oddMessage("commit-"+name, "key-"+name)
 			rolledBack := oddMessage("rollback-"+name, "key-"+name)
-			publish(t, committed, true)
-			publish(t, rolledBack, false)
+			pair := []*message.Message{oddMessage("pair1-"+name, "key-"+name), oddMessage("pair2-"+name, "other-"+name)}
+			publish(t, []*message.Message{committed}, true)
+			publish(t, []*message.Message{rolledBack}, false)
+			publish(t, pair, true)
 			e.sequenceAll(t)
-			var found []logRow
+			want := map[string]*message.Message{committed.UUID: committed, pair[0].UUID: pair[0], pair[1].UUID: pair[1]}
+			found := map[string]logRow{}
 			for _, r := range e.readLog(t, "orders") {
-				if r.UUID == committed.UUID || r.UUID == rolledBack.UUID {
-					found = append(found, r)
+				if r.UUID == rolledBack.UUID {
+					t.Fatalf("the rolled-back message is in the log (%s)", name)
+				}
+				if want[r.UUID] != nil {
+					found[r.UUID] = r
 				}
 			}
-			if len(found) != 1 {
-				t.Fatalf("found %d rows for %s, want only the committed one", len(found), name)
+			if len(found) != len(want) {
+				t.Fatalf("found %d of the %d committed messages for %s", len(found), len(want), name)
 			}
-			assertSameMessage(t, found[0], committed)
-			if found[0].Key == nil || *found[0].Key != "key-"+name {
-				t.Fatalf("partition key = %v", found[0].Key)
+			for id, m := range want {
+				assertSameMessage(t, found[id], m)
+				if k := found[id].Key; k == nil || *k != m.Metadata.Get(outbox.PartitionKeyMetadata) {
+					t.Fatalf("partition key = %v, want %q", k, m.Metadata.Get(outbox.PartitionKeyMetadata))
+				}
 			}
 		})
 	}
