@@ -22,8 +22,10 @@ const (
 // growthResult holds the growth phase: the history run and the partitions
 // sweep.
 type growthResult struct {
-	History    *historyResult `json:"history,omitempty"`
-	Partitions []*growthRun   `json:"partitions,omitempty"`
+	History *historyResult `json:"history,omitempty"`
+	// HistoryPaced is the history run again at a fixed offered load.
+	HistoryPaced *historyResult `json:"history_paced,omitempty"`
+	Partitions   []*growthRun   `json:"partitions,omitempty"`
 }
 
 // growthRun is the outcome of one growth run of (c): a fresh schema and
@@ -55,7 +57,9 @@ type growthRun struct {
 type historyResult struct {
 	growthRun
 	// MaxBacklog is -growth-max-backlog (0: unpaced).
-	MaxBacklog    int            `json:"max_backlog"`
+	MaxBacklog int `json:"max_backlog"`
+	// OfferedRate is the paced run's load in msg/s (0: not paced).
+	OfferedRate   int            `json:"offered_msgs_per_s,omitempty"`
 	VacuumDeleted int64          `json:"vacuum_deleted"`
 	Points        []historyPoint `json:"points"`
 }
@@ -86,12 +90,21 @@ type historyPoint struct {
 // growthPhase runs the history run and the partitions sweep.
 func (b *bench) growthPhase(ctx context.Context, res *results) error {
 	res.Growth = &growthResult{}
-	h, err := b.runHistory(ctx)
+	h, err := b.runHistory(ctx, 0)
 	if h != nil {
 		res.Growth.History = h
 	}
 	if err != nil {
 		return fmt.Errorf("history: %w", err)
+	}
+	if b.cfg.growthRate > 0 {
+		h, err := b.runHistory(ctx, b.cfg.growthRate)
+		if h != nil {
+			res.Growth.HistoryPaced = h
+		}
+		if err != nil {
+			return fmt.Errorf("history at %d msg/s: %w", b.cfg.growthRate, err)
+		}
 	}
 	for _, p := range b.cfg.growthPartitions {
 		r, err := b.runTracked(ctx, trackedSpec{
@@ -110,12 +123,18 @@ func (b *bench) growthPhase(ctx context.Context, res *results) error {
 
 // runHistory publishes -growth-history messages into one topic of
 // -partitions partitions with the retention Vacuum running, and records a
-// point every 10% delivered (and one before the start).
-func (b *bench) runHistory(ctx context.Context) (*historyResult, error) {
-	h := &historyRecorder{b: b, ctx: ctx, res: &historyResult{MaxBacklog: b.cfg.growthMaxBacklog}, step: int64(b.cfg.growthHistory / 10)}
+// point every 10% delivered (and one before the start). rate > 0 offers a
+// fixed load of rate msg/s instead of publishing as fast as possible.
+func (b *bench) runHistory(ctx context.Context, rate int) (*historyResult, error) {
+	h := &historyRecorder{b: b, ctx: ctx, res: &historyResult{MaxBacklog: b.cfg.growthMaxBacklog, OfferedRate: rate}, step: int64(b.cfg.growthHistory / 10)}
+	label, name := "history", "growth_history"
+	if rate > 0 {
+		label, name = fmt.Sprintf("history at %d msg/s", rate), fmt.Sprintf("growth_history_r%d", rate)
+	}
 	r, err := b.runTracked(ctx, trackedSpec{
-		label:      "history",
-		name:       "growth_history",
+		label:      label,
+		name:       name,
+		rate:       rate,
 		partitions: b.cfg.partitions,
 		messages:   b.cfg.growthHistory,
 		vacuum:     true,
@@ -207,6 +226,9 @@ type trackedSpec struct {
 	// maxBacklog, when positive, holds the publishers back while more
 	// than that many messages are published but not at the consumer.
 	maxBacklog int
+	// rate, when positive, paces the publishers at rate msg/s (maxBacklog
+	// is then ignored).
+	rate int
 	// tick is called every 100 ms (and once before publishing starts);
 	// end once after the last message arrived. Without tick, progress is
 	// logged every 2 s.
@@ -281,7 +303,11 @@ func (b *bench) runTracked(ctx context.Context, spec trackedSpec) (*growthRun, e
 		spec.tick(tr, t0)
 	}
 	pubDone := make(chan error, 1)
-	go func() { pubDone <- b.publish(ctx, l, unpaced(ctx, txs, backlogHold(l, cons, spec.maxBacklog))) }()
+	jobs := unpaced(ctx, txs, backlogHold(l, cons, spec.maxBacklog))
+	if spec.rate > 0 {
+		jobs = paced(ctx, t0, t0, txs, float64(spec.rate)/growthPerTx)
+	}
+	go func() { pubDone <- b.publish(ctx, l, jobs) }()
 	lastLog := t0
 	end, complete, err := b.watch(ctx, cons, int64(r.Messages), pubDone, func(now time.Time) {
 		if spec.tick != nil {

@@ -24,6 +24,9 @@ func growthImage(g *growthResult) *image.RGBA {
 	if g != nil && g.History != nil && len(g.History.Points) > 0 {
 		charts = append(charts, historyCharts(g.History)...)
 	}
+	if g != nil && g.HistoryPaced != nil && len(g.HistoryPaced.Points) > 0 {
+		charts = append(charts, historyCharts(g.HistoryPaced)...)
+	}
 	if g != nil && len(g.Partitions) > 0 {
 		charts = append(charts, partitionsChart(g.Partitions))
 	}
@@ -59,11 +62,16 @@ func historyCharts(h *historyResult) []chart {
 		c.x = linAxis(math.Max(maxX, 1), xunit)
 		return c
 	}
-	title := fmt.Sprintf("(a) history: %d partitions, retention on", h.Partitions)
+	title := fmt.Sprintf("(a) history: %d partitions, retention on, unpaced", h.Partitions)
+	memTitle := "(b) memory and table sizes as the history grows, unpaced"
+	if h.OfferedRate > 0 {
+		memTitle = fmt.Sprintf("(b') memory and table sizes as the history grows, %d msg/s offered", h.OfferedRate)
+		title = fmt.Sprintf("(a') history: %d partitions, retention on, %d msg/s offered", h.Partitions, h.OfferedRate)
+	}
 	return []chart{
 		fit(title+", throughput", "msg/s", legendBottomRight, rate),
 		fit(title+", commit to broker latency", "ms", legendTopLeft, p50, p99),
-		fit("(b) memory and table sizes as the history grows", "MiB", legendTopLeft, rss, heap, logSize, pending),
+		fit(memTitle, "MiB", legendTopLeft, rss, heap, logSize, pending),
 	}
 }
 

@@ -33,7 +33,9 @@
 //     unpaced unless -growth-max-backlog) with the retention Vacuum on and
 //     the consumer deleting what it consumed from the broker, with a point
 //     (msg/s, latency, RSS, Go heap, log and pending rows and sizes) every
-//     10% delivered; (ii) -growth-messages messages for each partition
+//     10% delivered; the same history again at a fixed offered load of
+//     -growth-rate msg/s, for latency without a queue; (ii)
+//     -growth-messages messages for each partition
 //     count of -growth-partitions.
 //
 // Flags:
@@ -51,6 +53,7 @@
 //	-latency-publishers 8            publishers (connections) of the latency phase
 //	-growth-history 1000000          messages of the history run
 //	-growth-max-backlog 0            history: publishers wait while more than this many are undelivered (0: unpaced)
+//	-growth-rate 20000               offered msg/s of the paced history run (0: none)
 //	-growth-partitions 1,4,16,64     partition counts of the partitions sweep
 //	-growth-messages 200000          messages per partition count
 //	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
@@ -117,6 +120,7 @@ type config struct {
 
 	growthHistory    int
 	growthMaxBacklog int
+	growthRate       int
 	growthPartitions []int
 	growthMessages   int
 }
@@ -159,6 +163,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 20*time.Second, "latency: how long each load is offered")
 	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
 	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
+	fs.IntVar(&cfg.growthRate, "growth-rate", 20000, "growth: offered load (msg/s) of the second, paced history run, which shows latency as the history grows (0: no paced run)")
 	fs.IntVar(&cfg.growthMaxBacklog, "growth-max-backlog", 0, "growth: publishers wait while more than this many messages are not yet at the consumer (0: unpaced)")
 	fs.StringVar(&partitions, "growth-partitions", "1,4,16,64", "growth: partition counts (comma-separated)")
 	fs.IntVar(&cfg.growthMessages, "growth-messages", 200000, "growth: messages per partition count")
@@ -191,6 +196,7 @@ func parseFlags(args []string) (config, error) {
 		cfg.latencyLoads = []int{200, 1000}
 		cfg.latencyDuration = 2 * time.Second
 		cfg.growthHistory = 20000
+		cfg.growthRate = min(cfg.growthRate, 10000)
 		cfg.growthPartitions = []int{1, 4}
 		cfg.growthMessages = 5000
 	}
@@ -213,6 +219,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("-growth-history must be at least 10 (a point per 10%%)")
 	case c.growthMessages < 1:
 		return fmt.Errorf("-growth-messages must be at least 1")
+	case c.growthRate < 0:
+		return fmt.Errorf("-growth-rate must not be negative")
 	case c.growthMaxBacklog < 0:
 		return fmt.Errorf("-growth-max-backlog must not be negative")
 	case c.out == "":

@@ -101,7 +101,7 @@ func jsonConfig(c config) map[string]any {
 		"outbox_notify":    c.outboxNotify,
 		"latency_loads":    c.latencyLoads,
 		"latency_duration": c.latencyDuration.String(), "latency_publishers": c.latencyPublishers,
-		"growth_history": c.growthHistory, "growth_max_backlog": c.growthMaxBacklog,
+		"growth_history": c.growthHistory, "growth_max_backlog": c.growthMaxBacklog, "growth_rate": c.growthRate,
 		"growth_partitions": c.growthPartitions, "growth_messages": c.growthMessages,
 	}
 }
@@ -198,6 +198,9 @@ func (res *results) incomplete() error {
 		runs := g.Partitions
 		if g.History != nil {
 			runs = append([]*growthRun{&g.History.growthRun}, runs...)
+		}
+		if g.HistoryPaced != nil {
+			runs = append([]*growthRun{&g.HistoryPaced.growthRun}, runs...)
 		}
 		for _, r := range runs {
 			if r.Messages > 0 && !r.Complete {
@@ -353,13 +356,19 @@ func (res *results) latencyMarkdown(sb *strings.Builder) {
 
 func (res *results) growthMarkdown(sb *strings.Builder) {
 	g := res.Growth
-	if h := g.History; h != nil {
-		backlog := "unpaced"
-		if h.MaxBacklog > 0 {
-			backlog = fmt.Sprintf("held to at most %d undelivered", h.MaxBacklog)
+	for _, h := range []*historyResult{g.History, g.HistoryPaced} {
+		if h == nil {
+			continue
 		}
-		fmt.Fprintf(sb, "## Growth: history (retention on)\n\n(c), %d messages into %d partitions, %d publishers (%s), %d/tx, default tuning, retention Vacuum every %v; the consumer deletes what it consumed from the broker every second. A point every 10%% delivered; window figures cover the messages delivered since the previous point.\n\n",
-			h.Messages, h.Partitions, h.Publishers, backlog, h.PerTx, vacuumInterval)
+		load := "unpaced"
+		switch {
+		case h.OfferedRate > 0:
+			load = fmt.Sprintf("paced: a fixed offered load of %d msg/s", h.OfferedRate)
+		case h.MaxBacklog > 0:
+			load = fmt.Sprintf("held to at most %d undelivered", h.MaxBacklog)
+		}
+		fmt.Fprintf(sb, "## Growth: history (retention on), %s\n\n(c), %d messages into %d partitions, %d publishers (%s), %d/tx, default tuning, retention Vacuum every %v; the consumer deletes what it consumed from the broker every second. A point every 10%% delivered; window figures cover the messages delivered since the previous point.\n\n",
+			load, h.Messages, h.Partitions, h.Publishers, load, h.PerTx, vacuumInterval)
 		sb.WriteString("| delivered | s | window msg/s | window p50 ms | window p99 ms | backlog | RSS MiB | Go heap MiB | log rows | log MiB | pending rows | pending MiB | vacuumed |\n")
 		sb.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, p := range h.Points {
@@ -416,6 +425,9 @@ func (res *results) statementsMarkdown() string {
 	if g := res.Growth; g != nil {
 		if g.History != nil {
 			table(fmt.Sprintf("growth history, %d messages", g.History.Messages), g.History.Statements)
+		}
+		if g.HistoryPaced != nil {
+			table(fmt.Sprintf("growth history at %d msg/s, %d messages", g.HistoryPaced.OfferedRate, g.HistoryPaced.Messages), g.HistoryPaced.Statements)
 		}
 		for _, r := range g.Partitions {
 			table(fmt.Sprintf("growth, %d partitions", r.Partitions), r.Statements)
