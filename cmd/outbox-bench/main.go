@@ -14,7 +14,10 @@
 // measured run, a fresh in-process Kafka broker (franz-go's kfake), and runs
 // up to three phases (-phases):
 //
-//   - compare: each system of -systems publishes -messages messages with
+//   - compare: first (a) and (c) publish alone, alternately, -publish-rounds
+//     times per -per-tx value (at most 20,000 transactions each), reported
+//     as medians and the (c)/(a) ratio of the medians. Then each system of
+//     -systems publishes -messages messages with
 //     -publishers goroutines, -per-tx messages per transaction. (b) and (c)
 //     run twice: "steady" (the relay runs while publishing) and "backlog"
 //     (publish with the relay stopped, then start it and time the drain).
@@ -45,6 +48,7 @@
 //	-messages 200000                 messages per system and -per-tx value (compare)
 //	-per-tx 100,1                    messages per transaction (compare)
 //	-publishers 4                    publishers, one connection each (compare)
+//	-publish-rounds 5                publish-only rounds of (a) and (c), interleaved, medians (compare)
 //	-payload 256  -keys 1000         payload bytes, distinct partition keys
 //	-partitions 16                   outbox and Kafka partitions (compare, latency, growth history)
 //	-outbox-notify=true              (c): the Publisher's NOTIFY wakes the Sequencer
@@ -121,6 +125,7 @@ type config struct {
 	growthHistory    int
 	growthMaxBacklog int
 	growthRate       int
+	publishRounds    int
 	growthPartitions []int
 	growthMessages   int
 }
@@ -163,6 +168,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 20*time.Second, "latency: how long each load is offered")
 	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
 	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
+	fs.IntVar(&cfg.publishRounds, "publish-rounds", 5, "compare: rounds of publish-only runs of (a) and (c), interleaved, reported as medians (0: none)")
 	fs.IntVar(&cfg.growthRate, "growth-rate", 20000, "growth: offered load (msg/s) of the second, paced history run, which shows latency as the history grows (0: no paced run)")
 	fs.IntVar(&cfg.growthMaxBacklog, "growth-max-backlog", 0, "growth: publishers wait while more than this many messages are not yet at the consumer (0: unpaced)")
 	fs.StringVar(&partitions, "growth-partitions", "1,4,16,64", "growth: partition counts (comma-separated)")
@@ -197,6 +203,7 @@ func parseFlags(args []string) (config, error) {
 		cfg.latencyDuration = 2 * time.Second
 		cfg.growthHistory = 20000
 		cfg.growthRate = min(cfg.growthRate, 10000)
+		cfg.publishRounds = min(cfg.publishRounds, 2)
 		cfg.growthPartitions = []int{1, 4}
 		cfg.growthMessages = 5000
 	}
@@ -219,6 +226,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("-growth-history must be at least 10 (a point per 10%%)")
 	case c.growthMessages < 1:
 		return fmt.Errorf("-growth-messages must be at least 1")
+	case c.publishRounds < 0:
+		return fmt.Errorf("-publish-rounds must not be negative")
 	case c.growthRate < 0:
 		return fmt.Errorf("-growth-rate must not be negative")
 	case c.growthMaxBacklog < 0:

@@ -93,3 +93,32 @@ func TestAxes(t *testing.T) {
 		}
 	}
 }
+
+func TestSummarizeRounds(t *testing.T) {
+	rounds := []*publishRound{
+		{System: sysCeiling, PerTx: 100, Round: 1, Rate: 100, CPUMicrosPerMessage: 10},
+		{System: sysOutbox, PerTx: 100, Round: 1, Rate: 90, CPUMicrosPerMessage: 20},
+		{System: sysCeiling, PerTx: 100, Round: 2, Rate: 200, CPUMicrosPerMessage: 10},
+		{System: sysOutbox, PerTx: 100, Round: 2, Rate: 100, CPUMicrosPerMessage: 20},
+		{System: sysCeiling, PerTx: 100, Round: 3, Rate: 150, CPUMicrosPerMessage: 10},
+		{System: sysOutbox, PerTx: 100, Round: 3, Rate: 120, CPUMicrosPerMessage: 20},
+	}
+	got := summarizeRounds(rounds, []int{100})
+	if len(got) != 2 {
+		t.Fatalf("%d summaries, want 2", len(got))
+	}
+	a, c := got[0], got[1]
+	if a.System != sysCeiling || a.MedianRate != 150 || a.MinRate != 100 || a.MaxRate != 200 {
+		t.Fatalf("(a) summary %+v", a)
+	}
+	if c.System != sysOutbox || c.MedianRate != 100 || c.RatioToA != 100.0/150 || c.CPURatioToA != 0.5 {
+		t.Fatalf("(c) summary %+v", c)
+	}
+	want := []float64{0.5, 0.8, 0.9}
+	if len(c.RatioOfRounds) != 3 || c.RatioOfRounds[0] != want[0] || c.RatioOfRounds[1] != want[1] || c.RatioOfRounds[2] != want[2] {
+		t.Fatalf("per-round ratios %v, want %v", c.RatioOfRounds, want)
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Fatalf("median of an even count = %v, want 2.5", m)
+	}
+}

@@ -19,6 +19,8 @@ type results struct {
 	// PGStatStatements: pg_stat_statements was available, and each run of
 	// (b) and (c) has its top statements.
 	PGStatStatements bool             `json:"pg_stat_statements"`
+	PublishRounds    []*publishRound  `json:"publish_rounds,omitempty"`
+	PublishSummary   []publishSummary `json:"publish_summary,omitempty"`
 	Runs             []*runResult     `json:"compare_runs"`
 	Ratios           []ratio          `json:"compare_ratios"`
 	Latency          []*latencyResult `json:"latency"`
@@ -101,7 +103,7 @@ func jsonConfig(c config) map[string]any {
 		"outbox_notify":    c.outboxNotify,
 		"latency_loads":    c.latencyLoads,
 		"latency_duration": c.latencyDuration.String(), "latency_publishers": c.latencyPublishers,
-		"growth_history": c.growthHistory, "growth_max_backlog": c.growthMaxBacklog, "growth_rate": c.growthRate,
+		"growth_history": c.growthHistory, "growth_max_backlog": c.growthMaxBacklog, "growth_rate": c.growthRate, "publish_rounds": c.publishRounds,
 		"growth_partitions": c.growthPartitions, "growth_messages": c.growthMessages,
 	}
 }
@@ -166,9 +168,14 @@ func (res *results) targets() []target {
 			out = append(out, target{Name: fmt.Sprintf("(c)/(b) %s, %d/tx", q.Basis, q.PerTx), Measured: q.EndToEnd, Goal: "≥ 15×", Met: q.EndToEnd >= 15})
 		}
 	}
+	for _, s := range res.PublishSummary {
+		if s.System == sysOutbox && s.PerTx == 100 && s.RatioToA != 0 {
+			out = append(out, target{Name: fmt.Sprintf("(c)/(a) publish, 100/tx, publishers alone, median of %d interleaved rounds", s.Rounds), Measured: s.RatioToA, Goal: "≥ 0.8×", Met: s.RatioToA >= 0.8})
+		}
+	}
 	for _, q := range res.Ratios {
 		if q.Name == ratioCA && q.PerTx == 100 && q.Basis == "publishers alone (backlog run)" {
-			out = append(out, target{Name: "(c)/(a) publish, 100/tx, publishers alone", Measured: q.Publish, Goal: "≥ 0.8×", Met: q.Publish >= 0.8})
+			out = append(out, target{Name: "(c)/(a) publish, 100/tx, publishers alone, one backlog run", Measured: q.Publish, Goal: "≥ 0.8×", Met: q.Publish >= 0.8})
 		}
 	}
 	for _, l := range res.Latency {
@@ -248,6 +255,9 @@ var systemLabel = map[string]string{
 func (res *results) markdown() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "Machine: %s; %s.\n\n", res.Machine.String(), res.Machine.PostgreSQL)
+	if len(res.PublishSummary) > 0 {
+		res.publishRoundsMarkdown(&sb)
+	}
 	if len(res.Runs) > 0 {
 		res.compareMarkdown(&sb)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -98,6 +99,11 @@ func run(ctx context.Context, cfg config) error {
 
 // runPhases runs the phases of b.cfg, in order, into res.
 func (b *bench) runPhases(ctx context.Context, res *results) error {
+	if b.cfg.has(phaseCompare) && b.cfg.publishRounds > 0 && slices.Contains(b.cfg.systems, sysCeiling) && slices.Contains(b.cfg.systems, sysOutbox) {
+		if err := b.publishRoundsPhase(ctx, res); err != nil {
+			return fmt.Errorf("compare, publish rounds: %w", err)
+		}
+	}
 	if b.cfg.has(phaseCompare) {
 		if err := b.comparePhase(ctx, res); err != nil {
 			return fmt.Errorf("compare: %w", err)
