@@ -65,8 +65,8 @@ func historyCharts(h *historyResult) []chart {
 	title := fmt.Sprintf("(a) history: %d partitions, retention on, unpaced", h.Partitions)
 	memTitle := "(b) memory and table sizes as the history grows, unpaced"
 	if h.OfferedRate > 0 {
-		memTitle = fmt.Sprintf("(b') memory and table sizes as the history grows, %d msg/s offered", h.OfferedRate)
-		title = fmt.Sprintf("(a') history: %d partitions, retention on, %d msg/s offered", h.Partitions, h.OfferedRate)
+		memTitle = fmt.Sprintf("(d) memory and table sizes as the history grows, %d msg/s offered", h.OfferedRate)
+		title = fmt.Sprintf("(c) history: %d partitions, retention on, %d msg/s offered", h.Partitions, h.OfferedRate)
 	}
 	return []chart{
 		fit(title+", throughput", "msg/s", legendBottomRight, rate),
@@ -94,7 +94,7 @@ func partitionsChart(runs []*growthRun) chart {
 		x.min, x.max = lo/1.25, hi*1.25
 	}
 	return chart{
-		title:  fmt.Sprintf("(c) partitions: outbox, %d messages each, %d/tx, unpaced", runs[0].Messages, runs[0].PerTx),
+		title:  fmt.Sprintf("(e) partitions: outbox, %d messages each, %d/tx, unpaced", runs[0].Messages, runs[0].PerTx),
 		x:      x,
 		y:      linAxis(math.Max(top, 1), "msg/s"),
 		series: []series{rate},

@@ -63,6 +63,7 @@
 //	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
 //	-out outbox-bench-results        output directory
 //	-smoke                           tiny sizes, all phases well under 90 s; for CI
+//	-rewrite                         measure nothing; render -out's outputs again from its results.json
 //
 //	go run ./cmd/outbox-bench                      # everything, full sizes
 //	go run ./cmd/outbox-bench -smoke               # tiny sizes, for CI
@@ -81,10 +82,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -126,6 +129,7 @@ type config struct {
 	growthMaxBacklog int
 	growthRate       int
 	publishRounds    int
+	rewrite          bool
 	growthPartitions []int
 	growthMessages   int
 }
@@ -141,10 +145,29 @@ func main() {
 		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
 		os.Exit(2)
 	}
-	if err := run(context.Background(), cfg); err != nil {
+	if cfg.rewrite {
+		err = rewrite(cfg.out)
+	} else {
+		err = run(context.Background(), cfg)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
 		os.Exit(1)
 	}
+}
+
+// rewrite renders results.md, statements.md and the PNGs of dir again from
+// its results.json, without measuring anything.
+func rewrite(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		return err
+	}
+	var res results
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, "results.json"), err)
+	}
+	return res.write(dir)
 }
 
 // parseFlags parses and validates the command line; -smoke replaces the
@@ -168,6 +191,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 20*time.Second, "latency: how long each load is offered")
 	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
 	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
+	fs.BoolVar(&cfg.rewrite, "rewrite", false, "measure nothing: render results.md, statements.md and the PNGs of -out again from its results.json")
 	fs.IntVar(&cfg.publishRounds, "publish-rounds", 5, "compare: rounds of publish-only runs of (a) and (c), interleaved, reported as medians (0: none)")
 	fs.IntVar(&cfg.growthRate, "growth-rate", 20000, "growth: offered load (msg/s) of the second, paced history run, which shows latency as the history grows (0: no paced run)")
 	fs.IntVar(&cfg.growthMaxBacklog, "growth-max-backlog", 0, "growth: publishers wait while more than this many messages are not yet at the consumer (0: unpaced)")

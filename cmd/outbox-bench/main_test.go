@@ -1,7 +1,10 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -120,5 +123,37 @@ func TestSummarizeRounds(t *testing.T) {
 	}
 	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
 		t.Fatalf("median of an even count = %v, want 2.5", m)
+	}
+}
+
+func TestRewriteRendersTheSameTables(t *testing.T) {
+	dir := t.TempDir()
+	res := &results{
+		Config: map[string]any{"publish_rounds": 1, "publishers": 4},
+		PublishRounds: []*publishRound{
+			{System: sysCeiling, PerTx: 100, Round: 1, Messages: 100, Rate: 100, CPUMicrosPerMessage: 10},
+			{System: sysOutbox, PerTx: 100, Round: 1, Messages: 100, Rate: 90, CPUMicrosPerMessage: 11},
+		},
+	}
+	res.PublishSummary = summarizeRounds(res.PublishRounds, []int{100})
+	if err := res.write(dir); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "results.md")); err != nil {
+		t.Fatal(err)
+	}
+	if err := rewrite(dir); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(before) != string(after) || !strings.Contains(string(after), "**0.90×**") {
+		t.Fatalf("rewritten results.md differs or lacks the ratio:\n%s\n---\n%s", before, after)
 	}
 }
