@@ -51,18 +51,11 @@ func (b *bench) runCompare(ctx context.Context, name, mode string, perTx int) (*
 	cfg := b.cfg
 	schema := fmt.Sprintf("cmp_%s_%s_pt%d", name, mode, perTx)
 	topic := fmt.Sprintf("%s-%s-pt%d", name, mode, perTx)
-	if err := b.createSchema(ctx, schema); err != nil {
-		return nil, err
-	}
-	kb, err := newBroker(cfg.partitions, false, topic)
+	kb, sys, err := b.freshSystem(ctx, name, schema, topic, cfg.partitions, false, adaptive.Default())
 	if err != nil {
 		return nil, err
 	}
 	defer kb.Close()
-	sys, err := b.setup(ctx, name, schema, topic, kb.addrs, outboxOptions{partitions: cfg.partitions, tuning: adaptive.Default()})
-	if err != nil {
-		return nil, err
-	}
 	defer sys.stop()
 	if mode == modeSteady {
 		if err := sys.start(ctx); err != nil {

@@ -248,18 +248,11 @@ type tracked struct {
 // runTracked runs one growth run of (c) as spec says.
 func (b *bench) runTracked(ctx context.Context, spec trackedSpec) (*growthRun, error) {
 	schema, topic := spec.name, spec.name
-	if err := b.createSchema(ctx, schema); err != nil {
-		return nil, err
-	}
-	kb, err := newBroker(spec.partitions, true, topic)
+	kb, sys, err := b.freshSystem(ctx, sysOutbox, schema, topic, spec.partitions, true, adaptive.Default())
 	if err != nil {
 		return nil, err
 	}
 	defer kb.Close()
-	sys, err := b.setupOutbox(ctx, schema, topic, kb.addrs, outboxOptions{partitions: spec.partitions, tuning: adaptive.Default()})
-	if err != nil {
-		return nil, err
-	}
 	defer sys.stop()
 	if err := sys.start(ctx); err != nil {
 		return nil, fmt.Errorf("start the relay: %w", err)

@@ -94,18 +94,11 @@ func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int) (*la
 	cfg := b.cfg
 	schema := fmt.Sprintf("lat_%s_%d", name, msgPerSec)
 	topic := fmt.Sprintf("lat-%s-%d", name, msgPerSec)
-	if err := b.createSchema(ctx, schema); err != nil {
-		return nil, err
-	}
-	kb, err := newBroker(cfg.partitions, false, topic)
+	kb, sys, err := b.freshSystem(ctx, name, schema, topic, cfg.partitions, false, adaptive.LowLatency())
 	if err != nil {
 		return nil, err
 	}
 	defer kb.Close()
-	sys, err := b.setup(ctx, name, schema, topic, kb.addrs, outboxOptions{partitions: cfg.partitions, tuning: adaptive.LowLatency()})
-	if err != nil {
-		return nil, err
-	}
 	defer sys.stop()
 	if err := sys.start(ctx); err != nil {
 		return nil, fmt.Errorf("start the relay: %w", err)

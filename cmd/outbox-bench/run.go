@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/procstat"
 )
@@ -200,6 +201,26 @@ func logf(format string, args ...any) {
 func (b *bench) createSchema(ctx context.Context, schema string) error {
 	_, err := b.admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
 	return err
+}
+
+// freshSystem creates schema, a fresh broker with topic (of partitions
+// partitions; trim: small segments, so that deleting records frees memory)
+// and system name in them, its relay not started. The caller closes the
+// broker and stops the system.
+func (b *bench) freshSystem(ctx context.Context, name, schema, topic string, partitions int, trim bool, tuning adaptive.Tuning) (*broker, *system, error) {
+	if err := b.createSchema(ctx, schema); err != nil {
+		return nil, nil, err
+	}
+	kb, err := newBroker(partitions, trim, topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	sys, err := b.setup(ctx, name, schema, topic, kb.addrs, outboxOptions{partitions: partitions, tuning: tuning})
+	if err != nil {
+		kb.Close()
+		return nil, nil, err
+	}
+	return kb, sys, nil
 }
 
 // pool returns a pool of at most n connections.
