@@ -252,6 +252,9 @@ func (s *Sequencer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if err == nil {
+			backoff = 0
+		}
 		var wait time.Duration
 		switch {
 		case err != nil:
@@ -259,10 +262,8 @@ func (s *Sequencer) Run(ctx context.Context) error {
 			wait, followUp = backoff, 0
 			s.logger.Error("Sequencing failed, retrying", err, watermill.LogFields{"backoff": backoff})
 		case more:
-			backoff = 0
 			continue
 		case n > 0:
-			backoff = 0
 			followUp = max(minGap, time.Millisecond)
 			wait = followUp - time.Since(started)
 		case followUp > 0:
