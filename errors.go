@@ -41,6 +41,9 @@ var (
 	ErrUnknownTopic = errs.ErrUnknownTopic
 	// ErrClosed: a component was used after Close.
 	ErrClosed = errs.ErrClosed
+	// ErrNotMigrated: the schema holds no outbox tables; run Migrate first
+	// (*NotMigratedError).
+	ErrNotMigrated = errs.ErrNotMigrated
 )
 
 // Structured errors; see the errs package for their fields.
@@ -58,4 +61,6 @@ type (
 	PayloadTooLargeError = errs.PayloadTooLargeError
 	// MessageError reports a message that cannot be stored byte-exact.
 	MessageError = errs.MessageError
+	// NotMigratedError reports a schema Migrate was never run on.
+	NotMigratedError = errs.NotMigratedError
 )

@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
 //go:embed migrations/*.sql
@@ -30,6 +31,8 @@ var migrations = mustLoadMigrations()
 
 // SchemaVersion is the newest schema version this release knows.
 var SchemaVersion = migrations[len(migrations)-1].version
+
+func init() { schemacheck.Latest = SchemaVersion }
 
 func mustLoadMigrations() []migration {
 	entries, err := fs.ReadDir(migrationFiles, "migrations")

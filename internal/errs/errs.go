@@ -23,7 +23,26 @@ var (
 	ErrMixedTx               = errors.New("outbox: messages of one Publish call carry different transactions")
 	ErrUnknownTopic          = errors.New("outbox: unknown topic")
 	ErrClosed                = errors.New("outbox: closed")
+	ErrNotMigrated           = errors.New("outbox: schema not migrated")
 )
+
+// NotMigratedError reports a schema that holds no outbox tables (or not
+// all of them): outbox.Migrate was never run on it, or it was dropped.
+type NotMigratedError struct {
+	Schema string
+	// Cause is the database error that revealed it, if any.
+	Cause error
+}
+
+func (e *NotMigratedError) Error() string {
+	return fmt.Sprintf("outbox: schema %q is not migrated: run outbox.Migrate(ctx, db, %q) (or `outbox migrate`) before using it", e.Schema, e.Schema)
+}
+
+// Is makes errors.Is(err, ErrNotMigrated) true.
+func (e *NotMigratedError) Is(target error) bool { return target == ErrNotMigrated }
+
+// Unwrap returns the database error behind it.
+func (e *NotMigratedError) Unwrap() error { return e.Cause }
 
 // NameError reports an invalid schema or topic name.
 type NameError struct {

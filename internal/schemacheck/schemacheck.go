@@ -1,0 +1,104 @@
+// Package schemacheck makes every entry point of the outbox refuse a schema
+// it cannot work with, with a typed error instead of a raw SQL one: a schema
+// that was never migrated (errs.ErrNotMigrated, naming outbox.Migrate) and
+// one migrated by a newer release (errs.ErrSchemaTooNew).
+//
+// Check reads the schema's version once per database handle and schema and
+// caches a success, so that it costs one query per process, not per call;
+// Wrap turns the "relation does not exist" errors of a schema dropped later
+// into the same typed error.
+package schemacheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+)
+
+// Latest is the newest schema version this release knows; the root package
+// sets it from its embedded migrations at init.
+var Latest int
+
+type key struct {
+	db     any
+	schema string
+}
+
+var checked sync.Map // key -> struct{}
+
+// Check returns nil when schema, reached through q, is migrated to a
+// version this release knows, a *errs.NotMigratedError when it holds no
+// outbox tables, and a *errs.SchemaVersionError when it was migrated by a
+// newer release. handle identifies the database (e.g. the *pgxpool.Pool)
+// for the cache; nil disables caching.
+func Check(ctx context.Context, handle any, q pgexec.Querier, schema string) error {
+	k := key{db: handle, schema: schema}
+	if handle != nil {
+		if _, ok := checked.Load(k); ok {
+			return nil
+		}
+	}
+	v, err := Version(ctx, q, schema)
+	if err != nil {
+		return err
+	}
+	switch {
+	case v == 0:
+		return &errs.NotMigratedError{Schema: schema}
+	case Latest > 0 && v > Latest:
+		return &errs.SchemaVersionError{Schema: schema, Database: v, Library: Latest}
+	}
+	if handle != nil {
+		checked.Store(k, struct{}{})
+	}
+	return nil
+}
+
+// Forget drops the cached result for handle and schema (after the schema
+// was dropped or migrated again, e.g. in tests).
+func Forget(handle any, schema string) { checked.Delete(key{db: handle, schema: schema}) }
+
+// Version reads the version recorded in schema, 0 when the outbox was never
+// migrated there.
+func Version(ctx context.Context, q pgexec.Querier, schema string) (int, error) {
+	var exists bool
+	if err := pgexec.QueryRow(ctx, q, "SELECT to_regclass($1) IS NOT NULL", []any{names.Quote(schema) + ".schema_migrations"}, &exists); err != nil {
+		return 0, fmt.Errorf("outbox: reading the schema version of %q: %w", schema, err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := pgexec.QueryRow(ctx, q, "SELECT coalesce(max(version), 0) FROM "+names.Quote(schema)+".schema_migrations", nil, &v); err != nil {
+		return 0, fmt.Errorf("outbox: reading the schema version of %q: %w", schema, err)
+	}
+	return v, nil
+}
+
+// Wrap returns err, or a *errs.NotMigratedError wrapping it when it says
+// that a table or the schema does not exist (SQLSTATE 42P01, 3F000): the
+// schema was never migrated or was dropped since.
+func Wrap(err error, schema string) error {
+	if IsUndefined(err) {
+		var nm *errs.NotMigratedError
+		if errors.As(err, &nm) {
+			return err
+		}
+		return &errs.NotMigratedError{Schema: schema, Cause: err}
+	}
+	return err
+}
+
+// IsUndefined reports whether err is PostgreSQL's undefined_table (42P01)
+// or invalid_schema_name (3F000).
+func IsUndefined(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000")
+}
