@@ -9,6 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
 )
 
 // Metadata the Subscriber sets on every message it delivers.
@@ -55,10 +57,26 @@ func (e *poisonError) Unwrap() []error { return []error{ErrPoison, e.cause} }
 // handler can end with `return outbox.Reject(msg, err)`. Whether the handler
 // then acks or nacks, the Subscriber hands the message to its RejectHandler
 // (e.g. the dead-letter store) in the same transaction that moves the cursor
-// past it, shrinks the batch at once and goes on without backoff.
+// past the message, shrinks the batch at once and goes on without backoff.
+// A Subscriber without a RejectHandler retries the message instead (and
+// logs a warning); use RejectTo to name the handler at the call site.
+//
+// A nil msg is a programming error reported as ErrInvalidMessage.
 func Reject(msg *message.Message, cause error) error {
+	return RejectTo(msg, cause, nil)
+}
+
+// RejectTo is Reject with the RejectHandler that takes the message out
+// (e.g. a deadletter.Store), for a Subscriber configured without one:
+// wiring the store once, where the message is rejected, is enough. With
+// h nil it is Reject. The handler runs as a RejectHandler does, in the
+// transaction that moves the cursor past the message.
+func RejectTo(msg *message.Message, cause error, h RejectHandler) error {
+	if msg == nil {
+		return &errs.MessageError{UUID: "<nil>", Reason: "Reject needs the delivered message, got a nil *message.Message"}
+	}
 	if d := deliveryFrom(msg.Context()); d != nil {
-		d.reject(cause)
+		d.reject(cause, h)
 	}
 	return &poisonError{cause: cause}
 }
@@ -106,9 +124,10 @@ type delivery struct {
 	mu       sync.Mutex
 	rejected bool
 	cause    error
+	via      RejectHandler // from RejectTo, nil for the Subscriber's own
 }
 
-func (d *delivery) reject(cause error) {
+func (d *delivery) reject(cause error, via RejectHandler) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.rejected = true
@@ -116,12 +135,15 @@ func (d *delivery) reject(cause error) {
 		cause = ErrPoison
 	}
 	d.cause = cause
+	if via != nil {
+		d.via = via
+	}
 }
 
-func (d *delivery) rejection() (bool, error) {
+func (d *delivery) rejection() (bool, error, RejectHandler) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.rejected, d.cause
+	return d.rejected, d.cause, d.via
 }
 
 func deliveryFrom(ctx context.Context) *delivery {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -42,11 +43,22 @@ type partitionWorker struct {
 	shownState adaptive.State
 	shownSize  int
 
-	// Failures of the message at the head of the partition (cursor+1).
+	// Failures of the message at the head of the partition (cursor+1), or
+	// of the message delivered last when it is further on.
 	headSeq      int64
-	attempts     int
+	attempts     int // deliveries of headSeq, counted before hand-out
 	firstFailure time.Time
 	lastFailure  time.Time
+	lastError    string // last failure recorded for the head, for dead letters
+
+	// initialBackoff is what was left of the backoff recorded on the
+	// cursor row when the lease was acquired.
+	initialBackoff time.Duration
+	// handedOut is set once the batch's first message reached the handler.
+	handedOut bool
+	// rejectVia is the RejectHandler of the rejection in progress (the
+	// delivery's, from RejectTo, or the Subscriber's).
+	rejectVia RejectHandler
 }
 
 type logEntry struct {
@@ -63,12 +75,23 @@ const (
 	acked outcome = iota
 	nacked
 	rejected
-	stopped // the lease or the subscription ended before an answer
+	stopped  // the lease or the subscription ended before an answer
+	timedOut // no answer within HandlerTimeout (Transactional: the transaction must be given up)
+	broken   // the handler left the transaction unusable (Transactional)
 )
 
 func (s *Subscriber) newPartitionWorker(topic string, l *lease.Lease, out chan<- *message.Message) *partitionWorker {
 	mode, _ := adaptive.NewMode(s.cfg.Tuning.ModeConfig()) // validated with the config
-	return &partitionWorker{
+	if l.Unanswered() > 0 {
+		// The last holder died (or lost its lease) in the middle of a
+		// batch: deliver one message at a time, so that a message that
+		// crashes its consumer is soon alone and charged for it.
+		mode.Rejected(0)
+	}
+	for range min(l.Attempts(), 32) {
+		mode.Failed(0) // keep the backoff level across restarts and moves
+	}
+	w := &partitionWorker{
 		s:      s,
 		topic:  topic,
 		part:   l.Partition(),
@@ -79,10 +102,18 @@ func (s *Subscriber) newPartitionWorker(topic string, l *lease.Lease, out chan<-
 		cursor: l.Cursor(),
 		// Deliveries of the head message before this lease (other
 		// instances, earlier leases) count towards its attempts.
-		headSeq:  l.Cursor() + 1,
-		attempts: l.Attempts(),
-		logger:   s.logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
+		headSeq:        l.Cursor() + 1,
+		attempts:       l.Attempts(),
+		lastError:      l.LastError(),
+		initialBackoff: l.Backoff(),
+		logger:         s.logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
 	}
+	if n := l.Unanswered(); n > 0 {
+		w.logger.Error("Deliveries ended without an outcome: counted as failed attempts", nil, watermill.LogFields{
+			"seq": w.headSeq, "unanswered": n, "attempts": l.Attempts(), "max_attempts": s.cfg.MaxAttempts,
+			"hint": "the consumer process died, was killed or lost its lease while handling this message"})
+	}
+	return w
 }
 
 func (w *partitionWorker) run() {
@@ -116,10 +147,16 @@ func dbContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // executeLeased runs one batch outside any transaction.
 func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, error) {
+	if d := w.takeInitialBackoff(); d > 0 {
+		return worker.Sleep(d), nil
+	}
 	size := w.mode.BatchSize()
-	entries, err := w.withBulkhead(ctx, func() ([]logEntry, error) { return w.read(ctx, w.s.db, size) })
+	entries, err := w.withBulkhead(ctx, func() ([]logEntry, error) { return w.read(ctx, size) })
 	if err != nil || len(entries) == 0 {
 		return worker.Idle(), err
+	}
+	if dir, ok := w.rejectExhaustedHead(ctx, entries[0]); ok {
+		return dir, nil
 	}
 	processed, result, reason := w.handle(ctx, entries, nil)
 	done := w.cursor
@@ -147,69 +184,181 @@ func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, 
 		}
 		w.cursor = done
 	}
-	return w.settle(ctx, result, reason, processed, len(entries) == size, w.s.db)
+	var delay time.Duration
+	if result == nacked {
+		delay = w.noteFailure(processed)
+	}
+	return w.settle(ctx, result, reason, processed, len(entries) == size, w.s.db, delay)
+}
+
+// takeInitialBackoff returns, once, what was left of the backoff recorded
+// on the cursor row when the lease was acquired: a restart or a lease move
+// does not retry a failing message early.
+func (w *partitionWorker) takeInitialBackoff() time.Duration {
+	d := w.initialBackoff
+	w.initialBackoff = 0
+	return d
+}
+
+// rejectExhaustedHead takes the head message out without delivering it
+// when it has already been delivered MaxAttempts times without success —
+// deliveries that ended without an outcome (a crash) included. ok reports
+// that it handled the batch.
+func (w *partitionWorker) rejectExhaustedHead(ctx context.Context, head logEntry) (worker.Directive, bool) {
+	maxAttempts := w.s.cfg.MaxAttempts
+	if maxAttempts <= 0 || w.s.cfg.RejectHandler == nil || head.seq != w.headSeq || w.attempts <= maxAttempts {
+		return worker.Directive{}, false
+	}
+	last := w.lastError
+	if last == "" {
+		last = "no error recorded"
+	}
+	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), the last delivery not even answered; last error: %s",
+		ErrPoison, w.attempts-1, maxAttempts, last)
+	w.rejectVia = w.s.cfg.RejectHandler
+	if err := w.rejectInOwnTx(ctx, head, reason); err != nil {
+		if leaseEnded(err) {
+			return worker.Idle(), true
+		}
+		delay := w.noteFailure(0)
+		w.recordRetry(ctx, nil, err, delay)
+		w.showState(ctx)
+		return worker.Sleep(delay), true
+	}
+	w.logger.Error("Message taken out of the stream after MaxAttempts", reason, watermill.LogFields{"seq": head.seq})
+	w.mode.Rejected(0)
+	w.showState(ctx)
+	return worker.Proceed(), true
 }
 
 // executeTransactional runs one batch in one transaction; the cursor moves
 // in the same transaction, so the handlers' writes commit with it.
 func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Directive, err error) {
-	tx, err := w.s.cfg.Pool.Begin(ctx)
-	if err != nil {
+	if d := w.takeInitialBackoff(); d > 0 {
+		return worker.Sleep(d), nil
+	}
+	size := w.mode.BatchSize()
+	// Read (and count the head's delivery) outside the transaction, so
+	// that the count survives a crash that rolls the transaction back.
+	entries, err := w.read(ctx, size)
+	if err != nil || len(entries) == 0 {
 		return worker.Idle(), err
 	}
+	if dir, ok := w.rejectExhaustedHead(ctx, entries[0]); ok {
+		return dir, nil
+	}
+	tx, err := w.s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		w.undoDelivery(ctx)
+		return worker.Idle(), err
+	}
+	guard := newTxGuard(tx)
+	finished := false
 	defer func() {
-		if err != nil {
+		if !finished {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	q, _ := pgexec.FromTx(tx)
-	size := w.mode.BatchSize()
-	entries, err := w.read(ctx, q, size)
-	if err != nil || len(entries) == 0 {
-		if err == nil {
-			err = tx.Rollback(ctx)
-		}
-		return worker.Idle(), err
-	}
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	processed, result, reason := w.handle(ctx, entries, tx)
+	processed, result, reason := w.handle(ctx, entries, guard)
 	if err := w.takeHandleError(); err != nil {
 		return worker.Idle(), err
+	}
+	switch result {
+	case timedOut, broken, stopped:
+		if result == stopped && !w.handedOut {
+			break // nothing reached a handler: commit the prefix, if any
+		}
+		// A handler may still be using the transaction (timed out, or no
+		// answer before the lease ended), or left it unusable: give the
+		// whole transaction up. The done prefix is delivered again.
+		finished = true
+		if result == broken {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		} else {
+			guard.abandon(&w.s.wg, w.s.ctx, w.s.cfg.CloseTimeout, func(err error) {
+				w.logger.Error("Cannot roll back the transaction of a timed-out handler", err, nil)
+			})
+		}
+		return w.failWholeTx(ctx, entries, processed, result, reason)
 	}
 	done := w.cursor
 	if processed > 0 {
 		done = entries[processed-1].seq
 	}
 	if result == rejected {
-		if err := w.s.cfg.RejectHandler.HandleReject(dctx, tx, w.rejectedMessage(entries[processed], reason)); err != nil {
+		if err := w.rejectVia.HandleReject(dctx, tx, w.rejectedMessage(entries[processed], reason)); err != nil {
 			return worker.Idle(), fmt.Errorf("outbox: reject handler: %w", err)
 		}
 		done = entries[processed].seq
 	}
+	q, _ := pgexec.FromTx(tx)
 	if done > w.cursor {
 		if err := w.lease.Advance(dctx, q, done); err != nil {
 			return worker.Idle(), err
 		}
 	}
+	var delay time.Duration
 	if result == nacked {
-		if err := w.lease.RecordFailure(dctx, q, w.failure(reason)); err != nil {
+		delay = w.noteFailure(processed)
+		if err := w.lease.RecordRetry(dctx, q, w.failure(reason), delay); err != nil {
 			return worker.Idle(), err
 		}
 	}
+	finished = true
 	if err := tx.Commit(dctx); err != nil {
 		return worker.Idle(), err
 	}
 	w.cursor = done
-	return w.settle(ctx, result, reason, processed, len(entries) == size, nil)
+	return w.settle(ctx, result, reason, processed, len(entries) == size, nil, delay)
+}
+
+// failWholeTx settles a Transactional batch whose transaction was given up
+// because of the message at index at: a timed-out handler, one that broke
+// the transaction, or one that never answered before the lease ended. The
+// head's failure is a counted attempt (and, after MaxAttempts, a dead
+// letter); a later message's is retried in a smaller batch, where it
+// becomes the head.
+func (w *partitionWorker) failWholeTx(ctx context.Context, entries []logEntry, at int, result outcome, reason error) (worker.Directive, error) {
+	if result == stopped {
+		// The lease is ending; the delivery stays counted (deliveries) and
+		// the next holder charges it as an attempt without an outcome.
+		return worker.Idle(), nil
+	}
+	w.logger.Error("Transaction given up", reason, watermill.LogFields{"seq": entries[at].seq, "attempt": w.attempts})
+	if at > 0 {
+		delay := w.noteFailure(at)
+		w.showState(ctx)
+		return worker.Sleep(delay), nil
+	}
+	got, why := w.answer(&delivery{}, nacked, entries[0], reason)
+	if got == rejected {
+		if err := w.rejectInOwnTx(ctx, entries[0], why); err == nil {
+			w.mode.Rejected(0)
+			w.showState(ctx)
+			return worker.Proceed(), nil
+		} else if leaseEnded(err) {
+			return worker.Idle(), nil
+		} else {
+			reason = err
+		}
+	}
+	delay := w.noteFailure(0)
+	w.recordRetry(ctx, nil, w.failure(reason), delay)
+	w.showState(ctx)
+	return worker.Sleep(delay), nil
 }
 
 // handle gives the batch to the subscription: one message at a time over
 // the channel, or all at once to a BatchHandler. It returns how many
 // entries from the start are done and how the next one (if any) ended:
-// nacked, rejected, or stopped. With tx set (Transactional) it keeps the
-// done prefix's writes and undoes the rest with savepoints.
-func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx pgx.Tx) (int, outcome, error) {
+// nacked, rejected, stopped, or (with tx) timedOut or broken. With tx set
+// (Transactional) it keeps the done prefix's writes and undoes the rest
+// with savepoints, and checks after every ack that the handler left the
+// transaction usable.
+func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (int, outcome, error) {
+	w.handedOut = false
 	if w.batch != nil {
 		return w.handleBatch(ctx, entries, tx)
 	}
@@ -217,25 +366,74 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx pgx
 	defer cancel()
 	for i, e := range entries {
 		if tx != nil {
-			if _, err := tx.Exec(dctx, "SAVEPOINT outbox_delivery"); err != nil {
+			// Release the previous message's savepoint (which fails if its
+			// handler aborted the transaction) and set this one's, in one
+			// round trip (simple protocol).
+			stmt := "SAVEPOINT outbox_delivery"
+			if i > 0 {
+				stmt = "RELEASE SAVEPOINT outbox_delivery; SAVEPOINT outbox_delivery"
+			}
+			if _, err := tx.tx.Exec(dctx, stmt); err != nil {
+				if i > 0 {
+					return w.brokenTx(dctx, tx, entries, i-1, err)
+				}
 				w.handleErr = err
 				return i, stopped, nil
 			}
 		}
 		result, reason := w.deliver(ctx, e, tx)
+		if result == stopped && i == 0 && !w.handedOut {
+			w.undoDelivery(ctx)
+		}
+		if result == acked && tx != nil {
+			if what := tx.takeMisuse(); what != "" {
+				result, reason = w.answer(&delivery{}, nacked, e, &TxMisuseError{Seq: e.seq, What: what})
+			}
+		}
 		if result == acked {
 			continue
 		}
-		if tx != nil {
+		if tx != nil && (result == nacked || result == rejected) {
 			// Undo whatever the handler wrote for this message.
-			if _, err := tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
-				w.handleErr = err
-				return i, stopped, nil
+			if _, err := tx.tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
+				return i, broken, &TxMisuseError{Seq: e.seq, What: misuseEnded, Cause: err}
 			}
 		}
 		return i, result, reason
 	}
+	if tx != nil {
+		if _, err := tx.tx.Exec(dctx, "RELEASE SAVEPOINT outbox_delivery"); err != nil {
+			return w.brokenTx(dctx, tx, entries, len(entries)-1, err)
+		}
+	}
 	return len(entries), acked, nil
+}
+
+// brokenTx handles a savepoint statement that failed after the handler of
+// entries[at] acked: the handler aborted or ended the transaction. It rolls
+// back to that message's savepoint and fails it (a counted attempt), or,
+// when even that fails, reports the transaction broken.
+func (w *partitionWorker) brokenTx(ctx context.Context, tx *txGuard, entries []logEntry, at int, cause error) (int, outcome, error) {
+	e := entries[at]
+	if _, err := tx.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
+		return at, broken, &TxMisuseError{Seq: e.seq, What: misuseEnded, Cause: cause}
+	}
+	result, reason := w.answer(&delivery{}, nacked, e, &TxMisuseError{Seq: e.seq, What: misuseAborted, Cause: cause})
+	return at, result, reason
+}
+
+// undoDelivery takes back the delivery the read counted for the head when
+// it never reached a handler.
+func (w *partitionWorker) undoDelivery(ctx context.Context) {
+	dctx, cancel := dbContext(ctx)
+	defer cancel()
+	if err := w.lease.UndoDelivery(dctx, w.cursor); err != nil {
+		w.logger.Debug("Cannot take back a delivery count", watermill.LogFields{"err": err})
+		return
+	}
+	if w.headSeq == w.cursor+1 && w.attempts > 0 {
+		w.attempts--
+	}
 }
 
 // takeHandleError returns (and clears) a database error met by handle.
@@ -245,9 +443,37 @@ func (w *partitionWorker) takeHandleError() error {
 	return err
 }
 
-// settle feeds the batch's outcome to the adaptive mode and picks the next
-// step. failureQ, when set, records a nack on the cursor row.
-func (w *partitionWorker) settle(ctx context.Context, result outcome, reason error, processed int, full bool, failureQ pgexec.Querier) (worker.Directive, error) {
+// noteFailure feeds a failed batch (processed messages done before the
+// failure) to the adaptive mode and returns how long to wait before the
+// retry: the mode's exponential backoff with jitter, so that partitions
+// failing together do not retry in lockstep.
+func (w *partitionWorker) noteFailure(processed int) time.Duration {
+	w.mode.Failed(processed)
+	return jitter(w.mode.Backoff())
+}
+
+// jitter spreads d over [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d-d/2+1)
+}
+
+// recordRetry records a failed attempt at the head and when its retry is
+// due, on q (nil: the pool); best effort, logged.
+func (w *partitionWorker) recordRetry(ctx context.Context, q pgexec.Querier, cause error, delay time.Duration) {
+	dctx, cancel := dbContext(ctx)
+	defer cancel()
+	if err := w.lease.RecordRetry(dctx, q, cause, delay); err != nil && !leaseEnded(err) {
+		w.logger.Error("Cannot record failure", err, nil)
+	}
+}
+
+// settle picks the next step after a batch and shows the adaptive state.
+// For a nack (already fed to the mode by noteFailure, which gave delay),
+// failureQ, when set, records the failure on the cursor row.
+func (w *partitionWorker) settle(ctx context.Context, result outcome, reason error, processed int, full bool, failureQ pgexec.Querier, delay time.Duration) (worker.Directive, error) {
 	defer w.showState(ctx)
 	switch result {
 	case acked:
@@ -260,15 +486,10 @@ func (w *partitionWorker) settle(ctx context.Context, result outcome, reason err
 		w.mode.Rejected(processed)
 		return worker.Proceed(), nil
 	case nacked:
-		w.mode.Failed(processed)
 		if failureQ != nil {
-			dctx, cancel := dbContext(ctx)
-			defer cancel()
-			if err := w.lease.RecordFailure(dctx, failureQ, w.failure(reason)); err != nil && !leaseEnded(err) {
-				w.logger.Error("Cannot record failure", err, nil)
-			}
+			w.recordRetry(ctx, failureQ, w.failure(reason), delay)
 		}
-		return worker.Sleep(w.mode.Backoff()), nil
+		return worker.Sleep(delay), nil
 	}
 	return worker.Idle(), nil // stopped: the loop ends with the lease
 }
@@ -277,7 +498,9 @@ func (w *partitionWorker) failure(reason error) error {
 	if reason == nil {
 		reason = errors.New("nacked")
 	}
-	return fmtErr(fmt.Errorf("seq %d, attempt %d: %w", w.headSeq, w.attempts, reason))
+	err := fmtErr(fmt.Errorf("seq %d, attempt %d: %w", w.headSeq, w.attempts, reason))
+	w.lastError = err.Error()
+	return err
 }
 
 func (w *partitionWorker) withBulkhead(ctx context.Context, fn func() ([]logEntry, error)) ([]logEntry, error) {
@@ -289,44 +512,84 @@ func (w *partitionWorker) withBulkhead(ctx context.Context, fn func() ([]logEntr
 	return fn()
 }
 
-func (w *partitionWorker) read(ctx context.Context, q pgexec.Querier, limit int) ([]logEntry, error) {
-	rows, err := q.Query(ctx, w.s.readSQL, w.topic, w.part, w.cursor, limit)
+// read reads the next batch after the cursor and, in the same statement,
+// counts a delivery of the head message (cursor+1) on the cursor row,
+// fenced by the lease, before anything is handed out: a delivery that ends
+// without an outcome (a crash) is then charged to the message by the next
+// holder of the lease.
+func (w *partitionWorker) read(ctx context.Context, limit int) ([]logEntry, error) {
+	rows, err := w.s.db.Query(ctx, w.s.readSQL, w.s.cfg.ConsumerGroup, w.topic, w.part, w.cursor, w.lease.Owner(), w.lease.Token(), limit)
 	if err != nil {
-		return nil, err
+		return nil, w.s.schemaError(err)
 	}
 	defer rows.Close()
 	entries := make([]logEntry, 0, limit)
+	var marked *int32
 	for rows.Next() {
 		var e logEntry
-		if err := rows.Scan(&e.seq, &e.uuid, &e.key, &e.metadata, &e.payload); err != nil {
+		if err := rows.Scan(&e.seq, &e.uuid, &e.key, &e.metadata, &e.payload, &marked); err != nil {
 			return nil, err
 		}
 		entries = append(entries, e)
 	}
-	return entries, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, w.s.schemaError(err)
+	}
+	if len(entries) == 0 || entries[0].seq != w.cursor+1 {
+		return entries, nil // (a cursor behind the retained log has no head to count)
+	}
+	if marked == nil {
+		// The fenced count changed nothing: the lease is gone, or the
+		// cursor was moved under it.
+		return nil, w.lease.Verify(ctx, "count a delivery", w.cursor)
+	}
+	if w.headSeq != entries[0].seq {
+		w.headSeq = entries[0].seq
+		w.firstFailure, w.lastFailure = time.Time{}, time.Time{}
+	}
+	w.attempts = int(*marked)
+	return entries, nil
 }
 
 // deliver hands one message to the subscription's channel and waits for its
-// Ack or Nack. With tx set (Transactional) the handler finds the
-// transaction in the message context.
-func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx pgx.Tx) (outcome, error) {
+// Ack or Nack, at most HandlerTimeout. With tx set (Transactional) the
+// handler finds the transaction in the message context.
+func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx *txGuard) (outcome, error) {
 	msg, d, cancel := w.newMessage(ctx, e, tx, w.countAttempt(e.seq))
 	defer cancel() // a message's context ends with its Ack or Nack
 	w.lastMsg = msg
 
 	select {
 	case w.out <- msg:
+		w.handedOut = true
 	case <-ctx.Done():
 		return stopped, nil
 	}
+	timeout := time.NewTimer(w.s.cfg.HandlerTimeout)
+	defer timeout.Stop()
 	done := ctx.Done()
 	var grace <-chan time.Time
 	for {
 		select {
 		case <-msg.Acked():
-			return w.answer(d, acked, e)
+			return w.answer(d, acked, e, nil)
 		case <-msg.Nacked():
-			return w.answer(d, nacked, e)
+			return w.answer(d, nacked, e, nil)
+		case <-timeout.C:
+			select { // an answer that raced with the timer wins
+			case <-msg.Acked():
+				return w.answer(d, acked, e, nil)
+			case <-msg.Nacked():
+				return w.answer(d, nacked, e, nil)
+			default:
+			}
+			cancel()
+			reason := &HandlerTimeoutError{Seq: e.seq, Timeout: w.s.cfg.HandlerTimeout}
+			w.logger.Error("Handler timed out: the delivery counts as a failed attempt", reason, watermill.LogFields{"seq": e.seq, "attempt": w.attempts})
+			if tx != nil {
+				return timedOut, reason
+			}
+			return w.answer(d, nacked, e, reason)
 		case <-done:
 			// The lease is ending: give the handler a moment to answer.
 			done = nil
@@ -337,32 +600,31 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx pgx.Tx) (o
 	}
 }
 
-// countAttempt counts a delivery of the message at seq towards the
-// attempts of the partition's head message, and returns its attempt number.
+// countAttempt returns the attempt number of a delivery of the message at
+// seq. The head's deliveries were counted by read; a later message of the
+// batch is on its first attempt unless it is the one that failed last.
 func (w *partitionWorker) countAttempt(seq int64) int {
-	// A batch retried from an earlier message (a transaction undone as a
-	// whole) must not forget the failures of the later head.
-	if seq < w.headSeq && w.attempts > 0 {
+	switch {
+	case seq == w.headSeq:
+		return max(w.attempts, 1)
+	case seq < w.headSeq:
 		return 1
 	}
-	if seq != w.headSeq {
-		w.headSeq, w.attempts = seq, 0
-		w.firstFailure, w.lastFailure = time.Time{}, time.Time{}
-	}
-	w.attempts++
-	return w.attempts
+	w.headSeq, w.attempts = seq, 1
+	w.firstFailure, w.lastFailure = time.Time{}, time.Time{}
+	w.lastError = ""
+	return 1
 }
 
 // newMessage builds the Watermill message for a log entry, with the
 // outbox metadata and a context that carries the delivery handle (and the
-// transaction, for the Transactional strategy). cancel ends the context.
-func (w *partitionWorker) newMessage(ctx context.Context, e logEntry, tx pgx.Tx, attempt int) (*message.Message, *delivery, context.CancelFunc) {
-	var cancel context.CancelFunc
+// transaction, for the Transactional strategy) and ends at HandlerTimeout.
+// cancel ends the context.
+func (w *partitionWorker) newMessage(ctx context.Context, e logEntry, tx *txGuard, attempt int) (*message.Message, *delivery, context.CancelFunc) {
 	if tx != nil {
-		ctx, cancel = context.WithCancel(WithTx(ctx, tx))
-	} else {
-		ctx, cancel = context.WithTimeout(ctx, w.s.cfg.HandlerTimeout)
+		ctx = WithTx(ctx, pgx.Tx(tx))
 	}
+	ctx, cancel := context.WithTimeout(ctx, w.s.cfg.HandlerTimeout)
 	msg, d := w.buildMessage(ctx, e, attempt)
 	return msg, d, cancel
 }
@@ -392,19 +654,17 @@ func (w *partitionWorker) buildMessage(ctx context.Context, e logEntry, attempt 
 // batch that is not done entirely is undone entirely (its writes cannot be
 // split), so nothing of it counts as done; adaptive degradation then
 // shrinks the batch until the failing message stands alone.
-func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, tx pgx.Tx) (int, outcome, error) {
+func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuard) (int, outcome, error) {
 	headAttempt := w.countAttempt(entries[0].seq)
 	msgs := make([]*message.Message, len(entries))
 	deliveries := make([]*delivery, len(entries))
-	// One context for the whole batch: one deadline (Leased) or one
-	// transaction (Transactional), ended when the batch is done.
-	var bctx context.Context
-	var cancel context.CancelFunc
+	// One context for the whole batch: one deadline, and the transaction
+	// (Transactional), ended when the batch is done.
+	bctx := ctx
 	if tx != nil {
-		bctx, cancel = context.WithCancel(WithTx(ctx, tx))
-	} else {
-		bctx, cancel = context.WithTimeout(ctx, w.s.cfg.HandlerTimeout)
+		bctx = WithTx(ctx, pgx.Tx(tx))
 	}
+	bctx, cancel := context.WithTimeout(bctx, w.s.cfg.HandlerTimeout)
 	defer cancel()
 	for i, e := range entries {
 		attempt := 1
@@ -416,12 +676,36 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	dctx, cancelDB := dbContext(ctx)
 	defer cancelDB()
 	if tx != nil {
-		if _, err := tx.Exec(dctx, "SAVEPOINT outbox_batch"); err != nil {
+		if _, err := tx.tx.Exec(dctx, "SAVEPOINT outbox_batch"); err != nil {
 			w.handleErr = err
 			return 0, stopped, nil
 		}
 	}
-	done, err := w.callBatch(ctx, msgs)
+	w.handedOut = true
+	done, err, answered := w.callBatch(ctx, msgs)
+	switch {
+	case answered == batchTimedOut:
+		cancel()
+		reason := &HandlerTimeoutError{Seq: entries[0].seq, Timeout: w.s.cfg.HandlerTimeout}
+		w.logger.Error("Batch handler timed out: the delivery counts as a failed attempt", reason, watermill.LogFields{"seq": entries[0].seq, "attempt": w.attempts, "batch": len(entries)})
+		if tx != nil {
+			return 0, timedOut, reason
+		}
+		w.lastMsg = msgs[0]
+		result, why := w.answer(&delivery{}, nacked, entries[0], reason)
+		return 0, result, why
+	case answered == batchGaveUp:
+		return 0, stopped, nil
+	}
+	if tx != nil {
+		if what := tx.takeMisuse(); what != "" {
+			done, err = 0, &TxMisuseError{Seq: entries[0].seq, What: what}
+		} else if done >= len(entries) {
+			if _, rerr := tx.tx.Exec(dctx, "RELEASE SAVEPOINT outbox_batch"); rerr != nil {
+				done, err = 0, &TxMisuseError{Seq: entries[0].seq, What: misuseAborted, Cause: rerr}
+			}
+		}
+	}
 	if done >= len(entries) {
 		return len(entries), acked, nil
 	}
@@ -432,9 +716,8 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 		err = fmt.Errorf("batch handler finished %d of %d messages without an error", done, len(entries))
 	}
 	if tx != nil {
-		if _, rerr := tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_batch"); rerr != nil {
-			w.handleErr = rerr
-			return 0, stopped, nil
+		if _, rerr := tx.tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_batch"); rerr != nil {
+			return 0, broken, &TxMisuseError{Seq: entries[0].seq, What: misuseEnded, Cause: rerr}
 		}
 		if done > 0 {
 			done = 0
@@ -447,9 +730,13 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 		return 0, result, reason
 	}
 	// A message after the head failed: it is retried as the next head.
-	if rej, cause := deliveries[done].rejection(); rej && w.s.cfg.RejectHandler != nil {
+	if rej, cause, via := deliveries[done].rejection(); rej && (via != nil || w.s.cfg.RejectHandler != nil) {
 		w.lastMsg = msgs[done]
 		w.countAttempt(entries[done].seq)
+		w.rejectVia = w.s.cfg.RejectHandler
+		if via != nil {
+			w.rejectVia = via
+		}
 		return done, rejected, cause
 	}
 	return done, nacked, err
@@ -457,28 +744,67 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 
 // answerBatch classifies the failure of a batch's head message.
 func (w *partitionWorker) answerBatch(d *delivery, err error, e logEntry) (outcome, error) {
-	result, reason := w.answer(d, nacked, e)
-	if result == nacked {
-		reason = err
+	return w.answer(d, nacked, e, err)
+}
+
+type batchAnswer int
+
+const (
+	batchAnswered batchAnswer = iota
+	batchTimedOut             // no return within HandlerTimeout
+	batchGaveUp               // no return within CloseTimeout after the lease ended
+)
+
+// callBatch runs the BatchHandler, turning a panic into an error, and waits
+// for it at most HandlerTimeout (and CloseTimeout once the lease ends). A
+// handler that does not return in time is left running on its own
+// goroutine, which ends when it returns; its result is ignored.
+func (w *partitionWorker) callBatch(ctx context.Context, msgs []*message.Message) (int, error, batchAnswer) {
+	type result struct {
+		done int
+		err  error
 	}
-	return result, reason
-}
-
-// callBatch runs the BatchHandler, turning a panic into an error.
-func (w *partitionWorker) callBatch(ctx context.Context, msgs []*message.Message) (done int, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			done, err = 0, fmt.Errorf("outbox: batch handler panicked: %v", r)
-		}
+	ch := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() {
+			if v := recover(); v != nil {
+				r = result{0, fmt.Errorf("outbox: batch handler panicked: %v", v)}
+			}
+			ch <- r
+		}()
+		done, err := w.batch(ctx, msgs)
+		r = result{max(0, min(done, len(msgs))), err}
 	}()
-	done, err = w.batch(ctx, msgs)
-	return max(0, min(done, len(msgs))), err
+	timeout := time.NewTimer(w.s.cfg.HandlerTimeout)
+	defer timeout.Stop()
+	stop := ctx.Done()
+	var grace <-chan time.Time
+	for {
+		select {
+		case r := <-ch:
+			return r.done, r.err, batchAnswered
+		case <-timeout.C:
+			select {
+			case r := <-ch:
+				return r.done, r.err, batchAnswered
+			default:
+			}
+			return 0, nil, batchTimedOut
+		case <-stop:
+			stop = nil
+			grace = time.After(w.s.cfg.CloseTimeout)
+		case <-grace:
+			return 0, nil, batchGaveUp
+		}
+	}
 }
 
-// answer turns an Ack or Nack into an outcome: a Reject wins over both, and
-// a message that failed MaxAttempts times is rejected.
-func (w *partitionWorker) answer(d *delivery, got outcome, e logEntry) (outcome, error) {
-	isRejected, cause := d.rejection()
+// answer turns an Ack, a Nack or a failure (reason) into an outcome: a
+// Reject wins over all of them, and a message that failed MaxAttempts
+// times is rejected. It sets rejectVia for a rejection.
+func (w *partitionWorker) answer(d *delivery, got outcome, e logEntry, reason error) (outcome, error) {
+	isRejected, cause, via := d.rejection()
 	if got == nacked || isRejected {
 		now := time.Now()
 		if w.firstFailure.IsZero() {
@@ -486,17 +812,24 @@ func (w *partitionWorker) answer(d *delivery, got outcome, e logEntry) (outcome,
 		}
 		w.lastFailure = now
 	}
-	canReject := w.s.cfg.RejectHandler != nil
+	w.rejectVia = w.s.cfg.RejectHandler
+	if via != nil {
+		w.rejectVia = via
+	}
+	canReject := w.rejectVia != nil
 	switch {
 	case isRejected && canReject:
 		return rejected, cause
 	case isRejected:
-		w.logger.Info("Message rejected but no RejectHandler is configured: retrying it", watermill.LogFields{"seq": e.seq, "reason": cause})
+		warn(w.logger, "Message rejected but no RejectHandler is configured: retrying it (set SubscriberConfig.RejectHandler, e.g. a deadletter.Store, or reject with outbox.RejectTo)", watermill.LogFields{"seq": e.seq, "reason": cause})
 		return nacked, cause
 	case got == nacked && canReject && w.s.cfg.MaxAttempts > 0 && w.attempts >= w.s.cfg.MaxAttempts:
-		return rejected, fmt.Errorf("%w: nacked %d times (MaxAttempts)", ErrPoison, w.attempts)
+		if reason == nil {
+			reason = errors.New("nacked")
+		}
+		return rejected, fmt.Errorf("%w: failed %d times (MaxAttempts), last: %w", ErrPoison, w.attempts, reason)
 	}
-	return got, nil
+	return got, reason
 }
 
 func (w *partitionWorker) rejectedMessage(e logEntry, reason error) RejectedMessage {
@@ -524,17 +857,23 @@ func (w *partitionWorker) rejectedMessage(e logEntry, reason error) RejectedMess
 }
 
 // rejectInOwnTx stores a rejected message and moves the cursor past it in
-// one transaction (Leased strategy).
+// one transaction of its own.
 func (w *partitionWorker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) error {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	release, err := w.s.bulkhead.Acquire(dctx)
-	if err != nil {
-		return err
+	if w.s.cfg.Strategy != Transactional { // (Transactional holds a slot for the whole batch)
+		release, err := w.s.bulkhead.Acquire(dctx)
+		if err != nil {
+			return err
+		}
+		defer release()
 	}
-	defer release()
-	err = pgx.BeginFunc(dctx, w.s.cfg.Pool, func(tx pgx.Tx) error {
-		if err := w.s.cfg.RejectHandler.HandleReject(dctx, tx, w.rejectedMessage(e, reason)); err != nil {
+	err := pgx.BeginFunc(dctx, w.s.cfg.Pool, func(tx pgx.Tx) error {
+		via := w.rejectVia
+		if via == nil {
+			via = w.s.cfg.RejectHandler
+		}
+		if err := via.HandleReject(dctx, tx, w.rejectedMessage(e, reason)); err != nil {
 			return fmt.Errorf("outbox: reject handler: %w", err)
 		}
 		q, _ := pgexec.FromTx(tx)

@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/worker"
 	"github.com/millrace/watermill-outbox/lease"
 )
@@ -249,8 +250,23 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		cancel:   cancel,
 		pokers:   map[string]map[int]map[*worker.Poker]struct{}{},
 		topics:   map[string]int{},
-		readSQL: `SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload FROM ` + names.Quote(cfg.Schema) + `.log
-		WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4`,
+		// $1 group, $2 topic, $3 partition, $4 cursor, $5 lease owner, $6
+		// lease token, $7 limit. Reads the batch after the cursor and counts
+		// a delivery of its head on the cursor row (fenced by the lease; only
+		// when the head exists), in one round trip that commits without
+		// waiting for the WAL flush: a count lost with a server crash only
+		// forgets one attempt. The count is on every row (NULL: not counted).
+		readSQL: `WITH counted AS (
+			UPDATE ` + names.Quote(cfg.Schema) + `.cursors c SET deliveries = greatest(c.deliveries, c.attempts) + 1
+			FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+			WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = $3 AND c.seq = $4
+				AND c.lease_owner = $5 AND c.lease_token = $6 AND c.lease_expires_at > clock_timestamp()
+				AND EXISTS (SELECT 1 FROM ` + names.Quote(cfg.Schema) + `.log WHERE topic = $2 AND partition = $3 AND seq = $4 + 1)
+			RETURNING c.deliveries
+		)
+		SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, (SELECT deliveries FROM counted)
+		FROM ` + names.Quote(cfg.Schema) + `.log
+		WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7`,
 		stateSQL: `UPDATE ` + names.Quote(cfg.Schema) + `.cursors SET adaptive_state = $5, batch_size = $6
 		WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_token = $4`,
 	}
@@ -270,9 +286,23 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err := names.Topic(topic); err != nil {
 		return err
 	}
+	if err := s.checkSchema(s.ctx); err != nil {
+		return err
+	}
 	_, err := s.topic(s.ctx, topic)
-	return err
+	return s.schemaError(err)
 }
+
+// checkSchema refuses a schema that was never migrated (ErrNotMigrated) or
+// was migrated by a newer release (ErrSchemaTooNew); one query per pool
+// and schema per process.
+func (s *Subscriber) checkSchema(ctx context.Context) error {
+	return schemacheck.Check(ctx, s.cfg.Pool, s.db, s.cfg.Schema)
+}
+
+// schemaError turns the "relation does not exist" of a dropped schema into
+// ErrNotMigrated.
+func (s *Subscriber) schemaError(err error) error { return schemacheck.Wrap(err, s.cfg.Schema) }
 
 func (s *Subscriber) topic(ctx context.Context, topic string) (int, error) {
 	s.topicsMu.Lock()
@@ -364,9 +394,12 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		}
 	}()
 
+	if err := s.checkSchema(ctx); err != nil {
+		return nil, err
+	}
 	partitions, err := s.topic(ctx, topic)
 	if err != nil {
-		return nil, err
+		return nil, s.schemaError(err)
 	}
 	manager, err := lease.NewManager(lease.Config{
 		Schema:          s.cfg.Schema,
@@ -379,12 +412,18 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		RenewInterval:   s.cfg.Tuning.RenewInterval,
 		BalanceInterval: s.cfg.BalanceInterval,
 		StartFromNewest: s.cfg.StartFromNewest,
+		NoRejectHandler: s.cfg.RejectHandler == nil,
 	}, s.logger)
 	if err != nil {
 		return nil, err
 	}
 	if first {
 		s.startBackground()
+		if s.cfg.RejectHandler == nil {
+			warn(s.logger, "Subscriber has no RejectHandler: a message that keeps failing is retried for ever and stalls its partition. "+
+				"Set SubscriberConfig.RejectHandler (e.g. a deadletter.Store) and MaxAttempts, or reject from the handler with outbox.RejectTo / the PoisonQueue middleware with deadletter.Store.PoisonPublisher",
+				watermill.LogFields{"max_attempts": s.cfg.MaxAttempts})
+		}
 	}
 
 	done := make(chan struct{})

@@ -20,12 +20,13 @@ import (
 // The poison topic name is not used: entries go to the store.
 //
 // A message delivered by an outbox Subscriber (outbox.IsDelivered) is
-// rejected with outbox.Reject, with the reason the middleware recorded
-// (middleware.ReasonForPoisonedKey): the Subscriber, which must have this
-// store as its RejectHandler, then writes the entry, with the metadata the
-// middleware set, in the transaction that moves the cursor past the
-// message, and moves on at once (no backoff). A Subscriber without a
-// RejectHandler retries such a message instead.
+// rejected with outbox.RejectTo(msg, reason, store), with the reason the
+// middleware recorded (middleware.ReasonForPoisonedKey): the Subscriber
+// then writes the entry into this store, with the metadata the middleware
+// set, in the transaction that moves the cursor past the message, and moves
+// on at once (no backoff). Wiring the store here is enough: the Subscriber
+// needs no RejectHandler for it (give it one as well, with MaxAttempts, to
+// also take out messages that crash or hang their consumer).
 //
 // Any other message (e.g. from another broker's subscriber) is written
 // directly, in a transaction of its own, as an External entry: its group is
@@ -45,7 +46,7 @@ func (p poisonPublisher) Publish(topic string, msgs ...*message.Message) error {
 			reason = "poisoned"
 		}
 		if outbox.IsDelivered(msg) {
-			_ = outbox.Reject(msg, errors.New(reason))
+			_ = outbox.RejectTo(msg, errors.New(reason), p.s)
 			continue
 		}
 		sourceTopic := msg.Metadata.Get(middleware.PoisonedTopicKey)

@@ -52,6 +52,12 @@ type Lease struct {
 	cursor    int64
 	attempts  int
 
+	// What the acquisition found: deliveries that ended without an outcome
+	// (now counted in attempts), the last error, and the backoff left.
+	unanswered int
+	lastError  string
+	backoff    time.Duration
+
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 	done     chan struct{}
@@ -76,6 +82,25 @@ func (l *Lease) Cursor() int64 { return l.cursor }
 // Attempts is the failure count recorded for the partition when the lease
 // was acquired (see RecordFailure); Advance resets it.
 func (l *Lease) Attempts() int { return l.attempts }
+
+// Unanswered is how many deliveries of the partition's next message ended
+// without an outcome before this lease was acquired (the holder died, was
+// killed or lost its lease mid-delivery). The acquisition counted them as
+// failed attempts (they are included in Attempts) and recorded why in the
+// last error.
+func (l *Lease) Unanswered() int { return l.unanswered }
+
+// LastError is the last error recorded for the partition's next message
+// when the lease was acquired ("" for none).
+func (l *Lease) LastError() string { return l.lastError }
+
+// Backoff is how much was left, when the lease was acquired, of the backoff
+// the previous holder recorded with RecordRetry: the worker should wait
+// that long before retrying the next message.
+func (l *Lease) Backoff() time.Duration { return l.backoff }
+
+// Owner is the member id the lease is held under (Config.MemberID).
+func (l *Lease) Owner() string { return l.m.cfg.MemberID }
 
 // Context is cancelled when the lease is lost, released (rebalance, pause)
 // or the manager stops; context.Cause tells which, and is ErrLeaseLost for
@@ -157,6 +182,44 @@ func (l *Lease) RecordFailure(ctx context.Context, q pgexec.Querier, cause error
 		return nil
 	}
 	return l.diagnose(ctx, q, "record failure", -1)
+}
+
+// RecordRetry is RecordFailure that also stores when the retry is due
+// (backoff_until = now + retryIn on the server's clock), so that a restart
+// or the next holder of the lease keeps the backoff (see Backoff).
+func (l *Lease) RecordRetry(ctx context.Context, q pgexec.Querier, cause error, retryIn time.Duration) error {
+	q = l.querier(q)
+	n, err := q.Exec(ctx, l.m.retrySQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, errorText(cause), retryIn.Microseconds())
+	if err != nil {
+		return fmt.Errorf("lease: record failure on partition %d: %w", l.partition, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	return l.diagnose(ctx, q, "record failure", -1)
+}
+
+// UndoDelivery takes back one delivery of the message after cursor counted
+// in cursors.deliveries (by the Subscriber's read) whose message was never
+// handed out, e.g. because the lease ended first. Fenced like Advance; a
+// cursor that moved meanwhile makes it a no-op.
+func (l *Lease) UndoDelivery(ctx context.Context, cursor int64) error {
+	if _, err := l.m.pool.Exec(ctx, l.m.undoDeliverySQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, cursor); err != nil {
+		return fmt.Errorf("lease: undo delivery on partition %d: %w", l.partition, err)
+	}
+	return nil
+}
+
+// Verify explains a fenced write of the caller's own that changed nothing
+// (see Advance): an error matching ErrLeaseLost, with the lease's context
+// cancelled, when the lease is no longer ours, or an error saying the
+// cursor is not at seq.
+func (l *Lease) Verify(ctx context.Context, op string, seq int64) error {
+	err := l.diagnose(ctx, l.m.pool, op, seq)
+	if errors.Is(err, ErrSeqNotAhead) {
+		return fmt.Errorf("lease: %s on partition %d: the cursor is not at %d: %w", op, l.partition, seq, err)
+	}
+	return err
 }
 
 func (l *Lease) querier(q pgexec.Querier) pgexec.Querier {

@@ -25,7 +25,8 @@ type Manager struct {
 	pool   pgexec.DB
 
 	createSQL, gcSQL, balanceSQL, acquireSQL, renewSQL, releaseSQL, leaveSQL string
-	advanceSQL, advanceRelaxedSQL, failureSQL, inspectSQL                    string
+	advanceSQL, advanceRelaxedSQL, failureSQL, retrySQL, inspectSQL          string
+	undoDeliverySQL                                                          string
 
 	running atomic.Bool
 	wake    chan struct{}
@@ -81,8 +82,8 @@ func (m *Manager) prepareSQL() {
 	// read the other live members, the number of partitions not paused, and
 	// the paused partitions this member holds.
 	m.balanceSQL = `WITH hb AS (
-		INSERT INTO ` + members + ` (group_name, topic, member_id, heartbeat_at) VALUES ($1, $2, $3, now())
-		ON CONFLICT (group_name, topic, member_id) DO UPDATE SET heartbeat_at = now()
+		INSERT INTO ` + members + ` (group_name, topic, member_id, heartbeat_at, can_reject) VALUES ($1, $2, $3, now(), $6)
+		ON CONFLICT (group_name, topic, member_id) DO UPDATE SET heartbeat_at = now(), can_reject = $6
 	)
 	SELECT
 		ARRAY(SELECT member_id FROM ` + members + ` WHERE group_name = $1 AND topic = $2 AND member_id <> $3
@@ -94,16 +95,27 @@ func (m *Manager) prepareSQL() {
 	// one; each member scans in its own hash order, so that members
 	// starting together do not contend for the same rows.
 	m.acquireSQL = `UPDATE ` + cursors + ` c
-	SET lease_owner = $3, lease_token = c.lease_token + 1, lease_expires_at = now() + $6::int8` + us + `
-	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
-		SELECT partition FROM ` + cursors + `
+	SET lease_owner = $3, lease_token = c.lease_token + 1, lease_expires_at = now() + $6::int8` + us + `,
+		-- Deliveries of the next message that ended without an outcome
+		-- (the holder died or lost its lease mid-delivery) count as
+		-- failed attempts.
+		attempts = greatest(c.attempts, c.deliveries),
+		last_error = CASE WHEN c.deliveries > c.attempts
+			THEN format('seq %s: %s deliveries ended without an outcome: the consumer process died, was killed or lost its lease while handling it', c.seq + 1, c.deliveries - c.attempts)
+			ELSE c.last_error END,
+		last_error_at = CASE WHEN c.deliveries > c.attempts THEN clock_timestamp() ELSE c.last_error_at END
+	FROM (
+		SELECT partition, attempts AS old_attempts FROM ` + cursors + `
 		WHERE group_name = $1 AND topic = $2 AND partition < $4 AND NOT paused
 			AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= now())
 			AND partition <> ALL($5::int4[])
 		ORDER BY hashtext($3 || ':' || partition::text), partition
 		LIMIT $7
-		FOR UPDATE SKIP LOCKED)
-	RETURNING c.partition, c.lease_token, c.seq, c.attempts`
+		FOR UPDATE SKIP LOCKED) AS free
+	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = free.partition
+	RETURNING c.partition, c.lease_token, c.seq, c.attempts, c.attempts - free.old_attempts,
+		coalesce(c.last_error, ''),
+		coalesce(greatest(extract(epoch FROM c.backoff_until - clock_timestamp()), 0), 0)::float8`
 	// $1 group, $2 topic, $3 me, $4 partitions, $5 tokens, $6 TTL in µs.
 	// Renews the unexpired ones (renewed = true). A row locked by a
 	// transaction (typically our worker's, between Advance and commit) is
@@ -144,16 +156,24 @@ func (m *Manager) prepareSQL() {
 	// a long transaction, whose now() is its start.
 	const fence = ` WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
 		AND lease_expires_at > clock_timestamp()`
-	m.advanceSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, last_error = NULL, last_error_at = NULL,
+	m.advanceSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, deliveries = 0, backoff_until = NULL, last_error = NULL, last_error_at = NULL,
 		updated_at = clock_timestamp()` + fence + ` AND seq < $6`
 	// The same in a transaction of its own that commits without waiting
 	// for its WAL flush: set_config(..., true) lasts until the end of the
 	// statement's implicit transaction, and the commit reads it.
-	m.advanceRelaxedSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, last_error = NULL, last_error_at = NULL,
+	m.advanceRelaxedSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, deliveries = 0, backoff_until = NULL, last_error = NULL, last_error_at = NULL,
 		updated_at = clock_timestamp() FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed` + fence + ` AND seq < $6`
 	// $6 error text.
 	m.failureSQL = `UPDATE ` + cursors + ` SET attempts = least(attempts, 2147483646) + 1, last_error = $6,
 		last_error_at = clock_timestamp(), updated_at = clock_timestamp()` + fence
+	// $6 error text, $7 retry delay in µs: a failure and when the retry is
+	// due, so that a restart or a lease move keeps the backoff.
+	m.retrySQL = `UPDATE ` + cursors + ` SET attempts = least(attempts, 2147483646) + 1, last_error = $6,
+		last_error_at = clock_timestamp(), updated_at = clock_timestamp(),
+		backoff_until = clock_timestamp() + $7::int8` + us + fence
+	// $6 cursor. Takes back a delivery counted by the Subscriber's read
+	// (cursors.deliveries) whose message was never handed out.
+	m.undoDeliverySQL = `UPDATE ` + cursors + ` SET deliveries = greatest(deliveries - 1, attempts)` + fence + ` AND seq = $6`
 	// $1 group, $2 topic, $3 partition.
 	m.inspectSQL = `SELECT seq, coalesce(lease_owner, ''), lease_token, coalesce(lease_expires_at > clock_timestamp(), false)
 	FROM ` + cursors + ` WHERE group_name = $1 AND topic = $2 AND partition = $3`
@@ -271,7 +291,7 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 	)
 	opCtx, cancel := m.opContext(ctx)
 	err := pgexec.QueryRow(opCtx, m.pool, m.balanceSQL,
-		[]any{m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, m.cfg.TTL.Microseconds(), m.cfg.Partitions},
+		[]any{m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, m.cfg.TTL.Microseconds(), m.cfg.Partitions, !m.cfg.NoRejectHandler},
 		&others, &active, &paused)
 	cancel()
 	if err != nil {
@@ -375,14 +395,18 @@ func (m *Manager) acquire(ctx context.Context, need int, exclude []int32) []*Lea
 			token     int64
 			cursor    int64
 			attempts  int32
+			crashed   int32
+			lastError string
+			backoff   float64
 		)
-		if err := rows.Scan(&partition, &token, &cursor, &attempts); err != nil {
+		if err := rows.Scan(&partition, &token, &cursor, &attempts, &crashed, &lastError, &backoff); err != nil {
 			m.logger.Error("Cannot read acquired lease", err, nil)
 			continue
 		}
 		lctx, lcancel := context.WithCancelCause(context.WithoutCancel(ctx))
 		got = append(got, &Lease{
 			m: m, partition: int(partition), token: token, cursor: cursor, attempts: int(attempts),
+			unanswered: int(crashed), lastError: lastError, backoff: time.Duration(backoff * float64(time.Second)),
 			ctx: lctx, cancel: lcancel, done: make(chan struct{}),
 			state: stateActive, validUntil: sent.Add(m.cfg.TTL),
 		})
