@@ -78,6 +78,7 @@ const (
 	stopped  // the lease or the subscription ended before an answer
 	timedOut // no answer within HandlerTimeout (Transactional: the transaction must be given up)
 	broken   // the handler left the transaction unusable (Transactional)
+	isolate  // a batch handler of several messages timed out: retry them one at a time
 )
 
 func (s *Subscriber) newPartitionWorker(topic string, l *lease.Lease, out chan<- *message.Message) *partitionWorker {
@@ -159,6 +160,12 @@ func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, 
 		return dir, nil
 	}
 	processed, result, reason := w.handle(ctx, entries, nil)
+	if result == isolate {
+		w.undoDelivery(ctx) // not the head's failure
+		w.mode.Rejected(0)
+		w.showState(ctx)
+		return worker.Proceed(), nil
+	}
 	done := w.cursor
 	if processed > 0 {
 		done = entries[processed-1].seq
@@ -213,8 +220,10 @@ func (w *partitionWorker) rejectExhaustedHead(ctx context.Context, head logEntry
 	if last == "" {
 		last = "no error recorded"
 	}
-	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), the last delivery not even answered; last error: %s",
-		ErrPoison, w.attempts-1, maxAttempts, last)
+	// This delivery, counted by read, does not happen.
+	w.attempts--
+	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), deliveries that ended without an outcome (crash, kill, lost lease) included; last error: %s",
+		ErrPoison, w.attempts, maxAttempts, last)
 	w.rejectVia = w.s.cfg.RejectHandler
 	if err := w.rejectInOwnTx(ctx, head, reason); err != nil {
 		if leaseEnded(err) {
@@ -266,7 +275,7 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 		return worker.Idle(), err
 	}
 	switch result {
-	case timedOut, broken, stopped:
+	case timedOut, broken, stopped, isolate:
 		if result == stopped && !w.handedOut {
 			break // nothing reached a handler: commit the prefix, if any
 		}
@@ -321,16 +330,26 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 // letter); a later message's is retried in a smaller batch, where it
 // becomes the head.
 func (w *partitionWorker) failWholeTx(ctx context.Context, entries []logEntry, at int, result outcome, reason error) (worker.Directive, error) {
-	if result == stopped {
+	switch result {
+	case stopped:
 		// The lease is ending; the delivery stays counted (deliveries) and
 		// the next holder charges it as an attempt without an outcome.
 		return worker.Idle(), nil
+	case isolate:
+		w.undoDelivery(ctx) // not the head's failure
+		w.mode.Rejected(0)
+		w.showState(ctx)
+		return worker.Proceed(), nil
 	}
 	w.logger.Error("Transaction given up", reason, watermill.LogFields{"seq": entries[at].seq, "attempt": w.attempts})
 	if at > 0 {
-		delay := w.noteFailure(at)
+		// The head was done: take its delivery back, and commit the done
+		// prefix alone next, so that the failing message becomes the head
+		// and is charged for its failures.
+		w.undoDelivery(ctx)
+		w.mode.Rejected(at)
 		w.showState(ctx)
-		return worker.Sleep(delay), nil
+		return worker.Proceed(), nil
 	}
 	got, why := w.answer(&delivery{}, nacked, entries[0], reason)
 	if got == rejected {
@@ -687,6 +706,12 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	case answered == batchTimedOut:
 		cancel()
 		reason := &HandlerTimeoutError{Seq: entries[0].seq, Timeout: w.s.cfg.HandlerTimeout}
+		if len(entries) > 1 {
+			// Which message hung is unknown: retry them one at a time, so
+			// that the one that hangs is charged, not the head.
+			w.logger.Error("Batch handler timed out: retrying its messages one at a time", reason, watermill.LogFields{"seq": entries[0].seq, "batch": len(entries)})
+			return 0, isolate, reason
+		}
 		w.logger.Error("Batch handler timed out: the delivery counts as a failed attempt", reason, watermill.LogFields{"seq": entries[0].seq, "attempt": w.attempts, "batch": len(entries)})
 		if tx != nil {
 			return 0, timedOut, reason

@@ -1,0 +1,4 @@
+package outbox
+
+// Jitter exposes the backoff jitter to the tests.
+var Jitter = jitter
