@@ -73,14 +73,33 @@ type SubscriberConfig struct {
 	AutoCreateTopics  bool
 	DefaultPartitions int
 	// RejectHandler takes rejected (poison) messages out of the stream, e.g.
-	// the dead-letter store. Without one, a rejected message is retried like
-	// a nacked one: nothing is ever dropped silently.
+	// the dead-letter store. Without one, a message rejected with Reject is
+	// retried like a nacked one (nothing is ever dropped silently), a
+	// message that keeps failing stalls its partition for ever, and the
+	// Subscriber says so when it starts (a warning) and in the admin status;
+	// a handler can still take a message out with RejectTo (which the
+	// deadletter PoisonQueue publisher uses).
 	RejectHandler RejectHandler
 	// MaxAttempts, when > 0, rejects a message delivered that many times
-	// without success (needs RejectHandler).
+	// without success (needs RejectHandler). Every delivery counts: a Nack,
+	// an error, a HandlerTimeout, a transaction the handler broke, and a
+	// delivery that ended without any outcome because the consumer process
+	// died, was killed or lost its lease (counted before the message is
+	// handed out, once per batch). A process that dies in the middle of a
+	// batch charges the batch's first message; the next delivery is then
+	// one message at a time, so keep MaxAttempts at 2 or more for a crash
+	// never to dead-letter an innocent message.
 	MaxAttempts int
-	// HandlerTimeout bounds a handler in the Leased strategy (default
-	// LeaseTTL - RenewInterval, so it ends before the lease can).
+	// HandlerTimeout bounds how long the Subscriber waits for a handler's
+	// Ack or Nack (or a BatchHandler's return), in both strategies (default
+	// LeaseTTL - RenewInterval, so it ends before the lease can). The
+	// message's context ends then too. A handler that has not answered by
+	// then is abandoned: the delivery counts as a failed attempt
+	// (ErrHandlerTimeout, visible in the status), its late Ack or Nack
+	// changes nothing, and in the Transactional strategy its transaction is
+	// rolled back (its later statements fail). The abandoned handler's
+	// goroutine is the caller's: it ends when the handler returns; at most
+	// one per timed-out delivery, so at most MaxAttempts per message.
 	HandlerTimeout time.Duration
 	// CloseTimeout bounds how long Close waits for in-flight messages to be
 	// acked or nacked (default 5s); unfinished ones are treated as nacked.

@@ -23,9 +23,22 @@ import (
 // handler fails on poison messages; they land in the store with their
 // reason and the middleware's metadata, and everything else flows on, in
 // order per key, in every partition.
+//
+// Wiring the store once is enough: with the PoisonQueue middleware alone
+// (no RejectHandler on the Subscriber) it works the same.
 func TestRouterPoisonQueueDeadLettersPoisonAndTheRestFlows(t *testing.T) {
-	for _, strategy := range strategies() {
-		t.Run(strategy.String(), func(t *testing.T) {
+	for _, wiring := range []string{"store also RejectHandler", "PoisonQueue only"} {
+		for _, strategy := range strategies() {
+			t.Run(wiring+"/"+strategy.String(), func(t *testing.T) {
+				testRouterPoisonQueue(t, strategy, wiring == "PoisonQueue only")
+			})
+		}
+	}
+}
+
+func testRouterPoisonQueue(t *testing.T, strategy outbox.Strategy, poisonQueueOnly bool) {
+	{
+		{
 			e := newEnv(t)
 			e.register(t, "events", 4)
 			const keys, perKey = 16, 25
@@ -45,7 +58,12 @@ func TestRouterPoisonQueueDeadLettersPoisonAndTheRestFlows(t *testing.T) {
 			}
 			e.publish(t, "events", msgs...)
 
-			sub := e.subscriber(t, "billing", func(c *outbox.SubscriberConfig) { c.Strategy = strategy })
+			sub := e.subscriber(t, "billing", func(c *outbox.SubscriberConfig) {
+				c.Strategy = strategy
+				if poisonQueueOnly {
+					c.RejectHandler = nil
+				}
+			})
 			router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 			if err != nil {
 				t.Fatal(err)
@@ -150,7 +168,7 @@ func TestRouterPoisonQueueDeadLettersPoisonAndTheRestFlows(t *testing.T) {
 				JOIN `+e.schema+`.partitions p USING (topic, partition) WHERE c.group_name = 'billing'`); lag != 0 {
 				t.Fatalf("lag %d after everything was handled", lag)
 			}
-		})
+		}
 	}
 }
 
