@@ -56,6 +56,10 @@ type partitionWorker struct {
 	initialBackoff time.Duration
 	// handedOut is set once the batch's first message reached the handler.
 	handedOut bool
+	// precounted: the last cursor move already counted the first delivery
+	// of the next message (lease.AdvanceCounting), so the next read needs
+	// no count of its own; taken back if the worker stops first.
+	precounted bool
 	// rejectVia is the RejectHandler of the rejection in progress (the
 	// delivery's, from RejectTo, or the Subscriber's).
 	rejectVia RejectHandler
@@ -138,6 +142,9 @@ func (w *partitionWorker) run() {
 		action = w.executeTransactional
 	}
 	_ = worker.Run(w.lease.Context(), cfg, action)
+	if w.precounted {
+		w.undoDelivery(w.lease.Context()) // a delivery that will not happen
+	}
 }
 
 // dbContext outlives the lease context by a little, so that work finished
@@ -180,16 +187,19 @@ func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, 
 	if done > w.cursor {
 		dctx, cancel := dbContext(ctx)
 		defer cancel()
-		advance := func() ([]logEntry, error) {
+		var counted bool
+		advance := func() (_ []logEntry, err error) {
 			if w.s.cfg.SyncCursorCommits {
-				return nil, w.lease.Advance(dctx, w.s.db, done)
+				counted, err = w.lease.AdvanceCounting(dctx, w.s.db, done)
+			} else {
+				counted, err = w.lease.AdvanceRelaxedCounting(dctx, done)
 			}
-			return nil, w.lease.AdvanceRelaxed(dctx, done)
+			return nil, err
 		}
 		if _, err := w.withBulkhead(dctx, advance); err != nil {
 			return worker.Idle(), err
 		}
-		w.cursor = done
+		w.cursor, w.precounted = done, counted
 	}
 	var delay time.Duration
 	if result == nacked {
@@ -303,8 +313,9 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 		done = entries[processed].seq
 	}
 	q, _ := pgexec.FromTx(tx)
+	counted := false
 	if done > w.cursor {
-		if err := w.lease.Advance(dctx, q, done); err != nil {
+		if counted, err = w.lease.AdvanceCounting(dctx, q, done); err != nil {
 			return worker.Idle(), err
 		}
 	}
@@ -319,7 +330,7 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 	if err := tx.Commit(dctx); err != nil {
 		return worker.Idle(), err
 	}
-	w.cursor = done
+	w.cursor, w.precounted = done, counted && result != nacked
 	return w.settle(ctx, result, reason, processed, len(entries) == size, nil, delay)
 }
 
@@ -446,6 +457,7 @@ func (w *partitionWorker) brokenTx(ctx context.Context, tx *txGuard, entries []l
 func (w *partitionWorker) undoDelivery(ctx context.Context) {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
+	w.precounted = false
 	if err := w.lease.UndoDelivery(dctx, w.cursor); err != nil {
 		w.logger.Debug("Cannot take back a delivery count", watermill.LogFields{"err": err})
 		return
@@ -497,7 +509,7 @@ func (w *partitionWorker) settle(ctx context.Context, result outcome, reason err
 	switch result {
 	case acked:
 		w.mode.Succeeded()
-		if full {
+		if full || w.precounted { // (precounted: the next message is there)
 			return worker.Proceed(), nil
 		}
 		return worker.Idle(), nil
@@ -505,6 +517,9 @@ func (w *partitionWorker) settle(ctx context.Context, result outcome, reason err
 		w.mode.Rejected(processed)
 		return worker.Proceed(), nil
 	case nacked:
+		// The failure recorded for the next message voids a delivery count
+		// made in advance by the cursor move: the next read counts anew.
+		w.precounted = false
 		if failureQ != nil {
 			w.recordRetry(ctx, failureQ, w.failure(reason), delay)
 		}
@@ -537,7 +552,13 @@ func (w *partitionWorker) withBulkhead(ctx context.Context, fn func() ([]logEntr
 // without an outcome (a crash) is then charged to the message by the next
 // holder of the lease.
 func (w *partitionWorker) read(ctx context.Context, limit int) ([]logEntry, error) {
-	rows, err := w.s.db.Query(ctx, w.s.readSQL, w.s.cfg.ConsumerGroup, w.topic, w.part, w.cursor, w.lease.Owner(), w.lease.Token(), limit)
+	var rows pgexec.Rows
+	var err error
+	if w.precounted { // the cursor move counted the head's delivery
+		rows, err = w.s.db.Query(ctx, w.s.readSQL, w.topic, w.part, w.cursor, limit)
+	} else {
+		rows, err = w.s.db.Query(ctx, w.s.readCountingSQL, w.s.cfg.ConsumerGroup, w.topic, w.part, w.cursor, w.lease.Owner(), w.lease.Token(), limit)
+	}
 	if err != nil {
 		return nil, w.s.schemaError(err)
 	}
@@ -556,6 +577,11 @@ func (w *partitionWorker) read(ctx context.Context, limit int) ([]logEntry, erro
 	}
 	if len(entries) == 0 || entries[0].seq != w.cursor+1 {
 		return entries, nil // (a cursor behind the retained log has no head to count)
+	}
+	if w.precounted {
+		w.precounted = false
+		one := int32(1)
+		marked = &one
 	}
 	if marked == nil {
 		// The fenced count changed nothing: the lease is gone, or the
@@ -893,6 +919,7 @@ func (w *partitionWorker) rejectInOwnTx(ctx context.Context, e logEntry, reason 
 		}
 		defer release()
 	}
+	counted := false
 	err := pgx.BeginFunc(dctx, w.s.cfg.Pool, func(tx pgx.Tx) error {
 		via := w.rejectVia
 		if via == nil {
@@ -902,10 +929,12 @@ func (w *partitionWorker) rejectInOwnTx(ctx context.Context, e logEntry, reason 
 			return fmt.Errorf("outbox: reject handler: %w", err)
 		}
 		q, _ := pgexec.FromTx(tx)
-		return w.lease.Advance(dctx, q, e.seq)
+		var err error
+		counted, err = w.lease.AdvanceCounting(dctx, q, e.seq)
+		return err
 	})
 	if err == nil {
-		w.cursor = e.seq
+		w.cursor, w.precounted = e.seq, counted
 	}
 	return err
 }

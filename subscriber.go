@@ -228,10 +228,11 @@ type Subscriber struct {
 	logger watermill.LoggerAdapter
 	db     pgexec.DB
 
-	bulkhead  *worker.Bulkhead
-	readSQL   string
-	stateSQL  string
-	sequencer *Sequencer
+	bulkhead        *worker.Bulkhead
+	readSQL         string
+	readCountingSQL string
+	stateSQL        string
+	sequencer       *Sequencer
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -275,7 +276,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		// when the head exists), in one round trip that commits without
 		// waiting for the WAL flush: a count lost with a server crash only
 		// forgets one attempt. The count is on every row (NULL: not counted).
-		readSQL: `WITH counted AS (
+		readCountingSQL: `WITH counted AS (
 			UPDATE ` + names.Quote(cfg.Schema) + `.cursors c SET deliveries = greatest(c.deliveries, c.attempts) + 1
 			FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 			WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = $3 AND c.seq = $4
@@ -286,6 +287,12 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, (SELECT deliveries FROM counted)
 		FROM ` + names.Quote(cfg.Schema) + `.log
 		WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7`,
+		// The plain read, after a cursor move that counted the head's
+		// delivery (lease.Lease.AdvanceCounting): $1 topic, $2 partition,
+		// $3 cursor, $4 limit.
+		readSQL: `SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, NULL::int4
+		FROM ` + names.Quote(cfg.Schema) + `.log
+		WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4`,
 		stateSQL: `UPDATE ` + names.Quote(cfg.Schema) + `.cursors SET adaptive_state = $5, batch_size = $6
 		WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_token = $4`,
 	}

@@ -140,15 +140,29 @@ func (l *Lease) isDone() bool {
 // ErrLeaseLost and cancels the lease's context; for a seq that is not ahead
 // of the cursor it returns ErrSeqNotAhead.
 func (l *Lease) Advance(ctx context.Context, q pgexec.Querier, seq int64) error {
-	q = l.querier(q)
-	n, err := q.Exec(ctx, l.m.advanceSQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, seq)
-	if err != nil {
-		return fmt.Errorf("lease: advance partition %d to %d: %w", l.partition, seq, err)
+	_, err := l.AdvanceCounting(ctx, q, seq)
+	return err
+}
+
+// AdvanceCounting is Advance that also reports whether it counted the first
+// delivery of the next message (seq+1) on the cursor row: it does when that
+// message is already in the log. A worker that then delivers it at once
+// needs no write of its own to count it (cursors.deliveries), and one that
+// does not (it stops) must take the count back with UndoDelivery.
+func (l *Lease) AdvanceCounting(ctx context.Context, q pgexec.Querier, seq int64) (counted bool, err error) {
+	return l.advance(ctx, l.querier(q), l.m.advanceSQL, seq)
+}
+
+func (l *Lease) advance(ctx context.Context, q pgexec.Querier, sql string, seq int64) (bool, error) {
+	var deliveries int32
+	err := pgexec.QueryRow(ctx, q, sql, []any{l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, seq}, &deliveries)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, l.diagnose(ctx, q, "advance", seq)
+	case err != nil:
+		return false, fmt.Errorf("lease: advance partition %d to %d: %w", l.partition, seq, err)
 	}
-	if n == 1 {
-		return nil
-	}
-	return l.diagnose(ctx, q, "advance", seq)
+	return deliveries > 0, nil
 }
 
 // AdvanceRelaxed is Advance in a transaction of its own on the manager's
@@ -160,14 +174,14 @@ func (l *Lease) Advance(ctx context.Context, q pgexec.Querier, seq int64) error 
 // again. Use it where delivery is at least once anyway; the fencing is as
 // for Advance.
 func (l *Lease) AdvanceRelaxed(ctx context.Context, seq int64) error {
-	n, err := l.m.pool.Exec(ctx, l.m.advanceRelaxedSQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, seq)
-	if err != nil {
-		return fmt.Errorf("lease: advance partition %d to %d: %w", l.partition, seq, err)
-	}
-	if n == 1 {
-		return nil
-	}
-	return l.diagnose(ctx, l.m.pool, "advance", seq)
+	_, err := l.AdvanceRelaxedCounting(ctx, seq)
+	return err
+}
+
+// AdvanceRelaxedCounting is AdvanceRelaxed that reports, as
+// AdvanceCounting does, whether it counted the next message's delivery.
+func (l *Lease) AdvanceRelaxedCounting(ctx context.Context, seq int64) (counted bool, err error) {
+	return l.advance(ctx, l.m.pool, l.m.advanceRelaxedSQL, seq)
 }
 
 // RecordFailure counts a failed attempt at the partition's next message and
