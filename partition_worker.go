@@ -610,7 +610,7 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx *txGuard) 
 	case <-ctx.Done():
 		return stopped, nil
 	}
-	timeout := time.NewTimer(w.s.cfg.HandlerTimeout)
+	timeout := time.NewTimer(w.s.abandonAfter())
 	defer timeout.Stop()
 	done := ctx.Done()
 	var grace <-chan time.Time
@@ -643,6 +643,14 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx *txGuard) 
 			return stopped, nil
 		}
 	}
+}
+
+// abandonAfter is how long the Subscriber waits for a handler's answer:
+// HandlerTimeout, when the handler's context ends, plus a tenth of it (at
+// most a second), so that a handler that honours its context can still
+// answer with its own error.
+func (s *Subscriber) abandonAfter() time.Duration {
+	return s.cfg.HandlerTimeout + min(s.cfg.HandlerTimeout/10, time.Second)
 }
 
 // countAttempt returns the attempt number of a delivery of the message at
@@ -827,7 +835,7 @@ func (w *partitionWorker) callBatch(ctx context.Context, msgs []*message.Message
 		done, err := w.batch(ctx, msgs)
 		r = result{max(0, min(done, len(msgs))), err}
 	}()
-	timeout := time.NewTimer(w.s.cfg.HandlerTimeout)
+	timeout := time.NewTimer(w.s.abandonAfter())
 	defer timeout.Stop()
 	stop := ctx.Done()
 	var grace <-chan time.Time
