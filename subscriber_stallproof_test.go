@@ -581,3 +581,35 @@ func TestBackoffIsJittered(t *testing.T) {
 		t.Fatalf("%d distinct delays of 1000: retries would synchronise", len(seen))
 	}
 }
+
+// Bad input: a Subscriber on a schema Migrate never ran on, or one a newer
+// release migrated, is refused with a typed error at Subscribe.
+func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
+	pool := pgtest.Pool(t)
+	fresh := pgtest.Schema(t)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: fresh, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	var nm *outbox.NotMigratedError
+	if _, err := sub.Subscribe(ctx(t), "orders"); !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) || !strings.Contains(err.Error(), "outbox.Migrate") {
+		t.Fatalf("Subscribe on an unmigrated schema: %v, want ErrNotMigrated naming outbox.Migrate", err)
+	}
+	if err := sub.SubscribeInitialize("orders"); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("SubscribeInitialize on an unmigrated schema: %v, want ErrNotMigrated", err)
+	}
+
+	e := newEnv(t)
+	if _, err := e.pool.Exec(ctx(t), "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
+		t.Fatal(err)
+	}
+	newer := newSub(t, e, "g", func(c *outbox.SubscriberConfig) { c.AutoCreateTopics = true })
+	defer newer.Close()
+	if _, err := newer.Subscribe(ctx(t), "orders"); !errors.Is(err, outbox.ErrSchemaTooNew) {
+		t.Fatalf("Subscribe on a newer schema: %v, want ErrSchemaTooNew", err)
+	}
+	if n := e.count(t, "cursors"); n != 0 {
+		t.Fatalf("%d cursor rows written into a newer schema", n)
+	}
+}
