@@ -2,7 +2,11 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"reflect"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 )
@@ -36,6 +40,36 @@ func TxFromContext(ctx context.Context) (any, bool) {
 		return nil, false
 	}
 	return b.tx, true
+}
+
+// PgxTxFromContext returns the pgx.Tx stored by WithTx, if there is one and
+// it is a pgx.Tx: the transaction of a message delivered by a Subscriber of
+// the Transactional strategy, for example.
+func PgxTxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	ptx, ok := tx.(pgx.Tx)
+	return ptx, ok
+}
+
+// SQLTxFromContext returns the *sql.Tx stored by WithTx, if there is one
+// and it is a *sql.Tx (or a watermill-sql adapter of one).
+func SQLTxFromContext(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	switch t := tx.(type) {
+	case *sql.Tx:
+		return t, true
+	case *wsql.StdSQLTx:
+		return t.Tx, t.Tx != nil
+	case wsql.StdSQLTx:
+		return t.Tx, t.Tx != nil
+	}
+	return nil, false
 }
 
 func bindingFromContext(ctx context.Context) *txBinding {

@@ -44,6 +44,17 @@ var (
 	// ErrNotMigrated: the schema holds no outbox tables; run Migrate first
 	// (*NotMigratedError).
 	ErrNotMigrated = errs.ErrNotMigrated
+	// ErrNotInTx: a handle given as the caller's transaction is not one (a
+	// pool, a *sql.DB, a connection outside a transaction), so a message
+	// written through it would survive the caller's rollback
+	// (*NotInTxError).
+	ErrNotInTx = errs.ErrNotInTx
+	// ErrMetadataTooLarge: a message's metadata exceeds
+	// PublisherConfig.MaxMetadataBytes (*LimitError).
+	ErrMetadataTooLarge = errs.ErrMetadataTooLarge
+	// ErrPublishTooLarge: one Publish call carries more than
+	// PublisherConfig.MaxPublishBytes (*LimitError).
+	ErrPublishTooLarge = errs.ErrPublishTooLarge
 )
 
 // Structured errors; see the errs package for their fields.
@@ -63,4 +74,8 @@ type (
 	MessageError = errs.MessageError
 	// NotMigratedError reports a schema Migrate was never run on.
 	NotMigratedError = errs.NotMigratedError
+	// NotInTxError reports a handle that is not an open transaction.
+	NotInTxError = errs.NotInTxError
+	// LimitError reports a message or Publish call over a size limit.
+	LimitError = errs.LimitError
 )

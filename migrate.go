@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
@@ -80,6 +81,27 @@ func Migrate(ctx context.Context, db any, schema string) error {
 	if err != nil {
 		return err
 	}
+	// Another session creating the schema at the same moment can make
+	// CREATE SCHEMA IF NOT EXISTS fail with a unique violation on
+	// pg_namespace even under the advisory lock: a session whose catalog
+	// cache still says "no such schema" (a lookup earlier on the same
+	// pooled connection) does not see the other's commit until it processes
+	// invalidations at its next transaction. Such a transaction is simply
+	// tried again.
+	for attempt := 0; attempt < 5; attempt++ {
+		if err = migrateOnce(ctx, d, schema); !isUniqueViolation(err) {
+			return err
+		}
+	}
+	return err
+}
+
+func isUniqueViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+func migrateOnce(ctx context.Context, d pgexec.DB, schema string) error {
 	q := names.Quote(schema)
 	return pgexec.InTx(ctx, d, func(tx pgexec.Tx) error {
 		// Serialize concurrent migrations of this schema across instances.

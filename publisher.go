@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -23,10 +24,22 @@ import (
 // unless PublisherConfig.PartitionKeyFunc says otherwise.
 const PartitionKeyMetadata = "partition_key"
 
-// Payload size limits.
+// Size limits, checked before anything is sent.
 const (
 	DefaultMaxPayloadBytes = 1 << 20   // 1 MiB, Kafka's default message size limit
 	MaxMaxPayloadBytes     = 256 << 20 // what one Publish may carry per message
+	// DefaultMaxMetadataBytes bounds one message's metadata, as stored
+	// (JSON): Kafka headers and NATS headers live in the same message-size
+	// budget as the payload.
+	DefaultMaxMetadataBytes = 64 << 10
+	// DefaultMaxPublishBytes bounds one Publish call: payloads plus
+	// metadata of all its messages. One call is one statement whose array
+	// parameters PostgreSQL must hold in memory at once (and a single value
+	// is capped at 1 GB), so split larger batches.
+	DefaultMaxPublishBytes = 64 << 20
+	// MaxMaxPublishBytes is the largest MaxPublishBytes (and
+	// MaxMetadataBytes) allowed: well below PostgreSQL's 1 GB value limit.
+	MaxMaxPublishBytes = 512 << 20
 )
 
 // PartitionKeyFunc returns the partition key of a message. Messages with the
@@ -84,6 +97,17 @@ type PublisherConfig struct {
 	// DefaultMaxPayloadBytes, at most MaxMaxPayloadBytes).
 	MaxPayloadBytes int
 
+	// MaxMetadataBytes limits one message's metadata, as stored (JSON;
+	// default DefaultMaxMetadataBytes, at most MaxMaxPublishBytes). A
+	// message over it gets an ErrMetadataTooLarge *LimitError.
+	MaxMetadataBytes int
+
+	// MaxPublishBytes limits what one Publish call carries, payloads and
+	// metadata of all its messages (default DefaultMaxPublishBytes, at most
+	// MaxMaxPublishBytes). A call over it gets an ErrPublishTooLarge
+	// *LimitError before anything is sent.
+	MaxPublishBytes int
+
 	// DisableNotify turns off the NOTIFY that wakes the sequencer when a
 	// transaction that published commits. The sequencer then finds new
 	// messages by polling only.
@@ -122,6 +146,12 @@ func (c *PublisherConfig) setDefaults() {
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
+	if c.MaxMetadataBytes == 0 {
+		c.MaxMetadataBytes = DefaultMaxMetadataBytes
+	}
+	if c.MaxPublishBytes == 0 {
+		c.MaxPublishBytes = max(DefaultMaxPublishBytes, c.MaxPayloadBytes)
+	}
 	if c.NotifyInterval == 0 {
 		c.NotifyInterval = DefaultNotifyInterval
 	}
@@ -136,6 +166,12 @@ func (c PublisherConfig) Validate() error {
 	}
 	if c.MaxPayloadBytes < 0 || c.MaxPayloadBytes > MaxMaxPayloadBytes {
 		return &errs.ConfigError{Field: "MaxPayloadBytes", Reason: fmt.Sprintf("%d is outside 1..%d", c.MaxPayloadBytes, MaxMaxPayloadBytes)}
+	}
+	if c.MaxMetadataBytes < 0 || c.MaxMetadataBytes > MaxMaxPublishBytes {
+		return &errs.ConfigError{Field: "MaxMetadataBytes", Reason: fmt.Sprintf("%d is outside 1..%d", c.MaxMetadataBytes, MaxMaxPublishBytes)}
+	}
+	if c.MaxPublishBytes < c.MaxPayloadBytes || c.MaxPublishBytes > MaxMaxPublishBytes {
+		return &errs.ConfigError{Field: "MaxPublishBytes", Reason: fmt.Sprintf("%d is outside MaxPayloadBytes (%d)..%d", c.MaxPublishBytes, c.MaxPayloadBytes, MaxMaxPublishBytes)}
 	}
 	if err := validPartitionCount(c.DefaultPartitions); err != nil {
 		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
@@ -186,6 +222,8 @@ type Publisher struct {
 
 	mu     sync.Mutex
 	topics map[string]*topicState
+
+	schemaChecked atomic.Bool // the schema's version was checked once
 
 	closed atomic.Bool
 }
@@ -258,13 +296,21 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	for i, m := range msgs {
+		if m == nil {
+			return &errs.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d of the %d given to Publish is nil", i, len(msgs))}
+		}
+	}
 	q, ctx, err := p.executor(msgs)
 	if err != nil {
 		return err
 	}
+	if err := p.checkSchema(ctx, q); err != nil {
+		return err
+	}
 	ts, err := p.topic(ctx, q, topic)
 	if err != nil {
-		return err
+		return schemacheck.Wrap(err, p.cfg.Schema)
 	}
 	batch, err := p.encode(topic, ts, msgs)
 	if err != nil {
@@ -280,8 +326,28 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		sql, args = notifySQL, append(args, p.channel)
 	}
 	if _, err := q.Exec(ctx, sql, args...); err != nil {
-		return fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err)
+		return schemacheck.Wrap(fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err), p.cfg.Schema)
 	}
+	return nil
+}
+
+// checkSchema refuses, once per Publisher, a schema that was never migrated
+// (ErrNotMigrated) or was migrated by a newer release (ErrSchemaTooNew). It
+// reads the version through q, the caller's transaction (the query cannot
+// fail on a missing schema, so it never aborts the caller's transaction),
+// or through DB when the Publisher has one.
+func (p *Publisher) checkSchema(ctx context.Context, q pgexec.Querier) error {
+	if p.schemaChecked.Load() {
+		return nil
+	}
+	var handle any = p
+	if p.cfg.DB != nil {
+		handle, q = p.cfg.DB, p.db
+	}
+	if err := schemacheck.Check(ctx, handle, q, p.cfg.Schema); err != nil {
+		return err
+	}
+	p.schemaChecked.Store(true)
 	return nil
 }
 
@@ -365,10 +431,8 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		payloads:   make([][]byte, len(msgs)),
 	}
 	var buf []byte
+	total := 0
 	for i, m := range msgs {
-		if m == nil {
-			return b, &errs.MessageError{UUID: "(nil)", Reason: "nil message"}
-		}
 		if len(m.Payload) > p.cfg.MaxPayloadBytes {
 			return b, &errs.PayloadTooLargeError{UUID: m.UUID, Size: len(m.Payload), Limit: p.cfg.MaxPayloadBytes}
 		}
@@ -390,9 +454,22 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		} else if part < 0 || part >= ts.partitions {
 			return b, &errs.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("partitioner returned %d for %d partitions", part, ts.partitions)}
 		}
+		raw := 0
+		for k, v := range m.Metadata {
+			raw += len(k) + len(v)
+		}
+		if raw > p.cfg.MaxMetadataBytes { // (before encoding it: JSON only grows)
+			return b, errs.NewLimitError(errs.ErrMetadataTooLarge, "MaxMetadataBytes", m.UUID, raw, p.cfg.MaxMetadataBytes)
+		}
 		buf, err = appendMetadataJSON(buf[:0], m.Metadata)
 		if err != nil {
 			return b, &errs.MessageError{UUID: m.UUID, Reason: err.Error()}
+		}
+		if len(buf) > p.cfg.MaxMetadataBytes {
+			return b, errs.NewLimitError(errs.ErrMetadataTooLarge, "MaxMetadataBytes", m.UUID, len(buf), p.cfg.MaxMetadataBytes)
+		}
+		if total += len(buf) + len(m.Payload) + len(m.UUID) + len(key); total > p.cfg.MaxPublishBytes {
+			return b, errs.NewLimitError(errs.ErrPublishTooLarge, "MaxPublishBytes", "", total, p.cfg.MaxPublishBytes)
 		}
 		b.partitions[i] = int32(part)
 		b.keys[i] = key

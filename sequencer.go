@@ -14,6 +14,8 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
 // SequencerConfig configures a Sequencer.
@@ -221,6 +223,9 @@ func (s *Sequencer) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: Sequencer.Run called twice")
 	}
+	if err := s.checkSchema(ctx); err != nil {
+		return err // (a schema it cannot work with: retrying would not help)
+	}
 	s.wg.Add(1)
 	defer s.wg.Done()
 	ctx, cancel := context.WithCancel(ctx)
@@ -316,6 +321,14 @@ func (s *Sequencer) Close() error {
 	return nil
 }
 
+// checkSchema refuses a schema that was never migrated (ErrNotMigrated) or
+// was migrated by a newer release (ErrSchemaTooNew); checked once per pool
+// and schema.
+func (s *Sequencer) checkSchema(ctx context.Context) error {
+	db, _ := pgexec.FromDB(s.cfg.Pool)
+	return schemacheck.Check(ctx, s.cfg.Pool, db, s.cfg.Schema)
+}
+
 // SequenceAll runs passes until no committed message is left unsequenced in
 // partitions this sequencer can lock, and returns how many it sequenced.
 // Useful in tests, tools and demos; services use Run.
@@ -334,6 +347,10 @@ func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
 // messages it sequenced and whether more may be waiting (the pass was full,
 // or more partitions had work than one pass takes).
 func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
+	if err := s.checkSchema(ctx); err != nil {
+		return 0, false, err
+	}
+	defer func() { err = schemacheck.Wrap(err, s.cfg.Schema) }()
 	tx, err := s.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: sequencer: begin: %w", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
 // Partition counts a topic may have.
@@ -44,8 +45,11 @@ func RegisterTopic(ctx context.Context, db any, schema, topic string, partitions
 	if err != nil {
 		return err
 	}
+	if err := schemacheck.Check(ctx, db, d, schema); err != nil {
+		return err
+	}
 	_, err = registerTopic(ctx, d, schema, topic, partitions)
-	return err
+	return schemacheck.Wrap(err, schema)
 }
 
 // TopicPartitions reports the partition count of a registered topic, or an
@@ -64,7 +68,11 @@ func TopicPartitions(ctx context.Context, db any, schema, topic string) (int, er
 	if err != nil {
 		return 0, err
 	}
-	return lookupTopic(ctx, d, schema, topic)
+	if err := schemacheck.Check(ctx, db, d, schema); err != nil {
+		return 0, err
+	}
+	n, err := lookupTopic(ctx, d, schema, topic)
+	return n, schemacheck.Wrap(err, schema)
 }
 
 func validPartitionCount(n int) error {

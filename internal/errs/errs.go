@@ -24,7 +24,51 @@ var (
 	ErrUnknownTopic          = errors.New("outbox: unknown topic")
 	ErrClosed                = errors.New("outbox: closed")
 	ErrNotMigrated           = errors.New("outbox: schema not migrated")
+	ErrNotInTx               = errors.New("outbox: not a transaction")
+	ErrMetadataTooLarge      = errors.New("outbox: metadata too large")
+	ErrPublishTooLarge       = errors.New("outbox: one Publish call carries too many bytes")
 )
+
+// LimitError reports a message or a Publish call over one of the
+// Publisher's size limits; it matches the sentinel of the limit
+// (ErrMetadataTooLarge, ErrPublishTooLarge).
+type LimitError struct {
+	Limit string // the PublisherConfig field
+	UUID  string // the message, "" for a whole call
+	Size  int
+	Max   int
+	kind  error
+}
+
+// NewLimitError returns a *LimitError matching kind.
+func NewLimitError(kind error, limit, uuid string, size, maxSize int) *LimitError {
+	return &LimitError{Limit: limit, UUID: uuid, Size: size, Max: maxSize, kind: kind}
+}
+
+func (e *LimitError) Error() string {
+	what := "this Publish call carries"
+	if e.UUID != "" {
+		what = "message " + e.UUID + " carries"
+	}
+	return fmt.Sprintf("%v: %s %d bytes, over PublisherConfig.%s (%d): split the call, or raise the limit", e.kind, what, e.Size, e.Limit, e.Max)
+}
+
+// Is makes errors.Is match the limit's sentinel.
+func (e *LimitError) Is(target error) bool { return target == e.kind }
+
+// NotInTxError reports a handle that is not a transaction where one is
+// required: a message written through it would not be part of the
+// caller's transaction and would survive its rollback.
+type NotInTxError struct {
+	Type string
+}
+
+func (e *NotInTxError) Error() string {
+	return fmt.Sprintf("outbox: %s is not an open transaction: a message written through it would be committed on its own and survive your rollback; begin a transaction and pass it (pgx.Tx, *sql.Tx or a watermill-sql Tx), or use PublisherConfig.OwnTransaction to publish outside one", e.Type)
+}
+
+// Is makes errors.Is(err, ErrNotInTx) true.
+func (e *NotInTxError) Is(target error) bool { return target == ErrNotInTx }
 
 // NotMigratedError reports a schema that holds no outbox tables (or not
 // all of them): outbox.Migrate was never run on it, or it was dropped.

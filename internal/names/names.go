@@ -32,6 +32,8 @@ func Schema(name string) error {
 		return bad("longer than 48 bytes")
 	case len(name) >= 3 && name[:3] == "pg_":
 		return bad("the pg_ prefix is reserved by PostgreSQL")
+	case name == "information_schema":
+		return bad("a system schema")
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]

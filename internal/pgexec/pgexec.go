@@ -84,16 +84,60 @@ func FromTx(tx any) (Querier, error) {
 	if isNil(tx) {
 		return nil, errs.ErrNilTx
 	}
+	if conn, ok := tx.(*pgx.Conn); ok {
+		// A connection is accepted while it is in a transaction (BEGIN
+		// run on it), checked at every statement.
+		return connQ{conn}, nil
+	}
+	var q Querier
 	switch t := tx.(type) {
 	case pgxQueryer: // also watermill-sql's PgxTx, which embeds a pgx.Tx
-
-		return pgxQ{t}, nil
+		q = pgxQ{t}
 	case stdQueryer:
-		return stdQ{t}, nil
+		q = stdQ{t}
 	case wsql.ContextExecutor:
-		return wmQ{t}, nil
+		q = wmQ{t}
+	default:
+		return nil, fmt.Errorf("%w: %T (want a pgx.Tx, *sql.Tx or a watermill-sql executor)", errs.ErrUnsupportedTx, tx)
 	}
-	return nil, fmt.Errorf("%w: %T (want a pgx.Tx, *sql.Tx or a watermill-sql executor)", errs.ErrUnsupportedTx, tx)
+	if !isTx(tx) {
+		return nil, &errs.NotInTxError{Type: fmt.Sprintf("%T", tx)}
+	}
+	return q, nil
+}
+
+// isTx reports whether v is a transaction: it has Commit and Rollback
+// methods (pgx.Tx, *sql.Tx, watermill-sql's Tx adapters), unlike a pool, a
+// *sql.DB or a *sql.Conn.
+func isTx(v any) bool {
+	t := reflect.TypeOf(v)
+	_, commit := t.MethodByName("Commit")
+	_, rollback := t.MethodByName("Rollback")
+	return commit && rollback
+}
+
+// connQ runs statements on a *pgx.Conn that must be in a transaction.
+type connQ struct{ c *pgx.Conn }
+
+func (c connQ) check() error {
+	if s := c.c.PgConn().TxStatus(); s != 'T' && s != 'E' {
+		return &errs.NotInTxError{Type: "*pgx.Conn outside a transaction"}
+	}
+	return nil
+}
+
+func (c connQ) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	if err := c.check(); err != nil {
+		return 0, err
+	}
+	return pgxQ{c.c}.Exec(ctx, sql, args...)
+}
+
+func (c connQ) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	return pgxQ{c.c}.Query(ctx, sql, args...)
 }
 
 // FromDB adapts a database handle that can begin transactions: a

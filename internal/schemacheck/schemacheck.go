@@ -67,20 +67,21 @@ func Forget(handle any, schema string) { checked.Delete(key{db: handle, schema: 
 
 // Version reads the version recorded in schema, 0 when the outbox was never
 // migrated there.
+//
+// It is one statement that cannot fail on a missing schema or table (the
+// version table is read through query_to_xml only when it exists), so it
+// is safe inside a caller's transaction: it never aborts it.
 func Version(ctx context.Context, q pgexec.Querier, schema string) (int, error) {
-	var exists bool
-	if err := pgexec.QueryRow(ctx, q, "SELECT to_regclass($1) IS NOT NULL", []any{names.Quote(schema) + ".schema_migrations"}, &exists); err != nil {
-		return 0, fmt.Errorf("outbox: reading the schema version of %q: %w", schema, err)
-	}
-	if !exists {
-		return 0, nil
-	}
 	var v int
-	if err := pgexec.QueryRow(ctx, q, "SELECT coalesce(max(version), 0) FROM "+names.Quote(schema)+".schema_migrations", nil, &v); err != nil {
+	if err := pgexec.QueryRow(ctx, q, versionSQL, []any{names.Quote(schema) + ".schema_migrations"}, &v); err != nil {
 		return 0, fmt.Errorf("outbox: reading the schema version of %q: %w", schema, err)
 	}
 	return v, nil
 }
+
+// versionSQL: $1 the quoted, validated name of the version table.
+const versionSQL = `SELECT CASE WHEN to_regclass($1::text) IS NULL THEN 0 ELSE coalesce((xpath('/row/v/text()',
+	query_to_xml(format('SELECT max(version) AS v FROM %s', to_regclass($1::text)), false, true, '')))[1]::text::int, 0) END`
 
 // Wrap returns err, or a *errs.NotMigratedError wrapping it when it says
 // that a table or the schema does not exist (SQLSTATE 42P01, 3F000): the
