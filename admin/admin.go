@@ -24,6 +24,8 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
 // Errors of the admin operations. Each can be matched with errors.Is.
@@ -36,7 +38,27 @@ var (
 	// ErrSeqOutOfRange: a reset to a seq beyond a partition's head
 	// (*SeqRangeError).
 	ErrSeqOutOfRange = errors.New("admin: seq out of range")
+	// ErrGroupActive: DeleteGroup was refused because the group has live
+	// members or leases (*GroupActiveError).
+	ErrGroupActive = errors.New("admin: consumer group is active")
 )
+
+// GroupActiveError reports a group DeleteGroup refused to delete because
+// it is in use: stop its subscribers first, or pass Force.
+type GroupActiveError struct {
+	Group string
+	// Members are the live members (heartbeat within Config.MemberTimeout).
+	Members []string
+	// LeasedPartitions counts partitions with an unexpired lease.
+	LeasedPartitions int
+}
+
+func (e *GroupActiveError) Error() string {
+	return fmt.Sprintf("admin: consumer group %q is active (%d live member(s) %v, %d leased partition(s)): stop its subscribers first, or delete it with Force", e.Group, len(e.Members), e.Members, e.LeasedPartitions)
+}
+
+// Is makes errors.Is(err, ErrGroupActive) true.
+func (e *GroupActiveError) Is(target error) bool { return target == ErrGroupActive }
 
 // SeqRangeError reports a reset to a seq the partition does not have yet.
 type SeqRangeError struct {
@@ -59,11 +81,21 @@ type Config struct {
 	Schema string
 	// Pool is the connection pool. Required.
 	Pool *pgxpool.Pool
+	// MemberTimeout is how long after its last heartbeat a group member
+	// still counts as live, for Status and DeleteGroup (default 30s).
+	// Members heartbeat every balance interval (1s by default).
+	MemberTimeout time.Duration
 }
+
+// DefaultMemberTimeout is the default Config.MemberTimeout.
+const DefaultMemberTimeout = 30 * time.Second
 
 func (c *Config) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = names.DefaultSchema
+	}
+	if c.MemberTimeout == 0 {
+		c.MemberTimeout = DefaultMemberTimeout
 	}
 }
 
@@ -77,7 +109,18 @@ func (c Config) Validate() error {
 	if c.Pool == nil {
 		return &errs.ConfigError{Field: "Pool", Reason: "required"}
 	}
+	if c.MemberTimeout < 0 {
+		return &errs.ConfigError{Field: "MemberTimeout", Reason: "must be positive"}
+	}
 	return nil
+}
+
+// check refuses a schema that was never migrated (outbox.ErrNotMigrated)
+// or was migrated by a newer release (outbox.ErrSchemaTooNew); one query
+// per pool and schema.
+func (a *Admin) check(ctx context.Context) error {
+	db, _ := pgexec.FromDB(a.cfg.Pool)
+	return schemacheck.Check(ctx, a.cfg.Pool, db, a.cfg.Schema)
 }
 
 // Admin runs the admin operations. It holds no resources of its own and is
@@ -171,6 +214,9 @@ func (a *Admin) setPaused(ctx context.Context, s Scope, paused bool) (int, error
 	if err := s.validate(); err != nil {
 		return 0, err
 	}
+	if err := a.check(ctx); err != nil {
+		return 0, err
+	}
 	tag, err := a.cfg.Pool.Exec(ctx, `UPDATE `+a.s+`.cursors c SET paused = $4, updated_at = clock_timestamp()
 	FROM (`+a.scopeSQL("topic, partition")+`) x
 	WHERE c.group_name = $1 AND c.topic = x.topic AND c.partition = x.partition`,
@@ -200,22 +246,25 @@ func (s Scope) complete(n int) error {
 	return nil
 }
 
-// Position is where ResetCursor puts a cursor: ToSeq or ToTime.
+// Position is where ResetCursor puts a cursor: ToSeq or ToTime. The zero
+// Position is no position (ErrInvalidArgument), so that a forgotten one can
+// never rewind a group to its start.
 type Position struct {
 	seq    int64
 	at     time.Time
 	isTime bool
+	set    bool
 }
 
 // ToSeq is the position after the message at seq (0: before the first):
 // the group's next message is seq+1.
-func ToSeq(seq int64) Position { return Position{seq: seq} }
+func ToSeq(seq int64) Position { return Position{seq: seq, set: true} }
 
 // ToTime is the position before the first message sequenced at or after t
 // (log.sequenced_at), in each partition: the group gets again every
 // message from t on (as far as the log still holds them). A time after the
 // last message puts the cursor at the partition's head.
-func ToTime(t time.Time) Position { return Position{at: t, isTime: true} }
+func ToTime(t time.Time) Position { return Position{at: t, isTime: true, set: true} }
 
 // CursorReset describes one cursor moved by ResetCursor.
 type CursorReset struct {
@@ -241,6 +290,12 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 	}
 	if s.Topic == "" {
 		return nil, fmt.Errorf("%w: ResetCursor needs Scope.Topic", ErrInvalidArgument)
+	}
+	if !pos.set {
+		return nil, fmt.Errorf("%w: the zero Position: use admin.ToSeq or admin.ToTime", ErrInvalidArgument)
+	}
+	if err := a.check(ctx); err != nil {
+		return nil, err
 	}
 	if !pos.isTime && pos.seq < 0 {
 		return nil, fmt.Errorf("%w: seq %d is negative", ErrInvalidArgument, pos.seq)
@@ -297,7 +352,7 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 		}
 		_, err = tx.Exec(ctx, `UPDATE `+a.s+`.cursors c
 		SET seq = x.seq, lease_owner = NULL, lease_token = c.lease_token + 1, lease_expires_at = NULL,
-			attempts = 0, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
+			attempts = 0, deliveries = 0, backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
 		FROM unnest($3::int4[], $4::int8[]) AS x(partition, seq)
 		WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = x.partition`, s.Group, s.Topic, parts, seqs)
 		if err != nil {
@@ -311,3 +366,7 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 	a.logger.Info("Cursors reset", watermill.LogFields{"group": s.Group, "topic": s.Topic, "resets": resets})
 	return resets, nil
 }
+
+// schemaErr turns the "relation does not exist" of a schema that was
+// dropped (or never migrated) into outbox.ErrNotMigrated.
+func schemaErr(err error, schema string) error { return schemacheck.Wrap(err, schema) }

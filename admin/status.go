@@ -31,7 +31,22 @@ type TopicStatus struct {
 	// for the sequencer.
 	Sequenced   int64         `json:"sequenced"`
 	Unsequenced int64         `json:"unsequenced"`
-	Groups      []GroupStatus `json:"groups"`
+	// RetentionHeldBy is the group that holds the retention vacuum back
+	// most on this topic (the largest lag; "" when no group lags): the
+	// vacuum keeps every message above the lowest cursor of any group. An
+	// abandoned group holds retention for ever: delete it with DeleteGroup.
+	RetentionHeldBy string        `json:"retention_held_by,omitempty"`
+	Groups          []GroupStatus `json:"groups"`
+}
+
+// MemberStatus is a live member of a consumer group on a topic.
+type MemberStatus struct {
+	MemberID    string    `json:"member_id"`
+	JoinedAt    time.Time `json:"joined_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	// CanReject says whether the member can take a message out of the
+	// stream (it has a RejectHandler).
+	CanReject bool `json:"can_reject"`
 }
 
 // GroupStatus is one consumer group on one topic: totals over its
@@ -49,8 +64,23 @@ type GroupStatus struct {
 	Leased  int `json:"leased"`
 	Failing int `json:"failing"`
 	// DeadLetters is the number of pending dead-letter entries.
-	DeadLetters int64             `json:"dead_letters"`
-	Partitions  []PartitionStatus `json:"partitions"`
+	DeadLetters int64 `json:"dead_letters"`
+	// BackingOff counts partitions waiting out a backoff after a failure.
+	BackingOff int `json:"backing_off"`
+	// Members are the group's live members on the topic (a heartbeat
+	// within Config.MemberTimeout); none means nobody consumes it now.
+	Members []MemberStatus `json:"members"`
+	// RetriesForever is set when a live member has no RejectHandler: a
+	// message that keeps failing in its partitions is retried for ever and
+	// stalls them (unless the handler uses outbox.RejectTo).
+	RetriesForever bool `json:"retries_forever"`
+	// LastActivity is the latest of the group's cursor changes (moves,
+	// failures, pauses) and member heartbeats on the topic.
+	LastActivity *time.Time `json:"last_activity,omitempty"`
+	// HoldsRetention is set when the group's cursor is the lowest of all
+	// groups in a partition that still has messages after it.
+	HoldsRetention bool              `json:"holds_retention"`
+	Partitions     []PartitionStatus `json:"partitions"`
 }
 
 // PartitionStatus is one consumer group's cursor in one partition.
@@ -83,8 +113,17 @@ type PartitionStatus struct {
 	AdaptiveState string `json:"adaptive_state"`
 	BatchSize     int    `json:"batch_size"`
 	// Attempts counts failed attempts at the next message since the cursor
-	// last moved, LastError is the latest.
-	Attempts    int        `json:"attempts"`
+	// last moved (deliveries that ended without an outcome, a crash,
+	// included once a new holder found them), LastError is the latest.
+	Attempts int `json:"attempts"`
+	// Deliveries counts deliveries of the next message that were started
+	// (counted before hand-out); more than Attempts while no lease is live
+	// means deliveries ended without an outcome.
+	Deliveries int `json:"deliveries"`
+	// BackoffUntil is when the retry of the next message is due after its
+	// last failure; BackingOff says whether that is still ahead.
+	BackoffUntil *time.Time `json:"backoff_until,omitempty"`
+	BackingOff   bool       `json:"backing_off"`
 	LastError   string     `json:"last_error,omitempty"`
 	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
 	// UpdatedAt is when the cursor row last changed (cursor moved, failure
@@ -104,6 +143,9 @@ func (p PartitionStatus) LagAge() time.Duration {
 // consistent snapshot. With f.Group set, only topics that group consumes
 // are reported.
 func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
+	if err := a.check(ctx); err != nil {
+		return Report{}, err
+	}
 	var rep Report
 	err := pgx.BeginTxFunc(ctx, a.cfg.Pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
@@ -117,13 +159,91 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 		if err != nil {
 			return err
 		}
+		members, err := a.members(ctx, tx, f)
+		if err != nil {
+			return err
+		}
 		rep.Topics = assemble(topics, parts, f.Group != "")
+		addMembers(rep.Topics, members)
 		return nil
 	})
 	if err != nil {
-		return Report{}, fmt.Errorf("admin: status: %w", err)
+		return Report{}, schemaErr(fmt.Errorf("admin: status: %w", err), a.cfg.Schema)
 	}
 	return rep, nil
+}
+
+type memberRow struct {
+	group, topic string
+	MemberStatus
+}
+
+// members reads the live members of the selected groups and topics.
+func (a *Admin) members(ctx context.Context, tx pgx.Tx, f Filter) ([]memberRow, error) {
+	rows, err := tx.Query(ctx, `SELECT group_name, topic, member_id, joined_at, heartbeat_at, can_reject
+	FROM `+a.s+`.members
+	WHERE ($1 = '' OR group_name = $1) AND ($2 = '' OR topic = $2)
+		AND heartbeat_at > now() - $3::int8 * interval '1 microsecond'
+	ORDER BY group_name, topic, member_id`, f.Group, f.Topic, a.cfg.MemberTimeout.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []memberRow
+	for rows.Next() {
+		var m memberRow
+		if err := rows.Scan(&m.group, &m.topic, &m.MemberID, &m.JoinedAt, &m.HeartbeatAt, &m.CanReject); err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// addMembers puts the live members under their groups, and works out each
+// group's last activity, whether it retries poison for ever, and which
+// group holds retention back.
+func addMembers(topics []TopicStatus, members []memberRow) {
+	for ti := range topics {
+		t := &topics[ti]
+		for gi := range t.Groups {
+			g := &t.Groups[gi]
+			g.Members = []MemberStatus{}
+			for _, m := range members {
+				if m.group != g.Group || m.topic != t.Topic {
+					continue
+				}
+				g.Members = append(g.Members, m.MemberStatus)
+				g.RetriesForever = g.RetriesForever || !m.CanReject
+				if g.LastActivity == nil || m.HeartbeatAt.After(*g.LastActivity) {
+					at := m.HeartbeatAt
+					g.LastActivity = &at
+				}
+			}
+		}
+		// Per partition, the group(s) with the lowest cursor hold retention
+		// back there (if any message is left after it).
+		low := map[int]int64{}
+		for _, g := range t.Groups {
+			for _, p := range g.Partitions {
+				if c, ok := low[p.Partition]; !ok || p.Cursor < c {
+					low[p.Partition] = p.Cursor
+				}
+			}
+		}
+		var most int64
+		for gi := range t.Groups {
+			g := &t.Groups[gi]
+			for _, p := range g.Partitions {
+				if p.Lag > 0 && p.Cursor == low[p.Partition] {
+					g.HoldsRetention = true
+				}
+			}
+			if g.HoldsRetention && g.Lag > most {
+				most, t.RetentionHeldBy = g.Lag, g.Group
+			}
+		}
+	}
 }
 
 func (a *Admin) topics(ctx context.Context, tx pgx.Tx, f Filter) ([]TopicStatus, error) {
@@ -153,7 +273,7 @@ func (a *Admin) partitions(ctx context.Context, tx pgx.Tx, f Filter, now time.Ti
 		coalesce((SELECT l.seq FROM `+a.s+`.log l WHERE l.topic = c.topic AND l.partition = c.partition ORDER BY l.seq LIMIT 1), 0),
 		coalesce(c.lease_owner, ''), c.lease_expires_at, c.lease_owner IS NOT NULL AND coalesce(c.lease_expires_at > now(), false),
 		c.lease_token, c.paused, c.adaptive_state, coalesce(c.batch_size, 0), c.attempts, coalesce(c.last_error, ''),
-		c.last_error_at, c.updated_at,
+		c.last_error_at, c.updated_at, c.deliveries, c.backoff_until,
 		(SELECT count(*) FROM `+a.s+`.dead_letters d WHERE d.group_name = c.group_name AND d.topic = c.topic
 			AND d.partition = c.partition AND d.status = 'pending')
 	FROM `+a.s+`.cursors c
@@ -173,7 +293,8 @@ func (a *Admin) partitions(ctx context.Context, tx pgx.Tx, f Filter, now time.Ti
 		var p PartitionStatus
 		if err := rows.Scan(&p.Group, &p.Topic, &p.Partition, &p.HeadSeq, &p.Cursor, &p.OldestUnprocessedAt,
 			&p.FirstRetainedSeq, &p.LeaseOwner, &p.LeaseExpiresAt, &p.Leased, &p.LeaseToken, &p.Paused,
-			&p.AdaptiveState, &p.BatchSize, &p.Attempts, &p.LastError, &p.LastErrorAt, &p.UpdatedAt, &p.DeadLetters); err != nil {
+			&p.AdaptiveState, &p.BatchSize, &p.Attempts, &p.LastError, &p.LastErrorAt, &p.UpdatedAt, &p.Deliveries,
+			&p.BackoffUntil, &p.DeadLetters); err != nil {
 			return nil, err
 		}
 		p.Lag = max(p.HeadSeq-p.Cursor, 0)
@@ -183,6 +304,7 @@ func (a *Admin) partitions(ctx context.Context, tx pgx.Tx, f Filter, now time.Ti
 		if p.OldestUnprocessedAt != nil {
 			p.LagSeconds = max(now.Sub(*p.OldestUnprocessedAt).Seconds(), 0)
 		}
+		p.BackingOff = p.BackoffUntil != nil && p.BackoffUntil.After(now)
 		out = append(out, p)
 	}
 	return out, rows.Err()
@@ -205,6 +327,13 @@ func assemble(topics []TopicStatus, parts []PartitionStatus, onlyConsumed bool) 
 		}
 		g := &t.Groups[len(t.Groups)-1]
 		g.Partitions = append(g.Partitions, p)
+		if g.LastActivity == nil || p.UpdatedAt.After(*g.LastActivity) {
+			at := p.UpdatedAt
+			g.LastActivity = &at
+		}
+		if p.BackingOff {
+			g.BackingOff++
+		}
 		g.Lag += p.Lag
 		g.MaxLagSeconds = max(g.MaxLagSeconds, p.LagSeconds)
 		g.DeadLetters += p.DeadLetters

@@ -27,6 +27,8 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
 // Defaults of Config.
@@ -57,6 +59,10 @@ type Config struct {
 	// sequencer's clock, log.sequenced_at), so that a group can be reset
 	// back that far. 0 deletes them as soon as every group is past them.
 	KeepFor time.Duration
+	// MemberTimeout is how long after its last heartbeat a group member
+	// still counts as live (default 30s), to tell an abandoned group that
+	// holds retention back from a slow one.
+	MemberTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -71,6 +77,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxChunksPerVisit == 0 {
 		c.MaxChunksPerVisit = DefaultMaxChunksPerVisit
+	}
+	if c.MemberTimeout == 0 {
+		c.MemberTimeout = 30 * time.Second
 	}
 }
 
@@ -107,6 +116,27 @@ type PassStats struct {
 	// More reports work left for the next pass (a partition hit
 	// MaxChunksPerVisit).
 	More bool
+	// HeldBack lists, per topic, the group that keeps the most messages
+	// from being deleted: its cursor is the lowest of all groups in the
+	// partitions it holds back. A group without live members there is
+	// likely abandoned: delete it (admin.DeleteGroup) to free the log.
+	HeldBack []Holder
+}
+
+// Holder is a consumer group that holds retention back on a topic.
+type Holder struct {
+	Topic string
+	Group string
+	// Messages is how many messages the vacuum keeps only for this group
+	// (behind its cursor in the partitions where it is the lowest), and
+	// Partitions how many partitions it holds back.
+	Messages   int64
+	Partitions int
+	// LiveMembers counts its live members on the topic; 0 means nobody
+	// consumes for it, so it will not move by itself.
+	LiveMembers int
+	// LastActivity is when one of its cursors on the topic last changed.
+	LastActivity time.Time
 }
 
 // Stats are running totals of a Vacuum.
@@ -139,7 +169,9 @@ type Vacuum struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
 
-	horizonSQL, deleteSQL, oldestSQL string
+	horizonSQL, deleteSQL, oldestSQL, holdersSQL string
+	// The abandoned holders last logged, so that each is logged once.
+	loggedHolders map[string]bool
 
 	passMu sync.Mutex // one pass at a time
 	state  map[partitionKey]*partitionState
@@ -169,6 +201,8 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 		cfg:    cfg,
 		logger: logger.With(watermill.LogFields{"component": "outbox.retention", "schema": cfg.Schema}),
 		state:  map[partitionKey]*partitionState{},
+
+		loggedHolders: map[string]bool{},
 		ctx:    ctx,
 		cancel: cancel,
 	}
@@ -197,6 +231,21 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 	// the horizon.
 	v.oldestSQL = `SELECT seq, sequenced_at FROM ` + s + `.log
 	WHERE topic = $1 AND partition = $2 AND seq <= $3 ORDER BY seq LIMIT 1`
+	// $1 member timeout in µs. Per topic and group: the partitions where
+	// the group's cursor is the lowest and messages are left after it, how
+	// many, its live members and its last cursor change; the biggest
+	// holder of each topic first.
+	v.holdersSQL = `SELECT DISTINCT ON (h.topic) h.topic, h.group_name, h.messages, h.parts, h.last_activity,
+		(SELECT count(*) FROM ` + s + `.members m WHERE m.group_name = h.group_name AND m.topic = h.topic
+			AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')
+	FROM (
+		SELECT c.topic, c.group_name, sum(p.last_seq - c.seq)::int8 AS messages, count(*)::int4 AS parts, max(c.updated_at) AS last_activity
+		FROM ` + s + `.cursors c JOIN ` + s + `.partitions p ON p.topic = c.topic AND p.partition = c.partition
+		WHERE p.last_seq > c.seq
+			AND c.seq = (SELECT min(c2.seq) FROM ` + s + `.cursors c2 WHERE c2.topic = c.topic AND c2.partition = c.partition)
+		GROUP BY c.topic, c.group_name
+	) h
+	ORDER BY h.topic, h.messages DESC, h.group_name`
 	return v, nil
 }
 
@@ -278,9 +327,13 @@ func (v *Vacuum) VacuumOnce(ctx context.Context) (PassStats, error) {
 		seq  int64
 		dbAt time.Time
 	}
+	db, _ := pgexec.FromDB(v.cfg.Pool)
+	if err := schemacheck.Check(ctx, v.cfg.Pool, db, v.cfg.Schema); err != nil {
+		return PassStats{}, err
+	}
 	rows, err := v.cfg.Pool.Query(ctx, v.horizonSQL)
 	if err != nil {
-		return PassStats{}, fmt.Errorf("retention: read cursors: %w", err)
+		return PassStats{}, schemacheck.Wrap(fmt.Errorf("retention: read cursors: %w", err), v.cfg.Schema)
 	}
 	var hs []horizon
 	for rows.Next() {
@@ -319,8 +372,52 @@ func (v *Vacuum) VacuumOnce(ctx context.Context) (PassStats, error) {
 		}
 		stats.More = stats.More || more
 	}
+	holders, err := v.holders(ctx)
+	if err != nil {
+		return stats, err
+	}
+	stats.HeldBack = holders
 	return stats, nil
 }
+
+// holders reads who holds retention back, and logs each group that does so
+// without live members (likely abandoned) once.
+func (v *Vacuum) holders(ctx context.Context) ([]Holder, error) {
+	rows, err := v.cfg.Pool.Query(ctx, v.holdersSQL, v.cfg.MemberTimeout.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("retention: read holders: %w", err)
+	}
+	defer rows.Close()
+	var out []Holder
+	for rows.Next() {
+		var h Holder
+		if err := rows.Scan(&h.Topic, &h.Group, &h.Messages, &h.Partitions, &h.LastActivity, &h.LiveMembers); err != nil {
+			return nil, fmt.Errorf("retention: read holders: %w", err)
+		}
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("retention: read holders: %w", err)
+	}
+	abandoned := map[string]bool{}
+	for _, h := range out {
+		if h.LiveMembers > 0 {
+			continue
+		}
+		key := h.Topic + "\x00" + h.Group
+		abandoned[key] = true
+		if !v.loggedHolders[key] {
+			v.logger.Error("A consumer group without live members holds retention back: the log keeps growing until it moves or is deleted (admin.DeleteGroup)",
+				errHeldBack, watermill.LogFields{"topic": h.Topic, "group": h.Group, "messages_kept": h.Messages,
+					"partitions": h.Partitions, "last_activity": h.LastActivity})
+		}
+	}
+	v.loggedHolders = abandoned
+	return out, nil
+}
+
+// errHeldBack is logged with a group that holds retention back.
+var errHeldBack = errors.New("retention: held back by an idle consumer group")
 
 // visit deletes the rows of one partition at or below horizon, at most
 // MaxChunksPerVisit chunks, and updates st.
