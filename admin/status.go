@@ -29,8 +29,8 @@ type TopicStatus struct {
 	// Sequenced is how many messages were ever sequenced (the sum of the
 	// partitions' head seqs); Unsequenced how many committed messages wait
 	// for the sequencer.
-	Sequenced   int64         `json:"sequenced"`
-	Unsequenced int64         `json:"unsequenced"`
+	Sequenced   int64 `json:"sequenced"`
+	Unsequenced int64 `json:"unsequenced"`
 	// RetentionHeldBy is the group that holds the retention vacuum back
 	// most on this topic (the largest lag; "" when no group lags): the
 	// vacuum keeps every message above the lowest cursor of any group. An
@@ -124,8 +124,8 @@ type PartitionStatus struct {
 	// last failure; BackingOff says whether that is still ahead.
 	BackoffUntil *time.Time `json:"backoff_until,omitempty"`
 	BackingOff   bool       `json:"backing_off"`
-	LastError   string     `json:"last_error,omitempty"`
-	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+	LastError    string     `json:"last_error,omitempty"`
+	LastErrorAt  *time.Time `json:"last_error_at,omitempty"`
 	// UpdatedAt is when the cursor row last changed (cursor moved, failure
 	// recorded, pause, reset).
 	UpdatedAt time.Time `json:"updated_at"`

@@ -136,6 +136,9 @@ func whereClause(conds []string) string {
 // they were written in). Paging is by keyset: a cursor stays valid while
 // entries are added or removed, and no entry appears on two pages.
 func (s *Store) List(ctx context.Context, opts ListOptions) (Page, error) {
+	if err := s.check(ctx); err != nil {
+		return Page{}, err
+	}
 	limit := opts.Limit
 	switch {
 	case limit == 0:
@@ -206,6 +209,9 @@ func decodeCursor(c, dir string) (int64, error) {
 
 // Count returns how many entries f selects.
 func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
+	if err := s.check(ctx); err != nil {
+		return 0, err
+	}
 	conds, args, err := f.where(nil)
 	if err != nil {
 		return 0, err
@@ -220,6 +226,9 @@ func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
 // Get returns the entry with the given id, or an error matching
 // ErrNotFound.
 func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
+	if err := s.check(ctx); err != nil {
+		return Entry{}, err
+	}
 	return s.get(ctx, s.cfg.Pool, id, false)
 }
 
@@ -261,6 +270,9 @@ var deliveryMetadata = []string{
 // registered (otherwise an error matching outbox.ErrUnknownTopic). Only a
 // pending entry can be replayed (*StateError otherwise).
 func (s *Store) Replay(ctx context.Context, id int64, opts ReplayOptions) (Entry, error) {
+	if err := s.check(ctx); err != nil {
+		return Entry{}, err
+	}
 	var out Entry
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		e, err := s.get(ctx, tx, id, true)
@@ -318,6 +330,9 @@ func (s *Store) Replay(ctx context.Context, id int64, opts ReplayOptions) (Entry
 // Discard marks a pending entry discarded: handled by someone, not to be
 // replayed. Only a pending entry can be discarded (*StateError otherwise).
 func (s *Store) Discard(ctx context.Context, id int64) (Entry, error) {
+	if err := s.check(ctx); err != nil {
+		return Entry{}, err
+	}
 	e, err := scanEntry(s.cfg.Pool.QueryRow(ctx, `UPDATE `+s.table+`
 		SET status = 'discarded', updated_at = clock_timestamp()
 		WHERE id = $1 AND status = 'pending' RETURNING `+entryColumns, id))
@@ -349,6 +364,9 @@ type PurgeOptions struct {
 
 // Purge deletes old entries and returns how many it deleted.
 func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
+	if err := s.check(ctx); err != nil {
+		return 0, err
+	}
 	if opts.OlderThan < 0 {
 		return 0, invalidArg("OlderThan %v is negative", opts.OlderThan)
 	}

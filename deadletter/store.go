@@ -15,6 +15,8 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -166,7 +168,18 @@ func (s *Store) HandleReject(ctx context.Context, tx pgx.Tx, m outbox.RejectedMe
 // (false: an entry for the same message exists). It is for messages that
 // are not rejected by a Subscriber, e.g. from another message broker.
 func (s *Store) Add(ctx context.Context, m outbox.RejectedMessage) (bool, error) {
+	if err := s.check(ctx); err != nil {
+		return false, err
+	}
 	return s.insert(ctx, s.cfg.Pool, m)
+}
+
+// check refuses a schema that was never migrated (outbox.ErrNotMigrated)
+// or was migrated by a newer release (outbox.ErrSchemaTooNew); one query
+// per pool and schema.
+func (s *Store) check(ctx context.Context) error {
+	db, _ := pgexec.FromDB(s.cfg.Pool)
+	return schemacheck.Check(ctx, s.cfg.Pool, db, s.cfg.Schema)
 }
 
 // querier is what pgx.Tx and *pgxpool.Pool have in common.

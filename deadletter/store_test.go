@@ -14,6 +14,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -392,5 +393,27 @@ func TestPurge(t *testing.T) {
 	}
 	if _, err := e.store.Purge(testCtx(t), deadletter.PurgeOptions{OlderThan: -time.Second}); !errors.Is(err, deadletter.ErrInvalidArgument) {
 		t.Fatalf("negative age: %v", err)
+	}
+}
+
+// Every entry point of the store refuses a schema Migrate never ran on.
+func TestStoreRefusesAnUnmigratedSchema(t *testing.T) {
+	pool := pgtest.Pool(t)
+	store, err := deadletter.NewStore(deadletter.Config{Schema: pgtest.Schema(t), Pool: pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	_, list := store.List(ctx, deadletter.ListOptions{})
+	_, count := store.Count(ctx, deadletter.Filter{})
+	_, get := store.Get(ctx, 1)
+	_, replay := store.Replay(ctx, 1, deadletter.ReplayOptions{})
+	_, discard := store.Discard(ctx, 1)
+	_, purge := store.Purge(ctx, deadletter.PurgeOptions{})
+	_, add := store.Add(ctx, outbox.RejectedMessage{Group: "g", Topic: "t", UUID: "u", Reason: errors.New("x")})
+	for name, err := range map[string]error{"List": list, "Count": count, "Get": get, "Replay": replay, "Discard": discard, "Purge": purge, "Add": add} {
+		if !errors.Is(err, outbox.ErrNotMigrated) {
+			t.Errorf("%s: %v, want ErrNotMigrated", name, err)
+		}
 	}
 }

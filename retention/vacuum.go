@@ -203,8 +203,8 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 		state:  map[partitionKey]*partitionState{},
 
 		loggedHolders: map[string]bool{},
-		ctx:    ctx,
-		cancel: cancel,
+		ctx:           ctx,
+		cancel:        cancel,
 	}
 	// The horizon of each partition of a registered topic that has cursors:
 	// the lowest cursor over every group. Also the database clock, which
