@@ -6,6 +6,10 @@
 // free port only, and is removed by Stop. When the current process runs as
 // root, the server runs as the "postgres" user, because PostgreSQL refuses to
 // run as root.
+//
+// Restart stops the server (fast, or immediate: a crash as far as the data
+// is concerned) and starts it again on the same data directory and port, for
+// tests of what clients do when their database goes away under them.
 package pgcluster
 
 import (
@@ -52,11 +56,20 @@ type Cluster struct {
 	port    int
 	bindir  string
 	cred    *syscall.Credential
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	stopMu  sync.Mutex
-	stopped bool
-	sigStop func()
+	args    []string // the postgres command line of the running server
+	logFile string
+	done    chan struct{} // closed by Stop: ends the log tail
+
+	// lifeMu serializes Stop and Restart, so that a server is never
+	// started again after (or while) the cluster is stopped.
+	lifeMu sync.Mutex
+
+	stopMu   sync.Mutex // guards cmd, exited, stopped and restarts
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when the current server process exits
+	stopped  bool
+	restarts int
+	sigStop  func()
 }
 
 // Start initialises a cluster in a new temporary directory and starts it.
@@ -71,7 +84,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: temp dir: %w", err)
 	}
-	c := &Cluster{dir: dir, bindir: bindir, exited: make(chan struct{})}
+	c := &Cluster{dir: dir, bindir: bindir, exited: make(chan struct{}), done: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			c.Stop()
@@ -142,13 +155,14 @@ func (c *Cluster) startServer(ctx context.Context, data string, opts Options) er
 			args = append(args, "-c", k+"="+settings[k])
 		}
 		logFile := filepath.Join(c.dir, "server.log")
-		if err := c.spawn(args, logFile); err != nil {
+		exited, err := c.spawn(args, logFile)
+		if err != nil {
 			return err
 		}
-		if err := waitReady(ctx, port, c.exited); err == nil {
-			c.port = port
+		if err := waitReady(ctx, port, exited); err == nil {
+			c.port, c.args, c.logFile = port, args, logFile
 			if opts.Log != nil {
-				go tailLog(logFile, opts.Log, c.exited)
+				go tailLog(logFile, opts.Log, c.done)
 			}
 			return nil
 		} else {
@@ -158,7 +172,6 @@ func (c *Cluster) startServer(ctx context.Context, data string, opts Options) er
 			if !bytes.Contains(log, []byte("could not bind")) && !bytes.Contains(log, []byte("already in use")) {
 				return fmt.Errorf("pgcluster: server did not start: %w: %s", err, bytes.TrimSpace(log))
 			}
-			c.exited = make(chan struct{})
 		}
 	}
 	return fmt.Errorf("pgcluster: server did not start: %w", lastErr)
@@ -167,10 +180,14 @@ func (c *Cluster) startServer(ctx context.Context, data string, opts Options) er
 // spawn starts the postmaster from a goroutine whose OS thread stays locked
 // for the server's whole life, so that Pdeathsig (sent when that thread dies)
 // only fires when this process dies: a killed test binary takes its server
-// with it instead of leaving it running.
-func (c *Cluster) spawn(args []string, logFile string) error {
+// with it instead of leaving it running. It returns the channel closed when
+// this server process exits (also c.exited from now on).
+func (c *Cluster) spawn(args []string, logFile string) (<-chan struct{}, error) {
 	started := make(chan error, 1)
-	exited := c.exited
+	exited := make(chan struct{})
+	c.stopMu.Lock()
+	c.exited = exited
+	c.stopMu.Unlock()
 	go func() {
 		runtime.LockOSThread()
 		// Never unlocked: the thread exits with the goroutine, after the
@@ -197,7 +214,7 @@ func (c *Cluster) spawn(args []string, logFile string) error {
 		_ = cmd.Wait()
 		close(exited)
 	}()
-	return <-started
+	return exited, <-started
 }
 
 // Port is the TCP port the server listens on (on 127.0.0.1).
@@ -212,7 +229,8 @@ func (c *Cluster) URL(db string) string {
 }
 
 // Stop shuts the server down (fast mode) and removes its directory. It is
-// safe to call more than once and from several goroutines.
+// safe to call more than once and from several goroutines; a Restart in
+// progress finishes first.
 func (c *Cluster) Stop() {
 	c.stopMu.Lock()
 	if c.stopped {
@@ -225,15 +243,134 @@ func (c *Cluster) Stop() {
 	if sigStop != nil {
 		sigStop()
 	}
+	c.lifeMu.Lock()
+	defer c.lifeMu.Unlock()
 	c.kill()
+	if c.done != nil {
+		close(c.done)
+	}
 	_ = os.RemoveAll(c.dir)
+}
+
+// ShutdownMode says how Restart stops the server.
+type ShutdownMode int
+
+const (
+	// Fast disconnects the clients, rolls back their transactions and
+	// shuts down cleanly (a checkpoint): pg_ctl stop -m fast.
+	Fast ShutdownMode = iota
+	// Immediate makes every server process quit at once, without a
+	// checkpoint: pg_ctl stop -m immediate. The next start runs crash
+	// recovery from the WAL, as after a power cut of the server alone
+	// (the operating system keeps what was written, so even without fsync
+	// every commit that was acknowledged survives, unless
+	// synchronous_commit is off).
+	Immediate
+)
+
+func (m ShutdownMode) String() string {
+	switch m {
+	case Fast:
+		return "fast"
+	case Immediate:
+		return "immediate"
+	}
+	return "ShutdownMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// RestartOptions tune Restart.
+type RestartOptions struct {
+	// Mode is how the server is stopped (Fast when zero).
+	Mode ShutdownMode
+	// Down is how long the server stays down before it is started again:
+	// clients that connect meanwhile are refused.
+	Down time.Duration
+}
+
+// ErrStopped is returned by Restart on a cluster that was stopped.
+var ErrStopped = errors.New("pgcluster: cluster stopped")
+
+// Restart stops the server as opts.Mode says, waits opts.Down, and starts
+// it again on the same data directory, port and settings. Every client
+// connection breaks; the clients must reconnect. It returns when the
+// server accepts connections again (crash recovery included), or with an
+// error when it cannot be started again, in which case the cluster is left
+// down (Stop still cleans up). Restarts of one cluster are serialized, and
+// Stop waits for one in progress.
+func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) error {
+	c.lifeMu.Lock()
+	defer c.lifeMu.Unlock()
+	c.stopMu.Lock()
+	stopped := c.stopped
+	c.stopMu.Unlock()
+	if stopped {
+		return ErrStopped
+	}
+	switch opts.Mode {
+	case Fast:
+		c.kill()
+	case Immediate:
+		c.killImmediate()
+	default:
+		return fmt.Errorf("pgcluster: unknown shutdown mode %v", opts.Mode)
+	}
+	if opts.Down > 0 {
+		t := time.NewTimer(opts.Down)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+	// The port was ours a moment ago; a socket of the old server may still
+	// be on its way out, so retry a bind failure for a while.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("pgcluster: restart: %w", err)
+		}
+		exited, err := c.spawn(c.args, c.logFile)
+		if err != nil {
+			return err
+		}
+		err = waitReady(ctx, c.port, exited)
+		if err == nil {
+			c.stopMu.Lock()
+			c.restarts++
+			c.stopMu.Unlock()
+			return nil
+		}
+		c.kill()
+		log, _ := os.ReadFile(c.logFile)
+		bind := bytes.Contains(log, []byte("could not bind")) || bytes.Contains(log, []byte("already in use"))
+		if !bind || time.Now().After(deadline) {
+			return fmt.Errorf("pgcluster: restart: server did not start: %w: %s", err, lastLines(log, 20))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Restarts counts the successful restarts of the cluster.
+func (c *Cluster) Restarts() int {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	return c.restarts
+}
+
+// lastLines returns the last n lines of log.
+func lastLines(log []byte, n int) []byte {
+	lines := bytes.Split(bytes.TrimSpace(log), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return bytes.Join(lines, []byte("\n"))
 }
 
 // kill asks the postmaster for a fast shutdown and waits for it, escalating
 // to an immediate shutdown and then SIGKILL if it takes too long.
 func (c *Cluster) kill() {
 	c.stopMu.Lock()
-	cmd := c.cmd
+	cmd, exited := c.cmd, c.exited
 	c.cmd = nil
 	c.stopMu.Unlock()
 	if cmd == nil || cmd.Process == nil {
@@ -241,18 +378,36 @@ func (c *Cluster) kill() {
 	}
 	_ = cmd.Process.Signal(syscall.SIGINT) // fast shutdown
 	select {
-	case <-c.exited:
+	case <-exited:
 		return
 	case <-time.After(10 * time.Second):
 	}
+	stopImmediately(cmd, exited)
+}
+
+// killImmediate asks the postmaster for an immediate shutdown (SIGQUIT: its
+// children quit at once, no checkpoint) and waits for it, escalating to
+// SIGKILL if it takes too long.
+func (c *Cluster) killImmediate() {
+	c.stopMu.Lock()
+	cmd, exited := c.cmd, c.exited
+	c.cmd = nil
+	c.stopMu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	stopImmediately(cmd, exited)
+}
+
+func stopImmediately(cmd *exec.Cmd, exited <-chan struct{}) {
 	_ = cmd.Process.Signal(syscall.SIGQUIT) // immediate shutdown
 	select {
-	case <-c.exited:
+	case <-exited:
 		return
 	case <-time.After(5 * time.Second):
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-c.exited
+	<-exited
 }
 
 var (
