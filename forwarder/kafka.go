@@ -250,14 +250,29 @@ func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.M
 		r.index = i
 		records = append(records, r)
 	}
+	// limit caps the records of a chunk once the broker refused a record
+	// batch of several records as too large: one of them is to blame, and
+	// halving the chunk finds it within this Send (a few more requests),
+	// so that it is rejected on its first attempt while the records
+	// before it are delivered, instead of the whole batch failing and the
+	// partition backing off until adaptive batching isolates it.
+	limit := 0
 	for start := 0; start < len(records); {
 		end := chunkEnd(records, start, maxBytes)
+		if limit > 0 && end-start > limit {
+			end = start + limit
+		}
 		done, err := t.produce(ctx, client, topic, records[start:end])
 		if done < end-start {
 			i := start + done
 			var perm *permanentError
 			if errors.As(err, &perm) {
 				return i, t.reject(batch[i], perm.err)
+			}
+			var refused *refusedSetError
+			if errors.As(err, &refused) && ctx.Err() == nil {
+				start, limit = i, max(1, refused.records/2)
+				continue
 			}
 			return i, err
 		}
@@ -451,8 +466,12 @@ wait:
 	if cause == errNoAnswer && ctxErr != nil {
 		cause = ctxErr
 	}
-	if permanentKafkaError(cause, len(sets[chunk[failed].partition].records)) {
+	setSize := len(sets[chunk[failed].partition].records)
+	if permanentKafkaError(cause, setSize) {
 		return failed, &permanentError{cause}
+	}
+	if setSize > 1 && refusedForSize(cause) {
+		return failed, &refusedSetError{records: setSize, err: fmt.Errorf("forwarder: kafka: partition %d of %s: %w", chunk[failed].partition, topic, cause)}
 	}
 	return failed, fmt.Errorf("forwarder: kafka: partition %d of %s: %w", chunk[failed].partition, topic, cause)
 }
@@ -506,6 +525,30 @@ func retriableAfterRefresh(err error) bool {
 		switch kerr {
 		case sarama.ErrNotLeaderForPartition, sarama.ErrLeaderNotAvailable, sarama.ErrUnknownTopicOrPartition,
 			sarama.ErrFencedLeaderEpoch, sarama.ErrUnknownLeaderEpoch:
+			return true
+		}
+	}
+	return false
+}
+
+// refusedSetError reports a record batch of several records that the broker
+// refused as a whole because of its size or one bad record: smaller batches
+// find the record to blame.
+type refusedSetError struct {
+	records int
+	err     error
+}
+
+func (e *refusedSetError) Error() string { return e.err.Error() }
+func (e *refusedSetError) Unwrap() error { return e.err }
+
+// refusedForSize says whether err is the broker judging a record batch as
+// too large or invalid, for one of its records.
+func refusedForSize(err error) bool {
+	var kerr sarama.KError
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord:
 			return true
 		}
 	}

@@ -1,0 +1,73 @@
+package forwarder_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder"
+)
+
+// Failure mode 4 of issue 10: a record the broker refuses (over its
+// message.max.bytes) inside a batch of many is found within the same Send:
+// the records before it are delivered, it is rejected on its first
+// attempt, and the partition never backs off for it.
+func TestKafkaRefusedRecordIsIsolatedWithinTheSend(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	const maxBytes = 64 << 10
+	cluster := newKafka(t, kfake.SeedTopics(1, "orders"), kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(maxBytes)}))
+	brokers := cluster.ListenAddrs()
+
+	pub := newPublisher(t, e)
+	big := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		pub.round("orders", 10, func(m *message.Message) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			case "3/key-4", "8/key-7", "8/key-8":
+				m.Payload = make([]byte, 100<<10) // the broker refuses it; sarama's own limit is higher
+				big[m.UUID] = true
+			}
+		})
+	}
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	inner := e.deadLetters()
+	rejects := outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+		mu.Lock()
+		attempts[m.UUID] = m.Attempts
+		mu.Unlock()
+		return inner.HandleReject(ctx, tx, m)
+	})
+	fwd := startForwarder(t, e, nil, newKafkaTarget(t, brokers, nil), []string{"orders"}, func(c *forwarder.Config) {
+		c.Subscriber.RejectHandler = rejects
+		c.Subscriber.Tuning.BatchSize = 64
+		// A backoff would show: one failure would hold the partition for
+		// a minute.
+		c.Subscriber.Tuning.BackoffBase, c.Subscriber.Tuning.BackoffMax = time.Minute, time.Minute
+	})
+	r := &received{}
+	consumeKafka(t, brokers, "orders", r)
+	waitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
+		return r.distinct() == pub.count()-len(big) && len(e.deadLettered(t)) == len(big)
+	})
+	dead := e.deadLettered(t)
+	mu.Lock()
+	defer mu.Unlock()
+	for u := range big {
+		if _, ok := dead[u]; !ok || attempts[u] != 1 {
+			t.Fatalf("oversize message %s: dead-lettered %v after %d attempts; want once, on its first attempt (%v)", u, ok, attempts[u], dead[u])
+		}
+	}
+	if dups := r.check(t, pub.snapshot(), dead); dups != 0 {
+		t.Fatalf("%d duplicates", dups)
+	}
+	t.Logf("stats %+v", fwd.Stats())
+}
