@@ -1,0 +1,673 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/pgcluster"
+)
+
+var (
+	flagDuration = flag.Duration("chaos.duration", 30*time.Second, "how long TestChaos publishes and breaks things (then it drains and verifies)")
+	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of TestChaos's schedule and choices (0: a new one, printed)")
+	flagSelfTest = flag.Bool("chaos.selftest", false, "TestChaos injects one lost, phantom, reordered and duplicated message and passes only if the verifier catches each")
+	flagRate     = flag.Int("chaos.rate", 150, "messages per second TestChaos's publishers aim at")
+	flagKeep     = flag.Bool("chaos.keep", false, "keep TestChaos's log directory even when it passes")
+)
+
+// The run's fixed settings.
+const (
+	schema      = "chaos"
+	topic       = "chaos"
+	partitions  = 8
+	keys        = 64
+	publishers  = 3
+	poisonRate  = 0.01
+	maxAttempts = 10 // of both subscriber groups; the forwarder has none
+
+	groupTx     = "chaos-transactional"
+	groupLeased = "chaos-leased"
+	groupKafka  = "chaos-kafka"
+)
+
+// TestChaosChild is a child process of TestChaos: it runs the role given
+// in EnvChild until it is killed or receives SIGTERM.
+func TestChaosChild(t *testing.T) {
+	cfg, ok, err := ChildFromEnv()
+	if !ok {
+		t.Skip("only runs as a child process of TestChaos")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := RunChild(ctx, cfg); err != nil {
+		t.Fatalf("%s: %v", cfg.Name, err)
+	}
+}
+
+// TestChaos: see the package documentation.
+func TestChaos(t *testing.T) {
+	if _, child, _ := ChildFromEnv(); child {
+		t.Skip("a child process")
+	}
+	seed := *flagSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	dur := *flagDuration
+	drainTimeout := 2*time.Minute + dur/5
+	if deadline, ok := t.Deadline(); ok {
+		if need := dur + drainTimeout + time.Minute; time.Until(deadline) < need {
+			t.Fatalf("-chaos.duration=%v needs -timeout of at least %v (the run, the drain and set-up)", dur, need.Round(time.Minute))
+		}
+	}
+	t.Logf("seed %d (the same schedule again: -chaos.seed=%d), duration %v, selftest %v", seed, seed, dur, *flagSelfTest)
+
+	r := newRun(t, seed, dur, *flagSelfTest)
+	r.setUp()
+	r.chaos()
+	drained := r.drain(drainTimeout)
+	r.stopChildren()
+	in := r.collect()
+	report := Verify(in)
+	r.summarize(report, drained)
+	if *flagSelfTest {
+		r.checkSelfTest(report)
+	} else if !report.OK() {
+		t.Errorf("the verifier found faults (seed %d):\n%s", seed, report)
+	}
+}
+
+// run is one chaos run.
+type run struct {
+	t        *testing.T
+	seed     uint64
+	dur      time.Duration
+	selftest bool
+	dir      string // logs of the children and the server
+	ctx      context.Context
+
+	cluster *pgcluster.Cluster
+	pool    *pgxpool.Pool
+	gate    *Gate
+	kafka   *kfake.Cluster
+	procs   []*Proc
+	rec     *recorder
+
+	pgRestarts  atomic.Int32
+	pgErrors    []string
+	outages     atomic.Int32
+	kills       atomic.Int32
+	groupKills  atomic.Int32
+	injected    map[Kind]string // selftest: the key of each injected fault
+	started     time.Time
+	chaosEnded  time.Time
+	drainedAt   time.Time
+	stopErrors  []string
+	collectedAt time.Time
+}
+
+func newRun(t *testing.T, seed uint64, dur time.Duration, selftest bool) *run {
+	dir, err := os.MkdirTemp("", "outbox-chaos-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &run{t: t, seed: seed, dur: dur, selftest: selftest, dir: dir, ctx: ctx, rec: newRecorder()}
+	t.Cleanup(func() {
+		cancel()
+		// No child outlives the test, whatever happened.
+		for _, p := range r.procs {
+			p.Kill()
+		}
+		if r.pool != nil {
+			r.pool.Close()
+		}
+		if r.kafka != nil {
+			r.kafka.Close()
+		}
+		if r.cluster != nil {
+			r.cluster.Stop()
+		}
+		if t.Failed() || *flagKeep {
+			t.Logf("logs of the run (children, postgres.log): %s", dir)
+		} else {
+			_ = os.RemoveAll(dir)
+		}
+	})
+	return r
+}
+
+func (r *run) rng(stream uint64) *rand.Rand { return rand.New(rand.NewPCG(r.seed, stream)) }
+
+func (r *run) setUp() {
+	t := r.t
+	ctx, cancel := context.WithTimeout(r.ctx, 2*time.Minute)
+	defer cancel()
+	pgLog, err := os.Create(filepath.Join(r.dir, "postgres.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pgLog.Close() })
+	var pgLogMu sync.Mutex
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{
+		// Acknowledged commits must survive the immediate restarts: with
+		// synchronous_commit off they need not, and a "lost" message
+		// would be the server's doing. fsync may stay off: the operating
+		// system does not crash.
+		Settings: map[string]string{"synchronous_commit": "on", "log_min_messages": "log"},
+		Log: func(line string) {
+			pgLogMu.Lock()
+			defer pgLogMu.Unlock()
+			fmt.Fprintln(pgLog, line)
+		},
+	})
+	if errors.Is(err, pgcluster.ErrNoServerBinaries) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cluster = cluster
+	url := cluster.URL("")
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 16
+	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Migrate(ctx, r.pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.RegisterTopic(ctx, r.pool, schema, topic, partitions); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.pool.Exec(ctx, ResultsDDL(schema)); err != nil {
+		t.Fatal(err)
+	}
+	// The aggregates: a key's counter, bumped by each transaction that
+	// publishes for the key (under its row lock, so in commit order), and
+	// the transactions that committed.
+	if _, err := r.pool.Exec(ctx, fmt.Sprintf(`
+		CREATE TABLE %[1]s.chaos_keys (key text PRIMARY KEY, n int NOT NULL);
+		INSERT INTO %[1]s.chaos_keys SELECT 'k' || lpad(i::text, 2, '0'), 0 FROM generate_series(0, %[2]d) i;
+		CREATE TABLE %[1]s.chaos_txs (tx text PRIMARY KEY)`, schema, keys-1)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Kafka, behind a gate the broker outages close.
+	r.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic),
+		kfake.ListenFn(func(network, address string) (net.Listener, error) {
+			g, err := Listen(network, address)
+			r.gate = g
+			return g, err
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	brokers := r.kafka.ListenAddrs()
+
+	// The children: two processes of each role.
+	for _, role := range []struct{ role, group string }{{RoleTransactional, groupTx}, {RoleLeased, groupLeased}, {RoleForwarder, groupKafka}} {
+		for i := 1; i <= 2; i++ {
+			cfg := ChildConfig{
+				Role: role.role, Name: fmt.Sprintf("%s-%d", role.role, i), DatabaseURL: url, Schema: schema, Topic: topic,
+				Group: role.group, Brokers: brokers, FlakyRate: 0.01,
+				LeaseTTL: 2 * time.Second, RenewInterval: 400 * time.Millisecond, BalanceInterval: 300 * time.Millisecond,
+				Seed: r.seed,
+			}
+			if role.role != RoleForwarder {
+				cfg.MaxAttempts = maxAttempts
+			}
+			env, err := ChildEnv(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := NewProc(cfg.Name, role.role, os.Args[0],
+				[]string{"-test.run=^TestChaosChild$", "-test.count=1", "-test.timeout=0"}, []string{env}, r.dir)
+			r.procs = append(r.procs, p)
+			if err := p.Start(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// chaos publishes for the run's duration while it kills children, restarts
+// the server and cuts the broker off; it returns when all of that stopped
+// and every child runs again.
+func (r *run) chaos() {
+	t := r.t
+	r.started = time.Now()
+	ctx, cancel := context.WithTimeout(r.ctx, r.dur)
+	defer cancel()
+	var wg sync.WaitGroup
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: r.pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < publishers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.publish(ctx, pub, i)
+		}()
+	}
+	if r.selftest {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if sleep(ctx, r.dur*15/100) {
+				r.inject(pub)
+			}
+		}()
+	}
+
+	// The schedule of the server restarts and broker outages: one of each
+	// per slot, the restart in its first half, the outage in its second.
+	rng := r.rng(1)
+	nRestarts := max(1, int(r.dur/(90*time.Second)))
+	nOutages := max(1, int(r.dur/(60*time.Second)))
+	for i := 0; i < nRestarts; i++ {
+		slot := r.dur / time.Duration(nRestarts)
+		at := time.Duration(float64(slot) * (float64(i) + 0.25 + 0.2*rng.Float64()))
+		down := time.Duration(500+rng.IntN(1500)) * time.Millisecond
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !sleep(ctx, at) {
+				return
+			}
+			t.Logf("%6.1fs: PostgreSQL immediate restart (down %v)", time.Since(r.started).Seconds(), down)
+			rctx, cancel := context.WithTimeout(r.ctx, 2*time.Minute)
+			defer cancel()
+			if err := r.cluster.Restart(rctx, pgcluster.RestartOptions{Mode: pgcluster.Immediate, Down: down}); err != nil {
+				t.Errorf("PostgreSQL restart: %v", err)
+				return
+			}
+			r.pgRestarts.Add(1)
+		}()
+	}
+	for i := 0; i < nOutages; i++ {
+		slot := r.dur / time.Duration(nOutages)
+		at := time.Duration(float64(slot) * (float64(i) + 0.55 + 0.2*rng.Float64()))
+		down := time.Duration(2000+rng.IntN(3000)) * time.Millisecond
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !sleep(ctx, at) {
+				return
+			}
+			t.Logf("%6.1fs: Kafka broker outage (%v)", time.Since(r.started).Seconds(), down)
+			if err := r.gate.Outage(r.ctx, down); err != nil {
+				t.Errorf("broker outage: %v", err)
+				return
+			}
+			r.outages.Add(1)
+		}()
+	}
+
+	// The kills: every 1-3 s a random child, sometimes every process of a
+	// role at once (so that no instance of the group is left to take
+	// over), each started again after up to a second.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := r.rng(2)
+		var busy sync.Map // *Proc -> in a kill-restart
+		var kw sync.WaitGroup
+		defer kw.Wait()
+		for {
+			if !sleep(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond) {
+				return
+			}
+			victims := []*Proc{r.procs[rng.IntN(len(r.procs))]}
+			if rng.IntN(10) == 0 {
+				role := victims[0].Role
+				victims = nil
+				for _, p := range r.procs {
+					if p.Role == role {
+						victims = append(victims, p)
+					}
+				}
+				r.groupKills.Add(1)
+			}
+			for _, p := range victims {
+				if _, inUse := busy.LoadOrStore(p, true); inUse {
+					continue
+				}
+				delay := time.Duration(rng.IntN(1000)) * time.Millisecond
+				kw.Add(1)
+				go func() {
+					defer kw.Done()
+					defer busy.Delete(p)
+					if p.Kill() {
+						r.kills.Add(1)
+					}
+					time.Sleep(delay)
+					if err := p.Start(); err != nil {
+						t.Errorf("restart %s: %v", p.Name, err)
+					}
+				}()
+			}
+		}
+	}()
+
+	// Children that exit by themselves are started again (and counted).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for sleep(ctx, 500*time.Millisecond) {
+			for _, p := range r.procs {
+				if !p.Running() && len(p.Stats().SelfExits) > 0 {
+					_ = p.Start()
+				}
+			}
+		}
+	}()
+
+	wg.Wait()
+	r.chaosEnded = time.Now()
+	for _, p := range r.procs {
+		if err := p.Start(); err != nil {
+			t.Fatalf("restart %s: %v", p.Name, err)
+		}
+	}
+	t.Logf("%6.1fs: chaos over: %d transactions committed, every child running; draining", time.Since(r.started).Seconds(), r.rec.txCommitted.Load())
+}
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// lag returns how many (group, partition) cursors are behind the log,
+// plus the pending messages, and a description of the laggards.
+func (r *run) lag(ctx context.Context) (int, string, error) {
+	var pending int
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.pending`).Scan(&pending); err != nil {
+		return 0, "", err
+	}
+	rows, err := r.pool.Query(ctx, `
+		SELECT g.name, p.partition, p.last_seq, coalesce(c.seq, 0), coalesce(c.last_error, ''), coalesce(c.lease_owner, ''), c.lease_expires_at > now()
+		FROM `+schema+`.partitions p
+		CROSS JOIN unnest($2::text[]) AS g(name)
+		LEFT JOIN `+schema+`.cursors c ON c.group_name = g.name AND c.topic = p.topic AND c.partition = p.partition
+		WHERE p.topic = $1 AND coalesce(c.seq, 0) < p.last_seq
+		ORDER BY 1, 2`, topic, []string{groupTx, groupLeased, groupKafka})
+	if err != nil {
+		return 0, "", err
+	}
+	defer rows.Close()
+	var b strings.Builder
+	n := pending
+	if pending > 0 {
+		fmt.Fprintf(&b, "%d messages not sequenced; ", pending)
+	}
+	for rows.Next() {
+		var group, lastErr, owner string
+		var partition int
+		var head, cursor int64
+		var leased *bool
+		if err := rows.Scan(&group, &partition, &head, &cursor, &lastErr, &owner, &leased); err != nil {
+			return 0, "", err
+		}
+		n++
+		fmt.Fprintf(&b, "\n    %s partition %d: cursor %d of %d, lease %q (live %v), last error %q", group, partition, cursor, head, owner, leased != nil && *leased, lastErr)
+	}
+	return n, b.String(), rows.Err()
+}
+
+// drain waits until everything committed was sequenced and every group's
+// cursors reached the log's heads; it reports whether that happened in
+// time.
+func (r *run) drain(timeout time.Duration) bool {
+	t := r.t
+	ctx, cancel := context.WithTimeout(r.ctx, timeout)
+	defer cancel()
+	r.rec.resolve(ctx, t, r.pool)
+	lastLog := time.Now()
+	for {
+		n, desc, err := r.lag(ctx)
+		if err == nil && n == 0 {
+			r.drainedAt = time.Now()
+			t.Logf("%6.1fs: drained in %v", time.Since(r.started).Seconds(), time.Since(r.chaosEnded).Round(100*time.Millisecond))
+			return true
+		}
+		if time.Since(lastLog) > 15*time.Second {
+			t.Logf("%6.1fs: draining: %d behind (err %v): %s", time.Since(r.started).Seconds(), n, err, desc)
+			lastLog = time.Now()
+		}
+		if !sleep(ctx, 250*time.Millisecond) {
+			qctx, qcancel := context.WithTimeout(r.ctx, 10*time.Second)
+			_, desc, err := r.lag(qctx)
+			qcancel()
+			t.Errorf("stall: not drained %v after the chaos ended (seed %d); behind: %s (err %v)", timeout, r.seed, desc, err)
+			for _, p := range r.procs {
+				t.Logf("%s: %+v", p.Name, p.Stats())
+			}
+			return false
+		}
+	}
+}
+
+// stopChildren stops every child gracefully; one that does not stop in
+// time is a fault (a Close that hangs).
+func (r *run) stopChildren() {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, p := range r.procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.Stop(20 * time.Second); err != nil {
+				mu.Lock()
+				r.stopErrors = append(r.stopErrors, err.Error())
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Strings(r.stopErrors)
+	for _, e := range r.stopErrors {
+		r.t.Errorf("a child did not stop cleanly: %s", e)
+	}
+}
+
+// collect reads back everything the run produced.
+func (r *run) collect() Input {
+	t := r.t
+	ctx, cancel := context.WithTimeout(r.ctx, 2*time.Minute)
+	defer cancel()
+	in := Input{Messages: r.rec.messages()}
+
+	var log []Delivery
+	rows, err := r.pool.Query(ctx, `SELECT partition, seq, uuid, coalesce(partition_key, ''), convert_from(payload, 'UTF8')
+		FROM `+schema+`.log WHERE topic = $1 ORDER BY partition, seq`, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var partition int
+		var seq int64
+		var d Delivery
+		if err := rows.Scan(&partition, &seq, &d.UUID, &d.Key, &d.Payload); err != nil {
+			t.Fatal(err)
+		}
+		d.OutboxID = outbox.StableID(topic, partition, seq)
+		log = append(log, d)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	results := map[string][]Delivery{}
+	rows, err = r.pool.Query(ctx, `SELECT grp, outbox_id, uuid, key, payload FROM `+schema+`.`+ResultsTable+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var group string
+		var d Delivery
+		if err := rows.Scan(&group, &d.OutboxID, &d.UUID, &d.Key, &d.Payload); err != nil {
+			t.Fatal(err)
+		}
+		results[group] = append(results[group], d)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	dead := map[string][]DeadLetter{}
+	rows, err = r.pool.Query(ctx, `SELECT group_name, partition, seq, uuid, reason FROM `+schema+`.dead_letters
+		WHERE topic = $1 ORDER BY id`, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var group string
+		var partition *int
+		var seq *int64
+		var dl DeadLetter
+		if err := rows.Scan(&group, &partition, &seq, &dl.UUID, &dl.Reason); err != nil {
+			t.Fatal(err)
+		}
+		if partition != nil && seq != nil {
+			dl.OutboxID = outbox.StableID(topic, *partition, *seq)
+		}
+		dead[group] = append(dead[group], dl)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	kafka, err := readKafka(ctx, r.kafka.ListenAddrs(), topic)
+	if err != nil {
+		t.Fatalf("reading the Kafka topic back: %v", err)
+	}
+	r.collectedAt = time.Now()
+
+	in.Streams = []Stream{
+		{Name: "log", Reference: true, ExactlyOnce: true, Deliveries: log},
+		{Name: "transactional group", ExactlyOnce: true, RejectsPoison: true, MaxAttempts: maxAttempts,
+			Deliveries: results[groupTx], DeadLetters: dead[groupTx]},
+		{Name: "leased group", RejectsPoison: true, MaxAttempts: maxAttempts,
+			Deliveries: results[groupLeased], DeadLetters: dead[groupLeased]},
+		{Name: "kafka", Deliveries: kafka, DeadLetters: dead[groupKafka]},
+	}
+	return in
+}
+
+// summarize logs what the run did and what the verifier saw.
+func (r *run) summarize(report Report, drained bool) {
+	t := r.t
+	rec := r.rec
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos run, seed %d: %v of chaos", r.seed, r.chaosEnded.Sub(r.started).Round(100*time.Millisecond))
+	if drained {
+		fmt.Fprintf(&b, ", drained in %v", r.drainedAt.Sub(r.chaosEnded).Round(100*time.Millisecond))
+	} else {
+		b.WriteString(", NOT drained")
+	}
+	fmt.Fprintf(&b, ", %v in all\n", time.Since(r.started).Round(100*time.Millisecond))
+	fmt.Fprintf(&b, "  transactions: %d committed, %d rolled back on purpose, %d failed (server restart), %d in doubt (%d of them had committed), %d held open for a while\n",
+		rec.txCommitted.Load(), rec.txRolledBack.Load(), rec.txFailed.Load(), rec.txInDoubt.Load(), rec.inDoubtCommitted.Load(), rec.txHeld.Load())
+	fmt.Fprintf(&b, "  messages: %d committed (%d poison), %d rolled back, %d in doubt after resolution\n",
+		report.Committed, report.Poison, report.RolledBack, report.InDoubt)
+	fmt.Fprintf(&b, "  faults injected: %d SIGKILLs (%d of every process of a role at once), %d PostgreSQL immediate restarts, %d Kafka broker outages\n",
+		r.kills.Load(), r.groupKills.Load(), r.pgRestarts.Load(), r.outages.Load())
+	byRole := map[string][3]int{}
+	var selfExits []string
+	for _, p := range r.procs {
+		st := p.Stats()
+		c := byRole[p.Role]
+		c[0] += st.Kills
+		c[1] += st.Starts
+		c[2] += len(st.SelfExits)
+		byRole[p.Role] = c
+		for _, e := range st.SelfExits {
+			selfExits = append(selfExits, p.Name+": "+e)
+		}
+	}
+	for _, role := range []string{RoleTransactional, RoleLeased, RoleForwarder} {
+		c := byRole[role]
+		fmt.Fprintf(&b, "  %s processes: %d killed, %d started, %d exited by themselves\n", role, c[0], c[1], c[2])
+	}
+	for _, e := range selfExits {
+		fmt.Fprintf(&b, "    exited by itself: %s\n", e)
+	}
+	b.WriteString(indent(report.String(), "  "))
+	t.Log("\n" + b.String())
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return prefix + strings.Join(lines, "\n"+prefix) + "\n"
+}
+
+// checkSelfTest checks, in a -chaos.selftest run, that the verifier caught
+// each injected fault in every stream, and nothing else.
+func (r *run) checkSelfTest(report Report) {
+	t := r.t
+	if report.OK() {
+		t.Fatalf("self-test: the verifier found nothing, though one fault of each kind was injected")
+	}
+	if len(r.injected) == 0 {
+		t.Fatalf("self-test: nothing was injected")
+	}
+	streams := []string{}
+	for _, s := range report.Streams {
+		streams = append(streams, s.Name)
+	}
+	for kind, key := range r.injected {
+		for _, s := range streams {
+			caught := false
+			for _, f := range report.Faults {
+				if f.Kind == kind && f.Stream == s && f.Key == key {
+					caught = true
+				}
+			}
+			if !caught {
+				t.Errorf("self-test: the injected %q fault (key %s) was not caught in stream %s", kind, key, s)
+			}
+		}
+	}
+	for _, f := range report.Faults {
+		if want, ok := r.injected[f.Kind]; !ok || f.Key != want {
+			t.Errorf("self-test: a fault that was not injected: %s", f)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("self-test passed: each injected fault (%v) was caught in every stream, and nothing else", r.injected)
+	}
+}

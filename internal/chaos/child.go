@@ -1,0 +1,283 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/forwarder"
+)
+
+// EnvChild names the environment variable that makes the test binary run
+// as a child process of a chaos run (TestChaosChild): it holds the child's
+// ChildConfig as JSON.
+const EnvChild = "OUTBOX_CHAOS_CHILD"
+
+// The roles of child processes.
+const (
+	// RoleTransactional is a Subscriber of the Transactional strategy
+	// that records each delivery in the results table, in the delivery's
+	// transaction: exactly-once.
+	RoleTransactional = "transactional"
+	// RoleLeased is a Subscriber of the Leased strategy that records each
+	// delivery in the results table on its own, then acks: at-least-once.
+	RoleLeased = "leased"
+	// RoleForwarder is a Forwarder to Kafka.
+	RoleForwarder = "forwarder"
+)
+
+// ResultsTable is the table (in the outbox schema) where subscriber
+// children record every delivery.
+const ResultsTable = "chaos_results"
+
+// ResultsDDL creates ResultsTable in schema. The id orders the deliveries
+// of a key: a partition has one worker at a time, which records a message
+// before it takes the next.
+func ResultsDDL(schema string) string {
+	return `CREATE TABLE ` + pgx.Identifier{schema, ResultsTable}.Sanitize() + ` (
+		id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		grp       text   NOT NULL,
+		outbox_id text   NOT NULL,
+		uuid      text   NOT NULL,
+		key       text   NOT NULL,
+		payload   text   NOT NULL,
+		attempt   int    NOT NULL,
+		pid       int    NOT NULL,
+		at        timestamptz NOT NULL DEFAULT clock_timestamp())`
+}
+
+// Payload is the body of every message a chaos run publishes.
+type Payload struct {
+	// ID is the message's UUID, so that every payload is unique.
+	ID  string `json:"id"`
+	Key string `json:"key"`
+	// N is the message's place in its key's order.
+	N  int    `json:"n"`
+	Tx string `json:"tx"`
+	// Poison asks subscribers to reject the message.
+	Poison bool `json:"poison,omitempty"`
+	// Rollback marks a message whose transaction the publisher meant to
+	// roll back: seeing it anywhere is a phantom.
+	Rollback bool   `json:"rollback,omitempty"`
+	Pad      string `json:"pad,omitempty"`
+}
+
+// ErrPoison is the cause subscriber children reject poison messages with.
+var ErrPoison = errors.New("chaos: poison message")
+
+// ChildConfig configures a child process.
+type ChildConfig struct {
+	Role        string
+	Name        string
+	DatabaseURL string
+	Schema      string
+	Topic       string
+	Group       string
+	// Brokers are the Kafka brokers of a forwarder.
+	Brokers []string
+	// MaxAttempts is the Subscriber's MaxAttempts.
+	MaxAttempts int
+	// FlakyRate is the share of deliveries a subscriber nacks on purpose
+	// (retried later).
+	FlakyRate float64
+	// LeaseTTL, RenewInterval and BalanceInterval are short, so that
+	// takeovers after a kill are quick.
+	LeaseTTL, RenewInterval, BalanceInterval time.Duration
+	Seed                                     uint64
+}
+
+// ChildEnv returns the environment entry that hands cfg to a child.
+func ChildEnv(cfg ChildConfig) (string, error) {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	return EnvChild + "=" + string(b), nil
+}
+
+// ChildFromEnv reads the configuration ChildEnv wrote; ok is false when
+// the process is not a child.
+func ChildFromEnv() (cfg ChildConfig, ok bool, err error) {
+	v := os.Getenv(EnvChild)
+	if v == "" {
+		return cfg, false, nil
+	}
+	err = json.Unmarshal([]byte(v), &cfg)
+	return cfg, true, err
+}
+
+// ErrEndedByItself is returned by RunChild when its subscription or
+// forwarder stopped while the process was meant to go on.
+var ErrEndedByItself = errors.New("chaos: the subscription ended by itself")
+
+// RunChild plays cfg.Role until ctx ends (then it closes everything and
+// returns nil) or its subscription ends by itself (ErrEndedByItself). It
+// retries starting while the database is unreachable.
+func RunChild(ctx context.Context, cfg ChildConfig) error {
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"child": cfg.Name})
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	pcfg.MaxConns = 12
+	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := deadletter.NewStore(deadletter.Config{Schema: cfg.Schema, Pool: pool}, logger)
+	if err != nil {
+		return err
+	}
+	tu := adaptive.Default()
+	tu.BatchSize = 20
+	tu.BackoffBase, tu.BackoffMax = 20*time.Millisecond, 500*time.Millisecond
+	tu.LeaseTTL, tu.RenewInterval = cfg.LeaseTTL, cfg.RenewInterval
+	tu.Pacing.IdleInterval = 200 * time.Millisecond
+	scfg := outbox.SubscriberConfig{
+		Schema:          cfg.Schema,
+		Pool:            pool,
+		ConsumerGroup:   cfg.Group,
+		Tuning:          tu,
+		RejectHandler:   store,
+		MaxAttempts:     cfg.MaxAttempts,
+		CloseTimeout:    2 * time.Second,
+		BalanceInterval: cfg.BalanceInterval,
+	}
+	switch cfg.Role {
+	case RoleTransactional, RoleLeased:
+		if cfg.Role == RoleTransactional {
+			scfg.Strategy = outbox.Transactional
+		}
+		return runSubscriber(ctx, cfg, scfg, pool, logger)
+	case RoleForwarder:
+		return runForwarder(ctx, cfg, scfg, logger)
+	}
+	return fmt.Errorf("chaos: unknown role %q", cfg.Role)
+}
+
+// retry runs start until it succeeds or ctx ends.
+func retry(ctx context.Context, logger watermill.LoggerAdapter, what string, start func() error) error {
+	for {
+		err := start()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		logger.Info("Cannot start yet, retrying", watermill.LogFields{"what": what, "err": err.Error()})
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func runSubscriber(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberConfig, pool *pgxpool.Pool, logger watermill.LoggerAdapter) error {
+	sub, err := outbox.NewSubscriber(scfg, logger)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	var msgs <-chan *message.Message
+	if err := retry(ctx, logger, "subscribe", func() (err error) {
+		msgs, err = sub.Subscribe(ctx, cfg.Topic)
+		return err
+	}); err != nil || msgs == nil {
+		return err
+	}
+	insert := `INSERT INTO ` + pgx.Identifier{cfg.Schema, ResultsTable}.Sanitize() + ` (grp, outbox_id, uuid, key, payload, attempt, pid)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(os.Getpid())))
+	pid := os.Getpid()
+	for msg := range msgs {
+		var p Payload
+		if err := json.Unmarshal(msg.Payload, &p); err != nil {
+			_ = outbox.Reject(msg, fmt.Errorf("chaos: unreadable payload: %w", err))
+			msg.Ack()
+			continue
+		}
+		if p.Poison {
+			_ = outbox.Reject(msg, ErrPoison)
+			msg.Ack()
+			continue
+		}
+		if rng.Float64() < cfg.FlakyRate {
+			msg.Nack()
+			continue
+		}
+		attempt, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetadataAttempt))
+		args := []any{cfg.Group, msg.Metadata.Get(outbox.MetadataID), msg.UUID, msg.Metadata.Get(outbox.MetadataPartitionKey), string(msg.Payload), attempt, pid}
+		if scfg.Strategy == outbox.Transactional {
+			tx, ok := outbox.PgxTxFromContext(msg.Context())
+			if !ok {
+				return errors.New("chaos: a Transactional delivery without its transaction")
+			}
+			_, err = tx.Exec(msg.Context(), insert, args...)
+		} else {
+			_, err = pool.Exec(msg.Context(), insert, args...)
+		}
+		if err != nil {
+			msg.Nack()
+			continue
+		}
+		msg.Ack()
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return ErrEndedByItself
+}
+
+func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberConfig, logger watermill.LoggerAdapter) error {
+	sc := forwarder.DefaultSaramaConfig()
+	sc.ClientID = cfg.Name
+	sc.Net.DialTimeout = time.Second
+	sc.Net.ReadTimeout = 2 * time.Second
+	sc.Net.WriteTimeout = 2 * time.Second
+	sc.Metadata.Retry.Backoff = 100 * time.Millisecond
+	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: cfg.Brokers, Sarama: sc, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	fwd, err := forwarder.NewForwarder(forwarder.Config{Subscriber: scfg, Topics: []string{cfg.Topic}, Target: target}, logger)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = fwd.Close() }()
+	// Run fails when it cannot join the group (the database is down); a
+	// Forwarder runs once, so a new one is made for each try.
+	for {
+		err := fwd.Run(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			return ErrEndedByItself
+		}
+		logger.Info("Cannot start yet, retrying", watermill.LogFields{"what": "forwarder", "err": err.Error()})
+		_ = fwd.Close()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+		if fwd, err = forwarder.NewForwarder(forwarder.Config{Subscriber: scfg, Topics: []string{cfg.Topic}, Target: target}, logger); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,372 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+)
+
+// recorder keeps what the publishers tried to publish, and what became of
+// it.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []Message
+	txOf []string // the transaction of each message
+
+	txCommitted, txRolledBack, txFailed, txInDoubt, inDoubtCommitted, txHeld atomic.Int64
+}
+
+func newRecorder() *recorder { return &recorder{} }
+
+func (rec *recorder) add(tx string, msgs []Message, status Status) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, m := range msgs {
+		m.Status = status
+		rec.msgs = append(rec.msgs, m)
+		rec.txOf = append(rec.txOf, tx)
+	}
+}
+
+func (rec *recorder) messages() []Message {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return append([]Message(nil), rec.msgs...)
+}
+
+// resolve settles the in-doubt transactions: a transaction committed if
+// and only if its row in chaos_txs exists (it was written in the same
+// transaction). It also checks that the server kept every commit it
+// acknowledged and none it did not make, which the verdict depends on.
+func (rec *recorder) resolve(ctx context.Context, t *testing.T, pool *pgxpool.Pool) {
+	var committed map[string]bool
+	for {
+		rows, err := pool.Query(ctx, `SELECT tx FROM `+schema+`.chaos_txs`)
+		if err == nil {
+			var txs []string
+			txs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			committed = make(map[string]bool, len(txs))
+			for _, tx := range txs {
+				committed[tx] = true
+			}
+		}
+		if err == nil {
+			break
+		}
+		if !sleep(ctx, 500*time.Millisecond) {
+			t.Fatalf("reading the committed transactions: %v", err)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	resolved := map[string]bool{}
+	for i := range rec.msgs {
+		m, tx := &rec.msgs[i], rec.txOf[i]
+		injected := strings.HasPrefix(tx, "selftest-")
+		switch {
+		case m.Status == InDoubt:
+			if committed[tx] {
+				m.Status = Committed
+				if !resolved[tx] {
+					rec.inDoubtCommitted.Add(1)
+				}
+			} else {
+				m.Status = RolledBack
+			}
+			resolved[tx] = true
+		case injected:
+		case m.Status == Committed && !committed[tx]:
+			t.Errorf("the server lost the acknowledged commit of transaction %s (synchronous_commit off?)", tx)
+		case m.Status == RolledBack && committed[tx]:
+			t.Errorf("transaction %s committed though it failed or was rolled back", tx)
+		}
+	}
+}
+
+// errInDoubt: COMMIT was sent but its outcome is unknown.
+var errInDoubt = errors.New("commit outcome unknown")
+
+// publish runs one publisher until ctx ends: transactions of one or two
+// keys (locked in key order), one or two messages per key numbered by the
+// key's counter, 10% rolled back on purpose, 5% held open for up to 2 s.
+func (r *run) publish(ctx context.Context, pub *outbox.Publisher, id int) {
+	rng := r.rng(100 + uint64(id))
+	// About 2.25 messages per transaction.
+	interval := time.Duration(float64(time.Second) * publishers * 2.25 / float64(max(1, *flagRate)))
+	for i := 0; ; i++ {
+		if !sleep(ctx, time.Duration(float64(interval)*(0.5+rng.Float64()))) {
+			return
+		}
+		r.publishTx(pub, rng, fmt.Sprintf("p%d-%d", id, i))
+	}
+}
+
+func (r *run) publishTx(pub *outbox.Publisher, rng *rand.Rand, txID string) {
+	chosen := map[string]bool{}
+	for len(chosen) < 1+rng.IntN(2) {
+		chosen[fmt.Sprintf("k%02d", rng.IntN(keys))] = true
+	}
+	sorted := make([]string, 0, len(chosen))
+	for k := range chosen {
+		sorted = append(sorted, k)
+	}
+	sort.Strings(sorted)
+	rollback := rng.Float64() < 0.1
+	var hold time.Duration
+	if rng.Float64() < 0.05 {
+		hold = time.Duration(300+rng.IntN(1700)) * time.Millisecond
+	}
+	type plan struct {
+		key    string
+		count  int
+		poison []bool
+	}
+	var plans []plan
+	for _, key := range sorted {
+		p := plan{key: key, count: 1 + rng.IntN(2)}
+		for j := 0; j < p.count; j++ {
+			p.poison = append(p.poison, rng.Float64() < poisonRate)
+		}
+		plans = append(plans, p)
+	}
+
+	// Not the chaos context: a transaction under way is finished.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var msgs []Message
+	err := func() error {
+		tx, err := r.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		var batch []*message.Message
+		for _, p := range plans {
+			var n int
+			if err := tx.QueryRow(ctx, `UPDATE `+schema+`.chaos_keys SET n = n + $2 WHERE key = $1 RETURNING n`, p.key, p.count).Scan(&n); err != nil {
+				return err
+			}
+			for j := 0; j < p.count; j++ {
+				m, wm := newMessage(fmt.Sprintf("%s-%d", txID, len(msgs)), p.key, n-p.count+1+j, txID, p.poison[j], rollback)
+				wm.SetContext(outbox.WithTx(ctx, tx))
+				batch = append(batch, wm)
+				msgs = append(msgs, m)
+			}
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.chaos_txs VALUES ($1)`, txID); err != nil {
+			return err
+		}
+		if err := pub.Publish(topic, batch...); err != nil {
+			return err
+		}
+		if hold > 0 {
+			r.rec.txHeld.Add(1)
+			time.Sleep(hold)
+		}
+		if rollback {
+			return tx.Rollback(ctx)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("%w: %w", errInDoubt, err)
+		}
+		return nil
+	}()
+	switch {
+	case errors.Is(err, errInDoubt):
+		r.rec.txInDoubt.Add(1)
+		r.rec.add(txID, msgs, InDoubt)
+	case err != nil:
+		r.rec.txFailed.Add(1)
+		r.rec.add(txID, msgs, RolledBack)
+	case rollback:
+		r.rec.txRolledBack.Add(1)
+		r.rec.add(txID, msgs, RolledBack)
+	default:
+		r.rec.txCommitted.Add(1)
+		r.rec.add(txID, msgs, Committed)
+	}
+}
+
+// newMessage builds a message and its record.
+func newMessage(uuid, key string, n int, txID string, poison, rollback bool) (Message, *message.Message) {
+	body, err := json.Marshal(Payload{ID: uuid, Key: key, N: n, Tx: txID, Poison: poison, Rollback: rollback,
+		Pad: strings.Repeat("x", 64)})
+	if err != nil {
+		panic(err)
+	}
+	wm := message.NewMessage(uuid, body)
+	wm.Metadata.Set(outbox.PartitionKeyMetadata, key)
+	return Message{UUID: uuid, Key: key, N: n, Payload: string(body), Poison: poison}, wm
+}
+
+// injectTx publishes msgs in a transaction of its own and commits it (with
+// its chaos_txs row) or rolls it back.
+func (r *run) injectTx(pub *outbox.Publisher, txID string, msgs []*message.Message, commit bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	for _, m := range msgs {
+		m.SetContext(outbox.WithTx(ctx, tx))
+	}
+	if err := pub.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	if !commit {
+		return tx.Rollback(ctx)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.chaos_txs VALUES ($1)`, txID); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("%w: %w", errInDoubt, err)
+	}
+	return nil
+}
+
+// inject breaks the run on purpose (-chaos.selftest), once of each kind,
+// each on a key of its own:
+//   - lost: a message rolled back but recorded as committed (to the
+//     verifier, a committed message that never arrives);
+//   - phantom: a message committed but recorded as rolled back;
+//   - reordered: n=2 published before n=1 of a key, in one transaction;
+//   - duplicate without the same outbox_id: a message published again,
+//     same UUID and payload, in a second transaction (a second outbox id).
+func (r *run) inject(pub *outbox.Publisher) {
+	t := r.t
+	r.injected = map[Kind]string{Lost: "selftest-lost", Phantom: "selftest-phantom", Reordered: "selftest-reorder", DuplicateNewID: "selftest-dup"}
+	record := func(txID string, msgs []Message, err error, ok Status) bool {
+		switch {
+		case err == nil:
+			r.rec.add(txID, msgs, ok)
+			return true
+		case errors.Is(err, errInDoubt):
+			r.rec.add(txID, msgs, InDoubt)
+		default:
+			r.rec.add(txID, msgs, RolledBack)
+		}
+		t.Logf("self-test: injection %s failed, trying again: %v", txID, err)
+		time.Sleep(500 * time.Millisecond)
+		return false
+	}
+	for i := 0; i < 20; i++ {
+		txID := fmt.Sprintf("selftest-lost-%d", i)
+		m, wm := newMessage(txID, "selftest-lost", 1, txID, false, false)
+		if record(txID, []Message{m}, r.injectTx(pub, txID, []*message.Message{wm}, false), Committed) {
+			break
+		}
+	}
+	for i := 0; i < 20; i++ {
+		txID := fmt.Sprintf("selftest-phantom-%d", i)
+		m, wm := newMessage(txID, "selftest-phantom", 1, txID, false, true)
+		if record(txID, []Message{m}, r.injectTx(pub, txID, []*message.Message{wm}, true), RolledBack) {
+			break
+		}
+	}
+	for i := 0; i < 20; i++ {
+		txID := fmt.Sprintf("selftest-reorder-%d", i)
+		m2, wm2 := newMessage(txID+"-n2", "selftest-reorder", 2*i+2, txID, false, false)
+		m1, wm1 := newMessage(txID+"-n1", "selftest-reorder", 2*i+1, txID, false, false)
+		if record(txID, []Message{m2, m1}, r.injectTx(pub, txID, []*message.Message{wm2, wm1}, true), Committed) {
+			break
+		}
+	}
+	for i := 0; i < 20; i++ {
+		txID := fmt.Sprintf("selftest-dup-%d", i)
+		m, wm := newMessage(txID, "selftest-dup", i+1, txID, false, false)
+		if !record(txID, []Message{m}, r.injectTx(pub, txID, []*message.Message{wm}, true), Committed) {
+			continue
+		}
+		for j := 0; j < 20; j++ {
+			again := message.NewMessage(wm.UUID, wm.Payload)
+			again.Metadata.Set(outbox.PartitionKeyMetadata, "selftest-dup")
+			err := r.injectTx(pub, fmt.Sprintf("%s-again-%d", txID, j), []*message.Message{again}, true)
+			if err == nil {
+				break
+			}
+			t.Logf("self-test: injection %s-again failed, trying again: %v", txID, err)
+			time.Sleep(500 * time.Millisecond)
+		}
+		break
+	}
+	t.Logf("%6.1fs: self-test: injected one lost, one phantom, one reordered and one duplicated message", time.Since(r.started).Seconds())
+}
+
+// readKafka reads every record of topic, partition after partition, each
+// in offset order, up to the high watermarks.
+func readKafka(ctx context.Context, brokers []string, topic string) ([]Delivery, error) {
+	cfg := sarama.NewConfig()
+	cfg.ClientID = "chaos-verifier"
+	cfg.Consumer.Return.Errors = true
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	defer consumer.Close()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	var out []Delivery
+	for _, p := range parts {
+		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, fmt.Errorf("partition %d: %w", p, err)
+		}
+		if hwm == 0 {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return nil, fmt.Errorf("partition %d: %w", p, err)
+		}
+		err = func() error {
+			defer pc.Close()
+			for {
+				select {
+				case cm := <-pc.Messages():
+					wm, err := kafka.DefaultMarshaler{}.Unmarshal(cm)
+					if err != nil {
+						return fmt.Errorf("partition %d offset %d: %w", p, cm.Offset, err)
+					}
+					out = append(out, Delivery{OutboxID: wm.Metadata.Get(outbox.MetadataID), UUID: wm.UUID, Key: string(cm.Key), Payload: string(wm.Payload)})
+					if cm.Offset >= hwm-1 {
+						return nil
+					}
+				case err := <-pc.Errors():
+					return fmt.Errorf("partition %d: %w", p, err)
+				case <-ctx.Done():
+					return fmt.Errorf("partition %d: %w", p, ctx.Err())
+				}
+			}
+		}()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
