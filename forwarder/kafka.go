@@ -142,6 +142,42 @@ type KafkaTarget struct {
 	client       sarama.Client
 	closed       bool
 	partitioners map[string]*lockedPartitioner
+	// refused is, per topic, the smallest record batch the broker refused
+	// as too large when it held a single record: a record at least that
+	// large is refused without being sent (until refusedFor has passed,
+	// in case the broker's limit is raised).
+	refused map[string]refusedSize
+}
+
+type refusedSize struct {
+	bytes int
+	at    time.Time
+}
+
+// refusedFor is how long a size the broker refused is remembered.
+const refusedFor = time.Minute
+
+// refusedAt returns the smallest single-record batch size the broker
+// refused for topic recently (0: none).
+func (t *KafkaTarget) refusedAt(topic string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.refused[topic]
+	if !ok || time.Since(r.at) > refusedFor {
+		return 0
+	}
+	return r.bytes
+}
+
+func (t *KafkaTarget) noteRefused(topic string, bytes int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.refused == nil {
+		t.refused = map[string]refusedSize{}
+	}
+	if r, ok := t.refused[topic]; !ok || bytes < r.bytes || time.Since(r.at) > refusedFor {
+		t.refused[topic] = refusedSize{bytes: bytes, at: time.Now()}
+	}
 }
 
 type lockedPartitioner struct {
@@ -238,10 +274,16 @@ func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.M
 	maxBytes := t.cfg.Sarama.Producer.MaxMessageBytes
 	records := make([]outRecord, 0, len(batch))
 	var bad error // why batch[len(records)] cannot be sent
+	refusedAt := t.refusedAt(topic)
 	for i, msg := range batch {
 		r, err := t.record(topic, msg, part, int32(len(partitions)))
-		if err == nil && r.size+recordBatchOverhead > maxBytes {
+		switch {
+		case err != nil:
+		case r.size+recordBatchOverhead > maxBytes:
 			err = fmt.Errorf("record of %d bytes is larger than Producer.MaxMessageBytes (%d): %w", r.size, maxBytes, sarama.ErrMessageSizeTooLarge)
+		case refusedAt > 0 && r.size+recordBatchOverhead >= refusedAt:
+			err = fmt.Errorf("record of %d bytes: the broker refused a record of %d bytes as too large (its message.max.bytes) within the last %v: %w",
+				r.size, refusedAt-recordBatchOverhead, refusedFor, sarama.ErrMessageSizeTooLarge)
 		}
 		if err != nil {
 			bad = err
@@ -267,6 +309,9 @@ func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.M
 			i := start + done
 			var perm *permanentError
 			if errors.As(err, &perm) {
+				if errors.Is(perm.err, sarama.ErrMessageSizeTooLarge) || errors.Is(perm.err, sarama.ErrMessageSetSizeTooLarge) {
+					t.noteRefused(topic, records[i].size+recordBatchOverhead)
+				}
 				return i, t.reject(batch[i], perm.err)
 			}
 			var refused *refusedSetError
