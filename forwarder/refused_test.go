@@ -71,3 +71,52 @@ func TestKafkaRefusedRecordIsIsolatedWithinTheSend(t *testing.T) {
 	}
 	t.Logf("stats %+v", fwd.Stats())
 }
+
+// The same for JetStream: a message over the stream's MaxMsgSize is
+// rejected on its first attempt, the messages around it delivered once.
+func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	s := startNATS(t, -1, t.TempDir(), nil)
+	createStream(t, s.ClientURL(), "orders", 16<<10)
+	pub := newPublisher(t, e)
+	big := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		pub.round("orders", 10, func(m *message.Message) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			case "3/key-4", "8/key-7":
+				m.Payload = make([]byte, 20<<10) // over the stream's MaxMsgSize
+				big[m.UUID] = true
+			}
+		})
+	}
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	inner := e.deadLetters()
+	startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, func(c *forwarder.Config) {
+		c.Subscriber.RejectHandler = outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+			mu.Lock()
+			attempts[m.UUID] = m.Attempts
+			mu.Unlock()
+			return inner.HandleReject(ctx, tx, m)
+		})
+		c.Subscriber.Tuning.BatchSize = 64
+		c.Subscriber.Tuning.BackoffBase, c.Subscriber.Tuning.BackoffMax = time.Minute, time.Minute
+	})
+	r := &received{}
+	consumeJetStream(t, s.ClientURL(), "orders", r)
+	waitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
+		return r.distinct() == pub.count()-len(big) && len(e.deadLettered(t)) == len(big)
+	})
+	dead := e.deadLettered(t)
+	mu.Lock()
+	defer mu.Unlock()
+	for u := range big {
+		if _, ok := dead[u]; !ok || attempts[u] != 1 {
+			t.Fatalf("oversize message %s: dead-lettered %v after %d attempts; want once, on its first attempt", u, ok, attempts[u])
+		}
+	}
+	if dups := r.check(t, pub.snapshot(), dead); dups != 0 {
+		t.Fatalf("%d duplicates", dups)
+	}
+}
