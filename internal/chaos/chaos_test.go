@@ -26,10 +26,10 @@ import (
 )
 
 var (
-	flagDuration = flag.Duration("chaos.duration", 30*time.Second, "how long TestChaos publishes and breaks things (then it drains and verifies)")
+	flagDuration = flag.Duration("chaos.duration", 40*time.Second, "how long TestChaos publishes and breaks things (then it drains and verifies)")
 	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of TestChaos's schedule and choices (0: a new one, printed)")
 	flagSelfTest = flag.Bool("chaos.selftest", false, "TestChaos injects one lost, phantom, reordered and duplicated message and passes only if the verifier catches each")
-	flagRate     = flag.Int("chaos.rate", 150, "messages per second TestChaos's publishers aim at")
+	flagRate     = flag.Int("chaos.rate", 100, "messages per second TestChaos's publishers aim at")
 	flagKeep     = flag.Bool("chaos.keep", false, "keep TestChaos's log directory even when it passes")
 )
 
@@ -39,7 +39,7 @@ const (
 	topic       = "chaos"
 	partitions  = 8
 	keys        = 64
-	publishers  = 3
+	publishers  = 10
 	poisonRate  = 0.01
 	maxAttempts = 10 // of both subscriber groups; the forwarder has none
 
@@ -269,11 +269,15 @@ func (r *run) chaos() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The publishers share one pace: a transaction (2.25 messages on
+	// average) per tick, whoever is free takes it.
+	pace := time.NewTicker(time.Duration(2.25 * float64(time.Second) / float64(max(1, *flagRate))))
+	defer pace.Stop()
 	for i := 0; i < publishers; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.publish(ctx, pub, i)
+			r.publish(ctx, pub, i, pace.C)
 		}()
 	}
 	if r.selftest {
@@ -330,9 +334,10 @@ func (r *run) chaos() {
 		}()
 	}
 
-	// The kills: every 1-3 s a random child, sometimes every process of a
-	// role at once (so that no instance of the group is left to take
-	// over), each started again after up to a second.
+	// The kills: every 1-3 s a child (each child in turn, in an order
+	// shuffled again each round), sometimes every process of its role at
+	// once (so that no instance of the group is left to take over), each
+	// started again after up to a second.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -340,11 +345,17 @@ func (r *run) chaos() {
 		var busy sync.Map // *Proc -> in a kill-restart
 		var kw sync.WaitGroup
 		defer kw.Wait()
+		var order []*Proc
 		for {
 			if !sleep(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond) {
 				return
 			}
-			victims := []*Proc{r.procs[rng.IntN(len(r.procs))]}
+			if len(order) == 0 {
+				order = append(order, r.procs...)
+				rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			}
+			victims := []*Proc{order[0]}
+			order = order[1:]
 			if rng.IntN(10) == 0 {
 				role := victims[0].Role
 				victims = nil
@@ -602,6 +613,9 @@ func (r *run) summarize(report Report, drained bool) {
 	fmt.Fprintf(&b, ", %v in all\n", time.Since(r.started).Round(100*time.Millisecond))
 	fmt.Fprintf(&b, "  transactions: %d committed, %d rolled back on purpose, %d failed (server restart), %d in doubt (%d of them had committed), %d held open for a while\n",
 		rec.txCommitted.Load(), rec.txRolledBack.Load(), rec.txFailed.Load(), rec.txInDoubt.Load(), rec.inDoubtCommitted.Load(), rec.txHeld.Load())
+	if n := rec.txCount.Load(); n > 0 {
+		fmt.Fprintf(&b, "  a transaction took %v on average (the publishers aimed at %d messages/s)\n", time.Duration(rec.txNanos.Load()/n).Round(time.Millisecond), *flagRate)
+	}
 	fmt.Fprintf(&b, "  messages: %d committed (%d poison), %d rolled back, %d in doubt after resolution\n",
 		report.Committed, report.Poison, report.RolledBack, report.InDoubt)
 	fmt.Fprintf(&b, "  faults injected: %d SIGKILLs (%d of every process of a role at once), %d PostgreSQL immediate restarts, %d Kafka broker outages\n",

@@ -30,6 +30,8 @@ type recorder struct {
 	txOf []string // the transaction of each message
 
 	txCommitted, txRolledBack, txFailed, txInDoubt, inDoubtCommitted, txHeld atomic.Int64
+	// txNanos sums the time the transactions took, txCount counts them.
+	txNanos, txCount atomic.Int64
 }
 
 func newRecorder() *recorder { return &recorder{} }
@@ -102,15 +104,16 @@ func (rec *recorder) resolve(ctx context.Context, t *testing.T, pool *pgxpool.Po
 // errInDoubt: COMMIT was sent but its outcome is unknown.
 var errInDoubt = errors.New("commit outcome unknown")
 
-// publish runs one publisher until ctx ends: transactions of one or two
-// keys (locked in key order), one or two messages per key numbered by the
-// key's counter, 10% rolled back on purpose, 5% held open for up to 2 s.
-func (r *run) publish(ctx context.Context, pub *outbox.Publisher, id int) {
+// publish runs one publisher until ctx ends: a transaction per tick of
+// pace, of one or two keys (locked in key order), one or two messages per
+// key numbered by the key's counter; 10% rolled back on purpose, 5% held
+// open for up to 2 s and 0.5% for up to 8 s (longer than a lease).
+func (r *run) publish(ctx context.Context, pub *outbox.Publisher, id int, pace <-chan time.Time) {
 	rng := r.rng(100 + uint64(id))
-	// About 2.25 messages per transaction.
-	interval := time.Duration(float64(time.Second) * publishers * 2.25 / float64(max(1, *flagRate)))
 	for i := 0; ; i++ {
-		if !sleep(ctx, time.Duration(float64(interval)*(0.5+rng.Float64()))) {
+		select {
+		case <-pace:
+		case <-ctx.Done():
 			return
 		}
 		r.publishTx(pub, rng, fmt.Sprintf("p%d-%d", id, i))
@@ -129,7 +132,10 @@ func (r *run) publishTx(pub *outbox.Publisher, rng *rand.Rand, txID string) {
 	sort.Strings(sorted)
 	rollback := rng.Float64() < 0.1
 	var hold time.Duration
-	if rng.Float64() < 0.05 {
+	switch x := rng.Float64(); {
+	case x < 0.005:
+		hold = time.Duration(3000+rng.IntN(5000)) * time.Millisecond
+	case x < 0.055:
 		hold = time.Duration(300+rng.IntN(1700)) * time.Millisecond
 	}
 	type plan struct {
@@ -149,6 +155,11 @@ func (r *run) publishTx(pub *outbox.Publisher, rng *rand.Rand, txID string) {
 	// Not the chaos context: a transaction under way is finished.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	began := time.Now()
+	defer func() {
+		r.rec.txNanos.Add(int64(time.Since(began)))
+		r.rec.txCount.Add(1)
+	}()
 	var msgs []Message
 	err := func() error {
 		tx, err := r.pool.Begin(ctx)
