@@ -1,7 +1,8 @@
 // Package admin operates consumer groups of the outbox: pause and resume
 // partitions or whole groups, reset a group's cursor to a seq or a point in
-// time, and report the status of every topic, group and partition (head,
-// cursor, lag, lease, adaptive state, failures, dead letters).
+// time, delete an abandoned group, and report the status of every topic,
+// group and partition (head, cursor, lag, lease, adaptive state, failures,
+// backoff, dead letters, live members, who holds retention back).
 //
 // Everything works through the database, so it can run in any process: a
 // CLI, an HTTP admin endpoint, a test. The running subscribers pick the

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log"
 	"os"
 	"time"
@@ -49,5 +50,30 @@ func ExampleAdmin() {
 
 	if _, err := a.Resume(ctx, billing7); err != nil {
 		log.Fatal(err)
+	}
+}
+
+// Deleting a consumer group nobody runs any more, so that the retention
+// vacuum can free what only it kept.
+func ExampleAdmin_DeleteGroup() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	a, err := admin.New(admin.Config{Pool: pool}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	deleted, err := a.DeleteGroup(ctx, "old-billing", admin.DeleteGroupOptions{})
+	var active *admin.GroupActiveError
+	switch {
+	case errors.As(err, &active):
+		log.Printf("still running: stop %v first (or use Force)", active.Members)
+	case err != nil:
+		log.Fatal(err)
+	default:
+		log.Printf("deleted %d cursors", deleted.Cursors)
 	}
 }
