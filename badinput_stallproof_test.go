@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
@@ -194,7 +196,7 @@ func TestWritersRefuseASchemaMigratedByANewerRelease(t *testing.T) {
 func TestConcurrentMigrateOfADroppedSchemaNeverFails(t *testing.T) {
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
-	for round := 0; round < 30; round++ {
+	for round := 0; round < 50; round++ {
 		if _, err := pool.Exec(ctx(t), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 			t.Fatal(err)
 		}
@@ -306,5 +308,351 @@ func TestTypedTransactionAccessors(t *testing.T) {
 	}
 	if _, ok := outbox.PgxTxFromContext(context.Background()); ok {
 		t.Fatal("PgxTxFromContext found a transaction in an empty context")
+	}
+}
+
+// A nil message in a NewTxPublisher's call is refused the same way, and the
+// error names its position.
+func TestTxPublisherRefusesNilMessagesNamingTheIndex(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	tx, err := e.pool.Begin(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: e.schema}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var me *outbox.MessageError
+	err = pub.Publish("orders", message.NewMessage("a", []byte("x")), nil)
+	if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) || !strings.Contains(err.Error(), "message 1 ") {
+		t.Fatalf("Publish(m, nil) = %v, want ErrInvalidMessage naming message 1", err)
+	}
+	if err := tx.Commit(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, "pending"); n != 0 {
+		t.Fatalf("%d rows written", n)
+	}
+}
+
+// Every kind of handle that is not a transaction is refused, by WithTx and
+// by NewTxPublisher; every kind that is one writes inside it, so the
+// message goes with its rollback. OwnTransaction keeps working.
+func TestOnlyTransactionsAreAcceptedAsTheCallersTransaction(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	db := pgtest.DB(t)
+	pconn, err := e.pool.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pconn.Release()
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, handle := range map[string]any{
+		"*pgxpool.Conn":          pconn,
+		"watermill-sql pgx pool": wsql.BeginnerFromPgx(e.pool),
+		"watermill-sql *sql.DB":  wsql.BeginnerFromStdSQL(db),
+		"*pgx.Conn (no BEGIN)":   pconn.Conn(),
+		"*pgxpool.Pool":          e.pool,
+		"*sql.DB":                db,
+	} {
+		m := message.NewMessage("m", []byte("x"))
+		m.SetContext(outbox.WithTx(ctx(t), handle))
+		if err := pub.Publish("orders", m); !errors.Is(err, outbox.ErrNotInTx) || !strings.Contains(err.Error(), "begin a transaction") {
+			t.Errorf("%s via WithTx: Publish = %v, want ErrNotInTx saying to begin a transaction", name, err)
+		}
+		tp, err := outbox.NewTxPublisher(handle, outbox.PublisherConfig{Schema: e.schema}, nil)
+		if err == nil {
+			err = tp.Publish("orders", message.NewMessage("m", []byte("x")))
+		}
+		if !errors.Is(err, outbox.ErrNotInTx) {
+			t.Errorf("%s via NewTxPublisher: %v, want ErrNotInTx", name, err)
+		}
+	}
+	if n := e.count(t, "pending"); n != 0 {
+		t.Fatalf("%d rows written outside any transaction", n)
+	}
+
+	// Real transactions of every supported kind: rolled back, nothing stays.
+	ptx, err := e.pool.Begin(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stx, err := db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tx := range map[string]any{
+		"pgx.Tx":                ptx,
+		"*sql.Tx":               stx,
+		"watermill-sql pgx Tx":  wsql.TxFromPgx(ptx),
+		"watermill-sql *sql.Tx": wsql.TxFromStdSQL(stx),
+	} {
+		m := message.NewMessage("rolled-back", []byte("x"))
+		m.SetContext(outbox.WithTx(ctx(t), tx))
+		if err := pub.Publish("orders", m); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if err := ptx.Rollback(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := stx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, "pending"); n != 0 {
+		t.Fatalf("%d rows survived the rollbacks", n)
+	}
+
+	own, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Publish("orders", message.NewMessage("own", []byte("x"))); err != nil {
+		t.Fatalf("OwnTransaction: %v", err)
+	}
+	if n := e.count(t, "pending"); n != 1 {
+		t.Fatalf("OwnTransaction wrote %d rows, want 1", n)
+	}
+}
+
+// The schema check of a Publisher with DB reads the version in the caller's
+// transaction: it must not wait for a second connection, which a pool that
+// is all held by transactions does not have.
+func TestSchemaCheckNeedsNoSecondConnection(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx(t)) // the pool's only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	c, cancel := context.WithTimeout(ctx(t), 5*time.Second)
+	defer cancel()
+	m := message.NewMessage("m", []byte("x"))
+	m.SetContext(outbox.WithTx(c, tx))
+	if err := pub.Publish("orders", m); err != nil {
+		t.Fatalf("Publish in the only connection's transaction: %v", err)
+	}
+	if err := tx.Commit(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, "pending"); n != 1 {
+		t.Fatalf("%d rows, want 1", n)
+	}
+}
+
+// A NewTxPublisher per transaction (the Replay pattern, and a common one in
+// handlers) checks the schema once per database, not once per Publisher.
+func TestSchemaCheckIsCachedAcrossTxPublishers(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := &queryCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	publishOnce := func() {
+		tx, err := pool.Begin(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: e.schema, Topics: map[string]int{"orders": 1}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := counter.n.Load()
+		if err := pub.Publish("orders", message.NewMessage("m", []byte("x"))); err != nil {
+			t.Fatal(err)
+		}
+		// One topic lookup (a new Publisher's topic cache is empty) and the
+		// insert: no schema check.
+		if n := counter.n.Load() - before; n > 2 {
+			t.Errorf("a new TxPublisher's first Publish sent %d statements, want 2 (the schema check is cached)", n)
+		}
+		if err := tx.Commit(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	warm, err := pool.Begin(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wp, err := outbox.NewTxPublisher(warm, outbox.PublisherConfig{Schema: e.schema}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wp.Publish("orders", message.NewMessage("warm", []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Commit(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		publishOnce()
+	}
+}
+
+// A schema dropped after the check was cached: the write's own error is
+// turned into ErrNotMigrated (Wrap), for the Publisher and the Sequencer.
+func TestASchemaDroppedAfterTheCheckIsErrNotMigrated(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("orders", message.NewMessage("m", []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema, Pool: e.pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seq.SequenceAll(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx(t), "DROP SCHEMA "+e.schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("orders", message.NewMessage("m", []byte("x"))); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("Publish after the drop: %v, want ErrNotMigrated", err)
+	}
+	if _, err := seq.SequenceAll(ctx(t)); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("SequenceAll after the drop: %v, want ErrNotMigrated", err)
+	}
+	if _, err := outbox.TopicPartitions(ctx(t), e.pool, e.schema, "orders"); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("TopicPartitions after the drop: %v, want ErrNotMigrated", err)
+	}
+}
+
+// Sequencer.Run returns at once for a schema it cannot work with, but keeps
+// retrying (and returns nil when stopped) while the database is only
+// unreachable: a service started before its database must not lose its
+// sequencer.
+func TestSequencerRunRetriesAnUnreachableDatabase(t *testing.T) {
+	pool, err := pgxpool.New(ctx(t), "postgres://outbox@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: "unreachable", Pool: pool, DisableListen: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := seq.Run(c); err != nil {
+		t.Fatalf("Run on an unreachable database returned %v after %v; want it to retry until stopped, then nil", err, time.Since(start))
+	}
+}
+
+// Every entry point refuses the system schemas.
+func TestEveryEntryPointRefusesSystemSchemas(t *testing.T) {
+	pool := pgtest.Pool(t)
+	for _, schema := range []string{"information_schema", "pg_catalog", "pg_toast", "pg_temp_1"} {
+		_, pubErr := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
+		_, seqErr := outbox.NewSequencer(outbox.SequencerConfig{Schema: schema, Pool: pool}, nil)
+		_, verErr := outbox.CurrentSchemaVersion(ctx(t), pool, schema)
+		for name, err := range map[string]error{
+			"Migrate":              outbox.Migrate(ctx(t), pool, schema),
+			"RegisterTopic":        outbox.RegisterTopic(ctx(t), pool, schema, "orders", 1),
+			"NewPublisher":         pubErr,
+			"NewSequencer":         seqErr,
+			"CurrentSchemaVersion": verErr,
+		} {
+			var ne *outbox.NameError
+			if !errors.Is(err, outbox.ErrInvalidName) || !errors.As(err, &ne) {
+				t.Errorf("%s(%q) = %v, want ErrInvalidName", name, schema, err)
+			}
+		}
+	}
+}
+
+// A Transactional Subscriber's handler gets the batch's transaction with
+// PgxTxFromContext, no type assertion, and can write and publish in it.
+func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "in", 1)
+	e.register(t, "out", 1)
+	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".effects (id text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	in, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := in.Publish("in", message.NewMessage(fmt.Sprint("in-", i), []byte("x"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) { c.Strategy = outbox.Transactional })
+	defer sub.Close()
+	msgs, err := sub.Subscribe(context.Background(), "in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		var m *message.Message
+		select {
+		case m = <-msgs:
+		case <-time.After(time.Minute):
+			t.Fatal("no delivery")
+		}
+		tx, ok := outbox.PgxTxFromContext(m.Context())
+		if !ok {
+			t.Fatal("PgxTxFromContext found no pgx.Tx in a Transactional delivery")
+		}
+		if _, ok := outbox.SQLTxFromContext(m.Context()); ok {
+			t.Fatal("SQLTxFromContext found a *sql.Tx in a Transactional delivery")
+		}
+		if _, err := tx.Exec(m.Context(), "INSERT INTO "+e.schema+".effects VALUES ($1)", m.UUID); err != nil {
+			t.Fatal(err)
+		}
+		follow := message.NewMessage("out-"+m.UUID, []byte("y"))
+		follow.SetContext(m.Context()) // the delivery's transaction
+		if err := out.Publish("out", follow); err != nil {
+			t.Fatalf("publish in the delivery's transaction: %v", err)
+		}
+		m.Ack()
+	}
+	waitFor(t, "the effects to commit", time.Minute, func() bool { return e.count(t, "effects") == 3 })
+	// The follow-ups committed with the effects, in the same transactions.
+	var follow int
+	if err := e.pool.QueryRow(ctx(t), "SELECT (SELECT count(*) FROM "+e.schema+".pending WHERE topic = 'out') + (SELECT count(*) FROM "+e.schema+".log WHERE topic = 'out')").Scan(&follow); err != nil || follow != 3 {
+		t.Fatalf("%d follow-up messages (%v), want 3", follow, err)
 	}
 }

@@ -27,7 +27,14 @@ type txBinding struct {
 // Router handler, on the context of the messages the handler returns.
 //
 // A nil or unsupported tx is reported by Publish (ErrNilTx,
-// ErrUnsupportedTx), not here, so that the error surfaces where it matters.
+// ErrUnsupportedTx), not here, so that the error surfaces where it matters;
+// so is a handle that is not a transaction (ErrNotInTx): a pool, a *sql.DB,
+// a *sql.Conn, or a *pgx.Conn on which no BEGIN is in progress. Such a
+// handle would write the message on its own, outside the caller's
+// transaction, and the message would survive the caller's rollback.
+//
+// Handlers read the transaction back with PgxTxFromContext or
+// SQLTxFromContext.
 func WithTx(ctx context.Context, tx any) context.Context {
 	q, err := pgexec.FromTx(tx)
 	return context.WithValue(ctx, txKey{}, &txBinding{tx: tx, q: q, err: err})

@@ -20,8 +20,8 @@ var (
 	// ErrPayloadTooLarge: a payload exceeds PublisherConfig.MaxPayloadBytes
 	// (*PayloadTooLargeError).
 	ErrPayloadTooLarge = errs.ErrPayloadTooLarge
-	// ErrInvalidMessage: a message cannot be stored byte-exact, e.g. metadata
-	// with a NUL byte or invalid UTF-8 (*MessageError).
+	// ErrInvalidMessage: a message is nil, or cannot be stored byte-exact,
+	// e.g. metadata with a NUL byte or invalid UTF-8 (*MessageError).
 	ErrInvalidMessage = errs.ErrInvalidMessage
 	// ErrPublisherClosed: Publish was called after Close.
 	ErrPublisherClosed = errs.ErrPublisherClosed
@@ -44,10 +44,13 @@ var (
 	// ErrNotMigrated: the schema holds no outbox tables; run Migrate first
 	// (*NotMigratedError).
 	ErrNotMigrated = errs.ErrNotMigrated
-	// ErrNotInTx: a handle given as the caller's transaction is not one (a
-	// pool, a *sql.DB, a connection outside a transaction), so a message
-	// written through it would survive the caller's rollback
-	// (*NotInTxError).
+	// ErrNotInTx: a handle given as the caller's transaction (WithTx,
+	// NewTxPublisher) is not one, so a message written through it would
+	// survive the caller's rollback (*NotInTxError): a *pgxpool.Pool or
+	// *pgxpool.Conn, a *sql.DB, a *sql.Conn (always: database/sql cannot
+	// tell whether a BEGIN ran on it), a watermill-sql Beginner, or a
+	// *pgx.Conn outside a transaction (checked at each statement). Begin a
+	// transaction and pass the pgx.Tx or *sql.Tx.
 	ErrNotInTx = errs.ErrNotInTx
 	// ErrMetadataTooLarge: a message's metadata exceeds
 	// PublisherConfig.MaxMetadataBytes (*LimitError).

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
@@ -69,7 +68,9 @@ func mustLoadMigrations() []migration {
 // migrations run in one transaction under an advisory lock, and each applied
 // version is recorded in schema.schema_migrations. A database migrated by a
 // newer release is refused with a *SchemaVersionError (ErrSchemaTooNew) and
-// left untouched.
+// left untouched. So is a system schema (information_schema, pg_catalog or
+// any other pg_ name), with a *NameError (ErrInvalidName), as every entry
+// point refuses it.
 func Migrate(ctx context.Context, db any, schema string) error {
 	if schema == "" {
 		schema = DefaultSchema
@@ -81,24 +82,37 @@ func Migrate(ctx context.Context, db any, schema string) error {
 	if err != nil {
 		return err
 	}
-	// Another session creating the schema at the same moment can make
-	// CREATE SCHEMA IF NOT EXISTS fail with a unique violation on
-	// pg_namespace even under the advisory lock: a session whose catalog
-	// cache still says "no such schema" (a lookup earlier on the same
-	// pooled connection) does not see the other's commit until it processes
-	// invalidations at its next transaction. Such a transaction is simply
-	// tried again.
-	for attempt := 0; attempt < 5; attempt++ {
-		if err = migrateOnce(ctx, d, schema); !isUniqueViolation(err) {
+	// A concurrent Migrate can make this one's CREATE SCHEMA IF NOT EXISTS
+	// fail with a unique violation on pg_namespace_nspname_index, even
+	// though both run under the advisory lock: catalog lookups go through
+	// the session's catalog cache, which keeps negative entries ("no such
+	// schema", left by any earlier lookup on the same pooled connection,
+	// e.g. CurrentSchemaVersion or to_regclass after the schema was
+	// dropped). A session takes in other sessions' catalog changes only at
+	// the start of a transaction or when it locks a relation, and waiting
+	// for an advisory lock does neither: so after the other Migrate commits
+	// and releases the lock, this one still believes the schema missing and
+	// tries to insert it again. Its transaction then fails, and rolls back
+	// whole; the next one starts by reading the catalog changes, so trying
+	// again succeeds. Only unique violations on system catalogs are retried:
+	// they can only come from such a race.
+	for attempt := 1; ; attempt++ {
+		err = migrateOnce(ctx, d, schema)
+		if attempt == maxMigrateAttempts || !isCatalogRace(err) || ctx.Err() != nil {
 			return err
 		}
 	}
-	return err
 }
 
-func isUniqueViolation(err error) bool {
+// maxMigrateAttempts bounds the retries of a Migrate that lost a catalog
+// race (one retry always suffices; more only under concurrent drops).
+const maxMigrateAttempts = 5
+
+// isCatalogRace reports a unique violation on a system catalog's index
+// (pg_namespace_nspname_index, pg_class_relname_nsp_index, ...).
+func isCatalogRace(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23505"
+	return errors.As(err, &pe) && pe.Code == "23505" && strings.HasPrefix(pe.ConstraintName, "pg_")
 }
 
 func migrateOnce(ctx context.Context, d pgexec.DB, schema string) error {
@@ -149,17 +163,7 @@ func CurrentSchemaVersion(ctx context.Context, db any, schema string) (int, erro
 	if err != nil {
 		return 0, err
 	}
-	var exists bool
-	if err := pgexec.QueryRow(ctx, d, "SELECT to_regclass($1) IS NOT NULL", []any{names.Quote(schema) + ".schema_migrations"}, &exists); err != nil {
-		return 0, err
-	}
-	if !exists {
-		return 0, nil
-	}
-	var v int
-	err = pgexec.QueryRow(ctx, d, "SELECT coalesce(max(version), 0) FROM "+names.Quote(schema)+".schema_migrations", nil, &v)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
-	}
-	return v, err
+	// One statement that cannot fail on a missing schema or table, so a
+	// drop between two lookups cannot surface as a raw "does not exist".
+	return schemacheck.Version(ctx, d, schema)
 }

@@ -241,9 +241,15 @@ func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publish
 }
 
 // NewTxPublisher creates a Publisher bound to one transaction tx: a pgx.Tx, a
-// *sql.Tx or a watermill-sql executor (anything with database/sql's
-// ExecContext and QueryContext). The database/sql path needs a driver that
-// accepts Go slices as array parameters, such as pgx's stdlib driver.
+// *sql.Tx or a watermill-sql transaction (anything with database/sql's
+// ExecContext and QueryContext, plus Commit and Rollback). The database/sql
+// path needs a driver that accepts Go slices as array parameters, such as
+// pgx's stdlib driver.
+//
+// A handle that is not a transaction is refused with ErrNotInTx (see
+// there): a pool, *sql.DB or *sql.Conn would commit each message on its own.
+// A *pgx.Conn is accepted, and each Publish checks that a transaction is in
+// progress on it.
 func NewTxPublisher(tx any, cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	q, err := pgexec.FromTx(tx)
 	if err != nil {
@@ -298,7 +304,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	for i, m := range msgs {
 		if m == nil {
-			return &errs.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d of the %d given to Publish is nil", i, len(msgs))}
+			return &errs.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the %d given to Publish is nil; nothing was written: pass only non-nil messages", i, len(msgs))}
 		}
 	}
 	q, ctx, err := p.executor(msgs)
@@ -331,18 +337,23 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-// checkSchema refuses, once per Publisher, a schema that was never migrated
-// (ErrNotMigrated) or was migrated by a newer release (ErrSchemaTooNew). It
-// reads the version through q, the caller's transaction (the query cannot
-// fail on a missing schema, so it never aborts the caller's transaction),
-// or through DB when the Publisher has one.
+// checkSchema refuses a schema that was never migrated (ErrNotMigrated) or
+// was migrated by a newer release (ErrSchemaTooNew). A success is cached,
+// so it costs one statement per Publisher at most, and less: per DB, or per
+// database for pgx transactions (pgexec.Identity), across Publishers, so a
+// NewTxPublisher per transaction does not pay it every time.
+//
+// The version is read through q, the executor of this call: the caller's
+// transaction (the query cannot fail on a missing schema or table, so it
+// never aborts that transaction, and it takes no second connection that a
+// busy pool might not have) or DB for OwnTransaction.
 func (p *Publisher) checkSchema(ctx context.Context, q pgexec.Querier) error {
 	if p.schemaChecked.Load() {
 		return nil
 	}
-	var handle any = p
-	if p.cfg.DB != nil {
-		handle, q = p.cfg.DB, p.db
+	handle := p.cfg.DB
+	if handle == nil {
+		handle = pgexec.Identity(q) // nil: this Publisher's flag is the only cache
 	}
 	if err := schemacheck.Check(ctx, handle, q, p.cfg.Schema); err != nil {
 		return err

@@ -126,6 +126,8 @@ type Sequencer struct {
 	sequenced atomic.Int64
 	passes    atomic.Int64
 
+	db pgexec.DB // cfg.Pool adapted, for the schema check
+
 	closeOnce sync.Once
 	cancel    context.CancelFunc
 	ctx       context.Context
@@ -153,6 +155,7 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 		ctx:           ctx,
 		cancel:        cancel,
 	}
+	seq.db, _ = pgexec.FromDB(cfg.Pool) // a *pgxpool.Pool, checked by Validate
 	// Statement 1 locks the partitions of the oldest pending messages that
 	// no other sequencer holds, least recently sequenced first.
 	seq.lockSQL = `SELECT p.topic, p.partition FROM ` + s + `.partitions p
@@ -217,15 +220,17 @@ func (s *Sequencer) Stats() SequencerStats {
 }
 
 // Run sequences until ctx is cancelled or Close is called. It returns nil
-// then; database errors are logged and retried with backoff, never returned.
-// Run may be called once.
+// then; database errors are logged and retried with backoff, never returned,
+// except a schema it cannot work with, found at the start: one that was
+// never migrated (ErrNotMigrated) or was migrated by a newer release
+// (ErrSchemaTooNew), which retrying would not mend. Run may be called once.
 func (s *Sequencer) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: Sequencer.Run called twice")
 	}
-	if err := s.checkSchema(ctx); err != nil {
-		return err // (a schema it cannot work with: retrying would not help)
-	}
+	if err := s.checkSchema(ctx); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
+		return err
+	} // (any other error, e.g. the database not up yet, is met again by the first pass, and retried)
 	s.wg.Add(1)
 	defer s.wg.Done()
 	ctx, cancel := context.WithCancel(ctx)
@@ -325,8 +330,7 @@ func (s *Sequencer) Close() error {
 // was migrated by a newer release (ErrSchemaTooNew); checked once per pool
 // and schema.
 func (s *Sequencer) checkSchema(ctx context.Context) error {
-	db, _ := pgexec.FromDB(s.cfg.Pool)
-	return schemacheck.Check(ctx, s.cfg.Pool, db, s.cfg.Schema)
+	return schemacheck.Check(ctx, s.cfg.Pool, s.db, s.cfg.Schema)
 }
 
 // SequenceAll runs passes until no committed message is left unsequenced in
@@ -345,7 +349,9 @@ func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
 
 // Pass runs one sequencing pass in one transaction. It returns how many
 // messages it sequenced and whether more may be waiting (the pass was full,
-// or more partitions had work than one pass takes).
+// or more partitions had work than one pass takes). A schema that was never
+// migrated, or was dropped, gives ErrNotMigrated, one migrated by a newer
+// release ErrSchemaTooNew (checked once per pool and schema).
 func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	if err := s.checkSchema(ctx); err != nil {
 		return 0, false, err

@@ -33,10 +33,10 @@ var (
 // Publisher's size limits; it matches the sentinel of the limit
 // (ErrMetadataTooLarge, ErrPublishTooLarge).
 type LimitError struct {
-	Limit string // the PublisherConfig field
+	Limit string // the PublisherConfig field: MaxMetadataBytes or MaxPublishBytes
 	UUID  string // the message, "" for a whole call
-	Size  int
-	Max   int
+	Size  int    // bytes found (for a call: counted up to the first message over the limit)
+	Max   int    // the limit
 	kind  error
 }
 
@@ -45,12 +45,13 @@ func NewLimitError(kind error, limit, uuid string, size, maxSize int) *LimitErro
 	return &LimitError{Limit: limit, UUID: uuid, Size: size, Max: maxSize, kind: kind}
 }
 
+// Error says what is over which limit, and what to do.
 func (e *LimitError) Error() string {
-	what := "this Publish call carries"
+	what, todo := "this Publish call carries", "split the messages over several Publish calls (in the same transaction, they commit together), or raise the limit"
 	if e.UUID != "" {
-		what = "message " + e.UUID + " carries"
+		what, todo = "message "+e.UUID+" carries", "put large values in the payload, or raise the limit"
 	}
-	return fmt.Sprintf("%v: %s %d bytes, over PublisherConfig.%s (%d): split the call, or raise the limit", e.kind, what, e.Size, e.Limit, e.Max)
+	return fmt.Sprintf("%v: %s %d bytes, over PublisherConfig.%s (%d); nothing was written: %s", e.kind, what, e.Size, e.Limit, e.Max, todo)
 }
 
 // Is makes errors.Is match the limit's sentinel.
@@ -60,11 +61,12 @@ func (e *LimitError) Is(target error) bool { return target == e.kind }
 // required: a message written through it would not be part of the
 // caller's transaction and would survive its rollback.
 type NotInTxError struct {
-	Type string
+	Type string // the handle's type, e.g. "*pgxpool.Pool"
 }
 
+// Error says why the handle is refused and what to pass instead.
 func (e *NotInTxError) Error() string {
-	return fmt.Sprintf("outbox: %s is not an open transaction: a message written through it would be committed on its own and survive your rollback; begin a transaction and pass it (pgx.Tx, *sql.Tx or a watermill-sql Tx), or use PublisherConfig.OwnTransaction to publish outside one", e.Type)
+	return fmt.Sprintf("outbox: %s is not an open transaction: a message written through it would be committed on its own and survive your rollback; begin a transaction and pass the pgx.Tx or *sql.Tx (or a watermill-sql Tx), or set PublisherConfig.OwnTransaction to publish outside one", e.Type)
 }
 
 // Is makes errors.Is(err, ErrNotInTx) true.

@@ -22,7 +22,10 @@ const MaxTopicLen = 249
 
 // Schema validates a schema name: lower-case ASCII letters, digits and
 // underscores, starting with a letter or underscore, at most MaxSchemaLen
-// bytes, and not a reserved pg_ prefix.
+// bytes, and not a system schema: information_schema, or a name with the
+// pg_ prefix PostgreSQL reserves (pg_catalog, pg_toast, pg_temp_3, ...).
+// Every entry point validates its schema with it, so none of them ever
+// creates or writes outbox tables in a system schema.
 func Schema(name string) error {
 	bad := func(reason string) error { return &errs.NameError{Kind: "schema", Name: name, Reason: reason} }
 	switch {
@@ -31,9 +34,9 @@ func Schema(name string) error {
 	case len(name) > MaxSchemaLen:
 		return bad("longer than 48 bytes")
 	case len(name) >= 3 && name[:3] == "pg_":
-		return bad("the pg_ prefix is reserved by PostgreSQL")
+		return bad("the pg_ prefix is reserved by PostgreSQL for system schemas; use a schema of your own, e.g. " + DefaultSchema)
 	case name == "information_schema":
-		return bad("a system schema")
+		return bad("a system schema of PostgreSQL; use a schema of your own, e.g. " + DefaultSchema)
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]

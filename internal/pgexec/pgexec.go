@@ -76,10 +76,15 @@ func isNil(v any) bool {
 	return false
 }
 
-// FromTx adapts a caller's transaction (or any executor) to a Querier.
-// Supported: pgx.Tx and other pgx handles, *sql.Tx and other database/sql
-// handles, and watermill-sql executors (anything with ExecContext and
-// QueryContext). nil gives errs.ErrNilTx.
+// FromTx adapts a caller's transaction to a Querier. Supported: pgx.Tx,
+// *sql.Tx and watermill-sql transactions (anything with ExecContext and
+// QueryContext, or pgx's Exec and Query, that also has Commit and
+// Rollback), and a *pgx.Conn, whose transaction status is checked at every
+// statement. nil gives errs.ErrNilTx, an unknown type errs.ErrUnsupportedTx,
+// and a handle that is not a transaction (a pool, *sql.DB, *sql.Conn,
+// watermill-sql Beginner) a *errs.NotInTxError: a statement on it would
+// commit on its own. A *sql.Conn is refused even after a raw BEGIN, as
+// database/sql cannot tell whether one is in progress.
 func FromTx(tx any) (Querier, error) {
 	if isNil(tx) {
 		return nil, errs.ErrNilTx
@@ -115,6 +120,36 @@ func isTx(v any) bool {
 	_, rollback := t.MethodByName("Rollback")
 	return commit && rollback
 }
+
+// Identity returns a comparable key for the database that q runs on, when
+// it can be told without a round trip, and nil otherwise. For pgx handles
+// (a pgx.Tx, a *pgx.Conn, anything with a Conn() *pgx.Conn method) it is
+// the server address and database name of the connection, so that a cache
+// keyed by it holds one entry per database however many transactions are
+// adapted; database/sql and watermill-sql handles give nil (a *sql.Tx does
+// not reveal its database).
+func Identity(q Querier) any {
+	var conn *pgx.Conn
+	switch t := q.(type) {
+	case connQ:
+		conn = t.c
+	case pgxQ:
+		if c, ok := t.q.(interface{ Conn() *pgx.Conn }); ok {
+			conn = c.Conn()
+		}
+	}
+	if conn == nil || conn.PgConn() == nil || conn.PgConn().Conn() == nil {
+		return nil
+	}
+	addr := conn.PgConn().Conn().RemoteAddr()
+	if addr == nil {
+		return nil
+	}
+	return databaseID{network: addr.Network(), addr: addr.String(), database: conn.Config().Database}
+}
+
+// databaseID is the key Identity returns.
+type databaseID struct{ network, addr, database string }
 
 // connQ runs statements on a *pgx.Conn that must be in a transaction.
 type connQ struct{ c *pgx.Conn }
