@@ -166,7 +166,7 @@ func (s *Store) List(ctx context.Context, opts ListOptions) (Page, error) {
 	rows, err := s.cfg.Pool.Query(ctx, `SELECT `+entryColumns+` FROM `+s.table+whereClause(conds)+
 		` ORDER BY id `+order+` LIMIT $`+strconv.Itoa(len(args)), args...)
 	if err != nil {
-		return Page{}, fmt.Errorf("deadletter: list: %w", err)
+		return Page{}, s.wrap(fmt.Errorf("deadletter: list: %w", err))
 	}
 	defer rows.Close()
 	page := Page{Entries: make([]Entry, 0, limit)}
@@ -178,7 +178,7 @@ func (s *Store) List(ctx context.Context, opts ListOptions) (Page, error) {
 		page.Entries = append(page.Entries, e)
 	}
 	if err := rows.Err(); err != nil {
-		return Page{}, fmt.Errorf("deadletter: list: %w", err)
+		return Page{}, s.wrap(fmt.Errorf("deadletter: list: %w", err))
 	}
 	if len(page.Entries) > limit {
 		page.Entries = page.Entries[:limit]
@@ -218,7 +218,7 @@ func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
 	}
 	var n int64
 	if err := s.cfg.Pool.QueryRow(ctx, `SELECT count(*) FROM `+s.table+whereClause(conds), args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("deadletter: count: %w", err)
+		return 0, s.wrap(fmt.Errorf("deadletter: count: %w", err))
 	}
 	return n, nil
 }
@@ -242,7 +242,7 @@ func (s *Store) get(ctx context.Context, q querier, id int64, lock bool) (Entry,
 		return Entry{}, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}
 	if err != nil {
-		return Entry{}, fmt.Errorf("deadletter: get %d: %w", id, err)
+		return Entry{}, s.wrap(fmt.Errorf("deadletter: get %d: %w", id, err))
 	}
 	return e, nil
 }
@@ -321,7 +321,7 @@ func (s *Store) Replay(ctx context.Context, id int64, opts ReplayOptions) (Entry
 		return nil
 	})
 	if err != nil {
-		return Entry{}, err
+		return Entry{}, s.wrap(err)
 	}
 	s.logger.Info("Dead letter replayed", watermill.LogFields{"id": id, "topic": out.ReplayTopic, "uuid": out.ReplayUUID})
 	return out, nil
@@ -344,7 +344,7 @@ func (s *Store) Discard(ctx context.Context, id int64) (Entry, error) {
 		return Entry{}, &StateError{ID: id, Op: "discard", Status: cur.Status}
 	}
 	if err != nil {
-		return Entry{}, fmt.Errorf("deadletter: discard %d: %w", id, err)
+		return Entry{}, s.wrap(fmt.Errorf("deadletter: discard %d: %w", id, err))
 	}
 	return e, nil
 }
@@ -379,7 +379,7 @@ func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 	}
 	var cutoff time.Time
 	if err := s.cfg.Pool.QueryRow(ctx, `SELECT now() - $1::int8 * interval '1 microsecond'`, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return 0, fmt.Errorf("deadletter: purge: %w", err)
+		return 0, s.wrap(fmt.Errorf("deadletter: purge: %w", err))
 	}
 	conds, args, err := Filter{Statuses: opts.Statuses, To: cutoff}.where(nil)
 	if err != nil {
@@ -392,7 +392,7 @@ func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 	for {
 		tag, err := s.cfg.Pool.Exec(ctx, sql, args...)
 		if err != nil {
-			return total, fmt.Errorf("deadletter: purge: %w", err)
+			return total, s.wrap(fmt.Errorf("deadletter: purge: %w", err))
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(chunk) {

@@ -131,11 +131,16 @@ type Store struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
 	table  string
+	db     pgexec.DB // cfg.Pool adapted, for the schema check
 }
 
 var _ outbox.RejectHandler = (*Store)(nil)
 
-// NewStore creates a Store over the dead_letters table of cfg.Schema.
+// NewStore creates a Store over the dead_letters table of cfg.Schema. It
+// does not touch the database: the first use of each operation checks the
+// schema, and a schema that was never migrated gives an error matching
+// outbox.ErrNotMigrated, one migrated by a newer release
+// outbox.ErrSchemaTooNew (one query per pool and schema, then cached).
 func NewStore(cfg Config, logger watermill.LoggerAdapter) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -144,10 +149,15 @@ func NewStore(cfg Config, logger watermill.LoggerAdapter) (*Store, error) {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
+	db, err := pgexec.FromDB(cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
 	return &Store{
 		cfg:    cfg,
 		logger: logger.With(watermill.LogFields{"component": "outbox.deadletter", "schema": cfg.Schema}),
 		table:  names.Quote(cfg.Schema) + ".dead_letters",
+		db:     db,
 	}, nil
 }
 
@@ -160,7 +170,17 @@ func (s *Store) HandleReject(ctx context.Context, tx pgx.Tx, m outbox.RejectedMe
 	if tx == nil {
 		return outbox.ErrNilTx
 	}
-	_, err := s.insert(ctx, tx, m)
+	// The check reads the version in tx itself (a query that cannot fail on
+	// a missing table, so it never aborts tx) rather than on another
+	// connection of the pool, which a busy pool might not have.
+	q, err := pgexec.FromTx(tx)
+	if err != nil {
+		return err
+	}
+	if err := schemacheck.Check(ctx, s.cfg.Pool, q, s.cfg.Schema); err != nil {
+		return err
+	}
+	_, err = s.insert(ctx, tx, m)
 	return err
 }
 
@@ -178,9 +198,12 @@ func (s *Store) Add(ctx context.Context, m outbox.RejectedMessage) (bool, error)
 // or was migrated by a newer release (outbox.ErrSchemaTooNew); one query
 // per pool and schema.
 func (s *Store) check(ctx context.Context) error {
-	db, _ := pgexec.FromDB(s.cfg.Pool)
-	return schemacheck.Check(ctx, s.cfg.Pool, db, s.cfg.Schema)
+	return schemacheck.Check(ctx, s.cfg.Pool, s.db, s.cfg.Schema)
 }
+
+// wrap turns the "does not exist" error of a schema dropped after the check
+// into an error matching outbox.ErrNotMigrated.
+func (s *Store) wrap(err error) error { return schemacheck.Wrap(err, s.cfg.Schema) }
 
 // querier is what pgx.Tx and *pgxpool.Pool have in common.
 type querier interface {
@@ -217,13 +240,13 @@ func (s *Store) insert(ctx context.Context, q querier, m outbox.RejectedMessage)
 		cleanText(m.Group, 0), cleanText(m.Topic, 0), partition, seq, cleanText(m.UUID, 0), key, metadata,
 		payload, cleanText(reason, s.cfg.MaxReasonBytes), max(m.Attempts, 0), timeOrNil(m.FirstFailure), timeOrNil(m.LastFailure))
 	if err != nil {
-		return false, fmt.Errorf("deadletter: store message %s: %w", m.UUID, err)
+		return false, s.wrap(fmt.Errorf("deadletter: store message %s: %w", m.UUID, err))
 	}
 	defer rows.Close()
 	inserted := rows.Next()
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return false, fmt.Errorf("deadletter: store message %s: %w", m.UUID, err)
+		return false, s.wrap(fmt.Errorf("deadletter: store message %s: %w", m.UUID, err))
 	}
 	return inserted, nil
 }

@@ -1,0 +1,102 @@
+package deadletter_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+)
+
+// HandleReject, which runs in the Subscriber's transaction, refuses an
+// unmigrated schema with ErrNotMigrated, and its check does not abort that
+// transaction.
+func TestHandleRejectRefusesAnUnmigratedSchema(t *testing.T) {
+	pool := pgtest.Pool(t)
+	store, err := deadletter.NewStore(deadletter.Config{Schema: pgtest.Schema(t), Pool: pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	err = store.HandleReject(ctx, tx, outbox.RejectedMessage{Group: "g", Topic: "t", Seq: 1, UUID: "u", Reason: errors.New("x")})
+	var nm *outbox.NotMigratedError
+	if !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) {
+		t.Fatalf("HandleReject: %v, want ErrNotMigrated", err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("the check aborted the caller's transaction: %v", err)
+	}
+}
+
+// A schema migrated by a newer release is refused by every operation, and
+// nothing is written to it.
+func TestStoreRefusesASchemaMigratedByANewerRelease(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.pool.Exec(testCtx(t), "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.Pool(t) // a pool whose schema check is not cached yet
+	store, err := deadletter.NewStore(deadletter.Config{Schema: e.schema, Pool: pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	rejected := outbox.RejectedMessage{Group: "g", Topic: "t", Seq: 1, UUID: "u", Reason: errors.New("x")}
+	_, list := store.List(ctx, deadletter.ListOptions{})
+	_, count := store.Count(ctx, deadletter.Filter{})
+	_, get := store.Get(ctx, 1)
+	_, replay := store.Replay(ctx, 1, deadletter.ReplayOptions{})
+	_, discard := store.Discard(ctx, 1)
+	_, purge := store.Purge(ctx, deadletter.PurgeOptions{})
+	_, add := store.Add(ctx, rejected)
+	handle := store.HandleReject(ctx, tx, rejected)
+	for name, err := range map[string]error{"List": list, "Count": count, "Get": get, "Replay": replay, "Discard": discard, "Purge": purge, "Add": add, "HandleReject": handle} {
+		var ve *outbox.SchemaVersionError
+		if !errors.Is(err, outbox.ErrSchemaTooNew) || !errors.As(err, &ve) {
+			t.Errorf("%s: %v, want ErrSchemaTooNew", name, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.queryInt(t, "SELECT count(*) FROM "+e.schema+".dead_letters"); n != 0 {
+		t.Fatalf("%d entries written into a newer schema", n)
+	}
+}
+
+// A schema dropped after the store's check was cached: the operations'
+// own "does not exist" errors come back as ErrNotMigrated.
+func TestStoreOnASchemaDroppedAfterTheCheck(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	if _, err := e.store.Count(ctx, deadletter.Filter{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, "DROP SCHEMA "+e.schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	_, list := e.store.List(ctx, deadletter.ListOptions{})
+	_, count := e.store.Count(ctx, deadletter.Filter{})
+	_, get := e.store.Get(ctx, 1)
+	_, replay := e.store.Replay(ctx, 1, deadletter.ReplayOptions{})
+	_, discard := e.store.Discard(ctx, 1)
+	_, purge := e.store.Purge(ctx, deadletter.PurgeOptions{})
+	_, add := e.store.Add(ctx, outbox.RejectedMessage{Group: "g", Topic: "t", UUID: "u", Reason: errors.New("x")})
+	for name, err := range map[string]error{"List": list, "Count": count, "Get": get, "Replay": replay, "Discard": discard, "Purge": purge, "Add": add} {
+		if !errors.Is(err, outbox.ErrNotMigrated) {
+			t.Errorf("%s: %v, want ErrNotMigrated", name, err)
+		}
+	}
+}
