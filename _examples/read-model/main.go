@@ -171,7 +171,7 @@ func startConsumer(ctx context.Context, db *exampledb.DB, logger watermill.Logge
 // handle adds an order to its customer's totals, in the transaction the
 // Subscriber opened for the batch.
 func handle(msg *message.Message) error {
-	tx, ok := outbox.TxFromContext(msg.Context())
+	tx, ok := outbox.PgxTxFromContext(msg.Context())
 	if !ok {
 		return errors.New("no transaction: the Subscriber must use the Transactional strategy")
 	}
@@ -180,7 +180,7 @@ func handle(msg *message.Message) error {
 		return err
 	}
 	ctx := msg.Context()
-	_, err := tx.(pgx.Tx).Exec(ctx, `
+	_, err := tx.Exec(ctx, `
 		INSERT INTO customer_totals (customer, orders, total_cents) VALUES ($1, 1, $2)
 		ON CONFLICT (customer) DO UPDATE SET orders = customer_totals.orders + 1,
 			total_cents = customer_totals.total_cents + EXCLUDED.total_cents`, ev.Customer, ev.TotalCents)
