@@ -656,3 +656,32 @@ func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
 		t.Fatalf("%d follow-up messages (%v), want 3", follow, err)
 	}
 }
+
+// The schema check of RegisterTopic on a *pgx.Conn is cached per database,
+// not per connection: a new connection does not check again (and short-lived
+// connections do not pile up in the cache).
+func TestSchemaCheckOfAPgxConnIsCachedPerDatabase(t *testing.T) {
+	e := newEnv(t)
+	cfg, err := pgx.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := &queryCounter{}
+	cfg.Tracer = counter
+	register := func(topic string) int64 {
+		conn, err := pgx.ConnectConfig(ctx(t), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		before := counter.n.Load()
+		if err := outbox.RegisterTopic(ctx(t), conn, e.schema, topic, 1); err != nil {
+			t.Fatal(err)
+		}
+		return counter.n.Load() - before
+	}
+	first, second, third := register("a"), register("b"), register("c")
+	if second != first-1 || third != second {
+		t.Fatalf("RegisterTopic on three new connections sent %d, %d, %d statements; want the schema checked on the first only", first, second, third)
+	}
+}

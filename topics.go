@@ -45,7 +45,7 @@ func RegisterTopic(ctx context.Context, db any, schema, topic string, partitions
 	if err != nil {
 		return err
 	}
-	if err := schemacheck.Check(ctx, db, d, schema); err != nil {
+	if err := schemacheck.Check(ctx, checkKey(db, d), d, schema); err != nil {
 		return err
 	}
 	_, err = registerTopic(ctx, d, schema, topic, partitions)
@@ -68,11 +68,21 @@ func TopicPartitions(ctx context.Context, db any, schema, topic string) (int, er
 	if err != nil {
 		return 0, err
 	}
-	if err := schemacheck.Check(ctx, db, d, schema); err != nil {
+	if err := schemacheck.Check(ctx, checkKey(db, d), d, schema); err != nil {
 		return 0, err
 	}
 	n, err := lookupTopic(ctx, d, schema, topic)
 	return n, schemacheck.Wrap(err, schema)
+}
+
+// checkKey is the key the schema check of db is cached under: the database
+// for a *pgx.Conn (so short-lived connections do not pile up in the
+// cache), the handle itself otherwise.
+func checkKey(db any, d pgexec.DB) any {
+	if id := pgexec.Identity(d); id != nil {
+		return id
+	}
+	return db
 }
 
 func validPartitionCount(n int) error {

@@ -133,9 +133,14 @@ func Identity(q Querier) any {
 	switch t := q.(type) {
 	case connQ:
 		conn = t.c
+	case pgxDB: // FromDB of a *pgx.Conn (a pool has no single connection: nil)
+		return Identity(t.pgxQ)
 	case pgxQ:
-		if c, ok := t.q.(interface{ Conn() *pgx.Conn }); ok {
-			conn = c.Conn()
+		switch h := t.q.(type) {
+		case *pgx.Conn:
+			conn = h
+		case interface{ Conn() *pgx.Conn }: // pgx.Tx, *pgxpool.Conn
+			conn = h.Conn()
 		}
 	}
 	if conn == nil || conn.PgConn() == nil || conn.PgConn().Conn() == nil {
