@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -308,6 +309,16 @@ func TestTypedTransactionAccessors(t *testing.T) {
 	}
 	if _, ok := outbox.PgxTxFromContext(context.Background()); ok {
 		t.Fatal("PgxTxFromContext found a transaction in an empty context")
+	}
+	// watermill-sql's adapters are unwrapped.
+	if got, ok := outbox.PgxTxFromContext(outbox.WithTx(context.Background(), wsql.TxFromPgx(tx))); !ok || got != pgx.Tx(tx) {
+		t.Fatalf("PgxTxFromContext(watermill-sql PgxTx) = %v, %v", got, ok)
+	}
+	if got, ok := outbox.SQLTxFromContext(outbox.WithTx(context.Background(), wsql.TxFromStdSQL(stx))); !ok || got != stx {
+		t.Fatalf("SQLTxFromContext(watermill-sql StdSQLTx) = %v, %v", got, ok)
+	}
+	if _, ok := outbox.SQLTxFromContext(outbox.WithTx(context.Background(), (*sql.Tx)(nil))); ok {
+		t.Fatal("SQLTxFromContext returned a nil *sql.Tx as found")
 	}
 }
 

@@ -40,7 +40,8 @@ func WithTx(ctx context.Context, tx any) context.Context {
 	return context.WithValue(ctx, txKey{}, &txBinding{tx: tx, q: q, err: err})
 }
 
-// TxFromContext returns the transaction stored by WithTx, if any.
+// TxFromContext returns the transaction stored by WithTx, if any, as it was
+// given. PgxTxFromContext and SQLTxFromContext return it typed.
 func TxFromContext(ctx context.Context) (any, bool) {
 	b, ok := ctx.Value(txKey{}).(*txBinding)
 	if !ok {
@@ -50,15 +51,25 @@ func TxFromContext(ctx context.Context) (any, bool) {
 }
 
 // PgxTxFromContext returns the pgx.Tx stored by WithTx, if there is one and
-// it is a pgx.Tx: the transaction of a message delivered by a Subscriber of
-// the Transactional strategy, for example.
+// it is a pgx.Tx (or a watermill-sql adapter of one, unwrapped): the
+// transaction of a message delivered by a Subscriber of the Transactional
+// strategy, for example.
 func PgxTxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
 		return nil, false
 	}
-	ptx, ok := tx.(pgx.Tx)
-	return ptx, ok
+	switch t := tx.(type) {
+	case pgx.Tx:
+		return t, true
+	case wsql.PgxTx: // (its Commit and Rollback take no context: not a pgx.Tx itself)
+		return t.Tx, t.Tx != nil
+	case *wsql.PgxTx:
+		if t != nil {
+			return t.Tx, t.Tx != nil
+		}
+	}
+	return nil, false
 }
 
 // SQLTxFromContext returns the *sql.Tx stored by WithTx, if there is one
@@ -70,8 +81,11 @@ func SQLTxFromContext(ctx context.Context) (*sql.Tx, bool) {
 	}
 	switch t := tx.(type) {
 	case *sql.Tx:
-		return t, true
+		return t, t != nil
 	case *wsql.StdSQLTx:
+		if t == nil {
+			return nil, false
+		}
 		return t.Tx, t.Tx != nil
 	case wsql.StdSQLTx:
 		return t.Tx, t.Tx != nil
