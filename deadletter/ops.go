@@ -291,7 +291,11 @@ func (s *Store) Replay(ctx context.Context, id int64, opts ReplayOptions) (Entry
 			Schema:           s.cfg.Schema,
 			PartitionKeyFunc: func(string, *message.Message) (string, error) { return key, nil },
 			Partitioner:      s.cfg.Partitioner,
+			// What was stored is replayed, whatever its size: the
+			// limits are for new messages.
 			MaxPayloadBytes:  outbox.MaxMaxPayloadBytes,
+			MaxMetadataBytes: outbox.MaxMaxPublishBytes,
+			MaxPublishBytes:  outbox.MaxMaxPublishBytes,
 		}, s.logger)
 		if err != nil {
 			return err
