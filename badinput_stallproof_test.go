@@ -135,6 +135,24 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 			}
 			return err
 		},
+		"Publish (WithTx on the message)": func() error {
+			tx, err := pool.Begin(ctx(t))
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(context.Background())
+			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, Topics: map[string]int{"orders": 1}}, nil)
+			if err != nil {
+				return err
+			}
+			m := msg()
+			m.SetContext(outbox.WithTx(ctx(t), tx))
+			err = pub.Publish("orders", m)
+			if _, qerr := tx.Exec(ctx(t), "SELECT 1"); qerr != nil {
+				t.Errorf("the caller's transaction was aborted: %v", qerr)
+			}
+			return err
+		},
 		"Sequencer.SequenceAll": func() error {
 			seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: schema, Pool: pool}, nil)
 			if err != nil {

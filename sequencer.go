@@ -228,9 +228,12 @@ func (s *Sequencer) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: Sequencer.Run called twice")
 	}
+	// A schema it cannot work with ends Run: retrying would not mend it. Any
+	// other error (the database not up yet, say) is met again by the first
+	// pass, and retried like every database error.
 	if err := s.checkSchema(ctx); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
 		return err
-	} // (any other error, e.g. the database not up yet, is met again by the first pass, and retried)
+	}
 	s.wg.Add(1)
 	defer s.wg.Done()
 	ctx, cancel := context.WithCancel(ctx)
