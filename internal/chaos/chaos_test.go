@@ -235,7 +235,7 @@ func (r *run) setUp() {
 		for i := 1; i <= 2; i++ {
 			cfg := ChildConfig{
 				Role: role.role, Name: fmt.Sprintf("%s-%d", role.role, i), DatabaseURL: url, Schema: schema, Topic: topic,
-				Group: role.group, Brokers: brokers, FlakyRate: 0.01,
+				Group: role.group, Brokers: brokers, FlakyRate: 0.01, WorkDelay: 4 * time.Millisecond,
 				LeaseTTL: 2 * time.Second, RenewInterval: 400 * time.Millisecond, BalanceInterval: 300 * time.Millisecond,
 				Seed: r.seed,
 			}

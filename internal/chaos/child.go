@@ -93,6 +93,10 @@ type ChildConfig struct {
 	// FlakyRate is the share of deliveries a subscriber nacks on purpose
 	// (retried later).
 	FlakyRate float64
+	// WorkDelay bounds the time a subscriber's handler spends on a message
+	// (uniform in [0, WorkDelay)), so that a kill often finds a batch half
+	// handled.
+	WorkDelay time.Duration
 	// LeaseTTL, RenewInterval and BalanceInterval are short, so that
 	// takeovers after a kill are quick.
 	LeaseTTL, RenewInterval, BalanceInterval time.Duration
@@ -218,6 +222,12 @@ func runSubscriber(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberC
 		if rng.Float64() < cfg.FlakyRate {
 			msg.Nack()
 			continue
+		}
+		if cfg.WorkDelay > 0 {
+			select {
+			case <-time.After(time.Duration(rng.Int64N(int64(cfg.WorkDelay)))):
+			case <-msg.Context().Done():
+			}
 		}
 		attempt, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetadataAttempt))
 		args := []any{cfg.Group, msg.Metadata.Get(outbox.MetadataID), msg.UUID, msg.Metadata.Get(outbox.MetadataPartitionKey), string(msg.Payload), attempt, pid}

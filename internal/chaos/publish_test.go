@@ -106,8 +106,9 @@ var errInDoubt = errors.New("commit outcome unknown")
 
 // publish runs one publisher until ctx ends: a transaction per tick of
 // pace, of one or two keys (locked in key order), one or two messages per
-// key numbered by the key's counter; 10% rolled back on purpose, 5% held
-// open for up to 2 s and 0.5% for up to 8 s (longer than a lease).
+// key numbered by the key's counter (1%: 20 to 60 messages of one key);
+// 10% rolled back on purpose, 5% held open for up to 2 s and 0.5% for up
+// to 8 s (longer than a lease).
 func (r *run) publish(ctx context.Context, pub *outbox.Publisher, id int, pace <-chan time.Time) {
 	rng := r.rng(100 + uint64(id))
 	for i := 0; ; i++ {
@@ -116,13 +117,19 @@ func (r *run) publish(ctx context.Context, pub *outbox.Publisher, id int, pace <
 		case <-ctx.Done():
 			return
 		}
-		r.publishTx(pub, rng, fmt.Sprintf("p%d-%d", id, i))
+		r.publishTx(ctx, pub, rng, fmt.Sprintf("p%d-%d", id, i))
 	}
 }
 
-func (r *run) publishTx(pub *outbox.Publisher, rng *rand.Rand, txID string) {
+// publishTx runs one transaction; a hold ends early when chaos ends.
+func (r *run) publishTx(chaos context.Context, pub *outbox.Publisher, rng *rand.Rand, txID string) {
 	chosen := map[string]bool{}
-	for len(chosen) < 1+rng.IntN(2) {
+	bulk := rng.Float64() < 0.01
+	nKeys := 1 + rng.IntN(2)
+	if bulk {
+		nKeys = 1
+	}
+	for len(chosen) < nKeys {
 		chosen[fmt.Sprintf("k%02d", rng.IntN(keys))] = true
 	}
 	sorted := make([]string, 0, len(chosen))
@@ -146,6 +153,9 @@ func (r *run) publishTx(pub *outbox.Publisher, rng *rand.Rand, txID string) {
 	var plans []plan
 	for _, key := range sorted {
 		p := plan{key: key, count: 1 + rng.IntN(2)}
+		if bulk {
+			p.count = 20 + rng.IntN(41)
+		}
 		for j := 0; j < p.count; j++ {
 			p.poison = append(p.poison, rng.Float64() < poisonRate)
 		}
@@ -188,7 +198,7 @@ func (r *run) publishTx(pub *outbox.Publisher, rng *rand.Rand, txID string) {
 		}
 		if hold > 0 {
 			r.rec.txHeld.Add(1)
-			time.Sleep(hold)
+			sleep(chaos, hold)
 		}
 		if rollback {
 			return tx.Rollback(ctx)
