@@ -130,9 +130,13 @@ func sameFunc(a, b any) bool { return reflect.ValueOf(a).Pointer() == reflect.Va
 // message out of the stream with outbox.Reject: a marshal failure, a record
 // larger than Producer.MaxMessageBytes, an invalid topic, and a broker's
 // MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE or INVALID_RECORD for a record
-// alone in its partition's record batch (for a larger batch, the
-// Subscriber first shrinks the batch until the record is alone). All else
-// (broker down, leader elections, timeouts) is a transient error, retried
+// alone in its partition's record batch. When the broker refuses a record
+// batch of several records with one of these, the same Send sends the
+// refused records again in halves until the record to blame is alone: the
+// records before it are delivered, it is rejected (on its first attempt),
+// and records the halving requests had already stored in other partitions
+// are not sent again by this Send. All else (broker down, leader
+// elections, timeouts, not enough replicas) is a transient error, retried
 // with backoff.
 type KafkaTarget struct {
 	cfg    KafkaConfig
@@ -274,7 +278,13 @@ func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.M
 	maxBytes := t.cfg.Sarama.Producer.MaxMessageBytes
 	records := make([]outRecord, 0, len(batch))
 	var bad error // why batch[len(records)] cannot be sent
-	refusedAt := t.refusedAt(topic)
+	// With compression the broker judges compressed sizes: a record as
+	// large as one it refused may still fit, so nothing is learned then.
+	learn := t.cfg.Sarama.Producer.Compression == sarama.CompressionNone
+	refusedAt := 0
+	if learn {
+		refusedAt = t.refusedAt(topic)
+	}
 	for i, msg := range batch {
 		r, err := t.record(topic, msg, part, int32(len(partitions)))
 		switch {
@@ -298,30 +308,54 @@ func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.M
 	// so that it is rejected on its first attempt while the records
 	// before it are delivered, instead of the whole batch failing and the
 	// partition backing off until adaptive batching isolates it.
+	//
+	// sent marks the records stored so far. A refused request may have
+	// stored the record batches of its other partitions, records behind
+	// the refused one among them: they are left out of the smaller chunks
+	// that follow, so that this Send stores no record twice.
 	limit := 0
+	sent := make([]bool, len(records))
+	pending := make([]outRecord, 0, len(records))
 	for start := 0; start < len(records); {
-		end := chunkEnd(records, start, maxBytes)
-		if limit > 0 && end-start > limit {
-			end = start + limit
+		pending = pending[:0]
+		for _, r := range records[start:] {
+			if !sent[r.index] {
+				pending = append(pending, r)
+			}
 		}
-		done, err := t.produce(ctx, client, topic, records[start:end])
-		if done < end-start {
-			i := start + done
+		end := chunkEnd(pending, 0, maxBytes)
+		if limit > 0 && end > limit {
+			end = limit
+		}
+		chunk := pending[:end]
+		done, stored, err := t.produce(ctx, client, topic, chunk)
+		for _, r := range chunk {
+			if stored[r.partition] {
+				sent[r.index] = true
+			}
+		}
+		if done < len(chunk) {
+			i := chunk[done].index
 			var perm *permanentError
 			if errors.As(err, &perm) {
-				if errors.Is(perm.err, sarama.ErrMessageSizeTooLarge) || errors.Is(perm.err, sarama.ErrMessageSetSizeTooLarge) {
+				if learn && (errors.Is(perm.err, sarama.ErrMessageSizeTooLarge) || errors.Is(perm.err, sarama.ErrMessageSetSizeTooLarge)) {
 					t.noteRefused(topic, records[i].size+recordBatchOverhead)
 				}
 				return i, t.reject(batch[i], perm.err)
 			}
 			var refused *refusedSetError
 			if errors.As(err, &refused) && ctx.Err() == nil {
+				t.logger.Debug("Kafka refused a record batch: splitting it to find the record to blame", watermill.LogFields{
+					"id": batch[i].Metadata.Get(outbox.MetadataID), "records": refused.records, "err": refused.err.Error(),
+				})
 				start, limit = i, max(1, refused.records/2)
 				continue
 			}
 			return i, err
 		}
-		start = end
+		for start < len(records) && sent[start] {
+			start++
+		}
 	}
 	if bad != nil {
 		return len(records), t.reject(batch[len(records)], bad)
@@ -405,8 +439,9 @@ func outboxPartition(msg *message.Message) int {
 
 // produce sends chunk in one produce request per leader broker, one record
 // batch per partition, and returns how many records from the start of
-// chunk are stored: those before the first record of a failed partition.
-func (t *KafkaTarget) produce(ctx context.Context, client sarama.Client, topic string, chunk []outRecord) (int, error) {
+// chunk are stored (those before the first record of a failed partition)
+// and the partitions whose record batch was stored.
+func (t *KafkaTarget) produce(ctx context.Context, client sarama.Client, topic string, chunk []outRecord) (int, map[int32]bool, error) {
 	type partSet struct {
 		first   int // position in chunk of its first record
 		records []*sarama.Record
@@ -490,9 +525,11 @@ wait:
 	}
 
 	failed, cause := len(chunk), error(nil)
+	stored := make(map[int32]bool, len(order))
 	for _, p := range order {
 		s := sets[p]
 		if s.err == nil {
+			stored[p] = true
 			continue
 		}
 		if retriableAfterRefresh(s.err) {
@@ -506,19 +543,19 @@ wait:
 		_ = client.RefreshMetadata(topic)
 	}
 	if failed == len(chunk) {
-		return failed, nil
+		return failed, stored, nil
 	}
 	if cause == errNoAnswer && ctxErr != nil {
 		cause = ctxErr
 	}
 	setSize := len(sets[chunk[failed].partition].records)
 	if permanentKafkaError(cause, setSize) {
-		return failed, &permanentError{cause}
+		return failed, stored, &permanentError{cause}
 	}
 	if setSize > 1 && refusedForSize(cause) {
-		return failed, &refusedSetError{records: setSize, err: fmt.Errorf("forwarder: kafka: partition %d of %s: %w", chunk[failed].partition, topic, cause)}
+		return failed, stored, &refusedSetError{records: setSize, err: fmt.Errorf("forwarder: kafka: partition %d of %s: %w", chunk[failed].partition, topic, cause)}
 	}
-	return failed, fmt.Errorf("forwarder: kafka: partition %d of %s: %w", chunk[failed].partition, topic, cause)
+	return failed, stored, fmt.Errorf("forwarder: kafka: partition %d of %s: %w", chunk[failed].partition, topic, cause)
 }
 
 var errNoAnswer = errors.New("no answer from the broker")
