@@ -78,12 +78,18 @@ func (c JetStreamConfig) Validate() error {
 // copies a retry sends again never reach consumers.
 //
 // The subject is the target topic; a stream must cover it (the target
-// creates no streams). A message the server refuses for good (larger than
-// the server's max_payload or the stream's MaxMsgSize, or with a metadata
-// key that is no valid header name) is taken out of the stream with
-// outbox.Reject; other failures (no connection, no stream, timeouts) are
-// transient. Publishing stops at the first failure, so that no message of a
-// partition is stored after one before it failed.
+// creates no streams). A message refused for what it is (larger than the
+// server's max_payload or the stream's MaxMsgSize, headers over 64 KiB, a
+// metadata key that is no valid header name, or a JetStream header from its
+// metadata whose demand the stream cannot meet, such as
+// Nats-Expected-Stream or Nats-TTL: docs/forwarder.md has the list) is
+// taken out of the stream with outbox.Reject on its first attempt, the
+// messages before it delivered by the same Send; other failures (no
+// connection, no stream, timeouts, storage or resources) are transient. Publishing stops at the first
+// publish that fails at once, so that no message of a partition is stored
+// after one before it failed; messages published behind one the server
+// refuses may be stored, and when the next Send publishes them again, the
+// server drops them as duplicates.
 type JetStreamTarget struct {
 	cfg    JetStreamConfig
 	logger watermill.LoggerAdapter
@@ -193,16 +199,11 @@ func (t *JetStreamTarget) fail(batch []*message.Message, i int, err error) (int,
 }
 
 // isPermanentJetStreamError says whether a publish acknowledgement error
-// means the message can never be stored.
+// means the message can never be stored: the stream judged the message
+// itself (see permanentJetStreamCodes), not its own state or the server's.
 func isPermanentJetStreamError(err error) bool {
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode {
-		case jsErrCodeStreamMessageExceedsMaximum:
-			return true
-		}
-	}
-	return false
+	return errors.As(err, &apiErr) && permanentJetStreamCodes[apiErr.ErrorCode]
 }
 
 // permanentError marks an error that no retry can cure.
@@ -211,6 +212,31 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
-// jsErrCodeStreamMessageExceedsMaximum is nats-server's
-// JSStreamMessageExceedsMaximumErr: larger than the stream's MaxMsgSize.
-const jsErrCodeStreamMessageExceedsMaximum jetstream.ErrorCode = 10054
+// permanentJetStreamCodes are nats-server's error codes (server/errors.json)
+// that refuse one message for what it is: its size, or a JetStream header
+// it carries (from metadata, which become headers) whose demand the stream
+// cannot meet, so sending it again can only be refused again. Storage,
+// resource and cluster errors (insufficient resources, store failed, no
+// quorum, "temporarily unavailable") are not here: they pass.
+var permanentJetStreamCodes = map[jetstream.ErrorCode]bool{
+	10054: true, // JSStreamMessageExceedsMaximumErr: larger than the stream's MaxMsgSize
+	10097: true, // JSStreamHeaderExceedsMaximumErr: headers larger than 64 KiB
+	10060: true, // JSStreamNotMatchErr: Nats-Expected-Stream names another stream
+	10070: true, // JSStreamWrongLastMsgIDErrF: Nats-Expected-Last-Msg-Id
+	10071: true, // JSStreamWrongLastSequenceErrF: Nats-Expected-Last(-Subject)-Sequence
+	10164: true, // JSStreamWrongLastSequenceConstantErr
+	10193: true, // JSStreamExpectedLastSeqPerSubjectInvalid
+	10165: true, // JSMessageTTLInvalidErr: Nats-TTL is no valid TTL
+	10166: true, // JSMessageTTLDisabledErr: Nats-TTL on a stream without AllowMsgTTL
+	10111: true, // JSStreamRollupFailedF: Nats-Rollup on a stream that denies it
+	10168: true, // JSMessageIncrDisabledErr: Nats-Incr on a stream without counters
+	10169: true, // JSMessageIncrMissingErr
+	10170: true, // JSMessageIncrPayloadErr
+	10171: true, // JSMessageIncrInvalidErr
+	10188: true, // JSMessageSchedulesDisabledErr: Nats-Schedule on a stream without schedules
+	10189: true, // JSMessageSchedulesPatternInvalidErr
+	10190: true, // JSMessageSchedulesTargetInvalidErr
+	10191: true, // JSMessageSchedulesTTLInvalidErr
+	10192: true, // JSMessageSchedulesRollupInvalidErr
+	10227: true, // JSMessageSourceHdrNotAllowedErr
+}
