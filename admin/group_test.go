@@ -30,7 +30,17 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := rec.run(msgs)
-	waitFor(t, "busy to consume everything", 30*time.Second, func() bool { return rec.count() == 20 })
+	waitFor(t, "busy to consume everything and move its cursors", 30*time.Second, func() bool {
+		if rec.count() < 20 {
+			return false
+		}
+		var lag int64
+		if err := e.pool.QueryRow(testCtx(t), `SELECT coalesce(sum(p.last_seq - c.seq), -1) FROM `+e.schema+`.cursors c
+			JOIN `+e.schema+`.partitions p USING (topic, partition) WHERE c.group_name = 'busy'`).Scan(&lag); err != nil {
+			t.Fatal(err)
+		}
+		return lag == 0
+	})
 	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition, updated_at)
 		SELECT 'gone', topic, partition, now() - interval '3 days' FROM `+e.schema+`.partitions WHERE topic = 'orders'`)
 
