@@ -114,17 +114,15 @@ type run struct {
 	procs   []*Proc
 	rec     *recorder
 
-	pgRestarts  atomic.Int32
-	pgErrors    []string
-	outages     atomic.Int32
-	kills       atomic.Int32
-	groupKills  atomic.Int32
-	injected    map[Kind]string // selftest: the key of each injected fault
-	started     time.Time
-	chaosEnded  time.Time
-	drainedAt   time.Time
-	stopErrors  []string
-	collectedAt time.Time
+	pgRestarts atomic.Int32
+	outages    atomic.Int32
+	kills      atomic.Int32
+	groupKills atomic.Int32
+	injected   map[Kind]string // selftest: the key of each injected fault
+	started    time.Time
+	chaosEnded time.Time
+	drainedAt  time.Time
+	stopErrors []string
 }
 
 func newRun(t *testing.T, seed uint64, dur time.Duration, selftest bool) *run {
@@ -586,7 +584,6 @@ func (r *run) collect() Input {
 	if err != nil {
 		t.Fatalf("reading the Kafka topic back: %v", err)
 	}
-	r.collectedAt = time.Now()
 
 	in.Streams = []Stream{
 		{Name: "log", Reference: true, ExactlyOnce: true, Deliveries: log},

@@ -287,7 +287,8 @@ func Verify(in Input) Report {
 			r.InDoubt++
 		}
 	}
-	var ref map[string]string // outbox id -> uuid
+	var ref map[string]string    // outbox id -> uuid
+	refID := map[string]string{} // uuid -> its first outbox id, for reports
 	for _, s := range in.Streams {
 		if s.Reference {
 			ref = make(map[string]string, len(s.Deliveries))
@@ -295,18 +296,21 @@ func Verify(in Input) Report {
 				if _, dup := ref[d.OutboxID]; !dup && d.OutboxID != "" {
 					ref[d.OutboxID] = d.UUID
 				}
+				if _, dup := refID[d.UUID]; !dup {
+					refID[d.UUID] = d.OutboxID
+				}
 			}
 		}
 	}
 	for _, s := range in.Streams {
-		st, faults := verifyStream(s, in.Messages, byUUID, byPayload, ref)
+		st, faults := verifyStream(s, in.Messages, byUUID, byPayload, ref, refID)
 		r.Streams = append(r.Streams, st)
 		r.Faults = append(r.Faults, faults...)
 	}
 	return r
 }
 
-func verifyStream(s Stream, msgs []Message, byUUID, byPayload map[string]*Message, ref map[string]string) (StreamStats, []Fault) {
+func verifyStream(s Stream, msgs []Message, byUUID, byPayload map[string]*Message, ref, refID map[string]string) (StreamStats, []Fault) {
 	st := StreamStats{Name: s.Name, Deliveries: len(s.Deliveries), DeadLetters: len(s.DeadLetters)}
 	var faults []Fault
 	fault := func(k Kind, key, uuid, id, format string, args ...any) {
@@ -414,7 +418,7 @@ func verifyStream(s Stream, msgs []Message, byUUID, byPayload map[string]*Messag
 				if m.Poison && s.RejectsPoison {
 					what = "poison, neither dead-lettered nor delivered"
 				}
-				fault(Lost, m.Key, m.UUID, "", "n=%d %s", m.N, what)
+				fault(Lost, m.Key, m.UUID, refID[m.UUID], "n=%d %s", m.N, what)
 			}
 		case InDoubt:
 			if got {
