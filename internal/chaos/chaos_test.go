@@ -42,6 +42,7 @@ const (
 	publishers  = 10
 	poisonRate  = 0.01
 	maxAttempts = 10 // of both subscriber groups; the forwarder has none
+	leaseTTL    = 2 * time.Second
 
 	groupTx     = "chaos-transactional"
 	groupLeased = "chaos-leased"
@@ -117,6 +118,7 @@ type run struct {
 	pgRestarts atomic.Int32
 	outages    atomic.Int32
 	kills      atomic.Int32
+	pauses     atomic.Int32
 	groupKills atomic.Int32
 	injected   map[Kind]string // selftest: the key of each injected fault
 	started    time.Time
@@ -234,7 +236,7 @@ func (r *run) setUp() {
 			cfg := ChildConfig{
 				Role: role.role, Name: fmt.Sprintf("%s-%d", role.role, i), DatabaseURL: url, Schema: schema, Topic: topic,
 				Group: role.group, Brokers: brokers, FlakyRate: 0.01, WorkDelay: 4 * time.Millisecond,
-				LeaseTTL: 2 * time.Second, RenewInterval: 400 * time.Millisecond, BalanceInterval: 300 * time.Millisecond,
+				LeaseTTL: leaseTTL, RenewInterval: 400 * time.Millisecond, BalanceInterval: 300 * time.Millisecond,
 				Seed: r.seed,
 			}
 			if role.role != RoleForwarder {
@@ -332,6 +334,8 @@ func (r *run) chaos() {
 		}()
 	}
 
+	var busy sync.Map // *Proc -> being killed and restarted, or frozen
+
 	// The kills: every 1-3 s a child (each child in turn, in an order
 	// shuffled again each round), sometimes every process of its role at
 	// once (so that no instance of the group is left to take over), each
@@ -340,7 +344,6 @@ func (r *run) chaos() {
 	go func() {
 		defer wg.Done()
 		rng := r.rng(2)
-		var busy sync.Map // *Proc -> in a kill-restart
 		var kw sync.WaitGroup
 		defer kw.Wait()
 		var order []*Proc
@@ -382,6 +385,32 @@ func (r *run) chaos() {
 					}
 				}()
 			}
+		}
+	}()
+
+	// The freezes: every 4-10 s a child is stopped (SIGSTOP) for longer
+	// than its leases last, then goes on (SIGCONT) as a zombie whose
+	// partitions others took over meanwhile.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := r.rng(3)
+		var pw sync.WaitGroup
+		defer pw.Wait()
+		for sleep(ctx, time.Duration(4000+rng.IntN(6000))*time.Millisecond) {
+			p := r.procs[rng.IntN(len(r.procs))]
+			if _, inUse := busy.LoadOrStore(p, true); inUse {
+				continue
+			}
+			d := leaseTTL + time.Duration(500+rng.IntN(2500))*time.Millisecond
+			pw.Add(1)
+			go func() {
+				defer pw.Done()
+				defer busy.Delete(p)
+				if p.Pause(d) {
+					r.pauses.Add(1)
+				}
+			}()
 		}
 	}()
 
@@ -615,9 +644,9 @@ func (r *run) summarize(report Report, drained bool) {
 	}
 	fmt.Fprintf(&b, "  messages: %d committed (%d poison), %d rolled back, %d in doubt after resolution\n",
 		report.Committed, report.Poison, report.RolledBack, report.InDoubt)
-	fmt.Fprintf(&b, "  faults injected: %d SIGKILLs (%d of every process of a role at once), %d PostgreSQL immediate restarts, %d Kafka broker outages\n",
-		r.kills.Load(), r.groupKills.Load(), r.pgRestarts.Load(), r.outages.Load())
-	byRole := map[string][3]int{}
+	fmt.Fprintf(&b, "  faults injected: %d SIGKILLs (%d of every process of a role at once), %d freezes past the lease (SIGSTOP, SIGCONT), %d PostgreSQL immediate restarts, %d Kafka broker outages\n",
+		r.kills.Load(), r.groupKills.Load(), r.pauses.Load(), r.pgRestarts.Load(), r.outages.Load())
+	byRole := map[string][4]int{}
 	var selfExits []string
 	for _, p := range r.procs {
 		st := p.Stats()
@@ -625,6 +654,7 @@ func (r *run) summarize(report Report, drained bool) {
 		c[0] += st.Kills
 		c[1] += st.Starts
 		c[2] += len(st.SelfExits)
+		c[3] += st.Pauses
 		byRole[p.Role] = c
 		for _, e := range st.SelfExits {
 			selfExits = append(selfExits, p.Name+": "+e)
@@ -632,7 +662,7 @@ func (r *run) summarize(report Report, drained bool) {
 	}
 	for _, role := range []string{RoleTransactional, RoleLeased, RoleForwarder} {
 		c := byRole[role]
-		fmt.Fprintf(&b, "  %s processes: %d killed, %d started, %d exited by themselves\n", role, c[0], c[1], c[2])
+		fmt.Fprintf(&b, "  %s processes: %d killed, %d frozen, %d started, %d exited by themselves\n", role, c[0], c[3], c[1], c[2])
 	}
 	for _, e := range selfExits {
 		fmt.Fprintf(&b, "    exited by itself: %s\n", e)

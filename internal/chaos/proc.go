@@ -35,6 +35,7 @@ type Proc struct {
 	incarnation int
 	starts      int
 	kills       int
+	pauses      int
 	selfExits   []string // how each exit nobody asked for ended
 	lastExit    error    // how the last incarnation ended
 	logFile     string
@@ -127,6 +128,30 @@ func (p *Proc) Kill() bool {
 	return true
 }
 
+// Pause stops the running incarnation's process group (SIGSTOP) for d and
+// lets it go on (SIGCONT): a process that freezes (a long GC pause, a
+// stalled VM) and wakes up as a zombie, after others took its leases over.
+// It reports whether there was one to pause.
+func (p *Proc) Pause(d time.Duration) bool {
+	p.mu.Lock()
+	if !p.running {
+		p.mu.Unlock()
+		return false
+	}
+	p.pauses++
+	pid, exited := p.pid, p.exited
+	p.mu.Unlock()
+	_ = syscall.Kill(-pid, syscall.SIGSTOP)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-exited:
+	}
+	_ = syscall.Kill(-pid, syscall.SIGCONT)
+	return true
+}
+
 // ErrKilled is returned by Stop when the process did not stop in time and
 // was killed.
 var ErrKilled = errors.New("did not stop in time: killed")
@@ -170,7 +195,7 @@ func (p *Proc) LogFile() string {
 
 // ProcStats counts what happened to a Proc.
 type ProcStats struct {
-	Starts, Kills int
+	Starts, Kills, Pauses int
 	// SelfExits describes the exits nobody asked for.
 	SelfExits []string
 }
@@ -179,5 +204,5 @@ type ProcStats struct {
 func (p *Proc) Stats() ProcStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return ProcStats{Starts: p.starts, Kills: p.kills, SelfExits: append([]string(nil), p.selfExits...)}
+	return ProcStats{Starts: p.starts, Kills: p.kills, Pauses: p.pauses, SelfExits: append([]string(nil), p.selfExits...)}
 }
