@@ -420,7 +420,7 @@ func (r *run) chaos() {
 		defer wg.Done()
 		for sleep(ctx, 500*time.Millisecond) {
 			for _, p := range r.procs {
-				if !p.Running() && len(p.Stats().SelfExits) > 0 {
+				if _, inUse := busy.Load(p); !inUse && !p.Running() && len(p.Stats().SelfExits) > 0 {
 					_ = p.Start()
 				}
 			}

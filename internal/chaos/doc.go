@@ -13,7 +13,8 @@
 //     Leased) record every delivery in a results table and reject poison
 //     into the dead-letter store; forwarder processes relay the topic to
 //     Kafka (kfake, in the test process, behind a Gate);
-//   - those processes are SIGKILLed at random and started again; the
+//   - those processes are SIGKILLed at random and started again, or frozen
+//     (SIGSTOP) for longer than their leases and woken up as zombies; the
 //     PostgreSQL server is restarted in immediate mode (a crash); the broker
 //     goes away for a few seconds.
 //
@@ -26,6 +27,14 @@
 //	go test ./internal/chaos -run TestChaos -v -chaos.duration=10m -timeout=30m
 //	go test ./internal/chaos -run TestChaos -v -chaos.seed=42              # the same schedule again
 //	go test ./internal/chaos -run TestChaos -v -chaos.selftest             # inject one fault of each kind: must be caught
+//
+// -chaos.rate sets the publishers' pace (messages per second), -chaos.keep
+// keeps the logs of a passing run (a failing run always keeps them: the
+// children's logs, one file per incarnation, and the server's). The seed
+// fixes the schedule (restarts, outages, kills, freezes) and every random
+// choice (keys, rollbacks, holds, poison); the timing of the processes is
+// not reproducible, so a seed replays the same storm, not the same
+// interleaving.
 //
 // The test binary runs itself as the child processes (TestChaosChild, with
 // the role in the environment variable EnvChild).
