@@ -76,6 +76,9 @@ func TestChaos(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	dur := *flagDuration
+	if testing.Short() && !flagSet("chaos.duration") {
+		dur = 15 * time.Second
+	}
 	drainTimeout := 2*time.Minute + dur/5
 	if deadline, ok := t.Deadline(); ok {
 		if need := dur + drainTimeout + time.Minute; time.Until(deadline) < need {
@@ -97,6 +100,13 @@ func TestChaos(t *testing.T) {
 	} else if !report.OK() {
 		t.Errorf("the verifier found faults (seed %d):\n%s", seed, report)
 	}
+}
+
+// flagSet reports whether the flag was given on the command line.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // run is one chaos run.

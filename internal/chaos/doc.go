@@ -23,7 +23,7 @@
 // fails the run on any lost, phantom or per-key reordered message, and on
 // any duplicate without the same outbox_id.
 //
-//	go test ./internal/chaos -run TestChaos -v                             # the CI size, about a minute
+//	go test ./internal/chaos -run TestChaos -v                             # the CI size, about a minute (-short: 15 s of chaos)
 //	go test ./internal/chaos -run TestChaos -v -chaos.duration=10m -timeout=30m
 //	go test ./internal/chaos -run TestChaos -v -chaos.seed=42              # the same schedule again
 //	go test ./internal/chaos -run TestChaos -v -chaos.selftest             # inject one fault of each kind: must be caught
