@@ -45,17 +45,25 @@ var (
 )
 
 // GroupActiveError reports a group DeleteGroup refused to delete because
-// it is in use: stop its subscribers first, or pass Force.
+// it is in use.
 type GroupActiveError struct {
 	Group string
-	// Members are the live members (heartbeat within Config.MemberTimeout).
+	// Topic is the topic the deletion was limited to ("": all).
+	Topic string
+	// Members are the live members: those whose heartbeat is within
+	// MemberTimeout, and the owners of unexpired leases, sorted.
 	Members []string
 	// LeasedPartitions counts partitions with an unexpired lease.
 	LeasedPartitions int
+	// MemberTimeout is Config.MemberTimeout, for the message.
+	MemberTimeout time.Duration
 }
 
 func (e *GroupActiveError) Error() string {
-	return fmt.Sprintf("admin: consumer group %q is active (%d live member(s) %v, %d leased partition(s)): stop its subscribers first, or delete it with Force", e.Group, len(e.Members), e.Members, e.LeasedPartitions)
+	return fmt.Sprintf("admin: consumer group %q%s is in use: %d live member(s) %v, %d partition(s) with an unexpired lease. "+
+		"Stop its subscribers first (a member that crashed stops counting %v after its last heartbeat, once its leases expired), "+
+		"or delete it anyway with DeleteGroupOptions.Force",
+		e.Group, topicSuffix(e.Topic), len(e.Members), e.Members, e.LeasedPartitions, e.MemberTimeout)
 }
 
 // Is makes errors.Is(err, ErrGroupActive) true.
@@ -83,8 +91,11 @@ type Config struct {
 	// Pool is the connection pool. Required.
 	Pool *pgxpool.Pool
 	// MemberTimeout is how long after its last heartbeat a group member
-	// still counts as live, for Status and DeleteGroup (default 30s).
-	// Members heartbeat every balance interval (1s by default).
+	// still counts as live, for Status and DeleteGroup (default
+	// DefaultMemberTimeout). Members heartbeat every balance interval (1s
+	// by default) and the lease manager counts them live for a lease TTL;
+	// keep it above both. Member rows are removed 10 lease TTLs after their
+	// last heartbeat.
 	MemberTimeout time.Duration
 }
 
@@ -223,7 +234,7 @@ func (a *Admin) setPaused(ctx context.Context, s Scope, paused bool) (int, error
 	WHERE c.group_name = $1 AND c.topic = x.topic AND c.partition = x.partition`,
 		s.Group, s.Topic, s.partitions(), paused)
 	if err != nil {
-		return 0, fmt.Errorf("admin: pause/resume %+v: %w", s, err)
+		return 0, schemaErr(fmt.Errorf("admin: pause/resume %+v: %w", s, err), a.cfg.Schema)
 	}
 	n := int(tag.RowsAffected())
 	if err := s.complete(n); err != nil {
@@ -362,7 +373,7 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, schemaErr(err, a.cfg.Schema)
 	}
 	a.logger.Info("Cursors reset", watermill.LogFields{"group": s.Group, "topic": s.Topic, "resets": resets})
 	return resets, nil

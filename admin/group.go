@@ -8,37 +8,61 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// rowQuerier is a *pgxpool.Pool or a pgx.Tx.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // DeleteGroupOptions tune DeleteGroup.
 type DeleteGroupOptions struct {
 	// Topic limits the deletion to the group's cursors and members on one
 	// topic ("" for all its topics).
 	Topic string
 	// Force deletes the group even while it has live members or leases.
-	// Their workers' next cursor write fails (the lease is gone) and they
-	// stop working on the group's partitions; a member that keeps running
-	// and joins again starts the group afresh (from the oldest retained
-	// message, or the newest with StartFromNewest).
+	// Meant for members known to be gone for good (a crashed host whose
+	// heartbeat is not MemberTimeout old yet). A member that is in fact
+	// still running loses its leases (its workers' next cursor write fails
+	// and they stop) and from then on consumes nothing on the deleted
+	// topics, while it keeps heartbeating (Status lists the group with
+	// members and no partitions); restarting its Subscriber creates the
+	// group afresh, from the oldest retained message (the newest with
+	// StartFromNewest).
 	Force bool
-	// DeadLetters also deletes the group's dead-letter entries (of the
-	// topic, with Topic set). By default they are kept: they are the only
-	// copy of the poison messages once retention deleted the log rows.
+	// DeadLetters also deletes the group's dead-letter entries, whatever
+	// their status (those of Topic only, when it is set). By default they
+	// are kept: they are the only copy of a poison message once the
+	// vacuum deleted its log row, and deadletter.Store can still list,
+	// replay, discard and purge them.
 	DeadLetters bool
 }
 
 // DeletedGroup says what DeleteGroup removed.
 type DeletedGroup struct {
-	Group       string `json:"group"`
-	Cursors     int64  `json:"cursors"`
-	Members     int64  `json:"members"`
-	DeadLetters int64  `json:"dead_letters"`
+	Group string `json:"group"`
+	// Topic is the topic the deletion was limited to ("": all).
+	Topic string `json:"topic,omitempty"`
+	// Cursors, Members and DeadLetters count the rows deleted.
+	Cursors     int64 `json:"cursors"`
+	Members     int64 `json:"members"`
+	DeadLetters int64 `json:"dead_letters"`
 }
 
-// DeleteGroup removes a consumer group: its cursors (and so its hold on
-// retention: the next vacuum can delete what only this group kept) and its
-// member rows, on one topic or all of them, in one transaction. A group
-// with a live member (a heartbeat within Config.MemberTimeout) or an
-// unexpired lease is refused with a *GroupActiveError (ErrGroupActive)
-// unless opts.Force; a group with nothing to delete gives ErrNotFound.
+// DeleteGroup removes a consumer group that is no longer used: its cursors
+// (and with them its hold on retention: the next vacuum pass deletes what
+// only this group kept) and its member rows, on one topic
+// (opts.Topic) or all of them, in one transaction that locks them first,
+// so nothing is ever half deleted and no lease is taken meanwhile.
+//
+// A group in use is refused with a *GroupActiveError
+// (errors.Is(err, ErrGroupActive)) that lists its live members: a member
+// whose heartbeat is within Config.MemberTimeout, or the owner of an
+// unexpired lease on one of its partitions. Stop its subscribers first,
+// or pass opts.Force. A refusal does not wait for the group's running
+// transactions. A group with nothing to delete in the scope is
+// ErrNotFound; an empty group or bad topic name is ErrInvalidArgument or
+// an outbox.ErrInvalidName.
+//
+// Dead letters are kept unless opts.DeadLetters (see DeleteGroupOptions).
 func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupOptions) (DeletedGroup, error) {
 	if err := (Scope{Group: group, Topic: opts.Topic}).validate(); err != nil {
 		return DeletedGroup{}, err
@@ -46,22 +70,30 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 	if err := a.check(ctx); err != nil {
 		return DeletedGroup{}, err
 	}
-	out := DeletedGroup{Group: group}
+	if !opts.Force {
+		// Refuse a live group at once, before waiting for row locks its
+		// workers' transactions may hold for a whole batch.
+		if err := a.refuseActive(ctx, a.cfg.Pool, group, opts.Topic); err != nil {
+			return DeletedGroup{}, schemaErr(err, a.cfg.Schema)
+		}
+	}
+	out := DeletedGroup{Group: group, Topic: opts.Topic}
 	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
-		// Lock the group's cursors, so that no lease is taken meanwhile.
-		var leased int
-		var rows int64
-		if err := tx.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE lease_owner IS NOT NULL AND lease_expires_at > now())
-			FROM (SELECT lease_owner, lease_expires_at FROM `+a.s+`.cursors
-				WHERE group_name = $1 AND ($2 = '' OR topic = $2) FOR UPDATE) c`, group, opts.Topic).Scan(&rows, &leased); err != nil {
+		// Lock the group's cursors and member rows, in key order (as the
+		// other admin operations do): no lease can be acquired, renewed or
+		// written and no heartbeat recorded until the decision commits.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+a.s+`.cursors
+			WHERE group_name = $1 AND ($2 = '' OR topic = $2) ORDER BY topic, partition FOR UPDATE`, group, opts.Topic); err != nil {
 			return fmt.Errorf("admin: delete group: lock cursors: %w", err)
 		}
-		live, err := a.liveMembers(ctx, tx, group, opts.Topic)
-		if err != nil {
-			return err
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+a.s+`.members
+			WHERE group_name = $1 AND ($2 = '' OR topic = $2) ORDER BY topic, member_id FOR UPDATE`, group, opts.Topic); err != nil {
+			return fmt.Errorf("admin: delete group: lock members: %w", err)
 		}
-		if (len(live) > 0 || leased > 0) && !opts.Force {
-			return &GroupActiveError{Group: group, Members: live, LeasedPartitions: leased}
+		if !opts.Force {
+			if err := a.refuseActive(ctx, tx, group, opts.Topic); err != nil {
+				return err
+			}
 		}
 		tag, err := tx.Exec(ctx, `DELETE FROM `+a.s+`.cursors WHERE group_name = $1 AND ($2 = '' OR topic = $2)`, group, opts.Topic)
 		if err != nil {
@@ -78,8 +110,8 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 			}
 			out.DeadLetters = tag.RowsAffected()
 		}
-		if out.Cursors == 0 && out.Members == 0 && out.DeadLetters == 0 {
-			return fmt.Errorf("%w: consumer group %q has no cursors or members%s", ErrNotFound, group, topicSuffix(opts.Topic))
+		if out.Cursors == 0 && out.Members == 0 {
+			return fmt.Errorf("%w: consumer group %q has no cursors or members%s (check the name with Status)", ErrNotFound, group, topicSuffix(opts.Topic))
 		}
 		return nil
 	})
@@ -98,14 +130,30 @@ func topicSuffix(topic string) string {
 	return " on topic " + topic
 }
 
-// liveMembers lists the group's members whose heartbeat is within
-// MemberTimeout.
-func (a *Admin) liveMembers(ctx context.Context, tx pgx.Tx, group, topic string) ([]string, error) {
-	rows, err := tx.Query(ctx, `SELECT DISTINCT member_id FROM `+a.s+`.members
-		WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND heartbeat_at > now() - $3::int8 * interval '1 microsecond'
-		ORDER BY member_id`, group, topic, a.cfg.MemberTimeout.Microseconds())
+// refuseActive returns a *GroupActiveError when the group has a live
+// member or an unexpired lease in the scope. Liveness is judged by the
+// server's clock at the time of the statement (clock_timestamp, not the
+// transaction's start).
+func (a *Admin) refuseActive(ctx context.Context, q rowQuerier, group, topic string) error {
+	var (
+		members []string
+		leased  int
+	)
+	err := q.QueryRow(ctx, `SELECT
+		ARRAY(SELECT member_id FROM `+a.s+`.members
+				WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND heartbeat_at > clock_timestamp() - $3::int8 * interval '1 microsecond'
+			UNION
+			SELECT lease_owner FROM `+a.s+`.cursors
+				WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND lease_owner IS NOT NULL AND lease_expires_at > clock_timestamp()
+			ORDER BY 1),
+		(SELECT count(*) FROM `+a.s+`.cursors
+			WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND lease_owner IS NOT NULL AND lease_expires_at > clock_timestamp())::int4`,
+		group, topic, a.cfg.MemberTimeout.Microseconds()).Scan(&members, &leased)
 	if err != nil {
-		return nil, fmt.Errorf("admin: live members: %w", err)
+		return fmt.Errorf("admin: delete group: live members: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	if len(members) > 0 || leased > 0 {
+		return &GroupActiveError{Group: group, Topic: topic, Members: members, LeasedPartitions: leased, MemberTimeout: a.cfg.MemberTimeout}
+	}
+	return nil
 }

@@ -2,7 +2,10 @@ package admin_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,20 +107,105 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 }
 
 // Failure mode 7's status side: the backoff deadline and the delivery
-// count of each partition.
+// count of each partition, and deliveries that ended without an outcome
+// (more deliveries than attempts while no lease is live).
 func TestStatusShowsBackoffAndDeliveries(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
-	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition, attempts, deliveries, backoff_until, last_error)
-		VALUES ('g', 'orders', 0, 2, 3, now() + interval '1 minute', 'boom'), ('g', 'orders', 1, 0, 0, now() - interval '1 minute', NULL)`)
+	e.register(t, "orders", 3)
+	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition, attempts, deliveries, backoff_until, last_error, lease_owner, lease_expires_at)
+		VALUES ('g', 'orders', 0, 2, 3, now() + interval '1 minute', 'boom', 'dead-1', now() - interval '1 second'),
+		('g', 'orders', 1, 0, 0, now() - interval '1 minute', NULL, NULL, NULL),
+		('g', 'orders', 2, 1, 2, NULL, 'boom', 'live-1', now() + interval '1 minute')`)
 	rep, err := e.admin.Status(testCtx(t), admin.Filter{Group: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := rep.Topics[0].Groups[0]
-	p0, p1 := g.Partitions[0], g.Partitions[1]
-	if g.BackingOff != 1 || !p0.BackingOff || p0.BackoffUntil == nil || p0.Deliveries != 3 || p0.Attempts != 2 || p1.BackingOff {
-		t.Fatalf("group %+v\np0 %+v\np1 %+v", g, p0, p1)
+	p0, p1, p2 := g.Partitions[0], g.Partitions[1], g.Partitions[2]
+	if g.BackingOff != 1 || !p0.BackingOff || p0.BackoffUntil == nil || !p0.BackoffUntil.After(rep.At) || p0.Deliveries != 3 || p0.Attempts != 2 ||
+		p1.BackingOff || p1.BackoffUntil == nil || p2.BackingOff || p2.BackoffUntil != nil {
+		t.Fatalf("backoff: group %+v\np0 %+v\np1 %+v\np2 %+v", g, p0, p1, p2)
+	}
+	// p0: its holder died with a delivery under way; p2: a delivery in
+	// flight under a live lease.
+	if g.Unanswered != 1 || p0.Unanswered != 1 || p1.Unanswered != 0 || p2.Unanswered != 0 || p2.Deliveries != 2 {
+		t.Fatalf("unanswered: group %d, partitions %d %d %d", g.Unanswered, p0.Unanswered, p1.Unanswered, p2.Unanswered)
+	}
+	js, err := json.Marshal(p0)
+	if err != nil || !strings.Contains(string(js), `"deliveries":3`) || !strings.Contains(string(js), `"unanswered":1`) ||
+		!strings.Contains(string(js), `"backing_off":true`) || !strings.Contains(string(js), `"backoff_until":`) {
+		t.Fatalf("json %s, %v", js, err)
+	}
+}
+
+// Failure mode 6's status side: each group's live members and last
+// activity, who cannot take a message out of the stream, and who holds
+// retention back, whatever the filter.
+func TestStatusShowsMembersActivityAndWhoHoldsRetention(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 2)
+	e.publish(t, "orders", 10, "m") // 5 per partition
+	e.sequence(t)
+	s := e.schema
+	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition, seq, updated_at, lease_owner, lease_expires_at) VALUES
+		('gone', 'orders', 0, 0, now() - interval '3 days', NULL, NULL), ('gone', 'orders', 1, 0, now() - interval '3 days', NULL, NULL),
+		('live', 'orders', 0, 5, now(), 'live-a', now() + interval '1 minute'), ('live', 'orders', 1, 3, now(), 'live-b', now() + interval '1 minute')`)
+	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id, joined_at, heartbeat_at, can_reject) VALUES
+		('gone', 'orders', 'gone-1', now() - interval '5 days', now() - interval '2 days', true),
+		('live', 'orders', 'live-a', now() - interval '1 hour', now(), false),
+		('live', 'orders', 'live-b', now() - interval '1 hour', now(), true),
+		('ghost', 'orders', 'ghost-1', now(), now(), true)`)
+
+	// Filtered to the live group: it does not hold retention back, gone
+	// does, though gone is not reported.
+	rep, err := e.admin.Status(testCtx(t), admin.Filter{Group: "live"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := rep.Topics[0]
+	if topic.RetentionHeldBy != "gone" || len(topic.Groups) != 1 {
+		t.Fatalf("filtered to live: retention held by %q, groups %d; want gone, 1", topic.RetentionHeldBy, len(topic.Groups))
+	}
+	live := topic.Groups[0]
+	if live.HoldsRetention || live.Partitions[0].HoldsRetention || live.Partitions[1].HoldsRetention {
+		t.Fatalf("live said to hold retention: %+v", live)
+	}
+	if len(live.Members) != 2 || live.Members[0].MemberID != "live-a" || live.Members[0].CanReject || !live.Members[1].CanReject ||
+		time.Since(live.Members[0].JoinedAt) < 50*time.Minute || time.Since(live.Members[0].HeartbeatAt) > time.Minute {
+		t.Fatalf("live members %+v", live.Members)
+	}
+	if live.CannotReject != 1 || !live.RetriesForever || !live.Partitions[0].RetriesForever || live.Partitions[1].RetriesForever {
+		t.Fatalf("live: cannot reject %d, retries forever %v, partitions %v %v; want 1, true, only partition 0 (held by live-a)",
+			live.CannotReject, live.RetriesForever, live.Partitions[0].RetriesForever, live.Partitions[1].RetriesForever)
+	}
+
+	rep, err = e.admin.Status(testCtx(t), admin.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic = rep.Topics[0]
+	var names []string
+	for _, g := range topic.Groups {
+		names = append(names, g.Group)
+	}
+	if fmt.Sprint(names) != "[ghost gone live]" {
+		t.Fatalf("groups %v, want ghost (members only), gone, live", names)
+	}
+	ghost, gone := topic.Groups[0], topic.Groups[1]
+	if !gone.HoldsRetention || !gone.Partitions[0].HoldsRetention || !gone.Partitions[1].HoldsRetention || len(gone.Members) != 0 ||
+		gone.RetriesForever || gone.LastActivity == nil || time.Since(*gone.LastActivity) < 47*time.Hour || time.Since(*gone.LastActivity) > 49*time.Hour {
+		t.Fatalf("gone: %+v; want holding retention in both partitions, no live member, last activity its dead member's heartbeat 2 days ago", gone)
+	}
+	if len(ghost.Members) != 1 || len(ghost.Partitions) != 0 || ghost.HoldsRetention || ghost.LastActivity == nil {
+		t.Fatalf("ghost: %+v; want a live member and no partitions", ghost)
+	}
+	js, err := json.Marshal(gone)
+	if err != nil || !strings.Contains(string(js), `"members":[]`) || !strings.Contains(string(js), `"holds_retention":true`) ||
+		!strings.Contains(string(js), `"last_activity":`) {
+		t.Fatalf("json %s, %v", js, err)
+	}
+	if js, _ = json.Marshal(live.Members[0]); !strings.Contains(string(js), `"can_reject":false`) || !strings.Contains(string(js), `"joined_at":`) {
+		t.Fatalf("member json %s", js)
 	}
 }
 
@@ -157,10 +245,15 @@ func TestAdminAndRetentionRefuseUnmigratedAndNewerSchemas(t *testing.T) {
 		scope := admin.Scope{Group: "g", Topic: "orders"}
 		_, status := a.Status(testCtx(t), admin.Filter{})
 		_, pause := a.Pause(testCtx(t), scope)
+		_, resume := a.Resume(testCtx(t), scope)
 		_, reset := a.ResetCursor(testCtx(t), scope, admin.ToSeq(0))
 		_, del := a.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{})
 		_, vac := v.VacuumOnce(testCtx(t))
-		return map[string]error{"Status": status, "Pause": pause, "ResetCursor": reset, "DeleteGroup": del, "VacuumOnce": vac}
+		ctx, cancel := context.WithTimeout(testCtx(t), 5*time.Second)
+		defer cancel()
+		run := v.Run(ctx)
+		return map[string]error{"Status": status, "Pause": pause, "Resume": resume, "ResetCursor": reset, "DeleteGroup": del,
+			"VacuumOnce": vac, "Run": run}
 	}
 	for name, err := range calls(a, v) {
 		if !errors.Is(err, outbox.ErrNotMigrated) {
@@ -191,5 +284,181 @@ func TestAdminAndRetentionRefuseUnmigratedAndNewerSchemas(t *testing.T) {
 	}
 	if n != 0 {
 		t.Fatalf("%d cursor rows written into a newer schema", n)
+	}
+}
+
+// What counts as live for DeleteGroup: a recent heartbeat, or an
+// unexpired lease even without a member row; a stale heartbeat and an
+// expired lease do not.
+func TestDeleteGroupLiveness(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 2)
+	s := e.schema
+	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition, lease_owner, lease_expires_at) VALUES
+		('leased', 'orders', 0, 'zombie-1', now() + interval '1 minute'), ('leased', 'orders', 1, NULL, NULL),
+		('stale', 'orders', 0, 'old-1', now() - interval '1 minute'), ('stale', 'orders', 1, NULL, NULL)`)
+	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id, heartbeat_at) VALUES
+		('stale', 'orders', 'old-1', now() - interval '5 minutes'),
+		('joining', 'orders', 'new-1', now())`) // a member whose cursors are not created yet
+
+	var active *admin.GroupActiveError
+	_, err := e.admin.DeleteGroup(testCtx(t), "leased", admin.DeleteGroupOptions{})
+	if !errors.As(err, &active) || !errors.Is(err, admin.ErrGroupActive) || fmt.Sprint(active.Members) != "[zombie-1]" || active.LeasedPartitions != 1 {
+		t.Fatalf("DeleteGroup(leased) = %v, want ErrGroupActive naming zombie-1 and 1 leased partition", err)
+	}
+	if !strings.Contains(err.Error(), "Force") {
+		t.Fatalf("the error does not say what to do: %v", err)
+	}
+	if _, err := e.admin.DeleteGroup(testCtx(t), "joining", admin.DeleteGroupOptions{}); !errors.As(err, &active) || fmt.Sprint(active.Members) != "[new-1]" {
+		t.Fatalf("DeleteGroup(joining) = %v, want ErrGroupActive naming new-1", err)
+	}
+	if n := e.count(t, `SELECT count(*) FROM `+s+`.cursors WHERE group_name = 'leased'`); n != 2 {
+		t.Fatalf("a refused delete removed cursors: %d left", n)
+	}
+	got, err := e.admin.DeleteGroup(testCtx(t), "stale", admin.DeleteGroupOptions{})
+	if err != nil || got.Cursors != 2 || got.Members != 1 {
+		t.Fatalf("DeleteGroup(stale) = %+v, %v; want 2 cursors and 1 member deleted", got, err)
+	}
+	if got, err = e.admin.DeleteGroup(testCtx(t), "leased", admin.DeleteGroupOptions{Force: true}); err != nil || got.Cursors != 2 {
+		t.Fatalf("forced DeleteGroup(leased) = %+v, %v", got, err)
+	}
+	if got, err = e.admin.DeleteGroup(testCtx(t), "joining", admin.DeleteGroupOptions{Force: true}); err != nil || got.Members != 1 || got.Cursors != 0 {
+		t.Fatalf("forced DeleteGroup(joining) = %+v, %v", got, err)
+	}
+	for _, group := range []string{"stale", "leased", "joining"} {
+		if _, err := e.admin.DeleteGroup(testCtx(t), group, admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
+			t.Fatalf("DeleteGroup(%s) again = %v, want ErrNotFound", group, err)
+		}
+	}
+	if _, err := e.admin.DeleteGroup(testCtx(t), "", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrInvalidArgument) {
+		t.Fatalf("DeleteGroup(\"\") = %v, want ErrInvalidArgument", err)
+	}
+	if _, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Topic: "bad topic"}); !errors.Is(err, outbox.ErrInvalidName) {
+		t.Fatalf("DeleteGroup with a bad topic = %v, want ErrInvalidName", err)
+	}
+}
+
+// Topic limits the deletion; dead letters stay unless asked for, and then
+// only the scope's go.
+func TestDeleteGroupOneTopicAndItsDeadLetters(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "a", 1)
+	e.register(t, "b", 1)
+	s := e.schema
+	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition) VALUES ('g', 'a', 0), ('g', 'b', 0), ('other', 'a', 0)`)
+	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id, heartbeat_at) VALUES
+		('g', 'a', 'm-a', now() - interval '1 hour'), ('g', 'b', 'm-b', now() - interval '1 hour')`)
+	e.exec(t, `INSERT INTO `+s+`.dead_letters (group_name, topic, partition, seq, uuid, metadata, payload, reason, first_failure_at, last_failure_at) VALUES
+		('g', 'a', 0, 1, 'u1', '{}', '', 'boom', now(), now()), ('g', 'a', 0, 2, 'u2', '{}', '', 'boom', now(), now()),
+		('g', 'b', 0, 1, 'u3', '{}', '', 'boom', now(), now()), ('other', 'a', 0, 1, 'u4', '{}', '', 'boom', now(), now())`)
+
+	if _, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Topic: "nope"}); !errors.Is(err, admin.ErrNotFound) {
+		t.Fatalf("DeleteGroup on a topic the group does not consume = %v, want ErrNotFound", err)
+	}
+	got, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Topic: "a"})
+	if err != nil || got != (admin.DeletedGroup{Group: "g", Topic: "a", Cursors: 1, Members: 1}) {
+		t.Fatalf("DeleteGroup(g, topic a) = %+v, %v", got, err)
+	}
+	if n := e.count(t, `SELECT count(*) FROM `+s+`.cursors WHERE group_name = 'g' AND topic = 'b'`); n != 1 {
+		t.Fatalf("g's cursor on b deleted too (%d left)", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM `+s+`.dead_letters`); n != 4 {
+		t.Fatalf("%d dead letters left, want all 4 kept by default", n)
+	}
+	got, err = e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{DeadLetters: true})
+	if err != nil || got.Cursors != 1 || got.Members != 1 || got.DeadLetters != 3 {
+		t.Fatalf("DeleteGroup(g, dead letters) = %+v, %v; want b's cursor and member and g's 3 dead letters", got, err)
+	}
+	if n := e.count(t, `SELECT count(*) FROM `+s+`.dead_letters WHERE group_name = 'other'`); n != 1 {
+		t.Fatalf("another group's dead letter deleted")
+	}
+	if n := e.count(t, `SELECT count(*) FROM `+s+`.cursors WHERE group_name = 'other'`); n != 1 {
+		t.Fatalf("another group's cursor deleted")
+	}
+}
+
+// The deletion is one locked transaction: while a transaction holds one
+// of the group's cursor rows, a forced delete waits and removes nothing,
+// then everything; a refusal does not wait for the lock.
+func TestDeleteGroupIsAllOrNothing(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 2)
+	s := e.schema
+	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition, lease_owner, lease_expires_at) VALUES
+		('g', 'orders', 0, NULL, NULL), ('g', 'orders', 1, 'w-1', now() + interval '1 minute')`)
+	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id) VALUES ('g', 'orders', 'w-1')`)
+
+	// A worker's transaction holds partition 1's row, as a Transactional
+	// batch does.
+	tx, err := e.pool.Begin(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(testCtx(t), `SELECT 1 FROM `+s+`.cursors WHERE group_name = 'g' AND partition = 1 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	refused := make(chan error, 1)
+	go func() {
+		_, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{})
+		refused <- err
+	}()
+	select {
+	case err := <-refused:
+		if !errors.Is(err, admin.ErrGroupActive) {
+			t.Fatalf("DeleteGroup(g) = %v, want ErrGroupActive", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a refused DeleteGroup waited for the worker's transaction")
+	}
+
+	forced := make(chan error, 1)
+	go func() {
+		_, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Force: true})
+		forced <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-forced:
+		t.Fatalf("a forced DeleteGroup did not wait for the row lock: %v", err)
+	default:
+	}
+	if c, m := e.count(t, `SELECT count(*) FROM `+s+`.cursors`), e.count(t, `SELECT count(*) FROM `+s+`.members`); c != 2 || m != 1 {
+		t.Fatalf("half deleted while waiting: %d cursors, %d members", c, m)
+	}
+	if err := tx.Rollback(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-forced; err != nil {
+		t.Fatal(err)
+	}
+	if c, m := e.count(t, `SELECT count(*) FROM `+s+`.cursors`), e.count(t, `SELECT count(*) FROM `+s+`.members`); c != 0 || m != 0 {
+		t.Fatalf("after the forced delete: %d cursors, %d members", c, m)
+	}
+}
+
+// A schema dropped after the (cached) check: every call says
+// ErrNotMigrated, not "relation does not exist".
+func TestAdminOnADroppedSchema(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition) VALUES ('g', 'orders', 0)`)
+	if _, err := e.admin.Status(testCtx(t), admin.Filter{}); err != nil { // caches the check
+		t.Fatal(err)
+	}
+	e.exec(t, "DROP SCHEMA "+e.schema+" CASCADE")
+	scope := admin.Scope{Group: "g", Topic: "orders"}
+	_, status := e.admin.Status(testCtx(t), admin.Filter{})
+	_, pause := e.admin.Pause(testCtx(t), scope)
+	_, resume := e.admin.Resume(testCtx(t), scope)
+	_, reset := e.admin.ResetCursor(testCtx(t), scope, admin.ToSeq(0))
+	_, del := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{})
+	_, forced := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Force: true})
+	for name, err := range map[string]error{"Status": status, "Pause": pause, "Resume": resume, "ResetCursor": reset,
+		"DeleteGroup": del, "DeleteGroup(Force)": forced} {
+		if !errors.Is(err, outbox.ErrNotMigrated) {
+			t.Errorf("%s on a dropped schema: %v, want ErrNotMigrated", name, err)
+		}
 	}
 }

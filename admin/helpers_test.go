@@ -202,3 +202,12 @@ func seqRange(from, to int64) []int64 {
 	}
 	return out
 }
+
+func (e env) count(t *testing.T, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := e.pool.QueryRow(testCtx(t), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}

@@ -3,6 +3,8 @@ package admin
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,9 +34,12 @@ type TopicStatus struct {
 	Sequenced   int64 `json:"sequenced"`
 	Unsequenced int64 `json:"unsequenced"`
 	// RetentionHeldBy is the group that holds the retention vacuum back
-	// most on this topic (the largest lag; "" when no group lags): the
-	// vacuum keeps every message above the lowest cursor of any group. An
+	// most on this topic ("" when none does): of the groups whose cursor is
+	// the lowest in a partition with messages left after it, the one with
+	// the most messages between those cursors and the heads. The vacuum
+	// keeps every message above the lowest cursor of any group, so an
 	// abandoned group holds retention for ever: delete it with DeleteGroup.
+	// It is worked out over every group, whatever Filter.Group.
 	RetentionHeldBy string        `json:"retention_held_by,omitempty"`
 	Groups          []GroupStatus `json:"groups"`
 }
@@ -51,6 +56,10 @@ type MemberStatus struct {
 
 // GroupStatus is one consumer group on one topic: totals over its
 // partitions, and each partition.
+//
+// A group listed with Members but no Partitions has live members and no
+// cursors on the topic: its cursors were deleted (DeleteGroup with Force)
+// while its subscribers ran; they consume nothing until restarted.
 type GroupStatus struct {
 	Group string `json:"group"`
 	// Lag is the number of messages sequenced but not yet done by the
@@ -63,22 +72,37 @@ type GroupStatus struct {
 	Paused  int `json:"paused"`
 	Leased  int `json:"leased"`
 	Failing int `json:"failing"`
+	// BackingOff counts partitions waiting out a backoff after a failure
+	// (PartitionStatus.BackingOff).
+	BackingOff int `json:"backing_off"`
+	// Unanswered counts partitions whose next message has deliveries that
+	// ended without an outcome (PartitionStatus.Unanswered): a consumer
+	// died, was killed or froze while handling it.
+	Unanswered int `json:"unanswered"`
 	// DeadLetters is the number of pending dead-letter entries.
 	DeadLetters int64 `json:"dead_letters"`
-	// BackingOff counts partitions waiting out a backoff after a failure.
-	BackingOff int `json:"backing_off"`
 	// Members are the group's live members on the topic (a heartbeat
-	// within Config.MemberTimeout); none means nobody consumes it now.
+	// within Config.MemberTimeout), by id; none means nobody consumes for
+	// the group now.
 	Members []MemberStatus `json:"members"`
-	// RetriesForever is set when a live member has no RejectHandler: a
-	// message that keeps failing in its partitions is retried for ever and
-	// stalls them (unless the handler uses outbox.RejectTo).
+	// CannotReject counts the Members without a RejectHandler, and
+	// RetriesForever is set when there is one: a message that keeps failing
+	// in the partitions they hold is retried for ever and stalls its
+	// partition (unless the handler rejects with outbox.RejectTo). With
+	// CannotReject < len(Members) only some partitions are exposed
+	// (PartitionStatus.RetriesForever).
+	CannotReject   int  `json:"cannot_reject"`
 	RetriesForever bool `json:"retries_forever"`
-	// LastActivity is the latest of the group's cursor changes (moves,
-	// failures, pauses) and member heartbeats on the topic.
+	// LastActivity is the latest sign of life of the group on the topic:
+	// a change of one of its cursor rows (a cursor move, a recorded
+	// failure, a pause or reset: PartitionStatus.UpdatedAt) or a member's
+	// heartbeat, live or not (member rows stay up to 10 lease TTLs after
+	// the last heartbeat). Nil when there is neither.
 	LastActivity *time.Time `json:"last_activity,omitempty"`
 	// HoldsRetention is set when the group's cursor is the lowest of all
-	// groups in a partition that still has messages after it.
+	// groups in a partition that still has messages after it
+	// (PartitionStatus.HoldsRetention): the vacuum cannot delete them until
+	// it moves. With no Members, it is likely abandoned: DeleteGroup.
 	HoldsRetention bool              `json:"holds_retention"`
 	Partitions     []PartitionStatus `json:"partitions"`
 }
@@ -115,17 +139,32 @@ type PartitionStatus struct {
 	// Attempts counts failed attempts at the next message since the cursor
 	// last moved (deliveries that ended without an outcome, a crash,
 	// included once a new holder found them), LastError is the latest.
-	Attempts int `json:"attempts"`
+	Attempts    int        `json:"attempts"`
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
 	// Deliveries counts deliveries of the next message that were started
-	// (counted before hand-out); more than Attempts while no lease is live
-	// means deliveries ended without an outcome.
+	// (counted before hand-out, so a delivery that crashes its consumer
+	// is counted too).
 	Deliveries int `json:"deliveries"`
+	// Unanswered is Deliveries − Attempts while no lease is live: that
+	// many deliveries ended without an outcome (the consumer died, was
+	// killed or froze past its lease). The next lease holder counts them
+	// as failed attempts. 0 while a lease is live (a delivery may be in
+	// flight).
+	Unanswered int `json:"unanswered"`
 	// BackoffUntil is when the retry of the next message is due after its
-	// last failure; BackingOff says whether that is still ahead.
+	// last failure (it survives restarts and lease moves); BackingOff says
+	// whether that is still ahead, at Report.At.
 	BackoffUntil *time.Time `json:"backoff_until,omitempty"`
 	BackingOff   bool       `json:"backing_off"`
-	LastError    string     `json:"last_error,omitempty"`
-	LastErrorAt  *time.Time `json:"last_error_at,omitempty"`
+	// RetriesForever is set when the lease is live and its owner is a live
+	// member without a RejectHandler: a message that keeps failing here is
+	// retried for ever.
+	RetriesForever bool `json:"retries_forever"`
+	// HoldsRetention is set when the group's cursor is the lowest of all
+	// groups here and messages are left after it: the vacuum keeps them
+	// until it moves.
+	HoldsRetention bool `json:"holds_retention"`
 	// UpdatedAt is when the cursor row last changed (cursor moved, failure
 	// recorded, pause, reset).
 	UpdatedAt time.Time `json:"updated_at"`
@@ -163,8 +202,12 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 		if err != nil {
 			return err
 		}
-		rep.Topics = assemble(topics, parts, f.Group != "")
-		addMembers(rep.Topics, members)
+		holders, err := a.holders(ctx, tx, f)
+		if err != nil {
+			return err
+		}
+		rep.Topics = assemble(topics, parts, members, f.Group != "")
+		addHolders(rep.Topics, holders)
 		return nil
 	})
 	if err != nil {
@@ -175,15 +218,17 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 
 type memberRow struct {
 	group, topic string
+	live         bool
 	MemberStatus
 }
 
-// members reads the live members of the selected groups and topics.
+// members reads the member rows of the selected groups and topics, live
+// or not.
 func (a *Admin) members(ctx context.Context, tx pgx.Tx, f Filter) ([]memberRow, error) {
-	rows, err := tx.Query(ctx, `SELECT group_name, topic, member_id, joined_at, heartbeat_at, can_reject
+	rows, err := tx.Query(ctx, `SELECT group_name, topic, member_id, joined_at, heartbeat_at, can_reject,
+		heartbeat_at > now() - $3::int8 * interval '1 microsecond'
 	FROM `+a.s+`.members
 	WHERE ($1 = '' OR group_name = $1) AND ($2 = '' OR topic = $2)
-		AND heartbeat_at > now() - $3::int8 * interval '1 microsecond'
 	ORDER BY group_name, topic, member_id`, f.Group, f.Topic, a.cfg.MemberTimeout.Microseconds())
 	if err != nil {
 		return nil, err
@@ -192,7 +237,7 @@ func (a *Admin) members(ctx context.Context, tx pgx.Tx, f Filter) ([]memberRow, 
 	var out []memberRow
 	for rows.Next() {
 		var m memberRow
-		if err := rows.Scan(&m.group, &m.topic, &m.MemberID, &m.JoinedAt, &m.HeartbeatAt, &m.CanReject); err != nil {
+		if err := rows.Scan(&m.group, &m.topic, &m.MemberID, &m.JoinedAt, &m.HeartbeatAt, &m.CanReject, &m.live); err != nil {
 			return nil, err
 		}
 		out = append(out, m)
@@ -200,47 +245,64 @@ func (a *Admin) members(ctx context.Context, tx pgx.Tx, f Filter) ([]memberRow, 
 	return out, rows.Err()
 }
 
-// addMembers puts the live members under their groups, and works out each
-// group's last activity, whether it retries poison for ever, and which
-// group holds retention back.
-func addMembers(topics []TopicStatus, members []memberRow) {
+type holderRow struct {
+	topic, group string
+	partitions   []int32
+}
+
+// holders reads, over every group of the selected topics (whatever
+// f.Group), the groups whose cursor is the lowest in a partition with
+// messages left after it, the biggest holder of each topic first.
+func (a *Admin) holders(ctx context.Context, tx pgx.Tx, f Filter) ([]holderRow, error) {
+	rows, err := tx.Query(ctx, `WITH low AS (
+		SELECT topic, partition, min(seq) AS seq FROM `+a.s+`.cursors WHERE $1 = '' OR topic = $1 GROUP BY topic, partition
+	)
+	SELECT c.topic, c.group_name, array_agg(c.partition ORDER BY c.partition)
+	FROM low
+	JOIN `+a.s+`.cursors c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
+	JOIN `+a.s+`.partitions p ON p.topic = c.topic AND p.partition = c.partition
+	WHERE p.last_seq > c.seq
+		AND EXISTS (SELECT 1 FROM `+a.s+`.log l WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq)
+	GROUP BY c.topic, c.group_name
+	ORDER BY c.topic, sum(p.last_seq - c.seq) DESC, c.group_name`, f.Topic)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []holderRow
+	for rows.Next() {
+		var h holderRow
+		if err := rows.Scan(&h.topic, &h.group, &h.partitions); err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
+// addHolders marks the groups and partitions that hold retention back, and
+// each topic's biggest holder.
+func addHolders(topics []TopicStatus, holders []holderRow) {
 	for ti := range topics {
 		t := &topics[ti]
-		for gi := range t.Groups {
-			g := &t.Groups[gi]
-			g.Members = []MemberStatus{}
-			for _, m := range members {
-				if m.group != g.Group || m.topic != t.Topic {
+		for _, h := range holders {
+			if h.topic != t.Topic {
+				continue
+			}
+			if t.RetentionHeldBy == "" {
+				t.RetentionHeldBy = h.group // the first is the biggest
+			}
+			for gi := range t.Groups {
+				g := &t.Groups[gi]
+				if g.Group != h.group {
 					continue
 				}
-				g.Members = append(g.Members, m.MemberStatus)
-				g.RetriesForever = g.RetriesForever || !m.CanReject
-				if g.LastActivity == nil || m.HeartbeatAt.After(*g.LastActivity) {
-					at := m.HeartbeatAt
-					g.LastActivity = &at
+				g.HoldsRetention = true
+				for pi := range g.Partitions {
+					if slices.Contains(h.partitions, int32(g.Partitions[pi].Partition)) {
+						g.Partitions[pi].HoldsRetention = true
+					}
 				}
-			}
-		}
-		// Per partition, the group(s) with the lowest cursor hold retention
-		// back there (if any message is left after it).
-		low := map[int]int64{}
-		for _, g := range t.Groups {
-			for _, p := range g.Partitions {
-				if c, ok := low[p.Partition]; !ok || p.Cursor < c {
-					low[p.Partition] = p.Cursor
-				}
-			}
-		}
-		var most int64
-		for gi := range t.Groups {
-			g := &t.Groups[gi]
-			for _, p := range g.Partitions {
-				if p.Lag > 0 && p.Cursor == low[p.Partition] {
-					g.HoldsRetention = true
-				}
-			}
-			if g.HoldsRetention && g.Lag > most {
-				most, t.RetentionHeldBy = g.Lag, g.Group
 			}
 		}
 	}
@@ -305,14 +367,17 @@ func (a *Admin) partitions(ctx context.Context, tx pgx.Tx, f Filter, now time.Ti
 			p.LagSeconds = max(now.Sub(*p.OldestUnprocessedAt).Seconds(), 0)
 		}
 		p.BackingOff = p.BackoffUntil != nil && p.BackoffUntil.After(now)
+		if !p.Leased {
+			p.Unanswered = max(p.Deliveries-p.Attempts, 0)
+		}
 		out = append(out, p)
 	}
 	return out, rows.Err()
 }
 
 // assemble groups the partition rows (ordered by topic, group, partition)
-// under their topics.
-func assemble(topics []TopicStatus, parts []PartitionStatus, onlyConsumed bool) []TopicStatus {
+// and the member rows under their topics, and works out the group totals.
+func assemble(topics []TopicStatus, parts []PartitionStatus, members []memberRow, onlyConsumed bool) []TopicStatus {
 	byTopic := map[string]*TopicStatus{}
 	for i := range topics {
 		byTopic[topics[i].Topic] = &topics[i]
@@ -323,17 +388,11 @@ func assemble(topics []TopicStatus, parts []PartitionStatus, onlyConsumed bool) 
 			continue // cursors of a topic that is not registered
 		}
 		if n := len(t.Groups); n == 0 || t.Groups[n-1].Group != p.Group {
-			t.Groups = append(t.Groups, GroupStatus{Group: p.Group})
+			t.Groups = append(t.Groups, GroupStatus{Group: p.Group, Members: []MemberStatus{}})
 		}
 		g := &t.Groups[len(t.Groups)-1]
 		g.Partitions = append(g.Partitions, p)
-		if g.LastActivity == nil || p.UpdatedAt.After(*g.LastActivity) {
-			at := p.UpdatedAt
-			g.LastActivity = &at
-		}
-		if p.BackingOff {
-			g.BackingOff++
-		}
+		g.LastActivity = latest(g.LastActivity, p.UpdatedAt)
 		g.Lag += p.Lag
 		g.MaxLagSeconds = max(g.MaxLagSeconds, p.LagSeconds)
 		g.DeadLetters += p.DeadLetters
@@ -346,13 +405,58 @@ func assemble(topics []TopicStatus, parts []PartitionStatus, onlyConsumed bool) 
 		if p.Attempts > 0 {
 			g.Failing++
 		}
+		if p.BackingOff {
+			g.BackingOff++
+		}
+		if p.Unanswered > 0 {
+			g.Unanswered++
+		}
+	}
+	// Members: live ones are listed; every heartbeat counts as activity.
+	for _, m := range members {
+		t := byTopic[m.topic]
+		if t == nil {
+			continue
+		}
+		i := slices.IndexFunc(t.Groups, func(g GroupStatus) bool { return g.Group == m.group })
+		if i < 0 {
+			if !m.live {
+				continue // a dead member of a group without cursors here
+			}
+			t.Groups = append(t.Groups, GroupStatus{Group: m.group, Members: []MemberStatus{}, Partitions: []PartitionStatus{}})
+			i = len(t.Groups) - 1
+		}
+		g := &t.Groups[i]
+		g.LastActivity = latest(g.LastActivity, m.HeartbeatAt)
+		if !m.live {
+			continue
+		}
+		g.Members = append(g.Members, m.MemberStatus)
+		if !m.CanReject {
+			g.CannotReject++
+			g.RetriesForever = true
+			for pi := range g.Partitions {
+				if p := &g.Partitions[pi]; p.Leased && p.LeaseOwner == m.MemberID {
+					p.RetriesForever = true
+				}
+			}
+		}
 	}
 	out := make([]TopicStatus, 0, len(topics))
 	for _, t := range topics {
 		if onlyConsumed && len(t.Groups) == 0 {
 			continue
 		}
+		slices.SortStableFunc(t.Groups, func(a, b GroupStatus) int { return strings.Compare(a.Group, b.Group) })
 		out = append(out, t)
 	}
 	return out
+}
+
+// latest returns the later of at and t.
+func latest(at *time.Time, t time.Time) *time.Time {
+	if at == nil || t.After(*at) {
+		return &t
+	}
+	return at
 }

@@ -11,6 +11,17 @@
 // A group that subscribes later (without StartFromNewest) starts at the
 // oldest message still retained, and a cursor reset (package admin) can go
 // back only that far.
+//
+// A group that stops consuming holds retention back for ever: the rows
+// after its cursor stay, and the log grows. Every pass reports the groups
+// that hold retention back (PassStats.HeldBack: topic, group, partitions,
+// how far behind, since when) and Run logs them; a group that does so with
+// no live member is likely abandoned and is logged at warning level.
+// admin.DeleteGroup removes it, and the next pass frees what only it kept.
+//
+// Every entry point refuses a schema that was never migrated
+// (outbox.ErrNotMigrated) or was migrated by a newer release
+// (outbox.ErrSchemaTooNew).
 package retention
 
 import (
@@ -109,34 +120,45 @@ func (c Config) Validate() error {
 type PassStats struct {
 	// Partitions is how many partitions had cursors; Visited how many of
 	// them the pass worked on (their cursors had moved, or work was left).
-	Partitions int
-	Visited    int
+	Partitions int `json:"partitions"`
+	Visited    int `json:"visited"`
 	// Deleted is how many log rows the pass deleted.
-	Deleted int64
+	Deleted int64 `json:"deleted"`
 	// More reports work left for the next pass (a partition hit
 	// MaxChunksPerVisit).
-	More bool
-	// HeldBack lists, per topic, the group that keeps the most messages
-	// from being deleted: its cursor is the lowest of all groups in the
-	// partitions it holds back. A group without live members there is
-	// likely abandoned: delete it (admin.DeleteGroup) to free the log.
-	HeldBack []Holder
+	More bool `json:"more"`
+	// HeldBack lists the groups that hold retention back, as the pass
+	// left them: per topic, every group whose cursor is the lowest of all
+	// groups in a partition with messages left after it, the one keeping
+	// the most messages first. A group without live members is likely
+	// abandoned: delete it (admin.DeleteGroup) to free the log.
+	HeldBack []Holder `json:"held_back,omitempty"`
 }
 
-// Holder is a consumer group that holds retention back on a topic.
+// Holder is a consumer group that holds retention back on a topic: in
+// Partitions, its cursor is the lowest of all groups and messages are left
+// after it, so the vacuum keeps them until it moves.
 type Holder struct {
-	Topic string
-	Group string
-	// Messages is how many messages the vacuum keeps only for this group
-	// (behind its cursor in the partitions where it is the lowest), and
-	// Partitions how many partitions it holds back.
-	Messages   int64
-	Partitions int
-	// LiveMembers counts its live members on the topic; 0 means nobody
-	// consumes for it, so it will not move by itself.
-	LiveMembers int
-	// LastActivity is when one of its cursors on the topic last changed.
-	LastActivity time.Time
+	Topic string `json:"topic"`
+	Group string `json:"group"`
+	// Partitions are the partitions it holds back, sorted.
+	Partitions []int `json:"partitions"`
+	// Messages is how far behind it is: the messages between its cursors
+	// and the heads of those partitions. The vacuum keeps at least these;
+	// were the group gone, it could delete those the next lowest group has
+	// finished.
+	Messages int64 `json:"messages"`
+	// OldestAt is when the oldest message it has not finished there was
+	// sequenced: how far behind it is in time.
+	OldestAt time.Time `json:"oldest_at"`
+	// LastActivity is when one of its cursor rows in those partitions last
+	// changed (a cursor move, a recorded failure, a pause or reset): how
+	// long it has stood there.
+	LastActivity time.Time `json:"last_activity"`
+	// LiveMembers counts its live members on the topic (a heartbeat within
+	// Config.MemberTimeout); 0 means nobody consumes for it, so it will not
+	// move by itself.
+	LiveMembers int `json:"live_members"`
 }
 
 // Stats are running totals of a Vacuum.
@@ -169,9 +191,12 @@ type Vacuum struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
 
+	baseLogger watermill.LoggerAdapter // as given, for Warn
+	logFields  watermill.LogFields     // the component's fields
+
 	horizonSQL, deleteSQL, oldestSQL, holdersSQL string
-	// The abandoned holders last logged, so that each is logged once.
-	loggedHolders map[string]bool
+	// When each abandoned holder (topic, group) was last warned about.
+	warnedHolders map[string]time.Time
 
 	passMu sync.Mutex // one pass at a time
 	state  map[partitionKey]*partitionState
@@ -197,12 +222,15 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 	}
 	s := names.Quote(cfg.Schema)
 	ctx, cancel := context.WithCancel(context.Background())
+	fields := watermill.LogFields{"component": "outbox.retention", "schema": cfg.Schema}
 	v := &Vacuum{
-		cfg:    cfg,
-		logger: logger.With(watermill.LogFields{"component": "outbox.retention", "schema": cfg.Schema}),
-		state:  map[partitionKey]*partitionState{},
+		cfg:        cfg,
+		logger:     logger.With(fields),
+		baseLogger: logger,
+		logFields:  fields,
+		state:      map[partitionKey]*partitionState{},
 
-		loggedHolders: map[string]bool{},
+		warnedHolders: map[string]time.Time{},
 		ctx:           ctx,
 		cancel:        cancel,
 	}
@@ -232,19 +260,31 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 	v.oldestSQL = `SELECT seq, sequenced_at FROM ` + s + `.log
 	WHERE topic = $1 AND partition = $2 AND seq <= $3 ORDER BY seq LIMIT 1`
 	// $1 member timeout in µs. Per topic and group: the partitions where
-	// the group's cursor is the lowest and messages are left after it, how
-	// many, its live members and its last cursor change; the biggest
-	// holder of each topic first.
-	v.holdersSQL = `SELECT DISTINCT ON (h.topic) h.topic, h.group_name, h.messages, h.parts, h.last_activity,
-		(SELECT count(*) FROM ` + s + `.members m WHERE m.group_name = h.group_name AND m.topic = h.topic
-			AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')
-	FROM (
-		SELECT c.topic, c.group_name, sum(p.last_seq - c.seq)::int8 AS messages, count(*)::int4 AS parts, max(c.updated_at) AS last_activity
-		FROM ` + s + `.cursors c JOIN ` + s + `.partitions p ON p.topic = c.topic AND p.partition = c.partition
+	// the group's cursor is the lowest (of the registered partitions, as
+	// for the horizon) and messages are left after it, how many, the oldest
+	// of them, its last cursor change there and its live members; the
+	// biggest holder of each topic first.
+	v.holdersSQL = `WITH low AS (
+		SELECT c.topic, c.partition, min(c.seq) AS seq
+		FROM ` + s + `.cursors c JOIN ` + s + `.topics t ON t.name = c.topic AND c.partition < t.partitions
+		GROUP BY c.topic, c.partition
+	), h AS (
+		SELECT c.topic, c.group_name, array_agg(c.partition ORDER BY c.partition) AS parts,
+			sum(p.last_seq - c.seq)::int8 AS messages, min(u.sequenced_at) AS oldest, max(c.updated_at) AS last_activity
+		FROM low
+		JOIN ` + s + `.cursors c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
+		JOIN ` + s + `.partitions p ON p.topic = c.topic AND p.partition = c.partition
+		CROSS JOIN LATERAL (
+			SELECT l.sequenced_at FROM ` + s + `.log l
+			WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq ORDER BY l.seq LIMIT 1
+		) u
 		WHERE p.last_seq > c.seq
-			AND c.seq = (SELECT min(c2.seq) FROM ` + s + `.cursors c2 WHERE c2.topic = c.topic AND c2.partition = c.partition)
 		GROUP BY c.topic, c.group_name
-	) h
+	)
+	SELECT h.topic, h.group_name, h.parts, h.messages, h.oldest, h.last_activity,
+		(SELECT count(*) FROM ` + s + `.members m WHERE m.group_name = h.group_name AND m.topic = h.topic
+			AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')::int4
+	FROM h
 	ORDER BY h.topic, h.messages DESC, h.group_name`
 	return v, nil
 }
@@ -254,9 +294,16 @@ func (v *Vacuum) Stats() Stats {
 	return Stats{Passes: v.passes.Load(), Visits: v.visits.Load(), Deleted: v.deleted.Load()}
 }
 
-// Run vacuums until ctx ends or Close is called, then returns nil.
-// Database errors are logged and retried at the next pass. Run may be
-// called once.
+// Run vacuums until ctx ends or Close is called, then returns nil. A
+// schema it cannot work with ends it at once: one never migrated
+// (outbox.ErrNotMigrated: run outbox.Migrate first) or migrated by a newer
+// release (outbox.ErrSchemaTooNew). Other database errors are logged and
+// retried at the next pass. Run may be called once.
+//
+// Each pass is logged at Debug level with the groups that hold retention
+// back (PassStats.HeldBack); a group that does so without live members is
+// logged at warning level (see WarnLogger) when first seen and every hour
+// while it lasts.
 func (v *Vacuum) Run(ctx context.Context) error {
 	v.mu.Lock()
 	switch {
@@ -271,6 +318,13 @@ func (v *Vacuum) Run(ctx context.Context) error {
 	v.wg.Add(1)
 	v.mu.Unlock()
 	defer v.wg.Done()
+
+	// Retrying would not mend the schema; any other error (the database
+	// not up yet, say) is met again by the first pass, and retried.
+	db, _ := pgexec.FromDB(v.cfg.Pool)
+	if err := schemacheck.Check(ctx, v.cfg.Pool, db, v.cfg.Schema); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
+		return fmt.Errorf("retention: %w", err)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -296,8 +350,9 @@ func (v *Vacuum) Run(ctx context.Context) error {
 		case stats.More:
 			wait = 0
 		}
-		if stats.Deleted > 0 {
-			v.logger.Debug("Vacuum pass", watermill.LogFields{"visited": stats.Visited, "deleted": stats.Deleted, "more": stats.More})
+		if err == nil {
+			v.logger.Debug("Vacuum pass", watermill.LogFields{"visited": stats.Visited, "deleted": stats.Deleted, "more": stats.More,
+				"held_back": heldBackSummary(stats.HeldBack)})
 		}
 		timer.Reset(wait)
 	}
@@ -315,12 +370,21 @@ func (v *Vacuum) Close() error {
 
 // VacuumOnce runs one pass: it reads every partition's horizon and deletes,
 // in partitions whose horizon moved since their last visit (or that have
-// work left), the rows at or below it, in chunks. It returns what it did;
-// on an error, the work done so far stays done.
+// work left), the rows at or below it, in chunks, then reads who holds
+// retention back (PassStats.HeldBack) and warns about abandoned holders
+// (see Run). It returns what it did; on an error, the work done so far
+// stays done. A schema never migrated is outbox.ErrNotMigrated, one
+// migrated by a newer release outbox.ErrSchemaTooNew.
 func (v *Vacuum) VacuumOnce(ctx context.Context) (PassStats, error) {
 	v.passMu.Lock()
 	defer v.passMu.Unlock()
 	v.passes.Add(1)
+	stats, err := v.pass(ctx)
+	// A schema dropped since the cached check: 42P01, from any statement.
+	return stats, schemacheck.Wrap(err, v.cfg.Schema)
+}
+
+func (v *Vacuum) pass(ctx context.Context) (PassStats, error) {
 
 	type horizon struct {
 		key  partitionKey
@@ -333,7 +397,7 @@ func (v *Vacuum) VacuumOnce(ctx context.Context) (PassStats, error) {
 	}
 	rows, err := v.cfg.Pool.Query(ctx, v.horizonSQL)
 	if err != nil {
-		return PassStats{}, schemacheck.Wrap(fmt.Errorf("retention: read cursors: %w", err), v.cfg.Schema)
+		return PassStats{}, fmt.Errorf("retention: read cursors: %w", err)
 	}
 	var hs []horizon
 	for rows.Next() {
@@ -380,8 +444,9 @@ func (v *Vacuum) VacuumOnce(ctx context.Context) (PassStats, error) {
 	return stats, nil
 }
 
-// holders reads who holds retention back, and logs each group that does so
-// without live members (likely abandoned) once.
+// holders reads who holds retention back, and warns about each group that
+// does so without live members (likely abandoned): when it is first seen,
+// and again every rewarnInterval while it lasts.
 func (v *Vacuum) holders(ctx context.Context) ([]Holder, error) {
 	rows, err := v.cfg.Pool.Query(ctx, v.holdersSQL, v.cfg.MemberTimeout.Microseconds())
 	if err != nil {
@@ -390,34 +455,84 @@ func (v *Vacuum) holders(ctx context.Context) ([]Holder, error) {
 	defer rows.Close()
 	var out []Holder
 	for rows.Next() {
-		var h Holder
-		if err := rows.Scan(&h.Topic, &h.Group, &h.Messages, &h.Partitions, &h.LastActivity, &h.LiveMembers); err != nil {
+		var (
+			h     Holder
+			parts []int32
+		)
+		if err := rows.Scan(&h.Topic, &h.Group, &parts, &h.Messages, &h.OldestAt, &h.LastActivity, &h.LiveMembers); err != nil {
 			return nil, fmt.Errorf("retention: read holders: %w", err)
+		}
+		h.Partitions = make([]int, len(parts))
+		for i, p := range parts {
+			h.Partitions[i] = int(p)
 		}
 		out = append(out, h)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("retention: read holders: %w", err)
 	}
-	abandoned := map[string]bool{}
+	now := time.Now()
+	warned := map[string]time.Time{}
 	for _, h := range out {
 		if h.LiveMembers > 0 {
 			continue
 		}
 		key := h.Topic + "\x00" + h.Group
-		abandoned[key] = true
-		if !v.loggedHolders[key] {
-			v.logger.Error("A consumer group without live members holds retention back: the log keeps growing until it moves or is deleted (admin.DeleteGroup)",
-				errHeldBack, watermill.LogFields{"topic": h.Topic, "group": h.Group, "messages_kept": h.Messages,
-					"partitions": h.Partitions, "last_activity": h.LastActivity})
+		last, ok := v.warnedHolders[key]
+		if ok && now.Sub(last) < rewarnInterval {
+			warned[key] = last
+			continue
 		}
+		warned[key] = now
+		v.warn("A consumer group without live members holds retention back: the log keeps every message it has not finished "+
+			"until it moves. If the group is abandoned, delete it (admin.DeleteGroup); otherwise restart its subscribers",
+			watermill.LogFields{"topic": h.Topic, "group": h.Group, "partitions": h.Partitions, "messages_behind": h.Messages,
+				"oldest_at": h.OldestAt, "last_activity": h.LastActivity, "idle_for": now.Sub(h.LastActivity).Round(time.Second).String()})
 	}
-	v.loggedHolders = abandoned
+	v.warnedHolders = warned
 	return out, nil
 }
 
-// errHeldBack is logged with a group that holds retention back.
-var errHeldBack = errors.New("retention: held back by an idle consumer group")
+// heldBackSummary describes holders for a log line: "topic/group: N
+// messages behind in partitions [...], M live members" each.
+func heldBackSummary(hs []Holder) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = fmt.Sprintf("%s/%s: %d messages behind in partitions %v, %d live members, last activity %s",
+			h.Topic, h.Group, h.Messages, h.Partitions, h.LiveMembers, h.LastActivity.Format(time.RFC3339))
+	}
+	return out
+}
+
+// rewarnInterval is how often the warning about a group that holds
+// retention back without live members is repeated while it lasts.
+const rewarnInterval = time.Hour
+
+// WarnLogger is implemented by a watermill.LoggerAdapter that has a
+// warning level (watermill's interface has none; outbox.WarnLogger is the
+// same). The vacuum logs its warnings through Warn when the logger it was
+// given has it, and at Error level otherwise.
+type WarnLogger interface {
+	Warn(msg string, fields watermill.LogFields)
+}
+
+// errWarning is the error logged with a warning on a logger without Warn.
+var errWarning = errors.New("retention: warning")
+
+// warn logs at warning level: through the component logger if it has Warn,
+// else through the logger NewVacuum was given (with the component's
+// fields), else at Error level.
+func (v *Vacuum) warn(msg string, fields watermill.LogFields) {
+	if w, ok := v.logger.(WarnLogger); ok {
+		w.Warn(msg, fields)
+		return
+	}
+	if w, ok := v.baseLogger.(WarnLogger); ok {
+		w.Warn(msg, v.logFields.Add(fields))
+		return
+	}
+	v.logger.Error(msg, errWarning, fields)
+}
 
 // visit deletes the rows of one partition at or below horizon, at most
 // MaxChunksPerVisit chunks, and updates st.
