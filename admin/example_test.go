@@ -77,3 +77,41 @@ func ExampleAdmin_DeleteGroup() {
 		log.Printf("deleted %d cursors", deleted.Cursors)
 	}
 }
+
+// What an operator looks for in the status: groups that hold retention
+// back with nobody consuming for them (likely abandoned), groups that
+// retry a poison message for ever, and partitions stuck on a message that
+// fails, crashes its consumer or waits out a backoff.
+func ExampleAdmin_Status() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	a, err := admin.New(admin.Config{Pool: pool}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	report, err := a.Status(ctx, admin.Filter{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, t := range report.Topics {
+		for _, g := range t.Groups {
+			if g.HoldsRetention && len(g.Members) == 0 {
+				log.Printf("%s/%s holds retention back with no live member (last activity %v): admin.DeleteGroup if it is abandoned",
+					t.Topic, g.Group, g.LastActivity)
+			}
+			if g.RetriesForever {
+				log.Printf("%s/%s: %d member(s) without a RejectHandler retry a poison message for ever", t.Topic, g.Group, g.CannotReject)
+			}
+			for _, p := range g.Partitions {
+				if p.Attempts > 0 || p.Unanswered > 0 {
+					log.Printf("%s/%s/%d: seq %d failed %d time(s), %d deliveries ended without an outcome, backing off: %v (%s)",
+						t.Topic, g.Group, p.Partition, p.Cursor+1, p.Attempts, p.Unanswered, p.BackingOff, p.LastError)
+				}
+			}
+		}
+	}
+}

@@ -102,6 +102,19 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 	if deleted, err = e.admin.DeleteGroup(testCtx(t), "busy", admin.DeleteGroupOptions{Force: true}); err != nil || deleted.Cursors != 2 || deleted.Members != 1 {
 		t.Fatalf("forced DeleteGroup(busy) = %+v, %v", deleted, err)
 	}
+	// Its subscriber still runs: the status keeps showing the group, by
+	// its live member.
+	waitFor(t, "busy's running member to show again", 10*time.Second, func() bool {
+		rep, err := e.admin.Status(testCtx(t), admin.Filter{Group: "busy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Topics) == 1 && len(rep.Topics[0].Groups) == 1 && len(rep.Topics[0].Groups[0].Members) == 1 {
+			t.Logf("after a forced delete of a running group: %d partitions", len(rep.Topics[0].Groups[0].Partitions))
+			return true
+		}
+		return false
+	})
 	_ = busy.Close()
 	done.Wait()
 }

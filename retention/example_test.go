@@ -34,3 +34,32 @@ func ExampleVacuum() {
 		log.Fatal(err)
 	}
 }
+
+// One pass, and who keeps the log from shrinking: a group whose cursor is
+// the lowest, how far behind it is, and whether anyone still consumes for
+// it.
+func ExampleVacuum_VacuumOnce() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	v, err := retention.NewVacuum(retention.Config{Pool: pool}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer v.Close()
+	pass, err := v.VacuumOnce(ctx)
+	if err != nil {
+		log.Fatal(err) // outbox.ErrNotMigrated: run outbox.Migrate first
+	}
+	log.Printf("deleted %d log rows", pass.Deleted)
+	for _, h := range pass.HeldBack {
+		log.Printf("%s: group %s is %d messages behind in partitions %v (oldest sequenced %v), last activity %v, %d live members",
+			h.Topic, h.Group, h.Messages, h.Partitions, h.OldestAt, h.LastActivity, h.LiveMembers)
+		if h.LiveMembers == 0 {
+			log.Printf("  likely abandoned: admin.DeleteGroup(ctx, %q, admin.DeleteGroupOptions{Topic: %q})", h.Group, h.Topic)
+		}
+	}
+}
