@@ -58,8 +58,8 @@ type DeletedGroup struct {
 // whose heartbeat is within Config.MemberTimeout, or the owner of an
 // unexpired lease on one of its partitions. Stop its subscribers first,
 // or pass opts.Force. A refusal does not wait for the group's running
-// transactions. A group with nothing to delete in the scope is
-// ErrNotFound; an empty group or bad topic name is ErrInvalidArgument or
+// transactions. A group with nothing to delete in the scope (no cursors
+// or members, nor dead letters with opts.DeadLetters) is ErrNotFound; an empty group or bad topic name is ErrInvalidArgument or
 // an outbox.ErrInvalidName.
 //
 // Dead letters are kept unless opts.DeadLetters (see DeleteGroupOptions).
@@ -80,8 +80,9 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 	out := DeletedGroup{Group: group, Topic: opts.Topic}
 	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
 		// Lock the group's cursors and member rows, in key order (as the
-		// other admin operations do): no lease can be acquired, renewed or
-		// written and no heartbeat recorded until the decision commits.
+		// other admin operations do): until the decision commits, no lease
+		// on them can be acquired, renewed or written (the lease manager
+		// skips locked rows) and no existing member's heartbeat recorded.
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+a.s+`.cursors
 			WHERE group_name = $1 AND ($2 = '' OR topic = $2) ORDER BY topic, partition FOR UPDATE`, group, opts.Topic); err != nil {
 			return fmt.Errorf("admin: delete group: lock cursors: %w", err)
@@ -110,8 +111,12 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 			}
 			out.DeadLetters = tag.RowsAffected()
 		}
-		if out.Cursors == 0 && out.Members == 0 {
-			return fmt.Errorf("%w: consumer group %q has no cursors or members%s (check the name with Status)", ErrNotFound, group, topicSuffix(opts.Topic))
+		if out.Cursors == 0 && out.Members == 0 && out.DeadLetters == 0 {
+			what := "cursors or members"
+			if opts.DeadLetters {
+				what = "cursors, members or dead letters"
+			}
+			return fmt.Errorf("%w: consumer group %q has no %s%s (check the name with Status)", ErrNotFound, group, what, topicSuffix(opts.Topic))
 		}
 		return nil
 	})

@@ -388,6 +388,16 @@ func TestDeleteGroupOneTopicAndItsDeadLetters(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM `+s+`.cursors WHERE group_name = 'other'`); n != 1 {
 		t.Fatalf("another group's cursor deleted")
 	}
+	// The dead letters of a group deleted earlier can go on their own.
+	if _, err := e.admin.DeleteGroup(testCtx(t), "other", admin.DeleteGroupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.DeleteGroup(testCtx(t), "other", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
+		t.Fatalf("DeleteGroup(other) again = %v, want ErrNotFound", err)
+	}
+	if got, err = e.admin.DeleteGroup(testCtx(t), "other", admin.DeleteGroupOptions{DeadLetters: true}); err != nil || got.DeadLetters != 1 {
+		t.Fatalf("DeleteGroup(other, dead letters) = %+v, %v; want its dead letter", got, err)
+	}
 }
 
 // The deletion is one locked transaction: while a transaction holds one
