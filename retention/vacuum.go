@@ -47,6 +47,7 @@ const (
 	DefaultInterval          = 10 * time.Second
 	DefaultChunkSize         = 5000
 	DefaultMaxChunksPerVisit = 20
+	DefaultMemberTimeout     = 30 * time.Second
 )
 
 // Config configures a Vacuum.
@@ -71,8 +72,10 @@ type Config struct {
 	// back that far. 0 deletes them as soon as every group is past them.
 	KeepFor time.Duration
 	// MemberTimeout is how long after its last heartbeat a group member
-	// still counts as live (default 30s), to tell an abandoned group that
-	// holds retention back from a slow one.
+	// still counts as live (default DefaultMemberTimeout), to tell an
+	// abandoned group that holds retention back from a slow one. Members
+	// heartbeat every balance interval (1s by default); keep it above that
+	// and the subscribers' lease TTL, as admin.Config.MemberTimeout.
 	MemberTimeout time.Duration
 }
 
@@ -90,7 +93,7 @@ func (c *Config) setDefaults() {
 		c.MaxChunksPerVisit = DefaultMaxChunksPerVisit
 	}
 	if c.MemberTimeout == 0 {
-		c.MemberTimeout = 30 * time.Second
+		c.MemberTimeout = DefaultMemberTimeout
 	}
 }
 
@@ -112,6 +115,8 @@ func (c Config) Validate() error {
 		return &errs.ConfigError{Field: "MaxChunksPerVisit", Reason: fmt.Sprintf("must be at least 1, got %d", c.MaxChunksPerVisit)}
 	case c.KeepFor < 0:
 		return &errs.ConfigError{Field: "KeepFor", Reason: fmt.Sprintf("must not be negative, got %v", c.KeepFor)}
+	case c.MemberTimeout < 0:
+		return &errs.ConfigError{Field: "MemberTimeout", Reason: fmt.Sprintf("must be positive, got %v", c.MemberTimeout)}
 	}
 	return nil
 }
