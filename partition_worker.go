@@ -282,6 +282,9 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 	defer cancel()
 	processed, result, reason := w.handle(ctx, entries, guard)
 	if err := w.takeHandleError(); err != nil {
+		// A database failure (the connection was lost, say) is not the
+		// message's: its delivery does not count.
+		w.undoDelivery(ctx)
 		return worker.Idle(), err
 	}
 	switch result {
@@ -404,7 +407,7 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 				stmt = "RELEASE SAVEPOINT outbox_delivery; SAVEPOINT outbox_delivery"
 			}
 			if _, err := tx.tx.Exec(dctx, stmt); err != nil {
-				if i > 0 {
+				if i > 0 && !connLost(tx) {
 					return w.brokenTx(dctx, tx, entries, i-1, err)
 				}
 				w.handleErr = err
@@ -426,6 +429,10 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 		if tx != nil && (result == nacked || result == rejected) {
 			// Undo whatever the handler wrote for this message.
 			if _, err := tx.tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
+				if connLost(tx) {
+					w.handleErr = err
+					return i, stopped, nil
+				}
 				return i, broken, &TxMisuseError{Seq: e.seq, What: misuseEnded, Cause: err}
 			}
 		}
@@ -433,10 +440,21 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 	}
 	if tx != nil {
 		if _, err := tx.tx.Exec(dctx, "RELEASE SAVEPOINT outbox_delivery"); err != nil {
+			if connLost(tx) {
+				w.handleErr = err
+				return len(entries) - 1, stopped, nil
+			}
 			return w.brokenTx(dctx, tx, entries, len(entries)-1, err)
 		}
 	}
 	return len(entries), acked, nil
+}
+
+// connLost reports whether the transaction's connection is gone (a server
+// restart, a network failure): a failed statement is then no fault of the
+// handler's, and the batch fails as a database error, not a counted attempt.
+func connLost(tx *txGuard) bool {
+	return tx.tx.Conn().IsClosed()
 }
 
 // brokenTx handles a savepoint statement that failed after the handler of
@@ -446,6 +464,10 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 func (w *partitionWorker) brokenTx(ctx context.Context, tx *txGuard, entries []logEntry, at int, cause error) (int, outcome, error) {
 	e := entries[at]
 	if _, err := tx.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
+		if connLost(tx) {
+			w.handleErr = err
+			return at, stopped, nil
+		}
 		return at, broken, &TxMisuseError{Seq: e.seq, What: misuseEnded, Cause: cause}
 	}
 	result, reason := w.answer(&delivery{}, nacked, e, &TxMisuseError{Seq: e.seq, What: misuseAborted, Cause: cause})
@@ -761,6 +783,10 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 			done, err = 0, &TxMisuseError{Seq: entries[0].seq, What: what}
 		} else if done >= len(entries) {
 			if _, rerr := tx.tx.Exec(dctx, "RELEASE SAVEPOINT outbox_batch"); rerr != nil {
+				if connLost(tx) {
+					w.handleErr = rerr
+					return 0, stopped, nil
+				}
 				done, err = 0, &TxMisuseError{Seq: entries[0].seq, What: misuseAborted, Cause: rerr}
 			}
 		}
@@ -776,6 +802,10 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	}
 	if tx != nil {
 		if _, rerr := tx.tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_batch"); rerr != nil {
+			if connLost(tx) {
+				w.handleErr = rerr
+				return 0, stopped, nil
+			}
 			return 0, broken, &TxMisuseError{Seq: entries[0].seq, What: misuseEnded, Cause: rerr}
 		}
 		if done > 0 {

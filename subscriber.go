@@ -410,8 +410,6 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		return nil, errs.ErrClosed
 	}
 	s.wg.Add(1)
-	first := !s.started
-	s.started = true
 	s.mu.Unlock()
 	started := false
 	defer func() {
@@ -443,6 +441,13 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 	if err != nil {
 		return nil, err
 	}
+	// The sequencer and the listener start with the first Subscribe that
+	// succeeds (not the first one tried: it may have failed because the
+	// schema was not migrated yet, or the database was down).
+	s.mu.Lock()
+	first := !s.started
+	s.started = true
+	s.mu.Unlock()
 	if first {
 		s.startBackground()
 		if s.cfg.RejectHandler == nil {
@@ -467,7 +472,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		defer stop()
 		defer cancel()
 		var workers sync.WaitGroup
-		err := manager.Run(subCtx, func(l *lease.Lease) {
+		onAcquire := func(l *lease.Lease) {
 			w := s.newPartitionWorker(topic, l, out)
 			w.batch = batch
 			workers.Add(1)
@@ -476,9 +481,22 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 				defer l.Done()
 				w.run()
 			}()
-		})
-		if err != nil && subCtx.Err() == nil {
-			s.logger.Error("Lease manager stopped", err, watermill.LogFields{"topic": topic})
+		}
+		// The manager fails only when it cannot start (its first
+		// statements failed: the database is unreachable, say); the
+		// subscription waits and tries again rather than end as if closed.
+		retryIn := time.Second
+		for {
+			err := manager.Run(subCtx, onAcquire)
+			if err == nil || subCtx.Err() != nil {
+				break
+			}
+			s.logger.Error("Cannot join the consumer group, retrying", s.schemaError(err), watermill.LogFields{"topic": topic, "retry_in": retryIn})
+			select {
+			case <-subCtx.Done():
+			case <-time.After(retryIn):
+			}
+			retryIn = min(2*retryIn, 30*time.Second)
 		}
 		workers.Wait()
 	}()

@@ -613,3 +613,78 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 		t.Fatalf("%d cursor rows written into a newer schema", n)
 	}
 }
+
+// A Subscribe that failed (the schema was not migrated yet) does not keep
+// a later, successful one from starting the Subscriber's own sequencer.
+func TestSubscribeAfterAFailedOneStartsTheSequencer(t *testing.T) {
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true, Tuning: fastTuning()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if _, err := sub.Subscribe(ctx(t), "orders"); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("Subscribe before Migrate: %v", err)
+	}
+	if err := outbox.Migrate(ctx(t), pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := sub.Subscribe(ctx(t), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, OwnTransaction: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("orders", message.NewMessage("m1", []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-msgs:
+		m.Ack()
+	case <-time.After(20 * time.Second):
+		t.Fatal("not delivered: nothing sequences the message")
+	}
+}
+
+// A lost connection in the middle of a Transactional batch is a database
+// failure, not the handler's: no attempt is charged (with MaxAttempts 1 a
+// charged one would dead-letter the message), and the batch is retried.
+func TestLostConnectionIsNotChargedToTheMessage(t *testing.T) {
+	e := newEnv(t)
+	e.register(t, "orders", 1)
+	publishPayloads(t, e, "orders", "ok", "ok")
+	rejects, rejected := rejectLog(t, e)
+	sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) {
+		c.Strategy = outbox.Transactional
+		c.RejectHandler = rejects
+		c.MaxAttempts = 1
+	})
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx(t), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var killed atomic.Bool
+	go func() {
+		for m := range msgs {
+			tx, _ := pgxTxFrom(m.Context())
+			if m.UUID == "m1" && killed.CompareAndSwap(false, true) {
+				// The server drops the batch's connection; the handler acks.
+				if _, err := e.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", tx.Conn().PgConn().PID()); err != nil {
+					t.Error(err)
+				}
+			}
+			m.Ack()
+		}
+	}()
+	waitFor(t, "the cursor past both messages", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 2 })
+	if got := rejected(); len(got) != 0 {
+		t.Fatalf("rejected %v: the lost connection was charged to the message", rejectedUUIDs(got))
+	}
+	if !killed.Load() {
+		t.Fatal("the connection was never killed")
+	}
+}
