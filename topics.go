@@ -11,12 +11,13 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/partitioning"
 )
 
-// Partition counts a topic may have.
+// Partition counts a topic may have (the same as package partitioning's).
 const (
-	MinPartitions = 1
-	MaxPartitions = 1024
+	MinPartitions = partitioning.MinPartitions
+	MaxPartitions = partitioning.MaxPartitions
 )
 
 // DefaultSchema is the PostgreSQL schema the outbox uses unless configured

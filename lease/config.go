@@ -11,11 +11,12 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/partitioning"
 )
 
 const (
-	maxPartitions = 1024 // partition count of a topic, as in the outbox
-	maxLabelLen   = 200  // bytes of Config.Group and Config.MemberID
+	maxPartitions = partitioning.MaxPartitions // partition count of a topic, as in the outbox
+	maxLabelLen   = 200                        // bytes of Config.Group and Config.MemberID
 	minTTL        = 100 * time.Millisecond
 )
 

@@ -1,8 +1,9 @@
 package partitioning
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
 )
 
 // Bounds on the number of partitions a topic may have.
@@ -14,8 +15,10 @@ const (
 )
 
 // ErrInvalidPartitionCount is matched (via errors.Is) by every error reporting
-// a partition count outside [MinPartitions, MaxPartitions].
-var ErrInvalidPartitionCount = errors.New("partitioning: invalid partition count")
+// a partition count outside [MinPartitions, MaxPartitions]. It is the same
+// value as outbox.ErrInvalidPartitionCount, so either sentinel matches an
+// error from this package or from the outbox.
+var ErrInvalidPartitionCount = errs.ErrInvalidPartitionCount
 
 // PartitionCountError reports a partition count outside
 // [MinPartitions, MaxPartitions]. It matches [ErrInvalidPartitionCount].
