@@ -25,7 +25,6 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
-	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
@@ -131,8 +130,7 @@ func (c Config) Validate() error {
 // or was migrated by a newer release (outbox.ErrSchemaTooNew); one query
 // per pool and schema.
 func (a *Admin) check(ctx context.Context) error {
-	db, _ := pgexec.FromDB(a.cfg.Pool)
-	return schemacheck.Check(ctx, a.cfg.Pool, db, a.cfg.Schema)
+	return schemacheck.CheckPool(ctx, a.cfg.Pool, a.cfg.Schema)
 }
 
 // Admin runs the admin operations. It holds no resources of its own and is

@@ -38,8 +38,8 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
-	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/warnlog"
 )
 
 // Defaults of Config.
@@ -326,8 +326,7 @@ func (v *Vacuum) Run(ctx context.Context) error {
 
 	// Retrying would not mend the schema; any other error (the database
 	// not up yet, say) is met again by the first pass, and retried.
-	db, _ := pgexec.FromDB(v.cfg.Pool)
-	if err := schemacheck.Check(ctx, v.cfg.Pool, db, v.cfg.Schema); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
+	if err := schemacheck.CheckPool(ctx, v.cfg.Pool, v.cfg.Schema); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
 		return fmt.Errorf("retention: %w", err)
 	}
 
@@ -396,8 +395,7 @@ func (v *Vacuum) pass(ctx context.Context) (PassStats, error) {
 		seq  int64
 		dbAt time.Time
 	}
-	db, _ := pgexec.FromDB(v.cfg.Pool)
-	if err := schemacheck.Check(ctx, v.cfg.Pool, db, v.cfg.Schema); err != nil {
+	if err := schemacheck.CheckPool(ctx, v.cfg.Pool, v.cfg.Schema); err != nil {
 		return PassStats{}, err
 	}
 	rows, err := v.cfg.Pool.Query(ctx, v.horizonSQL)
@@ -514,29 +512,20 @@ func heldBackSummary(hs []Holder) []string {
 const rewarnInterval = time.Hour
 
 // WarnLogger is implemented by a watermill.LoggerAdapter that has a
-// warning level (watermill's interface has none; outbox.WarnLogger is the
-// same). The vacuum logs its warnings through Warn when the logger it was
-// given has it, and at Error level otherwise.
-type WarnLogger interface {
-	Warn(msg string, fields watermill.LogFields)
-}
-
-// errWarning is the error logged with a warning on a logger without Warn.
-var errWarning = errors.New("retention: warning")
+// warning level (watermill's interface has none); it is outbox.WarnLogger.
+// The vacuum logs its warnings through Warn when the logger it was given
+// has it, and at Error level otherwise.
+type WarnLogger = warnlog.Logger
 
 // warn logs at warning level: through the component logger if it has Warn,
 // else through the logger NewVacuum was given (with the component's
 // fields), else at Error level.
 func (v *Vacuum) warn(msg string, fields watermill.LogFields) {
-	if w, ok := v.logger.(WarnLogger); ok {
-		w.Warn(msg, fields)
+	if _, ok := v.logger.(WarnLogger); ok {
+		warnlog.Warn(msg, fields, v.logger)
 		return
 	}
-	if w, ok := v.baseLogger.(WarnLogger); ok {
-		w.Warn(msg, v.logFields.Add(fields))
-		return
-	}
-	v.logger.Error(msg, errWarning, fields)
+	warnlog.Warn(msg, v.logFields.Add(fields), v.baseLogger, v.logger)
 }
 
 // visit deletes the rows of one partition at or below horizon, at most

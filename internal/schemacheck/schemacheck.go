@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
@@ -59,6 +60,16 @@ func Check(ctx context.Context, handle any, q pgexec.Querier, schema string) err
 		checked.Store(k, struct{}{})
 	}
 	return nil
+}
+
+// CheckPool is Check through a connection pool, which is also the cache
+// key.
+func CheckPool(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	db, err := pgexec.FromDB(pool)
+	if err != nil {
+		return err
+	}
+	return Check(ctx, pool, db, schema)
 }
 
 // Forget drops the cached result for handle and schema (after the schema
