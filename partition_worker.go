@@ -60,6 +60,8 @@ type partitionWorker struct {
 	// of the next message (lease.AdvanceCounting), so the next read needs
 	// no count of its own; taken back if the worker stops first.
 	precounted bool
+	// timer bounds the wait for a handler's answer (reused per message).
+	timer *time.Timer
 	// rejectVia is the RejectHandler of the rejection in progress (the
 	// delivery's, from RejectTo, or the Subscriber's).
 	rejectVia RejectHandler
@@ -632,7 +634,14 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx *txGuard) 
 	case <-ctx.Done():
 		return stopped, nil
 	}
-	timeout := time.NewTimer(w.s.abandonAfter())
+	// One timer per worker, not per message (the hot path); since Go 1.23
+	// Reset and Stop leave no stale tick in its channel.
+	if w.timer == nil {
+		w.timer = time.NewTimer(w.s.abandonAfter())
+	} else {
+		w.timer.Reset(w.s.abandonAfter())
+	}
+	timeout := w.timer
 	defer timeout.Stop()
 	done := ctx.Done()
 	var grace <-chan time.Time
@@ -815,7 +824,7 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	}
 	if done == 0 {
 		w.lastMsg = msgs[0]
-		result, reason := w.answerBatch(deliveries[0], err, entries[0])
+		result, reason := w.answer(deliveries[0], nacked, entries[0], err)
 		return 0, result, reason
 	}
 	// A message after the head failed: it is retried as the next head.
@@ -829,11 +838,6 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 		return done, rejected, cause
 	}
 	return done, nacked, err
-}
-
-// answerBatch classifies the failure of a batch's head message.
-func (w *partitionWorker) answerBatch(d *delivery, err error, e logEntry) (outcome, error) {
-	return w.answer(d, nacked, e, err)
 }
 
 type batchAnswer int
