@@ -186,16 +186,9 @@ func (l *Lease) AdvanceRelaxedCounting(ctx context.Context, seq int64) (counted 
 
 // RecordFailure counts a failed attempt at the partition's next message and
 // stores cause as its last error, fenced like Advance. q is as for Advance.
+// The retry is due at once (see RecordRetry for a backoff).
 func (l *Lease) RecordFailure(ctx context.Context, q pgexec.Querier, cause error) error {
-	q = l.querier(q)
-	n, err := q.Exec(ctx, l.m.failureSQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, errorText(cause))
-	if err != nil {
-		return fmt.Errorf("lease: record failure on partition %d: %w", l.partition, err)
-	}
-	if n == 1 {
-		return nil
-	}
-	return l.diagnose(ctx, q, "record failure", -1)
+	return l.RecordRetry(ctx, q, cause, 0)
 }
 
 // RecordRetry is RecordFailure that also stores when the retry is due
