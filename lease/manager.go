@@ -170,7 +170,6 @@ func (m *Manager) prepareSQL() {
 	// statement's implicit transaction, and the commit reads it.
 	m.advanceRelaxedSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, ` + countNext + `, backoff_until = NULL, last_error = NULL, last_error_at = NULL,
 		updated_at = clock_timestamp() FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed` + fence + ` AND seq < $6 RETURNING deliveries`
-	// $6 error text.
 	// $6 error text, $7 retry delay in µs: a failure and when the retry is
 	// due, so that a restart or a lease move keeps the backoff.
 	m.retrySQL = `UPDATE ` + cursors + ` SET attempts = least(attempts, 2147483646) + 1, last_error = $6,
