@@ -60,6 +60,20 @@ func (e env) cursor(t *testing.T, group, topic string) cursorRow {
 	return c
 }
 
+// effectIDs reads the ids of an effects table, in order.
+func (e env) effectIDs(t *testing.T, table string) []string {
+	t.Helper()
+	rows, err := e.pool.Query(ctx(t), "SELECT id FROM "+table+" ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
 // pgxTxFrom returns the Transactional strategy's transaction of a message
 // context.
 func pgxTxFrom(ctx context.Context) (pgx.Tx, bool) {
@@ -142,13 +156,7 @@ func TestTransactionalHandlerThatBreaksItsTransactionIsACountedAttempt(t *testin
 			if n := deliveries.Load(); n != 5 {
 				t.Fatalf("%d deliveries, want 5 (m1, m2 three times, m3)", n)
 			}
-			var ids []string
-			rows, _ := e.pool.Query(ctx(t), "SELECT id FROM "+effects+" ORDER BY id")
-			ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if strings.Join(ids, ",") != "m1,m3,taken" {
+			if ids := e.effectIDs(t, effects); strings.Join(ids, ",") != "m1,m3,taken" {
 				t.Fatalf("effects %v: want m1, m3 (m2's undone with its savepoint)", ids)
 			}
 		})
@@ -264,12 +272,7 @@ func TestHungHandlerIsACountedAttemptAndItsLateAckChangesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			if effects != "" {
-				rows, _ := e.pool.Query(ctx(t), "SELECT id FROM "+effects+" ORDER BY id")
-				ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-				if err != nil {
-					t.Fatal(err)
-				}
-				if strings.Join(ids, ",") != "m1,m3" {
+				if ids := e.effectIDs(t, effects); strings.Join(ids, ",") != "m1,m3" {
 					t.Fatalf("effects %v, want m1,m3: the timed-out deliveries' writes must be rolled back", ids)
 				}
 			}
