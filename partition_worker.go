@@ -15,7 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/lease"
+	"github.com/millrace/watermill-outbox/internal/lease"
 )
 
 // partitionWorker delivers one partition of one topic to one subscription

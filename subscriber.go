@@ -19,7 +19,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/lease"
+	"github.com/millrace/watermill-outbox/internal/lease"
 )
 
 // Strategy says how a Subscriber's handler runs relative to the database.

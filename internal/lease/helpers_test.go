@@ -13,7 +13,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
-	"github.com/millrace/watermill-outbox/lease"
+	"github.com/millrace/watermill-outbox/internal/lease"
 )
 
 // Short timings: a lease expires 1s after its last renewal. Tests wait for

@@ -11,7 +11,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
-	"github.com/millrace/watermill-outbox/lease"
+	"github.com/millrace/watermill-outbox/internal/lease"
 )
 
 func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
-	"github.com/millrace/watermill-outbox/lease"
+	"github.com/millrace/watermill-outbox/internal/lease"
 )
 
 func TestConfigValidate(t *testing.T) {
