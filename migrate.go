@@ -2,64 +2,23 @@ package outbox
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
-
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-var migrations = mustLoadMigrations()
-
 // SchemaVersion is the newest schema version this release knows.
-var SchemaVersion = migrations[len(migrations)-1].version
+var SchemaVersion = dbsql.Migrations[len(dbsql.Migrations)-1].Version
 
 func init() { schemacheck.Latest = SchemaVersion }
-
-func mustLoadMigrations() []migration {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	var out []migration
-	for _, e := range entries {
-		prefix, rest, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(prefix)
-		if !ok || err != nil {
-			panic("outbox: bad migration file name " + e.Name())
-		}
-		body, err := migrationFiles.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			panic(err)
-		}
-		out = append(out, migration{version: v, name: strings.TrimSuffix(rest, ".sql"), sql: string(body)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
-	for i, m := range out {
-		if m.version != i+1 {
-			panic(fmt.Sprintf("outbox: migration versions must be 1..n, found %d at position %d", m.version, i+1))
-		}
-	}
-	return out
-}
 
 // Migrate creates or upgrades the outbox tables in schema (DefaultSchema when
 // empty) of the database behind db, a *pgxpool.Pool, *pgx.Conn or *sql.DB.
@@ -116,34 +75,30 @@ func isCatalogRace(err error) bool {
 }
 
 func migrateOnce(ctx context.Context, d pgexec.DB, schema string) error {
-	q := names.Quote(schema)
+	q := dbsql.For(schema)
 	return pgexec.InTx(ctx, d, func(tx pgexec.Tx) error {
-		// Serialize concurrent migrations of this schema across instances.
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", "watermill_outbox.migrate."+schema); err != nil {
+		if _, err := tx.Exec(ctx, q.CatalogLock, "watermill_outbox.migrate."+schema); err != nil {
 			return fmt.Errorf("outbox: migrate: lock: %w", err)
 		}
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+q); err != nil {
+		if _, err := tx.Exec(ctx, q.CatalogCreateSchema); err != nil {
 			return fmt.Errorf("outbox: migrate: create schema: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+q+`.schema_migrations (
-			version    integer     PRIMARY KEY,
-			name       text        NOT NULL,
-			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		if _, err := tx.Exec(ctx, q.CatalogVersionTable); err != nil {
 			return fmt.Errorf("outbox: migrate: version table: %w", err)
 		}
 		var current int
-		if err := pgexec.QueryRow(ctx, tx, "SELECT coalesce(max(version), 0) FROM "+q+".schema_migrations", nil, &current); err != nil {
+		if err := pgexec.QueryRow(ctx, tx, q.CatalogVersion, nil, &current); err != nil {
 			return fmt.Errorf("outbox: migrate: read version: %w", err)
 		}
 		if current > SchemaVersion {
 			return &errs.SchemaVersionError{Schema: schema, Database: current, Library: SchemaVersion}
 		}
-		for _, m := range migrations[current:] {
-			if _, err := tx.Exec(ctx, strings.ReplaceAll(m.sql, "{{schema}}", q)); err != nil {
-				return fmt.Errorf("outbox: migrate: version %d (%s): %w", m.version, m.name, err)
+		for _, m := range dbsql.Migrations[current:] {
+			if _, err := tx.Exec(ctx, dbsql.Render(m.SQL, schema)); err != nil {
+				return fmt.Errorf("outbox: migrate: version %d (%s): %w", m.Version, m.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO "+q+".schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
-				return fmt.Errorf("outbox: migrate: record version %d: %w", m.version, err)
+			if _, err := tx.Exec(ctx, q.CatalogRecordVersion, m.Version, m.Name); err != nil {
+				return fmt.Errorf("outbox: migrate: record version %d: %w", m.Version, err)
 			}
 		}
 		return nil

@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/internal/lease"
 )
 
 // partitionWorker delivers one partition of one topic to one subscription
@@ -404,9 +404,9 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 			// Release the previous message's savepoint (which fails if its
 			// handler aborted the transaction) and set this one's, in one
 			// round trip (simple protocol).
-			stmt := "SAVEPOINT outbox_delivery"
+			stmt := w.s.q.TxSavepointDelivery
 			if i > 0 {
-				stmt = "RELEASE SAVEPOINT outbox_delivery; SAVEPOINT outbox_delivery"
+				stmt = w.s.q.TxNextDelivery
 			}
 			if _, err := tx.tx.Exec(dctx, stmt); err != nil {
 				if i > 0 && !connLost(tx) {
@@ -430,7 +430,7 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 		}
 		if tx != nil && (result == nacked || result == rejected) {
 			// Undo whatever the handler wrote for this message.
-			if _, err := tx.tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
+			if _, err := tx.tx.Exec(dctx, w.s.q.TxRollbackDelivery); err != nil {
 				if connLost(tx) {
 					w.handleErr = err
 					return i, stopped, nil
@@ -441,7 +441,7 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 		return i, result, reason
 	}
 	if tx != nil {
-		if _, err := tx.tx.Exec(dctx, "RELEASE SAVEPOINT outbox_delivery"); err != nil {
+		if _, err := tx.tx.Exec(dctx, w.s.q.TxReleaseDelivery); err != nil {
 			if connLost(tx) {
 				w.handleErr = err
 				return len(entries) - 1, stopped, nil
@@ -465,7 +465,7 @@ func connLost(tx *txGuard) bool {
 // when even that fails, reports the transaction broken.
 func (w *partitionWorker) brokenTx(ctx context.Context, tx *txGuard, entries []logEntry, at int, cause error) (int, outcome, error) {
 	e := entries[at]
-	if _, err := tx.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_delivery"); err != nil {
+	if _, err := tx.tx.Exec(ctx, w.s.q.TxRollbackDelivery); err != nil {
 		if connLost(tx) {
 			w.handleErr = err
 			return at, stopped, nil
@@ -579,9 +579,9 @@ func (w *partitionWorker) read(ctx context.Context, limit int) ([]logEntry, erro
 	var rows pgexec.Rows
 	var err error
 	if w.precounted { // the cursor move counted the head's delivery
-		rows, err = w.s.db.Query(ctx, w.s.readSQL, w.topic, w.part, w.cursor, limit)
+		rows, err = w.s.db.Query(ctx, w.s.q.LogRead, w.topic, w.part, w.cursor, limit)
 	} else {
-		rows, err = w.s.db.Query(ctx, w.s.readCountingSQL, w.s.cfg.ConsumerGroup, w.topic, w.part, w.cursor, w.lease.Owner(), w.lease.Token(), limit)
+		rows, err = w.s.db.Query(ctx, w.s.q.LogReadCounting, w.s.cfg.ConsumerGroup, w.topic, w.part, w.cursor, w.lease.Owner(), w.lease.Token(), limit)
 	}
 	if err != nil {
 		return nil, w.s.schemaError(err)
@@ -760,7 +760,7 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	dctx, cancelDB := dbContext(ctx)
 	defer cancelDB()
 	if tx != nil {
-		if _, err := tx.tx.Exec(dctx, "SAVEPOINT outbox_batch"); err != nil {
+		if _, err := tx.tx.Exec(dctx, w.s.q.TxSavepointBatch); err != nil {
 			w.handleErr = err
 			return 0, stopped, nil
 		}
@@ -791,7 +791,7 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 		if what := tx.takeMisuse(); what != "" {
 			done, err = 0, &TxMisuseError{Seq: entries[0].seq, What: what}
 		} else if done >= len(entries) {
-			if _, rerr := tx.tx.Exec(dctx, "RELEASE SAVEPOINT outbox_batch"); rerr != nil {
+			if _, rerr := tx.tx.Exec(dctx, w.s.q.TxReleaseBatch); rerr != nil {
 				if connLost(tx) {
 					w.handleErr = rerr
 					return 0, stopped, nil
@@ -810,7 +810,7 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 		err = fmt.Errorf("batch handler finished %d of %d messages without an error", done, len(entries))
 	}
 	if tx != nil {
-		if _, rerr := tx.tx.Exec(dctx, "ROLLBACK TO SAVEPOINT outbox_batch"); rerr != nil {
+		if _, rerr := tx.tx.Exec(dctx, w.s.q.TxRollbackBatch); rerr != nil {
 			if connLost(tx) {
 				w.handleErr = rerr
 				return 0, stopped, nil
@@ -990,7 +990,7 @@ func (w *partitionWorker) showState(ctx context.Context) {
 	}
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	_, err := w.s.db.Exec(dctx, w.s.stateSQL, w.s.cfg.ConsumerGroup, w.topic, w.part, w.lease.Token(), state.String(), size)
+	_, err := w.s.db.Exec(dctx, w.s.q.CursorsSaveAdaptive, w.s.cfg.ConsumerGroup, w.topic, w.part, w.lease.Token(), state.String(), size)
 	if err != nil {
 		w.logger.Debug("Cannot record adaptive state", watermill.LogFields{"err": err})
 		return

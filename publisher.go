@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
@@ -276,16 +277,10 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 	if cfg.DB != nil {
 		p.db, _ = pgexec.FromDB(cfg.DB) // checked by Validate
 	}
-	insert := `INSERT INTO ` + names.Quote(cfg.Schema) + `.pending (topic, partition, partition_key, uuid, metadata, payload)
-	SELECT $1, x.p, NULLIF(x.k, ''), x.u, x.m::jsonb, x.b
-	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
-	ORDER BY x.ord`
-	insertOne := `INSERT INTO ` + names.Quote(cfg.Schema) + `.pending (topic, partition, partition_key, uuid, metadata, payload)
-	VALUES ($1, $2, NULLIF($3, ''), $4, $5::jsonb, $6)`
-	p.insertSQL, p.insertOneSQL = insert, insertOne
+	q := dbsql.For(cfg.Schema)
+	p.insertSQL, p.insertOneSQL = q.PendingInsert, q.PendingInsertOne
 	if !cfg.DisableNotify {
-		p.insertNotifySQL = `WITH ins AS (` + insert + `) SELECT pg_notify($7, '')`
-		p.insertOneNotifySQL = `WITH ins AS (` + insertOne + `) SELECT pg_notify($7, '')`
+		p.insertNotifySQL, p.insertOneNotifySQL = q.PendingInsertNotify, q.PendingInsertOneNotify
 		p.notifyGate = notifyGateFor(p.channel)
 	}
 	return p, nil

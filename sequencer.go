@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
@@ -117,9 +118,9 @@ type Sequencer struct {
 	cfg    SequencerConfig
 	logger watermill.LoggerAdapter
 
-	lockSQL, moveSQL string
-	listenChannel    string
-	notifyChannel    string
+	q             *dbsql.Queries
+	listenChannel string
+	notifyChannel string
 
 	poke chan struct{}
 
@@ -144,7 +145,6 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	s := names.Quote(cfg.Schema)
 	ctx, cancel := context.WithCancel(context.Background())
 	seq := &Sequencer{
 		cfg:           cfg,
@@ -156,55 +156,7 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 		cancel:        cancel,
 	}
 	seq.db, _ = pgexec.FromDB(cfg.Pool) // a *pgxpool.Pool, checked by Validate
-	// Statement 1 locks the partitions of the oldest pending messages that
-	// no other sequencer holds, least recently sequenced first.
-	seq.lockSQL = `SELECT p.topic, p.partition FROM ` + s + `.partitions p
-	WHERE (p.topic, p.partition) IN (
-		SELECT DISTINCT w.topic, w.partition FROM (
-			SELECT topic, partition FROM ` + s + `.pending ORDER BY id LIMIT $2
-		) w
-	)
-	ORDER BY p.sequenced_at NULLS FIRST
-	LIMIT $1
-	FOR UPDATE OF p SKIP LOCKED`
-	// Statement 2 runs with a snapshot taken after those locks were granted,
-	// so it sees every row and every last_seq committed by the partitions'
-	// previous sequencers. It moves the oldest pending rows of the locked
-	// partitions (in id order, so each partition gets a prefix of its own
-	// rows) into the log, numbering each partition's rows from last_seq+1.
-	notify := ""
-	if !cfg.DisableNotify {
-		notify = ", pg_notify($4, topic || ':' || string_agg(partition::text, ','))::text"
-	}
-	seq.moveSQL = `WITH locked AS (
-		SELECT * FROM unnest($1::text[], $2::int4[]) AS l(topic, partition)
-	), picked AS (
-		SELECT m.ctid AS tid FROM ` + s + `.pending m
-		WHERE (m.topic, m.partition) IN (SELECT topic, partition FROM locked)
-		ORDER BY m.id LIMIT $3
-	), moved AS (
-		-- By row address: a TID scan, whatever the size of the backlog.
-		-- Pending rows are never updated, and rows deleted by an earlier
-		-- sequencer are invisible to this snapshot, so the addresses are
-		-- exactly the rows picked.
-		DELETE FROM ` + s + `.pending d
-		WHERE d.ctid = ANY (ARRAY(SELECT tid FROM picked))
-		RETURNING d.*
-	), numbered AS (
-		SELECT mv.*, p.last_seq + row_number() OVER (PARTITION BY mv.topic, mv.partition ORDER BY mv.id) AS seq
-		FROM moved mv JOIN ` + s + `.partitions p ON p.topic = mv.topic AND p.partition = mv.partition
-	), inserted AS (
-		INSERT INTO ` + s + `.log (topic, partition, seq, partition_key, uuid, metadata, payload, created_at)
-		SELECT topic, partition, seq, partition_key, uuid, metadata, payload, created_at
-		FROM numbered ORDER BY topic, partition, seq
-		RETURNING topic, partition, seq
-	), advanced AS (
-		UPDATE ` + s + `.partitions p SET last_seq = x.max_seq, sequenced_at = now()
-		FROM (SELECT topic, partition, max(seq) AS max_seq, count(*) AS n FROM inserted GROUP BY topic, partition) x
-		WHERE p.topic = x.topic AND p.partition = x.partition
-		RETURNING p.topic, p.partition, x.n
-	)
-	SELECT topic, sum(n)::bigint, max(n)::bigint` + notify + ` FROM advanced GROUP BY topic`
+	seq.q = dbsql.For(cfg.Schema)
 	return seq, nil
 }
 
@@ -369,7 +321,7 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	rows, err := tx.Query(ctx, s.lockSQL, s.cfg.MaxPartitionsPerPass, s.cfg.BatchSize)
+	rows, err := tx.Query(ctx, s.q.PartitionsLockPending, s.cfg.MaxPartitionsPerPass, s.cfg.BatchSize)
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: sequencer: lock partitions: %w", err)
 	}
@@ -392,22 +344,18 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	if len(topics) == 0 {
 		return 0, false, tx.Commit(ctx)
 	}
-	args := []any{topics, parts, s.cfg.BatchSize}
+	var channel *string // NULL: no notification
 	if !s.cfg.DisableNotify {
-		args = append(args, s.notifyChannel)
+		channel = &s.notifyChannel
 	}
-	rows, err = tx.Query(ctx, s.moveSQL, args...)
+	rows, err = tx.Query(ctx, s.q.PendingSequence, topics, parts, s.cfg.BatchSize, channel)
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: sequencer: move: %w", err)
 	}
 	for rows.Next() {
 		var topic string
 		var sum, maxPerPartition int64
-		dest := []any{&topic, &sum, &maxPerPartition}
-		if !s.cfg.DisableNotify {
-			dest = append(dest, new(string))
-		}
-		if err := rows.Scan(dest...); err != nil {
+		if err := rows.Scan(&topic, &sum, &maxPerPartition, nil); err != nil {
 			rows.Close()
 			return 0, false, err
 		}

@@ -14,12 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/internal/lease"
 )
 
 // Strategy says how a Subscriber's handler runs relative to the database.
@@ -228,11 +229,9 @@ type Subscriber struct {
 	logger watermill.LoggerAdapter
 	db     pgexec.DB
 
-	bulkhead        *worker.Bulkhead
-	readSQL         string
-	readCountingSQL string
-	stateSQL        string
-	sequencer       *Sequencer
+	bulkhead  *worker.Bulkhead
+	q         *dbsql.Queries
+	sequencer *Sequencer
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -270,31 +269,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		cancel:   cancel,
 		pokers:   map[string]map[int]map[*worker.Poker]struct{}{},
 		topics:   map[string]int{},
-		// $1 group, $2 topic, $3 partition, $4 cursor, $5 lease owner, $6
-		// lease token, $7 limit. Reads the batch after the cursor and counts
-		// a delivery of its head on the cursor row (fenced by the lease; only
-		// when the head exists), in one round trip that commits without
-		// waiting for the WAL flush: a count lost with a server crash only
-		// forgets one attempt. The count is on every row (NULL: not counted).
-		readCountingSQL: `WITH counted AS (
-			UPDATE ` + names.Quote(cfg.Schema) + `.cursors c SET deliveries = greatest(c.deliveries, c.attempts) + 1
-			FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-			WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = $3 AND c.seq = $4
-				AND c.lease_owner = $5 AND c.lease_token = $6 AND c.lease_expires_at > clock_timestamp()
-				AND EXISTS (SELECT 1 FROM ` + names.Quote(cfg.Schema) + `.log WHERE topic = $2 AND partition = $3 AND seq = $4 + 1)
-			RETURNING c.deliveries
-		)
-		SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, (SELECT deliveries FROM counted)
-		FROM ` + names.Quote(cfg.Schema) + `.log
-		WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7`,
-		// The plain read, after a cursor move that counted the head's
-		// delivery (lease.Lease.AdvanceCounting): $1 topic, $2 partition,
-		// $3 cursor, $4 limit.
-		readSQL: `SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, NULL::int4
-		FROM ` + names.Quote(cfg.Schema) + `.log
-		WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4`,
-		stateSQL: `UPDATE ` + names.Quote(cfg.Schema) + `.cursors SET adaptive_state = $5, batch_size = $6
-		WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_token = $4`,
+		q:        dbsql.For(cfg.Schema),
 	}
 	if !cfg.DisableSequencer {
 		s.sequencer, err = NewSequencer(cfg.sequencerConfig(), logger)

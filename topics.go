@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
@@ -95,7 +96,7 @@ func validPartitionCount(n int) error {
 
 func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (int, error) {
 	var n int
-	err := pgexec.QueryRow(ctx, q, "SELECT partitions FROM "+names.Quote(schema)+".topics WHERE name = $1", []any{topic}, &n)
+	err := pgexec.QueryRow(ctx, q, dbsql.For(schema).TopicsPartitions, []any{topic}, &n)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("%w: %q in schema %q", errs.ErrUnknownTopic, topic, schema)
 	}
@@ -110,16 +111,7 @@ func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (i
 // topic at the same moment, the insert waits for it and finds the row; the
 // statement's snapshot cannot see that row yet, so it is read again.
 func registerTopic(ctx context.Context, q pgexec.Querier, schema, topic string, partitions int) (int, error) {
-	s := names.Quote(schema)
-	stmt := `WITH ins AS (
-		INSERT INTO ` + s + `.topics (name, partitions) VALUES ($1, $2)
-		ON CONFLICT (name) DO NOTHING
-		RETURNING name, partitions
-	), parts AS (
-		INSERT INTO ` + s + `.partitions (topic, partition)
-		SELECT name, g FROM ins, generate_series(0, ins.partitions - 1) AS g
-	)
-	SELECT partitions FROM ins`
+	stmt := dbsql.For(schema).TopicsRegister
 	for attempt := 0; attempt < 3; attempt++ {
 		var got int
 		err := pgexec.QueryRow(ctx, q, stmt, []any{topic, partitions}, &got)

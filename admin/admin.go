@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
@@ -138,7 +139,7 @@ func (a *Admin) check(ctx context.Context) error {
 type Admin struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
-	s      string // quoted schema
+	q      *dbsql.Queries // the statements, for cfg.Schema
 }
 
 // New creates an Admin.
@@ -153,7 +154,7 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Admin, error) {
 	return &Admin{
 		cfg:    cfg,
 		logger: logger.With(watermill.LogFields{"component": "outbox.admin", "schema": cfg.Schema}),
-		s:      names.Quote(cfg.Schema),
+		q:      dbsql.For(cfg.Schema),
 	}, nil
 }
 
@@ -197,15 +198,6 @@ func (s Scope) partitions() []int32 {
 	return out
 }
 
-// scopeSQL selects the scope's cursor rows ($1 group, $2 topic or empty, $3
-// partitions or empty) in key order, locked.
-func (a *Admin) scopeSQL(columns string) string {
-	return `SELECT ` + columns + ` FROM ` + a.s + `.cursors
-	WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND (cardinality($3::int4[]) = 0 OR partition = ANY($3::int4[]))
-	ORDER BY topic, partition
-	FOR UPDATE`
-}
-
 // Pause pauses the scope's partitions: the group's members stop acquiring
 // them and give back the leases they hold within their balance interval
 // (after the message in flight). It returns how many partitions the scope
@@ -227,10 +219,7 @@ func (a *Admin) setPaused(ctx context.Context, s Scope, paused bool) (int, error
 	if err := a.check(ctx); err != nil {
 		return 0, err
 	}
-	tag, err := a.cfg.Pool.Exec(ctx, `UPDATE `+a.s+`.cursors c SET paused = $4, updated_at = clock_timestamp()
-	FROM (`+a.scopeSQL("topic, partition")+`) x
-	WHERE c.group_name = $1 AND c.topic = x.topic AND c.partition = x.partition`,
-		s.Group, s.Topic, s.partitions(), paused)
+	tag, err := a.cfg.Pool.Exec(ctx, a.q.CursorsPause, s.Group, s.Topic, s.partitions(), paused)
 	if err != nil {
 		return 0, schemaErr(fmt.Errorf("admin: pause/resume %+v: %w", s, err), a.cfg.Schema)
 	}
@@ -317,17 +306,11 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
 		// Lock the cursors and read each partition's head; with a time, also
 		// the seq before the first message sequenced at or after it.
-		target := `$4::int8`
-		args := []any{s.Group, s.Topic, s.partitions(), pos.seq}
+		stmt, target := a.q.CursorsLockForResetToSeq, any(pos.seq)
 		if pos.isTime {
-			target = `coalesce((SELECT min(l.seq) - 1 FROM ` + a.s + `.log l
-				WHERE l.topic = c.topic AND l.partition = c.partition AND l.sequenced_at >= $4::timestamptz), coalesce(p.last_seq, 0))`
-			args[3] = pos.at
+			stmt, target = a.q.CursorsLockForResetToTime, pos.at
 		}
-		rows, err := tx.Query(ctx, `SELECT c.partition, c.seq, coalesce(p.last_seq, 0), `+target+`
-		FROM (`+a.scopeSQL("topic, partition, seq")+`) c
-		LEFT JOIN `+a.s+`.partitions p ON p.topic = c.topic AND p.partition = c.partition
-		ORDER BY c.partition`, args...)
+		rows, err := tx.Query(ctx, stmt, s.Group, s.Topic, s.partitions(), target)
 		if err != nil {
 			return fmt.Errorf("admin: reset: read cursors: %w", err)
 		}
@@ -360,11 +343,7 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 		if err := s.complete(len(resets)); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE `+a.s+`.cursors c
-		SET seq = x.seq, lease_owner = NULL, lease_token = c.lease_token + 1, lease_expires_at = NULL,
-			attempts = 0, deliveries = 0, backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
-		FROM unnest($3::int4[], $4::int8[]) AS x(partition, seq)
-		WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = x.partition`, s.Group, s.Topic, parts, seqs)
+		_, err = tx.Exec(ctx, a.q.CursorsReset, s.Group, s.Topic, parts, seqs)
 		if err != nil {
 			return fmt.Errorf("admin: reset: %w", err)
 		}

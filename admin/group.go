@@ -83,12 +83,10 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 		// other admin operations do): until the decision commits, no lease
 		// on them can be acquired, renewed or written (the lease manager
 		// skips locked rows) and no existing member's heartbeat recorded.
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+a.s+`.cursors
-			WHERE group_name = $1 AND ($2 = '' OR topic = $2) ORDER BY topic, partition FOR UPDATE`, group, opts.Topic); err != nil {
+		if _, err := tx.Exec(ctx, a.q.CursorsLockGroup, group, opts.Topic); err != nil {
 			return fmt.Errorf("admin: delete group: lock cursors: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+a.s+`.members
-			WHERE group_name = $1 AND ($2 = '' OR topic = $2) ORDER BY topic, member_id FOR UPDATE`, group, opts.Topic); err != nil {
+		if _, err := tx.Exec(ctx, a.q.MembersLockGroup, group, opts.Topic); err != nil {
 			return fmt.Errorf("admin: delete group: lock members: %w", err)
 		}
 		if !opts.Force {
@@ -96,17 +94,17 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 				return err
 			}
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM `+a.s+`.cursors WHERE group_name = $1 AND ($2 = '' OR topic = $2)`, group, opts.Topic)
+		tag, err := tx.Exec(ctx, a.q.CursorsDeleteGroup, group, opts.Topic)
 		if err != nil {
 			return fmt.Errorf("admin: delete group: cursors: %w", err)
 		}
 		out.Cursors = tag.RowsAffected()
-		if tag, err = tx.Exec(ctx, `DELETE FROM `+a.s+`.members WHERE group_name = $1 AND ($2 = '' OR topic = $2)`, group, opts.Topic); err != nil {
+		if tag, err = tx.Exec(ctx, a.q.MembersDeleteGroup, group, opts.Topic); err != nil {
 			return fmt.Errorf("admin: delete group: members: %w", err)
 		}
 		out.Members = tag.RowsAffected()
 		if opts.DeadLetters {
-			if tag, err = tx.Exec(ctx, `DELETE FROM `+a.s+`.dead_letters WHERE group_name = $1 AND ($2 = '' OR topic = $2)`, group, opts.Topic); err != nil {
+			if tag, err = tx.Exec(ctx, a.q.DeadLettersDeleteGroup, group, opts.Topic); err != nil {
 				return fmt.Errorf("admin: delete group: dead letters: %w", err)
 			}
 			out.DeadLetters = tag.RowsAffected()
@@ -144,15 +142,7 @@ func (a *Admin) refuseActive(ctx context.Context, q rowQuerier, group, topic str
 		members []string
 		leased  int
 	)
-	err := q.QueryRow(ctx, `SELECT
-		ARRAY(SELECT member_id FROM `+a.s+`.members
-				WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND heartbeat_at > clock_timestamp() - $3::int8 * interval '1 microsecond'
-			UNION
-			SELECT lease_owner FROM `+a.s+`.cursors
-				WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND lease_owner IS NOT NULL AND lease_expires_at > clock_timestamp()
-			ORDER BY 1),
-		(SELECT count(*) FROM `+a.s+`.cursors
-			WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND lease_owner IS NOT NULL AND lease_expires_at > clock_timestamp())::int4`,
+	err := q.QueryRow(ctx, a.q.CursorsGroupInUse,
 		group, topic, a.cfg.MemberTimeout.Microseconds()).Scan(&members, &leased)
 	if err != nil {
 		return fmt.Errorf("admin: delete group: live members: %w", err)

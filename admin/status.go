@@ -187,7 +187,7 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 	}
 	var rep Report
 	err := pgx.BeginTxFunc(ctx, a.cfg.Pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
+		if err := tx.QueryRow(ctx, a.q.CatalogNow).Scan(&rep.At); err != nil {
 			return err
 		}
 		topics, err := a.topics(ctx, tx, f)
@@ -225,11 +225,7 @@ type memberRow struct {
 // members reads the member rows of the selected groups and topics, live
 // or not.
 func (a *Admin) members(ctx context.Context, tx pgx.Tx, f Filter) ([]memberRow, error) {
-	rows, err := tx.Query(ctx, `SELECT group_name, topic, member_id, joined_at, heartbeat_at, can_reject,
-		heartbeat_at > now() - $3::int8 * interval '1 microsecond'
-	FROM `+a.s+`.members
-	WHERE ($1 = '' OR group_name = $1) AND ($2 = '' OR topic = $2)
-	ORDER BY group_name, topic, member_id`, f.Group, f.Topic, a.cfg.MemberTimeout.Microseconds())
+	rows, err := tx.Query(ctx, a.q.MembersStatus, f.Group, f.Topic, a.cfg.MemberTimeout.Microseconds())
 	if err != nil {
 		return nil, err
 	}
@@ -254,17 +250,7 @@ type holderRow struct {
 // f.Group), the groups whose cursor is the lowest in a partition with
 // messages left after it, the biggest holder of each topic first.
 func (a *Admin) holders(ctx context.Context, tx pgx.Tx, f Filter) ([]holderRow, error) {
-	rows, err := tx.Query(ctx, `WITH low AS (
-		SELECT topic, partition, min(seq) AS seq FROM `+a.s+`.cursors WHERE $1 = '' OR topic = $1 GROUP BY topic, partition
-	)
-	SELECT c.topic, c.group_name, array_agg(c.partition ORDER BY c.partition)
-	FROM low
-	JOIN `+a.s+`.cursors c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
-	JOIN `+a.s+`.partitions p ON p.topic = c.topic AND p.partition = c.partition
-	WHERE p.last_seq > c.seq
-		AND EXISTS (SELECT 1 FROM `+a.s+`.log l WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq)
-	GROUP BY c.topic, c.group_name
-	ORDER BY c.topic, sum(p.last_seq - c.seq) DESC, c.group_name`, f.Topic)
+	rows, err := tx.Query(ctx, a.q.CursorsStatusHolders, f.Topic)
 	if err != nil {
 		return nil, err
 	}
@@ -309,10 +295,7 @@ func addHolders(topics []TopicStatus, holders []holderRow) {
 }
 
 func (a *Admin) topics(ctx context.Context, tx pgx.Tx, f Filter) ([]TopicStatus, error) {
-	rows, err := tx.Query(ctx, `SELECT t.name, t.partitions,
-		coalesce((SELECT sum(p.last_seq) FROM `+a.s+`.partitions p WHERE p.topic = t.name), 0)::int8,
-		(SELECT count(*) FROM `+a.s+`.pending m WHERE m.topic = t.name)
-	FROM `+a.s+`.topics t WHERE $1 = '' OR t.name = $1 ORDER BY t.name`, f.Topic)
+	rows, err := tx.Query(ctx, a.q.TopicsStatus, f.Topic)
 	if err != nil {
 		return nil, err
 	}
@@ -330,22 +313,7 @@ func (a *Admin) topics(ctx context.Context, tx pgx.Tx, f Filter) ([]TopicStatus,
 }
 
 func (a *Admin) partitions(ctx context.Context, tx pgx.Tx, f Filter, now time.Time) ([]PartitionStatus, error) {
-	rows, err := tx.Query(ctx, `SELECT c.group_name, c.topic, c.partition, coalesce(p.last_seq, 0), c.seq,
-		u.sequenced_at,
-		coalesce((SELECT l.seq FROM `+a.s+`.log l WHERE l.topic = c.topic AND l.partition = c.partition ORDER BY l.seq LIMIT 1), 0),
-		coalesce(c.lease_owner, ''), c.lease_expires_at, c.lease_owner IS NOT NULL AND coalesce(c.lease_expires_at > now(), false),
-		c.lease_token, c.paused, c.adaptive_state, coalesce(c.batch_size, 0), c.attempts, coalesce(c.last_error, ''),
-		c.last_error_at, c.updated_at, c.deliveries, c.backoff_until,
-		(SELECT count(*) FROM `+a.s+`.dead_letters d WHERE d.group_name = c.group_name AND d.topic = c.topic
-			AND d.partition = c.partition AND d.status = 'pending')
-	FROM `+a.s+`.cursors c
-	LEFT JOIN `+a.s+`.partitions p ON p.topic = c.topic AND p.partition = c.partition
-	LEFT JOIN LATERAL (
-		SELECT l.sequenced_at FROM `+a.s+`.log l
-		WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq ORDER BY l.seq LIMIT 1
-	) u ON true
-	WHERE ($1 = '' OR c.group_name = $1) AND ($2 = '' OR c.topic = $2)
-	ORDER BY c.topic, c.group_name, c.partition`, f.Group, f.Topic)
+	rows, err := tx.Query(ctx, a.q.CursorsStatus, f.Group, f.Topic)
 	if err != nil {
 		return nil, err
 	}

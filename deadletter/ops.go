@@ -64,10 +64,8 @@ type Page struct {
 	NextCursor string `json:"next_cursor,omitempty"`
 }
 
-const entryColumns = `id, group_name, topic, partition, seq, uuid, coalesce(partition_key, ''), metadata, payload, reason,
-	attempts, first_failure_at, last_failure_at, status, coalesce(replay_topic, ''), coalesce(replay_uuid, ''),
-	created_at, updated_at`
-
+// scanEntry reads the entry columns every dead-letter statement returns, in
+// the order of dead_letters.sql.
 func scanEntry(row pgx.Row) (Entry, error) {
 	var (
 		e         Entry
@@ -93,43 +91,17 @@ func scanEntry(row pgx.Row) (Entry, error) {
 	return e, nil
 }
 
-// where renders f as SQL conditions on bind parameters appended to args.
-func (f Filter) where(args []any) ([]string, []any, error) {
-	var conds []string
-	add := func(cond string, v any) {
-		args = append(args, v)
-		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(len(args))))
-	}
-	if f.Group != "" {
-		add("group_name = $?", f.Group)
-	}
-	if f.Topic != "" {
-		add("topic = $?", f.Topic)
-	}
-	if len(f.Statuses) > 0 {
-		ss := make([]string, len(f.Statuses))
-		for i, s := range f.Statuses {
-			if !s.valid() {
-				return nil, nil, invalidArg("unknown status %q", s)
-			}
-			ss[i] = string(s)
+// args returns f as the filter parameters of the dead-letter statements
+// ($1 group, $2 topic, $3 statuses, $4 from, $5 to; see dead_letters.sql).
+func (f Filter) args() ([]any, error) {
+	statuses := make([]string, len(f.Statuses))
+	for i, st := range f.Statuses {
+		if !st.valid() {
+			return nil, invalidArg("unknown status %q", st)
 		}
-		add("status = ANY($?::text[])", ss)
+		statuses[i] = string(st)
 	}
-	if !f.From.IsZero() {
-		add("created_at >= $?", f.From)
-	}
-	if !f.To.IsZero() {
-		add("created_at < $?", f.To)
-	}
-	return conds, args, nil
-}
-
-func whereClause(conds []string) string {
-	if len(conds) == 0 {
-		return ""
-	}
-	return " WHERE " + strings.Join(conds, " AND ")
+	return []any{f.Group, f.Topic, statuses, timeOrNil(f.From), timeOrNil(f.To)}, nil
 }
 
 // List returns a page of the entries f selects, ordered by id (the order
@@ -146,25 +118,23 @@ func (s *Store) List(ctx context.Context, opts ListOptions) (Page, error) {
 	case limit < 0 || limit > MaxPageSize:
 		return Page{}, invalidArg("limit %d is outside 1..%d", limit, MaxPageSize)
 	}
-	conds, args, err := opts.Filter.where(nil)
+	args, err := opts.Filter.args()
 	if err != nil {
 		return Page{}, err
 	}
-	dir, cmp, order := "a", ">", "ASC"
+	dir, stmt := "a", s.q.DeadLettersListAscending
 	if opts.Descending {
-		dir, cmp, order = "d", "<", "DESC"
+		dir, stmt = "d", s.q.DeadLettersListDescending
 	}
+	var after *int64 // NULL: from the start
 	if opts.Cursor != "" {
-		after, err := decodeCursor(opts.Cursor, dir)
+		id, err := decodeCursor(opts.Cursor, dir)
 		if err != nil {
 			return Page{}, err
 		}
-		args = append(args, after)
-		conds = append(conds, "id "+cmp+" $"+strconv.Itoa(len(args)))
+		after = &id
 	}
-	args = append(args, limit+1)
-	rows, err := s.cfg.Pool.Query(ctx, `SELECT `+entryColumns+` FROM `+s.table+whereClause(conds)+
-		` ORDER BY id `+order+` LIMIT $`+strconv.Itoa(len(args)), args...)
+	rows, err := s.cfg.Pool.Query(ctx, stmt, append(args, after, limit+1)...)
 	if err != nil {
 		return Page{}, s.wrap(fmt.Errorf("deadletter: list: %w", err))
 	}
@@ -212,12 +182,12 @@ func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
-	conds, args, err := f.where(nil)
+	args, err := f.args()
 	if err != nil {
 		return 0, err
 	}
 	var n int64
-	if err := s.cfg.Pool.QueryRow(ctx, `SELECT count(*) FROM `+s.table+whereClause(conds), args...).Scan(&n); err != nil {
+	if err := s.cfg.Pool.QueryRow(ctx, s.q.DeadLettersCount, args...).Scan(&n); err != nil {
 		return 0, s.wrap(fmt.Errorf("deadletter: count: %w", err))
 	}
 	return n, nil
@@ -233,11 +203,11 @@ func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
 }
 
 func (s *Store) get(ctx context.Context, q querier, id int64, lock bool) (Entry, error) {
-	sql := `SELECT ` + entryColumns + ` FROM ` + s.table + ` WHERE id = $1`
+	stmt := s.q.DeadLettersGet
 	if lock {
-		sql += ` FOR UPDATE`
+		stmt = s.q.DeadLettersGetForUpdate
 	}
-	e, err := scanEntry(q.QueryRow(ctx, sql, id))
+	e, err := scanEntry(q.QueryRow(ctx, stmt, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}
@@ -316,9 +286,7 @@ func (s *Store) Replay(ctx context.Context, id int64, opts ReplayOptions) (Entry
 		if err := pub.Publish(topic, msg); err != nil {
 			return fmt.Errorf("deadletter: replay %d to %q: %w", id, topic, err)
 		}
-		out, err = scanEntry(tx.QueryRow(ctx, `UPDATE `+s.table+`
-			SET status = 'replayed', replay_topic = $2, replay_uuid = $3, updated_at = clock_timestamp()
-			WHERE id = $1 RETURNING `+entryColumns, id, topic, msg.UUID))
+		out, err = scanEntry(tx.QueryRow(ctx, s.q.DeadLettersMarkReplayed, id, topic, msg.UUID))
 		if err != nil {
 			return fmt.Errorf("deadletter: replay %d: %w", id, err)
 		}
@@ -337,9 +305,7 @@ func (s *Store) Discard(ctx context.Context, id int64) (Entry, error) {
 	if err := s.check(ctx); err != nil {
 		return Entry{}, err
 	}
-	e, err := scanEntry(s.cfg.Pool.QueryRow(ctx, `UPDATE `+s.table+`
-		SET status = 'discarded', updated_at = clock_timestamp()
-		WHERE id = $1 AND status = 'pending' RETURNING `+entryColumns, id))
+	e, err := scanEntry(s.cfg.Pool.QueryRow(ctx, s.q.DeadLettersDiscard, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		cur, gerr := s.Get(ctx, id)
 		if gerr != nil {
@@ -382,19 +348,17 @@ func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 		return 0, invalidArg("ChunkSize %d is negative", chunk)
 	}
 	var cutoff time.Time
-	if err := s.cfg.Pool.QueryRow(ctx, `SELECT now() - $1::int8 * interval '1 microsecond'`, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
+	if err := s.cfg.Pool.QueryRow(ctx, s.q.CatalogNowMinus, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, s.wrap(fmt.Errorf("deadletter: purge: %w", err))
 	}
-	conds, args, err := Filter{Statuses: opts.Statuses, To: cutoff}.where(nil)
+	filter, err := Filter{Statuses: opts.Statuses}.args()
 	if err != nil {
 		return 0, err
 	}
-	args = append(args, chunk)
-	sql := `DELETE FROM ` + s.table + ` WHERE id = ANY(ARRAY(SELECT id FROM ` + s.table + whereClause(conds) +
-		` ORDER BY id LIMIT $` + strconv.Itoa(len(args)) + `))`
+	statuses := filter[2]
 	var total int64
 	for {
-		tag, err := s.cfg.Pool.Exec(ctx, sql, args...)
+		tag, err := s.cfg.Pool.Exec(ctx, s.q.DeadLettersPurge, statuses, cutoff, chunk)
 		if err != nil {
 			return total, s.wrap(fmt.Errorf("deadletter: purge: %w", err))
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
@@ -130,8 +131,8 @@ type Entry struct {
 type Store struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
-	table  string
-	db     pgexec.DB // cfg.Pool adapted, for the schema check
+	q      *dbsql.Queries // the statements, for cfg.Schema
+	db     pgexec.DB      // cfg.Pool adapted, for the schema check
 }
 
 var _ outbox.RejectHandler = (*Store)(nil)
@@ -156,7 +157,7 @@ func NewStore(cfg Config, logger watermill.LoggerAdapter) (*Store, error) {
 	return &Store{
 		cfg:    cfg,
 		logger: logger.With(watermill.LogFields{"component": "outbox.deadletter", "schema": cfg.Schema}),
-		table:  names.Quote(cfg.Schema) + ".dead_letters",
+		q:      dbsql.For(cfg.Schema),
 		db:     db,
 	}, nil
 }
@@ -232,11 +233,7 @@ func (s *Store) insert(ctx context.Context, q querier, m outbox.RejectedMessage)
 	if payload == nil {
 		payload = []byte{}
 	}
-	rows, err := q.Query(ctx, `INSERT INTO `+s.table+` (group_name, topic, partition, seq, uuid, partition_key, metadata,
-		payload, reason, attempts, first_failure_at, last_failure_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, coalesce($11, $12, now()), coalesce($12, $11, now()))
-	ON CONFLICT DO NOTHING
-	RETURNING id`,
+	rows, err := q.Query(ctx, s.q.DeadLettersInsert,
 		cleanText(m.Group, 0), cleanText(m.Topic, 0), partition, seq, cleanText(m.UUID, 0), key, metadata,
 		payload, cleanText(reason, s.cfg.MaxReasonBytes), max(m.Attempts, 0), timeOrNil(m.FirstFailure), timeOrNil(m.LastFailure))
 	if err != nil {

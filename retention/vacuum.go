@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
@@ -199,7 +200,7 @@ type Vacuum struct {
 	baseLogger watermill.LoggerAdapter // as given, for Warn
 	logFields  watermill.LogFields     // the component's fields
 
-	horizonSQL, deleteSQL, oldestSQL, holdersSQL string
+	q *dbsql.Queries // the statements, for cfg.Schema
 	// When each abandoned holder (topic, group) was last warned about.
 	warnedHolders map[string]time.Time
 
@@ -225,7 +226,6 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	s := names.Quote(cfg.Schema)
 	ctx, cancel := context.WithCancel(context.Background())
 	fields := watermill.LogFields{"component": "outbox.retention", "schema": cfg.Schema}
 	v := &Vacuum{
@@ -238,59 +238,8 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 		warnedHolders: map[string]time.Time{},
 		ctx:           ctx,
 		cancel:        cancel,
+		q:             dbsql.For(cfg.Schema),
 	}
-	// The horizon of each partition of a registered topic that has cursors:
-	// the lowest cursor over every group. Also the database clock, which
-	// KeepFor is measured by.
-	v.horizonSQL = `SELECT c.topic, c.partition, min(c.seq), now()
-	FROM ` + s + `.cursors c JOIN ` + s + `.topics t ON t.name = c.topic AND c.partition < t.partitions
-	GROUP BY c.topic, c.partition`
-	// $1 topic, $2 partition, $3 horizon, $4 chunk, $5 cutoff (NULL: no
-	// KeepFor). The horizon is checked again against the cursors as of this
-	// statement, so a group reset or created since the horizon was read is
-	// respected.
-	v.deleteSQL = `WITH d AS (
-		DELETE FROM ` + s + `.log WHERE ctid = ANY(ARRAY(
-			SELECT ctid FROM ` + s + `.log
-			WHERE topic = $1 AND partition = $2
-				AND seq <= least($3::int8, (SELECT min(seq) FROM ` + s + `.cursors WHERE topic = $1 AND partition = $2))
-				AND ($5::timestamptz IS NULL OR sequenced_at < $5)
-			ORDER BY seq
-			LIMIT $4))
-		RETURNING seq
-	)
-	SELECT count(*), coalesce(max(seq), 0) FROM d`
-	// $1 topic, $2 partition, $3 horizon: the oldest row kept at or below
-	// the horizon.
-	v.oldestSQL = `SELECT seq, sequenced_at FROM ` + s + `.log
-	WHERE topic = $1 AND partition = $2 AND seq <= $3 ORDER BY seq LIMIT 1`
-	// $1 member timeout in µs. Per topic and group: the partitions where
-	// the group's cursor is the lowest (of the registered partitions, as
-	// for the horizon) and messages are left after it, how many, the oldest
-	// of them, its last cursor change there and its live members; the
-	// biggest holder of each topic first.
-	v.holdersSQL = `WITH low AS (
-		SELECT c.topic, c.partition, min(c.seq) AS seq
-		FROM ` + s + `.cursors c JOIN ` + s + `.topics t ON t.name = c.topic AND c.partition < t.partitions
-		GROUP BY c.topic, c.partition
-	), h AS (
-		SELECT c.topic, c.group_name, array_agg(c.partition ORDER BY c.partition) AS parts,
-			sum(p.last_seq - c.seq)::int8 AS messages, min(u.sequenced_at) AS oldest, max(c.updated_at) AS last_activity
-		FROM low
-		JOIN ` + s + `.cursors c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
-		JOIN ` + s + `.partitions p ON p.topic = c.topic AND p.partition = c.partition
-		CROSS JOIN LATERAL (
-			SELECT l.sequenced_at FROM ` + s + `.log l
-			WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq ORDER BY l.seq LIMIT 1
-		) u
-		WHERE p.last_seq > c.seq
-		GROUP BY c.topic, c.group_name
-	)
-	SELECT h.topic, h.group_name, h.parts, h.messages, h.oldest, h.last_activity,
-		(SELECT count(*) FROM ` + s + `.members m WHERE m.group_name = h.group_name AND m.topic = h.topic
-			AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')::int4
-	FROM h
-	ORDER BY h.topic, h.messages DESC, h.group_name`
 	return v, nil
 }
 
@@ -398,7 +347,7 @@ func (v *Vacuum) pass(ctx context.Context) (PassStats, error) {
 	if err := schemacheck.CheckPool(ctx, v.cfg.Pool, v.cfg.Schema); err != nil {
 		return PassStats{}, err
 	}
-	rows, err := v.cfg.Pool.Query(ctx, v.horizonSQL)
+	rows, err := v.cfg.Pool.Query(ctx, v.q.CursorsHorizon)
 	if err != nil {
 		return PassStats{}, fmt.Errorf("retention: read cursors: %w", err)
 	}
@@ -451,7 +400,7 @@ func (v *Vacuum) pass(ctx context.Context) (PassStats, error) {
 // does so without live members (likely abandoned): when it is first seen,
 // and again every rewarnInterval while it lasts.
 func (v *Vacuum) holders(ctx context.Context) ([]Holder, error) {
-	rows, err := v.cfg.Pool.Query(ctx, v.holdersSQL, v.cfg.MemberTimeout.Microseconds())
+	rows, err := v.cfg.Pool.Query(ctx, v.q.CursorsRetentionHolders, v.cfg.MemberTimeout.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("retention: read holders: %w", err)
 	}
@@ -537,7 +486,7 @@ func (v *Vacuum) visit(ctx context.Context, key partitionKey, horizon int64, dbN
 	}
 	for chunk := 0; chunk < v.cfg.MaxChunksPerVisit; chunk++ {
 		var n, maxSeq int64
-		err := v.cfg.Pool.QueryRow(ctx, v.deleteSQL, key.topic, key.partition, horizon, v.cfg.ChunkSize, cutoff).Scan(&n, &maxSeq)
+		err := v.cfg.Pool.QueryRow(ctx, v.q.LogTrim, key.topic, key.partition, horizon, v.cfg.ChunkSize, cutoff).Scan(&n, &maxSeq)
 		if err != nil {
 			return deleted, false, fmt.Errorf("retention: delete from %s/%d: %w", key.topic, key.partition, err)
 		}
@@ -561,7 +510,7 @@ func (v *Vacuum) finish(ctx context.Context, key partitionKey, horizon int64, st
 		seq int64
 		at  time.Time
 	)
-	err := v.cfg.Pool.QueryRow(ctx, v.oldestSQL, key.topic, key.partition, horizon).Scan(&seq, &at)
+	err := v.cfg.Pool.QueryRow(ctx, v.q.LogOldestKept, key.topic, key.partition, horizon).Scan(&seq, &at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		st.done = horizon

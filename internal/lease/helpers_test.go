@@ -12,8 +12,8 @@ import (
 	"go.uber.org/goleak"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 // Short timings: a lease expires 1s after its last renewal. Tests wait for

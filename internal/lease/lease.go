@@ -150,7 +150,7 @@ func (l *Lease) Advance(ctx context.Context, q pgexec.Querier, seq int64) error 
 // needs no write of its own to count it (cursors.deliveries), and one that
 // does not (it stops) must take the count back with UndoDelivery.
 func (l *Lease) AdvanceCounting(ctx context.Context, q pgexec.Querier, seq int64) (counted bool, err error) {
-	return l.advance(ctx, l.querier(q), l.m.advanceSQL, seq)
+	return l.advance(ctx, l.querier(q), l.m.q.CursorsAdvance, seq)
 }
 
 func (l *Lease) advance(ctx context.Context, q pgexec.Querier, sql string, seq int64) (bool, error) {
@@ -181,7 +181,7 @@ func (l *Lease) AdvanceRelaxed(ctx context.Context, seq int64) error {
 // AdvanceRelaxedCounting is AdvanceRelaxed that reports, as
 // AdvanceCounting does, whether it counted the next message's delivery.
 func (l *Lease) AdvanceRelaxedCounting(ctx context.Context, seq int64) (counted bool, err error) {
-	return l.advance(ctx, l.m.pool, l.m.advanceRelaxedSQL, seq)
+	return l.advance(ctx, l.m.pool, l.m.q.CursorsAdvanceRelaxed, seq)
 }
 
 // RecordFailure counts a failed attempt at the partition's next message and
@@ -196,7 +196,7 @@ func (l *Lease) RecordFailure(ctx context.Context, q pgexec.Querier, cause error
 // or the next holder of the lease keeps the backoff (see Backoff).
 func (l *Lease) RecordRetry(ctx context.Context, q pgexec.Querier, cause error, retryIn time.Duration) error {
 	q = l.querier(q)
-	n, err := q.Exec(ctx, l.m.retrySQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, errorText(cause), retryIn.Microseconds())
+	n, err := q.Exec(ctx, l.m.q.CursorsRetry, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, errorText(cause), retryIn.Microseconds())
 	if err != nil {
 		return fmt.Errorf("lease: record failure on partition %d: %w", l.partition, err)
 	}
@@ -211,7 +211,7 @@ func (l *Lease) RecordRetry(ctx context.Context, q pgexec.Querier, cause error, 
 // handed out, e.g. because the lease ended first. Fenced like Advance; a
 // cursor that moved meanwhile makes it a no-op.
 func (l *Lease) UndoDelivery(ctx context.Context, cursor int64) error {
-	if _, err := l.m.pool.Exec(ctx, l.m.undoDeliverySQL, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, cursor); err != nil {
+	if _, err := l.m.pool.Exec(ctx, l.m.q.CursorsUndoDelivery, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, cursor); err != nil {
 		return fmt.Errorf("lease: undo delivery on partition %d: %w", l.partition, err)
 	}
 	return nil
@@ -245,7 +245,7 @@ func (l *Lease) diagnose(ctx context.Context, q pgexec.Querier, op string, seq i
 		token  int64
 		live   bool
 	)
-	err := pgexec.QueryRow(ctx, q, l.m.inspectSQL, []any{l.m.cfg.Group, l.m.cfg.Topic, l.partition}, &cursor, &owner, &token, &live)
+	err := pgexec.QueryRow(ctx, q, l.m.q.CursorsInspect, []any{l.m.cfg.Group, l.m.cfg.Topic, l.partition}, &cursor, &owner, &token, &live)
 	var lost error
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

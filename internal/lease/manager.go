@@ -12,7 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 )
 
@@ -24,9 +24,7 @@ type Manager struct {
 	logger watermill.LoggerAdapter
 	pool   pgexec.DB
 
-	createSQL, gcSQL, balanceSQL, acquireSQL, renewSQL, releaseSQL, leaveSQL string
-	advanceSQL, advanceRelaxedSQL, retrySQL, inspectSQL                      string
-	undoDeliverySQL                                                          string
+	q *dbsql.Queries // the statements, for cfg.Schema
 
 	running atomic.Bool
 	wake    chan struct{}
@@ -58,129 +56,9 @@ func NewManager(cfg Config, logger watermill.LoggerAdapter) (*Manager, error) {
 		pool:   pool,
 		wake:   make(chan struct{}, 1),
 		leases: make(map[int]*Lease),
+		q:      dbsql.For(cfg.Schema),
 	}
-	m.prepareSQL()
 	return m, nil
-}
-
-// prepareSQL builds the statements. The schema is the only identifier put
-// into them, validated and quoted; every value is a bind parameter. Durations
-// travel as microseconds ($ttl * interval '1 microsecond').
-func (m *Manager) prepareSQL() {
-	s := names.Quote(m.cfg.Schema)
-	cursors, members := s+".cursors", s+".members"
-	const us = " * interval '1 microsecond'"
-	// $1 group, $2 topic, $3 partitions, $4 start from newest.
-	m.createSQL = `INSERT INTO ` + cursors + ` (group_name, topic, partition, seq)
-	SELECT $1, $2, g, CASE WHEN $4::boolean THEN coalesce(p.last_seq, 0) ELSE 0 END
-	FROM generate_series(0, $3::int4 - 1) AS g
-	LEFT JOIN ` + s + `.partitions p ON p.topic = $2 AND p.partition = g
-	ON CONFLICT (group_name, topic, partition) DO NOTHING`
-	// $1 group, $2 topic, $3 age in µs.
-	m.gcSQL = `DELETE FROM ` + members + ` WHERE group_name = $1 AND topic = $2 AND heartbeat_at < now() - $3::int8` + us
-	// $1 group, $2 topic, $3 me, $4 TTL in µs, $5 partitions. Heartbeat, then
-	// read the other live members, the number of partitions not paused, and
-	// the paused partitions this member holds.
-	m.balanceSQL = `WITH hb AS (
-		INSERT INTO ` + members + ` (group_name, topic, member_id, heartbeat_at, can_reject) VALUES ($1, $2, $3, now(), $6)
-		ON CONFLICT (group_name, topic, member_id) DO UPDATE SET heartbeat_at = now(), can_reject = $6
-	)
-	SELECT
-		ARRAY(SELECT member_id FROM ` + members + ` WHERE group_name = $1 AND topic = $2 AND member_id <> $3
-			AND heartbeat_at > now() - $4::int8` + us + `),
-		(SELECT count(*) FROM ` + cursors + ` WHERE group_name = $1 AND topic = $2 AND partition < $5 AND NOT paused),
-		ARRAY(SELECT partition FROM ` + cursors + ` WHERE group_name = $1 AND topic = $2 AND paused AND lease_owner = $3)`
-	// $1 group, $2 topic, $3 me, $4 partitions, $5 excluded partitions, $6
-	// TTL in µs, $7 how many. Free or expired leases only, never a live
-	// one; each member scans in its own hash order, so that members
-	// starting together do not contend for the same rows.
-	m.acquireSQL = `UPDATE ` + cursors + ` c
-	SET lease_owner = $3, lease_token = c.lease_token + 1, lease_expires_at = now() + $6::int8` + us + `,
-		-- Deliveries of the next message that ended without an outcome
-		-- (the holder died or lost its lease mid-delivery) count as
-		-- failed attempts.
-		attempts = greatest(c.attempts, c.deliveries),
-		last_error = CASE WHEN c.deliveries > c.attempts
-			THEN format('seq %s: %s deliveries ended without an outcome: the consumer process died, was killed or lost its lease while handling it', c.seq + 1, c.deliveries - c.attempts)
-			ELSE c.last_error END,
-		last_error_at = CASE WHEN c.deliveries > c.attempts THEN clock_timestamp() ELSE c.last_error_at END
-	FROM (
-		SELECT partition, attempts AS old_attempts FROM ` + cursors + `
-		WHERE group_name = $1 AND topic = $2 AND partition < $4 AND NOT paused
-			AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= now())
-			AND partition <> ALL($5::int4[])
-		ORDER BY hashtext($3 || ':' || partition::text), partition
-		LIMIT $7
-		FOR UPDATE SKIP LOCKED) AS free
-	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = free.partition
-	RETURNING c.partition, c.lease_token, c.seq, c.attempts, c.attempts - free.old_attempts,
-		coalesce(c.last_error, ''),
-		coalesce(greatest(extract(epoch FROM c.backoff_until - clock_timestamp()), 0), 0)::float8`
-	// $1 group, $2 topic, $3 me, $4 partitions, $5 tokens, $6 TTL in µs.
-	// Renews the unexpired ones (renewed = true). A row locked by a
-	// transaction (typically our worker's, between Advance and commit) is
-	// skipped rather than waited for, and reported with renewed = false if
-	// it is still ours: nobody else can acquire it while it is locked. A
-	// partition missing from the result is lost.
-	m.renewSQL = `WITH mine AS (
-		SELECT partition FROM ` + cursors + `
-		WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
-			AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
-		FOR UPDATE SKIP LOCKED
-	), renewed AS (
-		UPDATE ` + cursors + ` c SET lease_expires_at = now() + $6::int8` + us + `
-		FROM mine
-		WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = mine.partition AND c.lease_expires_at > now()
-		RETURNING c.partition
-	)
-	SELECT partition, true FROM renewed
-	UNION ALL
-	SELECT partition, false FROM ` + cursors + `
-	WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
-		AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
-		AND lease_expires_at > now()
-		AND partition NOT IN (SELECT partition FROM mine)`
-	// $1 group, $2 topic, $3 me, $4 partitions, $5 tokens. Fenced by owner
-	// and token. A row locked by a transaction is skipped, not waited for:
-	// that lease is left to expire.
-	m.releaseSQL = `UPDATE ` + cursors + ` c SET lease_owner = NULL, lease_expires_at = NULL
-	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
-		SELECT partition FROM ` + cursors + `
-		WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
-			AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
-		FOR UPDATE SKIP LOCKED)`
-	// $1 group, $2 topic, $3 me.
-	m.leaveSQL = `DELETE FROM ` + members + ` WHERE group_name = $1 AND topic = $2 AND member_id = $3`
-	// $1 group, $2 topic, $3 partition, $4 me, $5 token, $6 seq. Fenced
-	// writes compare with clock_timestamp(), not now(): they may run late in
-	// a long transaction, whose now() is its start.
-	const fence = ` WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
-		AND lease_expires_at > clock_timestamp()`
-	//
-	// Moving the cursor also counts the first delivery of the next message
-	// (seq $6 + 1) when it is already in the log, for a worker that goes on
-	// to deliver it at once (see Lease.AdvanceCounting): one write per batch
-	// instead of two. RETURNING says whether it did.
-	countNext := `deliveries = CASE WHEN EXISTS (SELECT 1 FROM ` + s + `.log
-			WHERE topic = $2 AND partition = $3 AND seq = $6 + 1) THEN 1 ELSE 0 END`
-	m.advanceSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, ` + countNext + `, backoff_until = NULL, last_error = NULL, last_error_at = NULL,
-		updated_at = clock_timestamp()` + fence + ` AND seq < $6 RETURNING deliveries`
-	// The same in a transaction of its own that commits without waiting
-	// for its WAL flush: set_config(..., true) lasts until the end of the
-	// statement's implicit transaction, and the commit reads it.
-	m.advanceRelaxedSQL = `UPDATE ` + cursors + ` SET seq = $6, attempts = 0, ` + countNext + `, backoff_until = NULL, last_error = NULL, last_error_at = NULL,
-		updated_at = clock_timestamp() FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed` + fence + ` AND seq < $6 RETURNING deliveries`
-	// $6 error text, $7 retry delay in µs: a failure and when the retry is
-	// due, so that a restart or a lease move keeps the backoff.
-	m.retrySQL = `UPDATE ` + cursors + ` SET attempts = least(attempts, 2147483646) + 1, last_error = $6,
-		last_error_at = clock_timestamp(), updated_at = clock_timestamp(),
-		backoff_until = clock_timestamp() + $7::int8` + us + fence
-	// $6 cursor. Takes back a delivery counted by the Subscriber's read
-	// (cursors.deliveries) whose message was never handed out.
-	m.undoDeliverySQL = `UPDATE ` + cursors + ` SET deliveries = greatest(deliveries - 1, attempts)` + fence + ` AND seq = $6`
-	// $1 group, $2 topic, $3 partition.
-	m.inspectSQL = `SELECT seq, coalesce(lease_owner, ''), lease_token, coalesce(lease_expires_at > clock_timestamp(), false)
-	FROM ` + cursors + ` WHERE group_name = $1 AND topic = $2 AND partition = $3`
 }
 
 // MemberID is this member's id in the group.
@@ -260,10 +138,10 @@ func (m *Manager) Run(ctx context.Context, onAcquire func(l *Lease)) error {
 // start creates the cursor rows (one statement) and forgets long-dead
 // members.
 func (m *Manager) start(ctx context.Context) error {
-	if _, err := m.pool.Exec(ctx, m.createSQL, m.cfg.Group, m.cfg.Topic, m.cfg.Partitions, m.cfg.StartFromNewest); err != nil {
+	if _, err := m.pool.Exec(ctx, m.q.CursorsCreate, m.cfg.Group, m.cfg.Topic, m.cfg.Partitions, m.cfg.StartFromNewest); err != nil {
 		return fmt.Errorf("lease: create cursors of group %q on topic %q: %w", m.cfg.Group, m.cfg.Topic, err)
 	}
-	if _, err := m.pool.Exec(ctx, m.gcSQL, m.cfg.Group, m.cfg.Topic, (10 * m.cfg.TTL).Microseconds()); err != nil {
+	if _, err := m.pool.Exec(ctx, m.q.MembersExpire, m.cfg.Group, m.cfg.Topic, (10 * m.cfg.TTL).Microseconds()); err != nil {
 		m.logger.Error("Cannot remove dead members", err, nil)
 	}
 	return nil
@@ -294,7 +172,7 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 		paused []int32
 	)
 	opCtx, cancel := m.opContext(ctx)
-	err := pgexec.QueryRow(opCtx, m.pool, m.balanceSQL,
+	err := pgexec.QueryRow(opCtx, m.pool, m.q.CursorsBalance,
 		[]any{m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, m.cfg.TTL.Microseconds(), m.cfg.Partitions, !m.cfg.NoRejectHandler},
 		&others, &active, &paused)
 	cancel()
@@ -383,7 +261,7 @@ func (m *Manager) acquire(ctx context.Context, need int, exclude []int32) []*Lea
 	sent := time.Now()
 	opCtx, cancel := m.opContext(ctx)
 	defer cancel()
-	rows, err := m.pool.Query(opCtx, m.acquireSQL, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID,
+	rows, err := m.pool.Query(opCtx, m.q.CursorsAcquire, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID,
 		m.cfg.Partitions, exclude, m.cfg.TTL.Microseconds(), need)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -453,7 +331,7 @@ func (m *Manager) renew(ctx context.Context) {
 	sent := time.Now()
 	opCtx, cancel := m.opContext(ctx)
 	defer cancel()
-	rows, err := m.pool.Query(opCtx, m.renewSQL, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens, m.cfg.TTL.Microseconds())
+	rows, err := m.pool.Query(opCtx, m.q.CursorsRenew, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens, m.cfg.TTL.Microseconds())
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot renew leases", err, nil)
@@ -547,7 +425,7 @@ func (m *Manager) releaseFinished(ctx context.Context) {
 	}
 	opCtx, cancel := m.opContext(ctx)
 	defer cancel()
-	if _, err := m.pool.Exec(opCtx, m.releaseSQL, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens); err != nil {
+	if _, err := m.pool.Exec(opCtx, m.q.CursorsRelease, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens); err != nil {
 		// Kept in stateReleasing and retried; meanwhile they expire.
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot release leases", err, watermill.LogFields{"partitions": parts})
@@ -615,7 +493,7 @@ wait:
 
 	opCtx, opCancel := m.opContext(ctx)
 	defer opCancel()
-	if _, err := m.pool.Exec(opCtx, m.leaveSQL, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID); err != nil {
+	if _, err := m.pool.Exec(opCtx, m.q.MembersLeave, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID); err != nil {
 		m.logger.Error("Cannot remove member", err, nil)
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
 )
 
 func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {

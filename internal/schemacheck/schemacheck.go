@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
@@ -84,15 +85,11 @@ func Forget(handle any, schema string) { checked.Delete(key{db: handle, schema: 
 // is safe inside a caller's transaction: it never aborts it.
 func Version(ctx context.Context, q pgexec.Querier, schema string) (int, error) {
 	var v int
-	if err := pgexec.QueryRow(ctx, q, versionSQL, []any{names.Quote(schema) + ".schema_migrations"}, &v); err != nil {
+	if err := pgexec.QueryRow(ctx, q, dbsql.For(schema).CatalogCheckVersion, []any{names.Quote(schema) + ".schema_migrations"}, &v); err != nil {
 		return 0, fmt.Errorf("outbox: reading the schema version of %q: %w", schema, err)
 	}
 	return v, nil
 }
-
-// versionSQL: $1 the quoted, validated name of the version table.
-const versionSQL = `SELECT CASE WHEN to_regclass($1::text) IS NULL THEN 0 ELSE coalesce((xpath('/row/v/text()',
-	query_to_xml(format('SELECT max(version) AS v FROM %s', to_regclass($1::text)), false, true, '')))[1]::text::int, 0) END`
 
 // Wrap returns err, or a *errs.NotMigratedError wrapping it when it says
 // that a table or the schema does not exist (SQLSTATE 42P01, 3F000): the

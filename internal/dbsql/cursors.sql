@@ -1,0 +1,307 @@
+-- cursors: one row per (consumer group, topic, partition): how far the group
+-- has got (seq, the last message finished), who holds the partition's lease
+-- (lease_owner, lease_token, lease_expires_at), the head message's attempts
+-- and deliveries, its backoff and last error, pause state and the adaptive
+-- batching state. Every statement that moves a cursor or a lease is here.
+--
+-- Durations travel as microseconds: $n::int8 * interval '1 microsecond'.
+-- Fenced writes compare with clock_timestamp(), not now(): they may run late
+-- in a long transaction, whose now() is its start.
+
+-- name: CursorsCreate
+-- Creates the group's cursors of a topic, if missing. $1 group, $2 topic,
+-- $3 partitions, $4 start from newest (the partition's last_seq, else 0).
+INSERT INTO {{schema}}.cursors (group_name, topic, partition, seq)
+SELECT $1, $2, g, CASE WHEN $4::boolean THEN coalesce(p.last_seq, 0) ELSE 0 END
+FROM generate_series(0, $3::int4 - 1) AS g
+LEFT JOIN {{schema}}.partitions p ON p.topic = $2 AND p.partition = g
+ON CONFLICT (group_name, topic, partition) DO NOTHING;
+
+-- name: CursorsBalance
+-- A member's heartbeat, then what it needs to rebalance: the other live
+-- members, the number of partitions not paused, and the paused partitions
+-- this member holds. $1 group, $2 topic, $3 me, $4 TTL in µs, $5 partitions,
+-- $6 whether this member can reject (it has a RejectHandler).
+WITH hb AS (
+	INSERT INTO {{schema}}.members (group_name, topic, member_id, heartbeat_at, can_reject) VALUES ($1, $2, $3, now(), $6)
+	ON CONFLICT (group_name, topic, member_id) DO UPDATE SET heartbeat_at = now(), can_reject = $6
+)
+SELECT
+	ARRAY(SELECT member_id FROM {{schema}}.members WHERE group_name = $1 AND topic = $2 AND member_id <> $3
+		AND heartbeat_at > now() - $4::int8 * interval '1 microsecond'),
+	(SELECT count(*) FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2 AND partition < $5 AND NOT paused),
+	ARRAY(SELECT partition FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2 AND paused AND lease_owner = $3);
+
+-- name: CursorsAcquire
+-- Takes free or expired leases, never a live one. $1 group, $2 topic, $3 me,
+-- $4 partitions, $5 excluded partitions, $6 TTL in µs, $7 how many. Each
+-- member scans in its own hash order, so that members starting together do
+-- not contend for the same rows. Deliveries of the next message that ended
+-- without an outcome (the holder died or lost its lease mid-delivery) count
+-- as failed attempts.
+UPDATE {{schema}}.cursors c
+SET lease_owner = $3, lease_token = c.lease_token + 1, lease_expires_at = now() + $6::int8 * interval '1 microsecond',
+	attempts = greatest(c.attempts, c.deliveries),
+	last_error = CASE WHEN c.deliveries > c.attempts
+		THEN format('seq %s: %s deliveries ended without an outcome: the consumer process died, was killed or lost its lease while handling it', c.seq + 1, c.deliveries - c.attempts)
+		ELSE c.last_error END,
+	last_error_at = CASE WHEN c.deliveries > c.attempts THEN clock_timestamp() ELSE c.last_error_at END
+FROM (
+	SELECT partition, attempts AS old_attempts FROM {{schema}}.cursors
+	WHERE group_name = $1 AND topic = $2 AND partition < $4 AND NOT paused
+		AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= now())
+		AND partition <> ALL($5::int4[])
+	ORDER BY hashtext($3 || ':' || partition::text), partition
+	LIMIT $7
+	FOR UPDATE SKIP LOCKED) AS free
+WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = free.partition
+RETURNING c.partition, c.lease_token, c.seq, c.attempts, c.attempts - free.old_attempts,
+	coalesce(c.last_error, ''),
+	coalesce(greatest(extract(epoch FROM c.backoff_until - clock_timestamp()), 0), 0)::float8;
+
+-- name: CursorsRenew
+-- Renews the unexpired leases given (renewed = true). $1 group, $2 topic,
+-- $3 me, $4 partitions, $5 tokens, $6 TTL in µs. A row locked by a
+-- transaction (typically our worker's, between Advance and commit) is
+-- skipped rather than waited for, and reported with renewed = false if it is
+-- still ours: nobody else can acquire it while it is locked. A partition
+-- missing from the result is lost.
+WITH mine AS (
+	SELECT partition FROM {{schema}}.cursors
+	WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
+		AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
+	FOR UPDATE SKIP LOCKED
+), renewed AS (
+	UPDATE {{schema}}.cursors c SET lease_expires_at = now() + $6::int8 * interval '1 microsecond'
+	FROM mine
+	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = mine.partition AND c.lease_expires_at > now()
+	RETURNING c.partition
+)
+SELECT partition, true FROM renewed
+UNION ALL
+SELECT partition, false FROM {{schema}}.cursors
+WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
+	AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
+	AND lease_expires_at > now()
+	AND partition NOT IN (SELECT partition FROM mine);
+
+-- name: CursorsRelease
+-- Gives leases back. $1 group, $2 topic, $3 me, $4 partitions, $5 tokens.
+-- Fenced by owner and token. A row locked by a transaction is skipped, not
+-- waited for: that lease is left to expire.
+UPDATE {{schema}}.cursors c SET lease_owner = NULL, lease_expires_at = NULL
+WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
+	SELECT partition FROM {{schema}}.cursors
+	WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
+		AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
+	FOR UPDATE SKIP LOCKED);
+
+-- name: CursorsAdvance
+-- Moves the cursor to seq $6, the last message finished, fenced by the
+-- lease: $1 group, $2 topic, $3 partition, $4 me, $5 token. Clears the
+-- attempts, backoff and last error, and counts the first delivery of the
+-- next message (seq $6 + 1) when it is already in the log, for a worker that
+-- goes on to deliver it at once: one write per batch instead of two.
+-- RETURNING says whether it did. Runs in the caller's transaction.
+UPDATE {{schema}}.cursors SET seq = $6, attempts = 0,
+	deliveries = CASE WHEN EXISTS (SELECT 1 FROM {{schema}}.log
+		WHERE topic = $2 AND partition = $3 AND seq = $6 + 1) THEN 1 ELSE 0 END,
+	backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
+WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
+	AND lease_expires_at > clock_timestamp() AND seq < $6
+RETURNING deliveries;
+
+-- name: CursorsAdvanceRelaxed
+-- CursorsAdvance in a transaction of its own that commits without waiting
+-- for its WAL flush: set_config(..., true) lasts until the end of the
+-- statement's implicit transaction, and the commit reads it.
+UPDATE {{schema}}.cursors SET seq = $6, attempts = 0,
+	deliveries = CASE WHEN EXISTS (SELECT 1 FROM {{schema}}.log
+		WHERE topic = $2 AND partition = $3 AND seq = $6 + 1) THEN 1 ELSE 0 END,
+	backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
+	AND lease_expires_at > clock_timestamp() AND seq < $6
+RETURNING deliveries;
+
+-- name: CursorsRetry
+-- Records a failed attempt of the head message and when its retry is due,
+-- so that a restart or a lease move keeps the backoff. $1 group, $2 topic,
+-- $3 partition, $4 me, $5 token (the fence), $6 error text, $7 retry delay
+-- in µs.
+UPDATE {{schema}}.cursors SET attempts = least(attempts, 2147483646) + 1, last_error = $6,
+	last_error_at = clock_timestamp(), updated_at = clock_timestamp(),
+	backoff_until = clock_timestamp() + $7::int8 * interval '1 microsecond'
+WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
+	AND lease_expires_at > clock_timestamp();
+
+-- name: CursorsUndoDelivery
+-- Takes back a delivery counted by LogReadCounting whose message was never
+-- handed out. $1..$5 as CursorsRetry (the fence), $6 the cursor.
+UPDATE {{schema}}.cursors SET deliveries = greatest(deliveries - 1, attempts)
+WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
+	AND lease_expires_at > clock_timestamp() AND seq = $6;
+
+-- name: CursorsInspect
+-- One cursor and its lease: $1 group, $2 topic, $3 partition.
+SELECT seq, coalesce(lease_owner, ''), lease_token, coalesce(lease_expires_at > clock_timestamp(), false)
+FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2 AND partition = $3;
+
+-- name: CursorsSaveAdaptive
+-- Saves a partition's adaptive batching state for the next lease holder.
+-- $1 group, $2 topic, $3 partition, $4 token, $5 state, $6 batch size.
+UPDATE {{schema}}.cursors SET adaptive_state = $5, batch_size = $6
+WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_token = $4;
+
+-- name: CursorsHorizon
+-- Retention: the horizon of each partition of a registered topic that has
+-- cursors (the lowest cursor over every group), and the database clock,
+-- which KeepFor is measured by.
+SELECT c.topic, c.partition, min(c.seq), now()
+FROM {{schema}}.cursors c JOIN {{schema}}.topics t ON t.name = c.topic AND c.partition < t.partitions
+GROUP BY c.topic, c.partition;
+
+-- name: CursorsRetentionHolders
+-- Retention: per topic and group, the partitions where the group's cursor is
+-- the lowest (of the registered partitions, as for the horizon) and
+-- messages are left after it, how many, the oldest of them, its last cursor
+-- change there and its live members; the biggest holder of each topic
+-- first. $1 member timeout in µs.
+WITH low AS (
+	SELECT c.topic, c.partition, min(c.seq) AS seq
+	FROM {{schema}}.cursors c JOIN {{schema}}.topics t ON t.name = c.topic AND c.partition < t.partitions
+	GROUP BY c.topic, c.partition
+), h AS (
+	SELECT c.topic, c.group_name, array_agg(c.partition ORDER BY c.partition) AS parts,
+		sum(p.last_seq - c.seq)::int8 AS messages, min(u.sequenced_at) AS oldest, max(c.updated_at) AS last_activity
+	FROM low
+	JOIN {{schema}}.cursors c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
+	JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
+	CROSS JOIN LATERAL (
+		SELECT l.sequenced_at FROM {{schema}}.log l
+		WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq ORDER BY l.seq LIMIT 1
+	) u
+	WHERE p.last_seq > c.seq
+	GROUP BY c.topic, c.group_name
+)
+SELECT h.topic, h.group_name, h.parts, h.messages, h.oldest, h.last_activity,
+	(SELECT count(*) FROM {{schema}}.members m WHERE m.group_name = h.group_name AND m.topic = h.topic
+		AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')::int4
+FROM h
+ORDER BY h.topic, h.messages DESC, h.group_name;
+
+-- name: CursorsPause
+-- Admin: pauses ($4 true) or resumes ($4 false) a consumer group's
+-- partitions: $1 group, $2 topic ('' for all), $3 partitions (empty for
+-- all). The rows are locked in key order first, as every admin operation
+-- does.
+UPDATE {{schema}}.cursors c SET paused = $4, updated_at = clock_timestamp()
+FROM (
+	SELECT topic, partition FROM {{schema}}.cursors
+	WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND (cardinality($3::int4[]) = 0 OR partition = ANY($3::int4[]))
+	ORDER BY topic, partition
+	FOR UPDATE) x
+WHERE c.group_name = $1 AND c.topic = x.topic AND c.partition = x.partition;
+
+-- name: CursorsLockForResetToSeq
+-- Admin, before a reset: locks the scope's cursors ($1 group, $2 topic,
+-- $3 partitions or empty for all) in key order and returns each partition,
+-- its cursor, its head (last_seq) and the target $4.
+SELECT c.partition, c.seq, coalesce(p.last_seq, 0), $4::int8
+FROM (
+	SELECT topic, partition, seq FROM {{schema}}.cursors
+	WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND (cardinality($3::int4[]) = 0 OR partition = ANY($3::int4[]))
+	ORDER BY topic, partition
+	FOR UPDATE) c
+LEFT JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
+ORDER BY c.partition;
+
+-- name: CursorsLockForResetToTime
+-- CursorsLockForResetToSeq with a time $4 as target: the seq before the
+-- first message sequenced at or after it, or the head when none is.
+SELECT c.partition, c.seq, coalesce(p.last_seq, 0),
+	coalesce((SELECT min(l.seq) - 1 FROM {{schema}}.log l
+		WHERE l.topic = c.topic AND l.partition = c.partition AND l.sequenced_at >= $4::timestamptz), coalesce(p.last_seq, 0))
+FROM (
+	SELECT topic, partition, seq FROM {{schema}}.cursors
+	WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND (cardinality($3::int4[]) = 0 OR partition = ANY($3::int4[]))
+	ORDER BY topic, partition
+	FOR UPDATE) c
+LEFT JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
+ORDER BY c.partition;
+
+-- name: CursorsReset
+-- Admin: moves cursors ($1 group, $2 topic, $3 partitions, $4 their new
+-- seqs) and revokes their leases (no owner, token + 1), so that the worker
+-- holding one stops at its next renewal or cursor write. Clears the head's
+-- attempts, deliveries, backoff and last error.
+UPDATE {{schema}}.cursors c
+SET seq = x.seq, lease_owner = NULL, lease_token = c.lease_token + 1, lease_expires_at = NULL,
+	attempts = 0, deliveries = 0, backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
+FROM unnest($3::int4[], $4::int8[]) AS x(partition, seq)
+WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = x.partition;
+
+-- name: CursorsLockGroup
+-- Admin, before deleting a group: locks its cursors ($1 group, $2 topic or
+-- '' for all) in key order, so that no lease on them can be acquired,
+-- renewed or written until the decision commits.
+SELECT 1 FROM {{schema}}.cursors
+WHERE group_name = $1 AND ($2 = '' OR topic = $2) ORDER BY topic, partition FOR UPDATE;
+
+-- name: CursorsGroupInUse
+-- Admin: the live members of group $1 (topic $2 or '' for all; silent for
+-- less than $3 µs, or holding an unexpired lease) and how many partitions
+-- have an unexpired lease, by the server's clock at the time of the
+-- statement.
+SELECT
+	ARRAY(SELECT member_id FROM {{schema}}.members
+			WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND heartbeat_at > clock_timestamp() - $3::int8 * interval '1 microsecond'
+		UNION
+		SELECT lease_owner FROM {{schema}}.cursors
+			WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND lease_owner IS NOT NULL AND lease_expires_at > clock_timestamp()
+		ORDER BY 1),
+	(SELECT count(*) FROM {{schema}}.cursors
+		WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND lease_owner IS NOT NULL AND lease_expires_at > clock_timestamp())::int4;
+
+-- name: CursorsDeleteGroup
+-- Admin: deletes group $1's cursors (topic $2 or '' for all).
+DELETE FROM {{schema}}.cursors WHERE group_name = $1 AND ($2 = '' OR topic = $2);
+
+-- name: CursorsStatus
+-- Admin status: every cursor of group $1 and topic $2 ('' for all), with its
+-- partition's head, the oldest unconsumed message's time, the oldest seq
+-- the log still holds, the lease, pause, adaptive state, the head's
+-- attempts, deliveries, backoff and last error, and the partition's pending
+-- dead letters.
+SELECT c.group_name, c.topic, c.partition, coalesce(p.last_seq, 0), c.seq,
+	u.sequenced_at,
+	coalesce((SELECT l.seq FROM {{schema}}.log l WHERE l.topic = c.topic AND l.partition = c.partition ORDER BY l.seq LIMIT 1), 0),
+	coalesce(c.lease_owner, ''), c.lease_expires_at, c.lease_owner IS NOT NULL AND coalesce(c.lease_expires_at > now(), false),
+	c.lease_token, c.paused, c.adaptive_state, coalesce(c.batch_size, 0), c.attempts, coalesce(c.last_error, ''),
+	c.last_error_at, c.updated_at, c.deliveries, c.backoff_until,
+	(SELECT count(*) FROM {{schema}}.dead_letters d WHERE d.group_name = c.group_name AND d.topic = c.topic
+		AND d.partition = c.partition AND d.status = 'pending')
+FROM {{schema}}.cursors c
+LEFT JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
+LEFT JOIN LATERAL (
+	SELECT l.sequenced_at FROM {{schema}}.log l
+	WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq ORDER BY l.seq LIMIT 1
+) u ON true
+WHERE ($1 = '' OR c.group_name = $1) AND ($2 = '' OR c.topic = $2)
+ORDER BY c.topic, c.group_name, c.partition;
+
+-- name: CursorsStatusHolders
+-- Admin status: per topic ($1, '' for all) and group, the partitions where
+-- the group's cursor is the lowest and messages are left after it, the
+-- biggest holder of each topic first.
+WITH low AS (
+	SELECT topic, partition, min(seq) AS seq FROM {{schema}}.cursors WHERE $1 = '' OR topic = $1 GROUP BY topic, partition
+)
+SELECT c.topic, c.group_name, array_agg(c.partition ORDER BY c.partition)
+FROM low
+JOIN {{schema}}.cursors c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
+JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
+WHERE p.last_seq > c.seq
+	AND EXISTS (SELECT 1 FROM {{schema}}.log l WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq)
+GROUP BY c.topic, c.group_name
+ORDER BY c.topic, sum(p.last_seq - c.seq) DESC, c.group_name;

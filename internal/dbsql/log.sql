@@ -1,0 +1,54 @@
+-- log: the sequenced messages, numbered gap-free per (topic, partition) by
+-- the sequencer (PendingSequence in pending.sql writes it). Subscribers read
+-- it after their cursor; retention trims it below the lowest cursor.
+
+-- name: LogRead
+-- The batch after the cursor: $1 topic, $2 partition, $3 cursor, $4 limit.
+-- Used after a cursor move that already counted the head's delivery
+-- (CursorsAdvance). The last column is the delivery count, NULL: not counted.
+SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, NULL::int4
+FROM {{schema}}.log
+WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4;
+
+-- name: LogReadCounting
+-- The batch after the cursor, counting a delivery of its head on the cursor
+-- row (fenced by the lease; only when the head exists), in one round trip
+-- that commits without waiting for the WAL flush: a count lost with a server
+-- crash only forgets one attempt. $1 group, $2 topic, $3 partition,
+-- $4 cursor, $5 lease owner, $6 lease token, $7 limit. The count is on every
+-- row (NULL: not counted).
+WITH counted AS (
+	UPDATE {{schema}}.cursors c SET deliveries = greatest(c.deliveries, c.attempts) + 1
+	FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = $3 AND c.seq = $4
+		AND c.lease_owner = $5 AND c.lease_token = $6 AND c.lease_expires_at > clock_timestamp()
+		AND EXISTS (SELECT 1 FROM {{schema}}.log WHERE topic = $2 AND partition = $3 AND seq = $4 + 1)
+	RETURNING c.deliveries
+)
+SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, (SELECT deliveries FROM counted)
+FROM {{schema}}.log
+WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7;
+
+-- name: LogTrim
+-- Retention: deletes up to $4 messages of partition ($1 topic, $2 partition)
+-- at or below the horizon $3 and sequenced before the cutoff $5 (NULL: no
+-- KeepFor). The horizon is checked again against the cursors as of this
+-- statement, so a group reset or created since the horizon was read is
+-- respected. Returns how many and the highest seq deleted.
+WITH d AS (
+	DELETE FROM {{schema}}.log WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM {{schema}}.log
+		WHERE topic = $1 AND partition = $2
+			AND seq <= least($3::int8, (SELECT min(seq) FROM {{schema}}.cursors WHERE topic = $1 AND partition = $2))
+			AND ($5::timestamptz IS NULL OR sequenced_at < $5)
+		ORDER BY seq
+		LIMIT $4))
+	RETURNING seq
+)
+SELECT count(*), coalesce(max(seq), 0) FROM d;
+
+-- name: LogOldestKept
+-- Retention: the oldest message kept at or below the horizon. $1 topic,
+-- $2 partition, $3 horizon.
+SELECT seq, sequenced_at FROM {{schema}}.log
+WHERE topic = $1 AND partition = $2 AND seq <= $3 ORDER BY seq LIMIT 1;

@@ -1,0 +1,32 @@
+-- members: one row per live member (Subscriber instance) of a consumer
+-- group on a topic, with its heartbeat. Heartbeats are written by
+-- CursorsBalance (cursors.sql), which reads both tables in one round trip.
+
+-- name: MembersExpire
+-- Forgets members silent for longer than $3 µs. $1 group, $2 topic.
+DELETE FROM {{schema}}.members WHERE group_name = $1 AND topic = $2
+	AND heartbeat_at < now() - $3::int8 * interval '1 microsecond';
+
+-- name: MembersLeave
+-- A member leaves the group: $1 group, $2 topic, $3 me.
+DELETE FROM {{schema}}.members WHERE group_name = $1 AND topic = $2 AND member_id = $3;
+
+-- name: MembersLockGroup
+-- Admin, before deleting a group: locks its member rows ($1 group, $2 topic
+-- or '' for all) in key order, so that no heartbeat is recorded until the
+-- decision commits.
+SELECT 1 FROM {{schema}}.members
+WHERE group_name = $1 AND ($2 = '' OR topic = $2) ORDER BY topic, member_id FOR UPDATE;
+
+-- name: MembersDeleteGroup
+-- Admin: deletes group $1's members (topic $2 or '' for all).
+DELETE FROM {{schema}}.members WHERE group_name = $1 AND ($2 = '' OR topic = $2);
+
+-- name: MembersStatus
+-- Admin status: the members of group $1 and topic $2 ('' for all), live
+-- (heard from within $3 µs) or not.
+SELECT group_name, topic, member_id, joined_at, heartbeat_at, can_reject,
+	heartbeat_at > now() - $3::int8 * interval '1 microsecond'
+FROM {{schema}}.members
+WHERE ($1 = '' OR group_name = $1) AND ($2 = '' OR topic = $2)
+ORDER BY group_name, topic, member_id;

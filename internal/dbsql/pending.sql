@@ -1,0 +1,77 @@
+-- pending: messages written by Publishers in their callers' transactions,
+-- not yet numbered. The sequencer moves them into the log after commit.
+
+-- name: PendingInsert
+-- Many messages of one topic: $1 topic, then arrays of $2 partitions,
+-- $3 partition keys ('' for none), $4 uuids, $5 metadata (JSON), $6 payloads.
+-- Rows keep the order given.
+INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload)
+SELECT $1, x.p, NULLIF(x.k, ''), x.u, x.m::jsonb, x.b
+FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
+ORDER BY x.ord;
+
+-- name: PendingInsertNotify
+-- PendingInsert, and a notification on channel $7 that wakes the sequencer
+-- when the transaction commits.
+WITH ins AS (
+	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload)
+	SELECT $1, x.p, NULLIF(x.k, ''), x.u, x.m::jsonb, x.b
+	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
+	ORDER BY x.ord
+) SELECT pg_notify($7, '');
+
+-- name: PendingInsertOne
+-- One message: $1 topic, $2 partition, $3 partition key ('' for none),
+-- $4 uuid, $5 metadata (JSON), $6 payload.
+INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload)
+VALUES ($1, $2, NULLIF($3, ''), $4, $5::jsonb, $6);
+
+-- name: PendingInsertOneNotify
+-- PendingInsertOne, and a notification on channel $7.
+WITH ins AS (
+	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload)
+	VALUES ($1, $2, NULLIF($3, ''), $4, $5::jsonb, $6)
+) SELECT pg_notify($7, '');
+
+-- name: PendingSequence
+-- The sequencer's second statement, run with a snapshot taken after
+-- PartitionsLockPending's locks were granted, so it sees every row and every
+-- last_seq committed by the partitions' previous sequencers. It moves the
+-- oldest pending rows of the locked partitions ($1 topics, $2 partitions;
+-- at most $3 rows, in id order, so each partition gets a prefix of its own
+-- rows) into the log, numbering each partition's rows from last_seq + 1, and
+-- returns per topic how many moved and the most in one partition. Unless the
+-- channel $4 is NULL, it also notifies it once per topic, with the payload
+-- "topic:p1,p2,..." (the partitions that got messages), which wakes the
+-- subscribers when the transaction commits.
+WITH locked AS (
+	SELECT * FROM unnest($1::text[], $2::int4[]) AS l(topic, partition)
+), picked AS (
+	SELECT m.ctid AS tid FROM {{schema}}.pending m
+	WHERE (m.topic, m.partition) IN (SELECT topic, partition FROM locked)
+	ORDER BY m.id LIMIT $3
+), moved AS (
+	-- By row address: a TID scan, whatever the size of the backlog.
+	-- Pending rows are never updated, and rows deleted by an earlier
+	-- sequencer are invisible to this snapshot, so the addresses are
+	-- exactly the rows picked.
+	DELETE FROM {{schema}}.pending d
+	WHERE d.ctid = ANY (ARRAY(SELECT tid FROM picked))
+	RETURNING d.*
+), numbered AS (
+	SELECT mv.*, p.last_seq + row_number() OVER (PARTITION BY mv.topic, mv.partition ORDER BY mv.id) AS seq
+	FROM moved mv JOIN {{schema}}.partitions p ON p.topic = mv.topic AND p.partition = mv.partition
+), inserted AS (
+	INSERT INTO {{schema}}.log (topic, partition, seq, partition_key, uuid, metadata, payload, created_at)
+	SELECT topic, partition, seq, partition_key, uuid, metadata, payload, created_at
+	FROM numbered ORDER BY topic, partition, seq
+	RETURNING topic, partition, seq
+), advanced AS (
+	UPDATE {{schema}}.partitions p SET last_seq = x.max_seq, sequenced_at = now()
+	FROM (SELECT topic, partition, max(seq) AS max_seq, count(*) AS n FROM inserted GROUP BY topic, partition) x
+	WHERE p.topic = x.topic AND p.partition = x.partition
+	RETURNING p.topic, p.partition, x.n
+)
+SELECT topic, sum(n)::bigint, max(n)::bigint,
+	CASE WHEN $4::text IS NOT NULL THEN pg_notify($4, topic || ':' || string_agg(partition::text, ',')) END::text
+FROM advanced GROUP BY topic;

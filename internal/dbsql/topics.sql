@@ -1,0 +1,28 @@
+-- topics: the registered topics and their partition counts.
+
+-- name: TopicsRegister
+-- Registers topic $1 with $2 partitions and creates its partition rows, in
+-- one statement. No row: the topic exists already (read it with
+-- TopicsPartitions; when another instance registers it at the same moment,
+-- this statement waits for it and its snapshot cannot see that row yet).
+WITH ins AS (
+	INSERT INTO {{schema}}.topics (name, partitions) VALUES ($1, $2)
+	ON CONFLICT (name) DO NOTHING
+	RETURNING name, partitions
+), parts AS (
+	INSERT INTO {{schema}}.partitions (topic, partition)
+	SELECT name, g FROM ins, generate_series(0, ins.partitions - 1) AS g
+)
+SELECT partitions FROM ins;
+
+-- name: TopicsPartitions
+-- The partition count of topic $1.
+SELECT partitions FROM {{schema}}.topics WHERE name = $1;
+
+-- name: TopicsStatus
+-- Admin status: topic $1 ('' for all) with its partition count, the
+-- messages sequenced so far and those still pending.
+SELECT t.name, t.partitions,
+	coalesce((SELECT sum(p.last_seq) FROM {{schema}}.partitions p WHERE p.topic = t.name), 0)::int8,
+	(SELECT count(*) FROM {{schema}}.pending m WHERE m.topic = t.name)
+FROM {{schema}}.topics t WHERE $1 = '' OR t.name = $1 ORDER BY t.name;
