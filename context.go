@@ -3,22 +3,12 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"reflect"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 )
-
-type txKey struct{}
-
-// txBinding is what WithTx stores: the caller's transaction and its adapter.
-type txBinding struct {
-	tx  any
-	q   pgexec.Querier
-	err error
-}
 
 // WithTx returns a context that carries tx, the caller's open transaction: a
 // pgx.Tx, a *sql.Tx or a watermill-sql executor. A Publisher created with
@@ -36,18 +26,17 @@ type txBinding struct {
 // Handlers read the transaction back with PgxTxFromContext or
 // SQLTxFromContext.
 func WithTx(ctx context.Context, tx any) context.Context {
-	q, err := pgexec.FromTx(tx)
-	return context.WithValue(ctx, txKey{}, &txBinding{tx: tx, q: q, err: err})
+	return pgexec.WithTx(ctx, tx)
 }
 
 // TxFromContext returns the transaction stored by WithTx, if any, as it was
 // given. PgxTxFromContext and SQLTxFromContext return it typed.
 func TxFromContext(ctx context.Context) (any, bool) {
-	b, ok := ctx.Value(txKey{}).(*txBinding)
-	if !ok {
+	b := pgexec.BindingFrom(ctx)
+	if b == nil {
 		return nil, false
 	}
-	return b.tx, true
+	return b.Tx, true
 }
 
 // PgxTxFromContext returns the pgx.Tx stored by WithTx, if there is one and
@@ -91,24 +80,4 @@ func SQLTxFromContext(ctx context.Context) (*sql.Tx, bool) {
 		return t.Tx, t.Tx != nil
 	}
 	return nil, false
-}
-
-func bindingFromContext(ctx context.Context) *txBinding {
-	if ctx == nil {
-		return nil
-	}
-	b, _ := ctx.Value(txKey{}).(*txBinding)
-	return b
-}
-
-// sameTx reports whether two bindings carry the same transaction.
-func sameTx(a, b *txBinding) bool {
-	if a == b {
-		return true
-	}
-	if a == nil || b == nil {
-		return false
-	}
-	ta, tb := reflect.TypeOf(a.tx), reflect.TypeOf(b.tx)
-	return ta == tb && ta != nil && ta.Comparable() && a.tx == b.tx
 }

@@ -58,6 +58,20 @@ var (
 	// ErrPublishTooLarge: one Publish call carries more than
 	// PublisherConfig.MaxPublishBytes (*LimitError).
 	ErrPublishTooLarge = errs.ErrPublishTooLarge
+	// ErrPoison marks a message that can never be processed (a permanent
+	// error): the Subscriber takes it out of the stream instead of retrying
+	// it. Reject returns an error matching it.
+	ErrPoison = errs.ErrPoison
+	// ErrHandlerTimeout reports a delivery whose handler did not answer
+	// within SubscriberConfig.HandlerTimeout (*HandlerTimeoutError). The
+	// delivery counts as a failed attempt; a late Ack or Nack of it changes
+	// nothing.
+	ErrHandlerTimeout = errs.ErrHandlerTimeout
+	// ErrTxMisuse reports a Transactional handler that left the
+	// Subscriber's transaction unusable, or tried to end it
+	// (*TxMisuseError). The delivery counts as a failed attempt and its
+	// writes are undone.
+	ErrTxMisuse = errs.ErrTxMisuse
 )
 
 // Structured errors; see the errs package for their fields.
@@ -81,4 +95,10 @@ type (
 	NotInTxError = errs.NotInTxError
 	// LimitError reports a message or Publish call over a size limit.
 	LimitError = errs.LimitError
+	// HandlerTimeoutError is the failure recorded for a delivery whose
+	// handler did not answer in time.
+	HandlerTimeoutError = errs.HandlerTimeoutError
+	// TxMisuseError says what a Transactional handler did to the
+	// Subscriber's transaction, and what to do instead.
+	TxMisuseError = errs.TxMisuseError
 )

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -17,6 +16,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
@@ -363,17 +363,17 @@ func (p *Publisher) executor(msgs []*message.Message) (pgexec.Querier, context.C
 	if p.bound != nil {
 		return p.bound, ctx, nil
 	}
-	first := bindingFromContext(ctx)
+	first := pgexec.BindingFrom(ctx)
 	for _, m := range msgs[1:] {
-		if b := bindingFromContext(m.Context()); !sameTx(b, first) {
+		if b := pgexec.BindingFrom(m.Context()); !pgexec.SameTx(b, first) {
 			return nil, nil, errs.ErrMixedTx
 		}
 	}
 	switch {
-	case first != nil && first.err != nil:
-		return nil, nil, first.err
+	case first != nil && first.Err != nil:
+		return nil, nil, first.Err
 	case first != nil:
-		return first.q, ctx, nil
+		return first.Q, ctx, nil
 	case p.cfg.OwnTransaction:
 		// A single statement on a pool runs in its own transaction.
 		return p.db, ctx, nil
@@ -442,14 +442,14 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		if len(m.Payload) > p.cfg.MaxPayloadBytes {
 			return b, &errs.PayloadTooLargeError{UUID: m.UUID, Size: len(m.Payload), Limit: p.cfg.MaxPayloadBytes}
 		}
-		if !storableText(m.UUID) {
+		if !pgtext.Storable(m.UUID) {
 			return b, &errs.MessageError{UUID: strconv.Quote(m.UUID), Reason: "UUID must be valid UTF-8 without NUL bytes"}
 		}
 		key, err := p.cfg.PartitionKeyFunc(topic, m)
 		if err != nil {
 			return b, fmt.Errorf("outbox: partition key of message %s: %w", m.UUID, err)
 		}
-		if !storableText(key) {
+		if !pgtext.Storable(key) {
 			return b, &errs.MessageError{UUID: m.UUID, Reason: "partition key must be valid UTF-8 without NUL bytes"}
 		}
 		var part int
@@ -500,20 +500,6 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// storableText reports whether s survives a round trip through a
-// PostgreSQL text or jsonb value unchanged.
-func storableText(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // appendMetadataJSON encodes metadata as a JSON object. Keys and values must
 // be valid UTF-8 without NUL (jsonb cannot hold \u0000), so that they come
 // back byte-exact.
@@ -521,7 +507,7 @@ func appendMetadataJSON(dst []byte, md message.Metadata) ([]byte, error) {
 	dst = append(dst, '{')
 	first := true
 	for k, v := range md {
-		if !storableText(k) || !storableText(v) {
+		if !pgtext.Storable(k) || !pgtext.Storable(v) {
 			return nil, fmt.Errorf("metadata %q must be valid UTF-8 without NUL bytes", k)
 		}
 		if !first {

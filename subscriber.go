@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,10 +14,12 @@ import (
 
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/delivery"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
@@ -185,7 +186,7 @@ func (c SubscriberConfig) Validate() error {
 		return &errs.ConfigError{Field: "Pool", Reason: "required"}
 	case c.ConsumerGroup == "":
 		return &errs.ConfigError{Field: "ConsumerGroup", Reason: "required"}
-	case len(c.ConsumerGroup) > 200 || !storableText(c.ConsumerGroup):
+	case len(c.ConsumerGroup) > 200 || !pgtext.Storable(c.ConsumerGroup):
 		return &errs.ConfigError{Field: "ConsumerGroup", Reason: "at most 200 bytes of UTF-8 without NUL"}
 	case c.Strategy != Leased && c.Strategy != Transactional:
 		return &errs.ConfigError{Field: "Strategy", Reason: "must be Leased or Transactional"}
@@ -197,7 +198,7 @@ func (c SubscriberConfig) Validate() error {
 		return &errs.ConfigError{Field: "HandlerTimeout", Reason: "must be positive and at most Tuning.LeaseTTL"}
 	case c.CloseTimeout < 0:
 		return &errs.ConfigError{Field: "CloseTimeout", Reason: "must be positive"}
-	case len(c.MemberID) > 160 || !storableText(c.MemberID):
+	case len(c.MemberID) > 160 || !pgtext.Storable(c.MemberID):
 		return &errs.ConfigError{Field: "MemberID", Reason: "at most 160 bytes of UTF-8 without NUL (a suffix per subscription is added)"}
 	case c.Tuning.LeaseTTL < 100*time.Millisecond:
 		return &errs.ConfigError{Field: "Tuning.LeaseTTL", Reason: "must be at least 100ms"}
@@ -229,8 +230,7 @@ type Subscriber struct {
 	logger watermill.LoggerAdapter
 	db     pgexec.DB
 
-	bulkhead  *worker.Bulkhead
-	q         *dbsql.Queries
+	workers   *delivery.Config // what the partition workers share
 	sequencer *Sequencer
 
 	ctx    context.Context // cancelled by Close
@@ -261,15 +261,32 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 	db, _ := pgexec.FromDB(cfg.Pool)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{
-		cfg:      cfg,
-		logger:   logger.With(watermill.LogFields{"component": "outbox.subscriber", "group": cfg.ConsumerGroup}),
-		db:       db,
-		bulkhead: bulkhead,
-		ctx:      ctx,
-		cancel:   cancel,
-		pokers:   map[string]map[int]map[*worker.Poker]struct{}{},
-		topics:   map[string]int{},
-		q:        dbsql.For(cfg.Schema),
+		cfg:    cfg,
+		logger: logger.With(watermill.LogFields{"component": "outbox.subscriber", "group": cfg.ConsumerGroup}),
+		db:     db,
+		ctx:    ctx,
+		cancel: cancel,
+		pokers: map[string]map[int]map[*worker.Poker]struct{}{},
+		topics: map[string]int{},
+	}
+	s.workers = &delivery.Config{
+		Group:             cfg.ConsumerGroup,
+		Schema:            cfg.Schema,
+		Transactional:     cfg.Strategy == Transactional,
+		MaxAttempts:       cfg.MaxAttempts,
+		HandlerTimeout:    cfg.HandlerTimeout,
+		CloseTimeout:      cfg.CloseTimeout,
+		SyncCursorCommits: cfg.SyncCursorCommits,
+		Tuning:            cfg.Tuning,
+		RejectHandler:     cfg.RejectHandler,
+		Pool:              cfg.Pool,
+		DB:                db,
+		Queries:           dbsql.For(cfg.Schema),
+		Bulkhead:          bulkhead,
+		Logger:            s.logger,
+		Register:          s.addPoker,
+		Stop:              ctx,
+		Background:        &s.wg,
 	}
 	if !cfg.DisableSequencer {
 		s.sequencer, err = NewSequencer(cfg.sequencerConfig(), logger)
@@ -448,13 +465,12 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		defer cancel()
 		var workers sync.WaitGroup
 		onAcquire := func(l *lease.Lease) {
-			w := s.newPartitionWorker(topic, l, out)
-			w.batch = batch
+			w := delivery.NewWorker(s.workers, topic, l, out, batch)
 			workers.Add(1)
 			go func() {
 				defer workers.Done()
 				defer l.Done()
-				w.run()
+				w.Run()
 			}()
 		}
 		// The manager fails only when it cannot start (its first
@@ -555,24 +571,4 @@ func (s *Subscriber) Close() error {
 	s.cancel()
 	s.wg.Wait()
 	return nil
-}
-
-// errLeaseEnded stops a worker whose lease ended (lost, released, or the
-// subscription stopped).
-var errLeaseEnded = errors.New("lease ended")
-
-func leaseEnded(err error) bool {
-	return errors.Is(err, errLeaseEnded) || errors.Is(err, lease.ErrLeaseLost)
-}
-
-// fmtErr keeps error text bounded for the cursor's last_error column.
-func fmtErr(err error) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	if len(msg) > 2000 {
-		return fmt.Errorf("%s…", msg[:2000])
-	}
-	return err
 }

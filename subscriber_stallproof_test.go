@@ -571,20 +571,6 @@ func TestBackoffSurvivesARestart(t *testing.T) {
 	}
 }
 
-func TestBackoffIsJittered(t *testing.T) {
-	seen := map[time.Duration]bool{}
-	for range 1000 {
-		d := outbox.Jitter(time.Second)
-		if d < 500*time.Millisecond || d > time.Second {
-			t.Fatalf("jitter(1s) = %v, outside [0.5s, 1s]", d)
-		}
-		seen[d] = true
-	}
-	if len(seen) < 900 {
-		t.Fatalf("%d distinct delays of 1000: retries would synchronise", len(seen))
-	}
-}
-
 // Bad input: a Subscriber on a schema Migrate never ran on, or one a newer
 // release migrated, is refused with a typed error at Subscribe.
 func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {

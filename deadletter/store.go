@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
@@ -17,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
@@ -227,15 +226,15 @@ func (s *Store) insert(ctx context.Context, q querier, m outbox.RejectedMessage)
 	}
 	var key any
 	if m.PartitionKey != "" {
-		key = cleanText(m.PartitionKey, 0)
+		key = pgtext.Clean(m.PartitionKey, 0)
 	}
 	payload := m.Payload
 	if payload == nil {
 		payload = []byte{}
 	}
 	rows, err := q.Query(ctx, s.q.DeadLettersInsert,
-		cleanText(m.Group, 0), cleanText(m.Topic, 0), partition, seq, cleanText(m.UUID, 0), key, metadata,
-		payload, cleanText(reason, s.cfg.MaxReasonBytes), max(m.Attempts, 0), timeOrNil(m.FirstFailure), timeOrNil(m.LastFailure))
+		pgtext.Clean(m.Group, 0), pgtext.Clean(m.Topic, 0), partition, seq, pgtext.Clean(m.UUID, 0), key, metadata,
+		payload, pgtext.Clean(reason, s.cfg.MaxReasonBytes), max(m.Attempts, 0), timeOrNil(m.FirstFailure), timeOrNil(m.LastFailure))
 	if err != nil {
 		return false, s.wrap(fmt.Errorf("deadletter: store message %s: %w", m.UUID, err))
 	}
@@ -260,30 +259,11 @@ func timeOrNil(t time.Time) any {
 func encodeMetadata(md map[string]string) (string, error) {
 	clean := make(map[string]string, len(md))
 	for k, v := range md {
-		clean[cleanText(k, 0)] = cleanText(v, 0)
+		clean[pgtext.Clean(k, 0)] = pgtext.Clean(v, 0)
 	}
 	b, err := json.Marshal(clean)
 	if err != nil {
 		return "", fmt.Errorf("deadletter: encode metadata: %w", err)
 	}
 	return string(b), nil
-}
-
-// cleanText makes s storable as PostgreSQL text: valid UTF-8, no NUL, and
-// at most limit bytes when limit > 0 (cut at a rune boundary).
-func cleanText(s string, limit int) string {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if limit > 0 && len(s) > limit {
-		cut := limit - len("…")
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "…"
-	}
-	return s
 }

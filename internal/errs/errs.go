@@ -5,6 +5,7 @@ package errs
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinel errors; see the re-exports in package outbox for their meaning.
@@ -172,3 +173,66 @@ func (e *MessageError) Error() string {
 
 // Is makes errors.Is(err, ErrInvalidMessage) true.
 func (e *MessageError) Is(target error) bool { return target == ErrInvalidMessage }
+
+// ErrPoison marks a message that can never be processed (a permanent error):
+// the Subscriber takes it out of the stream instead of retrying it.
+var ErrPoison = errors.New("outbox: poison message")
+
+// PoisonError carries the cause of a rejection.
+type PoisonError struct{ Cause error }
+
+func (e *PoisonError) Error() string {
+	if e.Cause == nil {
+		return ErrPoison.Error()
+	}
+	return ErrPoison.Error() + ": " + e.Cause.Error()
+}
+func (e *PoisonError) Unwrap() []error { return []error{ErrPoison, e.Cause} }
+
+// ErrHandlerTimeout reports a delivery whose handler did not answer within
+// SubscriberConfig.HandlerTimeout (*HandlerTimeoutError). The delivery counts
+// as a failed attempt; a late Ack or Nack of it changes nothing.
+var ErrHandlerTimeout = errors.New("outbox: handler timed out")
+
+// HandlerTimeoutError is the failure recorded for a delivery whose handler
+// did not answer in time.
+type HandlerTimeoutError struct {
+	Seq     int64
+	Timeout time.Duration
+}
+
+func (e *HandlerTimeoutError) Error() string {
+	return fmt.Sprintf("outbox: the handler of seq %d did not ack or nack within HandlerTimeout (%v): the delivery counts as a failed attempt and is retried; the handler's goroutine is left to finish on its own, and its late answer is ignored", e.Seq, e.Timeout)
+}
+
+// Is makes errors.Is(err, ErrHandlerTimeout) true.
+func (e *HandlerTimeoutError) Is(target error) bool { return target == ErrHandlerTimeout }
+
+// ErrTxMisuse reports a Transactional handler that left the Subscriber's
+// transaction unusable, or tried to end it (*TxMisuseError). The delivery
+// counts as a failed attempt and its writes are undone.
+var ErrTxMisuse = errors.New("outbox: the handler misused the subscriber's transaction")
+
+// TxMisuseError says what a Transactional handler did to the Subscriber's
+// transaction, and what to do instead.
+type TxMisuseError struct {
+	Seq int64
+	// What the handler did.
+	What string
+	// Cause is the database error that revealed it, if any.
+	Cause error
+}
+
+func (e *TxMisuseError) Error() string {
+	s := fmt.Sprintf("outbox: the handler of seq %d %s", e.Seq, e.What)
+	if e.Cause != nil {
+		s += ": " + e.Cause.Error()
+	}
+	return s
+}
+
+// Is makes errors.Is(err, ErrTxMisuse) true.
+func (e *TxMisuseError) Is(target error) bool { return target == ErrTxMisuse }
+
+// Unwrap returns the database error behind it.
+func (e *TxMisuseError) Unwrap() error { return e.Cause }

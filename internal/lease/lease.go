@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/pgtext"
 )
 
 // ErrLeaseLost reports that a fenced write found the lease no longer ours:
@@ -271,18 +270,8 @@ func (l *Lease) diagnose(ctx context.Context, q pgexec.Querier, op string, seq i
 // errorText makes cause storable as PostgreSQL text: valid UTF-8, no NUL,
 // at most maxErrorLen bytes.
 func errorText(cause error) string {
-	s := "unknown error"
-	if cause != nil {
-		s = cause.Error()
+	if cause == nil {
+		return "unknown error"
 	}
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	if len(s) > maxErrorLen {
-		cut := maxErrorLen
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut]
-	}
-	return s
+	return pgtext.Clean(cause.Error(), maxErrorLen)
 }

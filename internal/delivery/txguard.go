@@ -1,63 +1,15 @@
-package outbox
+package delivery
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/millrace/watermill-outbox/internal/errs"
 )
-
-// ErrHandlerTimeout reports a delivery whose handler did not answer within
-// SubscriberConfig.HandlerTimeout (*HandlerTimeoutError). The delivery counts
-// as a failed attempt; a late Ack or Nack of it changes nothing.
-var ErrHandlerTimeout = errors.New("outbox: handler timed out")
-
-// HandlerTimeoutError is the failure recorded for a delivery whose handler
-// did not answer in time.
-type HandlerTimeoutError struct {
-	Seq     int64
-	Timeout time.Duration
-}
-
-func (e *HandlerTimeoutError) Error() string {
-	return fmt.Sprintf("outbox: the handler of seq %d did not ack or nack within HandlerTimeout (%v): the delivery counts as a failed attempt and is retried; the handler's goroutine is left to finish on its own, and its late answer is ignored", e.Seq, e.Timeout)
-}
-
-// Is makes errors.Is(err, ErrHandlerTimeout) true.
-func (e *HandlerTimeoutError) Is(target error) bool { return target == ErrHandlerTimeout }
-
-// ErrTxMisuse reports a Transactional handler that left the Subscriber's
-// transaction unusable, or tried to end it (*TxMisuseError). The delivery
-// counts as a failed attempt and its writes are undone.
-var ErrTxMisuse = errors.New("outbox: the handler misused the subscriber's transaction")
-
-// TxMisuseError says what a Transactional handler did to the Subscriber's
-// transaction, and what to do instead.
-type TxMisuseError struct {
-	Seq int64
-	// What the handler did.
-	What string
-	// Cause is the database error that revealed it, if any.
-	Cause error
-}
-
-func (e *TxMisuseError) Error() string {
-	s := fmt.Sprintf("outbox: the handler of seq %d %s", e.Seq, e.What)
-	if e.Cause != nil {
-		s += ": " + e.Cause.Error()
-	}
-	return s
-}
-
-// Is makes errors.Is(err, ErrTxMisuse) true.
-func (e *TxMisuseError) Is(target error) bool { return target == ErrTxMisuse }
-
-// Unwrap returns the database error behind it.
-func (e *TxMisuseError) Unwrap() error { return e.Cause }
 
 const (
 	// misuseAborted: the handler acked, but a statement it ran failed and
@@ -190,12 +142,12 @@ func (g *txGuard) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // Commit releases a nested transaction; on the Subscriber's own
-// transaction it is refused with an ErrTxMisuse error and counted against
+// transaction it is refused with an errs.ErrTxMisuse error and counted against
 // the delivery.
 func (g *txGuard) Commit(ctx context.Context) error {
 	if !g.nested {
 		g.setMisuse(misuseCommit)
-		return &TxMisuseError{What: misuseCommit}
+		return &errs.TxMisuseError{What: misuseCommit}
 	}
 	if err := g.enter(); err != nil {
 		return err
@@ -205,12 +157,12 @@ func (g *txGuard) Commit(ctx context.Context) error {
 }
 
 // Rollback rolls a nested transaction back; on the Subscriber's own
-// transaction it is refused with an ErrTxMisuse error and counted against
+// transaction it is refused with an errs.ErrTxMisuse error and counted against
 // the delivery.
 func (g *txGuard) Rollback(ctx context.Context) error {
 	if !g.nested {
 		g.setMisuse(misuseRollback)
-		return &TxMisuseError{What: misuseRollback}
+		return &errs.TxMisuseError{What: misuseRollback}
 	}
 	if err := g.enter(); err != nil {
 		return err
@@ -278,7 +230,7 @@ func (g *txGuard) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Conn returns the transaction's connection (unguarded: statements that
-// end the transaction through it break the delivery; see ErrTxMisuse).
+// end the transaction through it break the delivery; see errs.ErrTxMisuse).
 func (g *txGuard) Conn() *pgx.Conn { return g.tx.Conn() }
 
 type errRow struct{ err error }

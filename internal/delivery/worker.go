@@ -1,4 +1,4 @@
-package outbox
+package delivery
 
 import (
 	"context"
@@ -6,22 +6,61 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/warnlog"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
 
-// partitionWorker delivers one partition of one topic to one subscription
-// while its lease lasts.
-type partitionWorker struct {
-	s      *Subscriber
+// Config is what the partition workers of one subscription share: the
+// Subscriber's settings and the machinery it owns.
+type Config struct {
+	Group             string
+	Schema            string
+	Transactional     bool // the Transactional strategy: handlers run in the cursor's transaction
+	MaxAttempts       int
+	HandlerTimeout    time.Duration
+	CloseTimeout      time.Duration
+	SyncCursorCommits bool
+	Tuning            adaptive.Tuning
+	RejectHandler     RejectHandler // nil: rejected messages are retried
+
+	Pool     *pgxpool.Pool  // begins the Transactional strategy's transactions
+	DB       pgexec.DB      // the same pool, for single statements
+	Queries  *dbsql.Queries // the statements, for Schema
+	Bulkhead *worker.Bulkhead
+	Logger   watermill.LoggerAdapter
+
+	// Register makes p, a worker's poker, reachable by the notifications
+	// for its partition; the function it returns undoes that.
+	Register func(topic string, partition int, p *worker.Poker) (unregister func())
+	// Stop ends when the Subscriber closes. Background counts the
+	// goroutines of abandoned handlers, which the Subscriber's Close waits
+	// for.
+	Stop       context.Context
+	Background *sync.WaitGroup
+}
+
+// BatchHandler is the handler of ConsumeBatches (outbox.BatchHandler).
+type BatchHandler = func(ctx context.Context, batch []*message.Message) (done int, err error)
+
+// Worker delivers one partition of one topic to one subscription while its
+// lease lasts: read a batch after the cursor, hand it out, wait for the
+// answers, move the cursor (and reject, retry or back off), again.
+type Worker struct {
+	s      *Config
 	topic  string
 	part   int
 	lease  *lease.Lease
@@ -87,8 +126,10 @@ const (
 	isolate  // a batch handler of several messages timed out: retry them one at a time
 )
 
-func (s *Subscriber) newPartitionWorker(topic string, l *lease.Lease, out chan<- *message.Message) *partitionWorker {
-	mode, _ := adaptive.NewMode(s.cfg.Tuning.ModeConfig()) // validated with the config
+// NewWorker creates the worker of the partition l leases, delivering to out
+// one message at a time, or to batch when it is not nil (ConsumeBatches).
+func NewWorker(s *Config, topic string, l *lease.Lease, out chan<- *message.Message, batch BatchHandler) *Worker {
+	mode, _ := adaptive.NewMode(s.Tuning.ModeConfig()) // validated with the config
 	if l.Unanswered() > 0 {
 		// The last holder died (or lost its lease) in the middle of a
 		// batch: deliver one message at a time, so that a message that
@@ -98,8 +139,9 @@ func (s *Subscriber) newPartitionWorker(topic string, l *lease.Lease, out chan<-
 	for range min(l.Attempts(), 32) {
 		mode.Failed(0) // keep the backoff level across restarts and moves
 	}
-	w := &partitionWorker{
+	w := &Worker{
 		s:      s,
+		batch:  batch,
 		topic:  topic,
 		part:   l.Partition(),
 		lease:  l,
@@ -113,22 +155,23 @@ func (s *Subscriber) newPartitionWorker(topic string, l *lease.Lease, out chan<-
 		attempts:       l.Attempts(),
 		lastError:      l.LastError(),
 		initialBackoff: l.Backoff(),
-		logger:         s.logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
+		logger:         s.Logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
 	}
 	if n := l.Unanswered(); n > 0 {
 		w.logger.Error("Deliveries ended without an outcome: counted as failed attempts", nil, watermill.LogFields{
-			"seq": w.headSeq, "unanswered": n, "attempts": l.Attempts(), "max_attempts": s.cfg.MaxAttempts,
+			"seq": w.headSeq, "unanswered": n, "attempts": l.Attempts(), "max_attempts": s.MaxAttempts,
 			"hint": "the consumer process died, was killed or lost its lease while handling this message"})
 	}
 	return w
 }
 
-func (w *partitionWorker) run() {
-	defer w.s.addPoker(w.topic, w.part, w.poker)()
+// Run delivers until the lease ends.
+func (w *Worker) Run() {
+	defer w.s.Register(w.topic, w.part, w.poker)()
 	cfg := worker.Config{
 		Name:    StableID(w.topic, w.part, 0),
-		Pacing:  w.s.cfg.Tuning.Pacing,
-		Backoff: worker.BackoffConfig{Base: w.s.cfg.Tuning.BackoffBase, Max: w.s.cfg.Tuning.BackoffMax},
+		Pacing:  w.s.Tuning.Pacing,
+		Backoff: worker.BackoffConfig{Base: w.s.Tuning.BackoffBase, Max: w.s.Tuning.BackoffMax},
 		Poker:   w.poker,
 		OnFailure: func(f worker.Failure) {
 			if !leaseEnded(f.Err) {
@@ -137,10 +180,10 @@ func (w *partitionWorker) run() {
 		},
 	}
 	action := worker.ActionFunc(w.executeLeased)
-	if w.s.cfg.Strategy == Transactional {
+	if w.s.Transactional {
 		// The transaction holds a connection while the handler runs, so the
 		// bulkhead covers the whole batch.
-		cfg.Bulkhead = w.s.bulkhead
+		cfg.Bulkhead = w.s.Bulkhead
 		action = w.executeTransactional
 	}
 	_ = worker.Run(w.lease.Context(), cfg, action)
@@ -149,6 +192,10 @@ func (w *partitionWorker) run() {
 	}
 }
 
+// leaseEnded reports an error that only says the lease is gone: the worker
+// stops, and the next holder goes on from the cursor.
+func leaseEnded(err error) bool { return errors.Is(err, lease.ErrLeaseLost) }
+
 // dbContext outlives the lease context by a little, so that work finished
 // while a lease is being released (Close, rebalancing) is still recorded.
 func dbContext(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -156,7 +203,7 @@ func dbContext(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // executeLeased runs one batch outside any transaction.
-func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, error) {
+func (w *Worker) executeLeased(ctx context.Context) (worker.Directive, error) {
 	if d := w.takeInitialBackoff(); d > 0 {
 		return worker.Sleep(d), nil
 	}
@@ -191,8 +238,8 @@ func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, 
 		defer cancel()
 		var counted bool
 		advance := func() (_ []logEntry, err error) {
-			if w.s.cfg.SyncCursorCommits {
-				counted, err = w.lease.AdvanceCounting(dctx, w.s.db, done)
+			if w.s.SyncCursorCommits {
+				counted, err = w.lease.AdvanceCounting(dctx, w.s.DB, done)
 			} else {
 				counted, err = w.lease.AdvanceRelaxedCounting(dctx, done)
 			}
@@ -207,13 +254,13 @@ func (w *partitionWorker) executeLeased(ctx context.Context) (worker.Directive, 
 	if result == nacked {
 		delay = w.noteFailure(processed)
 	}
-	return w.settle(ctx, result, reason, processed, len(entries) == size, w.s.db, delay)
+	return w.settle(ctx, result, reason, processed, len(entries) == size, w.s.DB, delay)
 }
 
 // takeInitialBackoff returns, once, what was left of the backoff recorded
 // on the cursor row when the lease was acquired: a restart or a lease move
 // does not retry a failing message early.
-func (w *partitionWorker) takeInitialBackoff() time.Duration {
+func (w *Worker) takeInitialBackoff() time.Duration {
 	d := w.initialBackoff
 	w.initialBackoff = 0
 	return d
@@ -223,9 +270,9 @@ func (w *partitionWorker) takeInitialBackoff() time.Duration {
 // when it has already been delivered MaxAttempts times without success —
 // deliveries that ended without an outcome (a crash) included. ok reports
 // that it handled the batch.
-func (w *partitionWorker) rejectExhaustedHead(ctx context.Context, head logEntry) (worker.Directive, bool) {
-	maxAttempts := w.s.cfg.MaxAttempts
-	if maxAttempts <= 0 || w.s.cfg.RejectHandler == nil || head.seq != w.headSeq || w.attempts <= maxAttempts {
+func (w *Worker) rejectExhaustedHead(ctx context.Context, head logEntry) (worker.Directive, bool) {
+	maxAttempts := w.s.MaxAttempts
+	if maxAttempts <= 0 || w.s.RejectHandler == nil || head.seq != w.headSeq || w.attempts <= maxAttempts {
 		return worker.Directive{}, false
 	}
 	last := w.lastError
@@ -235,8 +282,8 @@ func (w *partitionWorker) rejectExhaustedHead(ctx context.Context, head logEntry
 	// This delivery, counted by read, does not happen.
 	w.attempts--
 	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), deliveries that ended without an outcome (crash, kill, lost lease) included; last error: %s",
-		ErrPoison, w.attempts, maxAttempts, last)
-	w.rejectVia = w.s.cfg.RejectHandler
+		errs.ErrPoison, w.attempts, maxAttempts, last)
+	w.rejectVia = w.s.RejectHandler
 	if err := w.rejectInOwnTx(ctx, head, reason); err != nil {
 		if leaseEnded(err) {
 			return worker.Idle(), true
@@ -254,7 +301,7 @@ func (w *partitionWorker) rejectExhaustedHead(ctx context.Context, head logEntry
 
 // executeTransactional runs one batch in one transaction; the cursor moves
 // in the same transaction, so the handlers' writes commit with it.
-func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Directive, err error) {
+func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, err error) {
 	if d := w.takeInitialBackoff(); d > 0 {
 		return worker.Sleep(d), nil
 	}
@@ -268,7 +315,7 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 	if dir, ok := w.rejectExhaustedHead(ctx, entries[0]); ok {
 		return dir, nil
 	}
-	tx, err := w.s.cfg.Pool.Begin(ctx)
+	tx, err := w.s.Pool.Begin(ctx)
 	if err != nil {
 		w.undoDelivery(ctx)
 		return worker.Idle(), err
@@ -301,7 +348,7 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 		if result == broken {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		} else {
-			guard.abandon(&w.s.wg, w.s.ctx, w.s.cfg.CloseTimeout, func(err error) {
+			guard.abandon(w.s.Background, w.s.Stop, w.s.CloseTimeout, func(err error) {
 				w.logger.Error("Cannot roll back the transaction of a timed-out handler", err, nil)
 			})
 		}
@@ -345,7 +392,7 @@ func (w *partitionWorker) executeTransactional(ctx context.Context) (_ worker.Di
 // head's failure is a counted attempt (and, after MaxAttempts, a dead
 // letter); a later message's is retried in a smaller batch, where it
 // becomes the head.
-func (w *partitionWorker) failWholeTx(ctx context.Context, entries []logEntry, at int, result outcome, reason error) (worker.Directive, error) {
+func (w *Worker) failWholeTx(ctx context.Context, entries []logEntry, at int, result outcome, reason error) (worker.Directive, error) {
 	switch result {
 	case stopped:
 		// The lease is ending; the delivery stays counted (deliveries) and
@@ -392,7 +439,7 @@ func (w *partitionWorker) failWholeTx(ctx context.Context, entries []logEntry, a
 // (Transactional) it keeps the done prefix's writes and undoes the rest
 // with savepoints, and checks after every ack that the handler left the
 // transaction usable.
-func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (int, outcome, error) {
+func (w *Worker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (int, outcome, error) {
 	w.handedOut = false
 	if w.batch != nil {
 		return w.handleBatch(ctx, entries, tx)
@@ -404,9 +451,9 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 			// Release the previous message's savepoint (which fails if its
 			// handler aborted the transaction) and set this one's, in one
 			// round trip (simple protocol).
-			stmt := w.s.q.TxSavepointDelivery
+			stmt := w.s.Queries.TxSavepointDelivery
 			if i > 0 {
-				stmt = w.s.q.TxNextDelivery
+				stmt = w.s.Queries.TxNextDelivery
 			}
 			if _, err := tx.tx.Exec(dctx, stmt); err != nil {
 				if i > 0 && !connLost(tx) {
@@ -422,7 +469,7 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 		}
 		if result == acked && tx != nil {
 			if what := tx.takeMisuse(); what != "" {
-				result, reason = w.answer(&delivery{}, nacked, e, &TxMisuseError{Seq: e.seq, What: what})
+				result, reason = w.answer(&delivery{}, nacked, e, &errs.TxMisuseError{Seq: e.seq, What: what})
 			}
 		}
 		if result == acked {
@@ -430,18 +477,18 @@ func (w *partitionWorker) handle(ctx context.Context, entries []logEntry, tx *tx
 		}
 		if tx != nil && (result == nacked || result == rejected) {
 			// Undo whatever the handler wrote for this message.
-			if _, err := tx.tx.Exec(dctx, w.s.q.TxRollbackDelivery); err != nil {
+			if _, err := tx.tx.Exec(dctx, w.s.Queries.TxRollbackDelivery); err != nil {
 				if connLost(tx) {
 					w.handleErr = err
 					return i, stopped, nil
 				}
-				return i, broken, &TxMisuseError{Seq: e.seq, What: misuseEnded, Cause: err}
+				return i, broken, &errs.TxMisuseError{Seq: e.seq, What: misuseEnded, Cause: err}
 			}
 		}
 		return i, result, reason
 	}
 	if tx != nil {
-		if _, err := tx.tx.Exec(dctx, w.s.q.TxReleaseDelivery); err != nil {
+		if _, err := tx.tx.Exec(dctx, w.s.Queries.TxReleaseDelivery); err != nil {
 			if connLost(tx) {
 				w.handleErr = err
 				return len(entries) - 1, stopped, nil
@@ -463,22 +510,22 @@ func connLost(tx *txGuard) bool {
 // entries[at] acked: the handler aborted or ended the transaction. It rolls
 // back to that message's savepoint and fails it (a counted attempt), or,
 // when even that fails, reports the transaction broken.
-func (w *partitionWorker) brokenTx(ctx context.Context, tx *txGuard, entries []logEntry, at int, cause error) (int, outcome, error) {
+func (w *Worker) brokenTx(ctx context.Context, tx *txGuard, entries []logEntry, at int, cause error) (int, outcome, error) {
 	e := entries[at]
-	if _, err := tx.tx.Exec(ctx, w.s.q.TxRollbackDelivery); err != nil {
+	if _, err := tx.tx.Exec(ctx, w.s.Queries.TxRollbackDelivery); err != nil {
 		if connLost(tx) {
 			w.handleErr = err
 			return at, stopped, nil
 		}
-		return at, broken, &TxMisuseError{Seq: e.seq, What: misuseEnded, Cause: cause}
+		return at, broken, &errs.TxMisuseError{Seq: e.seq, What: misuseEnded, Cause: cause}
 	}
-	result, reason := w.answer(&delivery{}, nacked, e, &TxMisuseError{Seq: e.seq, What: misuseAborted, Cause: cause})
+	result, reason := w.answer(&delivery{}, nacked, e, &errs.TxMisuseError{Seq: e.seq, What: misuseAborted, Cause: cause})
 	return at, result, reason
 }
 
 // undoDelivery takes back the delivery the read counted for the head when
 // it never reached a handler.
-func (w *partitionWorker) undoDelivery(ctx context.Context) {
+func (w *Worker) undoDelivery(ctx context.Context) {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
 	w.precounted = false
@@ -492,7 +539,7 @@ func (w *partitionWorker) undoDelivery(ctx context.Context) {
 }
 
 // takeHandleError returns (and clears) a database error met by handle.
-func (w *partitionWorker) takeHandleError() error {
+func (w *Worker) takeHandleError() error {
 	err := w.handleErr
 	w.handleErr = nil
 	return err
@@ -502,7 +549,7 @@ func (w *partitionWorker) takeHandleError() error {
 // failure) to the adaptive mode and returns how long to wait before the
 // retry: the mode's exponential backoff with jitter, so that partitions
 // failing together do not retry in lockstep.
-func (w *partitionWorker) noteFailure(processed int) time.Duration {
+func (w *Worker) noteFailure(processed int) time.Duration {
 	w.mode.Failed(processed)
 	return jitter(w.mode.Backoff())
 }
@@ -517,7 +564,7 @@ func jitter(d time.Duration) time.Duration {
 
 // recordRetry records a failed attempt at the head and when its retry is
 // due, on q (nil: the pool); best effort, logged.
-func (w *partitionWorker) recordRetry(ctx context.Context, q pgexec.Querier, cause error, delay time.Duration) {
+func (w *Worker) recordRetry(ctx context.Context, q pgexec.Querier, cause error, delay time.Duration) {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
 	if err := w.lease.RecordRetry(dctx, q, cause, delay); err != nil && !leaseEnded(err) {
@@ -528,7 +575,7 @@ func (w *partitionWorker) recordRetry(ctx context.Context, q pgexec.Querier, cau
 // settle picks the next step after a batch and shows the adaptive state.
 // For a nack (already fed to the mode by noteFailure, which gave delay),
 // failureQ, when set, records the failure on the cursor row.
-func (w *partitionWorker) settle(ctx context.Context, result outcome, reason error, processed int, full bool, failureQ pgexec.Querier, delay time.Duration) (worker.Directive, error) {
+func (w *Worker) settle(ctx context.Context, result outcome, reason error, processed int, full bool, failureQ pgexec.Querier, delay time.Duration) (worker.Directive, error) {
 	defer w.showState(ctx)
 	switch result {
 	case acked:
@@ -552,7 +599,7 @@ func (w *partitionWorker) settle(ctx context.Context, result outcome, reason err
 	return worker.Idle(), nil // stopped: the loop ends with the lease
 }
 
-func (w *partitionWorker) failure(reason error) error {
+func (w *Worker) failure(reason error) error {
 	if reason == nil {
 		reason = errors.New("nacked")
 	}
@@ -561,8 +608,8 @@ func (w *partitionWorker) failure(reason error) error {
 	return err
 }
 
-func (w *partitionWorker) withBulkhead(ctx context.Context, fn func() ([]logEntry, error)) ([]logEntry, error) {
-	release, err := w.s.bulkhead.Acquire(ctx)
+func (w *Worker) withBulkhead(ctx context.Context, fn func() ([]logEntry, error)) ([]logEntry, error) {
+	release, err := w.s.Bulkhead.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -575,16 +622,16 @@ func (w *partitionWorker) withBulkhead(ctx context.Context, fn func() ([]logEntr
 // fenced by the lease, before anything is handed out: a delivery that ends
 // without an outcome (a crash) is then charged to the message by the next
 // holder of the lease.
-func (w *partitionWorker) read(ctx context.Context, limit int) ([]logEntry, error) {
+func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
 	var rows pgexec.Rows
 	var err error
 	if w.precounted { // the cursor move counted the head's delivery
-		rows, err = w.s.db.Query(ctx, w.s.q.LogRead, w.topic, w.part, w.cursor, limit)
+		rows, err = w.s.DB.Query(ctx, w.s.Queries.LogRead, w.topic, w.part, w.cursor, limit)
 	} else {
-		rows, err = w.s.db.Query(ctx, w.s.q.LogReadCounting, w.s.cfg.ConsumerGroup, w.topic, w.part, w.cursor, w.lease.Owner(), w.lease.Token(), limit)
+		rows, err = w.s.DB.Query(ctx, w.s.Queries.LogReadCounting, w.s.Group, w.topic, w.part, w.cursor, w.lease.Owner(), w.lease.Token(), limit)
 	}
 	if err != nil {
-		return nil, w.s.schemaError(err)
+		return nil, schemacheck.Wrap(err, w.s.Schema)
 	}
 	defer rows.Close()
 	entries := make([]logEntry, 0, limit)
@@ -597,7 +644,7 @@ func (w *partitionWorker) read(ctx context.Context, limit int) ([]logEntry, erro
 		entries = append(entries, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, w.s.schemaError(err)
+		return nil, schemacheck.Wrap(err, w.s.Schema)
 	}
 	if len(entries) == 0 || entries[0].seq != w.cursor+1 {
 		return entries, nil // (a cursor behind the retained log has no head to count)
@@ -623,7 +670,7 @@ func (w *partitionWorker) read(ctx context.Context, limit int) ([]logEntry, erro
 // deliver hands one message to the subscription's channel and waits for its
 // Ack or Nack, at most HandlerTimeout. With tx set (Transactional) the
 // handler finds the transaction in the message context.
-func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx *txGuard) (outcome, error) {
+func (w *Worker) deliver(ctx context.Context, e logEntry, tx *txGuard) (outcome, error) {
 	msg, d, cancel := w.newMessage(ctx, e, tx, w.countAttempt(e.seq))
 	defer cancel() // a message's context ends with its Ack or Nack
 	w.lastMsg = msg
@@ -660,7 +707,7 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx *txGuard) 
 			default:
 			}
 			cancel()
-			reason := &HandlerTimeoutError{Seq: e.seq, Timeout: w.s.cfg.HandlerTimeout}
+			reason := &errs.HandlerTimeoutError{Seq: e.seq, Timeout: w.s.HandlerTimeout}
 			w.logger.Error("Handler timed out: the delivery counts as a failed attempt", reason, watermill.LogFields{"seq": e.seq, "attempt": w.attempts})
 			if tx != nil {
 				return timedOut, reason
@@ -669,7 +716,7 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx *txGuard) 
 		case <-done:
 			// The lease is ending: give the handler a moment to answer.
 			done = nil
-			grace = time.After(w.s.cfg.CloseTimeout)
+			grace = time.After(w.s.CloseTimeout)
 		case <-grace:
 			return stopped, nil
 		}
@@ -680,14 +727,16 @@ func (w *partitionWorker) deliver(ctx context.Context, e logEntry, tx *txGuard) 
 // HandlerTimeout, when the handler's context ends, plus a tenth of it (at
 // most a second), so that a handler that honours its context can still
 // answer with its own error.
-func (s *Subscriber) abandonAfter() time.Duration {
-	return s.cfg.HandlerTimeout + min(s.cfg.HandlerTimeout/10, time.Second)
+// abandonAfter is how long a worker waits for a handler's answer before it
+// gives the delivery up: HandlerTimeout and a little grace.
+func (s *Config) abandonAfter() time.Duration {
+	return s.HandlerTimeout + min(s.HandlerTimeout/10, time.Second)
 }
 
 // countAttempt returns the attempt number of a delivery of the message at
 // seq. The head's deliveries were counted by read; a later message of the
 // batch is on its first attempt unless it is the one that failed last.
-func (w *partitionWorker) countAttempt(seq int64) int {
+func (w *Worker) countAttempt(seq int64) int {
 	switch {
 	case seq == w.headSeq:
 		return max(w.attempts, 1)
@@ -704,11 +753,11 @@ func (w *partitionWorker) countAttempt(seq int64) int {
 // outbox metadata and a context that carries the delivery handle (and the
 // transaction, for the Transactional strategy) and ends at HandlerTimeout.
 // cancel ends the context.
-func (w *partitionWorker) newMessage(ctx context.Context, e logEntry, tx *txGuard, attempt int) (*message.Message, *delivery, context.CancelFunc) {
+func (w *Worker) newMessage(ctx context.Context, e logEntry, tx *txGuard, attempt int) (*message.Message, *delivery, context.CancelFunc) {
 	if tx != nil {
-		ctx = WithTx(ctx, pgx.Tx(tx))
+		ctx = pgexec.WithTx(ctx, pgx.Tx(tx))
 	}
-	ctx, cancel := context.WithTimeout(ctx, w.s.cfg.HandlerTimeout)
+	ctx, cancel := context.WithTimeout(ctx, w.s.HandlerTimeout)
 	msg, d := w.buildMessage(ctx, e, attempt)
 	return msg, d, cancel
 }
@@ -716,7 +765,7 @@ func (w *partitionWorker) newMessage(ctx context.Context, e logEntry, tx *txGuar
 // buildMessage builds the Watermill message for a log entry on a context
 // that already carries the transaction or deadline; it adds the delivery
 // handle.
-func (w *partitionWorker) buildMessage(ctx context.Context, e logEntry, attempt int) (*message.Message, *delivery) {
+func (w *Worker) buildMessage(ctx context.Context, e logEntry, attempt int) (*message.Message, *delivery) {
 	msg := message.NewMessage(e.uuid, e.payload)
 	for k, v := range e.metadata {
 		msg.Metadata.Set(k, v)
@@ -738,7 +787,7 @@ func (w *partitionWorker) buildMessage(ctx context.Context, e logEntry, attempt 
 // batch that is not done entirely is undone entirely (its writes cannot be
 // split), so nothing of it counts as done; adaptive degradation then
 // shrinks the batch until the failing message stands alone.
-func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuard) (int, outcome, error) {
+func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuard) (int, outcome, error) {
 	headAttempt := w.countAttempt(entries[0].seq)
 	msgs := make([]*message.Message, len(entries))
 	deliveries := make([]*delivery, len(entries))
@@ -746,9 +795,9 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	// (Transactional), ended when the batch is done.
 	bctx := ctx
 	if tx != nil {
-		bctx = WithTx(ctx, pgx.Tx(tx))
+		bctx = pgexec.WithTx(ctx, pgx.Tx(tx))
 	}
-	bctx, cancel := context.WithTimeout(bctx, w.s.cfg.HandlerTimeout)
+	bctx, cancel := context.WithTimeout(bctx, w.s.HandlerTimeout)
 	defer cancel()
 	for i, e := range entries {
 		attempt := 1
@@ -760,7 +809,7 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	dctx, cancelDB := dbContext(ctx)
 	defer cancelDB()
 	if tx != nil {
-		if _, err := tx.tx.Exec(dctx, w.s.q.TxSavepointBatch); err != nil {
+		if _, err := tx.tx.Exec(dctx, w.s.Queries.TxSavepointBatch); err != nil {
 			w.handleErr = err
 			return 0, stopped, nil
 		}
@@ -770,7 +819,7 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	switch {
 	case answered == batchTimedOut:
 		cancel()
-		reason := &HandlerTimeoutError{Seq: entries[0].seq, Timeout: w.s.cfg.HandlerTimeout}
+		reason := &errs.HandlerTimeoutError{Seq: entries[0].seq, Timeout: w.s.HandlerTimeout}
 		if len(entries) > 1 {
 			// Which message hung is unknown: retry them one at a time, so
 			// that the one that hangs is charged, not the head.
@@ -789,14 +838,14 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 	}
 	if tx != nil {
 		if what := tx.takeMisuse(); what != "" {
-			done, err = 0, &TxMisuseError{Seq: entries[0].seq, What: what}
+			done, err = 0, &errs.TxMisuseError{Seq: entries[0].seq, What: what}
 		} else if done >= len(entries) {
-			if _, rerr := tx.tx.Exec(dctx, w.s.q.TxReleaseBatch); rerr != nil {
+			if _, rerr := tx.tx.Exec(dctx, w.s.Queries.TxReleaseBatch); rerr != nil {
 				if connLost(tx) {
 					w.handleErr = rerr
 					return 0, stopped, nil
 				}
-				done, err = 0, &TxMisuseError{Seq: entries[0].seq, What: misuseAborted, Cause: rerr}
+				done, err = 0, &errs.TxMisuseError{Seq: entries[0].seq, What: misuseAborted, Cause: rerr}
 			}
 		}
 	}
@@ -810,12 +859,12 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 		err = fmt.Errorf("batch handler finished %d of %d messages without an error", done, len(entries))
 	}
 	if tx != nil {
-		if _, rerr := tx.tx.Exec(dctx, w.s.q.TxRollbackBatch); rerr != nil {
+		if _, rerr := tx.tx.Exec(dctx, w.s.Queries.TxRollbackBatch); rerr != nil {
 			if connLost(tx) {
 				w.handleErr = rerr
 				return 0, stopped, nil
 			}
-			return 0, broken, &TxMisuseError{Seq: entries[0].seq, What: misuseEnded, Cause: rerr}
+			return 0, broken, &errs.TxMisuseError{Seq: entries[0].seq, What: misuseEnded, Cause: rerr}
 		}
 		if done > 0 {
 			done = 0
@@ -828,10 +877,10 @@ func (w *partitionWorker) handleBatch(ctx context.Context, entries []logEntry, t
 		return 0, result, reason
 	}
 	// A message after the head failed: it is retried as the next head.
-	if rej, cause, via := deliveries[done].rejection(); rej && (via != nil || w.s.cfg.RejectHandler != nil) {
+	if rej, cause, via := deliveries[done].rejection(); rej && (via != nil || w.s.RejectHandler != nil) {
 		w.lastMsg = msgs[done]
 		w.countAttempt(entries[done].seq)
-		w.rejectVia = w.s.cfg.RejectHandler
+		w.rejectVia = w.s.RejectHandler
 		if via != nil {
 			w.rejectVia = via
 		}
@@ -852,7 +901,7 @@ const (
 // for it at most HandlerTimeout (and CloseTimeout once the lease ends). A
 // handler that does not return in time is left running on its own
 // goroutine, which ends when it returns; its result is ignored.
-func (w *partitionWorker) callBatch(ctx context.Context, msgs []*message.Message) (int, error, batchAnswer) {
+func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, error, batchAnswer) {
 	type result struct {
 		done int
 		err  error
@@ -886,7 +935,7 @@ func (w *partitionWorker) callBatch(ctx context.Context, msgs []*message.Message
 			return 0, nil, batchTimedOut
 		case <-stop:
 			stop = nil
-			grace = time.After(w.s.cfg.CloseTimeout)
+			grace = time.After(w.s.CloseTimeout)
 		case <-grace:
 			return 0, nil, batchGaveUp
 		}
@@ -896,7 +945,7 @@ func (w *partitionWorker) callBatch(ctx context.Context, msgs []*message.Message
 // answer turns an Ack, a Nack or a failure (reason) into an outcome: a
 // Reject wins over all of them, and a message that failed MaxAttempts
 // times is rejected. It sets rejectVia for a rejection.
-func (w *partitionWorker) answer(d *delivery, got outcome, e logEntry, reason error) (outcome, error) {
+func (w *Worker) answer(d *delivery, got outcome, e logEntry, reason error) (outcome, error) {
 	isRejected, cause, via := d.rejection()
 	if got == nacked || isRejected {
 		now := time.Now()
@@ -905,7 +954,7 @@ func (w *partitionWorker) answer(d *delivery, got outcome, e logEntry, reason er
 		}
 		w.lastFailure = now
 	}
-	w.rejectVia = w.s.cfg.RejectHandler
+	w.rejectVia = w.s.RejectHandler
 	if via != nil {
 		w.rejectVia = via
 	}
@@ -914,18 +963,18 @@ func (w *partitionWorker) answer(d *delivery, got outcome, e logEntry, reason er
 	case isRejected && canReject:
 		return rejected, cause
 	case isRejected:
-		warn(w.logger, "Message rejected but no RejectHandler is configured: retrying it (set SubscriberConfig.RejectHandler, e.g. a deadletter.Store, or reject with outbox.RejectTo)", watermill.LogFields{"seq": e.seq, "reason": cause})
+		warnlog.Warn("Message rejected but no RejectHandler is configured: retrying it (set SubscriberConfig.RejectHandler, e.g. a deadletter.Store, or reject with outbox.RejectTo)", watermill.LogFields{"seq": e.seq, "reason": cause}, w.logger)
 		return nacked, cause
-	case got == nacked && canReject && w.s.cfg.MaxAttempts > 0 && w.attempts >= w.s.cfg.MaxAttempts:
+	case got == nacked && canReject && w.s.MaxAttempts > 0 && w.attempts >= w.s.MaxAttempts:
 		if reason == nil {
 			reason = errors.New("nacked")
 		}
-		return rejected, fmt.Errorf("%w: failed %d times (MaxAttempts), last: %w", ErrPoison, w.attempts, reason)
+		return rejected, fmt.Errorf("%w: failed %d times (MaxAttempts), last: %w", errs.ErrPoison, w.attempts, reason)
 	}
 	return got, reason
 }
 
-func (w *partitionWorker) rejectedMessage(e logEntry, reason error) RejectedMessage {
+func (w *Worker) rejectedMessage(e logEntry, reason error) RejectedMessage {
 	metadata := e.metadata
 	if w.lastMsg != nil && w.lastMsg.UUID == e.uuid {
 		metadata = make(map[string]string, len(w.lastMsg.Metadata))
@@ -934,7 +983,7 @@ func (w *partitionWorker) rejectedMessage(e logEntry, reason error) RejectedMess
 		}
 	}
 	return RejectedMessage{
-		Group:        w.s.cfg.ConsumerGroup,
+		Group:        w.s.Group,
 		Topic:        w.topic,
 		Partition:    w.part,
 		Seq:          e.seq,
@@ -951,21 +1000,21 @@ func (w *partitionWorker) rejectedMessage(e logEntry, reason error) RejectedMess
 
 // rejectInOwnTx stores a rejected message and moves the cursor past it in
 // one transaction of its own.
-func (w *partitionWorker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) error {
+func (w *Worker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) error {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	if w.s.cfg.Strategy != Transactional { // (Transactional holds a slot for the whole batch)
-		release, err := w.s.bulkhead.Acquire(dctx)
+	if !w.s.Transactional { // (Transactional holds a slot for the whole batch)
+		release, err := w.s.Bulkhead.Acquire(dctx)
 		if err != nil {
 			return err
 		}
 		defer release()
 	}
 	counted := false
-	err := pgx.BeginFunc(dctx, w.s.cfg.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(dctx, w.s.Pool, func(tx pgx.Tx) error {
 		via := w.rejectVia
 		if via == nil {
-			via = w.s.cfg.RejectHandler
+			via = w.s.RejectHandler
 		}
 		if err := via.HandleReject(dctx, tx, w.rejectedMessage(e, reason)); err != nil {
 			return fmt.Errorf("outbox: reject handler: %w", err)
@@ -983,17 +1032,29 @@ func (w *partitionWorker) rejectInOwnTx(ctx context.Context, e logEntry, reason 
 
 // showState writes the adaptive state to the cursor row when it changed,
 // for the admin status. It is fenced by the lease token and best effort.
-func (w *partitionWorker) showState(ctx context.Context) {
+func (w *Worker) showState(ctx context.Context) {
 	state, size := w.mode.State(), w.mode.BatchSize()
 	if state == w.shownState && size == w.shownSize {
 		return
 	}
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	_, err := w.s.db.Exec(dctx, w.s.q.CursorsSaveAdaptive, w.s.cfg.ConsumerGroup, w.topic, w.part, w.lease.Token(), state.String(), size)
+	_, err := w.s.DB.Exec(dctx, w.s.Queries.CursorsSaveAdaptive, w.s.Group, w.topic, w.part, w.lease.Token(), state.String(), size)
 	if err != nil {
 		w.logger.Debug("Cannot record adaptive state", watermill.LogFields{"err": err})
 		return
 	}
 	w.shownState, w.shownSize = state, size
+}
+
+// fmtErr keeps error text bounded for the cursor's last_error column.
+func fmtErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if len(msg) > 2000 {
+		return fmt.Errorf("%s…", msg[:2000])
+	}
+	return err
 }

@@ -1,4 +1,0 @@
-package outbox
-
-// Jitter exposes the backoff jitter to the tests.
-var Jitter = jitter
