@@ -6,6 +6,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 )
@@ -80,4 +81,27 @@ func SQLTxFromContext(ctx context.Context) (*sql.Tx, bool) {
 		return t.Tx, t.Tx != nil
 	}
 	return nil, false
+}
+
+// DB is the set of database handles the outbox's one-off operations
+// (Migrate, CurrentSchemaVersion, RegisterTopic, TopicPartitions) accept: a
+// pgx pool or connection, or a database/sql handle. Any other handle is a
+// compile error.
+//
+// The handles accepted across the outbox, in one place:
+//
+//   - Migrate, CurrentSchemaVersion, RegisterTopic, TopicPartitions: a DB.
+//   - PublisherConfig.DB (to register topics and, with OwnTransaction,
+//     write in a transaction of its own): a *pgxpool.Pool, *pgx.Conn or
+//     *sql.DB, checked by Validate.
+//   - The caller's transaction (WithTx, NewTxPublisher): a pgx.Tx, a *sql.Tx
+//     or a watermill-sql executor of one, checked at Publish (ErrNotInTx,
+//     ErrUnsupportedTx). Go cannot type "pgx.Tx or *sql.Tx" at compile time
+//     (pgx.Tx is an interface with methods, which a type union cannot
+//     hold), so these stay `any`.
+//   - Sequencer, Subscriber, Forwarder, admin, retention, deadletter: a
+//     *pgxpool.Pool, because they hold connections of their own (LISTEN,
+//     one per partition worker) and need the pool to hand them out.
+type DB interface {
+	*pgxpool.Pool | *pgx.Conn | *sql.DB | *sql.Conn
 }

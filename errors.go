@@ -72,6 +72,18 @@ var (
 	// (*TxMisuseError). The delivery counts as a failed attempt and its
 	// writes are undone.
 	ErrTxMisuse = errs.ErrTxMisuse
+	// ErrNotFound: what an operation names does not exist (a dead letter,
+	// a consumer group's cursor). admin.ErrNotFound and
+	// deadletter.ErrNotFound are this error.
+	ErrNotFound = errs.ErrNotFound
+	// ErrInvalidArgument: an argument of a call is impossible (an unknown
+	// status, a negative duration, a partition out of range).
+	// admin.ErrInvalidArgument and deadletter.ErrInvalidArgument are this
+	// error.
+	ErrInvalidArgument = errs.ErrInvalidArgument
+	// ErrAlreadyRunning: Run was called on a component (Sequencer,
+	// Forwarder, retention Vacuum) that is already running.
+	ErrAlreadyRunning = errs.ErrAlreadyRunning
 )
 
 // Structured errors; see the errs package for their fields.

@@ -30,7 +30,11 @@ func init() { schemacheck.Latest = SchemaVersion }
 // left untouched. So is a system schema (information_schema, pg_catalog or
 // any other pg_ name), with a *NameError (ErrInvalidName), as every entry
 // point refuses it.
-func Migrate(ctx context.Context, db any, schema string) error {
+func Migrate[D DB](ctx context.Context, db D, schema string) error {
+	return migrate(ctx, any(db), schema)
+}
+
+func migrate(ctx context.Context, db any, schema string) error {
 	if schema == "" {
 		schema = DefaultSchema
 	}
@@ -107,7 +111,11 @@ func migrateOnce(ctx context.Context, d pgexec.DB, schema string) error {
 
 // CurrentSchemaVersion reports the version recorded in schema, 0 when the
 // outbox was never migrated there.
-func CurrentSchemaVersion(ctx context.Context, db any, schema string) (int, error) {
+func CurrentSchemaVersion[D DB](ctx context.Context, db D, schema string) (int, error) {
+	return currentSchemaVersion(ctx, any(db), schema)
+}
+
+func currentSchemaVersion(ctx context.Context, db any, schema string) (int, error) {
 	if schema == "" {
 		schema = DefaultSchema
 	}

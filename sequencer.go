@@ -178,7 +178,7 @@ func (s *Sequencer) Stats() SequencerStats {
 // (ErrSchemaTooNew), which retrying would not mend. Run may be called once.
 func (s *Sequencer) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
-		return errors.New("outbox: Sequencer.Run called twice")
+		return fmt.Errorf("%w: Sequencer.Run called twice", errs.ErrAlreadyRunning)
 	}
 	// A schema it cannot work with ends Run: retrying would not mend it. Any
 	// other error (the database not up yet, say) is met again by the first

@@ -30,7 +30,11 @@ const DefaultSchema = names.DefaultSchema
 // *pgxpool.Pool, *pgx.Conn or *sql.DB. Asking for another count than the
 // registered one fails with a *PartitionMismatchError and changes nothing:
 // partition counts are fixed, because a key's partition must not move.
-func RegisterTopic(ctx context.Context, db any, schema, topic string, partitions int) error {
+func RegisterTopic[D DB](ctx context.Context, db D, schema, topic string, partitions int) error {
+	return registerTopicOn(ctx, any(db), schema, topic, partitions)
+}
+
+func registerTopicOn(ctx context.Context, db any, schema, topic string, partitions int) error {
 	if schema == "" {
 		schema = DefaultSchema
 	}
@@ -56,7 +60,11 @@ func RegisterTopic(ctx context.Context, db any, schema, topic string, partitions
 
 // TopicPartitions reports the partition count of a registered topic, or an
 // error matching ErrUnknownTopic.
-func TopicPartitions(ctx context.Context, db any, schema, topic string) (int, error) {
+func TopicPartitions[D DB](ctx context.Context, db D, schema, topic string) (int, error) {
+	return topicPartitions(ctx, any(db), schema, topic)
+}
+
+func topicPartitions(ctx context.Context, db any, schema, topic string) (int, error) {
 	if schema == "" {
 		schema = DefaultSchema
 	}

@@ -1,36 +1,25 @@
 package adaptive
 
 import (
+	"github.com/millrace/watermill-outbox/internal/errs"
+
 	"errors"
 	"fmt"
 )
 
-// ErrInvalidConfig is matched (via errors.Is) by every [*ConfigError].
-var ErrInvalidConfig = errors.New("adaptive: invalid configuration")
+// ErrInvalidConfig is matched (via errors.Is) by every [*ConfigError]. It is
+// outbox.ErrInvalidConfig: one error for an impossible configuration,
+// whichever package checks it.
+var ErrInvalidConfig = errs.ErrInvalidConfig
 
 // ErrUnknownProfile is matched (via errors.Is) by the error [Profile] returns
 // for a name it does not know.
 var ErrUnknownProfile = errors.New("adaptive: unknown tuning profile")
 
-// ConfigError reports one invalid configuration field. It matches
-// [ErrInvalidConfig].
-type ConfigError struct {
-	// Field names the offending field, e.g. "BatchSize" or
-	// "Pacing.IdleInterval".
-	Field string
-	// Reason says what is wrong and what is allowed.
-	Reason string
-}
-
-// Error implements error.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("invalid configuration: %s %s", e.Field, e.Reason)
-}
-
-// Is reports whether target is [ErrInvalidConfig].
-func (e *ConfigError) Is(target error) bool {
-	return target == ErrInvalidConfig
-}
+// ConfigError reports one invalid configuration field (Field, e.g.
+// "BatchSize" or "Pacing.IdleInterval", and Reason: what is wrong and what
+// is allowed). It matches [ErrInvalidConfig]. It is outbox.ConfigError.
+type ConfigError = errs.ConfigError
 
 func configErrorf(field, format string, args ...any) *ConfigError {
 	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}

@@ -13,6 +13,8 @@
 package admin
 
 import (
+	"github.com/millrace/watermill-outbox/partitioning"
+
 	"context"
 	"errors"
 	"fmt"
@@ -32,10 +34,12 @@ import (
 // Errors of the admin operations. Each can be matched with errors.Is.
 var (
 	// ErrNotFound: no cursor matches the scope (unknown group, topic or
-	// partition, or the group never subscribed to the topic).
-	ErrNotFound = errors.New("admin: no such cursor")
-	// ErrInvalidArgument: a scope or position is impossible.
-	ErrInvalidArgument = errors.New("admin: invalid argument")
+	// partition, or the group never subscribed to the topic). It is
+	// outbox.ErrNotFound.
+	ErrNotFound = errs.ErrNotFound
+	// ErrInvalidArgument: a scope or position is impossible. It is
+	// outbox.ErrInvalidArgument.
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrSeqOutOfRange: a reset to a seq beyond a partition's head
 	// (*SeqRangeError).
 	ErrSeqOutOfRange = errors.New("admin: seq out of range")
@@ -183,7 +187,7 @@ func (s Scope) validate() error {
 		}
 	}
 	for _, p := range s.Partitions {
-		if p < 0 || p > 1023 {
+		if p < 0 || p >= partitioning.MaxPartitions {
 			return fmt.Errorf("%w: partition %d", ErrInvalidArgument, p)
 		}
 	}

@@ -168,7 +168,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	f.mu.Lock()
 	if f.running {
 		f.mu.Unlock()
-		return errors.New("forwarder: Run called twice")
+		return fmt.Errorf("%w: forwarder: Run called twice", outbox.ErrAlreadyRunning)
 	}
 	f.running = true
 	f.mu.Unlock()

@@ -266,7 +266,7 @@ func (v *Vacuum) Run(ctx context.Context) error {
 		return errs.ErrClosed
 	case v.running:
 		v.mu.Unlock()
-		return errors.New("retention: Run called twice")
+		return fmt.Errorf("%w: retention: Run called twice", errs.ErrAlreadyRunning)
 	}
 	v.running = true
 	v.wg.Add(1)

@@ -12,6 +12,9 @@ import (
 var (
 	ErrInvalidName           = errors.New("outbox: invalid name")
 	ErrInvalidConfig         = errors.New("outbox: invalid configuration")
+	ErrNotFound              = errors.New("outbox: not found")
+	ErrInvalidArgument       = errors.New("outbox: invalid argument")
+	ErrAlreadyRunning        = errors.New("outbox: already running")
 	ErrSchemaTooNew          = errors.New("outbox: database schema is newer than this library")
 	ErrPartitionMismatch     = errors.New("outbox: topic already registered with a different partition count")
 	ErrInvalidPartitionCount = errors.New("outbox: invalid partition count")

@@ -1,0 +1,57 @@
+package outbox_test
+
+import (
+	"errors"
+	"testing"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/admin"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/partitioning"
+	"github.com/millrace/watermill-outbox/retention"
+)
+
+// One error vocabulary: an error from any package of the module matches the
+// root sentinel of its kind with errors.Is, so that callers need to know
+// only package outbox's names.
+func TestEveryPackageMatchesTheRootSentinels(t *testing.T) {
+	tuning := adaptive.Default()
+	tuning.BatchSize = -1
+	_, fwdErr := forwarder.NewForwarder(forwarder.Config{}, nil)
+	_, vacErr := retention.NewVacuum(retention.Config{}, nil)
+	cases := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"partitioning.ValidatePartitions(0)", partitioning.ValidatePartitions(0), outbox.ErrInvalidPartitionCount},
+		{"partitioning.ValidatePartitions(MaxPartitions+1)", partitioning.ValidatePartitions(outbox.MaxPartitions + 1), outbox.ErrInvalidPartitionCount},
+		{"adaptive.Tuning.Validate", tuning.Validate(), outbox.ErrInvalidConfig},
+		{"adaptive.ErrInvalidConfig", adaptive.ErrInvalidConfig, outbox.ErrInvalidConfig},
+		{"forwarder.NewForwarder(zero Config)", fwdErr, outbox.ErrInvalidConfig},
+		{"retention.NewVacuum(zero Config)", vacErr, outbox.ErrInvalidConfig},
+		{"admin.ErrNotFound", admin.ErrNotFound, outbox.ErrNotFound},
+		{"deadletter.ErrNotFound", deadletter.ErrNotFound, outbox.ErrNotFound},
+		{"admin.ErrInvalidArgument", admin.ErrInvalidArgument, outbox.ErrInvalidArgument},
+		{"deadletter.ErrInvalidArgument", deadletter.ErrInvalidArgument, outbox.ErrInvalidArgument},
+		{"deadletter.ErrInvalidCursor", deadletter.ErrInvalidCursor, outbox.ErrInvalidArgument},
+	}
+	for _, c := range cases {
+		if c.err == nil {
+			t.Errorf("%s: no error", c.name)
+			continue
+		}
+		if !errors.Is(c.err, c.want) {
+			t.Errorf("%s = %v: does not match %v", c.name, c.err, c.want)
+		}
+	}
+	var ce *outbox.ConfigError
+	if !errors.As(tuning.Validate(), &ce) || ce.Field == "" {
+		t.Errorf("adaptive's error is not an *outbox.ConfigError naming its field: %v", tuning.Validate())
+	}
+	if partitioning.MaxPartitions != outbox.MaxPartitions {
+		t.Errorf("two partition limits: partitioning %d, outbox %d", partitioning.MaxPartitions, outbox.MaxPartitions)
+	}
+}
