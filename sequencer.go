@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/notifier"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
@@ -193,15 +193,11 @@ func (s *Sequencer) Run(ctx context.Context) error {
 	stop := context.AfterFunc(s.ctx, cancel)
 	defer stop()
 
-	var listener sync.WaitGroup
 	if !s.cfg.DisableListen {
-		listener.Add(1)
-		go func() {
-			defer listener.Done()
-			listen(ctx, s.cfg.Pool, s.listenChannel, s.logger, func(string) { s.wake() })
-		}()
+		// The process's shared LISTEN connection for this pool.
+		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(string) { s.wake() })
+		defer sub.Unlisten()
 	}
-	defer listener.Wait()
 
 	backoff := time.Duration(0)
 	// followUp is the wait before the next unprompted pass after work was
@@ -373,46 +369,4 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 		s.passes.Add(1)
 	}
 	return n, n >= s.cfg.BatchSize || len(topics) == s.cfg.MaxPartitionsPerPass, nil
-}
-
-// listen holds one connection from pool with LISTEN channel and calls fn
-// with each notification's payload until ctx ends. Lost connections are
-// re-established with backoff; fn("") is called after each (re)connect, as
-// notifications may have been missed meanwhile.
-func listen(ctx context.Context, pool *pgxpool.Pool, channel string, logger watermill.LoggerAdapter, fn func(payload string)) {
-	backoff := time.Duration(0)
-	for ctx.Err() == nil {
-		err := listenOnce(ctx, pool, channel, fn)
-		if ctx.Err() != nil {
-			return
-		}
-		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-		logger.Error("LISTEN connection lost, reconnecting", err, watermill.LogFields{"channel": channel, "backoff": backoff})
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-	}
-}
-
-func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, fn func(string)) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// The connection carries a LISTEN: never give it back to the pool.
-	c := conn.Hijack()
-	defer c.Close(context.Background())
-	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return err
-	}
-	fn("")
-	for {
-		n, err := c.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		fn(n.Payload)
-	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/notifier"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
@@ -497,10 +498,14 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 // startBackground starts the notification listener and, unless disabled,
 // the sequencer; both stop on Close.
 func (s *Subscriber) startBackground() {
+	// The process's shared LISTEN connection for this pool; given up when
+	// the Subscriber closes.
+	sub := notifier.Listen(s.cfg.Pool, names.SequencedChannel(s.cfg.Schema), s.logger, s.onSequenced)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		listen(s.ctx, s.cfg.Pool, names.SequencedChannel(s.cfg.Schema), s.logger, s.onSequenced)
+		<-s.ctx.Done()
+		sub.Unlisten()
 	}()
 	if s.sequencer != nil {
 		s.wg.Add(1)
