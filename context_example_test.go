@@ -5,13 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 // A handler reads the transaction from the message's context: the one a
@@ -19,7 +19,7 @@ import (
 // the caller stored with WithTx. No type assertion is needed.
 func ExamplePgxTxFromContext() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.DatabaseURL())
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}
@@ -57,7 +57,7 @@ func ExamplePgxTxFromContext() {
 // (directly, or in a watermill-sql adapter).
 func ExampleSQLTxFromContext() {
 	ctx := context.Background()
-	db, err := sql.Open("pgx", pgtest.DatabaseURL())
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}

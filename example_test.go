@@ -3,20 +3,20 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 // Publish two messages in the caller's transaction, sequence them, and read
 // them back with a Subscriber of the "billing" group.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.DatabaseURL())
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}

@@ -204,7 +204,7 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 	waitFor(t, "failed sends while NATS is down", time.Minute, func() bool { return fwd.Stats().Failures > 3 })
 	time.Sleep(2 * time.Second)
 	before := fwd.Stats()
-	s = startNATS(t, port, dir, nil)
+	startNATS(t, port, dir, nil) // stopped by the test's cleanup
 	time.Sleep(time.Second)
 	close(stop)
 	<-publishing

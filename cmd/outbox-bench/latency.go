@@ -223,9 +223,7 @@ func cdf(sorted []int64) []cdfPoint {
 	for i := 0; i <= 200; i++ {
 		fracs = append(fracs, float64(i)/200)
 	}
-	for _, f := range []float64{0.991, 0.992, 0.993, 0.994, 0.995, 0.996, 0.997, 0.998, 0.999, 0.9995, 0.9999} {
-		fracs = append(fracs, f)
-	}
+	fracs = append(fracs, 0.991, 0.992, 0.993, 0.994, 0.995, 0.996, 0.997, 0.998, 0.999, 0.9995, 0.9999)
 	slices.Sort(fracs)
 	out := make([]cdfPoint, 0, len(fracs))
 	for _, f := range fracs {

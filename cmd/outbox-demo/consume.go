@@ -83,7 +83,7 @@ func (d *demo) startConsumers(ctx context.Context) error {
 		key, _ := kafka.MessageKeyFromCtx(m.Context())
 		return arrival{partition: int(p), recordKey: string(key)}
 	}); err != nil {
-		return fmt.Errorf("Kafka: %w", err)
+		return fmt.Errorf("kafka: %w", err)
 	}
 
 	// AckAsync: an ack is sent without waiting for the server's answer, so

@@ -62,7 +62,7 @@ func TestRenderQuotesTheSchema(t *testing.T) {
 	if want := `SELECT 1 FROM "odd""name".log`; got != want {
 		t.Fatalf("Render = %q, want %q", got, want)
 	}
-	if dbsql.For("a") != dbsql.For("a") {
+	if first, again := dbsql.For("a"), dbsql.For("a"); first != again {
 		t.Fatal("For does not share one Queries per schema")
 	}
 	if dbsql.For("a").LogRead == dbsql.For("b").LogRead {

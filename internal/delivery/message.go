@@ -95,10 +95,10 @@ func (d *delivery) reject(cause error, via RejectHandler) {
 	}
 }
 
-func (d *delivery) rejection() (bool, error, RejectHandler) {
+func (d *delivery) rejection() (bool, RejectHandler, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.rejected, d.cause, d.via
+	return d.rejected, d.via, d.cause
 }
 
 func deliveryFrom(ctx context.Context) *delivery {

@@ -815,7 +815,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuar
 		}
 	}
 	w.handedOut = true
-	done, err, answered := w.callBatch(ctx, msgs)
+	done, answered, err := w.callBatch(ctx, msgs)
 	switch {
 	case answered == batchTimedOut:
 		cancel()
@@ -877,7 +877,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuar
 		return 0, result, reason
 	}
 	// A message after the head failed: it is retried as the next head.
-	if rej, cause, via := deliveries[done].rejection(); rej && (via != nil || w.s.RejectHandler != nil) {
+	if rej, via, cause := deliveries[done].rejection(); rej && (via != nil || w.s.RejectHandler != nil) {
 		w.lastMsg = msgs[done]
 		w.countAttempt(entries[done].seq)
 		w.rejectVia = w.s.RejectHandler
@@ -901,7 +901,7 @@ const (
 // for it at most HandlerTimeout (and CloseTimeout once the lease ends). A
 // handler that does not return in time is left running on its own
 // goroutine, which ends when it returns; its result is ignored.
-func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, error, batchAnswer) {
+func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, batchAnswer, error) {
 	type result struct {
 		done int
 		err  error
@@ -925,19 +925,19 @@ func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, e
 	for {
 		select {
 		case r := <-ch:
-			return r.done, r.err, batchAnswered
+			return r.done, batchAnswered, r.err
 		case <-timeout.C:
 			select {
 			case r := <-ch:
-				return r.done, r.err, batchAnswered
+				return r.done, batchAnswered, r.err
 			default:
 			}
-			return 0, nil, batchTimedOut
+			return 0, batchTimedOut, nil
 		case <-stop:
 			stop = nil
 			grace = time.After(w.s.CloseTimeout)
 		case <-grace:
-			return 0, nil, batchGaveUp
+			return 0, batchGaveUp, nil
 		}
 	}
 }
@@ -946,7 +946,7 @@ func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, e
 // Reject wins over all of them, and a message that failed MaxAttempts
 // times is rejected. It sets rejectVia for a rejection.
 func (w *Worker) answer(d *delivery, got outcome, e logEntry, reason error) (outcome, error) {
-	isRejected, cause, via := d.rejection()
+	isRejected, via, cause := d.rejection()
 	if got == nacked || isRejected {
 		now := time.Now()
 		if w.firstFailure.IsZero() {

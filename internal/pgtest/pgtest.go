@@ -29,6 +29,10 @@ import (
 // existing server instead of a throwaway cluster.
 const EnvDatabaseURL = "OUTBOX_TEST_DATABASE_URL"
 
+// EnvExampleURL is set by Main to the test database, for the Example
+// functions, which read it as an application reads its connection string.
+const EnvExampleURL = "DATABASE_URL"
+
 var (
 	databaseURL string
 	external    bool
@@ -43,6 +47,7 @@ func Main(m *testing.M) {
 func run(m *testing.M) int {
 	if url := os.Getenv(EnvDatabaseURL); url != "" {
 		databaseURL, external = url, true
+		os.Setenv(EnvExampleURL, url)
 		return m.Run()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -54,6 +59,9 @@ func run(m *testing.M) int {
 	}
 	defer cluster.Stop()
 	databaseURL = cluster.URL("postgres")
+	// Example functions connect as an application would, through
+	// DATABASE_URL, so that the code they show has no test helper in it.
+	os.Setenv(EnvExampleURL, databaseURL)
 	return m.Run()
 }
 

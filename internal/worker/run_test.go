@@ -495,7 +495,8 @@ func requireConfigError(t *testing.T, err error, field string) {
 }
 
 func TestDirective(t *testing.T) {
-	if worker.Proceed() != worker.Proceed() || worker.Sleep(time.Second) != worker.Sleep(time.Second) {
+	p1, p2, s1, s2 := worker.Proceed(), worker.Proceed(), worker.Sleep(time.Second), worker.Sleep(time.Second)
+	if p1 != p2 || s1 != s2 {
 		t.Fatal("equal directives must compare equal")
 	}
 	if worker.Sleep(time.Second) == worker.Sleep(2*time.Second) || worker.Idle() == worker.Proceed() {
