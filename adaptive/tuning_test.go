@@ -135,7 +135,7 @@ func TestConfigErrorMessage(t *testing.T) {
 	tuning := adaptive.Default()
 	tuning.RenewInterval = time.Minute
 	err := tuning.Validate()
-	const want = "invalid configuration: RenewInterval must be < LeaseTTL (30s), got 1m0s"
+	const want = "outbox: invalid configuration: RenewInterval: must be < LeaseTTL (30s), got 1m0s" // one ConfigError, one format, module-wide
 	if err == nil || err.Error() != want {
 		t.Fatalf("error = %v, want %q", err, want)
 	}
