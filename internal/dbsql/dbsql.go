@@ -14,6 +14,8 @@
 // the next name line. The name is the field of [Queries] that holds it. The
 // only template variable is {{schema}}, the outbox schema, validated by the
 // caller (internal/names) and quoted here; every value is a bind parameter.
+// LISTEN and UNLISTEN, which take a channel name and no parameter, are
+// built by [Listen] and [Unlisten] (notify.go).
 package dbsql
 
 import (

@@ -35,6 +35,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 )
 
 // Subscription is one callback registered with Listen.
@@ -239,13 +241,13 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 	}
 	l.mu.Unlock()
 	for _, ch := range add {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+		if _, err := conn.Exec(ctx, dbsql.Listen(ch)); err != nil {
 			return err
 		}
 		listening[ch] = true
 	}
 	for _, ch := range drop {
-		if _, err := conn.Exec(ctx, "UNLISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+		if _, err := conn.Exec(ctx, dbsql.Unlisten(ch)); err != nil {
 			return err
 		}
 		delete(listening, ch)
