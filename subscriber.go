@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
-	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/delivery"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
@@ -272,7 +271,6 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 	}
 	s.workers = &delivery.Config{
 		Group:             cfg.ConsumerGroup,
-		Schema:            cfg.Schema,
 		Transactional:     cfg.Strategy == Transactional,
 		MaxAttempts:       cfg.MaxAttempts,
 		HandlerTimeout:    cfg.HandlerTimeout,
@@ -280,9 +278,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		SyncCursorCommits: cfg.SyncCursorCommits,
 		Tuning:            cfg.Tuning,
 		RejectHandler:     cfg.RejectHandler,
-		Pool:              cfg.Pool,
-		DB:                db,
-		Queries:           dbsql.For(cfg.Schema),
+		Store:             delivery.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup),
 		Bulkhead:          bulkhead,
 		Logger:            s.logger,
 		Register:          s.addPoker,

@@ -27,6 +27,13 @@
 //     adaptive) shrink or grow the next batch and save its state
 //     (CursorsSaveAdaptive).
 //
+// A Worker sees the rest of the system through three small, explicit
+// dependencies: its [Lease] (the cursor row as acquired, and every fenced
+// cursor write), its [Policy] (adaptive batching) and the [Store] (reading
+// the log, transactions and savepoints, the adaptive state shown by the
+// admin status), plus the [Config] its Subscriber shares with all workers.
+// It reaches into nobody's private fields.
+//
 // Every failure ends in a counted attempt and, after MaxAttempts, a
 // rejection; see docs/failure-modes.md.
 package delivery

@@ -12,14 +12,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
-	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
-	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
@@ -28,7 +25,6 @@ import (
 // Subscriber's settings and the machinery it owns.
 type Config struct {
 	Group             string
-	Schema            string
 	Transactional     bool // the Transactional strategy: handlers run in the cursor's transaction
 	MaxAttempts       int
 	HandlerTimeout    time.Duration
@@ -37,9 +33,7 @@ type Config struct {
 	Tuning            adaptive.Tuning
 	RejectHandler     RejectHandler // nil: rejected messages are retried
 
-	Pool     *pgxpool.Pool  // begins the Transactional strategy's transactions
-	DB       pgexec.DB      // the same pool, for single statements
-	Queries  *dbsql.Queries // the statements, for Schema
+	Store    *Store // the log, transactions, adaptive state
 	Bulkhead *worker.Bulkhead
 	Logger   watermill.LoggerAdapter
 
@@ -63,9 +57,9 @@ type Worker struct {
 	s      *Config
 	topic  string
 	part   int
-	lease  *lease.Lease
+	lease  Lease
 	out    chan<- *message.Message
-	mode   *adaptive.Mode
+	mode   Policy
 	poker  *worker.Poker
 	logger watermill.LoggerAdapter
 
@@ -128,7 +122,7 @@ const (
 
 // NewWorker creates the worker of the partition l leases, delivering to out
 // one message at a time, or to batch when it is not nil (ConsumeBatches).
-func NewWorker(s *Config, topic string, l *lease.Lease, out chan<- *message.Message, batch BatchHandler) *Worker {
+func NewWorker(s *Config, topic string, l Lease, out chan<- *message.Message, batch BatchHandler) *Worker {
 	mode, _ := adaptive.NewMode(s.Tuning.ModeConfig()) // validated with the config
 	if l.Unanswered() > 0 {
 		// The last holder died (or lost its lease) in the middle of a
@@ -239,7 +233,7 @@ func (w *Worker) executeLeased(ctx context.Context) (worker.Directive, error) {
 		var counted bool
 		advance := func() (_ []logEntry, err error) {
 			if w.s.SyncCursorCommits {
-				counted, err = w.lease.AdvanceCounting(dctx, w.s.DB, done)
+				counted, err = w.lease.AdvanceCounting(dctx, w.s.Store.DB(), done)
 			} else {
 				counted, err = w.lease.AdvanceRelaxedCounting(dctx, done)
 			}
@@ -254,7 +248,7 @@ func (w *Worker) executeLeased(ctx context.Context) (worker.Directive, error) {
 	if result == nacked {
 		delay = w.noteFailure(processed)
 	}
-	return w.settle(ctx, result, reason, processed, len(entries) == size, w.s.DB, delay)
+	return w.settle(ctx, result, reason, processed, len(entries) == size, w.s.Store.DB(), delay)
 }
 
 // takeInitialBackoff returns, once, what was left of the backoff recorded
@@ -315,7 +309,7 @@ func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, 
 	if dir, ok := w.rejectExhaustedHead(ctx, entries[0]); ok {
 		return dir, nil
 	}
-	tx, err := w.s.Pool.Begin(ctx)
+	tx, err := w.s.Store.Begin(ctx)
 	if err != nil {
 		w.undoDelivery(ctx)
 		return worker.Idle(), err
@@ -451,9 +445,9 @@ func (w *Worker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (i
 			// Release the previous message's savepoint (which fails if its
 			// handler aborted the transaction) and set this one's, in one
 			// round trip (simple protocol).
-			stmt := w.s.Queries.TxSavepointDelivery
+			stmt := w.s.Store.Savepoints().TxSavepointDelivery
 			if i > 0 {
-				stmt = w.s.Queries.TxNextDelivery
+				stmt = w.s.Store.Savepoints().TxNextDelivery
 			}
 			if _, err := tx.tx.Exec(dctx, stmt); err != nil {
 				if i > 0 && !connLost(tx) {
@@ -477,7 +471,7 @@ func (w *Worker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (i
 		}
 		if tx != nil && (result == nacked || result == rejected) {
 			// Undo whatever the handler wrote for this message.
-			if _, err := tx.tx.Exec(dctx, w.s.Queries.TxRollbackDelivery); err != nil {
+			if _, err := tx.tx.Exec(dctx, w.s.Store.Savepoints().TxRollbackDelivery); err != nil {
 				if connLost(tx) {
 					w.handleErr = err
 					return i, stopped, nil
@@ -488,7 +482,7 @@ func (w *Worker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (i
 		return i, result, reason
 	}
 	if tx != nil {
-		if _, err := tx.tx.Exec(dctx, w.s.Queries.TxReleaseDelivery); err != nil {
+		if _, err := tx.tx.Exec(dctx, w.s.Store.Savepoints().TxReleaseDelivery); err != nil {
 			if connLost(tx) {
 				w.handleErr = err
 				return len(entries) - 1, stopped, nil
@@ -512,7 +506,7 @@ func connLost(tx *txGuard) bool {
 // when even that fails, reports the transaction broken.
 func (w *Worker) brokenTx(ctx context.Context, tx *txGuard, entries []logEntry, at int, cause error) (int, outcome, error) {
 	e := entries[at]
-	if _, err := tx.tx.Exec(ctx, w.s.Queries.TxRollbackDelivery); err != nil {
+	if _, err := tx.tx.Exec(ctx, w.s.Store.Savepoints().TxRollbackDelivery); err != nil {
 		if connLost(tx) {
 			w.handleErr = err
 			return at, stopped, nil
@@ -623,28 +617,13 @@ func (w *Worker) withBulkhead(ctx context.Context, fn func() ([]logEntry, error)
 // without an outcome (a crash) is then charged to the message by the next
 // holder of the lease.
 func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
-	var rows pgexec.Rows
-	var err error
+	var fence Lease = w.lease
 	if w.precounted { // the cursor move counted the head's delivery
-		rows, err = w.s.DB.Query(ctx, w.s.Queries.LogRead, w.topic, w.part, w.cursor, limit)
-	} else {
-		rows, err = w.s.DB.Query(ctx, w.s.Queries.LogReadCounting, w.s.Group, w.topic, w.part, w.cursor, w.lease.Owner(), w.lease.Token(), limit)
+		fence = nil
 	}
+	entries, marked, err := w.s.Store.Read(ctx, w.topic, w.part, w.cursor, limit, fence)
 	if err != nil {
-		return nil, schemacheck.Wrap(err, w.s.Schema)
-	}
-	defer rows.Close()
-	entries := make([]logEntry, 0, limit)
-	var marked *int32
-	for rows.Next() {
-		var e logEntry
-		if err := rows.Scan(&e.seq, &e.uuid, &e.key, &e.metadata, &e.payload, &marked); err != nil {
-			return nil, err
-		}
-		entries = append(entries, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, schemacheck.Wrap(err, w.s.Schema)
+		return nil, err
 	}
 	if len(entries) == 0 || entries[0].seq != w.cursor+1 {
 		return entries, nil // (a cursor behind the retained log has no head to count)
@@ -809,7 +788,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuar
 	dctx, cancelDB := dbContext(ctx)
 	defer cancelDB()
 	if tx != nil {
-		if _, err := tx.tx.Exec(dctx, w.s.Queries.TxSavepointBatch); err != nil {
+		if _, err := tx.tx.Exec(dctx, w.s.Store.Savepoints().TxSavepointBatch); err != nil {
 			w.handleErr = err
 			return 0, stopped, nil
 		}
@@ -840,7 +819,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuar
 		if what := tx.takeMisuse(); what != "" {
 			done, err = 0, &errs.TxMisuseError{Seq: entries[0].seq, What: what}
 		} else if done >= len(entries) {
-			if _, rerr := tx.tx.Exec(dctx, w.s.Queries.TxReleaseBatch); rerr != nil {
+			if _, rerr := tx.tx.Exec(dctx, w.s.Store.Savepoints().TxReleaseBatch); rerr != nil {
 				if connLost(tx) {
 					w.handleErr = rerr
 					return 0, stopped, nil
@@ -859,7 +838,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuar
 		err = fmt.Errorf("batch handler finished %d of %d messages without an error", done, len(entries))
 	}
 	if tx != nil {
-		if _, rerr := tx.tx.Exec(dctx, w.s.Queries.TxRollbackBatch); rerr != nil {
+		if _, rerr := tx.tx.Exec(dctx, w.s.Store.Savepoints().TxRollbackBatch); rerr != nil {
 			if connLost(tx) {
 				w.handleErr = rerr
 				return 0, stopped, nil
@@ -1011,7 +990,7 @@ func (w *Worker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) er
 		defer release()
 	}
 	counted := false
-	err := pgx.BeginFunc(dctx, w.s.Pool, func(tx pgx.Tx) error {
+	err := w.s.Store.InTx(dctx, func(tx pgx.Tx) error {
 		via := w.rejectVia
 		if via == nil {
 			via = w.s.RejectHandler
@@ -1039,7 +1018,7 @@ func (w *Worker) showState(ctx context.Context) {
 	}
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	_, err := w.s.DB.Exec(dctx, w.s.Queries.CursorsSaveAdaptive, w.s.Group, w.topic, w.part, w.lease.Token(), state.String(), size)
+	err := w.s.Store.SaveAdaptive(dctx, w.topic, w.part, w.lease.Token(), state.String(), size)
 	if err != nil {
 		w.logger.Debug("Cannot record adaptive state", watermill.LogFields{"err": err})
 		return
