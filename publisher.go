@@ -174,14 +174,14 @@ func (c PublisherConfig) Validate() error {
 	if c.MaxPublishBytes < c.MaxPayloadBytes || c.MaxPublishBytes > MaxMaxPublishBytes {
 		return &errs.ConfigError{Field: "MaxPublishBytes", Reason: fmt.Sprintf("%d is outside MaxPayloadBytes (%d)..%d", c.MaxPublishBytes, c.MaxPayloadBytes, MaxMaxPublishBytes)}
 	}
-	if err := validPartitionCount(c.DefaultPartitions); err != nil {
+	if err := partitioning.ValidatePartitions(c.DefaultPartitions); err != nil {
 		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
 	}
 	for topic, n := range c.Topics {
 		if err := names.Topic(topic); err != nil {
 			return err
 		}
-		if err := validPartitionCount(n); err != nil {
+		if err := partitioning.ValidatePartitions(n); err != nil {
 			return &errs.ConfigError{Field: "Topics[" + topic + "]", Reason: err.Error()}
 		}
 	}

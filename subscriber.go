@@ -22,6 +22,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/worker"
+	"github.com/millrace/watermill-outbox/partitioning"
 )
 
 // Strategy says how a Subscriber's handler runs relative to the database.
@@ -205,14 +206,14 @@ func (c SubscriberConfig) Validate() error {
 	case c.BalanceInterval < 0 || c.BalanceInterval >= c.Tuning.LeaseTTL:
 		return &errs.ConfigError{Field: "BalanceInterval", Reason: "must be positive and below Tuning.LeaseTTL"}
 	}
-	if err := validPartitionCount(c.DefaultPartitions); err != nil {
+	if err := partitioning.ValidatePartitions(c.DefaultPartitions); err != nil {
 		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
 	}
 	for topic, n := range c.Topics {
 		if err := names.Topic(topic); err != nil {
 			return err
 		}
-		if err := validPartitionCount(n); err != nil {
+		if err := partitioning.ValidatePartitions(n); err != nil {
 			return &errs.ConfigError{Field: "Topics[" + topic + "]", Reason: err.Error()}
 		}
 	}

@@ -44,7 +44,7 @@ func registerTopicOn(ctx context.Context, db any, schema, topic string, partitio
 	if err := names.Topic(topic); err != nil {
 		return err
 	}
-	if err := validPartitionCount(partitions); err != nil {
+	if err := partitioning.ValidatePartitions(partitions); err != nil {
 		return err
 	}
 	d, err := pgexec.FromDB(db)
@@ -93,13 +93,6 @@ func checkKey(db any, d pgexec.DB) any {
 		return id
 	}
 	return db
-}
-
-func validPartitionCount(n int) error {
-	if n < MinPartitions || n > MaxPartitions {
-		return fmt.Errorf("%w: %d (allowed: %d..%d)", errs.ErrInvalidPartitionCount, n, MinPartitions, MaxPartitions)
-	}
-	return nil
 }
 
 func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (int, error) {

@@ -15,9 +15,8 @@ import (
 )
 
 const (
-	maxPartitions = partitioning.MaxPartitions // partition count of a topic, as in the outbox
-	maxLabelLen   = 200                        // bytes of Config.Group and Config.MemberID
-	minTTL        = 100 * time.Millisecond
+	maxLabelLen = 200 // bytes of Config.Group and Config.MemberID
+	minTTL      = 100 * time.Millisecond
 )
 
 // Defaults of Config.
@@ -97,8 +96,8 @@ func (c Config) Validate() error {
 	if err := names.Topic(c.Topic); err != nil {
 		return err
 	}
-	if c.Partitions < 1 || c.Partitions > maxPartitions {
-		return &errs.ConfigError{Field: "Partitions", Reason: fmt.Sprintf("%d is outside 1..%d", c.Partitions, maxPartitions)}
+	if c.Partitions < 1 || c.Partitions > partitioning.MaxPartitions {
+		return &errs.ConfigError{Field: "Partitions", Reason: fmt.Sprintf("%d is outside 1..%d", c.Partitions, partitioning.MaxPartitions)}
 	}
 	if err := validLabel(c.MemberID, maxLabelLen); err != nil {
 		return &errs.ConfigError{Field: "MemberID", Reason: err.Error()}
