@@ -38,5 +38,10 @@
 //	defer fwd.Close()
 //	err := fwd.Run(ctx)
 //
+// Watermill handler middleware (metrics, tracing, logging, correlation ids,
+// Recoverer, Retry, PoisonQueue) sees the forwarder's traffic through
+// Config.Middlewares, message by message and in seq order, while the
+// batches are still sent whole; see Config.Middlewares.
+//
 // See docs/forwarder.md for the details.
 package forwarder

@@ -65,6 +65,20 @@ type Config struct {
 	// which defaults to Tuning.LeaseTTL - Tuning.RenewInterval, so that a
 	// send ends before the partition's lease can).
 	SendTimeout time.Duration
+	// Middlewares wrap the forwarding of each message as Watermill's
+	// router middleware wraps a handler (the first is the outermost, as
+	// router.AddMiddleware): metrics, tracing, logging, correlation ids,
+	// Recoverer, Retry, PoisonQueue. The innermost handler forwards the
+	// message, so a middleware sees its real outcome and duration, and a
+	// message it changes (metadata) is forwarded changed. A chain that
+	// returns an error makes the message a failed delivery (retried, and
+	// rejected after MaxAttempts, as without middleware); a panic is an
+	// error. Batches are still sent in one Send (see sendThrough); a
+	// second call of the innermost handler (Retry) sends the message alone,
+	// never ahead of an unfinished or failed message before it. Messages a
+	// chain returns as produced are not published. Without middleware, no
+	// goroutine per message is started.
+	Middlewares []message.HandlerMiddleware
 }
 
 func (c *Config) setDefaults() {
@@ -101,6 +115,11 @@ func (c Config) Validate() error {
 		return &outbox.ConfigError{Field: "Target", Reason: "required"}
 	case c.SendTimeout < 0:
 		return &outbox.ConfigError{Field: "SendTimeout", Reason: "must be positive"}
+	}
+	for i, m := range c.Middlewares {
+		if m == nil {
+			return &outbox.ConfigError{Field: "Middlewares", Reason: fmt.Sprintf("entry %d is nil", i)}
+		}
 	}
 	seen := map[string]bool{}
 	for _, topic := range c.Topics {
@@ -230,7 +249,13 @@ func (f *Forwarder) handler(topic, targetTopic string) outbox.BatchHandler {
 	return func(ctx context.Context, batch []*message.Message) (int, error) {
 		ctx, cancel := context.WithTimeout(ctx, f.cfg.SendTimeout)
 		defer cancel()
-		done, err := f.cfg.Target.Send(ctx, targetTopic, batch)
+		var done int
+		var err error
+		if len(f.cfg.Middlewares) == 0 {
+			done, err = f.cfg.Target.Send(ctx, targetTopic, batch)
+		} else {
+			done, err = f.sendThrough(ctx, targetTopic, batch)
+		}
 		done = max(0, min(done, len(batch)))
 		f.messages.Add(int64(done))
 		if done == len(batch) {
