@@ -18,7 +18,7 @@ var (
 // one chart: x the latency in ms on a log scale, y the fraction of the
 // messages with at most that latency, one curve per system and load, a
 // dashed line at the 25 ms target.
-func latencyImage(runs []*latencyResult) *image.RGBA {
+func latencyImage(runs []*latencyResult) (image.Image, error) {
 	lo, hi := math.Inf(1), 0.0
 	for _, r := range runs {
 		for _, p := range r.CDF {
@@ -61,10 +61,7 @@ func latencyImage(runs []*latencyResult) *image.RGBA {
 		vlines: []vline{{x: 25, col: colTarget, label: "25 ms"}},
 		legend: legendBottomRight,
 	}
-	img := image.NewRGBA(image.Rect(0, 0, panelW, 2*panelH))
-	fill(img, img.Bounds(), color.RGBA{255, 255, 255, 255})
-	c.draw(img, img.Bounds())
-	return img
+	return drawChartsSized([]chart{c}, "", 2)
 }
 
 // fmtMs formats a latency in ms with 3 significant digits.

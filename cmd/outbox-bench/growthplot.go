@@ -19,7 +19,7 @@ var (
 // (a) the window latency against the history delivered, (b) memory and
 // table sizes against the history delivered, (c) the end-to-end rate
 // against the partition count.
-func growthImage(g *growthResult) *image.RGBA {
+func growthImage(g *growthResult) (image.Image, error) {
 	var charts []chart
 	if g != nil && g.History != nil && len(g.History.Points) > 0 {
 		charts = append(charts, historyCharts(g.History)...)

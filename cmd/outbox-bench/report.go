@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image"
 	"os"
 	"path/filepath"
 	"strings"
@@ -238,11 +239,19 @@ func (res *results) write(dir string) error {
 			return err
 		}
 	}
-	return errors.Join(
-		writePNG(filepath.Join(dir, "throughput.png"), throughputImage(res.Runs)),
-		writePNG(filepath.Join(dir, "latency.png"), latencyImage(res.Latency)),
-		writePNG(filepath.Join(dir, "growth.png"), growthImage(res.Growth)),
-	)
+	var errs []error
+	for _, png := range []struct {
+		name string
+		draw func() (image.Image, error)
+	}{
+		{"throughput.png", func() (image.Image, error) { return throughputImage(res.Runs) }},
+		{"latency.png", func() (image.Image, error) { return latencyImage(res.Latency) }},
+		{"growth.png", func() (image.Image, error) { return growthImage(res.Growth) }},
+	} {
+		img, err := png.draw()
+		errs = append(errs, writePNG(filepath.Join(dir, png.name), img, err))
+	}
+	return errors.Join(errs...)
 }
 
 var systemLabel = map[string]string{
