@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -24,8 +25,8 @@ import (
 
 func TestPublishOfNilMessagesIsATypedError(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	e.Register("orders", 1)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func TestPublishOfNilMessagesIsATypedError(t *testing.T) {
 			t.Fatalf("Publish(%s) = %v, want ErrInvalidMessage", name, err)
 		}
 	}
-	if n := e.count(t, "pending"); n != 0 {
+	if n := e.Rows("pending"); n != 0 {
 		t.Fatalf("%d rows written", n)
 	}
 }
@@ -48,55 +49,55 @@ func TestPublishOfNilMessagesIsATypedError(t *testing.T) {
 // and it would survive the caller's rollback.
 func TestWithTxRefusesHandlesThatAreNotTransactions(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	e.Register("orders", 1)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	db := pgtest.DB(t)
-	conn, err := e.pool.Acquire(ctx(t))
+	conn, err := e.Pool.Acquire(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	sqlConn, err := db.Conn(ctx(t))
+	sqlConn, err := db.Conn(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sqlConn.Close()
 	for name, handle := range map[string]any{
-		"*pgxpool.Pool":                 e.pool,
+		"*pgxpool.Pool":                 e.Pool,
 		"*sql.DB":                       db,
 		"*sql.Conn":                     sqlConn,
 		"*pgx.Conn outside transaction": conn.Conn(),
 	} {
 		m := message.NewMessage("m", []byte("x"))
-		m.SetContext(outbox.WithTx(ctx(t), handle))
+		m.SetContext(outbox.WithTx(outboxtest.Ctx(t), handle))
 		var nt *outbox.NotInTxError
 		if err := pub.Publish("orders", m); !errors.Is(err, outbox.ErrNotInTx) || !errors.As(err, &nt) {
 			t.Fatalf("%s: Publish = %v, want ErrNotInTx", name, err)
 		}
-		if _, err := outbox.NewTxPublisher(handle, outbox.PublisherConfig{Schema: e.schema}, nil); !errors.Is(err, outbox.ErrNotInTx) && name != "*pgx.Conn outside transaction" {
+		if _, err := outbox.NewTxPublisher(handle, outbox.PublisherConfig{Schema: e.Schema}, nil); !errors.Is(err, outbox.ErrNotInTx) && name != "*pgx.Conn outside transaction" {
 			t.Fatalf("%s: NewTxPublisher = %v, want ErrNotInTx", name, err)
 		}
 	}
-	if n := e.count(t, "pending"); n != 0 {
+	if n := e.Rows("pending"); n != 0 {
 		t.Fatalf("%d rows written outside any transaction", n)
 	}
 	// A *pgx.Conn inside a transaction it began is one: the message goes
 	// with its rollback.
-	if _, err := conn.Exec(ctx(t), "BEGIN"); err != nil {
+	if _, err := conn.Exec(outboxtest.Ctx(t), "BEGIN"); err != nil {
 		t.Fatal(err)
 	}
 	m := message.NewMessage("in-tx", []byte("x"))
-	m.SetContext(outbox.WithTx(ctx(t), conn.Conn()))
+	m.SetContext(outbox.WithTx(outboxtest.Ctx(t), conn.Conn()))
 	if err := pub.Publish("orders", m); err != nil {
 		t.Fatalf("Publish on a connection in a transaction: %v", err)
 	}
-	if _, err := conn.Exec(ctx(t), "ROLLBACK"); err != nil {
+	if _, err := conn.Exec(outboxtest.Ctx(t), "ROLLBACK"); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.count(t, "pending"); n != 0 {
+	if n := e.Rows("pending"); n != 0 {
 		t.Fatalf("%d rows survived the rollback", n)
 	}
 }
@@ -106,9 +107,9 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 	schema := pgtest.Schema(t)
 	msg := func() *message.Message { return message.NewMessage("m", []byte("x")) }
 	cases := map[string]func() error{
-		"RegisterTopic": func() error { return outbox.RegisterTopic(ctx(t), pool, schema, "orders", 1) },
+		"RegisterTopic": func() error { return outbox.RegisterTopic(outboxtest.Ctx(t), pool, schema, "orders", 1) },
 		"TopicPartitions": func() error {
-			_, err := outbox.TopicPartitions(ctx(t), pool, schema, "orders")
+			_, err := outbox.TopicPartitions(outboxtest.Ctx(t), pool, schema, "orders")
 			return err
 		},
 		"Publish (OwnTransaction)": func() error {
@@ -119,7 +120,7 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 			return pub.Publish("orders", msg())
 		},
 		"Publish (caller's transaction)": func() error {
-			tx, err := pool.Begin(ctx(t))
+			tx, err := pool.Begin(outboxtest.Ctx(t))
 			if err != nil {
 				return err
 			}
@@ -130,13 +131,13 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 			}
 			err = pub.Publish("orders", msg())
 			// The check must not have aborted the caller's transaction.
-			if _, qerr := tx.Exec(ctx(t), "SELECT 1"); qerr != nil {
+			if _, qerr := tx.Exec(outboxtest.Ctx(t), "SELECT 1"); qerr != nil {
 				t.Errorf("the caller's transaction was aborted: %v", qerr)
 			}
 			return err
 		},
 		"Publish (WithTx on the message)": func() error {
-			tx, err := pool.Begin(ctx(t))
+			tx, err := pool.Begin(outboxtest.Ctx(t))
 			if err != nil {
 				return err
 			}
@@ -146,9 +147,9 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 				return err
 			}
 			m := msg()
-			m.SetContext(outbox.WithTx(ctx(t), tx))
+			m.SetContext(outbox.WithTx(outboxtest.Ctx(t), tx))
 			err = pub.Publish("orders", m)
-			if _, qerr := tx.Exec(ctx(t), "SELECT 1"); qerr != nil {
+			if _, qerr := tx.Exec(outboxtest.Ctx(t), "SELECT 1"); qerr != nil {
 				t.Errorf("the caller's transaction was aborted: %v", qerr)
 			}
 			return err
@@ -158,7 +159,7 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			_, err = seq.SequenceAll(ctx(t))
+			_, err = seq.SequenceAll(outboxtest.Ctx(t))
 			return err
 		},
 		"Sequencer.Run": func() error {
@@ -166,7 +167,7 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			c, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+			c, cancel := context.WithTimeout(outboxtest.Ctx(t), 10*time.Second)
 			defer cancel()
 			return seq.Run(c)
 		},
@@ -182,29 +183,29 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 
 func TestWritersRefuseASchemaMigratedByANewerRelease(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	pool := pgtest.Pool(t) // a pool whose schema check is not cached yet
-	if _, err := e.pool.Exec(ctx(t), "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+e.Schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: pool, OwnTransaction: true}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := pub.Publish("orders", message.NewMessage("m", []byte("x"))); !errors.Is(err, outbox.ErrSchemaTooNew) {
 		t.Fatalf("Publish: %v, want ErrSchemaTooNew", err)
 	}
-	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema, Pool: pool}, nil)
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := seq.SequenceAll(ctx(t)); !errors.Is(err, outbox.ErrSchemaTooNew) {
+	if _, err := seq.SequenceAll(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrSchemaTooNew) {
 		t.Fatalf("SequenceAll: %v, want ErrSchemaTooNew", err)
 	}
-	if err := outbox.RegisterTopic(ctx(t), pool, e.schema, "other", 1); !errors.Is(err, outbox.ErrSchemaTooNew) {
+	if err := outbox.RegisterTopic(outboxtest.Ctx(t), pool, e.Schema, "other", 1); !errors.Is(err, outbox.ErrSchemaTooNew) {
 		t.Fatalf("RegisterTopic: %v, want ErrSchemaTooNew", err)
 	}
-	if n := e.count(t, "pending") + e.count(t, "topics"); n != 1 {
+	if n := e.Rows("pending") + e.Rows("topics"); n != 1 {
 		t.Fatalf("rows written into a newer schema (pending + topics = %d, want the 1 topic)", n)
 	}
 }
@@ -216,10 +217,10 @@ func TestConcurrentMigrateOfADroppedSchemaNeverFails(t *testing.T) {
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
 	for round := 0; round < 50; round++ {
-		if _, err := pool.Exec(ctx(t), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+		if _, err := pool.Exec(outboxtest.Ctx(t), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := outbox.CurrentSchemaVersion(ctx(t), pool, schema); err != nil {
+		if _, err := outbox.CurrentSchemaVersion(outboxtest.Ctx(t), pool, schema); err != nil {
 			t.Fatal(err)
 		}
 		var wg sync.WaitGroup
@@ -228,7 +229,7 @@ func TestConcurrentMigrateOfADroppedSchemaNeverFails(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := outbox.Migrate(ctx(t), pool, schema); err != nil {
+				if err := outbox.Migrate(outboxtest.Ctx(t), pool, schema); err != nil {
 					errs <- err
 				}
 			}()
@@ -244,20 +245,20 @@ func TestConcurrentMigrateOfADroppedSchemaNeverFails(t *testing.T) {
 func TestMigrateRefusesSystemSchemas(t *testing.T) {
 	pool := pgtest.Pool(t)
 	for _, schema := range []string{"information_schema", "pg_catalog", "pg_toast", "pg_mine"} {
-		if err := outbox.Migrate(ctx(t), pool, schema); !errors.Is(err, outbox.ErrInvalidName) {
+		if err := outbox.Migrate(outboxtest.Ctx(t), pool, schema); !errors.Is(err, outbox.ErrInvalidName) {
 			t.Fatalf("Migrate(%q) = %v, want ErrInvalidName", schema, err)
 		}
 	}
 	var n int
-	if err := pool.QueryRow(ctx(t), "SELECT count(*) FROM pg_tables WHERE schemaname = 'information_schema' AND tablename IN ('pending', 'log', 'topics')").Scan(&n); err != nil || n != 0 {
+	if err := pool.QueryRow(outboxtest.Ctx(t), "SELECT count(*) FROM pg_tables WHERE schemaname = 'information_schema' AND tablename IN ('pending', 'log', 'topics')").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d outbox tables in information_schema (%v)", n, err)
 	}
 }
 
 func TestPublishLimitsMetadataAndTheCallsSize(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	e.Register("orders", 1)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +270,7 @@ func TestPublishLimitsMetadataAndTheCallsSize(t *testing.T) {
 	}
 	// Each message within MaxPayloadBytes, the call over MaxPublishBytes:
 	// refused before anything is sent.
-	big, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true,
+	big, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true,
 		MaxPayloadBytes: 8 << 20, MaxPublishBytes: 16 << 20}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -288,13 +289,13 @@ func TestPublishLimitsMetadataAndTheCallsSize(t *testing.T) {
 	if err := big.Publish("orders", msgs[:2]...); err != nil {
 		t.Fatalf("2 × 7 MiB within 16 MiB: %v", err)
 	}
-	if n := e.count(t, "pending"); n != 2 {
+	if n := e.Rows("pending"); n != 2 {
 		t.Fatalf("%d rows, want the 2 of the accepted call", n)
 	}
 	for _, bad := range []outbox.PublisherConfig{
-		{Schema: e.schema, MaxMetadataBytes: -1},
-		{Schema: e.schema, MaxPayloadBytes: 8 << 20, MaxPublishBytes: 4 << 20},
-		{Schema: e.schema, MaxPublishBytes: 2 << 30},
+		{Schema: e.Schema, MaxMetadataBytes: -1},
+		{Schema: e.Schema, MaxPayloadBytes: 8 << 20, MaxPublishBytes: 4 << 20},
+		{Schema: e.Schema, MaxPublishBytes: 2 << 30},
 	} {
 		if err := bad.Validate(); !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Fatalf("Validate(%+v) = %v, want ErrInvalidConfig", bad, err)
@@ -304,7 +305,7 @@ func TestPublishLimitsMetadataAndTheCallsSize(t *testing.T) {
 
 func TestTypedTransactionAccessors(t *testing.T) {
 	pool := pgtest.Pool(t)
-	tx, err := pool.Begin(ctx(t))
+	tx, err := pool.Begin(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestTypedTransactionAccessors(t *testing.T) {
 	if _, ok := outbox.SQLTxFromContext(c); ok {
 		t.Fatal("SQLTxFromContext found a *sql.Tx in a pgx context")
 	}
-	stx, err := pgtest.DB(t).BeginTx(ctx(t), nil)
+	stx, err := pgtest.DB(t).BeginTx(outboxtest.Ctx(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,13 +345,13 @@ func TestTypedTransactionAccessors(t *testing.T) {
 // error names its position.
 func TestTxPublisherRefusesNilMessagesNamingTheIndex(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	tx, err := e.pool.Begin(ctx(t))
+	e.Register("orders", 1)
+	tx, err := e.Pool.Begin(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: e.schema}, nil)
+	pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: e.Schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,10 +360,10 @@ func TestTxPublisherRefusesNilMessagesNamingTheIndex(t *testing.T) {
 	if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) || !strings.Contains(err.Error(), "message 1 ") {
 		t.Fatalf("Publish(m, nil) = %v, want ErrInvalidMessage naming message 1", err)
 	}
-	if err := tx.Commit(ctx(t)); err != nil {
+	if err := tx.Commit(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.count(t, "pending"); n != 0 {
+	if n := e.Rows("pending"); n != 0 {
 		t.Fatalf("%d rows written", n)
 	}
 }
@@ -372,31 +373,31 @@ func TestTxPublisherRefusesNilMessagesNamingTheIndex(t *testing.T) {
 // message goes with its rollback. OwnTransaction keeps working.
 func TestOnlyTransactionsAreAcceptedAsTheCallersTransaction(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	db := pgtest.DB(t)
-	pconn, err := e.pool.Acquire(ctx(t))
+	pconn, err := e.Pool.Acquire(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pconn.Release()
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, handle := range map[string]any{
 		"*pgxpool.Conn":          pconn,
-		"watermill-sql pgx pool": wsql.BeginnerFromPgx(e.pool),
+		"watermill-sql pgx pool": wsql.BeginnerFromPgx(e.Pool),
 		"watermill-sql *sql.DB":  wsql.BeginnerFromStdSQL(db),
 		"*pgx.Conn (no BEGIN)":   pconn.Conn(),
-		"*pgxpool.Pool":          e.pool,
+		"*pgxpool.Pool":          e.Pool,
 		"*sql.DB":                db,
 	} {
 		m := message.NewMessage("m", []byte("x"))
-		m.SetContext(outbox.WithTx(ctx(t), handle))
+		m.SetContext(outbox.WithTx(outboxtest.Ctx(t), handle))
 		if err := pub.Publish("orders", m); !errors.Is(err, outbox.ErrNotInTx) || !strings.Contains(err.Error(), "begin a transaction") {
 			t.Errorf("%s via WithTx: Publish = %v, want ErrNotInTx saying to begin a transaction", name, err)
 		}
-		tp, err := outbox.NewTxPublisher(handle, outbox.PublisherConfig{Schema: e.schema}, nil)
+		tp, err := outbox.NewTxPublisher(handle, outbox.PublisherConfig{Schema: e.Schema}, nil)
 		if err == nil {
 			err = tp.Publish("orders", message.NewMessage("m", []byte("x")))
 		}
@@ -404,16 +405,16 @@ func TestOnlyTransactionsAreAcceptedAsTheCallersTransaction(t *testing.T) {
 			t.Errorf("%s via NewTxPublisher: %v, want ErrNotInTx", name, err)
 		}
 	}
-	if n := e.count(t, "pending"); n != 0 {
+	if n := e.Rows("pending"); n != 0 {
 		t.Fatalf("%d rows written outside any transaction", n)
 	}
 
 	// Real transactions of every supported kind: rolled back, nothing stays.
-	ptx, err := e.pool.Begin(ctx(t))
+	ptx, err := e.Pool.Begin(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	stx, err := db.BeginTx(ctx(t), nil)
+	stx, err := db.BeginTx(outboxtest.Ctx(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,29 +425,29 @@ func TestOnlyTransactionsAreAcceptedAsTheCallersTransaction(t *testing.T) {
 		"watermill-sql *sql.Tx": wsql.TxFromStdSQL(stx),
 	} {
 		m := message.NewMessage("rolled-back", []byte("x"))
-		m.SetContext(outbox.WithTx(ctx(t), tx))
+		m.SetContext(outbox.WithTx(outboxtest.Ctx(t), tx))
 		if err := pub.Publish("orders", m); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
-	if err := ptx.Rollback(ctx(t)); err != nil {
+	if err := ptx.Rollback(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if err := stx.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.count(t, "pending"); n != 0 {
+	if n := e.Rows("pending"); n != 0 {
 		t.Fatalf("%d rows survived the rollbacks", n)
 	}
 
-	own, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	own, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := own.Publish("orders", message.NewMessage("own", []byte("x"))); err != nil {
 		t.Fatalf("OwnTransaction: %v", err)
 	}
-	if n := e.count(t, "pending"); n != 1 {
+	if n := e.Rows("pending"); n != 1 {
 		t.Fatalf("OwnTransaction wrote %d rows, want 1", n)
 	}
 }
@@ -456,37 +457,37 @@ func TestOnlyTransactionsAreAcceptedAsTheCallersTransaction(t *testing.T) {
 // is all held by transactions does not have.
 func TestSchemaCheckNeedsNoSecondConnection(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	pool, err := pgxpool.NewWithConfig(outboxtest.Ctx(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: pool}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := pool.Begin(ctx(t)) // the pool's only connection
+	tx, err := pool.Begin(outboxtest.Ctx(t)) // the pool's only connection
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	c, cancel := context.WithTimeout(ctx(t), 5*time.Second)
+	c, cancel := context.WithTimeout(outboxtest.Ctx(t), 5*time.Second)
 	defer cancel()
 	m := message.NewMessage("m", []byte("x"))
 	m.SetContext(outbox.WithTx(c, tx))
 	if err := pub.Publish("orders", m); err != nil {
 		t.Fatalf("Publish in the only connection's transaction: %v", err)
 	}
-	if err := tx.Commit(ctx(t)); err != nil {
+	if err := tx.Commit(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.count(t, "pending"); n != 1 {
+	if n := e.Rows("pending"); n != 1 {
 		t.Fatalf("%d rows, want 1", n)
 	}
 }
@@ -495,25 +496,25 @@ func TestSchemaCheckNeedsNoSecondConnection(t *testing.T) {
 // handlers) checks the schema once per database, not once per Publisher.
 func TestSchemaCheckIsCachedAcrossTxPublishers(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	counter := &queryCounter{}
 	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	pool, err := pgxpool.NewWithConfig(outboxtest.Ctx(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
 	publishOnce := func() {
-		tx, err := pool.Begin(ctx(t))
+		tx, err := pool.Begin(outboxtest.Ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(context.Background())
-		pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: e.schema, Topics: map[string]int{"orders": 1}}, nil)
+		pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: e.Schema, Topics: map[string]int{"orders": 1}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -526,22 +527,22 @@ func TestSchemaCheckIsCachedAcrossTxPublishers(t *testing.T) {
 		if n := counter.n.Load() - before; n > 2 {
 			t.Errorf("a new TxPublisher's first Publish sent %d statements, want 2 (the schema check is cached)", n)
 		}
-		if err := tx.Commit(ctx(t)); err != nil {
+		if err := tx.Commit(outboxtest.Ctx(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	warm, err := pool.Begin(ctx(t))
+	warm, err := pool.Begin(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	wp, err := outbox.NewTxPublisher(warm, outbox.PublisherConfig{Schema: e.schema}, nil)
+	wp, err := outbox.NewTxPublisher(warm, outbox.PublisherConfig{Schema: e.Schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := wp.Publish("orders", message.NewMessage("warm", []byte("x"))); err != nil {
 		t.Fatal(err)
 	}
-	if err := warm.Commit(ctx(t)); err != nil {
+	if err := warm.Commit(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
@@ -553,31 +554,31 @@ func TestSchemaCheckIsCachedAcrossTxPublishers(t *testing.T) {
 // turned into ErrNotMigrated (Wrap), for the Publisher and the Sequencer.
 func TestASchemaDroppedAfterTheCheckIsErrNotMigrated(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	e.Register("orders", 1)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := pub.Publish("orders", message.NewMessage("m", []byte("x"))); err != nil {
 		t.Fatal(err)
 	}
-	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema, Pool: e.pool}, nil)
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := seq.SequenceAll(ctx(t)); err != nil {
+	if _, err := seq.SequenceAll(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx(t), "DROP SCHEMA "+e.schema+" CASCADE"); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "DROP SCHEMA "+e.Schema+" CASCADE"); err != nil {
 		t.Fatal(err)
 	}
 	if err := pub.Publish("orders", message.NewMessage("m", []byte("x"))); !errors.Is(err, outbox.ErrNotMigrated) {
 		t.Fatalf("Publish after the drop: %v, want ErrNotMigrated", err)
 	}
-	if _, err := seq.SequenceAll(ctx(t)); !errors.Is(err, outbox.ErrNotMigrated) {
+	if _, err := seq.SequenceAll(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrNotMigrated) {
 		t.Fatalf("SequenceAll after the drop: %v, want ErrNotMigrated", err)
 	}
-	if _, err := outbox.TopicPartitions(ctx(t), e.pool, e.schema, "orders"); !errors.Is(err, outbox.ErrNotMigrated) {
+	if _, err := outbox.TopicPartitions(outboxtest.Ctx(t), e.Pool, e.Schema, "orders"); !errors.Is(err, outbox.ErrNotMigrated) {
 		t.Fatalf("TopicPartitions after the drop: %v, want ErrNotMigrated", err)
 	}
 }
@@ -587,7 +588,7 @@ func TestASchemaDroppedAfterTheCheckIsErrNotMigrated(t *testing.T) {
 // unreachable: a service started before its database must not lose its
 // sequencer.
 func TestSequencerRunRetriesAnUnreachableDatabase(t *testing.T) {
-	pool, err := pgxpool.New(ctx(t), "postgres://outbox@127.0.0.1:1/none?connect_timeout=1")
+	pool, err := pgxpool.New(outboxtest.Ctx(t), "postgres://outbox@127.0.0.1:1/none?connect_timeout=1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,7 +597,7 @@ func TestSequencerRunRetriesAnUnreachableDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
+	c, cancel := context.WithTimeout(outboxtest.Ctx(t), 2*time.Second)
 	defer cancel()
 	start := time.Now()
 	if err := seq.Run(c); err != nil {
@@ -610,10 +611,10 @@ func TestEveryEntryPointRefusesSystemSchemas(t *testing.T) {
 	for _, schema := range []string{"information_schema", "pg_catalog", "pg_toast", "pg_temp_1"} {
 		_, pubErr := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
 		_, seqErr := outbox.NewSequencer(outbox.SequencerConfig{Schema: schema, Pool: pool}, nil)
-		_, verErr := outbox.CurrentSchemaVersion(ctx(t), pool, schema)
+		_, verErr := outbox.CurrentSchemaVersion(outboxtest.Ctx(t), pool, schema)
 		for name, err := range map[string]error{
-			"Migrate":              outbox.Migrate(ctx(t), pool, schema),
-			"RegisterTopic":        outbox.RegisterTopic(ctx(t), pool, schema, "orders", 1),
+			"Migrate":              outbox.Migrate(outboxtest.Ctx(t), pool, schema),
+			"RegisterTopic":        outbox.RegisterTopic(outboxtest.Ctx(t), pool, schema, "orders", 1),
 			"NewPublisher":         pubErr,
 			"NewSequencer":         seqErr,
 			"CurrentSchemaVersion": verErr,
@@ -630,12 +631,12 @@ func TestEveryEntryPointRefusesSystemSchemas(t *testing.T) {
 // PgxTxFromContext, no type assertion, and can write and publish in it.
 func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "in", 1)
-	e.register(t, "out", 1)
-	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".effects (id text PRIMARY KEY)"); err != nil {
+	e.Register("in", 1)
+	e.Register("out", 1)
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+e.Schema+".effects (id text PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
-	in, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	in, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -644,7 +645,7 @@ func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	out, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	out, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -668,7 +669,7 @@ func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
 		if _, ok := outbox.SQLTxFromContext(m.Context()); ok {
 			t.Fatal("SQLTxFromContext found a *sql.Tx in a Transactional delivery")
 		}
-		if _, err := tx.Exec(m.Context(), "INSERT INTO "+e.schema+".effects VALUES ($1)", m.UUID); err != nil {
+		if _, err := tx.Exec(m.Context(), "INSERT INTO "+e.Schema+".effects VALUES ($1)", m.UUID); err != nil {
 			t.Fatal(err)
 		}
 		follow := message.NewMessage("out-"+m.UUID, []byte("y"))
@@ -678,10 +679,10 @@ func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
 		}
 		m.Ack()
 	}
-	waitFor(t, "the effects to commit", time.Minute, func() bool { return e.count(t, "effects") == 3 })
+	outboxtest.WaitFor(t, "the effects to commit", time.Minute, func() bool { return e.Rows("effects") == 3 })
 	// The follow-ups committed with the effects, in the same transactions.
 	var follow int
-	if err := e.pool.QueryRow(ctx(t), "SELECT (SELECT count(*) FROM "+e.schema+".pending WHERE topic = 'out') + (SELECT count(*) FROM "+e.schema+".log WHERE topic = 'out')").Scan(&follow); err != nil || follow != 3 {
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT (SELECT count(*) FROM "+e.Schema+".pending WHERE topic = 'out') + (SELECT count(*) FROM "+e.Schema+".log WHERE topic = 'out')").Scan(&follow); err != nil || follow != 3 {
 		t.Fatalf("%d follow-up messages (%v), want 3", follow, err)
 	}
 }
@@ -698,13 +699,13 @@ func TestSchemaCheckOfAPgxConnIsCachedPerDatabase(t *testing.T) {
 	counter := &queryCounter{}
 	cfg.Tracer = counter
 	register := func(topic string) int64 {
-		conn, err := pgx.ConnectConfig(ctx(t), cfg)
+		conn, err := pgx.ConnectConfig(outboxtest.Ctx(t), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close(context.Background())
 		before := counter.n.Load()
-		if err := outbox.RegisterTopic(ctx(t), conn, e.schema, topic, 1); err != nil {
+		if err := outbox.RegisterTopic(outboxtest.Ctx(t), conn, e.Schema, topic, 1); err != nil {
 			t.Fatal(err)
 		}
 		return counter.n.Load() - before

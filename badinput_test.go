@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // dbState is everything a bad input could have changed.
@@ -21,8 +22,8 @@ type dbState struct {
 func snapshot(t *testing.T, e env) dbState {
 	t.Helper()
 	var s dbState
-	s.topics, s.partitions, s.pending, s.log = e.count(t, "topics"), e.count(t, "partitions"), e.count(t, "pending"), e.count(t, "log")
-	if err := e.pool.QueryRow(ctx(t), "SELECT count(*) FROM pg_namespace").Scan(&s.schemas); err != nil {
+	s.topics, s.partitions, s.pending, s.log = e.Rows("topics"), e.Rows("partitions"), e.Rows("pending"), e.Rows("log")
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT count(*) FROM pg_namespace").Scan(&s.schemas); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -30,8 +31,8 @@ func snapshot(t *testing.T, e env) dbState {
 
 func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
-	base := outbox.PublisherConfig{Schema: e.schema}
+	e.Register("orders", 4)
+	base := outbox.PublisherConfig{Schema: e.Schema}
 	msg := func() *message.Message {
 		m := message.NewMessage("m", []byte("ok"))
 		m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
@@ -40,7 +41,7 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 	// inTx publishes through a fresh transaction that is committed when the
 	// publish "succeeded", so a half-written state would be visible.
 	inTx := func(t *testing.T, cfg outbox.PublisherConfig, topic string, msgs ...*message.Message) error {
-		tx, err := e.pool.Begin(ctx(t))
+		tx, err := e.Pool.Begin(outboxtest.Ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +53,7 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 		if err := pub.Publish(topic, msgs...); err != nil {
 			return err
 		}
-		return tx.Commit(ctx(t))
+		return tx.Commit(outboxtest.Ctx(t))
 	}
 	cases := []struct {
 		name string
@@ -60,21 +61,21 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 		run  func(t *testing.T) error
 	}{
 		{"schema name with a quote", outbox.ErrInvalidName, func(t *testing.T) error {
-			return outbox.Migrate(ctx(t), e.pool, `evil"; DROP SCHEMA public; --`)
+			return outbox.Migrate(outboxtest.Ctx(t), e.Pool, `evil"; DROP SCHEMA public; --`)
 		}},
 		{"schema name upper case", outbox.ErrInvalidName, func(t *testing.T) error {
 			_, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: "Outbox"}, nil)
 			return err
 		}},
 		{"schema name too long", outbox.ErrInvalidName, func(t *testing.T) error {
-			return outbox.RegisterTopic(ctx(t), e.pool, strings.Repeat("s", 49), "orders", 4)
+			return outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, strings.Repeat("s", 49), "orders", 4)
 		}},
 		{"topic name with SQL", outbox.ErrInvalidName, func(t *testing.T) error {
 			return inTx(t, base, "orders'; DELETE FROM log; --", msg())
 		}},
 		{"empty topic name", outbox.ErrInvalidName, func(t *testing.T) error { return inTx(t, base, "", msg()) }},
 		{"topic name too long", outbox.ErrInvalidName, func(t *testing.T) error {
-			return outbox.RegisterTopic(ctx(t), e.pool, e.schema, strings.Repeat("t", 250), 1)
+			return outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, strings.Repeat("t", 250), 1)
 		}},
 		{"oversize payload in a batch", outbox.ErrPayloadTooLarge, func(t *testing.T) error {
 			big := message.NewMessage("big", make([]byte, 2048))
@@ -83,7 +84,7 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 			return inTx(t, cfg, "orders", msg(), big)
 		}},
 		{"partition count mismatch", outbox.ErrPartitionMismatch, func(t *testing.T) error {
-			return outbox.RegisterTopic(ctx(t), e.pool, e.schema, "orders", 8)
+			return outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "orders", 8)
 		}},
 		{"publisher configured with another partition count", outbox.ErrPartitionMismatch, func(t *testing.T) error {
 			cfg := base
@@ -91,13 +92,13 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 			return inTx(t, cfg, "orders", msg())
 		}},
 		{"zero partitions", outbox.ErrInvalidPartitionCount, func(t *testing.T) error {
-			return outbox.RegisterTopic(ctx(t), e.pool, e.schema, "zero", 0)
+			return outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "zero", 0)
 		}},
 		{"1025 partitions", outbox.ErrInvalidPartitionCount, func(t *testing.T) error {
-			return outbox.RegisterTopic(ctx(t), e.pool, e.schema, "many", 1025)
+			return outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "many", 1025)
 		}},
 		{"publish after close", outbox.ErrPublisherClosed, func(t *testing.T) error {
-			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,7 +117,7 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 			pub, _ := outbox.NewPublisher(base, nil)
 			m := msg()
 			var tx pgx.Tx
-			m.SetContext(outbox.WithTx(ctx(t), tx))
+			m.SetContext(outbox.WithTx(outboxtest.Ctx(t), tx))
 			return pub.Publish("orders", m)
 		}},
 		{"unsupported tx type", outbox.ErrUnsupportedTx, func(t *testing.T) error {
@@ -129,13 +130,13 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 		}},
 		{"messages in different transactions", outbox.ErrMixedTx, func(t *testing.T) error {
 			pub, _ := outbox.NewPublisher(base, nil)
-			tx1, _ := e.pool.Begin(ctx(t))
+			tx1, _ := e.Pool.Begin(outboxtest.Ctx(t))
 			defer tx1.Rollback(context.Background())
-			tx2, _ := e.pool.Begin(ctx(t))
+			tx2, _ := e.Pool.Begin(outboxtest.Ctx(t))
 			defer tx2.Rollback(context.Background())
 			a, b := msg(), msg()
-			a.SetContext(outbox.WithTx(ctx(t), tx1))
-			b.SetContext(outbox.WithTx(ctx(t), tx2))
+			a.SetContext(outbox.WithTx(outboxtest.Ctx(t), tx1))
+			b.SetContext(outbox.WithTx(outboxtest.Ctx(t), tx2))
 			return pub.Publish("orders", a, b)
 		}},
 		{"metadata with NUL", outbox.ErrInvalidMessage, func(t *testing.T) error {
@@ -164,7 +165,7 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 			return err
 		}},
 		{"sequencer without pool", outbox.ErrInvalidConfig, func(t *testing.T) error {
-			_, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema}, nil)
+			_, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema}, nil)
 			return err
 		}},
 	}

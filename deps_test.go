@@ -15,6 +15,7 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 		"github.com/millrace/watermill-outbox/cmd/", "github.com/millrace/watermill-outbox/bench",
 		"github.com/millrace/watermill-outbox/internal/pgtest", "github.com/millrace/watermill-outbox/internal/pgcluster",
 		"github.com/millrace/watermill-outbox/internal/chaos", "github.com/millrace/watermill-outbox/internal/ceiling",
+		"github.com/millrace/watermill-outbox/internal/outboxtest",
 		"testing",
 	}
 	brokers := []string{"github.com/IBM/sarama", "github.com/nats-io/nats.go", "github.com/twmb/franz-go"}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -18,7 +19,7 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = outbox.Migrate(ctx(t), pool, schema)
+			errs[i] = outbox.Migrate(outboxtest.Ctx(t), pool, schema)
 		}()
 	}
 	wg.Wait()
@@ -27,15 +28,15 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 			t.Fatalf("instance %d: %v", i, err)
 		}
 	}
-	if err := outbox.Migrate(ctx(t), pool, schema); err != nil {
+	if err := outbox.Migrate(outboxtest.Ctx(t), pool, schema); err != nil {
 		t.Fatalf("second run: %v", err)
 	}
-	v, err := outbox.CurrentSchemaVersion(ctx(t), pool, schema)
+	v, err := outbox.CurrentSchemaVersion(outboxtest.Ctx(t), pool, schema)
 	if err != nil || v != outbox.SchemaVersion {
 		t.Fatalf("version = %d, %v; want %d", v, err, outbox.SchemaVersion)
 	}
 	var rows int
-	if err := pool.QueryRow(ctx(t), "SELECT count(*) FROM "+schema+".schema_migrations").Scan(&rows); err != nil || rows != outbox.SchemaVersion {
+	if err := pool.QueryRow(outboxtest.Ctx(t), "SELECT count(*) FROM "+schema+".schema_migrations").Scan(&rows); err != nil || rows != outbox.SchemaVersion {
 		t.Fatalf("schema_migrations has %d rows (%v), want one per version (%d)", rows, err, outbox.SchemaVersion)
 	}
 }
@@ -43,10 +44,10 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 func TestMigrateWorksThroughDatabaseSQL(t *testing.T) {
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t)
-	if err := outbox.Migrate(ctx(t), db, schema); err != nil {
+	if err := outbox.Migrate(outboxtest.Ctx(t), db, schema); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := outbox.CurrentSchemaVersion(ctx(t), db, schema); err != nil || v != outbox.SchemaVersion {
+	if v, err := outbox.CurrentSchemaVersion(outboxtest.Ctx(t), db, schema); err != nil || v != outbox.SchemaVersion {
 		t.Fatalf("version = %d, %v", v, err)
 	}
 }
@@ -54,10 +55,10 @@ func TestMigrateWorksThroughDatabaseSQL(t *testing.T) {
 func TestMigrateRefusesNewerDatabase(t *testing.T) {
 	e := newEnv(t)
 	future := outbox.SchemaVersion + 1
-	if _, err := e.pool.Exec(ctx(t), "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'from the future')", future); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+e.Schema+".schema_migrations (version, name) VALUES ($1, 'from the future')", future); err != nil {
 		t.Fatal(err)
 	}
-	err := outbox.Migrate(ctx(t), e.pool, e.schema)
+	err := outbox.Migrate(outboxtest.Ctx(t), e.Pool, e.Schema)
 	if !errors.Is(err, outbox.ErrSchemaTooNew) {
 		t.Fatalf("err = %v, want ErrSchemaTooNew", err)
 	}
@@ -65,14 +66,14 @@ func TestMigrateRefusesNewerDatabase(t *testing.T) {
 	if !errors.As(err, &sv) || sv.Database != future || sv.Library != outbox.SchemaVersion {
 		t.Fatalf("err = %#v", err)
 	}
-	if v, _ := outbox.CurrentSchemaVersion(ctx(t), e.pool, e.schema); v != future {
+	if v, _ := outbox.CurrentSchemaVersion(outboxtest.Ctx(t), e.Pool, e.Schema); v != future {
 		t.Fatalf("version changed to %d", v)
 	}
 }
 
 func TestUnmigratedSchemaHasVersionZero(t *testing.T) {
 	pool := pgtest.Pool(t)
-	if v, err := outbox.CurrentSchemaVersion(ctx(t), pool, pgtest.Schema(t)); err != nil || v != 0 {
+	if v, err := outbox.CurrentSchemaVersion(outboxtest.Ctx(t), pool, pgtest.Schema(t)); err != nil || v != 0 {
 		t.Fatalf("version = %d, %v; want 0", v, err)
 	}
 }

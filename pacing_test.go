@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -19,22 +20,22 @@ import (
 // it, so that late deliveries are counted too.
 func notificationsDuring(t *testing.T, e env, channel string, fn func()) int {
 	t.Helper()
-	conn, err := e.pool.Acquire(ctx(t))
+	conn, err := e.Pool.Acquire(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := conn.Hijack()
 	defer c.Close(context.Background())
-	if _, err := c.Exec(ctx(t), "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+	if _, err := c.Exec(outboxtest.Ctx(t), "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	fn()
-	if _, err := e.pool.Exec(ctx(t), "SELECT pg_notify($1, 'marker')", channel); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "SELECT pg_notify($1, 'marker')", channel); err != nil {
 		t.Fatal(err)
 	}
 	n := 0
 	for {
-		note, err := c.WaitForNotification(ctx(t))
+		note, err := c.WaitForNotification(outboxtest.Ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,9 +49,9 @@ func notificationsDuring(t *testing.T, e env, channel string, fn func()) int {
 func publishOneTxEach(t *testing.T, e env, pub *outbox.Publisher, topic string, n int, gap time.Duration) {
 	t.Helper()
 	for i := range n {
-		err := pgx.BeginFunc(ctx(t), e.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(outboxtest.Ctx(t), e.Pool, func(tx pgx.Tx) error {
 			m := message.NewMessage(fmt.Sprintf("m%d", i), []byte("p"))
-			m.SetContext(outbox.WithTx(ctx(t), tx))
+			m.SetContext(outbox.WithTx(outboxtest.Ctx(t), tx))
 			return pub.Publish(topic, m)
 		})
 		if err != nil {
@@ -72,11 +73,11 @@ func TestNotifyIntervalSpacesThePublishersNotifications(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
-			e.register(t, "n", 4)
-			got := notificationsDuring(t, e, e.schema+"_pending", func() {
+			e.Register("n", 4)
+			got := notificationsDuring(t, e, e.Schema+"_pending", func() {
 				// Two Publishers share the process-wide spacing.
 				for range 2 {
-					pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, NotifyInterval: tc.interval}, nil)
+					pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, NotifyInterval: tc.interval}, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -86,7 +87,7 @@ func TestNotifyIntervalSpacesThePublishersNotifications(t *testing.T) {
 			if got != tc.want {
 				t.Fatalf("%d notifications for 30 transactions, want %d", got, tc.want)
 			}
-			if n := e.count(t, "pending"); n != 30 {
+			if n := e.Rows("pending"); n != 30 {
 				t.Fatalf("%d pending messages, want 30", n)
 			}
 		})
@@ -95,51 +96,51 @@ func TestNotifyIntervalSpacesThePublishersNotifications(t *testing.T) {
 
 func TestSequencerFindsMessagesWhoseTransactionDidNotNotify(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "quiet", 2)
+	e.Register("quiet", 2)
 	// Neither the poll (an hour) nor a notification (one per hour) can find
 	// the second message in time: only the follow-up passes after the first.
-	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema, Pool: e.pool, PollInterval: time.Hour, MinPassInterval: 10 * time.Millisecond}, nil)
+	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, PollInterval: time.Hour, MinPassInterval: 10 * time.Millisecond}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go s.Run(context.Background())
 	defer s.Close()
-	waitForListener(t, e, e.schema+"_pending")
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, NotifyInterval: time.Hour}, nil)
+	waitForListener(t, e, e.Schema+"_pending")
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, NotifyInterval: time.Hour}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := notificationsDuring(t, e, e.schema+"_pending", func() {
+	got := notificationsDuring(t, e, e.Schema+"_pending", func() {
 		publishOneTxEach(t, e, pub, "quiet", 1, 0)
-		waitFor(t, "the first message sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 1 })
+		outboxtest.WaitFor(t, "the first message sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 1 })
 		publishOneTxEach(t, e, pub, "quiet", 1, 0)
 	})
 	if got != 1 {
 		t.Fatalf("%d notifications, want 1 (the second transaction must not notify)", got)
 	}
-	waitFor(t, "the second message sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 2 })
+	outboxtest.WaitFor(t, "the second message sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 2 })
 }
 
 func TestBusySequencerPassesAtMostEveryMinPassInterval(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "busy", 4)
+	e.Register("busy", 4)
 	const gap = 300 * time.Millisecond
-	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema, Pool: e.pool, PollInterval: time.Hour, MinPassInterval: gap}, nil)
+	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, PollInterval: time.Hour, MinPassInterval: gap}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go s.Run(context.Background())
 	defer s.Close()
-	waitForListener(t, e, e.schema+"_pending")
+	waitForListener(t, e, e.Schema+"_pending")
 	// Every transaction notifies, 20 ms apart: one pass per notification
 	// would be about 20 passes.
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, NotifyInterval: -1}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, NotifyInterval: -1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	publishOneTxEach(t, e, pub, "busy", 20, 20*time.Millisecond)
-	waitFor(t, "all sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 20 })
+	outboxtest.WaitFor(t, "all sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 20 })
 	elapsed := time.Since(start)
 	// Passes that found work start at least gap apart: at most one per gap
 	// of the time it took, plus the first.
@@ -158,19 +159,19 @@ func TestBusySequencerPassesAtMostEveryMinPassInterval(t *testing.T) {
 func recordCursorCommitMode(t *testing.T, e env) func() map[string]int {
 	t.Helper()
 	stmts := []string{
-		"CREATE TABLE " + e.schema + ".cursor_commit_modes (mode text NOT NULL)",
-		`CREATE FUNCTION ` + e.schema + `.record_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN INSERT INTO ` + e.schema + `.cursor_commit_modes VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$`,
-		`CREATE TRIGGER record_commit_mode AFTER UPDATE ON ` + e.schema + `.cursors FOR EACH ROW
-		WHEN (OLD.seq IS DISTINCT FROM NEW.seq) EXECUTE FUNCTION ` + e.schema + `.record_commit_mode()`,
+		"CREATE TABLE " + e.Schema + ".cursor_commit_modes (mode text NOT NULL)",
+		`CREATE FUNCTION ` + e.Schema + `.record_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO ` + e.Schema + `.cursor_commit_modes VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$`,
+		`CREATE TRIGGER record_commit_mode AFTER UPDATE ON ` + e.Schema + `.cursors FOR EACH ROW
+		WHEN (OLD.seq IS DISTINCT FROM NEW.seq) EXECUTE FUNCTION ` + e.Schema + `.record_commit_mode()`,
 	}
 	for _, s := range stmts {
-		if _, err := e.pool.Exec(ctx(t), s); err != nil {
+		if _, err := e.Pool.Exec(outboxtest.Ctx(t), s); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return func() map[string]int {
-		rows, err := e.pool.Query(ctx(t), "SELECT mode, count(*) FROM "+e.schema+".cursor_commit_modes GROUP BY mode")
+		rows, err := e.Pool.Query(outboxtest.Ctx(t), "SELECT mode, count(*) FROM "+e.Schema+".cursor_commit_modes GROUP BY mode")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,7 +201,7 @@ func TestCursorCommitDurabilityPerStrategy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
-			e.register(t, "d", 2)
+			e.Register("d", 2)
 			modes := recordCursorCommitMode(t, e)
 			uuids := publishKeyed(t, e, "d", 4, 50)
 			// The test cluster runs with synchronous_commit off; the
@@ -210,18 +211,18 @@ func TestCursorCommitDurabilityPerStrategy(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
-			pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+			pool, err := pgxpool.NewWithConfig(outboxtest.Ctx(t), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer pool.Close()
-			sub := newSub(t, env{pool: pool, schema: e.schema}, "g", tc.tune)
+			sub := newSub(t, env{e.WithPool(pool)}, "g", tc.tune)
 			defer sub.Close()
 			h := &handled{}
 			wg := consume(context.Background(), t, sub, "d", "one", h, 0)
-			waitFor(t, "all messages", time.Minute, func() bool { return h.distinct() == len(uuids) })
+			outboxtest.WaitFor(t, "all messages", time.Minute, func() bool { return h.distinct() == len(uuids) })
 			var got map[string]int
-			waitFor(t, "cursor writes", 30*time.Second, func() bool { got = modes(); return len(got) > 0 })
+			outboxtest.WaitFor(t, "cursor writes", 30*time.Second, func() bool { got = modes(); return len(got) > 0 })
 			if len(got) != 1 || got[tc.want] == 0 {
 				t.Fatalf("cursor moves committed with synchronous_commit %v, want all %q", got, tc.want)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -52,13 +53,13 @@ func assertSameMessage(t *testing.T, got logRow, want *message.Message) {
 
 func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
-	cfg := outbox.PublisherConfig{Schema: e.schema}
+	e.Register("orders", 4)
+	cfg := outbox.PublisherConfig{Schema: e.Schema}
 	db := pgtest.DB(t)
 
 	kinds := map[string]func(t *testing.T, msgs []*message.Message, commit bool){
 		"pgx.Tx": func(t *testing.T, msgs []*message.Message, commit bool) {
-			tx, err := e.pool.Begin(ctx(t))
+			tx, err := e.Pool.Begin(outboxtest.Ctx(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,10 +70,10 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			if err := pub.Publish("orders", msgs...); err != nil {
 				t.Fatal(err)
 			}
-			finish(t, commit, func() error { return tx.Commit(ctx(t)) }, func() error { return tx.Rollback(ctx(t)) })
+			finish(t, commit, func() error { return tx.Commit(outboxtest.Ctx(t)) }, func() error { return tx.Rollback(outboxtest.Ctx(t)) })
 		},
 		"*sql.Tx": func(t *testing.T, msgs []*message.Message, commit bool) {
-			tx, err := db.BeginTx(ctx(t), nil)
+			tx, err := db.BeginTx(outboxtest.Ctx(t), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -87,7 +88,7 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 		},
 		"watermill-sql std executor": func(t *testing.T, msgs []*message.Message, commit bool) {
 			beginner := wsql.BeginnerFromStdSQL(db)
-			tx, err := beginner.BeginTx(ctx(t), nil)
+			tx, err := beginner.BeginTx(outboxtest.Ctx(t), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,8 +102,8 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			finish(t, commit, tx.Commit, tx.Rollback)
 		},
 		"watermill-sql pgx executor": func(t *testing.T, msgs []*message.Message, commit bool) {
-			beginner := wsql.BeginnerFromPgx(e.pool)
-			tx, err := beginner.BeginTx(ctx(t), nil)
+			beginner := wsql.BeginnerFromPgx(e.Pool)
+			tx, err := beginner.BeginTx(outboxtest.Ctx(t), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,17 +121,17 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tx, err := e.pool.Begin(ctx(t))
+			tx, err := e.Pool.Begin(outboxtest.Ctx(t))
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, m := range msgs {
-				m.SetContext(outbox.WithTx(ctx(t), tx))
+				m.SetContext(outbox.WithTx(outboxtest.Ctx(t), tx))
 			}
 			if err := pub.Publish("orders", msgs...); err != nil {
 				t.Fatal(err)
 			}
-			finish(t, commit, func() error { return tx.Commit(ctx(t)) }, func() error { return tx.Rollback(ctx(t)) })
+			finish(t, commit, func() error { return tx.Commit(outboxtest.Ctx(t)) }, func() error { return tx.Rollback(outboxtest.Ctx(t)) })
 		},
 	}
 	for name, publish := range kinds {
@@ -143,7 +144,7 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			publish(t, []*message.Message{committed}, true)
 			publish(t, []*message.Message{rolledBack}, false)
 			publish(t, pair, true)
-			e.sequenceAll(t)
+			e.SequenceAll()
 			want := map[string]*message.Message{committed.UUID: committed, pair[0].UUID: pair[0], pair[1].UUID: pair[1]}
 			found := map[string]logRow{}
 			for _, r := range e.readLog(t, "orders") {
@@ -189,25 +190,25 @@ func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryE
 
 func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	counter := &queryCounter{}
 	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	pool, err := pgxpool.NewWithConfig(outboxtest.Ctx(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var want []string
 	for round := 0; round < 3; round++ {
-		tx, err := pool.Begin(ctx(t))
+		tx, err := pool.Begin(outboxtest.Ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +216,7 @@ func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
 		var msgs []*message.Message
 		for i := 0; i < 500; i++ {
 			m := message.NewMessage(string(rune('a'+round))+"-"+itoa(i), []byte("x"))
-			m.SetContext(outbox.WithTx(ctx(t), tx))
+			m.SetContext(outbox.WithTx(outboxtest.Ctx(t), tx))
 			msgs = append(msgs, m)
 			want = append(want, m.UUID)
 		}
@@ -230,11 +231,11 @@ func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
 		if limit := int64(1); round == 0 && statements > 3 || round > 0 && statements != limit {
 			t.Fatalf("round %d: Publish of 500 messages sent %d statements", round, statements)
 		}
-		if err := tx.Commit(ctx(t)); err != nil {
+		if err := tx.Commit(outboxtest.Ctx(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e.sequenceAll(t)
+	e.SequenceAll()
 	rows := e.readLog(t, "orders")
 	if len(rows) != len(want) {
 		t.Fatalf("%d rows, want %d", len(rows), len(want))
@@ -251,7 +252,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 func TestOwnTransactionAndAutoCreatedTopics(t *testing.T) {
 	e := newEnv(t)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{
-		Schema: e.schema, DB: e.pool, OwnTransaction: true, AutoCreateTopics: true, DefaultPartitions: 8,
+		Schema: e.Schema, DB: e.Pool, OwnTransaction: true, AutoCreateTopics: true, DefaultPartitions: 8,
 		Topics: map[string]int{"listed": 3},
 	}, nil)
 	if err != nil {
@@ -264,19 +265,19 @@ func TestOwnTransactionAndAutoCreatedTopics(t *testing.T) {
 		t.Fatal(err)
 	}
 	for topic, want := range map[string]int{"auto": 8, "listed": 3} {
-		if n, err := outbox.TopicPartitions(ctx(t), e.pool, e.schema, topic); err != nil || n != want {
+		if n, err := outbox.TopicPartitions(outboxtest.Ctx(t), e.Pool, e.Schema, topic); err != nil || n != want {
 			t.Fatalf("%s: %d partitions (%v), want %d", topic, n, err, want)
 		}
 	}
-	if n := e.sequenceAll(t); n != 2 {
+	if n := e.SequenceAll(); n != 2 {
 		t.Fatalf("sequenced %d, want 2", n)
 	}
 }
 
 func TestKeylessMessagesAreSpreadEvenly(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "spread", 8)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	e.Register("spread", 8)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +288,7 @@ func TestKeylessMessagesAreSpreadEvenly(t *testing.T) {
 	if err := pub.Publish("spread", msgs...); err != nil {
 		t.Fatal(err)
 	}
-	e.sequenceAll(t)
+	e.SequenceAll()
 	per := map[int]int{}
 	for _, r := range e.readLog(t, "spread") {
 		per[r.Partition]++
@@ -304,9 +305,9 @@ func TestKeylessMessagesAreSpreadEvenly(t *testing.T) {
 
 func TestCustomPartitionKeyFunc(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "custom", 16)
+	e.Register("custom", 16)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{
-		Schema: e.schema, DB: e.pool, OwnTransaction: true,
+		Schema: e.Schema, DB: e.Pool, OwnTransaction: true,
 		PartitionKeyFunc: func(topic string, m *message.Message) (string, error) {
 			if m.Metadata.Get("tenant") == "" {
 				return "", errors.New("no tenant")
@@ -325,7 +326,7 @@ func TestCustomPartitionKeyFunc(t *testing.T) {
 	if err := pub.Publish("custom", message.NewMessage("b", nil)); err == nil || !strings.Contains(err.Error(), "no tenant") {
 		t.Fatalf("err = %v, want the key func's error", err)
 	}
-	e.sequenceAll(t)
+	e.SequenceAll()
 	rows := e.readLog(t, "custom")
 	if len(rows) != 1 || rows[0].Key == nil || *rows[0].Key != "acme" {
 		t.Fatalf("rows = %+v", rows)

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // stressResult is what the publishing goroutines know for sure.
@@ -33,22 +34,22 @@ func runStress(t *testing.T, sequencers int) {
 		topic      = "stress"
 	)
 	e := newEnv(t)
-	e.register(t, topic, partitions)
-	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".aggregates (key text PRIMARY KEY, version int NOT NULL DEFAULT 0)"); err != nil {
+	e.Register(topic, partitions)
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+e.Schema+".aggregates (key text PRIMARY KEY, version int NOT NULL DEFAULT 0)"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx(t), "INSERT INTO "+e.schema+".aggregates (key) SELECT 'agg-' || g FROM generate_series(1, $1) g", keys); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+e.Schema+".aggregates (key) SELECT 'agg-' || g FROM generate_series(1, $1) g", keys); err != nil {
 		t.Fatal(err)
 	}
 
-	runCtx, stop := context.WithCancel(ctx(t))
+	runCtx, stop := context.WithCancel(outboxtest.Ctx(t))
 	defer stop()
 	var seqWG sync.WaitGroup
 	var seqs []*outbox.Sequencer
 	for i := 0; i < sequencers; i++ {
 		// Small passes over few partitions make racing sequencers interleave.
 		s, err := outbox.NewSequencer(outbox.SequencerConfig{
-			Schema: e.schema, Pool: e.pool, BatchSize: 64 + 32*i, MaxPartitionsPerPass: 4 + i,
+			Schema: e.Schema, Pool: e.Pool, BatchSize: 64 + 32*i, MaxPartitionsPerPass: 4 + i,
 			PollInterval: 20 * time.Millisecond, DisableListen: i == 1,
 		}, nil)
 		if err != nil {
@@ -64,7 +65,7 @@ func runStress(t *testing.T, sequencers int) {
 		}()
 	}
 
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func runStress(t *testing.T, sequencers int) {
 			defer pubWG.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 42))
 			for n := 0; published.Load() < target; n++ {
-				if err := publishOne(ctx(t), e, pub, topic, rng, keys, g, n, res, &published); err != nil {
+				if err := publishOne(outboxtest.Ctx(t), e, pub, topic, rng, keys, g, n, res, &published); err != nil {
 					t.Error(err)
 					return
 				}
@@ -90,9 +91,9 @@ func runStress(t *testing.T, sequencers int) {
 	}
 	// Let the running sequencers finish the backlog, then stop them.
 	deadline := time.Now().Add(2 * time.Minute)
-	for e.count(t, "pending") > 0 {
+	for e.Rows("pending") > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("sequencers left %d messages pending", e.count(t, "pending"))
+			t.Fatalf("sequencers left %d messages pending", e.Rows("pending"))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -121,13 +122,13 @@ func runStress(t *testing.T, sequencers int) {
 // transactions commit first.
 func publishOne(c context.Context, e env, pub *outbox.Publisher, topic string, rng *rand.Rand, keys, g, n int, res *stressResult, published *atomic.Int64) error {
 	key := "agg-" + strconv.Itoa(1+rng.IntN(keys))
-	tx, err := e.pool.Begin(c)
+	tx, err := e.Pool.Begin(c)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.Background())
 	var version int
-	if err := tx.QueryRow(c, "UPDATE "+e.schema+".aggregates SET version = version + 1 WHERE key = $1 RETURNING version", key).Scan(&version); err != nil {
+	if err := tx.QueryRow(c, "UPDATE "+e.Schema+".aggregates SET version = version + 1 WHERE key = $1 RETURNING version", key).Scan(&version); err != nil {
 		return err
 	}
 	count := 1 + rng.IntN(5)
@@ -231,17 +232,17 @@ func TestTwoSequencersRacingOverTheSamePartitions(t *testing.T) {
 
 func TestSequencerRunWakesOnNotify(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "wake", 2)
+	e.Register("wake", 2)
 	// A poll interval far beyond the test's deadline: only a notification can
 	// make the sequencer pick the message up in time.
-	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.schema, Pool: e.pool, PollInterval: time.Hour}, nil)
+	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, PollInterval: time.Hour}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go s.Run(context.Background())
 	defer s.Close()
-	waitForListener(t, e, e.schema+"_pending")
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	waitForListener(t, e, e.Schema+"_pending")
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +264,7 @@ func waitForListener(t *testing.T, e env, channel string) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var n int
-		if err := e.pool.QueryRow(ctx(t), "SELECT count(*) FROM pg_stat_activity WHERE query = $1", `LISTEN "`+channel+`"`).Scan(&n); err != nil {
+		if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT count(*) FROM pg_stat_activity WHERE query = $1", `LISTEN "`+channel+`"`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {

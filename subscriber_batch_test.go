@@ -12,27 +12,28 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // countCursorWrites installs a trigger that counts updates of cursor seqs.
 func countCursorWrites(t *testing.T, e env) func() int {
 	t.Helper()
 	stmts := []string{
-		"CREATE TABLE " + e.schema + ".cursor_writes (n bigint NOT NULL)",
-		"INSERT INTO " + e.schema + ".cursor_writes VALUES (0)",
-		`CREATE FUNCTION ` + e.schema + `.count_cursor_write() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN UPDATE ` + e.schema + `.cursor_writes SET n = n + 1; RETURN NEW; END $$`,
-		`CREATE TRIGGER count_cursor_write AFTER UPDATE ON ` + e.schema + `.cursors FOR EACH ROW
-		WHEN (OLD.seq IS DISTINCT FROM NEW.seq) EXECUTE FUNCTION ` + e.schema + `.count_cursor_write()`,
+		"CREATE TABLE " + e.Schema + ".cursor_writes (n bigint NOT NULL)",
+		"INSERT INTO " + e.Schema + ".cursor_writes VALUES (0)",
+		`CREATE FUNCTION ` + e.Schema + `.count_cursor_write() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN UPDATE ` + e.Schema + `.cursor_writes SET n = n + 1; RETURN NEW; END $$`,
+		`CREATE TRIGGER count_cursor_write AFTER UPDATE ON ` + e.Schema + `.cursors FOR EACH ROW
+		WHEN (OLD.seq IS DISTINCT FROM NEW.seq) EXECUTE FUNCTION ` + e.Schema + `.count_cursor_write()`,
 	}
 	for _, s := range stmts {
-		if _, err := e.pool.Exec(ctx(t), s); err != nil {
+		if _, err := e.Pool.Exec(outboxtest.Ctx(t), s); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return func() int {
 		var n int
-		if err := e.pool.QueryRow(ctx(t), "SELECT n FROM "+e.schema+".cursor_writes").Scan(&n); err != nil {
+		if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT n FROM "+e.Schema+".cursor_writes").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -41,16 +42,16 @@ func countCursorWrites(t *testing.T, e env) func() int {
 
 func TestCursorIsWrittenOncePerBatch(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "b", 1)
+	e.Register("b", 1)
 	writes := countCursorWrites(t, e)
 	uuids := publishKeyed(t, e, "b", 1, 640)
-	e.sequenceAll(t)              // the whole backlog is there before the first read
+	e.SequenceAll()               // the whole backlog is there before the first read
 	sub := newSub(t, e, "g", nil) // batches of 32
 	defer sub.Close()
 	h := &handled{}
 	wg := consume(context.Background(), t, sub, "b", "one", h, 0)
-	waitFor(t, "all messages", time.Minute, func() bool { return h.distinct() == len(uuids) })
-	waitFor(t, "the cursor write of the last batch", 30*time.Second, func() bool { return writes() >= 640/32 })
+	outboxtest.WaitFor(t, "all messages", time.Minute, func() bool { return h.distinct() == len(uuids) })
+	outboxtest.WaitFor(t, "the cursor write of the last batch", 30*time.Second, func() bool { return writes() >= 640/32 })
 	if n := writes(); n != 640/32 {
 		t.Fatalf("%d cursor writes for 640 messages in batches of 32, want %d", n, 640/32)
 	}
@@ -62,7 +63,7 @@ func TestConsumeBatchesRetriesTheRestAndRejectsPoison(t *testing.T) {
 	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
-			e.register(t, "batches", 4)
+			e.Register("batches", 4)
 			rejects, rejected := rejectLog(t, e)
 			uuids := publishKeyed(t, e, "batches", 20, 50) // 1,000 messages
 			const poison = "k7-n20"
@@ -113,7 +114,7 @@ func TestConsumeBatchesRetriesTheRestAndRejectsPoison(t *testing.T) {
 			}
 			result := make(chan error, 1)
 			go func() { result <- sub.ConsumeBatches(ctxRun, "batches", handler) }()
-			waitFor(t, "every message", time.Minute, func() bool {
+			outboxtest.WaitFor(t, "every message", time.Minute, func() bool {
 				mu.Lock()
 				defer mu.Unlock()
 				return len(doneIDs) == len(uuids)-1
@@ -161,7 +162,7 @@ func markDone(m *message.Message, lastN map[string]int, done map[string]bool, or
 
 func TestWorkersSurvivePanics(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "p", 2)
+	e.Register("p", 2)
 	uuids := publishKeyed(t, e, "p", 4, 25)
 	var panickedReject bool
 	var mu sync.Mutex
@@ -198,7 +199,7 @@ func TestWorkersSurvivePanics(t *testing.T) {
 	}
 	result := make(chan error, 1)
 	go func() { result <- sub.ConsumeBatches(ctxRun, "p", handler) }()
-	waitFor(t, "every message after the panics", time.Minute, func() bool {
+	outboxtest.WaitFor(t, "every message after the panics", time.Minute, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(done) >= len(uuids)-1

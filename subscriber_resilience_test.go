@@ -11,6 +11,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -32,10 +33,10 @@ func victimPool(t *testing.T, name string) *pgxpool.Pool {
 
 func TestSubscriberSurvivesKilledConnections(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "rough", 4)
+	e.Register("rough", 4)
 	uuids := publishKeyed(t, e, "rough", 16, 60)
 	pool := victimPool(t, "victim")
-	sub := newSub(t, env{pool: pool, schema: e.schema}, "g", nil)
+	sub := newSub(t, env{e.WithPool(pool)}, "g", nil)
 	h := &handled{}
 	wg := consume(context.Background(), t, sub, "rough", "victim", h, 2*time.Millisecond)
 
@@ -45,7 +46,7 @@ func TestSubscriberSurvivesKilledConnections(t *testing.T) {
 	for h.distinct() < len(uuids) && kills < 40 {
 		time.Sleep(50 * time.Millisecond)
 		var n int
-		if err := e.pool.QueryRow(ctx(t), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		if err := e.Pool.QueryRow(outboxtest.Ctx(t), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 			WHERE application_name = 'victim' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +55,7 @@ func TestSubscriberSurvivesKilledConnections(t *testing.T) {
 	if kills == 0 {
 		t.Fatal("no connection was killed: the test did not test anything")
 	}
-	waitFor(t, "every message despite the killed connections", 2*time.Minute, func() bool { return h.distinct() == len(uuids) })
+	outboxtest.WaitFor(t, "every message despite the killed connections", 2*time.Minute, func() bool { return h.distinct() == len(uuids) })
 	dups := h.checkOrder(t, uuids)
 	t.Logf("%d connections killed; %d deliveries, %d duplicates (identified by id)", kills, len(h.calls), dups)
 	if err := sub.Close(); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -27,7 +28,7 @@ import (
 // partition, so they are delivered in this order), uuid "m<i>".
 func publishPayloads(t *testing.T, e env, topic string, payloads ...string) {
 	t.Helper()
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +49,8 @@ type cursorRow struct {
 func (e env) cursor(t *testing.T, group, topic string) cursorRow {
 	t.Helper()
 	var c cursorRow
-	err := e.pool.QueryRow(context.Background(), `SELECT seq, attempts, deliveries, coalesce(last_error, ''), backoff_until
-		FROM `+e.schema+`.cursors WHERE group_name = $1 AND topic = $2 AND partition = 0`, group, topic).
+	err := e.Pool.QueryRow(context.Background(), `SELECT seq, attempts, deliveries, coalesce(last_error, ''), backoff_until
+		FROM `+e.Schema+`.cursors WHERE group_name = $1 AND topic = $2 AND partition = 0`, group, topic).
 		Scan(&c.seq, &c.attempts, &c.deliveries, &c.lastError, &c.backoffUntil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return cursorRow{} // the group has not joined yet
@@ -63,7 +64,7 @@ func (e env) cursor(t *testing.T, group, topic string) cursorRow {
 // effectIDs reads the ids of an effects table, in order.
 func (e env) effectIDs(t *testing.T, table string) []string {
 	t.Helper()
-	rows, err := e.pool.Query(ctx(t), "SELECT id FROM "+table+" ORDER BY id")
+	rows, err := e.Pool.Query(outboxtest.Ctx(t), "SELECT id FROM "+table+" ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,12 +111,12 @@ func TestTransactionalHandlerThatBreaksItsTransactionIsACountedAttempt(t *testin
 	for name, misbehave := range cases {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
-			e.register(t, "orders", 1)
-			effects := e.schema + ".effects"
-			if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+effects+" (id text PRIMARY KEY)"); err != nil {
+			e.Register("orders", 1)
+			effects := e.Schema + ".effects"
+			if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+effects+" (id text PRIMARY KEY)"); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.pool.Exec(ctx(t), "INSERT INTO "+effects+" VALUES ('taken')"); err != nil {
+			if _, err := e.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+effects+" VALUES ('taken')"); err != nil {
 				t.Fatal(err)
 			}
 			publishPayloads(t, e, "orders", "ok", "bad", "ok")
@@ -126,7 +127,7 @@ func TestTransactionalHandlerThatBreaksItsTransactionIsACountedAttempt(t *testin
 				c.MaxAttempts = 3
 			})
 			defer sub.Close()
-			msgs, err := sub.Subscribe(ctx(t), "orders")
+			msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -145,7 +146,7 @@ func TestTransactionalHandlerThatBreaksItsTransactionIsACountedAttempt(t *testin
 					m.Ack()
 				}
 			}()
-			waitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
+			outboxtest.WaitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
 			got := rejected()
 			if len(got) != 1 || got[0].UUID != "m2" {
 				t.Fatalf("rejected %v, want [m2]", rejectedUUIDs(got))
@@ -166,7 +167,7 @@ func TestTransactionalHandlerThatBreaksItsTransactionIsACountedAttempt(t *testin
 // The failure before the dead letter is visible on the cursor row.
 func TestTransactionalMisuseIsRecordedOnTheCursor(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "bad")
 	sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) {
 		c.Strategy = outbox.Transactional
@@ -174,7 +175,7 @@ func TestTransactionalMisuseIsRecordedOnTheCursor(t *testing.T) {
 		c.Tuning.BackoffMax = time.Hour
 	})
 	defer sub.Close()
-	msgs, err := sub.Subscribe(ctx(t), "orders")
+	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestTransactionalMisuseIsRecordedOnTheCursor(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	waitFor(t, "a recorded failure", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").attempts == 1 })
+	outboxtest.WaitFor(t, "a recorded failure", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").attempts == 1 })
 	c := e.cursor(t, "g", "orders")
 	if c.seq != 0 || !strings.Contains(c.lastError, "aborts the whole transaction") || c.backoffUntil == nil {
 		t.Fatalf("cursor %+v: want seq 0, a last error saying what the handler did, and a backoff deadline", c)
@@ -225,11 +226,11 @@ func TestHungHandlerIsACountedAttemptAndItsLateAckChangesNothing(t *testing.T) {
 	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
-			e.register(t, "orders", 1)
+			e.Register("orders", 1)
 			effects := ""
 			if strategy == outbox.Transactional {
-				effects = e.schema + ".effects"
-				if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+effects+" (id text PRIMARY KEY)"); err != nil {
+				effects = e.Schema + ".effects"
+				if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+effects+" (id text PRIMARY KEY)"); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -241,13 +242,13 @@ func TestHungHandlerIsACountedAttemptAndItsLateAckChangesNothing(t *testing.T) {
 				c.MaxAttempts = 2
 				c.HandlerTimeout = 300 * time.Millisecond
 			})
-			msgs, err := sub.Subscribe(ctx(t), "orders")
+			msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
 			if err != nil {
 				t.Fatal(err)
 			}
 			release := make(chan struct{})
 			hung := hangingConsumer(t, msgs, release, effects)
-			waitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
+			outboxtest.WaitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
 			got := rejected()
 			if len(got) != 1 || got[0].UUID != "m2" || got[0].Attempts != 2 || !errors.Is(got[0].Reason, outbox.ErrHandlerTimeout) {
 				t.Fatalf("rejected %+v: want m2 after 2 attempts with ErrHandlerTimeout", got)
@@ -287,7 +288,7 @@ func TestHungBatchHandlerIsTimedOutAndTheHangingMessageCharged(t *testing.T) {
 	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
-			e.register(t, "orders", 1)
+			e.Register("orders", 1)
 			publishPayloads(t, e, "orders", "ok", "hang", "ok", "ok")
 			rejects, rejected := rejectLog(t, e)
 			sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) {
@@ -301,7 +302,7 @@ func TestHungBatchHandlerIsTimedOutAndTheHangingMessageCharged(t *testing.T) {
 			defer close(release)
 			var calls atomic.Int32
 			go func() {
-				_ = sub.ConsumeBatches(ctx(t), "orders", func(ctx context.Context, batch []*message.Message) (int, error) {
+				_ = sub.ConsumeBatches(outboxtest.Ctx(t), "orders", func(ctx context.Context, batch []*message.Message) (int, error) {
 					calls.Add(1)
 					for _, m := range batch {
 						if string(m.Payload) == "hang" {
@@ -311,7 +312,7 @@ func TestHungBatchHandlerIsTimedOutAndTheHangingMessageCharged(t *testing.T) {
 					return len(batch), nil
 				})
 			}()
-			waitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 4 })
+			outboxtest.WaitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 4 })
 			got := rejected()
 			if len(got) != 1 || got[0].UUID != "m2" || !errors.Is(got[0].Reason, outbox.ErrHandlerTimeout) {
 				t.Fatalf("rejected %+v: want only m2, with ErrHandlerTimeout", got)
@@ -328,12 +329,12 @@ func TestMessageThatCrashesTheProcessIsDeadLetteredAfterMaxAttempts(t *testing.T
 		t.Skip("running as the child")
 	}
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".effects (id text, pid int)"); err != nil {
+	e.Register("orders", 1)
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+e.Schema+".effects (id text, pid int)"); err != nil {
 		t.Fatal(err)
 	}
 	publishPayloads(t, e, "orders", "ok", "crash", "ok")
-	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".rejects (uuid text PRIMARY KEY, seq bigint, attempts int, reason text)"); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+e.Schema+".rejects (uuid text PRIMARY KEY, seq bigint, attempts int, reason text)"); err != nil {
 		t.Fatal(err)
 	}
 	const maxAttempts = 3
@@ -346,7 +347,7 @@ func TestMessageThatCrashesTheProcessIsDeadLetteredAfterMaxAttempts(t *testing.T
 		cmd.Env = append(os.Environ(),
 			"OUTBOX_CRASH_CHILD=1",
 			pgtest.EnvDatabaseURL+"="+pgtest.DatabaseURL(),
-			"OUTBOX_CRASH_SCHEMA="+e.schema,
+			"OUTBOX_CRASH_SCHEMA="+e.Schema,
 			fmt.Sprintf("OUTBOX_CRASH_MAX_ATTEMPTS=%d", maxAttempts))
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out
@@ -375,7 +376,7 @@ func TestMessageThatCrashesTheProcessIsDeadLetteredAfterMaxAttempts(t *testing.T
 	}
 	var attempts int
 	var reason string
-	if err := e.pool.QueryRow(ctx(t), "SELECT attempts, reason FROM "+e.schema+".rejects WHERE uuid = 'm2'").Scan(&attempts, &reason); err != nil {
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT attempts, reason FROM "+e.Schema+".rejects WHERE uuid = 'm2'").Scan(&attempts, &reason); err != nil {
 		t.Fatalf("the crashing message was not dead-lettered: %v", err)
 	}
 	if attempts != maxAttempts || !strings.Contains(reason, "without success") {
@@ -387,7 +388,7 @@ func TestMessageThatCrashesTheProcessIsDeadLetteredAfterMaxAttempts(t *testing.T
 		t.Fatalf("%d crashes, want %d or %d", crashes, maxAttempts, maxAttempts+1)
 	}
 	var m3 int
-	if err := e.pool.QueryRow(ctx(t), "SELECT count(*) FROM "+e.schema+".effects WHERE id = 'm3'").Scan(&m3); err != nil || m3 == 0 {
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT count(*) FROM "+e.Schema+".effects WHERE id = 'm3'").Scan(&m3); err != nil || m3 == 0 {
 		t.Fatalf("m3 was never handled (%v): the partition stalled", err)
 	}
 	t.Logf("%d crashes, dead letter after %d attempts: %s", crashes, attempts, reason)
@@ -404,12 +405,12 @@ func TestCrashingConsumerChild(t *testing.T) {
 	var maxAttempts int
 	fmt.Sscan(os.Getenv("OUTBOX_CRASH_MAX_ATTEMPTS"), &maxAttempts)
 	pool := pgtest.Pool(t)
-	e := env{pool: pool, schema: schema}
+	e := env{outboxtest.Attach(t, pool, schema)}
 	rejects := outbox.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
 		_, err := tx.Exec(c, "INSERT INTO "+schema+".rejects VALUES ($1, $2, $3, $4)", m.UUID, m.Seq, m.Attempts, m.Reason.Error())
 		return err
 	})
-	tu := fastTuning()
+	tu := outboxtest.FastTuning()
 	tu.LeaseTTL, tu.RenewInterval = time.Second, 200*time.Millisecond
 	tu.BackoffBase, tu.BackoffMax = 10*time.Millisecond, 10*time.Millisecond
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
@@ -435,7 +436,7 @@ func TestCrashingConsumerChild(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	waitFor(t, "the cursor past every message", 50*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
+	outboxtest.WaitFor(t, "the cursor past every message", 50*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
 	_ = sub.Close()
 }
 
@@ -444,16 +445,16 @@ func TestCrashingConsumerChild(t *testing.T) {
 // says so when it starts, and in its member row (for the status).
 func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "ok", "poison", "ok")
 	rejects, rejected := rejectLog(t, e)
 	logs := &warnCapture{}
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: e.schema, Pool: e.pool, ConsumerGroup: "g", Tuning: fastTuning()}, logs)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "g", Tuning: outboxtest.FastTuning()}, logs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	msgs, err := sub.Subscribe(ctx(t), "orders")
+	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +468,7 @@ func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	waitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
+	outboxtest.WaitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
 	if got := rejected(); len(got) != 1 || got[0].UUID != "m2" || got[0].Reason.Error() != "bad payload" {
 		t.Fatalf("rejected %+v, want m2 with its reason", got)
 	}
@@ -475,7 +476,7 @@ func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
 		t.Fatalf("no warning about the missing RejectHandler; logged: %v", logs.warnings())
 	}
 	var canReject bool
-	if err := e.pool.QueryRow(ctx(t), "SELECT bool_and(can_reject) FROM "+e.schema+".members WHERE group_name = 'g'").Scan(&canReject); err != nil || canReject {
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT bool_and(can_reject) FROM "+e.Schema+".members WHERE group_name = 'g'").Scan(&canReject); err != nil || canReject {
 		t.Fatalf("members.can_reject = %v (%v), want false", canReject, err)
 	}
 	if err := outbox.Reject(nil, errors.New("x")); !errors.Is(err, outbox.ErrInvalidMessage) {
@@ -517,13 +518,13 @@ func (w *warnCapture) has(prefix string) bool {
 // next holder of the lease.
 func TestBackoffSurvivesARestart(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "fail")
 	tune := func(c *outbox.SubscriberConfig) {
 		c.Tuning.BackoffBase, c.Tuning.BackoffMax = 3*time.Second, 3*time.Second
 	}
 	first := newSub(t, e, "g", tune)
-	msgs, err := first.Subscribe(ctx(t), "orders")
+	msgs, err := first.Subscribe(outboxtest.Ctx(t), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,7 +533,7 @@ func TestBackoffSurvivesARestart(t *testing.T) {
 			m.Nack()
 		}
 	}()
-	waitFor(t, "a recorded failure", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").attempts == 1 })
+	outboxtest.WaitFor(t, "a recorded failure", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").attempts == 1 })
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -541,7 +542,7 @@ func TestBackoffSurvivesARestart(t *testing.T) {
 		t.Fatal("no backoff_until on the cursor row")
 	}
 	var secs float64
-	if err := e.pool.QueryRow(ctx(t), "SELECT extract(epoch FROM $1::timestamptz - clock_timestamp())::float8", c.backoffUntil).Scan(&secs); err != nil {
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT extract(epoch FROM $1::timestamptz - clock_timestamp())::float8", c.backoffUntil).Scan(&secs); err != nil {
 		t.Fatal(err)
 	}
 	untilIn := time.Duration(secs * float64(time.Second))
@@ -553,7 +554,7 @@ func TestBackoffSurvivesARestart(t *testing.T) {
 	second := newSub(t, e, "g", tune)
 	defer second.Close()
 	started := time.Now()
-	msgs2, err := second.Subscribe(ctx(t), "orders")
+	msgs2, err := second.Subscribe(outboxtest.Ctx(t), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -582,7 +583,7 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 	}
 	defer sub.Close()
 	var nm *outbox.NotMigratedError
-	if _, err := sub.Subscribe(ctx(t), "orders"); !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) || !strings.Contains(err.Error(), "outbox.Migrate") {
+	if _, err := sub.Subscribe(outboxtest.Ctx(t), "orders"); !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) || !strings.Contains(err.Error(), "outbox.Migrate") {
 		t.Fatalf("Subscribe on an unmigrated schema: %v, want ErrNotMigrated naming outbox.Migrate", err)
 	}
 	if err := sub.SubscribeInitialize("orders"); !errors.Is(err, outbox.ErrNotMigrated) {
@@ -590,15 +591,15 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 	}
 
 	e := newEnv(t)
-	if _, err := e.pool.Exec(ctx(t), "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+e.Schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
 		t.Fatal(err)
 	}
 	newer := newSub(t, e, "g", func(c *outbox.SubscriberConfig) { c.AutoCreateTopics = true })
 	defer newer.Close()
-	if _, err := newer.Subscribe(ctx(t), "orders"); !errors.Is(err, outbox.ErrSchemaTooNew) {
+	if _, err := newer.Subscribe(outboxtest.Ctx(t), "orders"); !errors.Is(err, outbox.ErrSchemaTooNew) {
 		t.Fatalf("Subscribe on a newer schema: %v, want ErrSchemaTooNew", err)
 	}
-	if n := e.count(t, "cursors"); n != 0 {
+	if n := e.Rows("cursors"); n != 0 {
 		t.Fatalf("%d cursor rows written into a newer schema", n)
 	}
 }
@@ -608,18 +609,18 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 func TestSubscribeAfterAFailedOneStartsTheSequencer(t *testing.T) {
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true, Tuning: fastTuning()}, nil)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true, Tuning: outboxtest.FastTuning()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	if _, err := sub.Subscribe(ctx(t), "orders"); !errors.Is(err, outbox.ErrNotMigrated) {
+	if _, err := sub.Subscribe(outboxtest.Ctx(t), "orders"); !errors.Is(err, outbox.ErrNotMigrated) {
 		t.Fatalf("Subscribe before Migrate: %v", err)
 	}
-	if err := outbox.Migrate(ctx(t), pool, schema); err != nil {
+	if err := outbox.Migrate(outboxtest.Ctx(t), pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := sub.Subscribe(ctx(t), "orders")
+	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -643,7 +644,7 @@ func TestSubscribeAfterAFailedOneStartsTheSequencer(t *testing.T) {
 // charged one would dead-letter the message), and the batch is retried.
 func TestLostConnectionIsNotChargedToTheMessage(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "ok", "ok")
 	rejects, rejected := rejectLog(t, e)
 	sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) {
@@ -652,7 +653,7 @@ func TestLostConnectionIsNotChargedToTheMessage(t *testing.T) {
 		c.MaxAttempts = 1
 	})
 	defer sub.Close()
-	msgs, err := sub.Subscribe(ctx(t), "orders")
+	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -662,14 +663,14 @@ func TestLostConnectionIsNotChargedToTheMessage(t *testing.T) {
 			tx, _ := pgxTxFrom(m.Context())
 			if m.UUID == "m1" && killed.CompareAndSwap(false, true) {
 				// The server drops the batch's connection; the handler acks.
-				if _, err := e.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", tx.Conn().PgConn().PID()); err != nil {
+				if _, err := e.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", tx.Conn().PgConn().PID()); err != nil {
 					t.Error(err)
 				}
 			}
 			m.Ack()
 		}
 	}()
-	waitFor(t, "the cursor past both messages", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 2 })
+	outboxtest.WaitFor(t, "the cursor past both messages", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 2 })
 	if got := rejected(); len(got) != 0 {
 		t.Fatalf("rejected %v: the lost connection was charged to the message", rejectedUUIDs(got))
 	}

@@ -14,26 +14,15 @@ import (
 	"go.uber.org/goleak"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
-
-func fastTuning() adaptive.Tuning {
-	tu := adaptive.Default()
-	tu.BatchSize = 32
-	tu.BackoffBase = 20 * time.Millisecond
-	tu.BackoffMax = 200 * time.Millisecond
-	tu.LeaseTTL = 2 * time.Second
-	tu.RenewInterval = 300 * time.Millisecond
-	tu.Pacing.IdleInterval = 200 * time.Millisecond
-	return tu
-}
 
 // publishKeyed publishes perKey messages for each of keys keys (in rounds,
 // so keys interleave), with metadata "n" counting per key from 1.
 func publishKeyed(t *testing.T, e env, topic string, keys, perKey int) []string {
 	t.Helper()
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +142,7 @@ func consume(ctx context.Context, t *testing.T, sub *outbox.Subscriber, topic, i
 
 func newSub(t *testing.T, e env, group string, tune func(*outbox.SubscriberConfig)) *outbox.Subscriber {
 	t.Helper()
-	cfg := outbox.SubscriberConfig{Schema: e.schema, Pool: e.pool, ConsumerGroup: group, Tuning: fastTuning(), CloseTimeout: time.Second}
+	cfg := outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: group, Tuning: outboxtest.FastTuning(), CloseTimeout: time.Second}
 	if tune != nil {
 		tune(&cfg)
 	}
@@ -164,20 +153,9 @@ func newSub(t *testing.T, e env, group string, tune func(*outbox.SubscriberConfi
 	return sub
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 16)
+	e.Register("orders", 16)
 	leakOpts := goleak.IgnoreCurrent()
 	uuids := publishKeyed(t, e, "orders", 64, 40) // 2,560 messages
 	h := &handled{}
@@ -190,7 +168,7 @@ func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
 
 	// Cancel A in the middle of its batches (once both have been working),
 	// then add C.
-	waitFor(t, "A and B both at work", time.Minute, func() bool { return h.by("A") >= 50 && h.by("B") >= 50 })
+	outboxtest.WaitFor(t, "A and B both at work", time.Minute, func() bool { return h.by("A") >= 50 && h.by("B") >= 50 })
 	cancelA()
 	wgA.Wait()
 	if err := a.Close(); err != nil {
@@ -198,9 +176,9 @@ func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
 	}
 	c := newSub(t, e, "billing", nil)
 	wgC := consume(context.Background(), t, c, "orders", "C", h, delay)
-	waitFor(t, "C to take its share", time.Minute, func() bool { return h.by("C") >= 50 })
+	outboxtest.WaitFor(t, "C to take its share", time.Minute, func() bool { return h.by("C") >= 50 })
 
-	waitFor(t, "every message", 2*time.Minute, func() bool { return h.distinct() == len(uuids) })
+	outboxtest.WaitFor(t, "every message", 2*time.Minute, func() bool { return h.distinct() == len(uuids) })
 	dups := h.checkOrder(t, uuids)
 	t.Logf("%d deliveries, %d distinct, %d duplicates", len(h.calls), h.distinct(), dups)
 	// A stopped cleanly (its acked prefix was recorded before its leases were
@@ -228,12 +206,12 @@ func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
 
 func TestFrozenInstanceCannotMoveTheCursorAfterTakeover(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "single", 1)
+	e.Register("single", 1)
 	uuids := publishKeyed(t, e, "single", 1, 20)
-	e.sequenceAll(t)
+	e.SequenceAll()
 
 	pool, freeze, thaw := pgtest.FreezablePool(t)
-	zombie := newSub(t, env{pool: pool, schema: e.schema}, "g", func(c *outbox.SubscriberConfig) { c.DisableSequencer = true })
+	zombie := newSub(t, env{e.WithPool(pool)}, "g", func(c *outbox.SubscriberConfig) { c.DisableSequencer = true })
 	defer zombie.Close()
 	msgsA, err := zombie.Subscribe(context.Background(), "single")
 	if err != nil {
@@ -262,7 +240,7 @@ func TestFrozenInstanceCannotMoveTheCursorAfterTakeover(t *testing.T) {
 	}
 	cursor := func() int64 {
 		var seq int64
-		if err := e.pool.QueryRow(ctx(t), "SELECT seq FROM "+e.schema+".cursors WHERE group_name = 'g'").Scan(&seq); err != nil {
+		if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT seq FROM "+e.Schema+".cursors WHERE group_name = 'g'").Scan(&seq); err != nil {
 			t.Fatal(err)
 		}
 		return seq
@@ -312,20 +290,20 @@ func TestFrozenInstanceCannotMoveTheCursorAfterTakeover(t *testing.T) {
 		}
 		m.Ack()
 	}
-	waitFor(t, "the cursor at the end", 30*time.Second, func() bool { return cursor() == int64(len(uuids)) })
+	outboxtest.WaitFor(t, "the cursor at the end", 30*time.Second, func() bool { return cursor() == int64(len(uuids)) })
 }
 
 // rejectLog is a RejectHandler that stores rejected messages in a table, in
 // the transaction that moves the cursor.
 func rejectLog(t *testing.T, e env) (outbox.RejectHandler, func() []outbox.RejectedMessage) {
 	t.Helper()
-	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".rejects (uuid text PRIMARY KEY, seq bigint, attempts int, reason text)"); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+e.Schema+".rejects (uuid text PRIMARY KEY, seq bigint, attempts int, reason text)"); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var got []outbox.RejectedMessage
 	handler := outbox.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
-		if _, err := tx.Exec(c, "INSERT INTO "+e.schema+".rejects VALUES ($1, $2, $3, $4)", m.UUID, m.Seq, m.Attempts, m.Reason.Error()); err != nil {
+		if _, err := tx.Exec(c, "INSERT INTO "+e.Schema+".rejects VALUES ($1, $2, $3, $4)", m.UUID, m.Seq, m.Attempts, m.Reason.Error()); err != nil {
 			return err
 		}
 		mu.Lock()
@@ -344,11 +322,11 @@ func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
 	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
-			e.register(t, "events", 4)
+			e.Register("events", 4)
 			rejects, rejected := rejectLog(t, e)
 			// 1,000 messages on one key (one partition) with a poison one early
 			// on, and 600 on other keys.
-			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -372,13 +350,13 @@ func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
 			if err := pub.Publish("events", cold...); err != nil {
 				t.Fatal(err)
 			}
-			e.sequenceAll(t)
+			e.SequenceAll()
 			var hotPartition int
-			if err := e.pool.QueryRow(ctx(t), "SELECT partition FROM "+e.schema+".log WHERE uuid = 'hot-1'").Scan(&hotPartition); err != nil {
+			if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT partition FROM "+e.Schema+".log WHERE uuid = 'hot-1'").Scan(&hotPartition); err != nil {
 				t.Fatal(err)
 			}
 
-			tune := fastTuning()
+			tune := outboxtest.FastTuning()
 			tune.BatchSize = 64
 			tune.DegradeAfter = 1
 			tune.BackoffBase = 100 * time.Millisecond
@@ -452,7 +430,7 @@ func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
 
 func TestRejectTakesMessageOutAtOnce(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "r", 1)
+	e.Register("r", 1)
 	rejects, rejected := rejectLog(t, e)
 	uuids := publishKeyed(t, e, "r", 1, 10)
 	sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) { c.RejectHandler = rejects })
@@ -487,8 +465,8 @@ func TestRejectTakesMessageOutAtOnce(t *testing.T) {
 
 func TestTransactionalStrategyHasExactlyOnceEffects(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "tx", 4)
-	if _, err := e.pool.Exec(ctx(t), "CREATE TABLE "+e.schema+".effects (id text PRIMARY KEY)"); err != nil {
+	e.Register("tx", 4)
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+e.Schema+".effects (id text PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
 	uuids := publishKeyed(t, e, "tx", 8, 50)
@@ -513,7 +491,7 @@ func TestTransactionalStrategyHasExactlyOnceEffects(t *testing.T) {
 			tx := txAny.(pgx.Tx)
 			// The write happens, then every 7th delivery is nacked: its write
 			// must vanish with the savepoint, and the retry must write again.
-			if _, err := tx.Exec(m.Context(), "INSERT INTO "+e.schema+".effects VALUES ($1)", m.Metadata.Get(outbox.MetadataID)); err != nil {
+			if _, err := tx.Exec(m.Context(), "INSERT INTO "+e.Schema+".effects VALUES ($1)", m.Metadata.Get(outbox.MetadataID)); err != nil {
 				t.Errorf("effect: %v", err)
 				m.Nack()
 				continue
@@ -526,12 +504,12 @@ func TestTransactionalStrategyHasExactlyOnceEffects(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	waitFor(t, "every effect", time.Minute, func() bool { return e.count(t, "effects") == len(uuids) })
+	outboxtest.WaitFor(t, "every effect", time.Minute, func() bool { return e.Rows("effects") == len(uuids) })
 	if err := sub.Close(); err != nil {
 		t.Fatal(err)
 	}
 	<-done
-	if n := e.count(t, "effects"); n != len(uuids) {
+	if n := e.Rows("effects"); n != len(uuids) {
 		t.Fatalf("%d effects, want %d", n, len(uuids))
 	}
 	if deliveries <= len(uuids) {

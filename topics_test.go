@@ -6,27 +6,28 @@ import (
 	"testing"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 func TestRegisterTopicCreatesPartitionsAndRefusesAnotherCount(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 16)
-	e.register(t, "orders", 16) // same count: fine, nothing changes
-	if n := e.count(t, "partitions"); n != 16 {
+	e.Register("orders", 16)
+	e.Register("orders", 16) // same count: fine, nothing changes
+	if n := e.Rows("partitions"); n != 16 {
 		t.Fatalf("%d partition rows, want 16", n)
 	}
-	err := outbox.RegisterTopic(ctx(t), e.pool, e.schema, "orders", 8)
+	err := outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "orders", 8)
 	var pm *outbox.PartitionMismatchError
 	if !errors.Is(err, outbox.ErrPartitionMismatch) || !errors.As(err, &pm) || pm.Registered != 16 || pm.Requested != 8 {
 		t.Fatalf("err = %v", err)
 	}
-	if n, err := outbox.TopicPartitions(ctx(t), e.pool, e.schema, "orders"); err != nil || n != 16 {
+	if n, err := outbox.TopicPartitions(outboxtest.Ctx(t), e.Pool, e.Schema, "orders"); err != nil || n != 16 {
 		t.Fatalf("partitions = %d, %v", n, err)
 	}
-	if n := e.count(t, "partitions"); n != 16 {
+	if n := e.Rows("partitions"); n != 16 {
 		t.Fatalf("mismatch changed partitions: %d rows", n)
 	}
-	if _, err := outbox.TopicPartitions(ctx(t), e.pool, e.schema, "nope"); !errors.Is(err, outbox.ErrUnknownTopic) {
+	if _, err := outbox.TopicPartitions(outboxtest.Ctx(t), e.Pool, e.Schema, "nope"); !errors.Is(err, outbox.ErrUnknownTopic) {
 		t.Fatalf("unknown topic: %v", err)
 	}
 }
@@ -39,7 +40,7 @@ func TestRegisterTopicConcurrently(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = outbox.RegisterTopic(ctx(t), e.pool, e.schema, "race", 32)
+			errs[i] = outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "race", 32)
 		}()
 	}
 	wg.Wait()
@@ -48,7 +49,7 @@ func TestRegisterTopicConcurrently(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := e.count(t, "partitions"); n != 32 {
+	if n := e.Rows("partitions"); n != 32 {
 		t.Fatalf("%d partition rows, want 32", n)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 func TestConfigAndArgumentValidation(t *testing.T) {
@@ -23,10 +24,10 @@ func TestConfigAndArgumentValidation(t *testing.T) {
 	if _, err := admin.New(admin.Config{}, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("no pool: %v", err)
 	}
-	if _, err := admin.New(admin.Config{Pool: e.pool, Schema: "A"}, nil); !errors.Is(err, outbox.ErrInvalidName) {
+	if _, err := admin.New(admin.Config{Pool: e.Pool, Schema: "A"}, nil); !errors.Is(err, outbox.ErrInvalidName) {
 		t.Fatalf("bad schema: %v", err)
 	}
-	ctx := testCtx(t)
+	ctx := outboxtest.Ctx(t)
 	for _, s := range []admin.Scope{{}, {Group: "g", Partitions: []int{1}}, {Group: "g", Topic: "t", Partitions: []int{-1}}} {
 		if _, err := e.admin.Pause(ctx, s); !errors.Is(err, admin.ErrInvalidArgument) {
 			t.Errorf("Pause(%+v): %v", s, err)
@@ -53,29 +54,29 @@ func TestConfigAndArgumentValidation(t *testing.T) {
 // status must match it.
 func TestStatusMatchesTheTruth(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
-	e.register(t, "a", 3)
-	e.register(t, "b", 1)
-	e.register(t, "idle", 2)
-	e.publish(t, "a", 30, "a") // 10 per partition
-	e.publish(t, "b", 4, "b")
-	e.sequence(t)
-	e.publish(t, "a", 5, "late") // not sequenced
-	s := e.schema
-	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition, seq) VALUES
+	ctx := outboxtest.Ctx(t)
+	e.Register("a", 3)
+	e.Register("b", 1)
+	e.Register("idle", 2)
+	e.PublishN("a", 30, "a") // 10 per partition
+	e.PublishN("b", 4, "b")
+	e.SequenceAll()
+	e.PublishN("a", 5, "late") // not sequenced
+	s := e.Schema
+	e.Exec(`INSERT INTO ` + s + `.cursors (group_name, topic, partition, seq) VALUES
 		('g1', 'a', 0, 10), ('g1', 'a', 1, 4), ('g1', 'a', 2, 0),
 		('g2', 'a', 0, 10), ('g2', 'a', 1, 10), ('g2', 'a', 2, 7),
 		('g1', 'b', 0, 1)`)
-	e.exec(t, `UPDATE `+s+`.log SET sequenced_at = now() - interval '5 minutes' WHERE topic = 'a' AND partition = 1 AND seq = 5`)
-	e.exec(t, `UPDATE `+s+`.log SET sequenced_at = now() - interval '1 hour' WHERE topic = 'a' AND partition = 2 AND seq = 1`)
-	e.exec(t, `UPDATE `+s+`.cursors SET lease_owner = 'm-1', lease_token = 3, lease_expires_at = now() + interval '1 minute',
+	e.Exec(`UPDATE ` + s + `.log SET sequenced_at = now() - interval '5 minutes' WHERE topic = 'a' AND partition = 1 AND seq = 5`)
+	e.Exec(`UPDATE ` + s + `.log SET sequenced_at = now() - interval '1 hour' WHERE topic = 'a' AND partition = 2 AND seq = 1`)
+	e.Exec(`UPDATE ` + s + `.cursors SET lease_owner = 'm-1', lease_token = 3, lease_expires_at = now() + interval '1 minute',
 		adaptive_state = 'degraded', batch_size = 4, attempts = 2, last_error = 'boom', last_error_at = now()
 		WHERE group_name = 'g1' AND topic = 'a' AND partition = 1`)
-	e.exec(t, `UPDATE `+s+`.cursors SET lease_owner = 'm-2', lease_token = 1, lease_expires_at = now() - interval '1 minute'
+	e.Exec(`UPDATE ` + s + `.cursors SET lease_owner = 'm-2', lease_token = 1, lease_expires_at = now() - interval '1 minute'
 		WHERE group_name = 'g1' AND topic = 'a' AND partition = 2`)
-	e.exec(t, `UPDATE `+s+`.cursors SET paused = true WHERE group_name = 'g2' AND topic = 'a' AND partition = 2`)
-	e.exec(t, `DELETE FROM `+s+`.log WHERE topic = 'a' AND partition = 0 AND seq <= 3`) // vacuumed
-	store, err := deadletter.NewStore(deadletter.Config{Schema: s, Pool: e.pool}, nil)
+	e.Exec(`UPDATE ` + s + `.cursors SET paused = true WHERE group_name = 'g2' AND topic = 'a' AND partition = 2`)
+	e.Exec(`DELETE FROM ` + s + `.log WHERE topic = 'a' AND partition = 0 AND seq <= 3`) // vacuumed
+	store, err := deadletter.NewStore(deadletter.Config{Schema: s, Pool: e.Pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,9 +165,9 @@ func TestStatusMatchesTheTruth(t *testing.T) {
 // interval while the others flow on; resume continues from the right seq.
 func TestPauseAndResumeWithALiveSubscriber(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "p", 2)
-	e.publish(t, "p", 20, "first") // 10 per partition
-	e.sequence(t)
+	e.Register("p", 2)
+	e.PublishN("p", 20, "first") // 10 per partition
+	e.SequenceAll()
 	sub := e.subscriber(t, "g")
 	msgs, err := sub.Subscribe(context.Background(), "p")
 	if err != nil {
@@ -174,37 +175,37 @@ func TestPauseAndResumeWithALiveSubscriber(t *testing.T) {
 	}
 	rec := &recorder{}
 	wg := rec.run(msgs)
-	waitFor(t, "the first 20 messages", 30*time.Second, func() bool { return rec.count() >= 20 })
-	waitFor(t, "both cursors at 10", 30*time.Second, func() bool {
-		s0, _, _ := e.cursor(t, "g", "p", 0)
-		s1, _, _ := e.cursor(t, "g", "p", 1)
+	outboxtest.WaitFor(t, "the first 20 messages", 30*time.Second, func() bool { return rec.count() >= 20 })
+	outboxtest.WaitFor(t, "both cursors at 10", 30*time.Second, func() bool {
+		s0, _, _ := e.Cursor("g", "p", 0)
+		s1, _, _ := e.Cursor("g", "p", 1)
 		return s0 == 10 && s1 == 10
 	})
 
-	n, err := e.admin.Pause(testCtx(t), admin.Scope{Group: "g", Topic: "p", Partitions: []int{0}})
+	n, err := e.admin.Pause(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "p", Partitions: []int{0}})
 	if err != nil || n != 1 {
 		t.Fatalf("pause: %d, %v", n, err)
 	}
-	took := waitFor(t, "the paused partition's lease to be given back", 30*time.Second, func() bool {
-		_, owner, _ := e.cursor(t, "g", "p", 0)
+	took := outboxtest.WaitFor(t, "the paused partition's lease to be given back", 30*time.Second, func() bool {
+		_, owner, _ := e.Cursor("g", "p", 0)
 		return owner == ""
 	})
 	t.Logf("lease given back %v after the pause (balance interval %v)", took, lease.DefaultBalanceInterval)
 	mark := rec.count()
 
-	e.publish(t, "p", 20, "second") // 10 more per partition
-	e.sequence(t)
-	waitFor(t, "partition 1's new messages", 30*time.Second, func() bool { return len(rec.seqs(1, mark)) >= 10 })
+	e.PublishN("p", 20, "second") // 10 more per partition
+	e.SequenceAll()
+	outboxtest.WaitFor(t, "partition 1's new messages", 30*time.Second, func() bool { return len(rec.seqs(1, mark)) >= 10 })
 	// Partition 1 got its messages; partition 0, which would have been as
 	// fast, stays quiet for several more balance intervals.
 	time.Sleep(3 * lease.DefaultBalanceInterval)
 	if got := rec.seqs(0, mark); len(got) != 0 {
 		t.Fatalf("paused partition delivered %v", got)
 	}
-	if seq, owner, _ := e.cursor(t, "g", "p", 0); seq != 10 || owner != "" {
+	if seq, owner, _ := e.Cursor("g", "p", 0); seq != 10 || owner != "" {
 		t.Fatalf("paused partition: cursor %d, owner %q", seq, owner)
 	}
-	rep, err := e.admin.Status(testCtx(t), admin.Filter{Group: "g"})
+	rep, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{Group: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,31 +213,31 @@ func TestPauseAndResumeWithALiveSubscriber(t *testing.T) {
 		t.Fatalf("status while paused: %+v", g)
 	}
 
-	n, err = e.admin.Resume(testCtx(t), admin.Scope{Group: "g", Topic: "p", Partitions: []int{0}})
+	n, err = e.admin.Resume(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "p", Partitions: []int{0}})
 	if err != nil || n != 1 {
 		t.Fatalf("resume: %d, %v", n, err)
 	}
-	waitFor(t, "partition 0's messages after resume", 30*time.Second, func() bool { return len(rec.seqs(0, mark)) >= 10 })
+	outboxtest.WaitFor(t, "partition 0's messages after resume", 30*time.Second, func() bool { return len(rec.seqs(0, mark)) >= 10 })
 	if got := rec.seqs(0, mark); fmt.Sprint(got[:10]) != fmt.Sprint(seqRange(11, 20)) {
 		t.Fatalf("after resume partition 0 delivered %v, want 11..20", got)
 	}
 
 	// The whole group.
-	if n, err := e.admin.Pause(testCtx(t), admin.Scope{Group: "g"}); err != nil || n != 2 {
+	if n, err := e.admin.Pause(outboxtest.Ctx(t), admin.Scope{Group: "g"}); err != nil || n != 2 {
 		t.Fatalf("pause group: %d, %v", n, err)
 	}
-	waitFor(t, "every lease given back", 30*time.Second, func() bool {
-		_, o0, _ := e.cursor(t, "g", "p", 0)
-		_, o1, _ := e.cursor(t, "g", "p", 1)
+	outboxtest.WaitFor(t, "every lease given back", 30*time.Second, func() bool {
+		_, o0, _ := e.Cursor("g", "p", 0)
+		_, o1, _ := e.Cursor("g", "p", 1)
 		return o0 == "" && o1 == ""
 	})
 	mark = rec.count()
-	e.publish(t, "p", 4, "third")
-	e.sequence(t)
-	if n, err := e.admin.Resume(testCtx(t), admin.Scope{Group: "g"}); err != nil || n != 2 {
+	e.PublishN("p", 4, "third")
+	e.SequenceAll()
+	if n, err := e.admin.Resume(outboxtest.Ctx(t), admin.Scope{Group: "g"}); err != nil || n != 2 {
 		t.Fatalf("resume group: %d, %v", n, err)
 	}
-	waitFor(t, "the messages published while the group was paused", 30*time.Second, func() bool {
+	outboxtest.WaitFor(t, "the messages published while the group was paused", 30*time.Second, func() bool {
 		return len(rec.seqs(0, mark)) >= 2 && len(rec.seqs(1, mark)) >= 2
 	})
 	if got := rec.seqs(0, mark); got[0] != 21 {
@@ -252,15 +253,15 @@ func TestPauseAndResumeWithALiveSubscriber(t *testing.T) {
 // worker in the middle of a batch, whose later cursor write must fail.
 func TestResetCursorReplaysAndFencesTheRunningWorker(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "r", 1)
-	e.publish(t, "r", 10, "one")
-	e.sequence(t)
+	e.Register("r", 1)
+	e.PublishN("r", 10, "one")
+	e.SequenceAll()
 	var mid time.Time
-	if err := e.pool.QueryRow(testCtx(t), `SELECT clock_timestamp()`).Scan(&mid); err != nil {
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), `SELECT clock_timestamp()`).Scan(&mid); err != nil {
 		t.Fatal(err)
 	}
-	e.publish(t, "r", 10, "two")
-	e.sequence(t)
+	e.PublishN("r", 10, "two")
+	e.SequenceAll()
 
 	sub := e.subscriber(t, "g")
 	msgs, err := sub.Subscribe(context.Background(), "r")
@@ -280,16 +281,16 @@ func TestResetCursorReplaysAndFencesTheRunningWorker(t *testing.T) {
 	}
 	wg := rec.run(msgs)
 	held := <-rec.held
-	_, _, token := e.cursor(t, "g", "r", 0)
+	_, _, token := e.Cursor("g", "r", 0)
 
-	resets, err := e.admin.ResetCursor(testCtx(t), admin.Scope{Group: "g", Topic: "r"}, admin.ToSeq(2))
+	resets, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "r"}, admin.ToSeq(2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(resets) != 1 || resets[0] != (admin.CursorReset{Topic: "r", Partition: 0, From: 0, To: 2}) {
 		t.Fatalf("resets %+v", resets)
 	}
-	seq, owner, newToken := e.cursor(t, "g", "r", 0)
+	seq, owner, newToken := e.Cursor("g", "r", 0)
 	if seq != 2 || owner != "" || newToken != token+1 {
 		t.Fatalf("after reset: cursor %d, owner %q, token %d (was %d)", seq, owner, newToken, token)
 	}
@@ -307,41 +308,41 @@ func TestResetCursorReplaysAndFencesTheRunningWorker(t *testing.T) {
 		}
 		return nil
 	}
-	waitFor(t, "the replay from seq 3 to the end", 30*time.Second, func() bool { return len(fromThree()) >= 18 })
+	outboxtest.WaitFor(t, "the replay from seq 3 to the end", 30*time.Second, func() bool { return len(fromThree()) >= 18 })
 	if got := fromThree(); fmt.Sprint(got) != fmt.Sprint(seqRange(3, 20)) {
 		t.Fatalf("deliveries after the reset %v: want 3..20 after the old worker's leftovers", rec.seqs(0, mark))
 	}
-	waitFor(t, "the cursor at the end", 30*time.Second, func() bool { s, _, _ := e.cursor(t, "g", "r", 0); return s == 20 })
+	outboxtest.WaitFor(t, "the cursor at the end", 30*time.Second, func() bool { s, _, _ := e.Cursor("g", "r", 0); return s == 20 })
 
 	// To a time: the messages sequenced at or after it, the second ten.
 	mark = rec.count()
-	resets, err = e.admin.ResetCursor(testCtx(t), admin.Scope{Group: "g", Topic: "r", Partitions: []int{0}}, admin.ToTime(mid))
+	resets, err = e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "r", Partitions: []int{0}}, admin.ToTime(mid))
 	if err != nil || len(resets) != 1 || resets[0].From != 20 || resets[0].To != 10 {
 		t.Fatalf("reset to time: %+v, %v", resets, err)
 	}
-	waitFor(t, "the replay of the second ten", 30*time.Second, func() bool { return len(rec.seqs(0, mark)) >= 10 })
+	outboxtest.WaitFor(t, "the replay of the second ten", 30*time.Second, func() bool { return len(rec.seqs(0, mark)) >= 10 })
 	if got := rec.seqs(0, mark); fmt.Sprint(got[:10]) != fmt.Sprint(seqRange(11, 20)) {
 		t.Fatalf("after the reset to a time: %v", got)
 	}
 	// A time after everything: the head (nothing to replay).
-	resets, err = e.admin.ResetCursor(testCtx(t), admin.Scope{Group: "g", Topic: "r"}, admin.ToTime(time.Now().Add(time.Hour)))
+	resets, err = e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "r"}, admin.ToTime(time.Now().Add(time.Hour)))
 	if err != nil || resets[0].To != 20 {
 		t.Fatalf("reset to the future: %+v, %v", resets, err)
 	}
 
 	// Refused resets change nothing.
 	var rangeErr *admin.SeqRangeError
-	if _, err := e.admin.ResetCursor(testCtx(t), admin.Scope{Group: "g", Topic: "r"}, admin.ToSeq(21)); !errors.As(err, &rangeErr) ||
+	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "r"}, admin.ToSeq(21)); !errors.As(err, &rangeErr) ||
 		!errors.Is(err, admin.ErrSeqOutOfRange) || rangeErr.Head != 20 {
 		t.Fatalf("beyond the head: %v", err)
 	}
-	if _, err := e.admin.ResetCursor(testCtx(t), admin.Scope{Group: "g", Topic: "r", Partitions: []int{0, 1}}, admin.ToSeq(0)); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "r", Partitions: []int{0, 1}}, admin.ToSeq(0)); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("a partition the topic lacks: %v", err)
 	}
-	if _, err := e.admin.ResetCursor(testCtx(t), admin.Scope{Group: "other", Topic: "r"}, admin.ToSeq(0)); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "other", Topic: "r"}, admin.ToSeq(0)); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("unknown group: %v", err)
 	}
-	waitFor(t, "the cursor at the end", 30*time.Second, func() bool { s, _, _ := e.cursor(t, "g", "r", 0); return s == 20 })
+	outboxtest.WaitFor(t, "the cursor at the end", 30*time.Second, func() bool { s, _, _ := e.Cursor("g", "r", 0); return s == 20 })
 	if err := sub.Close(); err != nil {
 		t.Fatal(err)
 	}

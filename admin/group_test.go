@@ -13,6 +13,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/admin"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/retention"
 )
@@ -21,33 +22,33 @@ import (
 // it is in use.
 func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
-	e.publish(t, "orders", 20, "m")
-	e.sequence(t)
+	e.Register("orders", 2)
+	e.PublishN("orders", 20, "m")
+	e.SequenceAll()
 
 	// "busy" consumes everything; "gone" joined once and stopped at 0.
 	busy := e.subscriber(t, "busy")
 	rec := &recorder{}
-	msgs, err := busy.Subscribe(testCtx(t), "orders")
+	msgs, err := busy.Subscribe(outboxtest.Ctx(t), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := rec.run(msgs)
-	waitFor(t, "busy to consume everything and move its cursors", 30*time.Second, func() bool {
+	outboxtest.WaitFor(t, "busy to consume everything and move its cursors", 30*time.Second, func() bool {
 		if rec.count() < 20 {
 			return false
 		}
 		var lag int64
-		if err := e.pool.QueryRow(testCtx(t), `SELECT coalesce(sum(p.last_seq - c.seq), -1) FROM `+e.schema+`.cursors c
-			JOIN `+e.schema+`.partitions p USING (topic, partition) WHERE c.group_name = 'busy'`).Scan(&lag); err != nil {
+		if err := e.Pool.QueryRow(outboxtest.Ctx(t), `SELECT coalesce(sum(p.last_seq - c.seq), -1) FROM `+e.Schema+`.cursors c
+			JOIN `+e.Schema+`.partitions p USING (topic, partition) WHERE c.group_name = 'busy'`).Scan(&lag); err != nil {
 			t.Fatal(err)
 		}
 		return lag == 0
 	})
-	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition, updated_at)
-		SELECT 'gone', topic, partition, now() - interval '3 days' FROM `+e.schema+`.partitions WHERE topic = 'orders'`)
+	e.Exec(`INSERT INTO ` + e.Schema + `.cursors (group_name, topic, partition, updated_at)
+		SELECT 'gone', topic, partition, now() - interval '3 days' FROM ` + e.Schema + `.partitions WHERE topic = 'orders'`)
 
-	rep, err := e.admin.Status(testCtx(t), admin.Filter{Topic: "orders"})
+	rep, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{Topic: "orders"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,12 +70,12 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 	}
 
 	// The vacuum keeps everything for "gone", and says so.
-	v, err := retention.NewVacuum(retention.Config{Schema: e.schema, Pool: e.pool}, nil)
+	v, err := retention.NewVacuum(retention.Config{Schema: e.Schema, Pool: e.Pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer v.Close()
-	pass, err := v.VacuumOnce(testCtx(t))
+	pass, err := v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,28 +85,28 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 
 	// A live group is refused, with its members named.
 	var active *admin.GroupActiveError
-	if _, err := e.admin.DeleteGroup(testCtx(t), "busy", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrGroupActive) || !errors.As(err, &active) || len(active.Members) != 1 {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "busy", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrGroupActive) || !errors.As(err, &active) || len(active.Members) != 1 {
 		t.Fatalf("DeleteGroup(busy) = %v, want ErrGroupActive naming its member", err)
 	}
-	if _, err := e.admin.DeleteGroup(testCtx(t), "nobody", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "nobody", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("DeleteGroup(nobody) = %v, want ErrNotFound", err)
 	}
-	deleted, err := e.admin.DeleteGroup(testCtx(t), "gone", admin.DeleteGroupOptions{})
+	deleted, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "gone", admin.DeleteGroupOptions{})
 	if err != nil || deleted.Cursors != 2 {
 		t.Fatalf("DeleteGroup(gone) = %+v, %v; want its 2 cursors", deleted, err)
 	}
-	if pass, err = v.VacuumOnce(testCtx(t)); err != nil || pass.Deleted != 20 || len(pass.HeldBack) != 0 {
+	if pass, err = v.VacuumOnce(outboxtest.Ctx(t)); err != nil || pass.Deleted != 20 || len(pass.HeldBack) != 0 {
 		t.Fatalf("after the delete: pass %+v, %v; want the 20 messages deleted", pass, err)
 	}
 
 	// Force deletes a live group.
-	if deleted, err = e.admin.DeleteGroup(testCtx(t), "busy", admin.DeleteGroupOptions{Force: true}); err != nil || deleted.Cursors != 2 || deleted.Members != 1 {
+	if deleted, err = e.admin.DeleteGroup(outboxtest.Ctx(t), "busy", admin.DeleteGroupOptions{Force: true}); err != nil || deleted.Cursors != 2 || deleted.Members != 1 {
 		t.Fatalf("forced DeleteGroup(busy) = %+v, %v", deleted, err)
 	}
 	// Its subscriber still runs: the status keeps showing the group, by
 	// its live member.
-	waitFor(t, "busy's running member to show again", 10*time.Second, func() bool {
-		rep, err := e.admin.Status(testCtx(t), admin.Filter{Group: "busy"})
+	outboxtest.WaitFor(t, "busy's running member to show again", 10*time.Second, func() bool {
+		rep, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{Group: "busy"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,12 +125,12 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 // (more deliveries than attempts while no lease is live).
 func TestStatusShowsBackoffAndDeliveries(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 3)
-	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition, attempts, deliveries, backoff_until, last_error, lease_owner, lease_expires_at)
+	e.Register("orders", 3)
+	e.Exec(`INSERT INTO ` + e.Schema + `.cursors (group_name, topic, partition, attempts, deliveries, backoff_until, last_error, lease_owner, lease_expires_at)
 		VALUES ('g', 'orders', 0, 2, 3, now() + interval '1 minute', 'boom', 'dead-1', now() - interval '1 second'),
 		('g', 'orders', 1, 0, 0, now() - interval '1 minute', NULL, NULL, NULL),
 		('g', 'orders', 2, 1, 2, NULL, 'boom', 'live-1', now() + interval '1 minute')`)
-	rep, err := e.admin.Status(testCtx(t), admin.Filter{Group: "g"})
+	rep, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{Group: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,14 +157,14 @@ func TestStatusShowsBackoffAndDeliveries(t *testing.T) {
 // retention back, whatever the filter.
 func TestStatusShowsMembersActivityAndWhoHoldsRetention(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
-	e.publish(t, "orders", 10, "m") // 5 per partition
-	e.sequence(t)
-	s := e.schema
-	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition, seq, updated_at, lease_owner, lease_expires_at) VALUES
+	e.Register("orders", 2)
+	e.PublishN("orders", 10, "m") // 5 per partition
+	e.SequenceAll()
+	s := e.Schema
+	e.Exec(`INSERT INTO ` + s + `.cursors (group_name, topic, partition, seq, updated_at, lease_owner, lease_expires_at) VALUES
 		('gone', 'orders', 0, 0, now() - interval '3 days', NULL, NULL), ('gone', 'orders', 1, 0, now() - interval '3 days', NULL, NULL),
 		('live', 'orders', 0, 5, now(), 'live-a', now() + interval '1 minute'), ('live', 'orders', 1, 3, now(), 'live-b', now() + interval '1 minute')`)
-	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id, joined_at, heartbeat_at, can_reject) VALUES
+	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id, joined_at, heartbeat_at, can_reject) VALUES
 		('gone', 'orders', 'gone-1', now() - interval '5 days', now() - interval '2 days', true),
 		('live', 'orders', 'live-a', now() - interval '1 hour', now(), false),
 		('live', 'orders', 'live-b', now() - interval '1 hour', now(), true),
@@ -171,7 +172,7 @@ func TestStatusShowsMembersActivityAndWhoHoldsRetention(t *testing.T) {
 
 	// Filtered to the live group: it does not hold retention back, gone
 	// does, though gone is not reported.
-	rep, err := e.admin.Status(testCtx(t), admin.Filter{Group: "live"})
+	rep, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{Group: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func TestStatusShowsMembersActivityAndWhoHoldsRetention(t *testing.T) {
 			live.CannotReject, live.RetriesForever, live.Partitions[0].RetriesForever, live.Partitions[1].RetriesForever)
 	}
 
-	rep, err = e.admin.Status(testCtx(t), admin.Filter{})
+	rep, err = e.admin.Status(outboxtest.Ctx(t), admin.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,20 +225,20 @@ func TestStatusShowsMembersActivityAndWhoHoldsRetention(t *testing.T) {
 
 func TestResetCursorRefusesTheZeroPosition(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	e.publish(t, "orders", 5, "m")
-	e.sequence(t)
-	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition, seq) VALUES ('g', 'orders', 0, 5)`)
-	if _, err := e.admin.ResetCursor(testCtx(t), admin.Scope{Group: "g", Topic: "orders"}, admin.Position{}); !errors.Is(err, admin.ErrInvalidArgument) {
+	e.Register("orders", 1)
+	e.PublishN("orders", 5, "m")
+	e.SequenceAll()
+	e.Exec(`INSERT INTO ` + e.Schema + `.cursors (group_name, topic, partition, seq) VALUES ('g', 'orders', 0, 5)`)
+	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "orders"}, admin.Position{}); !errors.Is(err, admin.ErrInvalidArgument) {
 		t.Fatalf("ResetCursor(Position{}) = %v, want ErrInvalidArgument", err)
 	}
-	if seq, _, _ := e.cursor(t, "g", "orders", 0); seq != 5 {
+	if seq, _, _ := e.Cursor("g", "orders", 0); seq != 5 {
 		t.Fatalf("cursor at %d after a refused reset, want 5", seq)
 	}
-	if _, err := e.admin.ResetCursor(testCtx(t), admin.Scope{Group: "g", Topic: "orders"}, admin.ToSeq(0)); err != nil {
+	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "orders"}, admin.ToSeq(0)); err != nil {
 		t.Fatalf("ResetCursor(ToSeq(0)): %v", err)
 	}
-	if seq, _, _ := e.cursor(t, "g", "orders", 0); seq != 0 {
+	if seq, _, _ := e.Cursor("g", "orders", 0); seq != 0 {
 		t.Fatalf("cursor at %d after ToSeq(0)", seq)
 	}
 }
@@ -256,13 +257,13 @@ func TestAdminAndRetentionRefuseUnmigratedAndNewerSchemas(t *testing.T) {
 	defer v.Close()
 	calls := func(a *admin.Admin, v *retention.Vacuum) map[string]error {
 		scope := admin.Scope{Group: "g", Topic: "orders"}
-		_, status := a.Status(testCtx(t), admin.Filter{})
-		_, pause := a.Pause(testCtx(t), scope)
-		_, resume := a.Resume(testCtx(t), scope)
-		_, reset := a.ResetCursor(testCtx(t), scope, admin.ToSeq(0))
-		_, del := a.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{})
-		_, vac := v.VacuumOnce(testCtx(t))
-		ctx, cancel := context.WithTimeout(testCtx(t), 5*time.Second)
+		_, status := a.Status(outboxtest.Ctx(t), admin.Filter{})
+		_, pause := a.Pause(outboxtest.Ctx(t), scope)
+		_, resume := a.Resume(outboxtest.Ctx(t), scope)
+		_, reset := a.ResetCursor(outboxtest.Ctx(t), scope, admin.ToSeq(0))
+		_, del := a.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{})
+		_, vac := v.VacuumOnce(outboxtest.Ctx(t))
+		ctx, cancel := context.WithTimeout(outboxtest.Ctx(t), 5*time.Second)
 		defer cancel()
 		run := v.Run(ctx)
 		return map[string]error{"Status": status, "Pause": pause, "Resume": resume, "ResetCursor": reset, "DeleteGroup": del,
@@ -275,13 +276,13 @@ func TestAdminAndRetentionRefuseUnmigratedAndNewerSchemas(t *testing.T) {
 	}
 
 	e := newEnv(t)
-	e.exec(t, "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1)
+	e.Exec("INSERT INTO "+e.Schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1)
 	pool2 := pgtest.Pool(t) // not checked yet
-	a2, err := admin.New(admin.Config{Schema: e.schema, Pool: pool2}, nil)
+	a2, err := admin.New(admin.Config{Schema: e.Schema, Pool: pool2}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v2, err := retention.NewVacuum(retention.Config{Schema: e.schema, Pool: pool2}, nil)
+	v2, err := retention.NewVacuum(retention.Config{Schema: e.Schema, Pool: pool2}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +293,7 @@ func TestAdminAndRetentionRefuseUnmigratedAndNewerSchemas(t *testing.T) {
 		}
 	}
 	var n int
-	if err := pool2.QueryRow(context.Background(), "SELECT count(*) FROM "+e.schema+".cursors").Scan(&n); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	if err := pool2.QueryRow(context.Background(), "SELECT count(*) FROM "+e.Schema+".cursors").Scan(&n); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		t.Fatal(err)
 	}
 	if n != 0 {
@@ -305,48 +306,48 @@ func TestAdminAndRetentionRefuseUnmigratedAndNewerSchemas(t *testing.T) {
 // expired lease do not.
 func TestDeleteGroupLiveness(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
-	s := e.schema
-	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition, lease_owner, lease_expires_at) VALUES
+	e.Register("orders", 2)
+	s := e.Schema
+	e.Exec(`INSERT INTO ` + s + `.cursors (group_name, topic, partition, lease_owner, lease_expires_at) VALUES
 		('leased', 'orders', 0, 'zombie-1', now() + interval '1 minute'), ('leased', 'orders', 1, NULL, NULL),
 		('stale', 'orders', 0, 'old-1', now() - interval '1 minute'), ('stale', 'orders', 1, NULL, NULL)`)
-	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id, heartbeat_at) VALUES
+	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id, heartbeat_at) VALUES
 		('stale', 'orders', 'old-1', now() - interval '5 minutes'),
 		('joining', 'orders', 'new-1', now())`) // a member whose cursors are not created yet
 
 	var active *admin.GroupActiveError
-	_, err := e.admin.DeleteGroup(testCtx(t), "leased", admin.DeleteGroupOptions{})
+	_, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "leased", admin.DeleteGroupOptions{})
 	if !errors.As(err, &active) || !errors.Is(err, admin.ErrGroupActive) || fmt.Sprint(active.Members) != "[zombie-1]" || active.LeasedPartitions != 1 {
 		t.Fatalf("DeleteGroup(leased) = %v, want ErrGroupActive naming zombie-1 and 1 leased partition", err)
 	}
 	if !strings.Contains(err.Error(), "Force") {
 		t.Fatalf("the error does not say what to do: %v", err)
 	}
-	if _, err := e.admin.DeleteGroup(testCtx(t), "joining", admin.DeleteGroupOptions{}); !errors.As(err, &active) || fmt.Sprint(active.Members) != "[new-1]" {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "joining", admin.DeleteGroupOptions{}); !errors.As(err, &active) || fmt.Sprint(active.Members) != "[new-1]" {
 		t.Fatalf("DeleteGroup(joining) = %v, want ErrGroupActive naming new-1", err)
 	}
-	if n := e.count(t, `SELECT count(*) FROM `+s+`.cursors WHERE group_name = 'leased'`); n != 2 {
+	if n := e.Int(`SELECT count(*) FROM ` + s + `.cursors WHERE group_name = 'leased'`); n != 2 {
 		t.Fatalf("a refused delete removed cursors: %d left", n)
 	}
-	got, err := e.admin.DeleteGroup(testCtx(t), "stale", admin.DeleteGroupOptions{})
+	got, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "stale", admin.DeleteGroupOptions{})
 	if err != nil || got.Cursors != 2 || got.Members != 1 {
 		t.Fatalf("DeleteGroup(stale) = %+v, %v; want 2 cursors and 1 member deleted", got, err)
 	}
-	if got, err = e.admin.DeleteGroup(testCtx(t), "leased", admin.DeleteGroupOptions{Force: true}); err != nil || got.Cursors != 2 {
+	if got, err = e.admin.DeleteGroup(outboxtest.Ctx(t), "leased", admin.DeleteGroupOptions{Force: true}); err != nil || got.Cursors != 2 {
 		t.Fatalf("forced DeleteGroup(leased) = %+v, %v", got, err)
 	}
-	if got, err = e.admin.DeleteGroup(testCtx(t), "joining", admin.DeleteGroupOptions{Force: true}); err != nil || got.Members != 1 || got.Cursors != 0 {
+	if got, err = e.admin.DeleteGroup(outboxtest.Ctx(t), "joining", admin.DeleteGroupOptions{Force: true}); err != nil || got.Members != 1 || got.Cursors != 0 {
 		t.Fatalf("forced DeleteGroup(joining) = %+v, %v", got, err)
 	}
 	for _, group := range []string{"stale", "leased", "joining"} {
-		if _, err := e.admin.DeleteGroup(testCtx(t), group, admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
+		if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), group, admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
 			t.Fatalf("DeleteGroup(%s) again = %v, want ErrNotFound", group, err)
 		}
 	}
-	if _, err := e.admin.DeleteGroup(testCtx(t), "", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrInvalidArgument) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrInvalidArgument) {
 		t.Fatalf("DeleteGroup(\"\") = %v, want ErrInvalidArgument", err)
 	}
-	if _, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Topic: "bad topic"}); !errors.Is(err, outbox.ErrInvalidName) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Topic: "bad topic"}); !errors.Is(err, outbox.ErrInvalidName) {
 		t.Fatalf("DeleteGroup with a bad topic = %v, want ErrInvalidName", err)
 	}
 }
@@ -355,47 +356,47 @@ func TestDeleteGroupLiveness(t *testing.T) {
 // only the scope's go.
 func TestDeleteGroupOneTopicAndItsDeadLetters(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "a", 1)
-	e.register(t, "b", 1)
-	s := e.schema
-	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition) VALUES ('g', 'a', 0), ('g', 'b', 0), ('other', 'a', 0)`)
-	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id, heartbeat_at) VALUES
+	e.Register("a", 1)
+	e.Register("b", 1)
+	s := e.Schema
+	e.Exec(`INSERT INTO ` + s + `.cursors (group_name, topic, partition) VALUES ('g', 'a', 0), ('g', 'b', 0), ('other', 'a', 0)`)
+	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id, heartbeat_at) VALUES
 		('g', 'a', 'm-a', now() - interval '1 hour'), ('g', 'b', 'm-b', now() - interval '1 hour')`)
-	e.exec(t, `INSERT INTO `+s+`.dead_letters (group_name, topic, partition, seq, uuid, metadata, payload, reason, first_failure_at, last_failure_at) VALUES
+	e.Exec(`INSERT INTO ` + s + `.dead_letters (group_name, topic, partition, seq, uuid, metadata, payload, reason, first_failure_at, last_failure_at) VALUES
 		('g', 'a', 0, 1, 'u1', '{}', '', 'boom', now(), now()), ('g', 'a', 0, 2, 'u2', '{}', '', 'boom', now(), now()),
 		('g', 'b', 0, 1, 'u3', '{}', '', 'boom', now(), now()), ('other', 'a', 0, 1, 'u4', '{}', '', 'boom', now(), now())`)
 
-	if _, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Topic: "nope"}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Topic: "nope"}); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("DeleteGroup on a topic the group does not consume = %v, want ErrNotFound", err)
 	}
-	got, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Topic: "a"})
+	got, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Topic: "a"})
 	if err != nil || got != (admin.DeletedGroup{Group: "g", Topic: "a", Cursors: 1, Members: 1}) {
 		t.Fatalf("DeleteGroup(g, topic a) = %+v, %v", got, err)
 	}
-	if n := e.count(t, `SELECT count(*) FROM `+s+`.cursors WHERE group_name = 'g' AND topic = 'b'`); n != 1 {
+	if n := e.Int(`SELECT count(*) FROM ` + s + `.cursors WHERE group_name = 'g' AND topic = 'b'`); n != 1 {
 		t.Fatalf("g's cursor on b deleted too (%d left)", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM `+s+`.dead_letters`); n != 4 {
+	if n := e.Int(`SELECT count(*) FROM ` + s + `.dead_letters`); n != 4 {
 		t.Fatalf("%d dead letters left, want all 4 kept by default", n)
 	}
-	got, err = e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{DeadLetters: true})
+	got, err = e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{DeadLetters: true})
 	if err != nil || got.Cursors != 1 || got.Members != 1 || got.DeadLetters != 3 {
 		t.Fatalf("DeleteGroup(g, dead letters) = %+v, %v; want b's cursor and member and g's 3 dead letters", got, err)
 	}
-	if n := e.count(t, `SELECT count(*) FROM `+s+`.dead_letters WHERE group_name = 'other'`); n != 1 {
+	if n := e.Int(`SELECT count(*) FROM ` + s + `.dead_letters WHERE group_name = 'other'`); n != 1 {
 		t.Fatalf("another group's dead letter deleted")
 	}
-	if n := e.count(t, `SELECT count(*) FROM `+s+`.cursors WHERE group_name = 'other'`); n != 1 {
+	if n := e.Int(`SELECT count(*) FROM ` + s + `.cursors WHERE group_name = 'other'`); n != 1 {
 		t.Fatalf("another group's cursor deleted")
 	}
 	// The dead letters of a group deleted earlier can go on their own.
-	if _, err := e.admin.DeleteGroup(testCtx(t), "other", admin.DeleteGroupOptions{}); err != nil {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "other", admin.DeleteGroupOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.admin.DeleteGroup(testCtx(t), "other", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "other", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("DeleteGroup(other) again = %v, want ErrNotFound", err)
 	}
-	if got, err = e.admin.DeleteGroup(testCtx(t), "other", admin.DeleteGroupOptions{DeadLetters: true}); err != nil || got.DeadLetters != 1 {
+	if got, err = e.admin.DeleteGroup(outboxtest.Ctx(t), "other", admin.DeleteGroupOptions{DeadLetters: true}); err != nil || got.DeadLetters != 1 {
 		t.Fatalf("DeleteGroup(other, dead letters) = %+v, %v; want its dead letter", got, err)
 	}
 }
@@ -405,26 +406,26 @@ func TestDeleteGroupOneTopicAndItsDeadLetters(t *testing.T) {
 // then everything; a refusal does not wait for the lock.
 func TestDeleteGroupIsAllOrNothing(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
-	s := e.schema
-	e.exec(t, `INSERT INTO `+s+`.cursors (group_name, topic, partition, lease_owner, lease_expires_at) VALUES
+	e.Register("orders", 2)
+	s := e.Schema
+	e.Exec(`INSERT INTO ` + s + `.cursors (group_name, topic, partition, lease_owner, lease_expires_at) VALUES
 		('g', 'orders', 0, NULL, NULL), ('g', 'orders', 1, 'w-1', now() + interval '1 minute')`)
-	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id) VALUES ('g', 'orders', 'w-1')`)
+	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id) VALUES ('g', 'orders', 'w-1')`)
 
 	// A worker's transaction holds partition 1's row, as a Transactional
 	// batch does.
-	tx, err := e.pool.Begin(testCtx(t))
+	tx, err := e.Pool.Begin(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(testCtx(t), `SELECT 1 FROM `+s+`.cursors WHERE group_name = 'g' AND partition = 1 FOR UPDATE`); err != nil {
+	if _, err := tx.Exec(outboxtest.Ctx(t), `SELECT 1 FROM `+s+`.cursors WHERE group_name = 'g' AND partition = 1 FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
 
 	refused := make(chan error, 1)
 	go func() {
-		_, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{})
+		_, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{})
 		refused <- err
 	}()
 	select {
@@ -438,7 +439,7 @@ func TestDeleteGroupIsAllOrNothing(t *testing.T) {
 
 	forced := make(chan error, 1)
 	go func() {
-		_, err := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Force: true})
+		_, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Force: true})
 		forced <- err
 	}()
 	time.Sleep(300 * time.Millisecond)
@@ -447,16 +448,16 @@ func TestDeleteGroupIsAllOrNothing(t *testing.T) {
 		t.Fatalf("a forced DeleteGroup did not wait for the row lock: %v", err)
 	default:
 	}
-	if c, m := e.count(t, `SELECT count(*) FROM `+s+`.cursors`), e.count(t, `SELECT count(*) FROM `+s+`.members`); c != 2 || m != 1 {
+	if c, m := e.Int(`SELECT count(*) FROM `+s+`.cursors`), e.Int(`SELECT count(*) FROM `+s+`.members`); c != 2 || m != 1 {
 		t.Fatalf("half deleted while waiting: %d cursors, %d members", c, m)
 	}
-	if err := tx.Rollback(testCtx(t)); err != nil {
+	if err := tx.Rollback(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-forced; err != nil {
 		t.Fatal(err)
 	}
-	if c, m := e.count(t, `SELECT count(*) FROM `+s+`.cursors`), e.count(t, `SELECT count(*) FROM `+s+`.members`); c != 0 || m != 0 {
+	if c, m := e.Int(`SELECT count(*) FROM `+s+`.cursors`), e.Int(`SELECT count(*) FROM `+s+`.members`); c != 0 || m != 0 {
 		t.Fatalf("after the forced delete: %d cursors, %d members", c, m)
 	}
 }
@@ -465,19 +466,19 @@ func TestDeleteGroupIsAllOrNothing(t *testing.T) {
 // ErrNotMigrated, not "relation does not exist".
 func TestAdminOnADroppedSchema(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition) VALUES ('g', 'orders', 0)`)
-	if _, err := e.admin.Status(testCtx(t), admin.Filter{}); err != nil { // caches the check
+	e.Register("orders", 1)
+	e.Exec(`INSERT INTO ` + e.Schema + `.cursors (group_name, topic, partition) VALUES ('g', 'orders', 0)`)
+	if _, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{}); err != nil { // caches the check
 		t.Fatal(err)
 	}
-	e.exec(t, "DROP SCHEMA "+e.schema+" CASCADE")
+	e.Exec("DROP SCHEMA " + e.Schema + " CASCADE")
 	scope := admin.Scope{Group: "g", Topic: "orders"}
-	_, status := e.admin.Status(testCtx(t), admin.Filter{})
-	_, pause := e.admin.Pause(testCtx(t), scope)
-	_, resume := e.admin.Resume(testCtx(t), scope)
-	_, reset := e.admin.ResetCursor(testCtx(t), scope, admin.ToSeq(0))
-	_, del := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{})
-	_, forced := e.admin.DeleteGroup(testCtx(t), "g", admin.DeleteGroupOptions{Force: true})
+	_, status := e.admin.Status(outboxtest.Ctx(t), admin.Filter{})
+	_, pause := e.admin.Pause(outboxtest.Ctx(t), scope)
+	_, resume := e.admin.Resume(outboxtest.Ctx(t), scope)
+	_, reset := e.admin.ResetCursor(outboxtest.Ctx(t), scope, admin.ToSeq(0))
+	_, del := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{})
+	_, forced := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Force: true})
 	for name, err := range map[string]error{"Status": status, "Pause": pause, "Resume": resume, "ResetCursor": reset,
 		"DeleteGroup": del, "DeleteGroup(Force)": forced} {
 		if !errors.Is(err, outbox.ErrNotMigrated) {

@@ -7,6 +7,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // An entry is replayed whatever its size: the Publisher's size limits
@@ -14,8 +15,8 @@ import (
 // from another broker can carry more metadata than that.
 func TestReplayIgnoresThePublishersSizeLimits(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
-	ctx := testCtx(t)
+	e.Register("orders", 1)
+	ctx := outboxtest.Ctx(t)
 	big := strings.Repeat("h", outbox.DefaultMaxMetadataBytes+1)
 	if _, err := e.store.Add(ctx, outbox.RejectedMessage{Group: "g", Topic: "orders", UUID: "u", Metadata: map[string]string{"big": big}, Payload: []byte("x"), Reason: errors.New("x")}); err != nil {
 		t.Fatal(err)
@@ -27,7 +28,7 @@ func TestReplayIgnoresThePublishersSizeLimits(t *testing.T) {
 	if _, err := e.store.Replay(ctx, page.Entries[0].ID, deadletter.ReplayOptions{}); err != nil {
 		t.Fatalf("Replay of an entry with %d bytes of metadata: %v", len(big), err)
 	}
-	if n := e.queryInt(t, "SELECT count(*) FROM "+e.schema+".pending WHERE length(metadata->>'big') = $1", len(big)); n != 1 {
+	if n := e.Int("SELECT count(*) FROM "+e.Schema+".pending WHERE length(metadata->>'big') = $1", len(big)); n != 1 {
 		t.Fatalf("%d replayed messages with the metadata, want 1", n)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // A Router with the PoisonQueue middleware over an outbox Subscriber: the
@@ -40,7 +41,7 @@ func testRouterPoisonQueue(t *testing.T, strategy outbox.Strategy, poisonQueueOn
 	{
 		{
 			e := newEnv(t)
-			e.register(t, "events", 4)
+			e.Register("events", 4)
 			const keys, perKey = 16, 25
 			poisonUUIDs := map[string]bool{}
 			var msgs []*message.Message
@@ -53,10 +54,10 @@ func testRouterPoisonQueue(t *testing.T, strategy outbox.Strategy, poisonQueueOn
 						payload = "poison"
 						poisonUUIDs[uuid] = true
 					}
-					msgs = append(msgs, keyed(uuid, "key-"+strconv.Itoa(k), n, payload))
+					msgs = append(msgs, outboxtest.Keyed(uuid, "key-"+strconv.Itoa(k), n, payload))
 				}
 			}
-			e.publish(t, "events", msgs...)
+			e.Publish("events", msgs...)
 
 			sub := e.subscriber(t, "billing", func(c *outbox.SubscriberConfig) {
 				c.Strategy = strategy
@@ -99,7 +100,7 @@ func testRouterPoisonQueue(t *testing.T, strategy outbox.Strategy, poisonQueueOn
 			go func() { runDone <- router.Run(context.Background()) }()
 
 			good := keys*perKey - len(poisonUUIDs)
-			waitFor(t, "every good message handled and every poison one stored", time.Minute, func() bool {
+			outboxtest.WaitFor(t, "every good message handled and every poison one stored", time.Minute, func() bool {
 				mu.Lock()
 				handled := len(seen)
 				mu.Unlock()
@@ -130,7 +131,7 @@ func testRouterPoisonQueue(t *testing.T, strategy outbox.Strategy, poisonQueueOn
 				t.Fatalf("%d poison deliveries for %d poison messages", poisonDeliveries, len(poisonUUIDs))
 			}
 
-			page, err := e.store.List(testCtx(t), deadletter.ListOptions{})
+			page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -158,14 +159,14 @@ func testRouterPoisonQueue(t *testing.T, strategy outbox.Strategy, poisonQueueOn
 				}
 				// The log row at that position is the poison message.
 				var uuid string
-				if err := e.pool.QueryRow(testCtx(t), "SELECT uuid FROM "+e.schema+".log WHERE topic = $1 AND partition = $2 AND seq = $3",
+				if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT uuid FROM "+e.Schema+".log WHERE topic = $1 AND partition = $2 AND seq = $3",
 					en.Topic, en.Partition, en.Seq).Scan(&uuid); err != nil || uuid != en.UUID {
 					t.Fatalf("log at %d/%d: %q, %v; want %s", en.Partition, en.Seq, uuid, err, en.UUID)
 				}
 			}
 			// Every cursor is at its partition's end.
-			if lag := e.queryInt(t, `SELECT coalesce(sum(p.last_seq - c.seq), -1) FROM `+e.schema+`.cursors c
-				JOIN `+e.schema+`.partitions p USING (topic, partition) WHERE c.group_name = 'billing'`); lag != 0 {
+			if lag := e.Int(`SELECT coalesce(sum(p.last_seq - c.seq), -1) FROM ` + e.Schema + `.cursors c
+				JOIN ` + e.Schema + `.partitions p USING (topic, partition) WHERE c.group_name = 'billing'`); lag != 0 {
 				t.Fatalf("lag %d after everything was handled", lag)
 			}
 		}
@@ -210,14 +211,14 @@ func TestPoisonPublisherStoresForeignMessagesDirectly(t *testing.T) {
 		}
 	}
 	handled.Wait()
-	waitFor(t, "the entry", 30*time.Second, func() bool { return e.count(t, deadletter.Filter{}) == 1 })
+	outboxtest.WaitFor(t, "the entry", 30*time.Second, func() bool { return e.count(t, deadletter.Filter{}) == 1 })
 	if err := router.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-runDone; err != nil {
 		t.Fatal(err)
 	}
-	page, err := e.store.List(testCtx(t), deadletter.ListOptions{})
+	page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,12 +240,12 @@ func TestFailedRejectTransactionNeitherLosesNorDuplicates(t *testing.T) {
 	for _, strategy := range strategies() {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
-			e.register(t, "r", 1)
+			e.Register("r", 1)
 			var msgs []*message.Message
 			for n := 1; n <= 10; n++ {
-				msgs = append(msgs, keyed("m"+strconv.Itoa(n), "k", n, "ok"))
+				msgs = append(msgs, outboxtest.Keyed("m"+strconv.Itoa(n), "k", n, "ok"))
 			}
-			e.publish(t, "r", msgs...)
+			e.Publish("r", msgs...)
 
 			var mu sync.Mutex
 			calls := 0
@@ -287,8 +288,8 @@ func TestFailedRejectTransactionNeitherLosesNorDuplicates(t *testing.T) {
 				acked[m.UUID] = true
 				m.Ack()
 			}
-			waitFor(t, "the cursor at the end", 30*time.Second, func() bool {
-				return e.queryInt(t, "SELECT seq FROM "+e.schema+".cursors WHERE group_name = 'g'") == 10
+			outboxtest.WaitFor(t, "the cursor at the end", 30*time.Second, func() bool {
+				return e.Int("SELECT seq FROM "+e.Schema+".cursors WHERE group_name = 'g'") == 10
 			})
 			if err := sub.Close(); err != nil {
 				t.Fatal(err)
@@ -296,7 +297,7 @@ func TestFailedRejectTransactionNeitherLosesNorDuplicates(t *testing.T) {
 			if poisonDeliveries != 2 || calls != 2 {
 				t.Fatalf("poison delivered %d times, reject handler called %d times; want 2 and 2", poisonDeliveries, calls)
 			}
-			page, err := e.store.List(testCtx(t), deadletter.ListOptions{})
+			page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -320,18 +321,18 @@ func TestDuplicateRejectKeepsOneEntry(t *testing.T) {
 	}
 	for i, reason := range []string{"first", "second", "third"} {
 		m.Reason = errors.New(reason)
-		err := pgx.BeginFunc(testCtx(t), e.pool, func(tx pgx.Tx) error {
-			if err := e.store.HandleReject(testCtx(t), tx, m); err != nil {
+		err := pgx.BeginFunc(outboxtest.Ctx(t), e.Pool, func(tx pgx.Tx) error {
+			if err := e.store.HandleReject(outboxtest.Ctx(t), tx, m); err != nil {
 				return err
 			}
 			// Twice in one transaction, too.
-			return e.store.HandleReject(testCtx(t), tx, m)
+			return e.store.HandleReject(outboxtest.Ctx(t), tx, m)
 		})
 		if err != nil {
 			t.Fatalf("write %d: %v", i, err)
 		}
 	}
-	page, err := e.store.List(testCtx(t), deadletter.ListOptions{})
+	page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,10 +341,10 @@ func TestDuplicateRejectKeepsOneEntry(t *testing.T) {
 	}
 	// Another group rejecting the same message is another entry.
 	m.Group = "other"
-	if added, err := e.store.Add(testCtx(t), m); err != nil || !added {
+	if added, err := e.store.Add(outboxtest.Ctx(t), m); err != nil || !added {
 		t.Fatalf("Add for another group: %v, %v", added, err)
 	}
-	if added, err := e.store.Add(testCtx(t), m); err != nil || added {
+	if added, err := e.store.Add(outboxtest.Ctx(t), m); err != nil || added {
 		t.Fatalf("Add again: %v, %v", added, err)
 	}
 	if n := e.count(t, deadletter.Filter{}); n != 2 {
@@ -364,10 +365,10 @@ func TestRejectWithUnstorableTextIsStored(t *testing.T) {
 		Metadata: map[string]string{"bad\x00key": "v\xff\x00"},
 		Reason:   errors.New("nul\x00 and invalid \xff " + string(long)),
 	}
-	if _, err := e.store.Add(testCtx(t), m); err != nil {
+	if _, err := e.store.Add(outboxtest.Ctx(t), m); err != nil {
 		t.Fatal(err)
 	}
-	page, err := e.store.List(testCtx(t), deadletter.ListOptions{})
+	page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{})
 	if err != nil || len(page.Entries) != 1 {
 		t.Fatalf("%+v, %v", page, err)
 	}
@@ -381,12 +382,12 @@ func TestRejectWithUnstorableTextIsStored(t *testing.T) {
 // through the store, with its attempts and the last failures' times.
 func TestMaxAttemptsDeadLetters(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "m", 1)
+	e.Register("m", 1)
 	var msgs []*message.Message
 	for n := 1; n <= 5; n++ {
-		msgs = append(msgs, keyed("m"+strconv.Itoa(n), "k", n, "ok"))
+		msgs = append(msgs, outboxtest.Keyed("m"+strconv.Itoa(n), "k", n, "ok"))
 	}
-	e.publish(t, "m", msgs...)
+	e.Publish("m", msgs...)
 	sub := e.subscriber(t, "g", func(c *outbox.SubscriberConfig) { c.MaxAttempts = 3 })
 	ch, err := sub.Subscribe(context.Background(), "m")
 	if err != nil {
@@ -407,11 +408,11 @@ func TestMaxAttemptsDeadLetters(t *testing.T) {
 		acked++
 		m.Ack()
 	}
-	waitFor(t, "the dead letter", 30*time.Second, func() bool { return e.count(t, deadletter.Filter{}) == 1 })
+	outboxtest.WaitFor(t, "the dead letter", 30*time.Second, func() bool { return e.count(t, deadletter.Filter{}) == 1 })
 	if err := sub.Close(); err != nil {
 		t.Fatal(err)
 	}
-	page, err := e.store.List(testCtx(t), deadletter.ListOptions{})
+	page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -19,7 +20,7 @@ func TestHandleRejectRefusesAnUnmigratedSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := testCtx(t)
+	ctx := outboxtest.Ctx(t)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -39,15 +40,15 @@ func TestHandleRejectRefusesAnUnmigratedSchema(t *testing.T) {
 // nothing is written to it.
 func TestStoreRefusesASchemaMigratedByANewerRelease(t *testing.T) {
 	e := newEnv(t)
-	if _, err := e.pool.Exec(testCtx(t), "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+e.Schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
 		t.Fatal(err)
 	}
 	pool := pgtest.Pool(t) // a pool whose schema check is not cached yet
-	store, err := deadletter.NewStore(deadletter.Config{Schema: e.schema, Pool: pool}, nil)
+	store, err := deadletter.NewStore(deadletter.Config{Schema: e.Schema, Pool: pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := testCtx(t)
+	ctx := outboxtest.Ctx(t)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestStoreRefusesASchemaMigratedByANewerRelease(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.queryInt(t, "SELECT count(*) FROM "+e.schema+".dead_letters"); n != 0 {
+	if n := e.Int("SELECT count(*) FROM " + e.Schema + ".dead_letters"); n != 0 {
 		t.Fatalf("%d entries written into a newer schema", n)
 	}
 }
@@ -80,11 +81,11 @@ func TestStoreRefusesASchemaMigratedByANewerRelease(t *testing.T) {
 // own "does not exist" errors come back as ErrNotMigrated.
 func TestStoreOnASchemaDroppedAfterTheCheck(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := outboxtest.Ctx(t)
 	if _, err := e.store.Count(ctx, deadletter.Filter{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx, "DROP SCHEMA "+e.schema+" CASCADE"); err != nil {
+	if _, err := e.Pool.Exec(ctx, "DROP SCHEMA "+e.Schema+" CASCADE"); err != nil {
 		t.Fatal(err)
 	}
 	_, list := e.store.List(ctx, deadletter.ListOptions{})

@@ -14,6 +14,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
@@ -26,9 +27,9 @@ func TestConfigValidate(t *testing.T) {
 		want error
 	}{
 		{"no pool", deadletter.Config{}, outbox.ErrInvalidConfig},
-		{"bad schema", deadletter.Config{Pool: e.pool, Schema: "Bad-Schema"}, outbox.ErrInvalidName},
-		{"tiny reason", deadletter.Config{Pool: e.pool, MaxReasonBytes: 3}, outbox.ErrInvalidConfig},
-		{"ok", deadletter.Config{Pool: e.pool}, nil},
+		{"bad schema", deadletter.Config{Pool: e.Pool, Schema: "Bad-Schema"}, outbox.ErrInvalidName},
+		{"tiny reason", deadletter.Config{Pool: e.Pool, MaxReasonBytes: 3}, outbox.ErrInvalidConfig},
+		{"ok", deadletter.Config{Pool: e.Pool}, nil},
 	} {
 		err := tc.cfg.Validate()
 		if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
@@ -45,18 +46,18 @@ func TestConfigValidate(t *testing.T) {
 // and the publish are one transaction.
 func TestReplayRoundTrip(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
+	e.Register("orders", 4)
 	var msgs []*message.Message
 	for n := 1; n <= 20; n++ {
 		payload := "ok"
 		if n == 7 {
 			payload = "bad"
 		}
-		m := keyed("o"+strconv.Itoa(n), "k-"+strconv.Itoa(n%5), n, payload)
+		m := outboxtest.Keyed("o"+strconv.Itoa(n), "k-"+strconv.Itoa(n%5), n, payload)
 		m.Metadata.Set("tenant", "acme")
 		msgs = append(msgs, m)
 	}
-	e.publish(t, "orders", msgs...)
+	e.Publish("orders", msgs...)
 
 	sub := e.subscriber(t, "g", nil)
 	ch, err := sub.Subscribe(context.Background(), "orders")
@@ -78,8 +79,8 @@ func TestReplayRoundTrip(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	waitFor(t, "the dead letter", 30*time.Second, func() bool { return e.count(t, deadletter.Filter{}) == 1 })
-	page, err := e.store.List(testCtx(t), deadletter.ListOptions{Filter: deadletter.Filter{Statuses: []deadletter.Status{deadletter.StatusPending}}})
+	outboxtest.WaitFor(t, "the dead letter", 30*time.Second, func() bool { return e.count(t, deadletter.Filter{}) == 1 })
+	page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{Filter: deadletter.Filter{Statuses: []deadletter.Status{deadletter.StatusPending}}})
 	if err != nil || len(page.Entries) != 1 {
 		t.Fatalf("%+v, %v", page, err)
 	}
@@ -88,7 +89,7 @@ func TestReplayRoundTrip(t *testing.T) {
 		t.Fatalf("entry %+v", entry)
 	}
 
-	replayed, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{})
+	replayed, err := e.store.Replay(outboxtest.Ctx(t), entry.ID, deadletter.ReplayOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestReplayRoundTrip(t *testing.T) {
 		t.Fatalf("after replay: %+v", replayed)
 	}
 	var again *message.Message
-	waitFor(t, "the replayed message", 30*time.Second, func() bool {
+	outboxtest.WaitFor(t, "the replayed message", 30*time.Second, func() bool {
 		for {
 			select {
 			case m := <-got:
@@ -129,21 +130,21 @@ func TestReplayRoundTrip(t *testing.T) {
 	}
 
 	// A replayed entry cannot be replayed or discarded again.
-	if _, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrInvalidState) {
+	if _, err := e.store.Replay(outboxtest.Ctx(t), entry.ID, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrInvalidState) {
 		t.Fatalf("second replay: %v", err)
 	}
 	var se *deadletter.StateError
-	if _, err := e.store.Discard(testCtx(t), entry.ID); !errors.As(err, &se) || se.Status != deadletter.StatusReplayed || se.Op != "discard" {
+	if _, err := e.store.Discard(outboxtest.Ctx(t), entry.ID); !errors.As(err, &se) || se.Status != deadletter.StatusReplayed || se.Op != "discard" {
 		t.Fatalf("discard of a replayed entry: %v", err)
 	}
 }
 
 func addEntry(t *testing.T, e env, m outbox.RejectedMessage) deadletter.Entry {
 	t.Helper()
-	if added, err := e.store.Add(testCtx(t), m); err != nil || !added {
+	if added, err := e.store.Add(outboxtest.Ctx(t), m); err != nil || !added {
 		t.Fatalf("add: %v, %v", added, err)
 	}
-	page, err := e.store.List(testCtx(t), deadletter.ListOptions{Limit: 1, Descending: true})
+	page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{Limit: 1, Descending: true})
 	if err != nil || len(page.Entries) != 1 {
 		t.Fatalf("%+v, %v", page, err)
 	}
@@ -158,19 +159,19 @@ func TestReplayToNamedTopic(t *testing.T) {
 		Group: "g", Topic: "orders", Partition: 1, Seq: 5, UUID: "u5", PartitionKey: "customer-1",
 		Metadata: map[string]string{"x": "y", outbox.MetadataSeq: "5"}, Payload: []byte("body"), Reason: errors.New("r"),
 	})
-	_, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{Topic: "orders-retry"})
+	_, err := e.store.Replay(outboxtest.Ctx(t), entry.ID, deadletter.ReplayOptions{Topic: "orders-retry"})
 	if !errors.Is(err, outbox.ErrUnknownTopic) {
 		t.Fatalf("replay to an unregistered topic: %v", err)
 	}
-	if got, err := e.store.Get(testCtx(t), entry.ID); err != nil || got.Status != deadletter.StatusPending {
+	if got, err := e.store.Get(outboxtest.Ctx(t), entry.ID); err != nil || got.Status != deadletter.StatusPending {
 		t.Fatalf("after a failed replay: %+v, %v", got, err)
 	}
-	if n := e.queryInt(t, "SELECT count(*) FROM "+e.schema+".pending"); n != 0 {
+	if n := e.Int("SELECT count(*) FROM " + e.Schema + ".pending"); n != 0 {
 		t.Fatalf("%d messages published by a failed replay", n)
 	}
 
-	e.register(t, "orders-retry", 8)
-	replayed, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{Topic: "orders-retry"})
+	e.Register("orders-retry", 8)
+	replayed, err := e.store.Replay(outboxtest.Ctx(t), entry.ID, deadletter.ReplayOptions{Topic: "orders-retry"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +181,7 @@ func TestReplayToNamedTopic(t *testing.T) {
 		md               map[string]string
 		payload          []byte
 	)
-	if err := e.pool.QueryRow(testCtx(t), "SELECT topic, partition, partition_key, uuid, metadata, payload FROM "+e.schema+".pending").
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT topic, partition, partition_key, uuid, metadata, payload FROM "+e.Schema+".pending").
 		Scan(&topic, &partition, &key, &uuid, &md, &payload); err != nil {
 		t.Fatal(err)
 	}
@@ -201,13 +202,13 @@ func TestReplayToNamedTopic(t *testing.T) {
 
 func TestOperationsOnMissingEntries(t *testing.T) {
 	e := newEnv(t)
-	if _, err := e.store.Get(testCtx(t), 42); !errors.Is(err, deadletter.ErrNotFound) {
+	if _, err := e.store.Get(outboxtest.Ctx(t), 42); !errors.Is(err, deadletter.ErrNotFound) {
 		t.Fatalf("Get: %v", err)
 	}
-	if _, err := e.store.Replay(testCtx(t), 42, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrNotFound) {
+	if _, err := e.store.Replay(outboxtest.Ctx(t), 42, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrNotFound) {
 		t.Fatalf("Replay: %v", err)
 	}
-	if _, err := e.store.Discard(testCtx(t), 42); !errors.Is(err, deadletter.ErrNotFound) {
+	if _, err := e.store.Discard(outboxtest.Ctx(t), 42); !errors.Is(err, deadletter.ErrNotFound) {
 		t.Fatalf("Discard: %v", err)
 	}
 }
@@ -215,14 +216,14 @@ func TestOperationsOnMissingEntries(t *testing.T) {
 func TestDiscard(t *testing.T) {
 	e := newEnv(t)
 	entry := addEntry(t, e, outbox.RejectedMessage{Group: "g", Topic: "t", Partition: 0, Seq: 1, UUID: "u"})
-	d, err := e.store.Discard(testCtx(t), entry.ID)
+	d, err := e.store.Discard(outboxtest.Ctx(t), entry.ID)
 	if err != nil || d.Status != deadletter.StatusDiscarded {
 		t.Fatalf("%+v, %v", d, err)
 	}
-	if _, err := e.store.Discard(testCtx(t), entry.ID); !errors.Is(err, deadletter.ErrInvalidState) {
+	if _, err := e.store.Discard(outboxtest.Ctx(t), entry.ID); !errors.Is(err, deadletter.ErrInvalidState) {
 		t.Fatalf("second discard: %v", err)
 	}
-	if _, err := e.store.Replay(testCtx(t), entry.ID, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrInvalidState) {
+	if _, err := e.store.Replay(outboxtest.Ctx(t), entry.ID, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrInvalidState) {
 		t.Fatalf("replay of a discarded entry: %v", err)
 	}
 }
@@ -233,13 +234,13 @@ func TestDiscard(t *testing.T) {
 func TestListPagingAndFilters(t *testing.T) {
 	e := newEnv(t)
 	const total = 250
-	err := pgx.BeginFunc(testCtx(t), e.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(outboxtest.Ctx(t), e.Pool, func(tx pgx.Tx) error {
 		for i := 0; i < total; i++ {
 			m := outbox.RejectedMessage{
 				Group: []string{"a", "b"}[i%2], Topic: []string{"t1", "t2", "t3"}[i%3],
 				Partition: i % 4, Seq: int64(i + 1), UUID: "u" + strconv.Itoa(i), Reason: errors.New("r"),
 			}
-			if err := e.store.HandleReject(testCtx(t), tx, m); err != nil {
+			if err := e.store.HandleReject(outboxtest.Ctx(t), tx, m); err != nil {
 				return err
 			}
 		}
@@ -249,10 +250,10 @@ func TestListPagingAndFilters(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A tenth discarded, and a fifth written two days ago.
-	if _, err := e.pool.Exec(testCtx(t), "UPDATE "+e.schema+".dead_letters SET status = 'discarded' WHERE seq % 10 = 0"); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "UPDATE "+e.Schema+".dead_letters SET status = 'discarded' WHERE seq % 10 = 0"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(testCtx(t), "UPDATE "+e.schema+".dead_letters SET created_at = now() - interval '2 days' WHERE seq % 5 = 1"); err != nil {
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "UPDATE "+e.Schema+".dead_letters SET created_at = now() - interval '2 days' WHERE seq % 5 = 1"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -261,7 +262,7 @@ func TestListPagingAndFilters(t *testing.T) {
 			var ids []int64
 			cursor, pages := "", 0
 			for {
-				page, err := e.store.List(testCtx(t), deadletter.ListOptions{Limit: 100, Cursor: cursor, Descending: desc})
+				page, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{Limit: 100, Cursor: cursor, Descending: desc})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -314,7 +315,7 @@ func TestListPagingAndFilters(t *testing.T) {
 		var listed int64
 		opts := deadletter.ListOptions{Filter: tc.f, Limit: 7}
 		for {
-			page, err := e.store.List(testCtx(t), opts)
+			page, err := e.store.List(outboxtest.Ctx(t), opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -335,7 +336,7 @@ func TestListPagingAndFilters(t *testing.T) {
 	}
 
 	// Bad arguments.
-	first, err := e.store.List(testCtx(t), deadletter.ListOptions{Limit: 1})
+	first, err := e.store.List(outboxtest.Ctx(t), deadletter.ListOptions{Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +347,7 @@ func TestListPagingAndFilters(t *testing.T) {
 		{Limit: -1},
 		{Filter: deadletter.Filter{Statuses: []deadletter.Status{"lost"}}},
 	} {
-		if _, err := e.store.List(testCtx(t), opts); !errors.Is(err, deadletter.ErrInvalidArgument) {
+		if _, err := e.store.List(outboxtest.Ctx(t), opts); !errors.Is(err, deadletter.ErrInvalidArgument) {
 			t.Errorf("List(%+v): %v, want ErrInvalidArgument", opts, err)
 		}
 	}
@@ -364,34 +365,34 @@ func TestPurge(t *testing.T) {
 		"UPDATE {s}.dead_letters SET status = 'discarded' WHERE seq % 4 = 1",
 		"UPDATE {s}.dead_letters SET status = 'replayed' WHERE seq % 4 = 2",
 	} {
-		if _, err := e.pool.Exec(testCtx(t), strings.ReplaceAll(stmt, "{s}", e.schema)); err != nil {
+		if _, err := e.Pool.Exec(outboxtest.Ctx(t), strings.ReplaceAll(stmt, "{s}", e.Schema)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	week := 7 * 24 * time.Hour
 	resolved := []deadletter.Status{deadletter.StatusReplayed, deadletter.StatusDiscarded}
-	n, err := e.store.Purge(testCtx(t), deadletter.PurgeOptions{OlderThan: week, Statuses: resolved, ChunkSize: 3})
+	n, err := e.store.Purge(outboxtest.Ctx(t), deadletter.PurgeOptions{OlderThan: week, Statuses: resolved, ChunkSize: 3})
 	if err != nil || n != 10 {
 		t.Fatalf("purge of old resolved entries: %d, %v; want 10", n, err)
 	}
 	if c := e.count(t, deadletter.Filter{}); c != 30 {
 		t.Fatalf("%d left, want 30", c)
 	}
-	n, err = e.store.Purge(testCtx(t), deadletter.PurgeOptions{OlderThan: week})
+	n, err = e.store.Purge(outboxtest.Ctx(t), deadletter.PurgeOptions{OlderThan: week})
 	if err != nil || n != 10 {
 		t.Fatalf("purge of old entries: %d, %v; want the 10 old pending ones", n, err)
 	}
 	if c := e.count(t, deadletter.Filter{To: time.Now().Add(-week)}); c != 0 {
 		t.Fatalf("%d old entries left", c)
 	}
-	n, err = e.store.Purge(testCtx(t), deadletter.PurgeOptions{Statuses: []deadletter.Status{deadletter.StatusPending}})
+	n, err = e.store.Purge(outboxtest.Ctx(t), deadletter.PurgeOptions{Statuses: []deadletter.Status{deadletter.StatusPending}})
 	if err != nil || n != 10 {
 		t.Fatalf("purge of pending entries of any age: %d, %v; want 10", n, err)
 	}
 	if c := e.count(t, deadletter.Filter{}); c != 10 {
 		t.Fatalf("%d left, want the 10 recent resolved ones", c)
 	}
-	if _, err := e.store.Purge(testCtx(t), deadletter.PurgeOptions{OlderThan: -time.Second}); !errors.Is(err, deadletter.ErrInvalidArgument) {
+	if _, err := e.store.Purge(outboxtest.Ctx(t), deadletter.PurgeOptions{OlderThan: -time.Second}); !errors.Is(err, deadletter.ErrInvalidArgument) {
 		t.Fatalf("negative age: %v", err)
 	}
 }
@@ -403,7 +404,7 @@ func TestStoreRefusesAnUnmigratedSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := testCtx(t)
+	ctx := outboxtest.Ctx(t)
 	_, list := store.List(ctx, deadletter.ListOptions{})
 	_, count := store.Count(ctx, deadletter.Filter{})
 	_, get := store.Get(ctx, 1)

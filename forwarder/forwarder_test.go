@@ -12,12 +12,13 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 func TestConfigValidation(t *testing.T) {
 	e := newEnv(t)
 	target := forwarder.TargetFunc(func(context.Context, string, []*message.Message) (int, error) { return 0, nil })
-	valid := forwarder.Config{Subscriber: outbox.SubscriberConfig{Pool: e.pool}, Topics: []string{"orders"}, Target: target}
+	valid := forwarder.Config{Subscriber: outbox.SubscriberConfig{Pool: e.Pool}, Topics: []string{"orders"}, Target: target}
 	if err := valid.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
@@ -75,7 +76,7 @@ func (p *flakyPublisher) Close() error { return nil }
 // transient failures after part of a batch and a message refused for good.
 func TestPublisherTarget(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
+	e.Register("orders", 4)
 	gc := gochannel.NewGoChannel(gochannel.Config{Persistent: true, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{}) // in order
 	defer gc.Close()
 	msgs, err := gc.Subscribe(context.Background(), "orders.out")
@@ -104,7 +105,7 @@ func TestPublisherTarget(t *testing.T) {
 	fwd := startForwarder(t, e, nil, serialized(target), []string{"orders"}, func(c *forwarder.Config) {
 		c.TargetTopic = func(topic string) string { return topic + ".out" }
 	})
-	waitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
+	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
 		return r.distinct() == pub.count()-1 && len(e.deadLettered(t)) == 1
 	})
 	dead := e.deadLettered(t)

@@ -16,51 +16,29 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// env is one test's outbox: a pool, a migrated schema and a dead-letter
+// env is one test's outbox (see internal/outboxtest) with a dead-letter
 // table its RejectHandler writes to.
-type env struct {
-	pool   *pgxpool.Pool
-	schema string
-}
+type env struct{ *outboxtest.Bundle }
 
 func newEnv(t *testing.T) env {
 	t.Helper()
-	e := env{pool: pgtest.Pool(t), schema: pgtest.Schema(t)}
-	if err := outbox.Migrate(testCtx(t), e.pool, e.schema); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(testCtx(t), `CREATE TABLE `+e.schema+`.test_dead_letters (
-		id text PRIMARY KEY, uuid text NOT NULL, reason text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	e := env{outboxtest.Setup(t)}
+	e.Exec(`CREATE TABLE ` + e.Schema + `.test_dead_letters (id text PRIMARY KEY, uuid text NOT NULL, reason text NOT NULL)`)
 	return e
-}
-
-func testCtx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
-
-func (e env) register(t *testing.T, topic string, partitions int) {
-	t.Helper()
-	if err := outbox.RegisterTopic(testCtx(t), e.pool, e.schema, topic, partitions); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // deadLetters is the RejectHandler of the tests: one row per rejected
 // message, written in the transaction that moves the cursor past it.
 func (e env) deadLetters() outbox.RejectHandler {
 	return outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+e.schema+`.test_dead_letters (id, uuid, reason) VALUES ($1, $2, $3)`,
+		_, err := tx.Exec(ctx, `INSERT INTO `+e.Schema+`.test_dead_letters (id, uuid, reason) VALUES ($1, $2, $3)`,
 			outbox.StableID(m.Topic, m.Partition, m.Seq), m.UUID, fmt.Sprint(m.Reason))
 		return err
 	})
@@ -69,7 +47,7 @@ func (e env) deadLetters() outbox.RejectHandler {
 // deadLettered returns uuid -> reason of the rejected messages.
 func (e env) deadLettered(t *testing.T) map[string]string {
 	t.Helper()
-	rows, err := e.pool.Query(testCtx(t), `SELECT uuid, reason FROM `+e.schema+`.test_dead_letters`)
+	rows, err := e.Pool.Query(outboxtest.Ctx(t), `SELECT uuid, reason FROM `+e.Schema+`.test_dead_letters`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,17 +63,6 @@ func (e env) deadLettered(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	return out
-}
-
-func fastTuning() adaptive.Tuning {
-	tu := adaptive.Default()
-	tu.BatchSize = 32
-	tu.BackoffBase = 20 * time.Millisecond
-	tu.BackoffMax = 300 * time.Millisecond
-	tu.LeaseTTL = 2 * time.Second
-	tu.RenewInterval = 300 * time.Millisecond
-	tu.Pacing.IdleInterval = 100 * time.Millisecond
-	return tu
 }
 
 // published describes a message the test published to the outbox.
@@ -116,7 +83,7 @@ type publisher struct {
 
 func newPublisher(t *testing.T, e env) *publisher {
 	t.Helper()
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,28 +243,17 @@ func rejectedN(want map[string]published, rejected map[string]string, key string
 	return false
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // startForwarder runs a forwarder until the test ends.
 func startForwarder(t *testing.T, e env, pool *pgxpool.Pool, target forwarder.Target, topics []string, tune func(*forwarder.Config)) *forwarder.Forwarder {
 	t.Helper()
 	if pool == nil {
-		pool = e.pool
+		pool = e.Pool
 	}
 	cfg := forwarder.Config{
 		Subscriber: outbox.SubscriberConfig{
-			Schema:        e.schema,
+			Schema:        e.Schema,
 			Pool:          pool,
-			Tuning:        fastTuning(),
+			Tuning:        outboxtest.FastTuning(),
 			RejectHandler: e.deadLetters(),
 			CloseTimeout:  time.Second,
 		},

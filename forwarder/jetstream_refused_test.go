@@ -13,6 +13,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // The same for JetStream: a message the stream refuses for what it is (its
@@ -45,18 +46,18 @@ func TestJetStreamSendRejectsAMessageTheStreamRefusesForGood(t *testing.T) {
 			if name == "headers over 64 KiB" {
 				maxMsgSize = -1
 			}
-			if _, err := js.CreateStream(testCtx(t), jetstream.StreamConfig{Name: stream, Subjects: []string{stream}, MaxMsgSize: maxMsgSize}); err != nil {
+			if _, err := js.CreateStream(outboxtest.Ctx(t), jetstream.StreamConfig{Name: stream, Subjects: []string{stream}, MaxMsgSize: maxMsgSize}); err != nil {
 				t.Fatal(err)
 			}
 			batch := outboxBatch(12, sameKey)
 			const poison = 6
 			c.poison(batch[poison])
-			done, err := target.Send(testCtx(t), stream, batch)
+			done, err := target.Send(outboxtest.Ctx(t), stream, batch)
 			if done != poison || !errors.Is(err, outbox.ErrPoison) || !strings.Contains(err.Error(), c.reason) {
 				t.Fatalf("Send: done %d, %v; want %d and a rejection mentioning %q", done, err, poison, c.reason)
 			}
 			rest := batch[poison+1:]
-			if done, err := target.Send(testCtx(t), stream, rest); done != len(rest) || err != nil {
+			if done, err := target.Send(outboxtest.Ctx(t), stream, rest); done != len(rest) || err != nil {
 				t.Fatalf("Send of the rest: done %d of %d, %v", done, len(rest), err)
 			}
 			assertPositions(t, "stream", streamPositions(t, js, stream), upTo(0, 12, poison))
@@ -68,17 +69,17 @@ func TestJetStreamSendRejectsAMessageTheStreamRefusesForGood(t *testing.T) {
 // stream order.
 func streamPositions(t *testing.T, js jetstream.JetStream, stream string) []int {
 	t.Helper()
-	st, err := js.Stream(testCtx(t), stream)
+	st, err := js.Stream(outboxtest.Ctx(t), stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(testCtx(t))
+	info, err := st.Info(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []int
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := st.GetMsg(testCtx(t), seq)
+		m, err := st.GetMsg(outboxtest.Ctx(t), seq)
 		if err != nil {
 			t.Fatalf("message %d: %v", seq, err)
 		}
@@ -93,7 +94,7 @@ func streamPositions(t *testing.T, js jetstream.JetStream, stream string) []int 
 // fails a send for them, and the rest arrives once, in key order.
 func TestJetStreamRefusedMessagesAreDeadLetteredOnTheirFirstAttempt(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
+	e.Register("orders", 2)
 	s := startNATS(t, -1, t.TempDir(), func(o *server.Options) { o.MaxPayload = 256 << 10 })
 	createStream(t, s.ClientURL(), "orders", 0)
 	pub := newPublisher(t, e)
@@ -121,7 +122,7 @@ func TestJetStreamRefusedMessagesAreDeadLetteredOnTheirFirstAttempt(t *testing.T
 	})
 	r := &received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
-	waitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
+	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
 		return r.distinct() == pub.count()-len(poison) && len(e.deadLettered(t)) == len(poison)
 	})
 	dead := e.deadLettered(t)

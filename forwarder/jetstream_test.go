@@ -17,6 +17,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -58,7 +59,7 @@ func createStream(t *testing.T, url, name string, maxMsgSize int32) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(testCtx(t), jetstream.StreamConfig{
+	if _, err := js.CreateStream(outboxtest.Ctx(t), jetstream.StreamConfig{
 		Name: name, Subjects: []string{name}, Storage: jetstream.FileStorage,
 		Duplicates: 2 * time.Minute, MaxMsgSize: maxMsgSize,
 	}); err != nil {
@@ -137,7 +138,7 @@ func TestJetStreamConfigNeedsNoReconnectBuffer(t *testing.T) {
 // order.
 func TestJetStreamExactlyOnceInKeyOrderWhenAnInstanceDiesMidBatch(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 8)
+	e.Register("orders", 8)
 	s := startNATS(t, -1, t.TempDir(), nil)
 	createStream(t, s.ClientURL(), "orders", 0)
 
@@ -154,7 +155,7 @@ func TestJetStreamExactlyOnceInKeyOrderWhenAnInstanceDiesMidBatch(t *testing.T) 
 
 	r := &received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
-	waitFor(t, "every message in JetStream", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message in JetStream", time.Minute, func() bool { return r.distinct() == pub.count() })
 	time.Sleep(300 * time.Millisecond) // a late duplicate would show now
 	if dups := r.check(t, pub.snapshot(), nil); dups != 0 {
 		t.Fatalf("%d duplicates reached the consumer", dups)
@@ -178,7 +179,7 @@ func TestJetStreamExactlyOnceInKeyOrderWhenAnInstanceDiesMidBatch(t *testing.T) 
 // in key order.
 func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
+	e.Register("orders", 4)
 	dir := t.TempDir()
 	s := startNATS(t, -1, dir, nil)
 	port, url := natsPort(s), s.ClientURL()
@@ -198,10 +199,10 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "a part of the stream forwarded", time.Minute, func() bool { return fwd.Stats().Messages > 300 })
+	outboxtest.WaitFor(t, "a part of the stream forwarded", time.Minute, func() bool { return fwd.Stats().Messages > 300 })
 	s.Shutdown()
 	s.WaitForShutdown()
-	waitFor(t, "failed sends while NATS is down", time.Minute, func() bool { return fwd.Stats().Failures > 3 })
+	outboxtest.WaitFor(t, "failed sends while NATS is down", time.Minute, func() bool { return fwd.Stats().Failures > 3 })
 	time.Sleep(2 * time.Second)
 	before := fwd.Stats()
 	startNATS(t, port, dir, nil) // stopped by the test's cleanup
@@ -212,7 +213,7 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 
 	r := &received{}
 	consumeJetStream(t, url, "orders", r)
-	waitFor(t, "every message in JetStream", 2*time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message in JetStream", 2*time.Minute, func() bool { return r.distinct() == pub.count() })
 	time.Sleep(300 * time.Millisecond)
 	dups := r.check(t, pub.snapshot(), nil)
 	t.Logf("%d messages arrived, %d duplicates; stats %+v", r.total(), dups, fwd.Stats())
@@ -225,18 +226,18 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 // the forwarder catches up.
 func TestJetStreamWaitsForTheStream(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
+	e.Register("orders", 2)
 	s := startNATS(t, -1, t.TempDir(), nil)
 	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
 	pub := newPublisher(t, e)
 	for i := 0; i < 10; i++ {
 		pub.round("orders", 5, nil)
 	}
-	waitFor(t, "failed sends", time.Minute, func() bool { return fwd.Stats().Failures > 2 })
+	outboxtest.WaitFor(t, "failed sends", time.Minute, func() bool { return fwd.Stats().Failures > 2 })
 	createStream(t, s.ClientURL(), "orders", 0)
 	r := &received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
-	waitFor(t, "every message in JetStream", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message in JetStream", time.Minute, func() bool { return r.distinct() == pub.count() })
 	if dups := r.check(t, pub.snapshot(), nil); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
@@ -249,7 +250,7 @@ func TestJetStreamWaitsForTheStream(t *testing.T) {
 // table; the stream continues around them, in order.
 func TestJetStreamPoisonMessagesAreDeadLettered(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
+	e.Register("orders", 4)
 	s := startNATS(t, -1, t.TempDir(), func(o *server.Options) { o.MaxPayload = 64 << 10 })
 	createStream(t, s.ClientURL(), "orders", 16<<10)
 
@@ -273,7 +274,7 @@ func TestJetStreamPoisonMessagesAreDeadLettered(t *testing.T) {
 	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
 	r := &received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
-	waitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
+	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
 		return r.distinct() == pub.count()-len(want) && len(e.deadLettered(t)) == len(want)
 	})
 	dead := e.deadLettered(t)

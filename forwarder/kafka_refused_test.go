@@ -21,6 +21,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // Failure mode 4 of issue 10, at the level of one Send: a record the broker
@@ -152,7 +153,7 @@ func TestKafkaSendDeliversThePrefixAndRejectsTheOversizeRecord(t *testing.T) {
 			batch := outboxBatch(20, sameKey)
 			batch[poison].Payload = make([]byte, 100<<10)
 
-			done, err := target.Send(testCtx(t), "orders", batch)
+			done, err := target.Send(outboxtest.Ctx(t), "orders", batch)
 			if done != poison || !errors.Is(err, outbox.ErrPoison) || !errors.Is(err, sarama.ErrMessageSizeTooLarge) {
 				t.Fatalf("Send: done %d, %v; want %d and a rejection for MESSAGE_TOO_LARGE", done, err, poison)
 			}
@@ -160,7 +161,7 @@ func TestKafkaSendDeliversThePrefixAndRejectsTheOversizeRecord(t *testing.T) {
 
 			// The Subscriber moves past the poison and hands the rest over.
 			rest := batch[poison+1:]
-			if done, err := target.Send(testCtx(t), "orders", rest); done != len(rest) || err != nil {
+			if done, err := target.Send(outboxtest.Ctx(t), "orders", rest); done != len(rest) || err != nil {
 				t.Fatalf("Send of the rest: done %d of %d, %v", done, len(rest), err)
 			}
 			assertPositions(t, "stored in the end", positions(kafkaLog(t, brokers, "orders")), upTo(0, 20, poison))
@@ -178,7 +179,7 @@ func TestKafkaSendSplitsABatchTheBrokerFindsTooLarge(t *testing.T) {
 	for _, m := range batch {
 		m.Payload = make([]byte, 10<<10) // 240 KiB in all
 	}
-	if done, err := target.Send(testCtx(t), "orders", batch); done != len(batch) || err != nil {
+	if done, err := target.Send(outboxtest.Ctx(t), "orders", batch); done != len(batch) || err != nil {
 		t.Fatalf("Send: done %d of %d, %v", done, len(batch), err)
 	}
 	assertPositions(t, "stored", positions(kafkaLog(t, brokers, "orders")), upTo(0, 24))
@@ -205,7 +206,7 @@ func TestKafkaSendRemembersRefusedSizesOnlyWithoutCompression(t *testing.T) {
 			batch := outboxBatch(4, sameKey)
 			batch[2].Payload = incompressible(100 << 10)
 			batch[2].Metadata.Set("big", "random")
-			if done, err := target.Send(testCtx(t), "orders", batch); done != 2 || !errors.Is(err, outbox.ErrPoison) {
+			if done, err := target.Send(outboxtest.Ctx(t), "orders", batch); done != 2 || !errors.Is(err, outbox.ErrPoison) {
 				t.Fatalf("Send: done %d, %v; want 2 and a rejection", done, err)
 			}
 			asked := sentBig.Hits()
@@ -213,7 +214,7 @@ func TestKafkaSendRemembersRefusedSizesOnlyWithoutCompression(t *testing.T) {
 			batch = outboxBatch(4, sameKey)
 			batch[1].Payload = make([]byte, 120<<10) // zeros: zstd makes little of them
 			batch[1].Metadata.Set("big", "zeros")
-			done, err := target.Send(testCtx(t), "orders", batch)
+			done, err := target.Send(outboxtest.Ctx(t), "orders", batch)
 			if codec == sarama.CompressionNone {
 				if done != 1 || !errors.Is(err, outbox.ErrPoison) || sentBig.Hits() != asked {
 					t.Fatalf("Send: done %d, %v, %d more requests with the large record; want 1, a rejection, none", done, err, sentBig.Hits()-asked)
@@ -309,7 +310,7 @@ func TestKafkaSendIsolatesAnInvalidRecordAndKeepsTransientErrorsTransient(t *tes
 
 	batch := outboxBatch(16, sameKey)
 	batch[11].Metadata.Set("invalid", "yes")
-	done, err := target.Send(testCtx(t), "orders", batch)
+	done, err := target.Send(outboxtest.Ctx(t), "orders", batch)
 	if done != 11 || !errors.Is(err, outbox.ErrPoison) || !errors.Is(err, sarama.ErrInvalidRecord) {
 		t.Fatalf("Send: done %d, %v; want 11 and a rejection for INVALID_RECORD", done, err)
 	}
@@ -317,7 +318,7 @@ func TestKafkaSendIsolatesAnInvalidRecordAndKeepsTransientErrorsTransient(t *tes
 
 	batch = outboxBatch(16, sameKey)
 	batch[5].Metadata.Set("replicas-missing", "yes")
-	done, err = target.Send(testCtx(t), "orders", batch)
+	done, err = target.Send(outboxtest.Ctx(t), "orders", batch)
 	if done != 0 || err == nil || errors.Is(err, outbox.ErrPoison) || !errors.Is(err, sarama.ErrNotEnoughReplicas) {
 		t.Fatalf("Send: done %d, %v; want 0 and a transient NOT_ENOUGH_REPLICAS", done, err)
 	}
@@ -346,7 +347,7 @@ func TestKafkaSendStoresNoRecordTwiceWhileIsolating(t *testing.T) {
 	const poison = 13 // in partition 1
 	batch[poison].Payload = make([]byte, 100<<10)
 
-	done, err := target.Send(testCtx(t), "orders", batch)
+	done, err := target.Send(outboxtest.Ctx(t), "orders", batch)
 	if done != poison || !errors.Is(err, outbox.ErrPoison) {
 		t.Fatalf("Send: done %d, %v; want %d and a rejection", done, err, poison)
 	}

@@ -20,6 +20,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
@@ -151,7 +152,7 @@ func TestKafkaConfigRejectsFNVAndBadSettings(t *testing.T) {
 // 16-partition Kafka topic; a watermill-kafka subscriber reads it.
 func TestKafkaEveryMessageArrivesInKeyOrderOnTheSamePartitionNumber(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 16)
+	e.Register("orders", 16)
 	cluster := newKafka(t, kfake.SeedTopics(16, "orders.kafka"))
 	brokers := cluster.ListenAddrs()
 
@@ -174,7 +175,7 @@ func TestKafkaEveryMessageArrivesInKeyOrderOnTheSamePartitionNumber(t *testing.T
 
 	r := &received{}
 	consumeKafka(t, brokers, "orders.kafka", r)
-	waitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
 	dups := r.check(t, pub.snapshot(), nil)
 	t.Logf("%d messages, %d duplicates; forwarder stats %+v / %+v", pub.count(), dups, a.Stats(), b.Stats())
 	if a.Stats().Messages == 0 || b.Stats().Messages == 0 {
@@ -228,7 +229,7 @@ func freePort(t *testing.T) int {
 // order holds, duplicates are copies of messages that arrived before.
 func TestKafkaBrokerDownAndBackMidStream(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
+	e.Register("orders", 4)
 	port, dir := freePort(t), t.TempDir()
 	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SeedTopics(4, "orders")}
 	cluster, err := kfake.NewCluster(opts...)
@@ -252,9 +253,9 @@ func TestKafkaBrokerDownAndBackMidStream(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "a part of the stream forwarded", time.Minute, func() bool { return fwd.Stats().Messages > 300 })
+	outboxtest.WaitFor(t, "a part of the stream forwarded", time.Minute, func() bool { return fwd.Stats().Messages > 300 })
 	cluster.Close()
-	waitFor(t, "failed sends while Kafka is down", time.Minute, func() bool { return fwd.Stats().Failures > 3 })
+	outboxtest.WaitFor(t, "failed sends while Kafka is down", time.Minute, func() bool { return fwd.Stats().Failures > 3 })
 	time.Sleep(3 * time.Second)
 	before := fwd.Stats()
 	cluster, err = kfake.NewCluster(opts...)
@@ -269,7 +270,7 @@ func TestKafkaBrokerDownAndBackMidStream(t *testing.T) {
 
 	r := &received{}
 	consumeKafka(t, cluster.ListenAddrs(), "orders", r)
-	waitFor(t, "every message on Kafka", 2*time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message on Kafka", 2*time.Minute, func() bool { return r.distinct() == pub.count() })
 	dups := r.check(t, pub.snapshot(), nil)
 	t.Logf("%d messages arrived, %d duplicates; stats %+v", r.total(), dups, fwd.Stats())
 }
@@ -281,7 +282,7 @@ func TestKafkaBrokerDownAndBackMidStream(t *testing.T) {
 // again, as duplicates of messages that arrived before.
 func TestKafkaTransientProduceErrors(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 8)
+	e.Register("orders", 8)
 	cluster := newKafka(t, kfake.SeedTopics(3, "orders"))
 	// Every third produce request that carries several partitions fails
 	// for partition 1; its other partitions are stored.
@@ -314,7 +315,7 @@ func TestKafkaTransientProduceErrors(t *testing.T) {
 	}
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
-	waitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
 	dups := r.check(t, pub.snapshot(), nil)
 	st := fwd.Stats()
 	t.Logf("%d messages, %d duplicates, %d produce requests, %d failed in part; stats %+v", pub.count(), dups, produces.Load(), failed.Load(), st)
@@ -329,7 +330,7 @@ func TestKafkaTransientProduceErrors(t *testing.T) {
 // arrived before, and per-key order holds.
 func TestKafkaInstanceKilledMidBatch(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 8)
+	e.Register("orders", 8)
 	cluster := newKafka(t, kfake.SeedTopics(8, "orders"))
 	brokers := cluster.ListenAddrs()
 
@@ -346,7 +347,7 @@ func TestKafkaInstanceKilledMidBatch(t *testing.T) {
 	b := startForwarder(t, e, nil, newKafkaTarget(t, brokers, nil), []string{"orders"}, nil)
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
-	waitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
 	dups := r.check(t, pub.snapshot(), nil)
 	t.Logf("A sent %d messages and half a batch (%d) before dying; %d duplicates; B %+v", crashing.sent.Load(), crashing.halfLen.Load(), dups, b.Stats())
 	if crashing.halfLen.Load() == 0 {
@@ -362,7 +363,7 @@ func TestKafkaInstanceKilledMidBatch(t *testing.T) {
 // stream continues around them, in order.
 func TestKafkaPoisonMessagesAreDeadLettered(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
+	e.Register("orders", 4)
 	const maxBytes = 64 << 10
 	cluster := newKafka(t, kfake.SeedTopics(4, "orders"), kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(maxBytes)}))
 	brokers := cluster.ListenAddrs()
@@ -386,7 +387,7 @@ func TestKafkaPoisonMessagesAreDeadLettered(t *testing.T) {
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
 	want := len(big) + len(reserved)
-	waitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
+	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
 		return r.distinct() == pub.count()-want && len(e.deadLettered(t)) == want
 	})
 	dead := e.deadLettered(t)
@@ -411,7 +412,7 @@ func TestKafkaPoisonMessagesAreDeadLettered(t *testing.T) {
 // before it is sent: the message is dead-lettered at once.
 func TestKafkaRecordOverProducerLimitIsDeadLettered(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
+	e.Register("orders", 2)
 	cluster := newKafka(t, kfake.SeedTopics(2, "orders"))
 	brokers := cluster.ListenAddrs()
 	pub := newPublisher(t, e)
@@ -427,7 +428,7 @@ func TestKafkaRecordOverProducerLimitIsDeadLettered(t *testing.T) {
 	startForwarder(t, e, nil, newKafkaTarget(t, brokers, func(c *sarama.Config) { c.Producer.MaxMessageBytes = 16 << 10 }), []string{"orders"}, nil)
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
-	waitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
+	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
 		return r.distinct() == pub.count()-1 && len(e.deadLettered(t)) == 1
 	})
 	dead := e.deadLettered(t)

@@ -15,6 +15,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // observed is what a test middleware saw of one message's forwarding.
@@ -63,7 +64,7 @@ func (o *observer) successes() map[string][]int {
 // chain.
 func TestMiddlewareSeesEveryMessageAndItsChangesArrive(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 4)
+	e.Register("orders", 4)
 	cluster := newKafka(t, kfake.SeedTopics(4, "orders"))
 	brokers := cluster.ListenAddrs()
 	obs := &observer{}
@@ -83,7 +84,7 @@ func TestMiddlewareSeesEveryMessageAndItsChangesArrive(t *testing.T) {
 	}
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
-	waitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
 	r.check(t, pub.snapshot(), nil)
 
 	r.mu.Lock()
@@ -114,7 +115,7 @@ func TestMiddlewareSeesEveryMessageAndItsChangesArrive(t *testing.T) {
 // retried, never lost, never overtaken by a later message of its key.
 func TestMiddlewareFailureAndPanicAreRetriedInOrder(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 2)
+	e.Register("orders", 2)
 	cluster := newKafka(t, kfake.SeedTopics(2, "orders"))
 	brokers := cluster.ListenAddrs()
 	var failed, panicked atomic.Int32
@@ -139,7 +140,7 @@ func TestMiddlewareFailureAndPanicAreRetriedInOrder(t *testing.T) {
 	}
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
-	waitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
 	r.check(t, pub.snapshot(), nil)
 	if failed.Load() < 3 || panicked.Load() < 2 {
 		t.Fatalf("the failing middleware ran %d times, the panicking one %d: no retry happened", failed.Load(), panicked.Load())
@@ -177,7 +178,7 @@ func (p *partialTarget) Send(ctx context.Context, topic string, batch []*message
 // its own (not overtaking anything), and everything arrives in key order.
 func TestMiddlewarePartialSendAndRetry(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	cluster := newKafka(t, kfake.SeedTopics(1, "orders"))
 	brokers := cluster.ListenAddrs()
 	pub := newPublisher(t, e)
@@ -193,7 +194,7 @@ func TestMiddlewarePartialSendAndRetry(t *testing.T) {
 	})
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
-	waitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
 	r.check(t, pub.snapshot(), nil)
 	if target.alone.Load() == 0 {
 		t.Fatal("the Retry middleware never sent a message on its own")

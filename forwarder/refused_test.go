@@ -13,6 +13,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // Failure mode 4 of issue 10: a record the broker refuses (over its
@@ -21,7 +22,7 @@ import (
 // attempt, and the partition never backs off for it.
 func TestKafkaRefusedRecordIsIsolatedWithinTheSend(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	const maxBytes = 64 << 10
 	cluster := newKafka(t, kfake.SeedTopics(1, "orders"), kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(maxBytes)}))
 	brokers := cluster.ListenAddrs()
@@ -55,7 +56,7 @@ func TestKafkaRefusedRecordIsIsolatedWithinTheSend(t *testing.T) {
 	})
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
-	waitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
+	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
 		return r.distinct() == pub.count()-len(big) && len(e.deadLettered(t)) == len(big)
 	})
 	dead := e.deadLettered(t)
@@ -76,7 +77,7 @@ func TestKafkaRefusedRecordIsIsolatedWithinTheSend(t *testing.T) {
 // rejected on its first attempt, the messages around it delivered once.
 func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "orders", 1)
+	e.Register("orders", 1)
 	s := startNATS(t, -1, t.TempDir(), nil)
 	createStream(t, s.ClientURL(), "orders", 16<<10)
 	pub := newPublisher(t, e)
@@ -105,7 +106,7 @@ func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
 	})
 	r := &received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
-	waitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
+	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
 		return r.distinct() == pub.count()-len(big) && len(e.deadLettered(t)) == len(big)
 	})
 	dead := e.deadLettered(t)

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/retention"
 )
@@ -41,27 +42,27 @@ func (l *warnLogger) warnings() []watermill.CapturedMessage {
 // about.
 func TestHeldBackNamesTheGroupsAndWarnsAboutAnAbandonedOne(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "t", 2)
+	e.Register("t", 2)
 	e.publish(t, "t", 10, 0) // 5 per partition
-	s := e.schema
+	s := e.Schema
 	e.createCursors(t, "gone", "t")
 	e.createCursors(t, "slow", "t")
 	// gone: stopped at seq 1 of partition 0 three days ago (done with
 	// partition 1); slow: a live member, behind in partition 1.
-	e.exec(t, `UPDATE `+s+`.cursors SET seq = CASE partition WHEN 0 THEN 1 ELSE 5 END, updated_at = now() - interval '3 days'
+	e.Exec(`UPDATE ` + s + `.cursors SET seq = CASE partition WHEN 0 THEN 1 ELSE 5 END, updated_at = now() - interval '3 days'
 		WHERE group_name = 'gone'`)
-	e.exec(t, `UPDATE `+s+`.cursors SET seq = CASE partition WHEN 0 THEN 5 ELSE 2 END WHERE group_name = 'slow'`)
-	e.exec(t, `INSERT INTO `+s+`.members (group_name, topic, member_id, heartbeat_at) VALUES
+	e.Exec(`UPDATE ` + s + `.cursors SET seq = CASE partition WHEN 0 THEN 5 ELSE 2 END WHERE group_name = 'slow'`)
+	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id, heartbeat_at) VALUES
 		('slow', 't', 'slow-1', now()), ('gone', 't', 'gone-1', now() - interval '3 days')`)
-	e.exec(t, `UPDATE `+s+`.log SET sequenced_at = now() - interval '1 hour' WHERE topic = 't' AND partition = 0 AND seq = 2`)
+	e.Exec(`UPDATE ` + s + `.log SET sequenced_at = now() - interval '1 hour' WHERE topic = 't' AND partition = 0 AND seq = 2`)
 
 	logger := &warnLogger{CaptureLoggerAdapter: watermill.NewCaptureLogger()}
-	v, err := retention.NewVacuum(retention.Config{Schema: s, Pool: e.pool}, logger)
+	v, err := retention.NewVacuum(retention.Config{Schema: s, Pool: e.Pool}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = v.Close() })
-	pass, err := v.VacuumOnce(testCtx(t))
+	pass, err := v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestHeldBackNamesTheGroupsAndWarnsAboutAnAbandonedOne(t *testing.T) {
 	}
 
 	// The next pass reports the same and does not warn again.
-	if pass, err = v.VacuumOnce(testCtx(t)); err != nil || len(pass.HeldBack) != 2 || pass.Deleted != 0 {
+	if pass, err = v.VacuumOnce(outboxtest.Ctx(t)); err != nil || len(pass.HeldBack) != 2 || pass.Deleted != 0 {
 		t.Fatalf("second pass %+v, %v", pass, err)
 	}
 	if n := len(logger.warnings()); n != 1 {
@@ -99,12 +100,12 @@ func TestHeldBackNamesTheGroupsAndWarnsAboutAnAbandonedOne(t *testing.T) {
 
 	// On a logger without Warn, the warning is an Error.
 	plain := watermill.NewCaptureLogger()
-	v2, err := retention.NewVacuum(retention.Config{Schema: s, Pool: e.pool}, plain)
+	v2, err := retention.NewVacuum(retention.Config{Schema: s, Pool: e.Pool}, plain)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = v2.Close() })
-	if _, err := v2.VacuumOnce(testCtx(t)); err != nil {
+	if _, err := v2.VacuumOnce(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if errs := plain.Captured()[watermill.ErrorLogLevel]; len(errs) != 1 || errs[0].Fields["group"] != "gone" {
@@ -114,7 +115,7 @@ func TestHeldBackNamesTheGroupsAndWarnsAboutAnAbandonedOne(t *testing.T) {
 	// Once every group is past the messages, nobody holds retention back.
 	e.advance(t, "gone", "t", 0)
 	e.advance(t, "slow", "t", 0)
-	if pass, err = v.VacuumOnce(testCtx(t)); err != nil || len(pass.HeldBack) != 0 || pass.Deleted != 7 {
+	if pass, err = v.VacuumOnce(outboxtest.Ctx(t)); err != nil || len(pass.HeldBack) != 0 || pass.Deleted != 7 {
 		t.Fatalf("after both groups caught up: %+v, %v", pass, err)
 	}
 }
@@ -137,8 +138,8 @@ func TestRunRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 		t.Fatalf("Run on an unmigrated schema: %v, want ErrNotMigrated", err)
 	}
 	e := newEnv(t)
-	e.exec(t, "INSERT INTO "+e.schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1)
-	if err := run(e.schema); !errors.Is(err, outbox.ErrSchemaTooNew) {
+	e.Exec("INSERT INTO "+e.Schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1)
+	if err := run(e.Schema); !errors.Is(err, outbox.ErrSchemaTooNew) {
 		t.Fatalf("Run on a newer schema: %v, want ErrSchemaTooNew", err)
 	}
 }
@@ -147,13 +148,13 @@ func TestRunRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 // "relation does not exist".
 func TestVacuumOnceOnADroppedSchema(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "t", 1)
+	e.Register("t", 1)
 	v := e.vacuum(t, retention.Config{})
-	if _, err := v.VacuumOnce(testCtx(t)); err != nil {
+	if _, err := v.VacuumOnce(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	e.exec(t, "DROP SCHEMA "+e.schema+" CASCADE")
-	if _, err := v.VacuumOnce(testCtx(t)); !errors.Is(err, outbox.ErrNotMigrated) {
+	e.Exec("DROP SCHEMA " + e.Schema + " CASCADE")
+	if _, err := v.VacuumOnce(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrNotMigrated) {
 		t.Fatalf("VacuumOnce on a dropped schema: %v, want ErrNotMigrated", err)
 	}
 }

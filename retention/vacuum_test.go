@@ -8,66 +8,44 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/retention"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// env is one test's outbox (see internal/outboxtest) with a publisher and
+// a sequencer that do not notify (the tests sequence explicitly).
 type env struct {
-	pool   *pgxpool.Pool
-	schema string
-	pub    *outbox.Publisher
-	seq    *outbox.Sequencer
+	*outboxtest.Bundle
+	pub *outbox.Publisher
+	seq *outbox.Sequencer
 }
 
 func newEnv(t *testing.T) env {
 	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-	pool := pgtest.Pool(t)
-	schema := pgtest.Schema(t)
-	if err := outbox.Migrate(testCtx(t), pool, schema); err != nil {
-		t.Fatal(err)
-	}
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, OwnTransaction: true, DisableNotify: true}, nil)
+	b := outboxtest.Setup(t, outboxtest.NoLeaks())
+	pub := b.Publisher(func(c *outbox.PublisherConfig) { c.DisableNotify = true })
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: b.Schema, Pool: b.Pool, BatchSize: 20000, DisableNotify: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: schema, Pool: pool, BatchSize: 20000, DisableNotify: true}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return env{pool: pool, schema: schema, pub: pub, seq: seq}
-}
-
-func testCtx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return c
+	return env{Bundle: b, pub: pub, seq: seq}
 }
 
 func (e env) vacuum(t *testing.T, cfg retention.Config) *retention.Vacuum {
 	t.Helper()
-	cfg.Schema, cfg.Pool = e.schema, e.pool
+	cfg.Schema, cfg.Pool = e.Schema, e.Pool
 	v, err := retention.NewVacuum(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = v.Close() })
 	return v
-}
-
-func (e env) register(t *testing.T, topic string, partitions int) {
-	t.Helper()
-	if err := outbox.RegisterTopic(testCtx(t), e.pool, e.schema, topic, partitions); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // publish publishes n messages to topic over keys keys (none: spread round
@@ -88,46 +66,30 @@ func (e env) publish(t *testing.T, topic string, n, keys int) {
 			batch = batch[:0]
 		}
 	}
-	if _, err := e.seq.SequenceAll(testCtx(t)); err != nil {
+	if _, err := e.seq.SequenceAll(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func (e env) exec(t *testing.T, sql string, args ...any) {
-	t.Helper()
-	if _, err := e.pool.Exec(testCtx(t), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
-
-func (e env) int(t *testing.T, sql string, args ...any) int64 {
-	t.Helper()
-	var n int64
-	if err := e.pool.QueryRow(testCtx(t), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
 }
 
 // createCursors creates group's cursor rows on topic at seq 0, as a
 // subscriber's first lease does.
 func (e env) createCursors(t *testing.T, group, topic string) {
 	t.Helper()
-	e.exec(t, `INSERT INTO `+e.schema+`.cursors (group_name, topic, partition)
-		SELECT $1, topic, partition FROM `+e.schema+`.partitions WHERE topic = $2`, group, topic)
+	e.Exec(`INSERT INTO `+e.Schema+`.cursors (group_name, topic, partition)
+		SELECT $1, topic, partition FROM `+e.Schema+`.partitions WHERE topic = $2`, group, topic)
 }
 
 // advance moves group's cursors on topic to behind messages before each
 // partition's end (never below 0 or backwards).
 func (e env) advance(t *testing.T, group, topic string, behind int64) {
 	t.Helper()
-	e.exec(t, `UPDATE `+e.schema+`.cursors c SET seq = greatest(c.seq, p.last_seq - $3), updated_at = clock_timestamp()
-		FROM `+e.schema+`.partitions p
+	e.Exec(`UPDATE `+e.Schema+`.cursors c SET seq = greatest(c.seq, p.last_seq - $3), updated_at = clock_timestamp()
+		FROM `+e.Schema+`.partitions p
 		WHERE c.group_name = $1 AND c.topic = $2 AND p.topic = c.topic AND p.partition = c.partition`, group, topic, behind)
 }
 
 func (e env) logRows(t *testing.T, topic string) int64 {
-	return e.int(t, "SELECT count(*) FROM "+e.schema+".log WHERE topic = $1", topic)
+	return e.Int("SELECT count(*) FROM "+e.Schema+".log WHERE topic = $1", topic)
 }
 
 // vacuumAll runs passes until one leaves no work, and returns the rows
@@ -136,7 +98,7 @@ func vacuumAll(t *testing.T, v *retention.Vacuum) int64 {
 	t.Helper()
 	var total int64
 	for {
-		st, err := v.VacuumOnce(testCtx(t))
+		st, err := v.VacuumOnce(outboxtest.Ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,8 +146,8 @@ func TestLogStaysBoundedUnderLoad(t *testing.T) {
 		perChunk   = 10000
 		lag        = 250
 	)
-	e.register(t, "load", partitions)
-	e.register(t, "unconsumed", 2)
+	e.Register("load", partitions)
+	e.Register("unconsumed", 2)
 	e.publish(t, "unconsumed", 500, 10)
 	e.createCursors(t, "fast", "load")
 	e.createCursors(t, "slow", "load")
@@ -199,8 +161,8 @@ func TestLogStaysBoundedUnderLoad(t *testing.T) {
 		deleted += vacuumAll(t, v)
 
 		rows := e.logRows(t, "load")
-		want := e.int(t, `SELECT sum(p.last_seq - h.horizon) FROM `+e.schema+`.partitions p
-			JOIN (SELECT topic, partition, min(seq) AS horizon FROM `+e.schema+`.cursors GROUP BY 1, 2) h USING (topic, partition)
+		want := e.Int(`SELECT sum(p.last_seq - h.horizon) FROM ` + e.Schema + `.partitions p
+			JOIN (SELECT topic, partition, min(seq) AS horizon FROM ` + e.Schema + `.cursors GROUP BY 1, 2) h USING (topic, partition)
 			WHERE p.topic = 'load'`)
 		if rows != want {
 			t.Fatalf("after chunk %d: %d rows in the log, want exactly the %d not consumed by every group", c+1, rows, want)
@@ -211,14 +173,14 @@ func TestLogStaysBoundedUnderLoad(t *testing.T) {
 		maxRows = max(maxRows, rows)
 		// Nothing above the horizon was touched: the oldest row of each
 		// partition is the slow group's next message.
-		if bad := e.int(t, `SELECT count(*) FROM `+e.schema+`.cursors c
-			JOIN `+e.schema+`.partitions p USING (topic, partition)
+		if bad := e.Int(`SELECT count(*) FROM ` + e.Schema + `.cursors c
+			JOIN ` + e.Schema + `.partitions p USING (topic, partition)
 			WHERE c.group_name = 'slow' AND c.topic = 'load' AND c.seq < p.last_seq AND NOT EXISTS (
-				SELECT 1 FROM `+e.schema+`.log l WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq = c.seq + 1)`); bad != 0 {
+				SELECT 1 FROM ` + e.Schema + `.log l WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq = c.seq + 1)`); bad != 0 {
 			t.Fatalf("after chunk %d: %d partitions lost the slow group's next message", c+1, bad)
 		}
 	}
-	total := e.int(t, `SELECT sum(last_seq) FROM `+e.schema+`.partitions WHERE topic = 'load'`)
+	total := e.Int(`SELECT sum(last_seq) FROM ` + e.Schema + `.partitions WHERE topic = 'load'`)
 	if total != chunks*perChunk || deleted != total-e.logRows(t, "load") {
 		t.Fatalf("published %d, deleted %d, left %d", total, deleted, e.logRows(t, "load"))
 	}
@@ -232,38 +194,38 @@ func TestLogStaysBoundedUnderLoad(t *testing.T) {
 // consumed anything (a new group, cursor 0) keeps everything.
 func TestVisitsOnlyPartitionsWhoseCursorsMoved(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "t", 4)
+	e.Register("t", 4)
 	e.publish(t, "t", 400, 0) // 100 per partition
 	e.createCursors(t, "a", "t")
 	v := e.vacuum(t, retention.Config{})
 
-	st, err := v.VacuumOnce(testCtx(t))
+	st, err := v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil || st.Partitions != 4 || st.Visited != 0 || st.Deleted != 0 {
 		t.Fatalf("with every cursor at 0: %+v, %v", st, err)
 	}
-	e.exec(t, `UPDATE `+e.schema+`.cursors SET seq = 10 WHERE partition = 1`)
-	st, err = v.VacuumOnce(testCtx(t))
+	e.Exec(`UPDATE ` + e.Schema + `.cursors SET seq = 10 WHERE partition = 1`)
+	st, err = v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil || st.Visited != 1 || st.Deleted != 10 {
 		t.Fatalf("after partition 1 moved: %+v, %v", st, err)
 	}
-	st, err = v.VacuumOnce(testCtx(t))
+	st, err = v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil || st.Visited != 0 {
 		t.Fatalf("nothing moved: %+v, %v", st, err)
 	}
 
 	// A second group at 0 on partition 2 holds it back.
 	e.createCursors(t, "b", "t")
-	e.exec(t, `UPDATE `+e.schema+`.cursors SET seq = 20 WHERE group_name = 'a' AND partition IN (1, 2)`)
-	st, err = v.VacuumOnce(testCtx(t))
+	e.Exec(`UPDATE ` + e.Schema + `.cursors SET seq = 20 WHERE group_name = 'a' AND partition IN (1, 2)`)
+	st, err = v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil || st.Visited != 0 || st.Deleted != 0 {
 		t.Fatalf("group b has consumed nothing: %+v, %v", st, err)
 	}
-	e.exec(t, `UPDATE `+e.schema+`.cursors SET seq = 15 WHERE group_name = 'b' AND partition IN (1, 2)`)
-	st, err = v.VacuumOnce(testCtx(t))
+	e.Exec(`UPDATE ` + e.Schema + `.cursors SET seq = 15 WHERE group_name = 'b' AND partition IN (1, 2)`)
+	st, err = v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil || st.Visited != 2 || st.Deleted != 5+15 {
 		t.Fatalf("after group b moved on 1 and 2: %+v, %v", st, err)
 	}
-	if got := e.int(t, `SELECT min(seq) FROM `+e.schema+`.log WHERE topic = 't' AND partition = 2`); got != 16 {
+	if got := e.Int(`SELECT min(seq) FROM ` + e.Schema + `.log WHERE topic = 't' AND partition = 2`); got != 16 {
 		t.Fatalf("partition 2 starts at %d, want 16", got)
 	}
 	if s := v.Stats(); s.Passes != 5 || s.Visits != 3 || s.Deleted != 30 {
@@ -275,14 +237,14 @@ func TestVisitsOnlyPartitionsWhoseCursorsMoved(t *testing.T) {
 // partition and pass, and the pass says work is left.
 func TestDeletesInBoundedChunks(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "t", 2)
+	e.Register("t", 2)
 	e.publish(t, "t", 2000, 0)
 	e.createCursors(t, "g", "t")
 	e.advance(t, "g", "t", 0)
 	v := e.vacuum(t, retention.Config{ChunkSize: 100, MaxChunksPerVisit: 3})
 	passes := 0
 	for {
-		st, err := v.VacuumOnce(testCtx(t))
+		st, err := v.VacuumOnce(outboxtest.Ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -302,30 +264,30 @@ func TestDeletesInBoundedChunks(t *testing.T) {
 // KeepFor keeps consumed rows until they are old enough.
 func TestKeepForKeepsYoungConsumedRows(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "t", 1)
+	e.Register("t", 1)
 	e.publish(t, "t", 100, 1)
 	// The first 60 were sequenced two hours ago.
-	e.exec(t, `UPDATE `+e.schema+`.log SET sequenced_at = now() - interval '2 hours' WHERE seq <= 60`)
+	e.Exec(`UPDATE ` + e.Schema + `.log SET sequenced_at = now() - interval '2 hours' WHERE seq <= 60`)
 	e.createCursors(t, "g", "t")
 	e.advance(t, "g", "t", 10) // consumed up to 90
 	v := e.vacuum(t, retention.Config{KeepFor: time.Hour})
 
-	st, err := v.VacuumOnce(testCtx(t))
+	st, err := v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil || st.Deleted != 60 {
 		t.Fatalf("first pass: %+v, %v; want the 60 old rows deleted", st, err)
 	}
-	if got := e.int(t, `SELECT min(seq) FROM `+e.schema+`.log`); got != 61 {
+	if got := e.Int(`SELECT min(seq) FROM ` + e.Schema + `.log`); got != 61 {
 		t.Fatalf("log starts at %d, want 61", got)
 	}
 	// Nothing became old enough and no cursor moved: no visit.
-	if st, err := v.VacuumOnce(testCtx(t)); err != nil || st.Visited != 0 {
+	if st, err := v.VacuumOnce(outboxtest.Ctx(t)); err != nil || st.Visited != 0 {
 		t.Fatalf("second pass: %+v, %v", st, err)
 	}
 	// Time passes (rows age), the group moves on: the aged consumed rows go,
 	// the young and the unconsumed ones stay.
-	e.exec(t, `UPDATE `+e.schema+`.log SET sequenced_at = now() - interval '90 minutes' WHERE seq <= 80`)
+	e.Exec(`UPDATE ` + e.Schema + `.log SET sequenced_at = now() - interval '90 minutes' WHERE seq <= 80`)
 	e.advance(t, "g", "t", 0)
-	st, err = v.VacuumOnce(testCtx(t))
+	st, err = v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil || st.Deleted != 20 {
 		t.Fatalf("third pass: %+v, %v; want rows 61..80", st, err)
 	}
@@ -338,7 +300,7 @@ func TestKeepForKeepsYoungConsumedRows(t *testing.T) {
 // message is delivered, in order, and the log ends up empty.
 func TestRunAlongsideALiveSubscriber(t *testing.T) {
 	e := newEnv(t)
-	e.register(t, "live", 4)
+	e.Register("live", 4)
 	v := e.vacuum(t, retention.Config{Interval: 20 * time.Millisecond, ChunkSize: 50})
 	runDone := make(chan error, 1)
 	go func() { runDone <- v.Run(context.Background()) }()
@@ -348,7 +310,7 @@ func TestRunAlongsideALiveSubscriber(t *testing.T) {
 	tune.LeaseTTL, tune.RenewInterval = 2*time.Second, 300*time.Millisecond
 	tune.Pacing.IdleInterval = 50 * time.Millisecond
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
-		Schema: e.schema, Pool: e.pool, ConsumerGroup: "g", Tuning: tune, CloseTimeout: time.Second,
+		Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "g", Tuning: tune, CloseTimeout: time.Second,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -8,12 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
-
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/lease"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // Short timings: a lease expires 1s after its last renewal. Tests wait for
@@ -25,35 +21,16 @@ const (
 	waitDeadline = 20 * time.Second
 )
 
-// env is one test's outbox: a pool and a freshly migrated schema. It also
-// checks, when the test ends, that no goroutine started by it is left.
-type env struct {
-	pool   *pgxpool.Pool
-	schema string
-}
+// env is one test's outbox (see internal/outboxtest). It also checks, when
+// the test ends, that no goroutine started by it is left.
+type env struct{ *outboxtest.Bundle }
 
-func newEnv(t *testing.T) env {
-	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // runs last, after the pool is closed
-	pool := pgtest.Pool(t)
-	schema := pgtest.Schema(t)
-	if err := outbox.Migrate(testCtx(t), pool, schema); err != nil {
-		t.Fatal(err)
-	}
-	return env{pool: pool, schema: schema}
-}
-
-func testCtx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
+func newEnv(t *testing.T) env { return env{outboxtest.Setup(t, outboxtest.NoLeaks())} }
 
 func (e env) config(group, topic string, partitions int) lease.Config {
 	return lease.Config{
-		Schema:          e.schema,
-		Pool:            e.pool,
+		Schema:          e.Schema,
+		Pool:            e.Pool,
 		Group:           group,
 		Topic:           topic,
 		Partitions:      partitions,
@@ -76,10 +53,10 @@ type cursorRow struct {
 func (e env) cursor(t testing.TB, group, topic string, partition int) cursorRow {
 	t.Helper()
 	var r cursorRow
-	err := e.pool.QueryRow(context.Background(), `SELECT seq,
+	err := e.Pool.QueryRow(context.Background(), `SELECT seq,
 		CASE WHEN lease_expires_at > now() THEN coalesce(lease_owner, '') ELSE '' END,
 		lease_token, paused, attempts, last_error
-		FROM `+e.schema+`.cursors WHERE group_name = $1 AND topic = $2 AND partition = $3`,
+		FROM `+e.Schema+`.cursors WHERE group_name = $1 AND topic = $2 AND partition = $3`,
 		group, topic, partition).Scan(&r.seq, &r.owner, &r.token, &r.paused, &r.attempts, &r.lastErr)
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +67,7 @@ func (e env) cursor(t testing.TB, group, topic string, partition int) cursorRow 
 // owners maps each partition of the group to its unexpired lease owner.
 func (e env) owners(t testing.TB, group, topic string) map[int]string {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT partition, lease_owner FROM `+e.schema+`.cursors
+	rows, err := e.Pool.Query(context.Background(), `SELECT partition, lease_owner FROM `+e.Schema+`.cursors
 		WHERE group_name = $1 AND topic = $2 AND lease_owner IS NOT NULL AND lease_expires_at > now()`, group, topic)
 	if err != nil {
 		t.Fatal(err)
@@ -109,13 +86,6 @@ func (e env) owners(t testing.TB, group, topic string) map[int]string {
 		t.Fatal(err)
 	}
 	return out
-}
-
-func (e env) exec(t testing.TB, sql string, args ...any) {
-	t.Helper()
-	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // partitionsOf lists, sorted, the partitions owned by member.

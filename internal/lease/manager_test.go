@@ -11,12 +11,13 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 )
 
 func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := outboxtest.Ctx(t)
 	w := newWorkers(t)
 	cfg := e.config("g", "orders", 4) // default MemberID
 	mb := start(t, cfg, w.onAcquire("single"))
@@ -83,11 +84,11 @@ func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {
 	if err := l0.AdvanceRelaxed(ctx, 7); !errors.Is(err, lease.ErrSeqNotAhead) || errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("relaxed advance to the current seq: %v", err)
 	}
-	e.exec(t, `UPDATE `+e.schema+`.cursors SET seq = 6 WHERE group_name = 'g' AND topic = 'orders' AND partition = 0`)
+	e.Exec(`UPDATE ` + e.Schema + `.cursors SET seq = 6 WHERE group_name = 'g' AND topic = 'orders' AND partition = 0`)
 
 	// In the caller's transaction: the cursor moves if and only if it commits.
 	for _, commit := range []bool{false, true} {
-		tx, err := e.pool.Begin(ctx)
+		tx, err := e.Pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +117,7 @@ func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {
 	// acquired it). The write is refused, the cursor unchanged, the lease's
 	// context cancelled with ErrLeaseLost.
 	l1 := w.last("single", 1)
-	e.exec(t, `UPDATE `+e.schema+`.cursors SET lease_token = lease_token + 1 WHERE group_name = 'g' AND topic = 'orders' AND partition = 1`)
+	e.Exec(`UPDATE ` + e.Schema + `.cursors SET lease_token = lease_token + 1 WHERE group_name = 'g' AND topic = 'orders' AND partition = 1`)
 	err := l1.Advance(ctx, nil, 3)
 	if !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("advance with a stale token: %v", err)
@@ -162,12 +163,12 @@ func TestRunArguments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Run(testCtx(t), nil); err == nil {
+	if err := m.Run(outboxtest.Ctx(t), nil); err == nil {
 		t.Fatal("Run without a callback succeeded")
 	}
 	mb := start(t, e.config("g", "t", 1), func(l *lease.Lease) { go func() { <-l.Context().Done(); l.Done() }() })
 	waitFor(t, "lease held", func() (bool, string) { return len(mb.m.Held()) == 1, "" })
-	if err := mb.m.Run(testCtx(t), func(*lease.Lease) {}); err == nil {
+	if err := mb.m.Run(outboxtest.Ctx(t), func(*lease.Lease) {}); err == nil {
 		t.Fatal("second concurrent Run succeeded")
 	}
 	// A missing schema is reported, not retried forever.
@@ -177,7 +178,7 @@ func TestRunArguments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Run(testCtx(t), func(*lease.Lease) {}); err == nil {
+	if err := m.Run(outboxtest.Ctx(t), func(*lease.Lease) {}); err == nil {
 		t.Fatal("Run on a missing schema succeeded")
 	}
 }
@@ -215,7 +216,7 @@ func TestRebalance(t *testing.T) {
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			rows, err := e.pool.Query(context.Background(), `SELECT partition, lease_owner, lease_token FROM `+e.schema+`.cursors
+			rows, err := e.Pool.Query(context.Background(), `SELECT partition, lease_owner, lease_token FROM `+e.Schema+`.cursors
 				WHERE group_name = 'g' AND topic = 'orders' AND lease_owner IS NOT NULL AND lease_expires_at > now()`)
 			if err != nil {
 				continue
@@ -299,7 +300,7 @@ func TestRebalance(t *testing.T) {
 // stays.
 func TestZombie(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := outboxtest.Ctx(t)
 	w := newWorkers(t)
 	w.zombies = true // the zombie's worker does run while the heir's starts
 	cfgA := e.config("g", "orders", 2)
@@ -317,7 +318,7 @@ func TestZombie(t *testing.T) {
 	// The zombie's leases expire at the latest renewal's expiry, at or after
 	// what is read here; the heir may acquire them only then.
 	var zombieExpiry time.Time
-	if err := e.pool.QueryRow(ctx, `SELECT max(lease_expires_at) FROM `+e.schema+`.cursors WHERE lease_owner = 'zombie'`).Scan(&zombieExpiry); err != nil {
+	if err := e.Pool.QueryRow(ctx, `SELECT max(lease_expires_at) FROM `+e.Schema+`.cursors WHERE lease_owner = 'zombie'`).Scan(&zombieExpiry); err != nil {
 		t.Fatal(err)
 	}
 
@@ -330,7 +331,7 @@ func TestZombie(t *testing.T) {
 	heirAcquire := w.onAcquire("heir")
 	start(t, cfgB, func(l *lease.Lease) {
 		var now time.Time
-		if err := e.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		if err := e.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
 			t.Error(err)
 		}
 		mu.Lock()
@@ -381,7 +382,7 @@ func TestZombie(t *testing.T) {
 		t.Fatalf("after the zombie stopped: %v", owners)
 	}
 	var n int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.schema+`.members WHERE member_id = 'zombie'`).Scan(&n); err != nil || n != 0 {
+	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM `+e.Schema+`.members WHERE member_id = 'zombie'`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("zombie member rows: %d, %v", n, err)
 	}
 	if hl.Context().Err() != nil {
@@ -406,7 +407,7 @@ func TestPause(t *testing.T) {
 	holder := e.owners(t, "g", "orders")[2]
 	paused := w.last(holder, 2)
 
-	e.exec(t, `UPDATE `+e.schema+`.cursors SET paused = true WHERE group_name = 'g' AND topic = 'orders' AND partition = 2`)
+	e.Exec(`UPDATE ` + e.Schema + `.cursors SET paused = true WHERE group_name = 'g' AND topic = 'orders' AND partition = 2`)
 	<-paused.Context().Done()
 	waitFor(t, "paused partition released, others held", func() (bool, string) {
 		o := e.owners(t, "g", "orders")
@@ -421,7 +422,7 @@ func TestPause(t *testing.T) {
 		}
 	}
 
-	e.exec(t, `UPDATE `+e.schema+`.cursors SET paused = false WHERE group_name = 'g' AND topic = 'orders' AND partition = 2`)
+	e.Exec(`UPDATE ` + e.Schema + `.cursors SET paused = false WHERE group_name = 'g' AND topic = 'orders' AND partition = 2`)
 	waitFor(t, "resumed partition acquired", func() (bool, string) {
 		o := e.owners(t, "g", "orders")
 		return len(o) == 4 && len(partitionsOf(o, "a")) == 2, fmt.Sprint(o)
@@ -433,12 +434,12 @@ func TestPause(t *testing.T) {
 
 func TestStartPosition(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
-	if err := outbox.RegisterTopic(ctx, e.pool, e.schema, "orders", 2); err != nil {
+	ctx := outboxtest.Ctx(t)
+	if err := outbox.RegisterTopic(ctx, e.Pool, e.Schema, "orders", 2); err != nil {
 		t.Fatal(err)
 	}
 	setLast := func(seq int) {
-		e.exec(t, `UPDATE `+e.schema+`.partitions SET last_seq = $1 WHERE topic = 'orders' AND partition = 0`, seq)
+		e.Exec(`UPDATE `+e.Schema+`.partitions SET last_seq = $1 WHERE topic = 'orders' AND partition = 0`, seq)
 	}
 	setLast(7)
 
@@ -558,7 +559,7 @@ func TestStopWaitsForWorkers(t *testing.T) {
 		t.Fatalf("partition 0 not released: %+v", r)
 	}
 	var owner *string
-	if err := e.pool.QueryRow(context.Background(), `SELECT lease_owner FROM `+e.schema+`.cursors WHERE partition = 1`).Scan(&owner); err != nil {
+	if err := e.Pool.QueryRow(context.Background(), `SELECT lease_owner FROM `+e.Schema+`.cursors WHERE partition = 1`).Scan(&owner); err != nil {
 		t.Fatal(err)
 	}
 	if owner == nil || *owner != mb.m.MemberID() {
@@ -573,7 +574,7 @@ func TestStopWaitsForWorkers(t *testing.T) {
 // keeps renewing its other leases meanwhile.
 func TestRenewSkipsLockedRows(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := outboxtest.Ctx(t)
 	w := newWorkers(t)
 	cfg := e.config("g", "orders", 2)
 	cfg.MemberID = "m"
@@ -583,7 +584,7 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 		return len(o) == 2 && w.has(o), fmt.Sprint(o)
 	})
 
-	tx, err := e.pool.Begin(ctx)
+	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,7 +597,7 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	expiry := func() (e1 float64) { // seconds since the epoch, 0 when released
-		if err := e.pool.QueryRow(ctx, `SELECT coalesce(extract(epoch FROM lease_expires_at), 0)::float8 FROM `+e.schema+`.cursors WHERE partition = 1`).Scan(&e1); err != nil {
+		if err := e.Pool.QueryRow(ctx, `SELECT coalesce(extract(epoch FROM lease_expires_at), 0)::float8 FROM `+e.Schema+`.cursors WHERE partition = 1`).Scan(&e1); err != nil {
 			t.Fatal(err)
 		}
 		return e1
