@@ -617,7 +617,7 @@ func (w *Worker) withBulkhead(ctx context.Context, fn func() ([]logEntry, error)
 // without an outcome (a crash) is then charged to the message by the next
 // holder of the lease.
 func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
-	var fence Lease = w.lease
+	fence := w.lease
 	if w.precounted { // the cursor move counted the head's delivery
 		fence = nil
 	}
