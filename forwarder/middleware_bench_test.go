@@ -13,7 +13,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/forwarder"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // BenchmarkForwarderMiddleware measures what running the forwarder's
@@ -39,18 +39,10 @@ func BenchmarkForwarderMiddleware(b *testing.B) {
 func drainThrough(b *testing.B, mw []message.HandlerMiddleware) float64 {
 	const total, partitions = 20000, 16
 	ctx := context.Background()
-	pool := pgtest.Pool(b)
-	schema := pgtest.Schema(b)
-	if err := outbox.Migrate(ctx, pool, schema); err != nil {
-		b.Fatal(err)
-	}
-	if err := outbox.RegisterTopic(ctx, pool, schema, "orders", partitions); err != nil {
-		b.Fatal(err)
-	}
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, OwnTransaction: true}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	bundle := outboxtest.Setup(b)
+	bundle.Register("orders", partitions)
+	pool, schema := bundle.Pool, bundle.Schema
+	pub := bundle.Publisher(nil)
 	for i := 0; i < total; i += 500 {
 		batch := make([]*message.Message, 500)
 		for j := range batch {
@@ -61,13 +53,7 @@ func drainThrough(b *testing.B, mw []message.HandlerMiddleware) float64 {
 			b.Fatal(err)
 		}
 	}
-	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: schema, Pool: pool}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := seq.SequenceAll(ctx); err != nil {
-		b.Fatal(err)
-	}
+	bundle.SequenceAll()
 	var forwarded atomic.Int64
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
 		Subscriber: outbox.SubscriberConfig{Schema: schema, Pool: pool, Tuning: adaptive.Default(), CloseTimeout: time.Second},

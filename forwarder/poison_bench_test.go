@@ -15,7 +15,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/forwarder"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 // BenchmarkForwarderPoison measures what broker-refused poison costs the
@@ -48,14 +48,9 @@ func runPoisonLoad(b *testing.B, poisonPercent int) (maxLag int64, drain time.Du
 		keys       = 1000
 	)
 	ctx := context.Background()
-	pool := pgtest.Pool(b)
-	schema := pgtest.Schema(b)
-	if err := outbox.Migrate(ctx, pool, schema); err != nil {
-		b.Fatal(err)
-	}
-	if err := outbox.RegisterTopic(ctx, pool, schema, "orders", partitions); err != nil {
-		b.Fatal(err)
-	}
+	bundle := outboxtest.Setup(b)
+	bundle.Register("orders", partitions)
+	pool, schema := bundle.Pool, bundle.Schema
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "orders"),
 		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(64 << 10)}))
 	if err != nil {
