@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
@@ -313,8 +314,10 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return schemacheck.Wrap(err, p.cfg.Schema)
 	}
+	span := observe.StartPublish(topic, msgs) // traceparent into the metadata, before it is encoded
 	batch, err := p.encode(topic, ts, msgs)
 	if err != nil {
+		span.End(err)
 		return err
 	}
 	sql, notifySQL := p.insertSQL, p.insertNotifySQL
@@ -327,8 +330,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		sql, args = notifySQL, append(args, p.channel)
 	}
 	if _, err := q.Exec(ctx, sql, args...); err != nil {
-		return schemacheck.Wrap(fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err), p.cfg.Schema)
+		err = schemacheck.Wrap(fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err), p.cfg.Schema)
+		span.End(err)
+		return err
 	}
+	span.End(nil)
+	observe.Current().Published(topic, len(msgs), batch.bytes)
 	return nil
 }
 
@@ -424,6 +431,7 @@ type encodedBatch struct {
 	uuids      []string
 	metadata   []string
 	payloads   [][]byte
+	bytes      int // payloads, metadata, uuids and keys, as counted for MaxPublishBytes
 }
 
 // encode validates every message and turns the batch into column arrays, so
@@ -483,6 +491,7 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		b.metadata[i] = string(buf)
 		b.payloads[i] = nonNil(m.Payload)
 	}
+	b.bytes = total
 	return b, nil
 }
 

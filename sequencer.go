@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/notifier"
+	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
@@ -308,6 +311,20 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 		return 0, false, err
 	}
 	defer func() { err = schemacheck.Wrap(err, s.cfg.Schema) }()
+	started := time.Now()
+	var ages map[string]time.Duration // the oldest message moved, per topic; only for an observer
+	if observe.Enabled() {
+		ages = map[string]time.Duration{}
+	}
+	defer func() {
+		if n > 0 || err != nil {
+			observe.RecordInternal(ctx, "outbox sequencer pass", started, err,
+				attribute.String("outbox.schema", s.cfg.Schema), attribute.Int("outbox.sequenced", n))
+		}
+		if err == nil && n > 0 {
+			observe.Current().SequencerPass(n, time.Since(started), ages)
+		}
+	}()
 	tx, err := s.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: sequencer: begin: %w", err)
@@ -351,11 +368,15 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	for rows.Next() {
 		var topic string
 		var sum, maxPerPartition int64
-		if err := rows.Scan(&topic, &sum, &maxPerPartition, nil); err != nil {
+		var oldest float64
+		if err := rows.Scan(&topic, &sum, &maxPerPartition, nil, &oldest); err != nil {
 			rows.Close()
 			return 0, false, err
 		}
 		n += int(sum)
+		if ages != nil {
+			ages[topic] = time.Duration(oldest * float64(time.Second))
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

@@ -285,6 +285,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		Register:          s.addPoker,
 		Stop:              ctx,
 		Background:        &s.wg,
+		Counts:            &delivery.Counts{},
 	}
 	if !cfg.DisableSequencer {
 		s.sequencer, err = NewSequencer(cfg.sequencerConfig(), logger)
@@ -573,4 +574,28 @@ func (s *Subscriber) Close() error {
 	s.cancel()
 	s.wg.Wait()
 	return nil
+}
+
+// SubscriberStats are running totals of a Subscriber's deliveries, over all
+// its subscriptions.
+type SubscriberStats struct {
+	// Acked, Nacked, Rejected and TimedOut count deliveries by outcome (a
+	// batch of ConsumeBatches counts each message).
+	Acked, Nacked, Rejected, TimedOut int64
+	// Crashed counts deliveries by earlier holders of this Subscriber's
+	// partitions that ended without an outcome (the process died or lost
+	// its lease), found when it acquired them: each counted as a failed
+	// attempt.
+	Crashed int64
+	// Batches counts the batches read from the log.
+	Batches int64
+}
+
+// Stats returns the Subscriber's running totals.
+func (s *Subscriber) Stats() SubscriberStats {
+	c := s.workers.Counts
+	return SubscriberStats{
+		Acked: c.Acked.Load(), Nacked: c.Nacked.Load(), Rejected: c.Rejected.Load(), TimedOut: c.TimedOut.Load(),
+		Crashed: c.Crashed.Load(), Batches: c.Batches.Load(),
+	}
 }

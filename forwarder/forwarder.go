@@ -8,13 +8,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/observe"
 )
+
+// errPartialConfirm: a target confirmed part of a batch without an error.
+var errPartialConfirm = errors.New("forwarder: target confirmed part of the batch without an error")
 
 // DefaultConsumerGroup is the outbox consumer group of a Forwarder whose
 // Config.Subscriber.ConsumerGroup is empty.
@@ -249,6 +255,8 @@ func (f *Forwarder) handler(topic, targetTopic string) outbox.BatchHandler {
 	return func(ctx context.Context, batch []*message.Message) (int, error) {
 		ctx, cancel := context.WithTimeout(ctx, f.cfg.SendTimeout)
 		defer cancel()
+		span := observe.StartForward(ctx, topic, targetTopic, batch)
+		start := time.Now()
 		var done int
 		var err error
 		if len(f.cfg.Middlewares) == 0 {
@@ -257,13 +265,17 @@ func (f *Forwarder) handler(topic, targetTopic string) outbox.BatchHandler {
 			done, err = f.sendThrough(ctx, targetTopic, batch)
 		}
 		done = max(0, min(done, len(batch)))
+		if done < len(batch) && err == nil {
+			err = fmt.Errorf("%w: %d of %d messages", errPartialConfirm, done, len(batch))
+		}
+		span.EndWith(err, attribute.Int("messaging.outbox.confirmed", done))
+		if observe.Enabled() {
+			observe.Current().Forwarded(targetTopic, done, messageBytes(batch[:done]), time.Since(start), errorKind(ctx, err))
+		}
 		f.messages.Add(int64(done))
 		if done == len(batch) {
 			f.batches.Add(1)
 			return done, nil
-		}
-		if err == nil {
-			err = fmt.Errorf("forwarder: target confirmed %d of %d messages without an error", done, len(batch))
 		}
 		f.failures.Add(1)
 		msg := err.Error()
@@ -281,4 +293,35 @@ func (f *Forwarder) handler(topic, targetTopic string) outbox.BatchHandler {
 		})
 		return done, err
 	}
+}
+
+// messageBytes is the size of msgs as a broker sees it: payloads and
+// metadata keys and values.
+func messageBytes(msgs []*message.Message) int {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.Payload)
+		for k, v := range m.Metadata {
+			n += len(k) + len(v)
+		}
+	}
+	return n
+}
+
+// errorKind classifies a failed send for the metrics: "" (none), "poison"
+// (the broker refused a message for good: rejected), "timeout"
+// (SendTimeout), "partial" (the broker confirmed only part of the batch
+// without saying why) or "broker" (any other error of the target).
+func errorKind(ctx context.Context, err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, outbox.ErrPoison):
+		return "poison"
+	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
+		return "timeout"
+	case errors.Is(err, errPartialConfirm):
+		return "partial"
+	}
+	return "broker"
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 )
@@ -491,6 +492,9 @@ func (v *Vacuum) visit(ctx context.Context, key partitionKey, horizon int64, dbN
 			return deleted, false, fmt.Errorf("retention: delete from %s/%d: %w", key.topic, key.partition, err)
 		}
 		deleted += n
+		if n > 0 {
+			observe.Current().RetentionDeleted(key.topic, n)
+		}
 		if n < int64(v.cfg.ChunkSize) {
 			return deleted, false, v.finish(ctx, key, horizon, st)
 		}

@@ -305,3 +305,33 @@ WHERE p.last_seq > c.seq
 	AND EXISTS (SELECT 1 FROM {{schema}}.log l WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq)
 GROUP BY c.topic, c.group_name
 ORDER BY c.topic, sum(p.last_seq - c.seq) DESC, c.group_name;
+
+-- name: CursorsMetrics
+-- Metrics: per consumer group and topic (registered partitions only), the
+-- messages behind the cursors, the age in seconds of the oldest of them (0
+-- when none), the partitions degraded, backing off and paused, the
+-- unexpired leases and the live members (heard from within $1 µs). One
+-- index lookup per partition for the oldest message's time.
+WITH c AS (
+	SELECT c.group_name, c.topic, c.partition, c.seq, c.adaptive_state, c.backoff_until, c.paused, c.lease_expires_at,
+		coalesce(p.last_seq, 0) AS head
+	FROM {{schema}}.cursors c
+	JOIN {{schema}}.topics t ON t.name = c.topic AND c.partition < t.partitions
+	LEFT JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
+)
+SELECT c.group_name, c.topic,
+	sum(greatest(c.head - c.seq, 0))::int8,
+	coalesce(max(extract(epoch FROM now() - u.sequenced_at)), 0)::float8,
+	count(*) FILTER (WHERE c.adaptive_state <> 'normal')::int4,
+	count(*) FILTER (WHERE c.backoff_until > now())::int4,
+	count(*) FILTER (WHERE c.paused)::int4,
+	count(*) FILTER (WHERE c.lease_expires_at > now())::int4,
+	(SELECT count(*) FROM {{schema}}.members m WHERE m.group_name = c.group_name AND m.topic = c.topic
+		AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')::int4
+FROM c
+LEFT JOIN LATERAL (
+	SELECT l.sequenced_at FROM {{schema}}.log l
+	WHERE c.head > c.seq AND l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq ORDER BY l.seq LIMIT 1
+) u ON true
+GROUP BY c.group_name, c.topic
+ORDER BY c.group_name, c.topic;

@@ -51,6 +51,7 @@ type Queries struct {
 	PendingInsertOne       string
 	PendingInsertOneNotify string
 	PendingSequence        string
+	PendingMetrics         string
 
 	// log.sql
 	LogRead         string
@@ -81,6 +82,7 @@ type Queries struct {
 	CursorsDeleteGroup        string
 	CursorsStatus             string
 	CursorsStatusHolders      string
+	CursorsMetrics            string
 
 	// members.sql
 	MembersExpire      string
@@ -100,6 +102,7 @@ type Queries struct {
 	DeadLettersDiscard        string
 	DeadLettersPurge          string
 	DeadLettersDeleteGroup    string
+	DeadLettersMetrics        string
 
 	// transaction.sql
 	TxSavepointDelivery string

@@ -92,3 +92,7 @@ DELETE FROM {{schema}}.dead_letters WHERE id = ANY(ARRAY(
 -- name: DeadLettersDeleteGroup
 -- Admin: deletes group $1's entries (topic $2 or '' for all).
 DELETE FROM {{schema}}.dead_letters WHERE group_name = $1 AND ($2 = '' OR topic = $2);
+
+-- name: DeadLettersMetrics
+-- Metrics: the entries per group, topic and status.
+SELECT group_name, topic, status, count(*)::int8 FROM {{schema}}.dead_letters GROUP BY group_name, topic, status;

@@ -40,7 +40,8 @@ WITH ins AS (
 -- oldest pending rows of the locked partitions ($1 topics, $2 partitions;
 -- at most $3 rows, in id order, so each partition gets a prefix of its own
 -- rows) into the log, numbering each partition's rows from last_seq + 1, and
--- returns per topic how many moved and the most in one partition. Unless the
+-- returns per topic how many moved, the most in one partition and the age
+-- in seconds of the oldest message moved (its INSERT to now). Unless the
 -- channel $4 is NULL, it also notifies it once per topic, with the payload
 -- "topic:p1,p2,..." (the partitions that got messages), which wakes the
 -- subscribers when the transaction commits.
@@ -72,6 +73,13 @@ WITH locked AS (
 	WHERE p.topic = x.topic AND p.partition = x.partition
 	RETURNING p.topic, p.partition, x.n
 )
-SELECT topic, sum(n)::bigint, max(n)::bigint,
-	CASE WHEN $4::text IS NOT NULL THEN pg_notify($4, topic || ':' || string_agg(partition::text, ',')) END::text
-FROM advanced GROUP BY topic;
+SELECT a.topic, sum(a.n)::bigint, max(a.n)::bigint,
+	CASE WHEN $4::text IS NOT NULL THEN pg_notify($4, a.topic || ':' || string_agg(a.partition::text, ',')) END::text,
+	(SELECT extract(epoch FROM clock_timestamp() - min(mv.created_at)) FROM moved mv WHERE mv.topic = a.topic)::float8
+FROM advanced a GROUP BY a.topic;
+
+-- name: PendingMetrics
+-- Metrics: per topic, the messages waiting for a seq and the age in seconds
+-- of the oldest of them.
+SELECT topic, count(*)::int8, extract(epoch FROM now() - min(created_at))::float8
+FROM {{schema}}.pending GROUP BY topic;

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/observe"
 )
 
 // Metadata the Subscriber sets on every message it delivers.
@@ -76,6 +77,8 @@ type deliveryKey struct{}
 
 // delivery is the Subscriber's handle on one delivered message.
 type delivery struct {
+	span *observe.Span // the delivery's trace span, nil without tracing
+
 	mu       sync.Mutex
 	rejected bool
 	cause    error

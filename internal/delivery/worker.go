@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -16,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 	"github.com/millrace/watermill-outbox/internal/worker"
@@ -45,6 +47,13 @@ type Config struct {
 	// for.
 	Stop       context.Context
 	Background *sync.WaitGroup
+	// Counts are the Subscriber's running totals (Subscriber.Stats).
+	Counts *Counts
+}
+
+// Counts are running totals of a Subscriber's deliveries.
+type Counts struct {
+	Acked, Nacked, Rejected, TimedOut, Crashed, Batches atomic.Int64
 }
 
 // BatchHandler is the handler of ConsumeBatches (outbox.BatchHandler).
@@ -152,6 +161,10 @@ func NewWorker(s *Config, topic string, l Lease, out chan<- *message.Message, ba
 		logger:         s.Logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
 	}
 	if n := l.Unanswered(); n > 0 {
+		observe.Current().Crashed(s.Group, topic, n)
+		if s.Counts != nil {
+			s.Counts.Crashed.Add(int64(n))
+		}
 		w.logger.Error("Deliveries ended without an outcome: counted as failed attempts", nil, watermill.LogFields{
 			"seq": w.headSeq, "unanswered": n, "attempts": l.Attempts(), "max_attempts": s.MaxAttempts,
 			"hint": "the consumer process died, was killed or lost its lease while handling this message"})
@@ -185,6 +198,64 @@ func (w *Worker) Run() {
 		w.undoDelivery(w.lease.Context()) // a delivery that will not happen
 	}
 }
+
+// errNotReached ends the trace span of a batch's message after the one
+// that failed: it was not handled, and comes again.
+var errNotReached = errors.New("outbox: not handled: a message before it in the batch failed")
+
+// observe reports how a delivery ended: to the metrics observer (acked
+// messages before it in the same handler call, then this outcome) and to
+// its trace span. A delivery that stopped (lease or subscription ended)
+// has no outcome: it is delivered again.
+func (w *Worker) observe(span *observe.Span, got outcome, err error, n, ackedBefore int, took time.Duration) {
+	var o observe.Outcome
+	switch got {
+	case acked:
+		o = observe.Ack
+	case rejected:
+		o = observe.Reject
+	case timedOut, isolate:
+		o = observe.Timeout
+	case nacked, broken:
+		o = observe.Nack
+		if errors.Is(err, errs.ErrHandlerTimeout) {
+			o = observe.Timeout
+		}
+	default:
+		span.End(errStopped)
+		return
+	}
+	if c := w.s.Counts; c != nil {
+		c.Acked.Add(int64(ackedBefore))
+		switch o {
+		case observe.Ack:
+			c.Acked.Add(int64(n))
+		case observe.Nack:
+			c.Nacked.Add(int64(n))
+		case observe.Reject:
+			c.Rejected.Add(int64(n))
+		case observe.Timeout:
+			c.TimedOut.Add(int64(n))
+		}
+	}
+	if observe.Enabled() {
+		obs := observe.Current()
+		if ackedBefore > 0 {
+			obs.Delivered(w.s.Group, w.topic, observe.Ack, ackedBefore, took)
+		}
+		obs.Delivered(w.s.Group, w.topic, o, n, took)
+	}
+	if o == observe.Ack {
+		err = nil
+	} else if err == nil {
+		err = errors.New("outbox: " + string(o))
+	}
+	span.End(err)
+}
+
+// errStopped ends the trace span of a delivery that got no answer before
+// its lease or subscription ended.
+var errStopped = errors.New("outbox: delivery stopped before an answer: it is delivered again")
 
 // leaseEnded reports an error that only says the lease is gone: the worker
 // stops, and the next holder goes on from the cursor.
@@ -625,6 +696,12 @@ func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(entries) > 0 {
+		observe.Current().Batch(w.s.Group, w.topic, len(entries))
+		if w.s.Counts != nil {
+			w.s.Counts.Batches.Add(1)
+		}
+	}
 	if len(entries) == 0 || entries[0].seq != w.cursor+1 {
 		return entries, nil // (a cursor behind the retained log has no head to count)
 	}
@@ -649,9 +726,11 @@ func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
 // deliver hands one message to the subscription's channel and waits for its
 // Ack or Nack, at most HandlerTimeout. With tx set (Transactional) the
 // handler finds the transaction in the message context.
-func (w *Worker) deliver(ctx context.Context, e logEntry, tx *txGuard) (outcome, error) {
+func (w *Worker) deliver(ctx context.Context, e logEntry, tx *txGuard) (got outcome, err error) {
 	msg, d, cancel := w.newMessage(ctx, e, tx, w.countAttempt(e.seq))
 	defer cancel() // a message's context ends with its Ack or Nack
+	start := time.Now()
+	defer func() { w.observe(d.span, got, err, 1, 0, time.Since(start)) }()
 	w.lastMsg = msg
 
 	select {
@@ -706,8 +785,6 @@ func (w *Worker) deliver(ctx context.Context, e logEntry, tx *txGuard) (outcome,
 // HandlerTimeout, when the handler's context ends, plus a tenth of it (at
 // most a second), so that a handler that honours its context can still
 // answer with its own error.
-// abandonAfter is how long a worker waits for a handler's answer before it
-// gives the delivery up: HandlerTimeout and a little grace.
 func (s *Config) abandonAfter() time.Duration {
 	return s.HandlerTimeout + min(s.HandlerTimeout/10, time.Second)
 }
@@ -758,6 +835,7 @@ func (w *Worker) buildMessage(ctx context.Context, e logEntry, attempt int) (*me
 		msg.Metadata.Set(MetadataPartitionKey, e.key)
 	}
 	d := &delivery{}
+	ctx, d.span = observe.StartProcess(ctx, msg, w.s.Group, w.topic, w.part, e.seq, msg.Metadata.Get(MetadataID), attempt)
 	msg.SetContext(context.WithValue(ctx, deliveryKey{}, d))
 	return msg, d
 }
@@ -766,10 +844,34 @@ func (w *Worker) buildMessage(ctx context.Context, e logEntry, attempt int) (*me
 // batch that is not done entirely is undone entirely (its writes cannot be
 // split), so nothing of it counts as done; adaptive degradation then
 // shrinks the batch until the failing message stands alone.
-func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuard) (int, outcome, error) {
+func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuard) (done int, result outcome, err error) {
 	headAttempt := w.countAttempt(entries[0].seq)
 	msgs := make([]*message.Message, len(entries))
 	deliveries := make([]*delivery, len(entries))
+	start := time.Now()
+	defer func() {
+		if done >= len(deliveries) {
+			if c := w.s.Counts; c != nil {
+				c.Acked.Add(int64(done))
+			}
+			if observe.Enabled() {
+				observe.Current().Delivered(w.s.Group, w.topic, observe.Ack, done, time.Since(start))
+			}
+		}
+		for i, d := range deliveries {
+			if d == nil {
+				continue
+			}
+			switch {
+			case i < done:
+				d.span.End(nil)
+			case i == done:
+				w.observe(d.span, result, err, 1, done, time.Since(start))
+			default:
+				d.span.End(errNotReached)
+			}
+		}
+	}()
 	// One context for the whole batch: one deadline, and the transaction
 	// (Transactional), ended when the batch is done.
 	bctx := ctx
@@ -794,7 +896,8 @@ func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuar
 		}
 	}
 	w.handedOut = true
-	done, answered, err := w.callBatch(ctx, msgs)
+	var answered batchAnswer
+	done, answered, err = w.callBatch(ctx, msgs)
 	switch {
 	case answered == batchTimedOut:
 		cancel()

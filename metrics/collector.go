@@ -1,0 +1,209 @@
+package metrics
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+)
+
+// CollectorConfig configures NewCollector.
+type CollectorConfig struct {
+	// Pool is the database of the outbox. Required.
+	Pool *pgxpool.Pool
+	// Schema is the outbox schema (DefaultSchema when empty); every gauge
+	// carries it as the label "schema".
+	Schema string
+	// Namespace prefixes the metric names (DefaultNamespace when empty).
+	Namespace string
+	// CollectInterval: see Config.CollectInterval.
+	CollectInterval time.Duration
+	// MemberTimeout: see Config.MemberTimeout.
+	MemberTimeout time.Duration
+	// QueryTimeout bounds one collection (5 s when 0); a scrape that finds
+	// the database slow gets the last figures and
+	// outbox_collector_errors_total counts the failure.
+	QueryTimeout time.Duration
+}
+
+// Collector is a prometheus.Collector of the figures only the database
+// knows, for one schema. It queries at most once per CollectInterval (a
+// fixed handful of statements in one read-only transaction, whatever the
+// number of partitions) and serves the cached figures in between.
+type Collector struct {
+	cfg CollectorConfig
+	q   *dbsql.Queries
+
+	pending, pendingAge, lag, lagSeconds, degraded, backingOff, paused, leases, members *prometheus.Desc
+	deadLetters, retentionHeld, up, collectSeconds, errorsTotal                         *prometheus.Desc
+
+	mu      sync.Mutex
+	last    time.Time
+	metrics []prometheus.Metric
+	took    time.Duration
+	failed  float64
+	ok      bool
+}
+
+// NewCollector creates the collector of cfg.Schema; register it with a
+// prometheus.Registerer.
+func NewCollector(cfg CollectorConfig) (*Collector, error) {
+	if cfg.Pool == nil {
+		return nil, &errs.ConfigError{Field: "Pool", Reason: "required"}
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = names.DefaultSchema
+	}
+	if err := names.Schema(cfg.Schema); err != nil {
+		return nil, err
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace
+	}
+	if cfg.CollectInterval == 0 {
+		cfg.CollectInterval = DefaultCollectInterval
+	}
+	if cfg.MemberTimeout == 0 {
+		cfg.MemberTimeout = 30 * time.Second
+	}
+	if cfg.QueryTimeout == 0 {
+		cfg.QueryTimeout = 5 * time.Second
+	}
+	if cfg.CollectInterval < 0 || cfg.MemberTimeout < 0 || cfg.QueryTimeout < 0 {
+		return nil, &errs.ConfigError{Field: "CollectInterval/MemberTimeout/QueryTimeout", Reason: "must not be negative"}
+	}
+	constant := prometheus.Labels{"schema": cfg.Schema}
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(cfg.Namespace, "", name), help, labels, constant)
+	}
+	gt := []string{"group", "topic"}
+	return &Collector{
+		cfg:            cfg,
+		q:              dbsql.For(cfg.Schema),
+		pending:        desc("pending_messages", "Messages committed but not yet sequenced.", "topic"),
+		pendingAge:     desc("pending_oldest_age_seconds", "Age of the oldest message waiting for the sequencer (0 when none): grows when no sequencer runs.", "topic"),
+		lag:            desc("lag_messages", "Messages behind the consumer group's cursors.", gt...),
+		lagSeconds:     desc("lag_seconds", "Age of the oldest message the consumer group has not finished (0 when none): how late it is.", gt...),
+		degraded:       desc("partitions_degraded", "Partitions whose adaptive batching is degraded (isolating a failing message).", gt...),
+		backingOff:     desc("partitions_backing_off", "Partitions waiting out a retry backoff.", gt...),
+		paused:         desc("partitions_paused", "Partitions paused by an operator.", gt...),
+		leases:         desc("leases_held", "Partitions with an unexpired lease.", gt...),
+		members:        desc("live_members", "Members of the consumer group heard from within MemberTimeout.", gt...),
+		deadLetters:    desc("dead_letters", "Dead letters by status: pending, replayed, discarded.", "group", "topic", "status"),
+		retentionHeld:  desc("retention_held_messages", "Messages the retention vacuum keeps because of this group, the slowest on these partitions.", "topic", "group"),
+		up:             desc("collector_up", "1 when the last collection succeeded."),
+		collectSeconds: desc("collector_duration_seconds", "Duration of the last collection."),
+		errorsTotal:    desc("collector_errors_total", "Failed collections."),
+	}, nil
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.pending, c.pendingAge, c.lag, c.lagSeconds, c.degraded, c.backingOff, c.paused,
+		c.leases, c.members, c.deadLetters, c.retentionHeld, c.up, c.collectSeconds, c.errorsTotal} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last.IsZero() || time.Since(c.last) >= c.cfg.CollectInterval {
+		c.refresh()
+	}
+	for _, m := range c.metrics {
+		ch <- m
+	}
+	up := 0.0
+	if c.ok {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
+	ch <- prometheus.MustNewConstMetric(c.collectSeconds, prometheus.GaugeValue, c.took.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.errorsTotal, prometheus.CounterValue, c.failed)
+}
+
+// refresh queries the database; on failure the previous figures stay.
+func (c *Collector) refresh() {
+	start := time.Now()
+	c.last = start
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.QueryTimeout)
+	defer cancel()
+	var out []prometheus.Metric
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		out = append(out, prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...))
+	}
+	err := pgx.BeginTxFunc(ctx, c.cfg.Pool, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, c.q.PendingMetrics)
+		if err != nil {
+			return err
+		}
+		var (
+			topic, group, status string
+			n                    int64
+			age                  float64
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&topic, &n, &age}, func() error {
+			gauge(c.pending, float64(n), topic)
+			gauge(c.pendingAge, age, topic)
+			return nil
+		}); err != nil {
+			return err
+		}
+		var degraded, backingOff, paused, leases, members int32
+		rows, err = tx.Query(ctx, c.q.CursorsMetrics, c.cfg.MemberTimeout.Microseconds())
+		if err != nil {
+			return err
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&group, &topic, &n, &age, &degraded, &backingOff, &paused, &leases, &members}, func() error {
+			gauge(c.lag, float64(n), group, topic)
+			gauge(c.lagSeconds, age, group, topic)
+			gauge(c.degraded, float64(degraded), group, topic)
+			gauge(c.backingOff, float64(backingOff), group, topic)
+			gauge(c.paused, float64(paused), group, topic)
+			gauge(c.leases, float64(leases), group, topic)
+			gauge(c.members, float64(members), group, topic)
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, c.q.DeadLettersMetrics)
+		if err != nil {
+			return err
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&group, &topic, &status, &n}, func() error {
+			gauge(c.deadLetters, float64(n), group, topic, status)
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, c.q.CursorsRetentionHolders, c.cfg.MemberTimeout.Microseconds())
+		if err != nil {
+			return err
+		}
+		var (
+			parts            []int32
+			oldest, activity time.Time
+		)
+		_, err = pgx.ForEachRow(rows, []any{&topic, &group, &parts, &n, &oldest, &activity, &members}, func() error {
+			gauge(c.retentionHeld, float64(n), topic, group)
+			return nil
+		})
+		return err
+	})
+	c.took = time.Since(start)
+	if err != nil {
+		c.ok = false
+		c.failed++
+		return
+	}
+	c.ok, c.metrics = true, out
+}

@@ -1,0 +1,224 @@
+// Package metrics exports the outbox's Prometheus metrics: one call turns
+// them on for every Publisher, Sequencer, Subscriber, Forwarder and
+// retention Vacuum of the process.
+//
+//	m, err := metrics.Enable(metrics.Config{Registerer: prometheus.DefaultRegisterer, Pool: pool})
+//	defer m.Disable()
+//
+// Events (messages published, sequencer passes, deliveries by outcome,
+// handler durations, batch sizes, forwarder sends, retention deletes) are
+// counted as they happen. Figures only the database knows (lag in
+// messages and seconds, pending messages and the age of the oldest, dead
+// letters by status, degraded, backing-off and paused partitions, leases
+// held, live members, the group holding retention back) come from a
+// collector that runs a fixed handful of queries at most once per
+// CollectInterval, whatever the number of partitions, and serves the
+// cached figures in between. docs/observability.md lists every metric and
+// what it tells an operator.
+//
+// Until Enable is called the outbox reports nothing, and the cost is one
+// atomic load per event.
+package metrics
+
+import (
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/observe"
+)
+
+// DefaultNamespace prefixes every metric name.
+const DefaultNamespace = "outbox"
+
+// DefaultCollectInterval is the default Config.CollectInterval.
+const DefaultCollectInterval = 10 * time.Second
+
+// Config configures Enable.
+type Config struct {
+	// Registerer is where the metrics are registered. Required.
+	Registerer prometheus.Registerer
+	// Namespace prefixes the metric names (DefaultNamespace when empty).
+	Namespace string
+	// Pool, when set, also registers the collector of the
+	// database-derived gauges of Schema (DefaultSchema when empty). For
+	// more schemas, register NewCollector for each.
+	Pool   *pgxpool.Pool
+	Schema string
+	// CollectInterval is the most often the collector queries the database
+	// (DefaultCollectInterval when 0); scrapes in between get the cached
+	// figures.
+	CollectInterval time.Duration
+	// MemberTimeout is how long a consumer group member counts as live
+	// after its last heartbeat (30 s when 0).
+	MemberTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.Schema == "" {
+		c.Schema = names.DefaultSchema
+	}
+	if c.CollectInterval == 0 {
+		c.CollectInterval = DefaultCollectInterval
+	}
+	if c.MemberTimeout == 0 {
+		c.MemberTimeout = 30 * time.Second
+	}
+}
+
+// Validate reports the first impossible setting as an *outbox.ConfigError
+// (or *outbox.NameError for a bad schema name).
+func (c Config) Validate() error {
+	c.setDefaults()
+	switch {
+	case c.Registerer == nil:
+		return &errs.ConfigError{Field: "Registerer", Reason: "required, e.g. prometheus.DefaultRegisterer"}
+	case c.CollectInterval < 0:
+		return &errs.ConfigError{Field: "CollectInterval", Reason: "must not be negative"}
+	case c.MemberTimeout < 0:
+		return &errs.ConfigError{Field: "MemberTimeout", Reason: "must not be negative"}
+	}
+	if c.Pool != nil {
+		return names.Schema(c.Schema)
+	}
+	return nil
+}
+
+// Metrics are the outbox's event metrics, registered and installed as the
+// process's observer by Enable.
+type Metrics struct {
+	reg        prometheus.Registerer
+	collectors []prometheus.Collector
+	prev       observe.Observer
+
+	published, publishedBytes                *prometheus.CounterVec
+	passes, passRows                         prometheus.Counter
+	passDuration                             prometheus.Histogram
+	sequencingDelay                          *prometheus.HistogramVec
+	deliveries                               *prometheus.CounterVec
+	handlerDuration, batchSize               *prometheus.HistogramVec
+	retentionDeleted                         *prometheus.CounterVec
+	forwarded, forwardedBytes, forwardErrors *prometheus.CounterVec
+	forwardDuration                          *prometheus.HistogramVec
+}
+
+// Enable registers the metrics on cfg.Registerer and makes every outbox
+// component of the process report to them. Call Disable to stop.
+func Enable(cfg Config) (*Metrics, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	ns := cfg.Namespace
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
+	}
+	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, Buckets: buckets}, labels)
+	}
+	latency := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	m := &Metrics{
+		reg:            cfg.Registerer,
+		published:      counter("published_messages_total", "Messages written by Publishers (in their callers' transactions, which may still roll back).", "topic"),
+		publishedBytes: counter("published_bytes_total", "Bytes of payload, metadata, uuids and keys written by Publishers.", "topic"),
+		passes:         prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "sequencer_passes_total", Help: "Sequencer passes that moved messages into the log."}),
+		passRows:       prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "sequencer_rows_total", Help: "Messages the sequencer gave a seq."}),
+		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "sequencer_pass_duration_seconds",
+			Help: "Duration of sequencer passes that moved messages.", Buckets: latency}),
+		sequencingDelay: histogram("sequencing_delay_seconds",
+			"Per sequencer pass and topic, the time from the INSERT of the oldest message moved to its seq: an upper bound of the commit-to-seq delay of every message of the pass.", latency, "topic"),
+		deliveries: counter("deliveries_total",
+			"Deliveries to consumer groups by outcome: ack, nack, reject, timeout, crash (ended without an outcome, counted as a failed attempt by the next lease holder).", "group", "topic", "outcome"),
+		handlerDuration:  histogram("handler_duration_seconds", "Duration of handler calls (one message, or a whole batch for ConsumeBatches).", latency, "group", "topic"),
+		batchSize:        histogram("batch_size", "Messages per batch read by partition workers.", prometheus.ExponentialBuckets(1, 2, 12), "group", "topic"),
+		retentionDeleted: counter("retention_deleted_rows_total", "Log rows deleted by the retention vacuum.", "topic"),
+		forwarded:        counter("forwarder_records_total", "Messages the broker confirmed, per target topic.", "topic"),
+		forwardedBytes:   counter("forwarder_bytes_total", "Bytes (payload and headers) the broker confirmed, per target topic.", "topic"),
+		forwardErrors:    counter("forwarder_errors_total", "Failed forwarder sends by kind: poison, timeout, partial, broker.", "topic", "kind"),
+		forwardDuration:  histogram("forwarder_send_duration_seconds", "Duration of forwarder sends, per target topic.", latency, "topic"),
+	}
+	m.collectors = []prometheus.Collector{m.published, m.publishedBytes, m.passes, m.passRows, m.passDuration, m.sequencingDelay,
+		m.deliveries, m.handlerDuration, m.batchSize, m.retentionDeleted, m.forwarded, m.forwardedBytes, m.forwardErrors, m.forwardDuration}
+	if cfg.Pool != nil {
+		c, err := NewCollector(CollectorConfig{Pool: cfg.Pool, Schema: cfg.Schema, Namespace: ns,
+			CollectInterval: cfg.CollectInterval, MemberTimeout: cfg.MemberTimeout})
+		if err != nil {
+			return nil, err
+		}
+		m.collectors = append(m.collectors, c)
+	}
+	for i, c := range m.collectors {
+		if err := cfg.Registerer.Register(c); err != nil {
+			for _, r := range m.collectors[:i] {
+				cfg.Registerer.Unregister(r)
+			}
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, &errs.ConfigError{Field: "Registerer", Reason: "the outbox metrics are registered on it already: call Enable once per registry (Disable first to enable again)"}
+			}
+			return nil, err
+		}
+	}
+	m.prev = observe.Set(observer{m})
+	return m, nil
+}
+
+// Disable stops reporting and unregisters the metrics.
+func (m *Metrics) Disable() {
+	observe.Set(m.prev)
+	for _, c := range m.collectors {
+		m.reg.Unregister(c)
+	}
+}
+
+// observer is what the components report to.
+type observer struct{ m *Metrics }
+
+func (o observer) Published(topic string, messages, bytes int) {
+	o.m.published.WithLabelValues(topic).Add(float64(messages))
+	o.m.publishedBytes.WithLabelValues(topic).Add(float64(bytes))
+}
+
+func (o observer) SequencerPass(rows int, took time.Duration, oldest map[string]time.Duration) {
+	o.m.passes.Inc()
+	o.m.passRows.Add(float64(rows))
+	o.m.passDuration.Observe(took.Seconds())
+	for topic, age := range oldest {
+		o.m.sequencingDelay.WithLabelValues(topic).Observe(age.Seconds())
+	}
+}
+
+func (o observer) Delivered(group, topic string, outcome observe.Outcome, n int, took time.Duration) {
+	o.m.deliveries.WithLabelValues(group, topic, string(outcome)).Add(float64(n))
+	if took > 0 {
+		o.m.handlerDuration.WithLabelValues(group, topic).Observe(took.Seconds())
+	}
+}
+
+func (o observer) Crashed(group, topic string, n int) {
+	o.m.deliveries.WithLabelValues(group, topic, string(observe.Crash)).Add(float64(n))
+}
+
+func (o observer) Batch(group, topic string, size int) {
+	o.m.batchSize.WithLabelValues(group, topic).Observe(float64(size))
+}
+
+func (o observer) RetentionDeleted(topic string, rows int64) {
+	o.m.retentionDeleted.WithLabelValues(topic).Add(float64(rows))
+}
+
+func (o observer) Forwarded(topic string, sent, bytes int, took time.Duration, errKind string) {
+	o.m.forwarded.WithLabelValues(topic).Add(float64(sent))
+	o.m.forwardedBytes.WithLabelValues(topic).Add(float64(bytes))
+	o.m.forwardDuration.WithLabelValues(topic).Observe(took.Seconds())
+	if errKind != "" {
+		o.m.forwardErrors.WithLabelValues(topic, errKind).Inc()
+	}
+}
