@@ -56,13 +56,13 @@ type Observer interface {
 // Nop is an Observer that does nothing.
 type Nop struct{}
 
-func (Nop) Published(string, int, int)                                {}
+func (Nop) Published(string, int, int)                                 {}
 func (Nop) SequencerPass(int, time.Duration, map[string]time.Duration) {}
-func (Nop) Delivered(string, string, Outcome, int, time.Duration)     {}
-func (Nop) Crashed(string, string, int)                               {}
-func (Nop) Batch(string, string, int)                                 {}
-func (Nop) RetentionDeleted(string, int64)                            {}
-func (Nop) Forwarded(string, int, int, time.Duration, string)         {}
+func (Nop) Delivered(string, string, Outcome, int, time.Duration)      {}
+func (Nop) Crashed(string, string, int)                                {}
+func (Nop) Batch(string, string, int)                                  {}
+func (Nop) RetentionDeleted(string, int64)                             {}
+func (Nop) Forwarded(string, int, int, time.Duration, string)          {}
 
 type holder struct{ o Observer }
 
