@@ -43,14 +43,16 @@ func tracer() trace.Tracer {
 
 var w3c = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 
-func propagator() propagation.TextMapPropagator {
+// propagator returns the propagator to use, and whether it is the W3C
+// default (whose fields are known: traceparent, tracestate, baggage).
+func propagator() (propagation.TextMapPropagator, bool) {
 	if t := tracingConfig.Load(); t != nil && t.propagator != nil {
-		return t.propagator
+		return t.propagator, false
 	}
 	if p := otel.GetTextMapPropagator(); len(p.Fields()) > 0 {
-		return p
+		return p, false
 	}
-	return w3c
+	return w3c, true
 }
 
 // metadataCarrier lets a propagator read and write message metadata.
@@ -108,7 +110,7 @@ func StartPublish(topic string, msgs []*message.Message) *Span {
 			attribute.String("messaging.destination.name", topic),
 			attribute.Int("messaging.batch.message_count", len(msgs)),
 		))
-	p := propagator()
+	p, _ := propagator()
 	for _, m := range msgs {
 		p.Inject(ctx, metadataCarrier(m.Metadata))
 	}
@@ -119,8 +121,8 @@ func StartPublish(topic string, msgs []*message.Message) *Span {
 // carries, with the span of its delivery to group; the returned context is
 // the handler's. Without trace context in the metadata it starts nothing.
 func StartProcess(ctx context.Context, msg *message.Message, group, topic string, partition int, seq int64, id string, attempt int) (context.Context, *Span) {
-	p := propagator()
-	if p == w3c && msg.Metadata["traceparent"] == "" {
+	p, isW3C := propagator()
+	if isW3C && msg.Metadata["traceparent"] == "" {
 		return ctx, nil // the common case without tracing, without allocating
 	}
 	found := false
