@@ -7,8 +7,9 @@ import (
 )
 
 // Library packages never import the demo, the benchmarks, a command or a
-// test-only dependency, and only the forwarder links a broker client (as
-// the README's dependency table says).
+// test-only dependency (the OpenTelemetry SDK included: the core uses the
+// API only), only the forwarder links a broker client and only metrics
+// links Prometheus (as the README's dependency table says).
 func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 	forbidden := []string{
 		"github.com/twmb/franz-go/pkg/kfake", "github.com/nats-io/nats-server", "go.uber.org/goleak", "gonum.org/",
@@ -16,10 +17,10 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 		"github.com/millrace/watermill-outbox/internal/pgtest", "github.com/millrace/watermill-outbox/internal/pgcluster",
 		"github.com/millrace/watermill-outbox/internal/chaos", "github.com/millrace/watermill-outbox/internal/ceiling",
 		"github.com/millrace/watermill-outbox/internal/outboxtest",
-		"testing",
+		"testing", "go.opentelemetry.io/otel/sdk",
 	}
 	brokers := []string{"github.com/IBM/sarama", "github.com/nats-io/nats.go", "github.com/twmb/franz-go"}
-	for _, pkg := range []string{".", "./adaptive", "./admin", "./deadletter", "./forwarder", "./partitioning", "./retention"} {
+	for _, pkg := range []string{".", "./adaptive", "./admin", "./deadletter", "./forwarder", "./metrics", "./partitioning", "./retention"} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
@@ -30,6 +31,9 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 				if dep == f || strings.HasPrefix(dep, f) && (strings.HasSuffix(f, "/") || strings.HasPrefix(dep, f+"/")) {
 					t.Errorf("%s imports %s", pkg, dep)
 				}
+			}
+			if strings.HasPrefix(dep, "github.com/prometheus/") && pkg != "./metrics" {
+				t.Errorf("%s links Prometheus; only metrics may", pkg)
 			}
 			if pkg == "./forwarder" {
 				continue

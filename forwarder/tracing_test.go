@@ -1,0 +1,59 @@
+package forwarder_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+)
+
+// The trace context of Publish reaches Kafka: the record's traceparent
+// header, read by a watermill-kafka subscriber, is in the publisher's
+// trace, and the forwarder's send span links to the message's span.
+func TestTraceReachesTheKafkaRecordHeaders(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	outbox.ConfigureTracing(tp, nil)
+	t.Cleanup(func() { outbox.ConfigureTracing(nil, nil); _ = tp.Shutdown(context.Background()) })
+
+	e := newEnv(t)
+	e.Register("orders", 1)
+	cluster := newKafka(t, kfake.SeedTopics(1, "orders"))
+	brokers := cluster.ListenAddrs()
+	startForwarder(t, e, nil, newKafkaTarget(t, brokers, nil), []string{"orders"}, nil)
+
+	ctx, app := tp.Tracer("app").Start(context.Background(), "place order")
+	msg := message.NewMessage("traced", []byte("x"))
+	msg.SetContext(ctx)
+	e.Publish("orders", msg)
+	app.End()
+
+	r := &received{}
+	consumeKafka(t, brokers, "orders", r)
+	outboxtest.WaitFor(t, "the record on Kafka", time.Minute, func() bool { return r.distinct() == 1 })
+	r.mu.Lock()
+	header := r.msgs[0].metadata
+	r.mu.Unlock()
+	carrier := propagation.MapCarrier(header)
+	got := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
+	if !got.IsValid() || got.TraceID() != app.SpanContext().TraceID() {
+		t.Fatalf("record header traceparent %q: trace %s, want the publisher's %s", header["traceparent"], got.TraceID(), app.SpanContext().TraceID())
+	}
+	outboxtest.WaitFor(t, "the send span", 30*time.Second, func() bool {
+		for _, s := range rec.Ended() {
+			if s.Name() == "orders send" && len(s.Links()) == 1 && s.Links()[0].SpanContext.TraceID() == app.SpanContext().TraceID() {
+				return true
+			}
+		}
+		return false
+	})
+}
