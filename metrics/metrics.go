@@ -22,6 +22,7 @@ package metrics
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -107,6 +108,45 @@ type Metrics struct {
 	retentionDeleted                         *prometheus.CounterVec
 	forwarded, forwardedBytes, forwardErrors *prometheus.CounterVec
 	forwardDuration                          *prometheus.HistogramVec
+
+	// The per group and topic series of the delivery path, resolved once:
+	// label lookups cost more than the increments.
+	groupsMu sync.RWMutex
+	groups   map[groupTopic]*groupSeries
+}
+
+type groupTopic struct{ group, topic string }
+
+type groupSeries struct {
+	outcomes        map[observe.Outcome]prometheus.Counter
+	handlerDuration prometheus.Observer
+	batchSize       prometheus.Observer
+}
+
+// series returns the delivery series of group and topic.
+func (m *Metrics) series(group, topic string) *groupSeries {
+	key := groupTopic{group, topic}
+	m.groupsMu.RLock()
+	gs := m.groups[key]
+	m.groupsMu.RUnlock()
+	if gs != nil {
+		return gs
+	}
+	m.groupsMu.Lock()
+	defer m.groupsMu.Unlock()
+	if gs = m.groups[key]; gs != nil {
+		return gs
+	}
+	gs = &groupSeries{
+		outcomes:        map[observe.Outcome]prometheus.Counter{},
+		handlerDuration: m.handlerDuration.WithLabelValues(group, topic),
+		batchSize:       m.batchSize.WithLabelValues(group, topic),
+	}
+	for _, o := range []observe.Outcome{observe.Ack, observe.Nack, observe.Reject, observe.Timeout, observe.Crash} {
+		gs.outcomes[o] = m.deliveries.WithLabelValues(group, topic, string(o))
+	}
+	m.groups[key] = gs
+	return gs
 }
 
 // Enable registers the metrics on cfg.Registerer and makes every outbox
@@ -126,6 +166,7 @@ func Enable(cfg Config) (*Metrics, error) {
 	latency := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	m := &Metrics{
 		reg:            cfg.Registerer,
+		groups:         map[groupTopic]*groupSeries{},
 		published:      counter("published_messages_total", "Messages written by Publishers (in their callers' transactions, which may still roll back).", "topic"),
 		publishedBytes: counter("published_bytes_total", "Bytes of payload, metadata, uuids and keys written by Publishers.", "topic"),
 		passes:         prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "sequencer_passes_total", Help: "Sequencer passes that moved messages into the log."}),
@@ -196,18 +237,21 @@ func (o observer) SequencerPass(rows int, took time.Duration, oldest map[string]
 }
 
 func (o observer) Delivered(group, topic string, outcome observe.Outcome, n int, took time.Duration) {
-	o.m.deliveries.WithLabelValues(group, topic, string(outcome)).Add(float64(n))
+	gs := o.m.series(group, topic)
+	if c := gs.outcomes[outcome]; c != nil {
+		c.Add(float64(n))
+	}
 	if took > 0 {
-		o.m.handlerDuration.WithLabelValues(group, topic).Observe(took.Seconds())
+		gs.handlerDuration.Observe(took.Seconds())
 	}
 }
 
 func (o observer) Crashed(group, topic string, n int) {
-	o.m.deliveries.WithLabelValues(group, topic, string(observe.Crash)).Add(float64(n))
+	o.m.series(group, topic).outcomes[observe.Crash].Add(float64(n))
 }
 
 func (o observer) Batch(group, topic string, size int) {
-	o.m.batchSize.WithLabelValues(group, topic).Observe(float64(size))
+	o.m.series(group, topic).batchSize.Observe(float64(size))
 }
 
 func (o observer) RetentionDeleted(topic string, rows int64) {

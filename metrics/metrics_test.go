@@ -297,3 +297,23 @@ func TestEnableTwiceIsAConfigError(t *testing.T) {
 		t.Fatalf("no Registerer: %v", err)
 	}
 }
+
+// A collection that fails (here: a schema that was never migrated) is
+// counted, marks the collector down, and serves the last figures.
+func TestCollectorFailureIsCountedAndMarkedDown(t *testing.T) {
+	b := outboxtest.Setup(t)
+	c, err := metrics.NewCollector(metrics.CollectorConfig{Pool: b.Pool, Schema: "never_migrated", CollectInterval: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	atLeast(t, reg, 1, "outbox_collector_errors_total", "schema", "never_migrated")
+	if v := value(t, reg, "outbox_collector_up", "schema", "never_migrated"); v != 0 {
+		t.Fatalf("outbox_collector_up = %v for a failing collection", v)
+	}
+	atLeast(t, reg, 0, "outbox_collector_duration_seconds", "schema", "never_migrated")
+	if _, err := metrics.NewCollector(metrics.CollectorConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("no pool: %v", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/errs"
@@ -104,6 +105,10 @@ type Worker struct {
 	precounted bool
 	// timer bounds the wait for a handler's answer (reused per message).
 	timer *time.Timer
+	// spanName and spanAttrs are shared by the trace spans of this worker's
+	// deliveries.
+	spanName  string
+	spanAttrs []attribute.KeyValue
 	// rejectVia is the RejectHandler of the rejection in progress (the
 	// delivery's, from RejectTo, or the Subscriber's).
 	rejectVia RejectHandler
@@ -159,6 +164,8 @@ func NewWorker(s *Config, topic string, l Lease, out chan<- *message.Message, ba
 		lastError:      l.LastError(),
 		initialBackoff: l.Backoff(),
 		logger:         s.Logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
+		spanName:       topic + " process",
+		spanAttrs:      observe.ProcessAttributes(s.Group, topic, l.Partition()),
 	}
 	if n := l.Unanswered(); n > 0 {
 		observe.Current().Crashed(s.Group, topic, n)
@@ -835,7 +842,7 @@ func (w *Worker) buildMessage(ctx context.Context, e logEntry, attempt int) (*me
 		msg.Metadata.Set(MetadataPartitionKey, e.key)
 	}
 	d := &delivery{}
-	ctx, d.span = observe.StartProcess(ctx, msg, w.s.Group, w.topic, w.part, e.seq, msg.Metadata.Get(MetadataID), attempt)
+	ctx, d.span = observe.StartProcess(ctx, msg, w.spanName, w.spanAttrs, e.seq, msg.Metadata.Get(MetadataID), attempt)
 	msg.SetContext(context.WithValue(ctx, deliveryKey{}, d))
 	return msg, d
 }

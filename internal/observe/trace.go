@@ -117,10 +117,24 @@ func StartPublish(topic string, msgs []*message.Message) *Span {
 	return &Span{span}
 }
 
+// ProcessAttributes are the attributes every delivery span of one
+// partition worker shares; build them once per worker.
+func ProcessAttributes(group, topic string, partition int) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("messaging.system", MessagingSystem),
+		attribute.String("messaging.operation.type", "process"),
+		attribute.String("messaging.destination.name", topic),
+		attribute.String("messaging.destination.partition.id", strconv.Itoa(partition)),
+		attribute.String("messaging.consumer.group.name", group),
+	}
+}
+
 // StartProcess continues, in ctx, the trace whose context msg's metadata
-// carries, with the span of its delivery to group; the returned context is
-// the handler's. Without trace context in the metadata it starts nothing.
-func StartProcess(ctx context.Context, msg *message.Message, group, topic string, partition int, seq int64, id string, attempt int) (context.Context, *Span) {
+// carries, with the span of its delivery (named name, "<topic> process",
+// with the worker's shared attributes and the message's own); the returned
+// context is the handler's. Without trace context in the metadata it
+// starts nothing.
+func StartProcess(ctx context.Context, msg *message.Message, name string, shared []attribute.KeyValue, seq int64, id string, attempt int) (context.Context, *Span) {
 	p, isW3C := propagator()
 	if isW3C && msg.Metadata["traceparent"] == "" {
 		return ctx, nil // the common case without tracing, without allocating
@@ -136,18 +150,15 @@ func StartProcess(ctx context.Context, msg *message.Message, group, topic string
 		return ctx, nil
 	}
 	ctx = p.Extract(ctx, metadataCarrier(msg.Metadata))
-	ctx, span := tracer().Start(ctx, topic+" process", trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", MessagingSystem),
-			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.destination.name", topic),
-			attribute.String("messaging.destination.partition.id", strconv.Itoa(partition)),
-			attribute.String("messaging.consumer.group.name", group),
+	ctx, span := tracer().Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(shared...))
+	if span.IsRecording() {
+		span.SetAttributes(
 			attribute.String("messaging.message.id", id),
 			attribute.String("messaging.message.conversation_id", msg.UUID),
 			attribute.Int64("messaging.outbox.seq", seq),
 			attribute.Int("messaging.outbox.attempt", attempt),
-		))
+		)
+	}
 	return ctx, &Span{span}
 }
 
