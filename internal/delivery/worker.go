@@ -189,7 +189,7 @@ func (w *Worker) Run() {
 		Poker:   w.poker,
 		OnFailure: func(f worker.Failure) {
 			if !leaseEnded(f.Err) {
-				w.logger.Error("Partition worker failed, backing off", f.Err, watermill.LogFields{"retry_in": f.RetryIn})
+				w.logger.Error("Partition worker failed, backing off", f.Err, watermill.LogFields{"seq": w.cursor + 1, "retry_in": f.RetryIn})
 			}
 		},
 	}
@@ -421,7 +421,7 @@ func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, 
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		} else {
 			guard.abandon(w.s.Background, w.s.Stop, w.s.CloseTimeout, func(err error) {
-				w.logger.Error("Cannot roll back the transaction of a timed-out handler", err, nil)
+				w.logger.Error("Cannot roll back the transaction of a timed-out handler", err, watermill.LogFields{"seq": w.cursor + 1})
 			})
 		}
 		return w.failWholeTx(ctx, entries, processed, result, reason)
@@ -602,7 +602,7 @@ func (w *Worker) undoDelivery(ctx context.Context) {
 	defer cancel()
 	w.precounted = false
 	if err := w.lease.UndoDelivery(dctx, w.cursor); err != nil {
-		w.logger.Debug("Cannot take back a delivery count", watermill.LogFields{"err": err})
+		w.logger.Debug("Cannot take back a delivery count", watermill.LogFields{"seq": w.cursor + 1, "err": err})
 		return
 	}
 	if w.headSeq == w.cursor+1 && w.attempts > 0 {
@@ -640,7 +640,7 @@ func (w *Worker) recordRetry(ctx context.Context, q pgexec.Querier, cause error,
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
 	if err := w.lease.RecordRetry(dctx, q, cause, delay); err != nil && !leaseEnded(err) {
-		w.logger.Error("Cannot record failure", err, nil)
+		w.logger.Error("Cannot record failure", err, watermill.LogFields{"seq": w.headSeq, "attempt": w.attempts})
 	}
 }
 
@@ -1130,7 +1130,7 @@ func (w *Worker) showState(ctx context.Context) {
 	defer cancel()
 	err := w.s.Store.SaveAdaptive(dctx, w.topic, w.part, w.lease.Token(), state.String(), size)
 	if err != nil {
-		w.logger.Debug("Cannot record adaptive state", watermill.LogFields{"err": err})
+		w.logger.Debug("Cannot record adaptive state", watermill.LogFields{"state": state.String(), "size": size, "err": err})
 		return
 	}
 	w.shownState, w.shownSize = state, size
