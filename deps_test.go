@@ -17,7 +17,7 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 		"github.com/millrace/watermill-outbox/internal/pgtest", "github.com/millrace/watermill-outbox/internal/pgcluster",
 		"github.com/millrace/watermill-outbox/internal/chaos", "github.com/millrace/watermill-outbox/internal/ceiling",
 		"github.com/millrace/watermill-outbox/internal/outboxtest",
-		"testing", "go.opentelemetry.io/otel/sdk",
+		"testing", "go.opentelemetry.io/otel/sdk", "github.com/spf13/cobra",
 	}
 	brokers := []string{"github.com/IBM/sarama", "github.com/nats-io/nats.go", "github.com/twmb/franz-go"}
 	for _, pkg := range []string{".", "./adaptive", "./admin", "./deadletter", "./forwarder", "./metrics", "./partitioning", "./retention"} {

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/millrace/watermill-outbox/admin"
+)
+
+func (a *app) statusCommand() *cobra.Command {
+	var (
+		f     admin.Filter
+		watch time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show topics, consumer groups and partitions: lag, leases, failures, dead letters",
+		Long: `status shows, per topic and consumer group, every partition: its head and the group's cursor, the lag in
+messages and seconds, the lease owner and expiry, whether it is paused, degraded or backing off, the attempts and
+last error of its next message, and the group's pending dead letters. --watch refreshes it.`,
+		Example: `  outbox status
+  outbox status --group billing --topic orders
+  outbox status --watch 2s
+  outbox status -o json | jq '.topics[].groups[] | {group, lag}'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			adm, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			for {
+				rep, err := adm.Status(cmd.Context(), f)
+				if err != nil {
+					return err
+				}
+				if watch > 0 && a.output == "table" {
+					fmt.Fprint(a.stdout, "\033[H\033[2J")
+				}
+				if err := a.print(rep, func(w *tabwriter.Writer) { statusTable(w, rep) }); err != nil || watch <= 0 {
+					return err
+				}
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-time.After(watch):
+				}
+			}
+		},
+	}
+	cmd.Flags().StringVar(&f.Group, "group", "", "only this consumer group")
+	cmd.Flags().StringVar(&f.Topic, "topic", "", "only this topic")
+	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every interval (e.g. 2s) until interrupted")
+	return cmd
+}
+
+func statusTable(w *tabwriter.Writer, rep admin.Report) {
+	fmt.Fprintf(w, "at %s\n", rep.At.Format(time.RFC3339))
+	for _, t := range rep.Topics {
+		held := ""
+		if t.RetentionHeldBy != "" {
+			held = ", retention held by " + t.RetentionHeldBy
+		}
+		fmt.Fprintf(w, "\ntopic %s: %d partitions, %d sequenced, %d pending%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, held)
+		for _, g := range t.Groups {
+			fmt.Fprintf(w, "  group %s: lag %d (%.1fs), %d members, %d leased, %d paused, %d failing, %d backing off, %d dead letters\n",
+				g.Group, g.Lag, g.MaxLagSeconds, len(g.Members), g.Leased, g.Paused, g.Failing, g.BackingOff, g.DeadLetters)
+			if len(g.Partitions) == 0 {
+				continue
+			}
+			fmt.Fprintln(w, "  PART\tHEAD\tCURSOR\tLAG\tLAG_S\tLEASE\tSTATE\tATTEMPTS\tLAST_ERROR")
+			for _, p := range g.Partitions {
+				lease := "-"
+				if p.Leased {
+					lease = p.LeaseOwner
+					if p.LeaseExpiresAt != nil {
+						lease += " until " + p.LeaseExpiresAt.Format("15:04:05")
+					}
+				}
+				var state []string
+				if p.Paused {
+					state = append(state, "paused")
+				}
+				if p.AdaptiveState != "" && p.AdaptiveState != "normal" {
+					state = append(state, p.AdaptiveState)
+				}
+				if p.BackingOff {
+					state = append(state, "backing-off")
+				}
+				if len(state) == 0 {
+					state = append(state, "ok")
+				}
+				fmt.Fprintf(w, "  %d\t%d\t%d\t%d\t%.1f\t%s\t%s\t%d\t%s\n", p.Partition, p.HeadSeq, p.Cursor, p.Lag, p.LagSeconds,
+					lease, strings.Join(state, ","), p.Attempts, oneLine(p.LastError, 60))
+			}
+		}
+	}
+}
+
+// oneLine shortens s to one line of at most n runes, for tables.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func (a *app) groupsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "groups", Short: "List or delete consumer groups", Example: "  outbox groups list --topic orders\n  outbox groups delete old-reporting --yes"}
+	var topic string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the consumer groups per topic",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			adm, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			rep, err := adm.Status(cmd.Context(), admin.Filter{Topic: topic})
+			if err != nil {
+				return err
+			}
+			type group struct {
+				Topic         string  `json:"topic"`
+				Group         string  `json:"group"`
+				Lag           int64   `json:"lag"`
+				MaxLagSeconds float64 `json:"max_lag_seconds"`
+				Members       int     `json:"members"`
+				Paused        int     `json:"paused"`
+				DeadLetters   int64   `json:"dead_letters"`
+			}
+			out := []group{}
+			for _, t := range rep.Topics {
+				for _, g := range t.Groups {
+					out = append(out, group{t.Topic, g.Group, g.Lag, g.MaxLagSeconds, len(g.Members), g.Paused, g.DeadLetters})
+				}
+			}
+			return a.print(out, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "TOPIC\tGROUP\tLAG\tLAG_S\tMEMBERS\tPAUSED\tDEAD_LETTERS")
+				for _, g := range out {
+					fmt.Fprintf(w, "%s\t%s\t%d\t%.1f\t%d\t%d\t%d\n", g.Topic, g.Group, g.Lag, g.MaxLagSeconds, g.Members, g.Paused, g.DeadLetters)
+				}
+			})
+		},
+	}
+	list.Flags().StringVar(&topic, "topic", "", "only this topic")
+	var opts admin.DeleteGroupOptions
+	var yes bool
+	del := &cobra.Command{
+		Use:   "delete GROUP",
+		Short: "Delete a consumer group's cursors and members (it then stops holding retention back)",
+		Long: `delete removes a consumer group's cursors and member rows, on one topic (--topic) or all. It refuses a group
+with live members or leases unless --force. Its dead letters are kept unless --dead-letters.`,
+		Example: "  outbox groups delete old-reporting --topic orders --yes",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			adm, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			what := "topic " + opts.Topic
+			if opts.Topic == "" {
+				what = "every topic"
+			}
+			if err := a.confirm(yes, fmt.Sprintf("Delete consumer group %s on %s?", args[0], what)); err != nil {
+				return err
+			}
+			res, err := adm.DeleteGroup(cmd.Context(), args[0], opts)
+			if err != nil {
+				return err
+			}
+			return a.print(res, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "deleted group %s: %d cursors, %d members, %d dead letters\n", args[0], res.Cursors, res.Members, res.DeadLetters)
+			})
+		},
+	}
+	del.Flags().StringVar(&opts.Topic, "topic", "", "only on this topic")
+	del.Flags().BoolVar(&opts.Force, "force", false, "delete even with live members or leases")
+	del.Flags().BoolVar(&opts.DeadLetters, "dead-letters", false, "also delete the group's dead letters")
+	del.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation")
+	cmd.AddCommand(list, del)
+	return cmd
+}
+
+// scopeFlags adds --group, --topic and --partition to cmd.
+func scopeFlags(cmd *cobra.Command, s *admin.Scope) {
+	cmd.Flags().StringVar(&s.Group, "group", "", "consumer group (required)")
+	cmd.Flags().StringVar(&s.Topic, "topic", "", "topic (default: all the group's topics)")
+	cmd.Flags().IntSliceVar(&s.Partitions, "partition", nil, "partitions (repeat or comma-separate; default: all)")
+	_ = cmd.MarkFlagRequired("group")
+}
+
+func (a *app) pauseCommand(pause bool) *cobra.Command {
+	var s admin.Scope
+	use, short, verb := "pause", "Pause a consumer group's partitions (members give their leases back)", "paused"
+	if !pause {
+		use, short, verb = "resume", "Resume a consumer group's paused partitions", "resumed"
+	}
+	cmd := &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Example: fmt.Sprintf("  outbox %s --group billing --topic orders --partition 3", use),
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			adm, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			op := adm.Resume
+			if pause {
+				op = adm.Pause
+			}
+			n, err := op(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			return a.print(map[string]any{"group": s.Group, "topic": s.Topic, "partitions": n, verb: true}, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "%s %d partitions of group %s\n", verb, n, s.Group)
+			})
+		},
+	}
+	scopeFlags(cmd, &s)
+	return cmd
+}
+
+func (a *app) resetCommand() *cobra.Command {
+	var (
+		s      admin.Scope
+		toSeq  int64
+		toTime string
+		yes    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "reset",
+		Short: "Move a consumer group's cursors to a seq or a time (replay or skip)",
+		Long: `reset moves the cursors of a consumer group on a topic to --to-seq (the next message is seq+1) or to
+--to-time (the first message sequenced at or after it, RFC 3339), backwards to replay or forwards to skip. The
+partitions' leases are revoked, so the group goes on from the new cursors.`,
+		Example: `  outbox reset --group billing --topic orders --to-time 2026-11-22T10:00:00Z --yes
+  outbox reset --group billing --topic orders --partition 3 --to-seq 1200`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var pos admin.Position
+			switch {
+			case cmd.Flags().Changed("to-seq") == (toTime != ""):
+				return usagef("give exactly one of --to-seq and --to-time")
+			case toTime != "":
+				t, err := time.Parse(time.RFC3339, toTime)
+				if err != nil {
+					return usagef("--to-time: %v (use RFC 3339, e.g. 2026-11-22T10:00:00Z)", err)
+				}
+				pos = admin.ToTime(t)
+			default:
+				pos = admin.ToSeq(toSeq)
+			}
+			if s.Topic == "" {
+				return usagef("reset needs --topic")
+			}
+			adm, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := a.confirm(yes, fmt.Sprintf("Move the cursors of group %s on %s (partitions %v)?", s.Group, s.Topic, s.Partitions)); err != nil {
+				return err
+			}
+			resets, err := adm.ResetCursor(cmd.Context(), s, pos)
+			if err != nil {
+				return err
+			}
+			return a.print(resets, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "TOPIC\tPARTITION\tFROM\tTO")
+				for _, r := range resets {
+					fmt.Fprintf(w, "%s\t%d\t%d\t%d\n", r.Topic, r.Partition, r.From, r.To)
+				}
+			})
+		},
+	}
+	scopeFlags(cmd, &s)
+	cmd.Flags().Int64Var(&toSeq, "to-seq", 0, "the seq of the last message to count as done")
+	cmd.Flags().StringVar(&toTime, "to-time", "", "replay from the first message sequenced at or after this time (RFC 3339)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation")
+	return cmd
+}

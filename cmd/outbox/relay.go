@@ -1,0 +1,117 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/spf13/cobra"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/forwarder"
+)
+
+func (a *app) relayCommand() *cobra.Command {
+	var (
+		kafkaBrokers []string
+		natsURL      string
+		topics       []string
+		group        string
+		maxAttempts  int
+		verbose      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Run a standalone sequencer, and a forwarder to Kafka or NATS JetStream",
+		Long: `relay runs until interrupted: a sequencer for the schema (give committed messages their seq) and, with
+--topic and --kafka or --nats, a forwarder of those topics to the broker, as consumer group --group. Poison messages
+go to the dead-letter store after --max-attempts. Run as many relays as you like: they share the work.`,
+		Example: `  outbox relay
+  outbox relay --topic orders --topic invoices --kafka broker1:9092,broker2:9092
+  outbox relay --topic orders --nats nats://localhost:4222`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if (len(kafkaBrokers) > 0) == (natsURL != "") && len(topics) > 0 {
+				return usagef("forwarding --topic needs exactly one of --kafka and --nats")
+			}
+			if len(topics) == 0 && (len(kafkaBrokers) > 0 || natsURL != "") {
+				return usagef("--kafka and --nats need at least one --topic to forward")
+			}
+			pool, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			var logger watermill.LoggerAdapter = watermill.NewStdLoggerWithOut(a.stderr, verbose, false)
+			seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: a.schemaName(), Pool: pool}, logger)
+			if err != nil {
+				return err
+			}
+			errs := make(chan error, 2)
+			go func() { errs <- seq.Run(ctx) }()
+			running := 1
+			if len(topics) > 0 {
+				var target forwarder.Target
+				if len(kafkaBrokers) > 0 {
+					t, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: kafkaBrokers, Logger: logger})
+					if err != nil {
+						return err
+					}
+					defer t.Close()
+					target = t
+				} else {
+					t, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{URL: natsURL, Logger: logger})
+					if err != nil {
+						return err
+					}
+					defer t.Close()
+					target = t
+				}
+				store, err := deadletter.NewStore(deadletter.Config{Schema: a.schemaName(), Pool: pool}, logger)
+				if err != nil {
+					return err
+				}
+				fwd, err := forwarder.NewForwarder(forwarder.Config{
+					Subscriber: outbox.SubscriberConfig{Schema: a.schemaName(), Pool: pool, ConsumerGroup: group,
+						RejectHandler: store, MaxAttempts: maxAttempts, DisableSequencer: true},
+					Topics: topics,
+					Target: target,
+				}, logger)
+				if err != nil {
+					return err
+				}
+				defer fwd.Close()
+				go func() { errs <- fwd.Run(ctx) }()
+				running++
+			}
+			fmt.Fprintf(a.stderr, "relay running on schema %s (sequencer%s); interrupt to stop\n", a.schemaName(), forwarding(topics, kafkaBrokers, natsURL))
+			var first error
+			for range running {
+				if err := <-errs; err != nil && !errors.Is(err, ctx.Err()) && first == nil {
+					first = err
+				}
+			}
+			_ = seq.Close()
+			return first
+		},
+	}
+	cmd.Flags().StringSliceVar(&topics, "topic", nil, "outbox topics to forward (repeat or comma-separate)")
+	cmd.Flags().StringSliceVar(&kafkaBrokers, "kafka", nil, "Kafka brokers to forward to")
+	cmd.Flags().StringVar(&natsURL, "nats", "", "NATS server to forward to (JetStream)")
+	cmd.Flags().StringVar(&group, "group", forwarder.DefaultConsumerGroup, "consumer group of the forwarder")
+	cmd.Flags().IntVar(&maxAttempts, "max-attempts", 10, "deliveries of a message before it goes to the dead-letter store")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	return cmd
+}
+
+func forwarding(topics, kafkaBrokers []string, natsURL string) string {
+	switch {
+	case len(topics) == 0:
+		return ""
+	case len(kafkaBrokers) > 0:
+		return ", forwarding " + strings.Join(topics, ",") + " to Kafka " + strings.Join(kafkaBrokers, ",")
+	}
+	return ", forwarding " + strings.Join(topics, ",") + " to NATS " + natsURL
+}
