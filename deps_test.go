@@ -17,10 +17,10 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 		"github.com/millrace/watermill-outbox/internal/pgtest", "github.com/millrace/watermill-outbox/internal/pgcluster",
 		"github.com/millrace/watermill-outbox/internal/chaos", "github.com/millrace/watermill-outbox/internal/ceiling",
 		"github.com/millrace/watermill-outbox/internal/outboxtest",
-		"testing", "go.opentelemetry.io/otel/sdk", "github.com/spf13/cobra",
+		"testing", "go.opentelemetry.io/otel/sdk", "github.com/spf13/cobra", "github.com/chromedp/",
 	}
 	brokers := []string{"github.com/IBM/sarama", "github.com/nats-io/nats.go", "github.com/twmb/franz-go"}
-	for _, pkg := range []string{".", "./adaptive", "./admin", "./deadletter", "./forwarder", "./metrics", "./partitioning", "./retention"} {
+	for _, pkg := range []string{".", "./adaptive", "./admin", "./console", "./deadletter", "./forwarder", "./metrics", "./partitioning", "./retention"} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)

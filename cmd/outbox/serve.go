@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/spf13/cobra"
+
+	"github.com/millrace/watermill-outbox/console"
+)
+
+func (a *app) serveCommand() *cobra.Command {
+	var (
+		listen        string
+		enableActions bool
+		token         string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the web console",
+		Long: `serve runs the web console: topics and groups, a live partition grid, the dead-letter browser.
+It listens on 127.0.0.1 by default. It is read-only unless --enable-actions, and actions then need the token
+(--token or OUTBOX_CONSOLE_TOKEN), sent as "Authorization: Bearer <token>" or as the password of basic auth.`,
+		Example: `  outbox serve
+  OUTBOX_CONSOLE_TOKEN=$(openssl rand -hex 16) outbox serve --listen 127.0.0.1:8080 --enable-actions`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if token == "" {
+				token = a.getenv("OUTBOX_CONSOLE_TOKEN")
+			}
+			if enableActions && token == "" {
+				return usagef("--enable-actions needs a token: --token or OUTBOX_CONSOLE_TOKEN")
+			}
+			pool, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			c, err := console.New(console.Config{Pool: pool, Schema: a.schemaName(), EnableActions: enableActions, Token: token},
+				watermill.NewStdLoggerWithOut(a.stderr, false, false))
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", listen, err)
+			}
+			srv := &http.Server{Handler: c, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+				WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+			mode := "read-only"
+			if enableActions {
+				mode = "actions enabled"
+			}
+			fmt.Fprintf(a.stderr, "console on http://%s/ (%s); interrupt to stop\n", ln.Addr(), mode)
+			errc := make(chan error, 1)
+			go func() { errc <- srv.Serve(ln) }()
+			select {
+			case err := <-errc:
+				return err
+			case <-ctx.Done():
+				shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					return err
+				}
+				return nil
+			}
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
+	cmd.Flags().BoolVar(&enableActions, "enable-actions", false, "allow pause, resume, reset, replay and discard")
+	cmd.Flags().StringVar(&token, "token", "", "token required for actions (default $OUTBOX_CONSOLE_TOKEN)")
+	return cmd
+}

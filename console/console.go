@@ -1,0 +1,462 @@
+// Package console is the outbox's web console: an http.Handler to mount in
+// an application (or run with `outbox serve`) that shows topics, consumer
+// groups and a live partition grid (head, cursor, lag, lease, paused,
+// degraded, backoff, last error), browses dead letters, and, when enabled,
+// pauses, resumes and resets partitions and replays or discards dead
+// letters.
+//
+//	c, err := console.New(console.Config{Pool: pool}, logger)
+//	http.Handle("/outbox/", http.StripPrefix("/outbox", c))
+//
+// Security: the console is read-only unless Config.EnableActions; actions
+// then need Config.Token (as "Authorization: Bearer <token>", or as the
+// password of HTTP basic auth) or pass Config.Authorize, and carry a CSRF
+// token bound to the console and checked with the request's Origin. Every
+// value shown is escaped by html/template (a payload of <script> renders
+// as text); every query takes request input as bind parameters only;
+// database calls are bounded by Config.Timeout. No front-end build step:
+// templates and a little plain JavaScript, embedded.
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/admin"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+)
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// Config configures a Console.
+type Config struct {
+	// Pool is the outbox database. Required.
+	Pool *pgxpool.Pool
+	// Schema is the outbox schema (DefaultSchema when empty).
+	Schema string
+	// EnableActions allows pause, resume, reset, replay and discard.
+	// Without it the console is read-only and refuses every action (403).
+	EnableActions bool
+	// Token, when set, is required for actions: "Authorization: Bearer
+	// <token>", or HTTP basic auth with the token as the password.
+	Token string
+	// Authorize, when set, decides instead of Token (e.g. the host
+	// application's session). EnableActions needs Token or Authorize.
+	Authorize func(*http.Request) bool
+	// Timeout bounds the database work of one request (default 10 s).
+	Timeout time.Duration
+	// RefreshInterval is how often the partition grid polls (default 1 s).
+	RefreshInterval time.Duration
+	// Prefix is the path the console is mounted under, e.g. "/outbox"
+	// with http.StripPrefix("/outbox", c); "" for the root.
+	Prefix string
+}
+
+// Validate reports the first impossible setting.
+func (c Config) Validate() error {
+	if c.Pool == nil {
+		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+	}
+	if c.Schema != "" {
+		if err := names.Schema(c.Schema); err != nil {
+			return err
+		}
+	}
+	if c.EnableActions && c.Token == "" && c.Authorize == nil {
+		return &errs.ConfigError{Field: "EnableActions", Reason: "actions need authentication: set Token or Authorize"}
+	}
+	if c.Timeout < 0 || c.RefreshInterval < 0 {
+		return &errs.ConfigError{Field: "Timeout/RefreshInterval", Reason: "must not be negative"}
+	}
+	return nil
+}
+
+// Console is the web console; it is an http.Handler.
+type Console struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	admin  *admin.Admin
+	store  *deadletter.Store
+	pages  map[string]*template.Template
+	mux    *http.ServeMux
+	secret []byte // CSRF tokens are HMACs under it
+}
+
+// New creates a Console.
+func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = outbox.DefaultSchema
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.RefreshInterval == 0 {
+		cfg.RefreshInterval = time.Second
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	adm, err := admin.New(admin.Config{Schema: cfg.Schema, Pool: cfg.Pool}, logger)
+	if err != nil {
+		return nil, err
+	}
+	store, err := deadletter.NewStore(deadletter.Config{Schema: cfg.Schema, Pool: cfg.Pool}, logger)
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{cfg: cfg, logger: logger, admin: adm, store: store, pages: map[string]*template.Template{}, secret: make([]byte, 32)}
+	if _, err := rand.Read(c.secret); err != nil {
+		return nil, err
+	}
+	funcs := template.FuncMap{
+		"ago":      func(t *time.Time) string { return ago(t) },
+		"seconds":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+		"text":     payloadText,
+		"join":     strings.Join,
+		"rfc3339":  func(t time.Time) string { return t.Format(time.RFC3339) },
+		"pathPart": url.PathEscape,
+	}
+	for _, page := range []string{"overview", "group", "dlq", "entry", "message"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
+		if err != nil {
+			return nil, err
+		}
+		c.pages[page] = t
+	}
+	static, _ := fs.Sub(assets, "static")
+	mux := http.NewServeMux()
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /groups/{topic}/{group}", c.group)
+	mux.HandleFunc("GET /api/status", c.apiStatus)
+	mux.HandleFunc("GET /dlq", c.dlq)
+	mux.HandleFunc("GET /dlq/{id}", c.entry)
+	mux.HandleFunc("POST /actions/{action}", c.action)
+	c.mux = mux
+	return c, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "same-origin")
+	c.mux.ServeHTTP(w, r)
+}
+
+// view is what every page gets.
+type view struct {
+	Title        string
+	Schema       string
+	ActionsOn    bool
+	CSRF         string
+	Flash, Error string
+	Refresh      int // ms
+	Data         any
+	TopicFilter  string
+	GroupFilter  string
+	StatusFilter string
+	NextCursor   string
+	Base         string // the mount prefix
+	Path         string // this page, for the actions' way back
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, page string, status int, v view) {
+	v.Schema, v.ActionsOn, v.CSRF, v.Base, v.Path = c.cfg.Schema, c.cfg.EnableActions, c.csrfToken(), c.cfg.Prefix, r.URL.RequestURI()
+	v.Refresh = int(c.cfg.RefreshInterval / time.Millisecond)
+	v.Flash = r.URL.Query().Get("flash")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	if err := c.pages[page].Execute(w, v); err != nil {
+		c.logger.Error("Console: cannot render page", err, watermill.LogFields{"page": page})
+	}
+}
+
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+	c.render(w, r, "message", status, view{Title: http.StatusText(status), Error: err.Error()})
+}
+
+func (c *Console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), c.cfg.Timeout)
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	rep, err := c.admin.Status(ctx, admin.Filter{})
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	c.render(w, r, "overview", http.StatusOK, view{Title: "Overview", Data: rep})
+}
+
+func (c *Console) group(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	topic, group := r.PathValue("topic"), r.PathValue("group")
+	rep, err := c.admin.Status(ctx, admin.Filter{Group: group, Topic: topic})
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	for _, t := range rep.Topics {
+		for _, g := range t.Groups {
+			if g.Group == group {
+				c.render(w, r, "group", http.StatusOK, view{Title: group + " on " + topic, Data: g, TopicFilter: topic, GroupFilter: group})
+				return
+			}
+		}
+	}
+	c.fail(w, r, http.StatusNotFound, fmt.Errorf("no consumer group %q on topic %q", group, topic))
+}
+
+// apiStatus serves the status of one group and topic as JSON, for the
+// grid's live updates.
+func (c *Console) apiStatus(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	rep, err := c.admin.Status(ctx, admin.Filter{Group: r.URL.Query().Get("group"), Topic: r.URL.Query().Get("topic")})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(rep)
+}
+
+func (c *Console) dlq(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	q := r.URL.Query()
+	opts := deadletter.ListOptions{Filter: deadletter.Filter{Group: q.Get("group"), Topic: q.Get("topic")}, Cursor: q.Get("after"), Limit: 50, Descending: true}
+	if s := q.Get("status"); s != "" {
+		opts.Statuses = []deadletter.Status{deadletter.Status(s)}
+	}
+	page, err := c.store.List(ctx, opts)
+	if err != nil {
+		status := http.StatusInternalServerError
+		if errors.Is(err, outbox.ErrInvalidArgument) {
+			status = http.StatusBadRequest
+		}
+		c.fail(w, r, status, err)
+		return
+	}
+	c.render(w, r, "dlq", http.StatusOK, view{Title: "Dead letters", Data: page.Entries, NextCursor: page.NextCursor,
+		GroupFilter: opts.Group, TopicFilter: opts.Topic, StatusFilter: q.Get("status")})
+}
+
+func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, errors.New("the id of a dead letter is a number"))
+		return
+	}
+	e, err := c.store.Get(ctx, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		c.fail(w, r, http.StatusNotFound, err)
+		return
+	}
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	c.render(w, r, "entry", http.StatusOK, view{Title: fmt.Sprintf("Dead letter %d", e.ID), Data: e})
+}
+
+// action runs a POSTed action after checking that actions are on, the
+// caller is authorized and the CSRF token and origin are right.
+func (c *Console) action(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case !c.cfg.EnableActions:
+		c.fail(w, r, http.StatusForbidden, errors.New("actions are disabled: this console is read-only (console.Config.EnableActions, outbox serve --enable-actions)"))
+		return
+	case !c.authorized(r):
+		w.Header().Set("WWW-Authenticate", `Basic realm="outbox console"`)
+		c.fail(w, r, http.StatusUnauthorized, errors.New("actions need the console token: Authorization: Bearer <token>, or basic auth with the token as password"))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 1<<16)
+	if err := r.ParseForm(); err != nil {
+		c.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	if !c.sameOrigin(r) || !hmac.Equal([]byte(r.PostForm.Get("csrf")), []byte(c.csrfToken())) {
+		c.fail(w, r, http.StatusForbidden, errors.New("the request did not come from this console (CSRF check failed): reload the page and try again"))
+		return
+	}
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	f := r.PostForm
+	back := f.Get("back")
+	if !strings.HasPrefix(back, "/") || strings.HasPrefix(back, "//") {
+		back = "/"
+	}
+	var flash string
+	var err error
+	switch r.PathValue("action") {
+	case "pause", "resume":
+		s := admin.Scope{Group: f.Get("group"), Topic: f.Get("topic")}
+		if p := f.Get("partition"); p != "" {
+			n, perr := strconv.Atoi(p)
+			if perr != nil {
+				c.fail(w, r, http.StatusBadRequest, errors.New("partition must be a number"))
+				return
+			}
+			s.Partitions = []int{n}
+		}
+		op := c.admin.Pause
+		if r.PathValue("action") == "resume" {
+			op = c.admin.Resume
+		}
+		var n int
+		n, err = op(ctx, s)
+		flash = fmt.Sprintf("%sd %d partition(s)", r.PathValue("action"), n)
+	case "reset":
+		if f.Get("confirm") != "yes" {
+			c.fail(w, r, http.StatusBadRequest, errors.New("tick the confirmation to reset cursors"))
+			return
+		}
+		s := admin.Scope{Group: f.Get("group"), Topic: f.Get("topic")}
+		if p := f.Get("partition"); p != "" {
+			n, perr := strconv.Atoi(p)
+			if perr != nil {
+				c.fail(w, r, http.StatusBadRequest, errors.New("partition must be a number"))
+				return
+			}
+			s.Partitions = []int{n}
+		}
+		seq, perr := strconv.ParseInt(f.Get("to_seq"), 10, 64)
+		if perr != nil {
+			c.fail(w, r, http.StatusBadRequest, errors.New("to_seq must be a number"))
+			return
+		}
+		var resets []admin.CursorReset
+		resets, err = c.admin.ResetCursor(ctx, s, admin.ToSeq(seq))
+		flash = fmt.Sprintf("reset %d cursor(s) to %d", len(resets), seq)
+	case "replay", "discard":
+		id, perr := strconv.ParseInt(f.Get("id"), 10, 64)
+		if perr != nil {
+			c.fail(w, r, http.StatusBadRequest, errors.New("id must be a number"))
+			return
+		}
+		if r.PathValue("action") == "replay" {
+			var e deadletter.Entry
+			e, err = c.store.Replay(ctx, id, deadletter.ReplayOptions{})
+			flash = fmt.Sprintf("replayed %d as %s", id, e.ReplayUUID)
+		} else {
+			_, err = c.store.Discard(ctx, id)
+			flash = fmt.Sprintf("discarded %d", id)
+		}
+	default:
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", r.PathValue("action")))
+		return
+	}
+	if err != nil {
+		status := http.StatusInternalServerError
+		if errors.Is(err, outbox.ErrNotFound) {
+			status = http.StatusNotFound
+		} else if errors.Is(err, outbox.ErrInvalidArgument) || errors.Is(err, deadletter.ErrInvalidState) || errors.Is(err, admin.ErrSeqOutOfRange) {
+			status = http.StatusConflict
+		}
+		c.fail(w, r, status, err)
+		return
+	}
+	c.logger.Info("Console action", watermill.LogFields{"action": r.PathValue("action"), "remote": r.RemoteAddr, "result": flash})
+	sep := "?"
+	if strings.Contains(back, "?") {
+		sep = "&"
+	}
+	if i := strings.Index(back, "flash="); i > 0 {
+		back = strings.TrimRight(back[:i], "?&")
+		sep = "?"
+		if strings.Contains(back, "?") {
+			sep = "&"
+		}
+	}
+	http.Redirect(w, r, c.cfg.Prefix+back+sep+"flash="+url.QueryEscape(flash), http.StatusSeeOther)
+}
+
+func (c *Console) authorized(r *http.Request) bool {
+	if c.cfg.Authorize != nil {
+		return c.cfg.Authorize(r)
+	}
+	given := ""
+	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
+		given = strings.TrimPrefix(h, "Bearer ")
+	} else if _, pw, ok := r.BasicAuth(); ok {
+		given = pw
+	}
+	return given != "" && subtle.ConstantTimeCompare([]byte(given), []byte(c.cfg.Token)) == 1
+}
+
+// sameOrigin refuses a request whose Origin (or, without one, Referer)
+// names another host.
+func (c *Console) sameOrigin(r *http.Request) bool {
+	src := r.Header.Get("Origin")
+	if src == "" || src == "null" {
+		src = r.Header.Get("Referer")
+	}
+	if src == "" {
+		return r.Header.Get("Sec-Fetch-Site") == "" || r.Header.Get("Sec-Fetch-Site") == "same-origin"
+	}
+	u, err := url.Parse(src)
+	return err == nil && u.Host == r.Host
+}
+
+func (c *Console) csrfToken() string {
+	m := hmac.New(sha256.New, c.secret)
+	m.Write([]byte("outbox console actions"))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func ago(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	d := time.Until(*t).Round(time.Second)
+	if d < 0 {
+		return (-d).String() + " ago"
+	}
+	return "in " + d.String()
+}
+
+// payloadText shows a payload as text when it is UTF-8, else says so.
+func payloadText(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return fmt.Sprintf("(%d bytes of binary data)", len(b))
+}
