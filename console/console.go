@@ -10,7 +10,10 @@
 //
 // Security: the console is read-only unless Config.EnableActions; actions
 // then need Config.Token (as "Authorization: Bearer <token>", or as the
-// password of HTTP basic auth) or pass Config.Authorize, and carry a CSRF
+// password of HTTP basic auth; no challenge is sent, so a browser shows the
+// refusal instead of a password prompt: in a browser, put the console
+// behind the host application's authentication with Config.Authorize, or
+// a proxy that adds the header) or pass Config.Authorize, and carry a CSRF
 // token bound to the console and checked with the request's Origin. Every
 // value shown is escaped by html/template (a payload of <script> renders
 // as text); every query takes request input as bind parameters only;
@@ -304,7 +307,6 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusForbidden, errors.New("actions are disabled: this console is read-only (console.Config.EnableActions, outbox serve --enable-actions)"))
 		return
 	case !c.authorized(r):
-		w.Header().Set("WWW-Authenticate", `Basic realm="outbox console"`)
 		c.fail(w, r, http.StatusUnauthorized, errors.New("actions need the console token: Authorization: Bearer <token>, or basic auth with the token as password"))
 		return
 	}

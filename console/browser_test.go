@@ -1,0 +1,190 @@
+package console_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+)
+
+// browser starts a headless Chromium for the test: Debian's chromium
+// package, which .ci/run installs. With authorized, every request carries
+// the console token.
+func browser(t *testing.T, authorized bool, token string) context.Context {
+	t.Helper()
+	if _, err := exec.LookPath("chromium"); err != nil {
+		if _, err2 := exec.LookPath("google-chrome"); err2 != nil {
+			t.Fatal("the browser tests need Chromium: apt-get install chromium (.ci/run installs it)")
+		}
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1400, 1000))
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(alloc)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
+	if err := chromedp.Run(ctx, network.Enable()); err != nil {
+		t.Fatal(err)
+	}
+	if authorized {
+		if err := chromedp.Run(ctx, network.SetExtraHTTPHeaders(network.Headers{"Authorization": "Bearer " + token})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ctx
+}
+
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	var s string
+	if err := chromedp.Run(ctx, chromedp.Text(sel, &s, chromedp.ByQuery)); err != nil {
+		t.Fatalf("text of %s: %v", sel, err)
+	}
+	return strings.TrimSpace(s)
+}
+
+// screenshot saves the page to $OUTBOX_CONSOLE_SCREENSHOTS/name.png when
+// that directory is set (how docs/console-*.png were made).
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	dir := os.Getenv("OUTBOX_CONSOLE_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	var png []byte
+	if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "console-"+name+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// In a real browser: the grid shows the lag going down while a subscriber
+// works, without reloading; pausing from the page shows the partitions
+// paused and the subscriber stops; a dead letter with a hostile payload
+// renders as text and replays from the page back into the stream; an
+// action without the token is refused.
+func TestConsoleInARealBrowser(t *testing.T) {
+	f := newFixture(t, true)
+	for i := range 300 {
+		f.b.Publish("orders", outboxtest.Keyed("m"+strconv.Itoa(i), "k"+strconv.Itoa(i%7), i, "payload"))
+	}
+	f.b.SequenceAll()
+	gate := make(chan struct{})
+	var handled atomic.Int64
+	sub := f.b.Subscriber("billing", func(c *outbox.SubscriberConfig) {
+		c.DisableSequencer = true
+		c.BalanceInterval = 200 * time.Millisecond
+	})
+	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		<-gate
+		for m := range msgs {
+			time.Sleep(10 * time.Millisecond) // a slow handler: the lag goes down visibly
+			handled.Add(1)
+			m.Ack()
+		}
+	}()
+	outboxtest.WaitFor(t, "the group's cursors", 30*time.Second, func() bool {
+		return f.b.Int("SELECT count(*) FROM "+f.b.Schema+".cursors WHERE group_name = 'billing'") == 2
+	})
+
+	ctx := browser(t, true, f.token)
+	if err := chromedp.Run(ctx, chromedp.Navigate(f.srv.URL+"/groups/orders/billing"), chromedp.WaitVisible("#grid", chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := strconv.Atoi(text(t, ctx, "#lag"))
+	if before != 300 {
+		t.Fatalf("lag %d before the subscriber works, want 300", before)
+	}
+	close(gate)
+	outboxtest.WaitFor(t, "the grid's lag to go down without a reload", 30*time.Second, func() bool {
+		lag, err := strconv.Atoi(text(t, ctx, "#lag"))
+		return err == nil && lag < before && lag > 0
+	})
+	screenshot(t, ctx, "grid")
+
+	// Pause from the page.
+	if err := chromedp.Run(ctx, chromedp.Click("#pause-all", chromedp.ByQuery), chromedp.WaitVisible("#flash", chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	if flash := text(t, ctx, "#flash"); !strings.Contains(flash, "paused 2 partition") {
+		t.Fatalf("flash after pause: %q", flash)
+	}
+	outboxtest.WaitFor(t, "both partitions shown paused", 30*time.Second, func() bool {
+		return strings.Contains(text(t, ctx, "#p0 [data-f=state]"), "paused") && strings.Contains(text(t, ctx, "#p1 [data-f=state]"), "paused")
+	})
+	outboxtest.WaitFor(t, "the subscriber to stop", 30*time.Second, func() bool {
+		n := handled.Load()
+		time.Sleep(time.Second)
+		return handled.Load() == n
+	})
+	stopped := handled.Load()
+	if stopped >= 300 {
+		t.Fatal("everything was consumed before the pause took effect: the test proves nothing")
+	}
+	time.Sleep(time.Second)
+	if handled.Load() != stopped {
+		t.Fatalf("the subscriber went on after the pause: %d -> %d", stopped, handled.Load())
+	}
+
+	// The hostile dead letter renders as text, and replays.
+	if err := chromedp.Run(ctx, chromedp.Navigate(f.srv.URL+"/dlq"), chromedp.WaitVisible("#dead-letters", chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	screenshot(t, ctx, "dead-letters")
+	if err := chromedp.Run(ctx, chromedp.Click("#entry-"+itoa(f.entry), chromedp.ByQuery), chromedp.WaitVisible("#payload", chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	var pwned bool
+	if err := chromedp.Run(ctx, chromedp.Evaluate(`window.__pwned === 1`, &pwned)); err != nil {
+		t.Fatal(err)
+	}
+	if pwned {
+		t.Fatal("the hostile payload executed")
+	}
+	if payload := text(t, ctx, "#payload"); payload != hostile {
+		t.Fatalf("payload shown as %q, want the text %q", payload, hostile)
+	}
+	screenshot(t, ctx, "dead-letter")
+	pendingBefore := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".pending")
+	if err := chromedp.Run(ctx, chromedp.Click("#replay", chromedp.ByQuery), chromedp.WaitVisible("#flash", chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	if status := text(t, ctx, "#status"); status != "replayed" {
+		t.Fatalf("status after replay: %q", status)
+	}
+	if n := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".pending"); n != pendingBefore+1 {
+		t.Fatalf("replay put %d messages back in the stream, want 1", n-pendingBefore)
+	}
+
+	// Without the token, an action is refused and changes nothing.
+	anon := browser(t, false, "")
+	if err := chromedp.Run(anon, chromedp.Navigate(f.srv.URL+"/groups/orders/billing"), chromedp.WaitVisible("#grid", chromedp.ByQuery),
+		chromedp.Click("#resume-0", chromedp.ByQuery), chromedp.WaitVisible("#error", chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	if e := text(t, anon, "#error"); !strings.Contains(e, "need the console token") {
+		t.Fatalf("action without the token: %q", e)
+	}
+	if n := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".cursors WHERE group_name = 'billing' AND paused"); n != 2 {
+		t.Fatalf("an unauthorized resume changed %d partitions", 2-n)
+	}
+	if err := chromedp.Run(ctx, chromedp.Navigate(f.srv.URL+"/"), chromedp.WaitVisible("section.topic", chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	screenshot(t, ctx, "overview")
+}
