@@ -118,7 +118,17 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	screenshot(t, ctx, "grid")
 
 	// Pause from the page.
-	if err := chromedp.Run(ctx, chromedp.Click("#pause-all", chromedp.ByQuery), chromedp.WaitVisible("#flash", chromedp.ByQuery)); err != nil {
+	if err := chromedp.Run(ctx, chromedp.Click("#pause-all", chromedp.ByQuery), chromedp.WaitVisible("#question", chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	if q := text(t, ctx, "#question"); !strings.Contains(q, "Pause every partition of consumer group billing") {
+		t.Fatalf("confirmation: %q", q)
+	}
+	screenshot(t, ctx, "confirm")
+	if n := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".cursors WHERE group_name = 'billing' AND paused"); n != 0 {
+		t.Fatal("pause happened before it was confirmed")
+	}
+	if err := chromedp.Run(ctx, chromedp.Click("#confirm", chromedp.ByQuery), chromedp.WaitVisible("#flash", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
 	if flash := text(t, ctx, "#flash"); !strings.Contains(flash, "paused 2 partition") {
@@ -161,7 +171,8 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	}
 	screenshot(t, ctx, "dead-letter")
 	pendingBefore := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".pending")
-	if err := chromedp.Run(ctx, chromedp.Click("#replay", chromedp.ByQuery), chromedp.WaitVisible("#flash", chromedp.ByQuery)); err != nil {
+	if err := chromedp.Run(ctx, chromedp.Click("#replay", chromedp.ByQuery), chromedp.WaitVisible("#confirm", chromedp.ByQuery),
+		chromedp.Click("#confirm", chromedp.ByQuery), chromedp.WaitVisible("#flash", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
 	if status := text(t, ctx, "#status"); status != "replayed" {
@@ -174,12 +185,15 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	// Without the token, an action is refused and changes nothing.
 	anon := browser(t, false, "")
 	if err := chromedp.Run(anon, chromedp.Navigate(f.srv.URL+"/groups/orders/billing"), chromedp.WaitVisible("#grid", chromedp.ByQuery),
-		chromedp.Click("#resume-0", chromedp.ByQuery), chromedp.WaitVisible("#error", chromedp.ByQuery)); err != nil {
+		chromedp.Click("#resume-0", chromedp.ByQuery), chromedp.WaitVisible("#confirm", chromedp.ByQuery),
+		chromedp.Click("#confirm", chromedp.ByQuery), chromedp.WaitVisible("#error", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
-	if e := text(t, anon, "#error"); !strings.Contains(e, "need the console token") {
-		t.Fatalf("action without the token: %q", e)
-	}
+	outboxtest.WaitFor(t, "the refusal of an action without the token", 30*time.Second, func() bool {
+		var e string
+		err := chromedp.Run(anon, chromedp.Text("#error", &e, chromedp.ByQuery))
+		return err == nil && strings.Contains(e, "need the console token")
+	})
 	if n := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".cursors WHERE group_name = 'billing' AND paused"); n != 2 {
 		t.Fatalf("an unauthorized resume changed %d partitions", 2-n)
 	}

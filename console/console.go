@@ -145,7 +145,7 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 		"rfc3339":  func(t time.Time) string { return t.Format(time.RFC3339) },
 		"pathPart": url.PathEscape,
 	}
-	for _, page := range []string{"overview", "group", "dlq", "entry", "message"} {
+	for _, page := range []string{"overview", "group", "dlq", "entry", "message", "confirm"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, err
@@ -160,6 +160,7 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 	mux.HandleFunc("GET /api/status", c.apiStatus)
 	mux.HandleFunc("GET /dlq", c.dlq)
 	mux.HandleFunc("GET /dlq/{id}", c.entry)
+	mux.HandleFunc("GET /confirm/{action}", c.confirm)
 	mux.HandleFunc("POST /actions/{action}", c.action)
 	c.mux = mux
 	return c, nil
@@ -299,6 +300,47 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "entry", http.StatusOK, view{Title: fmt.Sprintf("Dead letter %d", e.ID), Data: e})
 }
 
+// confirmation is what a confirmation page shows and posts on.
+type confirmation struct {
+	Action, Question string
+	Fields           map[string]string
+}
+
+// confirm shows what an action will do and asks to confirm it: every
+// action goes through it (the buttons of the pages lead here, and the
+// action itself requires confirm=yes).
+func (c *Console) confirm(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	action := r.PathValue("action")
+	fields := map[string]string{}
+	for _, k := range []string{"group", "topic", "partition", "to_seq", "id", "back"} {
+		if v := q.Get(k); v != "" {
+			fields[k] = v
+		}
+	}
+	scope := "every partition"
+	if p := q.Get("partition"); p != "" {
+		scope = "partition " + p
+	}
+	var question string
+	switch action {
+	case "pause":
+		question = fmt.Sprintf("Pause %s of consumer group %s on topic %s? Its members give the leases back after the message in flight.", scope, q.Get("group"), q.Get("topic"))
+	case "resume":
+		question = fmt.Sprintf("Resume %s of consumer group %s on topic %s?", scope, q.Get("group"), q.Get("topic"))
+	case "reset":
+		question = fmt.Sprintf("Move the cursor of %s of consumer group %s on topic %s to seq %s? Messages after it are delivered (again), messages before it are skipped.", scope, q.Get("group"), q.Get("topic"), q.Get("to_seq"))
+	case "replay":
+		question = fmt.Sprintf("Publish dead letter %s again, as a new message, and mark it replayed?", q.Get("id"))
+	case "discard":
+		question = fmt.Sprintf("Mark dead letter %s discarded?", q.Get("id"))
+	default:
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", action))
+		return
+	}
+	c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Data: confirmation{Action: action, Question: question, Fields: fields}})
+}
+
 // action runs a POSTed action after checking that actions are on, the
 // caller is authorized and the CSRF token and origin are right.
 func (c *Console) action(w http.ResponseWriter, r *http.Request) {
@@ -317,6 +359,10 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	}
 	if !c.sameOrigin(r) || !hmac.Equal([]byte(r.PostForm.Get("csrf")), []byte(c.csrfToken())) {
 		c.fail(w, r, http.StatusForbidden, errors.New("the request did not come from this console (CSRF check failed): reload the page and try again"))
+		return
+	}
+	if r.PostForm.Get("confirm") != "yes" {
+		c.fail(w, r, http.StatusBadRequest, errors.New("an action needs confirm=yes: use the confirmation page"))
 		return
 	}
 	ctx, cancel := c.ctx(r)
@@ -347,10 +393,6 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		n, err = op(ctx, s)
 		flash = fmt.Sprintf("%sd %d partition(s)", r.PathValue("action"), n)
 	case "reset":
-		if f.Get("confirm") != "yes" {
-			c.fail(w, r, http.StatusBadRequest, errors.New("tick the confirmation to reset cursors"))
-			return
-		}
 		s := admin.Scope{Group: f.Get("group"), Topic: f.Get("topic")}
 		if p := f.Get("partition"); p != "" {
 			n, perr := strconv.Atoi(p)

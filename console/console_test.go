@@ -79,7 +79,7 @@ var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
 
 func (f *fixture) csrf(t *testing.T) string {
 	t.Helper()
-	_, body := f.get(t, "/dlq/"+itoa(f.entry))
+	_, body := f.get(t, "/confirm/discard?id="+itoa(f.entry))
 	m := csrfField.FindStringSubmatch(body)
 	if m == nil {
 		t.Fatal("no CSRF token on the page")
@@ -152,11 +152,11 @@ func TestActionsAreRefusedUnlessEnabledAuthenticatedAndFromTheConsole(t *testing
 		header map[string]string
 		want   int
 	}{
-		"no token":     {url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}}, nil, http.StatusUnauthorized},
-		"wrong token":  {url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}}, map[string]string{"Authorization": "Bearer nope"}, http.StatusUnauthorized},
-		"no csrf":      {url.Values{"id": {itoa(f.entry)}}, auth, http.StatusForbidden},
-		"other origin": {url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}}, map[string]string{"Authorization": "Bearer " + f.token, "Origin": "https://evil.example"}, http.StatusForbidden},
-		"wrong csrf":   {url.Values{"id": {itoa(f.entry)}, "csrf": {strings.Repeat("0", 64)}}, auth, http.StatusForbidden},
+		"no token":     {url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}, "confirm": {"yes"}}, nil, http.StatusUnauthorized},
+		"wrong token":  {url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}, "confirm": {"yes"}}, map[string]string{"Authorization": "Bearer nope"}, http.StatusUnauthorized},
+		"no csrf":      {url.Values{"id": {itoa(f.entry)}, "confirm": {"yes"}}, auth, http.StatusForbidden},
+		"other origin": {url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}, "confirm": {"yes"}}, map[string]string{"Authorization": "Bearer " + f.token, "Origin": "https://evil.example"}, http.StatusForbidden},
+		"wrong csrf":   {url.Values{"id": {itoa(f.entry)}, "csrf": {strings.Repeat("0", 64)}, "confirm": {"yes"}}, auth, http.StatusForbidden},
 	} {
 		if resp := f.post(t, "/actions/discard", tc.form, tc.header); resp.StatusCode != tc.want {
 			t.Errorf("%s: %d, want %d", name, resp.StatusCode, tc.want)
@@ -165,7 +165,10 @@ func TestActionsAreRefusedUnlessEnabledAuthenticatedAndFromTheConsole(t *testing
 	if n := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".dead_letters WHERE status = 'pending'"); n != 1 {
 		t.Fatal("a refused action changed the entry")
 	}
-	resp := f.post(t, "/actions/discard", url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}, "back": {"/dlq"}}, auth)
+	if resp := f.post(t, "/actions/discard", url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}}, auth); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("an action without confirm=yes: %d, want 400", resp.StatusCode)
+	}
+	resp := f.post(t, "/actions/discard", url.Values{"id": {itoa(f.entry)}, "csrf": {csrf}, "confirm": {"yes"}, "back": {"/dlq"}}, auth)
 	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/dlq?flash=") {
 		t.Fatalf("authorized discard: %d %s", resp.StatusCode, resp.Header.Get("Location"))
 	}
@@ -174,7 +177,7 @@ func TestActionsAreRefusedUnlessEnabledAuthenticatedAndFromTheConsole(t *testing
 	}
 	// Basic auth with the token as password works too; an open redirect
 	// through "back" does not.
-	resp = f.post(t, "/actions/pause", url.Values{"group": {"nobody"}, "topic": {"orders"}, "csrf": {csrf}, "back": {"//evil.example/x"}},
+	resp = f.post(t, "/actions/pause", url.Values{"group": {"nobody"}, "topic": {"orders"}, "csrf": {csrf}, "confirm": {"yes"}, "back": {"//evil.example/x"}},
 		map[string]string{"Authorization": "Basic " + basic("ops", f.token)})
 	if resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("pause of an unknown group with basic auth: %d, want 404", resp.StatusCode)

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -301,3 +305,59 @@ func TestRelaySequencesUntilInterrupted(t *testing.T) {
 		t.Fatalf("relay --topic without a broker: exit %d, %s", code, e)
 	}
 }
+
+// serve refuses actions without a token, and serves the console (read-only)
+// on the address given until interrupted.
+func TestServe(t *testing.T) {
+	b := outboxtest.Setup(t)
+	c := newCLI(t, b.Schema)
+	if code, _, e := c.run("", "serve", "--enable-actions"); code != exitUsage || !strings.Contains(e, "token") {
+		t.Fatalf("serve --enable-actions without a token: exit %d, %s", code, e)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var errOut syncBuffer
+	go func() {
+		env := func(k string) string {
+			if k == "DATABASE_URL" {
+				return c.url
+			}
+			return ""
+		}
+		done <- execute(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--schema", b.Schema}, strings.NewReader(""), &bytes.Buffer{}, &errOut, env)
+	}()
+	var addr string
+	outboxtest.WaitFor(t, "the console to listen", 30*time.Second, func() bool {
+		m := regexp.MustCompile(`console on (http://[^ ]+/) \(read-only\)`).FindStringSubmatch(errOut.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	})
+	resp, err := http.Get(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "outbox console") {
+		t.Fatalf("GET /: %d\n%s", resp.StatusCode, body)
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("serve exited %d after an interrupt: %s", code, errOut.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
