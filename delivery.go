@@ -23,6 +23,12 @@ const (
 	// MetadataID is the message's stable id, "topic/partition/seq": the same
 	// on every redelivery, so consumers can drop duplicates by it.
 	MetadataID = delivery.MetadataID
+	// MetadataIncarnation identifies the incarnation of the topic (its
+	// registration time, µs since the Unix epoch): a topic dropped and
+	// registered again numbers its messages from 1 again, under a new
+	// incarnation. Package inbox uses it to tell a new stream from a
+	// replay of an old one.
+	MetadataIncarnation = delivery.MetadataIncarnation
 )
 
 // StableID returns the stable id of the message at seq in partition of topic.

@@ -20,7 +20,7 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 		"testing", "go.opentelemetry.io/otel/sdk", "github.com/spf13/cobra", "github.com/chromedp/",
 	}
 	brokers := []string{"github.com/IBM/sarama", "github.com/nats-io/nats.go", "github.com/twmb/franz-go"}
-	for _, pkg := range []string{".", "./adaptive", "./admin", "./console", "./deadletter", "./forwarder", "./metrics", "./partitioning", "./retention"} {
+	for _, pkg := range []string{".", "./adaptive", "./admin", "./console", "./deadletter", "./forwarder", "./inbox", "./metrics", "./partitioning", "./retention"} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)

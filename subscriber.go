@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/delivery"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
@@ -416,6 +418,10 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 	if err != nil {
 		return nil, s.schemaError(err)
 	}
+	var incarnation int64
+	if err := pgexec.QueryRow(ctx, s.db, dbsql.For(s.cfg.Schema).TopicsIncarnation, []any{topic}, &incarnation); err != nil {
+		return nil, s.schemaError(fmt.Errorf("outbox: read the incarnation of topic %q: %w", topic, err))
+	}
 	manager, err := lease.NewManager(lease.Config{
 		Schema:          s.cfg.Schema,
 		Pool:            s.cfg.Pool,
@@ -464,7 +470,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		defer cancel()
 		var workers sync.WaitGroup
 		onAcquire := func(l *lease.Lease) {
-			w := delivery.NewWorker(s.workers, topic, l, out, batch)
+			w := delivery.NewWorker(s.workers, topic, strconv.FormatInt(incarnation, 10), l, out, batch)
 			workers.Add(1)
 			go func() {
 				defer workers.Done()

@@ -227,7 +227,7 @@ type ReplayOptions struct {
 // deliveryMetadata are the keys the Subscriber and the PoisonQueue
 // middleware add on delivery; a replayed message starts without them.
 var deliveryMetadata = []string{
-	outbox.MetadataTopic, outbox.MetadataPartition, outbox.MetadataSeq, outbox.MetadataAttempt, outbox.MetadataID,
+	outbox.MetadataTopic, outbox.MetadataPartition, outbox.MetadataSeq, outbox.MetadataAttempt, outbox.MetadataID, outbox.MetadataIncarnation,
 	middleware.ReasonForPoisonedKey, middleware.PoisonedTopicKey, middleware.PoisonedHandlerKey, middleware.PoisonedSubscriberKey,
 }
 

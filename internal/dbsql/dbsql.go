@@ -38,9 +38,10 @@ var files embed.FS
 // [For]; the fields are filled from the .sql files, by name.
 type Queries struct {
 	// topics.sql
-	TopicsRegister   string
-	TopicsPartitions string
-	TopicsStatus     string
+	TopicsRegister    string
+	TopicsPartitions  string
+	TopicsStatus      string
+	TopicsIncarnation string
 
 	// partitions.sql
 	PartitionsLockPending string
@@ -112,6 +113,12 @@ type Queries struct {
 	TxSavepointBatch    string
 	TxReleaseBatch      string
 	TxRollbackBatch     string
+
+	// inbox_marks.sql
+	InboxCreateTable string
+	InboxEnsure      string
+	InboxLock        string
+	InboxAdvance     string
 
 	// catalog.sql
 	CatalogLock          string

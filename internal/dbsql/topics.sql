@@ -26,3 +26,9 @@ SELECT t.name, t.partitions,
 	coalesce((SELECT sum(p.last_seq) FROM {{schema}}.partitions p WHERE p.topic = t.name), 0)::int8,
 	(SELECT count(*) FROM {{schema}}.pending m WHERE m.topic = t.name)
 FROM {{schema}}.topics t WHERE $1 = '' OR t.name = $1 ORDER BY t.name;
+
+-- name: TopicsIncarnation
+-- The incarnation of topic $1: its registration time in microseconds since
+-- the Unix epoch. A topic dropped and registered again numbers its messages
+-- from 1 again, under a new incarnation (MetadataIncarnation).
+SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM {{schema}}.topics WHERE name = $1;

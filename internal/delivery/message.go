@@ -30,6 +30,10 @@ const (
 	// MetadataID is the message's stable id, "topic/partition/seq": the same
 	// on every redelivery, so consumers can drop duplicates by it.
 	MetadataID = "outbox_id"
+	// MetadataIncarnation identifies the incarnation of the topic (its
+	// registration time, µs since the Unix epoch): a topic registered
+	// again numbers its messages from 1 again, under a new incarnation.
+	MetadataIncarnation = "outbox_incarnation"
 )
 
 // StableID returns the stable id of the message at seq in partition of topic.

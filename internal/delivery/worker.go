@@ -109,6 +109,8 @@ type Worker struct {
 	// deliveries.
 	spanName  string
 	spanAttrs []attribute.KeyValue
+	// incarnation is the topic's MetadataIncarnation ("" when unknown).
+	incarnation string
 	// rejectVia is the RejectHandler of the rejection in progress (the
 	// delivery's, from RejectTo, or the Subscriber's).
 	rejectVia RejectHandler
@@ -136,7 +138,7 @@ const (
 
 // NewWorker creates the worker of the partition l leases, delivering to out
 // one message at a time, or to batch when it is not nil (ConsumeBatches).
-func NewWorker(s *Config, topic string, l Lease, out chan<- *message.Message, batch BatchHandler) *Worker {
+func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *message.Message, batch BatchHandler) *Worker {
 	mode, _ := adaptive.NewMode(s.Tuning.ModeConfig()) // validated with the config
 	if l.Unanswered() > 0 {
 		// The last holder died (or lost its lease) in the middle of a
@@ -164,6 +166,7 @@ func NewWorker(s *Config, topic string, l Lease, out chan<- *message.Message, ba
 		lastError:      l.LastError(),
 		initialBackoff: l.Backoff(),
 		logger:         s.Logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
+		incarnation:    incarnation,
 		spanName:       topic + " process",
 		spanAttrs:      observe.ProcessAttributes(s.Group, topic, l.Partition()),
 	}
@@ -838,6 +841,9 @@ func (w *Worker) buildMessage(ctx context.Context, e logEntry, attempt int) (*me
 	msg.Metadata.Set(MetadataSeq, strconv.FormatInt(e.seq, 10))
 	msg.Metadata.Set(MetadataAttempt, strconv.Itoa(attempt))
 	msg.Metadata.Set(MetadataID, StableID(w.topic, w.part, e.seq))
+	if w.incarnation != "" {
+		msg.Metadata.Set(MetadataIncarnation, w.incarnation)
+	}
 	if e.key != "" {
 		msg.Metadata.Set(MetadataPartitionKey, e.key)
 	}
