@@ -1,0 +1,166 @@
+// Command inbox shows exactly-once effects downstream of Kafka: payments
+// are published through the outbox, forwarded to Kafka (in-process broker)
+// twice over (as a forwarder takeover after a crash would resend them), and
+// a Watermill Router reading Kafka books them in a ledger through the inbox
+// middleware: every payment is booked once, whatever the copies.
+//
+//	go run ./_examples/inbox
+//
+// No setup: PostgreSQL is a throwaway server. The last line printed is OK.
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
+	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/inbox"
+)
+
+const (
+	partitions = 4
+	payments   = 200
+)
+
+func main() { exampledb.Main(run) }
+
+func run(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	db, err := exampledb.Start(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Stop()
+	logger := exampledb.Logger()
+	if err := outbox.RegisterTopic(ctx, db.Pool, outbox.DefaultSchema, "payments", partitions); err != nil {
+		return err
+	}
+	// The consumer's side (here in the same database): the ledger and the
+	// inbox's marks.
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE ledger (id serial PRIMARY KEY, customer text NOT NULL, cents bigint NOT NULL)`); err != nil {
+		return err
+	}
+	if err := inbox.Migrate(ctx, db.Pool, inbox.DefaultSchema); err != nil {
+		return err
+	}
+
+	// Publish the payments through the outbox.
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{DB: db.Pool, OwnTransaction: true}, logger)
+	if err != nil {
+		return err
+	}
+	var want int64
+	for i := 1; i <= payments; i++ {
+		m := message.NewMessage(fmt.Sprintf("payment-%d", i), []byte(strconv.Itoa(i*10)))
+		m.Metadata.Set(outbox.PartitionKeyMetadata, fmt.Sprintf("customer-%d", i%17))
+		if err := pub.Publish("payments", m); err != nil {
+			return err
+		}
+		want += int64(i * 10)
+	}
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "payments"))
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+
+	// Forward everything, then forward everything again from another
+	// consumer group: Kafka now holds each payment twice, with the same
+	// outbox position (as after a forwarder takeover that resends a batch).
+	for _, group := range []string{"forwarder-a", "forwarder-b"} {
+		if err := forwardAll(ctx, brokers, db, group); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("Kafka topic payments holds %d records for %d payments\n", 2*payments, payments)
+
+	// The consumer: a Router reading Kafka, the handler booking in the
+	// ledger, the inbox middleware making it exactly once.
+	in, err := inbox.New(inbox.Config{Pool: db.Pool, Consumer: "ledger"})
+	if err != nil {
+		return err
+	}
+	sc := kafka.DefaultSaramaSubscriberConfig()
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: sc, ConsumerGroup: "ledger"}, logger)
+	if err != nil {
+		return err
+	}
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(in.Middleware) // the one line that makes the handlers exactly once
+	router.AddConsumerHandler("ledger", "payments", sub, func(msg *message.Message) error {
+		tx, _ := outbox.PgxTxFromContext(msg.Context())
+		cents, err := strconv.ParseInt(string(msg.Payload), 10, 64)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(msg.Context(), `INSERT INTO ledger (customer, cents) VALUES ($1, $2)`, msg.Metadata.Get(outbox.PartitionKeyMetadata), cents)
+		return err
+	})
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(ctx) }()
+	defer func() { _ = router.Close(); <-routerDone }()
+
+	for in.Stats().Processed+in.Stats().Duplicates < 2*payments {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("consumed %+v of %d records", in.Stats(), 2*payments)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	var booked, sum int64
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(cents), 0) FROM ledger`).Scan(&booked, &sum); err != nil {
+		return err
+	}
+	fmt.Printf("inbox: %d processed, %d duplicates dropped; ledger: %d bookings, %d cents (want %d, %d)\n",
+		in.Stats().Processed, in.Stats().Duplicates, booked, sum, payments, want)
+	if booked != payments || sum != want {
+		return fmt.Errorf("the ledger booked %d payments for %d cents, want %d for %d", booked, sum, payments, want)
+	}
+	return nil
+}
+
+// forwardAll forwards every payment to Kafka as consumer group group, and
+// stops.
+func forwardAll(ctx context.Context, brokers []string, db *exampledb.DB, group string) error {
+	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers})
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	fwd, err := forwarder.NewForwarder(forwarder.Config{
+		Subscriber: outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: group},
+		Topics:     []string{"payments"},
+		Target:     target,
+	}, nil)
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- fwd.Run(ctx) }()
+	for fwd.Stats().Messages < payments {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	_ = fwd.Close()
+	return <-done
+}
