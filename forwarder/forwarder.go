@@ -202,7 +202,15 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	defer cancel()
 	errs := make(chan error, len(f.cfg.Topics))
 	for _, topic := range f.cfg.Topics {
-		h := f.handler(topic, f.cfg.TargetTopic(topic))
+		// The targets name a Kafka transactional producer per outbox
+		// partition and look for its records by the partition count; 0
+		// (unknown, e.g. the topic is not registered yet) makes them look
+		// everywhere.
+		partitions, err := outbox.TopicPartitions(ctx, f.cfg.Subscriber.Pool, f.cfg.Subscriber.Schema, topic)
+		if err != nil {
+			partitions = 0
+		}
+		h := f.handler(topic, f.cfg.TargetTopic(topic), partitions)
 		go func() {
 			err := f.sub.ConsumeBatches(ctx, topic, h)
 			if err != nil {
@@ -250,9 +258,14 @@ func (f *Forwarder) Stats() Stats {
 }
 
 // handler forwards the batches of one outbox topic to targetTopic.
-func (f *Forwarder) handler(topic, targetTopic string) outbox.BatchHandler {
+func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.BatchHandler {
 	logger := f.logger.With(watermill.LogFields{"topic": topic, "target_topic": targetTopic})
+	schema := f.cfg.Subscriber.Schema
+	if schema == "" {
+		schema = outbox.DefaultSchema
+	}
 	return func(ctx context.Context, batch []*message.Message) (int, error) {
+		ctx = withOrigin(ctx, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
 		ctx, cancel := context.WithTimeout(ctx, f.cfg.SendTimeout)
 		defer cancel()
 		span := observe.StartForward(ctx, topic, targetTopic, batch)

@@ -42,6 +42,40 @@ type KafkaConfig struct {
 	Key func(msg *message.Message) []byte
 	// Logger (default: none).
 	Logger watermill.LoggerAdapter
+
+	// AtLeastOnce turns exactly-once delivery off. By default every outbox
+	// partition writes through its own Kafka transactional producer, one
+	// transaction per batch, and reads back what it already wrote when it
+	// (re)gains the partition, so that a Kafka topic never holds two
+	// committed copies of an outbox message (see docs/forwarder.md).
+	// Consumers must then read with isolation level read_committed (sarama:
+	// Consumer.IsolationLevel = sarama.ReadCommitted), or they also see the
+	// records of aborted transactions. Turn it off for clusters that do not
+	// allow transactions (ACLs, Kafka before 0.11) or consumers that
+	// cannot read committed: copies are then possible, each with the same
+	// outbox_id header. Every forwarder of a group must use the same mode.
+	AtLeastOnce bool
+	// TransactionalIDPrefix starts the transactional.id of each outbox
+	// partition's producer: "<prefix>/<schema>/<group>/<topic>/<partition>"
+	// (schema and group are left out when the target is used without a
+	// Forwarder). Default "watermill-outbox". Two outbox databases whose
+	// forwarders write to the same Kafka cluster with the same schema,
+	// group and topic names must use different prefixes, or they fence
+	// each other.
+	TransactionalIDPrefix string
+	// TransactionTimeout is the transaction.timeout.ms of the producers
+	// (default one minute; at most the brokers'
+	// transaction.max.timeout.ms). A transaction a forwarder leaves open
+	// when it dies holds read_committed consumers of its Kafka partitions
+	// back until the partition's next owner starts (it aborts it) or this
+	// timeout passes.
+	TransactionTimeout time.Duration
+	// TailScanLimit bounds, per Kafka partition, how many records the
+	// target reads back to find the last record of an outbox partition
+	// when it (re)gains it (default 100,000). With equal partition counts
+	// the last record is at the very end; with unequal counts it may be
+	// further back, and past this limit a message may be sent twice.
+	TailScanLimit int
 }
 
 // DefaultSaramaConfig returns the client configuration of a KafkaTarget:
@@ -85,6 +119,15 @@ func (c *KafkaConfig) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
+	if c.TransactionalIDPrefix == "" {
+		c.TransactionalIDPrefix = "watermill-outbox"
+	}
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = time.Minute
+	}
+	if c.TailScanLimit == 0 {
+		c.TailScanLimit = 100_000
+	}
 }
 
 // Validate reports the first impossible setting.
@@ -103,6 +146,13 @@ func (c KafkaConfig) Validate() error {
 		return &outbox.ConfigError{Field: "Sarama.Producer.Partitioner", Reason: "sarama's default hash partitioner (FNV-1a) places keys unlike the outbox and Kafka's Java client: use forwarder.NewMurmur2Partitioner (see DefaultSaramaConfig)"}
 	case c.Sarama.Producer.RequiredAcks == sarama.NoResponse:
 		return &outbox.ConfigError{Field: "Sarama.Producer.RequiredAcks", Reason: "NoResponse cannot confirm a message"}
+	case c.AtLeastOnce:
+	case c.Sarama.Producer.RequiredAcks != sarama.WaitForAll:
+		return &outbox.ConfigError{Field: "Sarama.Producer.RequiredAcks", Reason: "Kafka transactions (exactly-once delivery) need WaitForAll; or set AtLeastOnce"}
+	case c.TransactionTimeout < time.Second:
+		return &outbox.ConfigError{Field: "TransactionTimeout", Reason: "must be at least a second"}
+	case c.TailScanLimit < 0:
+		return &outbox.ConfigError{Field: "TailScanLimit", Reason: "must be positive"}
 	}
 	return nil
 }
@@ -151,6 +201,13 @@ type KafkaTarget struct {
 	// large is refused without being sent (until refusedFor has passed,
 	// in case the broker's limit is raised).
 	refused map[string]refusedSize
+	// producers are the transactional producers, by transactional id.
+	producers map[string]*txnProducer
+
+	// Seams for the tests of exactly-once delivery: beforeCommit runs
+	// before a transaction commits, noTailRead skips reading the tail.
+	beforeCommit func()
+	noTailRead   bool
 }
 
 type refusedSize struct {
@@ -263,6 +320,9 @@ func (r recordInfo) OutboxPartition() int { return r.outboxPartition }
 
 // Send implements Target.
 func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	if len(batch) == 0 {
+		return 0, nil
+	}
 	client, err := t.connect()
 	if err != nil {
 		return 0, fmt.Errorf("forwarder: kafka: %w", err)
@@ -273,6 +333,9 @@ func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.M
 			return 0, t.reject(batch[0], err)
 		}
 		return 0, fmt.Errorf("forwarder: kafka: partitions of %s: %w", topic, err)
+	}
+	if !t.cfg.AtLeastOnce {
+		return t.sendExactlyOnce(ctx, client, topic, partitions, batch)
 	}
 	part := t.partitioner(topic)
 	maxBytes := t.cfg.Sarama.Producer.MaxMessageBytes
@@ -328,7 +391,7 @@ func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.M
 			end = limit
 		}
 		chunk := pending[:end]
-		done, stored, err := t.produce(ctx, client, topic, chunk)
+		done, stored, err := t.produce(ctx, client, topic, chunk, nil)
 		for _, r := range chunk {
 			if stored[r.partition] {
 				sent[r.index] = true
@@ -395,10 +458,18 @@ func (t *KafkaTarget) record(topic string, msg *message.Message, part *lockedPar
 		}
 	}
 	size := maximumRecordOverhead + len(r.Key) + len(r.Value)
-	r.Headers = make([]*sarama.RecordHeader, len(pm.Headers))
+	r.Headers = make([]*sarama.RecordHeader, len(pm.Headers), len(pm.Headers)+2)
 	for i := range pm.Headers {
 		r.Headers[i] = &pm.Headers[i]
-		size += len(pm.Headers[i].Key) + len(pm.Headers[i].Value) + 2*binary.MaxVarintLen32
+	}
+	if !t.cfg.AtLeastOnce {
+		// The tail read after a takeover finds the partition's last record
+		// by these, whatever the Marshaler writes.
+		r.Headers = ensureHeader(r.Headers, outbox.MetadataID, msg.Metadata.Get(outbox.MetadataID))
+		r.Headers = ensureHeader(r.Headers, outbox.MetadataIncarnation, msg.Metadata.Get(outbox.MetadataIncarnation))
+	}
+	for _, h := range r.Headers {
+		size += len(h.Key) + len(h.Value) + 2*binary.MaxVarintLen32
 	}
 	part.mu.Lock()
 	p, err := part.p.Partition(pm, partitions)
@@ -410,6 +481,20 @@ func (t *KafkaTarget) record(topic string, msg *message.Message, part *lockedPar
 		return outRecord{}, fmt.Errorf("partitioner chose partition %d of %d for message %s", p, partitions, msg.UUID)
 	}
 	return outRecord{partition: p, record: r, size: size}, nil
+}
+
+// ensureHeader adds header key with value unless headers hold it (or value
+// is empty).
+func ensureHeader(headers []*sarama.RecordHeader, key, value string) []*sarama.RecordHeader {
+	if value == "" {
+		return headers
+	}
+	for _, h := range headers {
+		if string(h.Key) == key {
+			return headers
+		}
+	}
+	return append(headers, &sarama.RecordHeader{Key: []byte(key), Value: []byte(value)})
 }
 
 // chunkEnd returns the end of the chunk of records that starts at start:
@@ -440,8 +525,9 @@ func outboxPartition(msg *message.Message) int {
 // produce sends chunk in one produce request per leader broker, one record
 // batch per partition, and returns how many records from the start of
 // chunk are stored (those before the first record of a failed partition)
-// and the partitions whose record batch was stored.
-func (t *KafkaTarget) produce(ctx context.Context, client sarama.Client, topic string, chunk []outRecord) (int, map[int32]bool, error) {
+// and the partitions whose record batch was stored. With txn, the records
+// are written in txn's open transaction.
+func (t *KafkaTarget) produce(ctx context.Context, client sarama.Client, topic string, chunk []outRecord, txn *txnProducer) (int, map[int32]bool, error) {
 	type partSet struct {
 		first   int // position in chunk of its first record
 		records []*sarama.Record
@@ -469,10 +555,10 @@ func (t *KafkaTarget) produce(ctx context.Context, client sarama.Client, topic s
 		}
 		req := requests[leader]
 		if req == nil {
-			req = t.newRequest()
+			req = t.newRequest(txn)
 			requests[leader] = req
 		}
-		req.AddBatch(topic, p, t.newBatch(sets[p].records))
+		req.AddBatch(topic, p, t.newBatch(sets[p].records, txn, p))
 		members[leader] = append(members[leader], p)
 	}
 
@@ -560,12 +646,15 @@ wait:
 
 var errNoAnswer = errors.New("no answer from the broker")
 
-func (t *KafkaTarget) newRequest() *sarama.ProduceRequest {
+func (t *KafkaTarget) newRequest(txn *txnProducer) *sarama.ProduceRequest {
 	c := t.cfg.Sarama
 	req := &sarama.ProduceRequest{
 		RequiredAcks: c.Producer.RequiredAcks,
 		Timeout:      int32(c.Producer.Timeout / time.Millisecond),
 		Version:      3,
+	}
+	if txn != nil {
+		req.TransactionalID = &txn.id
 	}
 	// As sarama's producer picks it.
 	switch {
@@ -581,10 +670,25 @@ func (t *KafkaTarget) newRequest() *sarama.ProduceRequest {
 	return req
 }
 
-func (t *KafkaTarget) newBatch(records []*sarama.Record) *sarama.RecordBatch {
+func (t *KafkaTarget) newBatch(records []*sarama.Record, txn *txnProducer, partition int32) *sarama.RecordBatch {
 	now := time.Now().Truncate(time.Millisecond)
 	for i, r := range records {
 		r.OffsetDelta = int64(i)
+	}
+	if txn != nil {
+		return &sarama.RecordBatch{
+			Version:          2,
+			FirstTimestamp:   now,
+			MaxTimestamp:     now,
+			Codec:            t.cfg.Sarama.Producer.Compression,
+			CompressionLevel: t.cfg.Sarama.Producer.CompressionLevel,
+			ProducerID:       txn.producerID,
+			ProducerEpoch:    txn.epoch,
+			FirstSequence:    txn.sequences[partition],
+			IsTransactional:  true,
+			LastOffsetDelta:  int32(len(records) - 1),
+			Records:          records,
+		}
 	}
 	return &sarama.RecordBatch{
 		Version:          2,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"sync"
 	"testing"
 	"time"
@@ -31,21 +32,28 @@ import (
 // its partition is stored, and no record is stored twice.
 
 // outboxBatch returns n messages as the Subscriber would deliver them from
-// partition 0 of topic "orders": seq 1..n, stable ids, partition keys from
+// partition 0 of topic "orders": n consecutive seqs, stable ids, partition keys from
 // key(i).
+//
+// Each call continues the seqs of the last, as the Subscriber's next batch
+// would: an exactly-once target skips what it already wrote by seq.
 func outboxBatch(n int, key func(i int) string) []*message.Message {
 	batch := make([]*message.Message, n)
 	for i := range batch {
+		seq := lastBatchSeq.Add(1)
 		m := message.NewMessage(watermill.NewUUID(), []byte("payload "+strconv.Itoa(i)))
-		m.Metadata.Set(outbox.MetadataID, outbox.StableID("orders", 0, int64(i+1)))
+		m.Metadata.Set(outbox.MetadataID, outbox.StableID("orders", 0, seq))
+		m.Metadata.Set(outbox.MetadataTopic, "orders")
 		m.Metadata.Set(outbox.MetadataPartition, "0")
-		m.Metadata.Set(outbox.MetadataSeq, strconv.Itoa(i+1))
+		m.Metadata.Set(outbox.MetadataSeq, strconv.FormatInt(seq, 10))
 		m.Metadata.Set(outbox.MetadataPartitionKey, key(i))
 		m.Metadata.Set("i", strconv.Itoa(i))
 		batch[i] = m
 	}
 	return batch
 }
+
+var lastBatchSeq atomic.Int64
 
 func sameKey(int) string { return "key" }
 
@@ -56,11 +64,14 @@ type kafkaRecord struct {
 	id        string
 }
 
-// kafkaLog reads every record of topic, partition by partition in offset
-// order.
+// kafkaLog reads every committed record of topic (read_committed, as
+// consumers of an exactly-once target must), partition by partition in
+// offset order.
 func kafkaLog(t *testing.T, brokers []string, topic string) []kafkaRecord {
 	t.Helper()
-	client, err := sarama.NewClient(brokers, sarama.NewConfig())
+	cfg := sarama.NewConfig()
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	client, err := sarama.NewClient(brokers, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,12 +98,15 @@ func kafkaLog(t *testing.T, brokers []string, topic string) []kafkaRecord {
 		if err != nil {
 			t.Fatal(err)
 		}
+	read:
 		for {
 			var m *sarama.ConsumerMessage
 			select {
 			case m = <-pc.Messages():
-			case <-time.After(10 * time.Second):
-				t.Fatalf("partition %d: no record at offset %d", p, end)
+			case <-time.After(time.Second):
+				// The offsets up to end hold transaction markers and
+				// aborted records: nothing more to read.
+				break read
 			}
 			r := kafkaRecord{partition: p}
 			for _, h := range m.Headers {

@@ -37,6 +37,13 @@ func newKafka(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
 
 func newKafkaTarget(t *testing.T, brokers []string, tune func(*sarama.Config)) *forwarder.KafkaTarget {
 	t.Helper()
+	return newKafkaTargetMode(t, brokers, false, tune)
+}
+
+// newKafkaTargetMode returns a KafkaTarget, exactly-once (the default) or
+// at-least-once.
+func newKafkaTargetMode(t *testing.T, brokers []string, atLeastOnce bool, tune func(*sarama.Config)) *forwarder.KafkaTarget {
+	t.Helper()
 	sc := forwarder.DefaultSaramaConfig()
 	sc.Net.DialTimeout = time.Second
 	sc.Net.ReadTimeout = 2 * time.Second
@@ -44,7 +51,7 @@ func newKafkaTarget(t *testing.T, brokers []string, tune func(*sarama.Config)) *
 	if tune != nil {
 		tune(sc)
 	}
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, Sarama: sc})
+	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, Sarama: sc, AtLeastOnce: atLeastOnce})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +65,7 @@ func consumeKafka(t *testing.T, brokers []string, topic string, r *received) {
 	t.Helper()
 	sc := kafka.DefaultSaramaSubscriberConfig()
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               brokers,
 		Unmarshaler:           kafka.DefaultMarshaler{},
@@ -278,9 +286,21 @@ func TestKafkaBrokerDownAndBackMidStream(t *testing.T) {
 // Produce requests fail now and then for one of the partitions they carry
 // (8 outbox partitions onto 3 Kafka partitions, so a batch spans several):
 // the forwarder retries the rest of each batch, loses nothing and keeps
-// per-key order; records of other partitions that were stored are sent
-// again, as duplicates of messages that arrived before.
+// per-key order. At least once, records of other partitions that were
+// stored are sent again, as duplicates of messages that arrived before;
+// exactly once, the failed batch's transaction is aborted, so nothing of
+// it is seen twice. With 8 outbox partitions onto 3, this is also the
+// unequal-count case of exactly-once delivery.
 func TestKafkaTransientProduceErrors(t *testing.T) {
+	for _, mode := range []struct {
+		name        string
+		atLeastOnce bool
+	}{{"exactly-once", false}, {"at-least-once", true}} {
+		t.Run(mode.name, func(t *testing.T) { testKafkaTransientProduceErrors(t, mode.atLeastOnce) })
+	}
+}
+
+func testKafkaTransientProduceErrors(t *testing.T, atLeastOnce bool) {
 	e := newEnv(t)
 	e.Register("orders", 8)
 	cluster := newKafka(t, kfake.SeedTopics(3, "orders"))
@@ -308,7 +328,7 @@ func TestKafkaTransientProduceErrors(t *testing.T) {
 		},
 	})
 	brokers := cluster.ListenAddrs()
-	fwd := startForwarder(t, e, nil, newKafkaTarget(t, brokers, nil), []string{"orders"}, nil)
+	fwd := startForwarder(t, e, nil, newKafkaTargetMode(t, brokers, atLeastOnce, nil), []string{"orders"}, nil)
 	pub := newPublisher(t, e)
 	for i := 0; i < 30; i++ {
 		pub.round("orders", 24, nil)
@@ -316,11 +336,17 @@ func TestKafkaTransientProduceErrors(t *testing.T) {
 	r := &received{}
 	consumeKafka(t, brokers, "orders", r)
 	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+	time.Sleep(500 * time.Millisecond) // copies, if any, arrive with the rest
 	dups := r.check(t, pub.snapshot(), nil)
 	st := fwd.Stats()
 	t.Logf("%d messages, %d duplicates, %d produce requests, %d failed in part; stats %+v", pub.count(), dups, produces.Load(), failed.Load(), st)
-	if st.Failures == 0 || dups == 0 {
+	switch {
+	case st.Failures == 0 || failed.Load() == 0:
 		t.Fatal("no send failed in part: the fault injection did not work")
+	case atLeastOnce && dups == 0:
+		t.Fatal("no duplicates at least once: the partitions stored before the failure were not sent again")
+	case !atLeastOnce && dups != 0:
+		t.Fatalf("%d duplicates exactly once: a failed transaction's records were seen, or sent again after a commit", dups)
 	}
 }
 
@@ -328,33 +354,48 @@ func TestKafkaTransientProduceErrors(t *testing.T) {
 // cursor did not move, A's leases stop being renewed. B takes A's
 // partitions over and sends the batch again: the copies carry ids that
 // arrived before, and per-key order holds.
+// An instance dies after sending half a batch, before its cursor moved:
+// the next owner gets the whole batch again. At least once, it sends the
+// half again (copies with the same outbox_id); exactly once (the
+// default), it reads the half back from Kafka and skips it.
 func TestKafkaInstanceKilledMidBatch(t *testing.T) {
-	e := newEnv(t)
-	e.Register("orders", 8)
-	cluster := newKafka(t, kfake.SeedTopics(8, "orders"))
-	brokers := cluster.ListenAddrs()
+	for _, mode := range []struct {
+		name        string
+		atLeastOnce bool
+	}{{"exactly-once", false}, {"at-least-once", true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.Register("orders", 8)
+			cluster := newKafka(t, kfake.SeedTopics(8, "orders"))
+			brokers := cluster.ListenAddrs()
 
-	pub := newPublisher(t, e)
-	for i := 0; i < 40; i++ {
-		pub.round("orders", 16, nil)
-	}
-	poolA, freezeA, thawA := pgtest.FreezablePool(t)
-	crashing := newCrashingTarget(newKafkaTarget(t, brokers, nil), 100, freezeA)
-	startForwarder(t, e, poolA, crashing, []string{"orders"}, nil)
-	<-crashing.crashed
-	t.Cleanup(func() { thawA(); close(crashing.release) }) // runs before A's Close
+			pub := newPublisher(t, e)
+			for i := 0; i < 40; i++ {
+				pub.round("orders", 16, nil)
+			}
+			poolA, freezeA, thawA := pgtest.FreezablePool(t)
+			crashing := newCrashingTarget(newKafkaTargetMode(t, brokers, mode.atLeastOnce, nil), 100, freezeA)
+			startForwarder(t, e, poolA, crashing, []string{"orders"}, nil)
+			<-crashing.crashed
+			t.Cleanup(func() { thawA(); close(crashing.release) }) // runs before A's Close
 
-	b := startForwarder(t, e, nil, newKafkaTarget(t, brokers, nil), []string{"orders"}, nil)
-	r := &received{}
-	consumeKafka(t, brokers, "orders", r)
-	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
-	dups := r.check(t, pub.snapshot(), nil)
-	t.Logf("A sent %d messages and half a batch (%d) before dying; %d duplicates; B %+v", crashing.sent.Load(), crashing.halfLen.Load(), dups, b.Stats())
-	if crashing.halfLen.Load() == 0 {
-		t.Fatal("A did not send half a batch")
-	}
-	if dups < int(crashing.halfLen.Load()) {
-		t.Fatalf("%d duplicates: the half batch A sent was not sent again by B", dups)
+			b := startForwarder(t, e, nil, newKafkaTargetMode(t, brokers, mode.atLeastOnce, nil), []string{"orders"}, nil)
+			r := &received{}
+			consumeKafka(t, brokers, "orders", r)
+			outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+			time.Sleep(500 * time.Millisecond) // copies, if any, arrive with the rest
+			dups := r.check(t, pub.snapshot(), nil)
+			t.Logf("A sent %d messages and half a batch (%d) before dying; %d duplicates; B %+v", crashing.sent.Load(), crashing.halfLen.Load(), dups, b.Stats())
+			if crashing.halfLen.Load() == 0 {
+				t.Fatal("A did not send half a batch")
+			}
+			switch {
+			case mode.atLeastOnce && dups < int(crashing.halfLen.Load()):
+				t.Fatalf("%d duplicates: the half batch A sent was not sent again by B", dups)
+			case !mode.atLeastOnce && dups != 0:
+				t.Fatalf("%d duplicates: B sent again what A had committed to Kafka", dups)
+			}
+		})
 	}
 }
 
