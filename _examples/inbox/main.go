@@ -1,8 +1,12 @@
-// Command inbox shows exactly-once effects downstream of Kafka: payments
+// Command inbox shows exactly-once effects downstream of a broker: payments
 // are published through the outbox, forwarded to Kafka (in-process broker)
-// twice over (as a forwarder takeover after a crash would resend them), and
-// a Watermill Router reading Kafka books them in a ledger through the inbox
-// middleware: every payment is booked once, whatever the copies.
+// twice over by at-least-once forwarders (as copies arrive from any
+// at-least-once path: a PublisherTarget, a NATS stream past its duplicate
+// window, a consumer that crashed before committing its offset), and a
+// Watermill Router reading Kafka books them in a ledger through the inbox
+// middleware: every payment is booked once, whatever the copies. (The
+// Kafka forwarder is exactly once by default; here it is turned off to
+// make the copies.)
 //
 //	go run ./_examples/inbox
 //
@@ -139,7 +143,9 @@ func run(ctx context.Context) error {
 // forwardAll forwards every payment to Kafka as consumer group group, and
 // stops.
 func forwardAll(ctx context.Context, brokers []string, db *exampledb.DB, group string) error {
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers})
+	// AtLeastOnce: two forwarder groups of one outbox into one Kafka
+	// topic would otherwise recognise each other's records and skip them.
+	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, AtLeastOnce: true})
 	if err != nil {
 		return err
 	}

@@ -97,6 +97,9 @@ func run(ctx context.Context) error {
 	// A Watermill application reading the Kafka topic.
 	sc := kafka.DefaultSaramaSubscriberConfig()
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	// The forwarder writes in Kafka transactions (exactly once): read what
+	// they committed only.
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc}, logger)
 	if err != nil {
 		return err

@@ -7,7 +7,10 @@
 //	    adapter, inside the transaction) behind Watermill's
 //	    components/forwarder, which relays to watermill-kafka's publisher;
 //	(c) this project: the transactional outbox.Publisher, the Sequencer and
-//	    forwarder.Forwarder with a KafkaTarget.
+//	    forwarder.Forwarder with a KafkaTarget (exactly once, its default);
+//	(c') outbox-alo, not run unless named in -systems: (c) with the
+//	    KafkaTarget at least once (no Kafka transactions), for the cost of
+//	    exactly-once delivery.
 //
 // It starts a throwaway durable PostgreSQL cluster (fsync and
 // synchronous_commit on, pg_stat_statements loaded when available) and, per
@@ -44,7 +47,7 @@
 // Flags:
 //
 //	-phases compare,latency,growth   phases to run
-//	-systems ceiling,peer,outbox     systems of the compare phase
+//	-systems ceiling,peer,outbox     systems of the compare phase (also: outbox-alo)
 //	-messages 200000                 messages per system and -per-tx value (compare)
 //	-per-tx 100,1                    messages per transaction (compare)
 //	-publishers 4                    publishers, one connection each (compare)
@@ -68,6 +71,7 @@
 //	go run ./cmd/outbox-bench                      # everything, full sizes
 //	go run ./cmd/outbox-bench -smoke               # tiny sizes, for CI
 //	go run ./cmd/outbox-bench -phases latency -latency-loads 1000
+//	go run ./cmd/outbox-bench -phases compare -systems outbox,outbox-alo -per-tx 100 -publish-rounds 0
 //
 // Results go to -out: results.json (every figure, samples, latency CDFs,
 // growth points, top statements), results.md (the tables), throughput.png
@@ -177,7 +181,7 @@ func parseFlags(args []string) (config, error) {
 	var phases, systems, perTx, loads, partitions string
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
 	fs.StringVar(&phases, "phases", "compare,latency,growth", "phases to run: compare, latency, growth (comma-separated)")
-	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, outbox (comma-separated)")
+	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, outbox, outbox-alo (comma-separated)")
 	fs.IntVar(&cfg.messages, "messages", 200000, "compare: messages per system and per -per-tx value")
 	fs.IntVar(&cfg.payload, "payload", 256, "payload bytes per message")
 	fs.IntVar(&cfg.keys, "keys", 1000, "distinct partition keys")
@@ -208,7 +212,7 @@ func parseFlags(args []string) (config, error) {
 	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth); err != nil {
 		return cfg, err
 	}
-	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysOutbox); err != nil {
+	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysOutbox, sysOutboxALO); err != nil {
 		return cfg, err
 	}
 	if cfg.perTx, err = parseInts("-per-tx", perTx, 1, 1<<20); err != nil {

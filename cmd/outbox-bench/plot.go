@@ -24,7 +24,10 @@ var (
 	colPeerPub   = color.RGBA{240, 160, 160, 255}
 	colOutbox    = color.RGBA{30, 60, 200, 255}
 	colOutboxPub = color.RGBA{150, 170, 240, 255}
-	colTarget    = color.RGBA{0, 150, 60, 255}
+	// (c') at least once: green.
+	colOutboxALO    = color.RGBA{20, 140, 60, 255}
+	colOutboxALOPub = color.RGBA{140, 210, 160, 255}
+	colTarget       = color.RGBA{0, 150, 60, 255}
 )
 
 type point struct{ x, y float64 }
@@ -179,9 +182,9 @@ func throughputImage(runs []*runResult) (image.Image, error) {
 			perTxs = append(perTxs, r.PerTx)
 		}
 	}
-	name := map[string]string{sysPeer: "(b) peer", sysOutbox: "(c) outbox"}
-	dark := map[string]color.RGBA{sysPeer: colPeer, sysOutbox: colOutbox}
-	light := map[string]color.RGBA{sysPeer: colPeerPub, sysOutbox: colOutboxPub}
+	name := map[string]string{sysPeer: "(b) peer", sysOutbox: "(c) outbox", sysOutboxALO: "(c') at least once"}
+	dark := map[string]color.RGBA{sysPeer: colPeer, sysOutbox: colOutbox, sysOutboxALO: colOutboxALO}
+	light := map[string]color.RGBA{sysPeer: colPeerPub, sysOutbox: colOutboxPub, sysOutboxALO: colOutboxALOPub}
 	var charts []chart
 	for _, perTx := range perTxs {
 		for _, mode := range []string{modeSteady, modeBacklog} {

@@ -24,6 +24,10 @@ const (
 	sysCeiling = "ceiling"
 	sysPeer    = "peer"
 	sysOutbox  = "outbox"
+	// sysOutboxALO is (c) with exactly-once delivery into Kafka turned
+	// off (forwarder.KafkaConfig.AtLeastOnce): what the Kafka
+	// transactions cost.
+	sysOutboxALO = "outbox-alo"
 )
 
 // bench is the shared environment: the database and the workload.

@@ -38,8 +38,9 @@ type system struct {
 
 // outboxOptions are what the runs of (c) vary.
 type outboxOptions struct {
-	partitions int
-	tuning     adaptive.Tuning
+	partitions  int
+	tuning      adaptive.Tuning
+	atLeastOnce bool
 }
 
 // setup creates system name in schema, relaying to kafkaTopic on brokers.
@@ -51,6 +52,9 @@ func (b *bench) setup(ctx context.Context, name, schema, kafkaTopic string, brok
 	case sysPeer:
 		return b.setupPeer(ctx, schema, kafkaTopic, brokers)
 	case sysOutbox:
+		return b.setupOutbox(ctx, schema, kafkaTopic, brokers, opts)
+	case sysOutboxALO:
+		opts.atLeastOnce = true
 		return b.setupOutbox(ctx, schema, kafkaTopic, brokers, opts)
 	}
 	return nil, fmt.Errorf("unknown system %q", name)
@@ -218,7 +222,7 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 		if relayPool, err = b.pool(ctx, opts.tuning.MaxConcurrentPartitions+4); err != nil {
 			return err
 		}
-		if target, err = forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers}); err != nil {
+		if target, err = forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, AtLeastOnce: opts.atLeastOnce}); err != nil {
 			return err
 		}
 		fwd, err = forwarder.NewForwarder(forwarder.Config{

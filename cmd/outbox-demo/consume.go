@@ -69,6 +69,7 @@ func (d *demo) startConsumers(ctx context.Context) error {
 
 	sc := kafka.DefaultSaramaSubscriberConfig()
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted // the forwarder writes in Kafka transactions
 	kafkaSub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               d.brokers.kafkaAddrs,
 		Unmarshaler:           kafka.DefaultMarshaler{},

@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 )
 
@@ -49,6 +50,47 @@ const (
 	groupKafka  = "chaos-kafka"
 )
 
+// childSpec is a group of child processes of one role.
+type childSpec struct {
+	role, group string
+	count       int
+	// kafkaTopic: the topic a forwarder writes (default: topic) or an
+	// inbox consumer reads.
+	kafkaTopic  string
+	atLeastOnce bool // a forwarder's mode
+}
+
+func (c childSpec) topic() string {
+	if c.kafkaTopic == "" {
+		return topic
+	}
+	return c.kafkaTopic
+}
+
+// scenario is what a chaos run runs and breaks.
+type scenario struct {
+	children []childSpec
+	// kafkaTopics are the Kafka topics and their partition counts.
+	kafkaTopics map[string]int
+	// Every killMin to killMax a child is SIGKILLed.
+	killMin, killMax time.Duration
+	// forwarderFreezes > 0: that many freezes past the lease, each of a
+	// forwarder, spread over the run; 0: a random child every 4-10 s.
+	forwarderFreezes int
+}
+
+// everything is TestChaos's scenario: subscribers of both strategies and
+// a forwarder to Kafka, two processes each.
+var everything = scenario{
+	children: []childSpec{
+		{role: RoleTransactional, group: groupTx, count: 2},
+		{role: RoleLeased, group: groupLeased, count: 2},
+		{role: RoleForwarder, group: groupKafka, count: 2},
+	},
+	kafkaTopics: map[string]int{topic: partitions},
+	killMin:     time.Second, killMax: 3 * time.Second,
+}
+
 // TestChaosChild is a child process of TestChaos: it runs the role given
 // in EnvChild until it is killed or receives SIGTERM.
 func TestChaosChild(t *testing.T) {
@@ -68,6 +110,60 @@ func TestChaosChild(t *testing.T) {
 
 // TestChaos: see the package documentation.
 func TestChaos(t *testing.T) {
+	dur := *flagDuration
+	if testing.Short() && !flagSet("chaos.duration") {
+		dur = 15 * time.Second
+	}
+	runChaos(t, everything, dur, *flagSelfTest)
+}
+
+// kafkaExactlyOnce is TestChaosKafka's scenario: one outbox topic (8
+// partitions) forwarded to three Kafka topics, exactly once with equal
+// partition counts (8) and with unequal ones (5), and at least once twice
+// over (two forwarder groups into one topic, so every message arrives
+// there at least twice), which two inbox consumers, a Kafka consumer
+// group, read.
+var kafkaExactlyOnce = scenario{
+	children: []childSpec{
+		{role: RoleForwarder, group: "chaos-kafka-equal", count: 2, kafkaTopic: "chaos-equal"},
+		{role: RoleForwarder, group: "chaos-kafka-unequal", count: 2, kafkaTopic: "chaos-unequal"},
+		{role: RoleForwarder, group: "chaos-kafka-twice-a", count: 1, kafkaTopic: "chaos-twice", atLeastOnce: true},
+		{role: RoleForwarder, group: "chaos-kafka-twice-b", count: 1, kafkaTopic: "chaos-twice", atLeastOnce: true},
+		{role: RoleInbox, group: "chaos-inbox", count: 2, kafkaTopic: "chaos-twice"},
+	},
+	kafkaTopics: map[string]int{"chaos-equal": partitions, "chaos-unequal": 5, "chaos-twice": partitions},
+	killMin:     400 * time.Millisecond, killMax: 1200 * time.Millisecond,
+	forwarderFreezes: 4,
+}
+
+// TestChaosKafka proves exactly-once delivery into Kafka and the inbox
+// under the same storm as TestChaos (plus a kill every 0.4-1.2 s and four
+// freezes of exactly-once forwarders past their leases): each Kafka topic
+// an exactly-once forwarder writes holds each committed message once, in
+// key order, with equal and with unequal partition counts; the inbox
+// consumers' effects hold each message once, in key order, although
+// every message reached their topic at least twice and the consumers were
+// killed mid-batch (redeliveries, rebalances).
+func TestChaosKafka(t *testing.T) {
+	dur := 30 * time.Second
+	if flagSet("chaos.duration") {
+		dur = *flagDuration
+	}
+	r := runChaos(t, kafkaExactlyOnce, dur, false)
+	kills, freezes := map[string]int{}, map[string]int{}
+	for _, p := range r.procs {
+		st := p.Stats()
+		kills[p.Role] += st.Kills
+		freezes[p.Role] += st.Pauses
+	}
+	if kills[RoleForwarder] < 20 || freezes[RoleForwarder] < 3 || kills[RoleInbox] < 2 {
+		t.Errorf("the storm was too weak to prove anything: %d forwarder SIGKILLs (want 20+), %d forwarder freezes past the lease (want 3+), %d inbox consumer SIGKILLs (want 2+)",
+			kills[RoleForwarder], freezes[RoleForwarder], kills[RoleInbox])
+	}
+}
+
+// runChaos runs sc for dur, drains, reads everything back and verifies.
+func runChaos(t *testing.T, sc scenario, dur time.Duration, selftest bool) *run {
 	if _, child, _ := ChildFromEnv(); child {
 		t.Skip("a child process")
 	}
@@ -75,19 +171,15 @@ func TestChaos(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	dur := *flagDuration
-	if testing.Short() && !flagSet("chaos.duration") {
-		dur = 15 * time.Second
-	}
 	drainTimeout := 2*time.Minute + dur/5
 	if deadline, ok := t.Deadline(); ok {
 		if need := dur + drainTimeout + time.Minute; time.Until(deadline) < need {
 			t.Fatalf("-chaos.duration=%v needs -timeout of at least %v (the run, the drain and set-up)", dur, need.Round(time.Minute))
 		}
 	}
-	t.Logf("seed %d (the same schedule again: -chaos.seed=%d), duration %v, selftest %v", seed, seed, dur, *flagSelfTest)
+	t.Logf("seed %d (the same schedule again: -chaos.seed=%d), duration %v, selftest %v", seed, seed, dur, selftest)
 
-	r := newRun(t, seed, dur, *flagSelfTest)
+	r := newRun(t, seed, dur, selftest, sc)
 	r.setUp()
 	r.chaos()
 	drained := r.drain(drainTimeout)
@@ -95,11 +187,12 @@ func TestChaos(t *testing.T) {
 	in := r.collect()
 	report := Verify(in)
 	r.summarize(report, drained)
-	if *flagSelfTest {
+	if selftest {
 		r.checkSelfTest(report)
 	} else if !report.OK() {
 		t.Errorf("the verifier found faults (seed %d):\n%s", seed, report)
 	}
+	return r
 }
 
 // flagSet reports whether the flag was given on the command line.
@@ -112,6 +205,7 @@ func flagSet(name string) bool {
 // run is one chaos run.
 type run struct {
 	t        *testing.T
+	sc       scenario
 	seed     uint64
 	dur      time.Duration
 	selftest bool
@@ -137,13 +231,13 @@ type run struct {
 	stopErrors []string
 }
 
-func newRun(t *testing.T, seed uint64, dur time.Duration, selftest bool) *run {
+func newRun(t *testing.T, seed uint64, dur time.Duration, selftest bool, sc scenario) *run {
 	dir, err := os.MkdirTemp("", "outbox-chaos-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &run{t: t, seed: seed, dur: dur, selftest: selftest, dir: dir, ctx: ctx, rec: newRecorder()}
+	r := &run{t: t, sc: sc, seed: seed, dur: dur, selftest: selftest, dir: dir, ctx: ctx, rec: newRecorder()}
 	t.Cleanup(func() {
 		cancel()
 		// No child outlives the test, whatever happened.
@@ -218,6 +312,9 @@ func (r *run) setUp() {
 	if _, err := r.pool.Exec(ctx, ResultsDDL(schema)); err != nil {
 		t.Fatal(err)
 	}
+	if err := inbox.Migrate(ctx, r.pool, inbox.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
 	// The aggregates: a key's counter, bumped by each transaction that
 	// publishes for the key (under its row lock, so in commit order), and
 	// the transactions that committed.
@@ -229,27 +326,31 @@ func (r *run) setUp() {
 	}
 
 	// Kafka, behind a gate the broker outages close.
-	r.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic),
+	opts := []kfake.Opt{kfake.NumBrokers(1)}
+	for name, n := range r.sc.kafkaTopics {
+		opts = append(opts, kfake.SeedTopics(int32(n), name))
+	}
+	r.kafka, err = kfake.NewCluster(append(opts,
 		kfake.ListenFn(func(network, address string) (net.Listener, error) {
 			g, err := Listen(network, address)
 			r.gate = g
 			return g, err
-		}))
+		}))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	brokers := r.kafka.ListenAddrs()
 
-	// The children: two processes of each role.
-	for _, role := range []struct{ role, group string }{{RoleTransactional, groupTx}, {RoleLeased, groupLeased}, {RoleForwarder, groupKafka}} {
-		for i := 1; i <= 2; i++ {
+	// The children.
+	for _, role := range r.sc.children {
+		for i := 1; i <= role.count; i++ {
 			cfg := ChildConfig{
-				Role: role.role, Name: fmt.Sprintf("%s-%d", role.role, i), DatabaseURL: url, Schema: schema, Topic: topic,
+				Role: role.role, Name: fmt.Sprintf("%s-%d", role.group, i), DatabaseURL: url, Schema: schema, Topic: topic,
 				Group: role.group, Brokers: brokers, FlakyRate: 0.01, WorkDelay: 4 * time.Millisecond,
 				LeaseTTL: leaseTTL, RenewInterval: 400 * time.Millisecond, BalanceInterval: 300 * time.Millisecond,
-				Seed: r.seed,
+				Seed: r.seed, KafkaTopic: role.kafkaTopic, AtLeastOnce: role.atLeastOnce,
 			}
-			if role.role != RoleForwarder {
+			if role.role == RoleTransactional || role.role == RoleLeased {
 				cfg.MaxAttempts = maxAttempts
 			}
 			env, err := ChildEnv(cfg)
@@ -358,7 +459,7 @@ func (r *run) chaos() {
 		defer kw.Wait()
 		var order []*Proc
 		for {
-			if !sleep(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond) {
+			if !sleep(ctx, r.sc.killMin+time.Duration(rng.Int64N(int64(r.sc.killMax-r.sc.killMin)))) {
 				return
 			}
 			if len(order) == 0 {
@@ -407,9 +508,39 @@ func (r *run) chaos() {
 		rng := r.rng(3)
 		var pw sync.WaitGroup
 		defer pw.Wait()
-		for sleep(ctx, time.Duration(4000+rng.IntN(6000))*time.Millisecond) {
+		var forwarders []*Proc
+		for _, p := range r.procs {
+			if p.Role == RoleForwarder {
+				forwarders = append(forwarders, p)
+			}
+		}
+		frozen := 0
+		next := func() time.Duration {
+			if n := r.sc.forwarderFreezes; n > 0 {
+				// Evenly spread, the last well before the end.
+				return r.dur * 4 / 5 / time.Duration(n)
+			}
+			return time.Duration(4000+rng.IntN(6000)) * time.Millisecond
+		}
+		for sleep(ctx, next()) {
 			p := r.procs[rng.IntN(len(r.procs))]
-			if _, inUse := busy.LoadOrStore(p, true); inUse {
+			if r.sc.forwarderFreezes > 0 {
+				if frozen >= r.sc.forwarderFreezes {
+					return
+				}
+				p = forwarders[frozen%len(forwarders)]
+				// A freeze must not be skipped: wait for a kill of the
+				// process to finish.
+				for {
+					if _, inUse := busy.LoadOrStore(p, true); !inUse {
+						break
+					}
+					if !sleep(ctx, 50*time.Millisecond) {
+						return
+					}
+				}
+				frozen++
+			} else if _, inUse := busy.LoadOrStore(p, true); inUse {
 				continue
 			}
 			d := leaseTTL + time.Duration(500+rng.IntN(2500))*time.Millisecond
@@ -472,7 +603,7 @@ func (r *run) lag(ctx context.Context) (int, string, error) {
 		CROSS JOIN unnest($2::text[]) AS g(name)
 		LEFT JOIN `+schema+`.cursors c ON c.group_name = g.name AND c.topic = p.topic AND c.partition = p.partition
 		WHERE p.topic = $1 AND coalesce(c.seq, 0) < p.last_seq
-		ORDER BY 1, 2`, topic, []string{groupTx, groupLeased, groupKafka})
+		ORDER BY 1, 2`, topic, r.outboxGroups())
 	if err != nil {
 		return 0, "", err
 	}
@@ -481,6 +612,22 @@ func (r *run) lag(ctx context.Context) (int, string, error) {
 	n := pending
 	if pending > 0 {
 		fmt.Fprintf(&b, "%d messages not sequenced; ", pending)
+	}
+	// An inbox consumer is done when it handled every message of the log.
+	for _, c := range r.sc.children {
+		if c.role != RoleInbox {
+			continue
+		}
+		var missing int
+		if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.log l WHERE l.topic = $1 AND NOT EXISTS (
+			SELECT FROM `+schema+`.`+ResultsTable+` r WHERE r.grp = $2 AND r.outbox_id = l.topic || '/' || l.partition || '/' || l.seq)`,
+			topic, c.group).Scan(&missing); err != nil {
+			return 0, "", err
+		}
+		if missing > 0 {
+			n += missing
+			fmt.Fprintf(&b, "\n    inbox consumer %s: %d messages not handled", c.group, missing)
+		}
 	}
 	for rows.Next() {
 		var group, lastErr, owner string
@@ -494,6 +641,17 @@ func (r *run) lag(ctx context.Context) (int, string, error) {
 		fmt.Fprintf(&b, "\n    %s partition %d: cursor %d of %d, lease %q (live %v), last error %q", group, partition, cursor, head, owner, leased != nil && *leased, lastErr)
 	}
 	return n, b.String(), rows.Err()
+}
+
+// outboxGroups are the consumer groups of the outbox in the scenario.
+func (r *run) outboxGroups() []string {
+	var groups []string
+	for _, c := range r.sc.children {
+		if c.role != RoleInbox {
+			groups = append(groups, c.group)
+		}
+	}
+	return groups
 }
 
 // drain waits until everything committed was sequenced and every group's
@@ -619,18 +777,44 @@ func (r *run) collect() Input {
 		t.Fatal(err)
 	}
 
-	kafka, err := readKafka(ctx, r.kafka.ListenAddrs(), topic)
-	if err != nil {
-		t.Fatalf("reading the Kafka topic back: %v", err)
+	in.Streams = []Stream{{Name: "log", Reference: true, ExactlyOnce: true, Deliveries: log}}
+	// A Kafka topic is exactly once when every forwarder writing to it is.
+	kafkaTopics := map[string]*Stream{}
+	var kafkaOrder []string
+	for _, c := range r.sc.children {
+		switch c.role {
+		case RoleTransactional:
+			in.Streams = append(in.Streams, Stream{Name: "transactional group", ExactlyOnce: true, RejectsPoison: true, MaxAttempts: maxAttempts,
+				Deliveries: results[c.group], DeadLetters: dead[c.group]})
+		case RoleLeased:
+			in.Streams = append(in.Streams, Stream{Name: "leased group", RejectsPoison: true, MaxAttempts: maxAttempts,
+				Deliveries: results[c.group], DeadLetters: dead[c.group]})
+		case RoleInbox:
+			in.Streams = append(in.Streams, Stream{Name: "inbox consumer " + c.group + " (Kafka " + c.topic() + ")", ExactlyOnce: true,
+				Deliveries: results[c.group]})
+		case RoleForwarder:
+			s := kafkaTopics[c.topic()]
+			if s == nil {
+				s = &Stream{Name: "kafka " + c.topic(), ExactlyOnce: true}
+				kafkaTopics[c.topic()] = s
+				kafkaOrder = append(kafkaOrder, c.topic())
+			}
+			s.ExactlyOnce = s.ExactlyOnce && !c.atLeastOnce
+			s.DeadLetters = append(s.DeadLetters, dead[c.group]...)
+		}
 	}
-
-	in.Streams = []Stream{
-		{Name: "log", Reference: true, ExactlyOnce: true, Deliveries: log},
-		{Name: "transactional group", ExactlyOnce: true, RejectsPoison: true, MaxAttempts: maxAttempts,
-			Deliveries: results[groupTx], DeadLetters: dead[groupTx]},
-		{Name: "leased group", RejectsPoison: true, MaxAttempts: maxAttempts,
-			Deliveries: results[groupLeased], DeadLetters: dead[groupLeased]},
-		{Name: "kafka", Deliveries: kafka, DeadLetters: dead[groupKafka]},
+	for _, name := range kafkaOrder {
+		s := kafkaTopics[name]
+		var err error
+		if s.Deliveries, err = readKafka(ctx, r.kafka.ListenAddrs(), name); err != nil {
+			t.Fatalf("reading Kafka topic %s back: %v", name, err)
+		}
+		if s.ExactlyOnce {
+			s.Name += " (exactly once)"
+		} else {
+			s.Name += " (at least once)"
+		}
+		in.Streams = append(in.Streams, *s)
 	}
 	return in
 }
@@ -670,8 +854,11 @@ func (r *run) summarize(report Report, drained bool) {
 			selfExits = append(selfExits, p.Name+": "+e)
 		}
 	}
-	for _, role := range []string{RoleTransactional, RoleLeased, RoleForwarder} {
-		c := byRole[role]
+	for _, role := range []string{RoleTransactional, RoleLeased, RoleForwarder, RoleInbox} {
+		c, ok := byRole[role]
+		if !ok {
+			continue
+		}
 		fmt.Fprintf(&b, "  %s processes: %d killed, %d frozen, %d started, %d exited by themselves\n", role, c[0], c[3], c[1], c[2])
 	}
 	for _, e := range selfExits {

@@ -8,9 +8,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,6 +22,7 @@ import (
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/inbox"
 )
 
 // EnvChild names the environment variable that makes the test binary run
@@ -37,6 +41,10 @@ const (
 	RoleLeased = "leased"
 	// RoleForwarder is a Forwarder to Kafka.
 	RoleForwarder = "forwarder"
+	// RoleInbox is a Watermill Router reading a Kafka topic as a Kafka
+	// consumer group, with the inbox middleware: it records each message
+	// it handles in the results table, in the inbox's transaction.
+	RoleInbox = "inbox"
 )
 
 // ResultsTable is the table (in the outbox schema) where subscriber
@@ -86,8 +94,13 @@ type ChildConfig struct {
 	Schema      string
 	Topic       string
 	Group       string
-	// Brokers are the Kafka brokers of a forwarder.
+	// Brokers are the Kafka brokers of a forwarder or an inbox consumer.
 	Brokers []string
+	// KafkaTopic is the topic a forwarder writes to (default: Topic) or an
+	// inbox consumer reads.
+	KafkaTopic string
+	// AtLeastOnce turns a forwarder's exactly-once delivery off.
+	AtLeastOnce bool
 	// MaxAttempts is the Subscriber's MaxAttempts.
 	MaxAttempts int
 	// FlakyRate is the share of deliveries a subscriber nacks on purpose
@@ -170,6 +183,8 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 		return runSubscriber(ctx, cfg, scfg, pool, logger)
 	case RoleForwarder:
 		return runForwarder(ctx, cfg, scfg, logger)
+	case RoleInbox:
+		return runInbox(ctx, cfg, pool, logger)
 	}
 	return fmt.Errorf("chaos: unknown role %q", cfg.Role)
 }
@@ -259,12 +274,16 @@ func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberCo
 	sc.Net.ReadTimeout = 2 * time.Second
 	sc.Net.WriteTimeout = 2 * time.Second
 	sc.Metadata.Retry.Backoff = 100 * time.Millisecond
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: cfg.Brokers, Sarama: sc, Logger: logger})
+	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: cfg.Brokers, Sarama: sc, Logger: logger, AtLeastOnce: cfg.AtLeastOnce})
 	if err != nil {
 		return err
 	}
 	defer target.Close()
-	fwd, err := forwarder.NewForwarder(forwarder.Config{Subscriber: scfg, Topics: []string{cfg.Topic}, Target: target}, logger)
+	fcfg := forwarder.Config{Subscriber: scfg, Topics: []string{cfg.Topic}, Target: target}
+	if cfg.KafkaTopic != "" {
+		fcfg.TargetTopic = func(string) string { return cfg.KafkaTopic }
+	}
+	fwd, err := forwarder.NewForwarder(fcfg, logger)
 	if err != nil {
 		return err
 	}
@@ -286,8 +305,78 @@ func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberCo
 			return nil
 		case <-time.After(200 * time.Millisecond):
 		}
-		if fwd, err = forwarder.NewForwarder(forwarder.Config{Subscriber: scfg, Topics: []string{cfg.Topic}, Target: target}, logger); err != nil {
+		if fwd, err = forwarder.NewForwarder(fcfg, logger); err != nil {
 			return err
 		}
+	}
+}
+
+// runInbox consumes cfg.KafkaTopic as Kafka consumer group cfg.Group
+// through watermill-kafka and a Router with the inbox middleware (inbox
+// consumer cfg.Group); the handler records each message in the results
+// table in the inbox's transaction, after up to WorkDelay, so that a kill
+// often lands between a handled message and the consumer's offset commit
+// (a redelivery) or in the middle of a handler (a rollback).
+func runInbox(ctx context.Context, cfg ChildConfig, pool *pgxpool.Pool, logger watermill.LoggerAdapter) error {
+	in, err := inbox.New(inbox.Config{Pool: pool, Consumer: cfg.Group})
+	if err != nil {
+		return err
+	}
+	sc := kafka.DefaultSaramaSubscriberConfig()
+	sc.ClientID = cfg.Name
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
+	sc.Consumer.Group.Session.Timeout = 6 * time.Second
+	sc.Consumer.Group.Heartbeat.Interval = time.Second
+	sc.Consumer.Group.Rebalance.Timeout = 6 * time.Second
+	sc.Consumer.Offsets.AutoCommit.Interval = 500 * time.Millisecond
+	sc.Net.DialTimeout = time.Second
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers: cfg.Brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc,
+		ConsumerGroup: cfg.Group, ReconnectRetrySleep: 200 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		return err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 2 * time.Second}, logger)
+	if err != nil {
+		return err
+	}
+	insert := `INSERT INTO ` + pgx.Identifier{cfg.Schema, ResultsTable}.Sanitize() + ` (grp, outbox_id, uuid, key, payload, attempt, pid)
+		VALUES ($1, $2, $3, $4, $5, 0, $6)`
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(os.Getpid())))
+	var rngMu sync.Mutex
+	pid := os.Getpid()
+	router.AddMiddleware(in.Middleware)
+	router.AddConsumerHandler("inbox", cfg.KafkaTopic, sub, func(msg *message.Message) error {
+		tx, ok := outbox.PgxTxFromContext(msg.Context())
+		if !ok {
+			return errors.New("chaos: the inbox middleware gave the handler no transaction")
+		}
+		if cfg.WorkDelay > 0 {
+			rngMu.Lock()
+			d := time.Duration(rng.Int64N(int64(cfg.WorkDelay)))
+			rngMu.Unlock()
+			time.Sleep(d)
+		}
+		_, err := tx.Exec(msg.Context(), insert, cfg.Group, msg.Metadata.Get(outbox.MetadataID), msg.UUID,
+			msg.Metadata.Get(outbox.MetadataPartitionKey), string(msg.Payload), pid)
+		return err
+	})
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	select {
+	case err := <-done:
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return ErrEndedByItself
+	case <-ctx.Done():
+		_ = router.Close()
+		<-done
+		return nil
 	}
 }

@@ -332,12 +332,15 @@ func (r *run) inject(pub *outbox.Publisher) {
 	t.Logf("%6.1fs: self-test: injected one lost, one phantom, one reordered and one duplicated message", time.Since(r.started).Seconds())
 }
 
-// readKafka reads every record of topic, partition after partition, each
-// in offset order, up to the high watermarks.
+// readKafka reads every committed record of topic (isolation level
+// read_committed, as consumers of an exactly-once forwarder must read),
+// partition after partition, each in offset order, up to the high
+// watermarks.
 func readKafka(ctx context.Context, brokers []string, topic string) ([]Delivery, error) {
 	cfg := sarama.NewConfig()
 	cfg.ClientID = "chaos-verifier"
 	cfg.Consumer.Return.Errors = true
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
 	client, err := sarama.NewClient(brokers, cfg)
 	if err != nil {
 		return nil, err
@@ -352,42 +355,63 @@ func readKafka(ctx context.Context, brokers []string, topic string) ([]Delivery,
 	if err != nil {
 		return nil, err
 	}
-	var out []Delivery
-	for _, p := range parts {
-		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return nil, fmt.Errorf("partition %d: %w", p, err)
-		}
-		if hwm == 0 {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			return nil, fmt.Errorf("partition %d: %w", p, err)
-		}
-		err = func() error {
-			defer pc.Close()
-			for {
-				select {
-				case cm := <-pc.Messages():
-					wm, err := kafka.DefaultMarshaler{}.Unmarshal(cm)
-					if err != nil {
-						return fmt.Errorf("partition %d offset %d: %w", p, cm.Offset, err)
-					}
-					out = append(out, Delivery{OutboxID: wm.Metadata.Get(outbox.MetadataID), UUID: wm.UUID, Key: string(cm.Key), Payload: string(wm.Payload)})
-					if cm.Offset >= hwm-1 {
-						return nil
-					}
-				case err := <-pc.Errors():
-					return fmt.Errorf("partition %d: %w", p, err)
-				case <-ctx.Done():
-					return fmt.Errorf("partition %d: %w", p, ctx.Err())
-				}
-			}
+	// The partitions are read at once: the end of one is known only by
+	// waiting (its last offsets may be transaction markers, which a
+	// consumer never sees).
+	got := make([][]Delivery, len(parts))
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, p := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = readKafkaPartition(ctx, client, consumer, topic, p)
 		}()
-		if err != nil {
-			return nil, err
+	}
+	wg.Wait()
+	var out []Delivery
+	for i := range parts {
+		if errs[i] != nil {
+			return nil, errs[i]
 		}
+		out = append(out, got[i]...)
 	}
 	return out, nil
+}
+
+func readKafkaPartition(ctx context.Context, client sarama.Client, consumer sarama.Consumer, topic string, p int32) ([]Delivery, error) {
+	hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+	if err != nil {
+		return nil, fmt.Errorf("partition %d: %w", p, err)
+	}
+	if hwm == 0 {
+		return nil, nil
+	}
+	pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+	if err != nil {
+		return nil, fmt.Errorf("partition %d: %w", p, err)
+	}
+	defer pc.Close()
+	var out []Delivery
+	for {
+		select {
+		case cm := <-pc.Messages():
+			wm, err := kafka.DefaultMarshaler{}.Unmarshal(cm)
+			if err != nil {
+				return nil, fmt.Errorf("partition %d offset %d: %w", p, cm.Offset, err)
+			}
+			out = append(out, Delivery{OutboxID: wm.Metadata.Get(outbox.MetadataID), UUID: wm.UUID, Key: string(cm.Key), Payload: string(wm.Payload)})
+			if cm.Offset >= hwm-1 {
+				return out, nil
+			}
+		case err := <-pc.Errors():
+			return nil, fmt.Errorf("partition %d: %w", p, err)
+		case <-time.After(3 * time.Second):
+			// What is left below the high watermark are transaction
+			// markers and aborted records.
+			return out, nil
+		case <-ctx.Done():
+			return nil, fmt.Errorf("partition %d: %w", p, ctx.Err())
+		}
+	}
 }
