@@ -18,12 +18,19 @@
 //   - per-key order carries over: messages with the same partition key share
 //     an outbox partition, are sent in seq order and, on Kafka, share a
 //     partition again (murmur2, like Kafka's own partitioner);
-//   - messages can be duplicated (at-least-once): what was sent but not
-//     confirmed, or confirmed after the forwarder's lease ended, is sent
-//     again. Every copy carries the same stable id, outbox.MetadataID
+//   - into Kafka, exactly once by default: a KafkaTarget writes each batch
+//     in a Kafka transaction of a transactional producer per outbox
+//     partition (a new owner fences the previous one, zombies included) and,
+//     on taking a partition over, reads back what it already wrote and skips
+//     it; consumers read with isolation level read_committed (see
+//     KafkaConfig.AtLeastOnce);
+//   - elsewhere, messages can be duplicated (at-least-once): what was sent
+//     but not confirmed, or confirmed after the forwarder's lease ended, is
+//     sent again. Every copy carries the same stable id, outbox.MetadataID
 //     ("topic/partition/seq"), as metadata (Kafka header, NATS header), and
 //     on JetStream it is the Nats-Msg-Id, so the server drops copies within
-//     the stream's duplicate window.
+//     the stream's duplicate window. Package inbox gives consumers
+//     exactly-once effects behind any target.
 //
 // A broker outage only stalls the forwarder: failed sends are retried with
 // backoff (the outbox.Subscriber's Tuning) until the broker is back.

@@ -173,10 +173,13 @@ func sameFunc(a, b any) bool { return reflect.ValueOf(a).Pointer() == reflect.Va
 // may still be stored). A batch larger than Producer.MaxMessageBytes in a
 // partition is sent in several requests, one after the other.
 //
-// When partitions fail, Send reports the prefix of the batch before the
-// first record of a failed partition as done; records after it that did
-// arrive (in other partitions) are sent again: duplicates, each with the
-// stable id in header outbox_id. Errors that no retry can cure take the
+// By default each batch is one Kafka transaction, exactly once: see
+// KafkaConfig.AtLeastOnce and kafka_txn.go. A failed send then aborts its
+// transaction and nothing of it is visible to read_committed consumers.
+// At least once, when partitions fail, Send reports the prefix of the
+// batch before the first record of a failed partition as done; records
+// after it that did arrive (in other partitions) are sent again:
+// duplicates, each with the stable id in header outbox_id. Errors that no retry can cure take the
 // message out of the stream with outbox.Reject: a marshal failure, a record
 // larger than Producer.MaxMessageBytes, an invalid topic, and a broker's
 // MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE or INVALID_RECORD for a record
