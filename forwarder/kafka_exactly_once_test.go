@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
@@ -88,4 +90,34 @@ func TestKafkaCommittedBatchIsNotSentAgainByTheNextOwner(t *testing.T) {
 			assertPositions(t, "committed records without the tail read", got, append(upTo(0, 6), upTo(0, 10)...))
 		})
 	}
+}
+
+// A real transaction coordinator answers CONCURRENT_TRANSACTIONS while it
+// completes the previous transaction, COORDINATOR_LOAD_IN_PROGRESS while it
+// loads, NOT_COORDINATOR after it moved (kfake completes transactions at
+// once and never does, so the faults are injected): the target waits and
+// asks again, within the same Send, and the batch arrives once.
+func TestKafkaTransactionWaitsForABusyCoordinator(t *testing.T) {
+	cluster := newKafka(t, kfake.SeedTopics(1, "orders"))
+	brokers := cluster.ListenAddrs()
+	var faults []*kfake.FaultHandle
+	for _, f := range []kfake.Fault{
+		{Keys: []kmsg.Key{kmsg.InitProducerID}, Err: kerr.ConcurrentTransactions, Count: 2},
+		{Keys: []kmsg.Key{kmsg.AddPartitionsToTxn}, Err: kerr.ConcurrentTransactions, Count: 2},
+		{Keys: []kmsg.Key{kmsg.AddPartitionsToTxn}, Err: kerr.CoordinatorLoadInProgress, Count: 1},
+		{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.NotCoordinator, Count: 1},
+	} {
+		faults = append(faults, cluster.Fault(f))
+	}
+	target := newKafkaTarget(t, brokers, nil)
+	batch := outboxBatch(10, sameKey)
+	if done, err := target.Send(outboxtest.Ctx(t), "orders", batch); done != len(batch) || err != nil {
+		t.Fatalf("Send: done %d of %d, %v", done, len(batch), err)
+	}
+	for i, f := range faults {
+		if f.Hits() == 0 {
+			t.Fatalf("fault %d was not hit: the test did not exercise the retry", i)
+		}
+	}
+	assertPositions(t, "committed records", positions(kafkaLog(t, brokers, "orders")), upTo(0, 10))
 }

@@ -149,6 +149,21 @@ func TestKafkaConfigRejectsFNVAndBadSettings(t *testing.T) {
 	if _, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("no brokers: %v", err)
 	}
+	// Kafka transactions need acks from all in-sync replicas; at least
+	// once, the leader's ack will do.
+	leaderAck := forwarder.DefaultSaramaConfig()
+	leaderAck.Producer.RequiredAcks = sarama.WaitForLocal
+	_, err = forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: []string{"x:9092"}, Sarama: leaderAck})
+	var cerr *outbox.ConfigError
+	if !errors.As(err, &cerr) || cerr.Field != "Sarama.Producer.RequiredAcks" || !strings.Contains(err.Error(), "AtLeastOnce") {
+		t.Fatalf("exactly once with acks=1: %v", err)
+	}
+	if _, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: []string{"x:9092"}, Sarama: leaderAck, AtLeastOnce: true}); err != nil {
+		t.Fatalf("at least once with acks=1: %v", err)
+	}
+	if _, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: []string{"x:9092"}, TransactionTimeout: time.Millisecond}); !errors.As(err, &cerr) || cerr.Field != "TransactionTimeout" {
+		t.Fatalf("a 1 ms transaction timeout: %v", err)
+	}
 	// Unreachable brokers are fine at construction: the target connects on
 	// the first send.
 	if _, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: []string{"127.0.0.1:1"}}); err != nil {

@@ -300,9 +300,18 @@ func (t *KafkaTarget) transact(ctx context.Context, client sarama.Client, p *txn
 		if err != nil {
 			return 0, err
 		}
+		// Every partition must be answered, and added: a produce to a
+		// partition outside the transaction fails.
+		answered := map[int32]bool{}
 		for _, perr := range resp.Errors[topic] {
 			if perr.Err != sarama.ErrNoError {
 				return perr.Err, nil
+			}
+			answered[perr.Partition] = true
+		}
+		for _, kp := range kafkaParts {
+			if !answered[kp] {
+				return 0, fmt.Errorf("partition %d: %w", kp, sarama.ErrIncompleteResponse)
 			}
 		}
 		return sarama.ErrNoError, nil

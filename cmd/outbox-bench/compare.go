@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/millrace/watermill-outbox/adaptive"
@@ -44,12 +45,12 @@ func (b *bench) comparePhase(ctx context.Context, res *results) error {
 // runCompare sets up system name in a fresh schema with a fresh broker,
 // publishes -messages messages in transactions of perTx with -publishers
 // goroutines and, for (b) and (c), waits until all of them are at the
-// broker, counting the broker's end offsets every 200 ms. In steady mode
-// the relay runs from before the first publish; in backlog mode it starts
-// after the last commit.
+// broker, counting the records a read_committed consumer read, every 200
+// ms. In steady mode the relay runs from before the first publish; in
+// backlog mode it starts after the last commit.
 func (b *bench) runCompare(ctx context.Context, name, mode string, perTx int) (*runResult, error) {
 	cfg := b.cfg
-	schema := fmt.Sprintf("cmp_%s_%s_pt%d", name, mode, perTx)
+	schema := fmt.Sprintf("cmp_%s_%s_pt%d", strings.ReplaceAll(name, "-", "_"), mode, perTx)
 	topic := fmt.Sprintf("%s-%s-pt%d", name, mode, perTx)
 	kb, sys, err := b.freshSystem(ctx, name, schema, topic, cfg.partitions, false, adaptive.Default())
 	if err != nil {

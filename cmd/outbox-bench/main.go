@@ -25,7 +25,7 @@
 //     run twice: "steady" (the relay runs while publishing) and "backlog"
 //     (publish with the relay stopped, then start it and time the drain).
 //     Reports publish msg/s, end-to-end msg/s (from the first publish until
-//     the broker's end offsets reach the message count), drain msg/s, CPU
+//     a read_committed consumer has read every message), drain msg/s, CPU
 //     time of this process and of the PostgreSQL server, peak RSS, and the
 //     ratios (c)/(a) and (c)/(b).
 //   - latency: (b) and (c) (the latter with adaptive.LowLatency()) at each

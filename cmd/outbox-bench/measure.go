@@ -9,11 +9,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/millrace/watermill-outbox/internal/procstat"
 )
@@ -82,51 +83,84 @@ func heapInuse() int64 {
 	return int64(ms.HeapInuse)
 }
 
-// brokerCounter counts the records of a topic from the broker's end
-// offsets (high watermarks, which deleting records does not lower).
+// brokerCounter counts the records of a topic a consumer can read: a
+// franz-go consumer with isolation level read_committed, started on the
+// first Count of the topic, counts what it fetches. End offsets would not
+// do: an exactly-once forwarder's commit markers take offsets too (one per
+// batch and partition), and a record counts as at the broker only once
+// its transaction committed.
 type brokerCounter struct {
-	client     *kgo.Client
-	partitions int32
+	brokers []string
+
+	mu     sync.Mutex
+	topics map[string]*topicCount
 }
 
-func newBrokerCounter(brokers []string, partitions int32) (*brokerCounter, error) {
-	c, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		return nil, err
+type topicCount struct {
+	client *kgo.Client
+	n      atomic.Int64
+	err    atomic.Pointer[error]
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newBrokerCounter(brokers []string) *brokerCounter {
+	return &brokerCounter{brokers: brokers, topics: map[string]*topicCount{}}
+}
+
+// Close stops the consumers.
+func (c *brokerCounter) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, tc := range c.topics {
+		tc.cancel()
+		<-tc.done
+		tc.client.Close()
 	}
-	return &brokerCounter{client: c, partitions: partitions}, nil
+	c.topics = map[string]*topicCount{}
 }
 
-func (c *brokerCounter) Close() { c.client.Close() }
-
-// Count returns the sum of the end offsets of topic's partitions.
+// Count returns how many records of topic the consumer has read.
 func (c *brokerCounter) Count(ctx context.Context, topic string) (int64, error) {
-	req := kmsg.NewPtrListOffsetsRequest()
-	t := kmsg.NewListOffsetsRequestTopic()
-	t.Topic = topic
-	for p := range c.partitions {
-		rp := kmsg.NewListOffsetsRequestTopicPartition()
-		rp.Partition = p
-		rp.Timestamp = -1 // latest
-		t.Partitions = append(t.Partitions, rp)
-	}
-	req.Topics = append(req.Topics, t)
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := req.RequestWith(ctx, c.client)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	for _, rt := range resp.Topics {
-		for _, rp := range rt.Partitions {
-			if rp.ErrorCode != 0 {
-				return 0, fmt.Errorf("list offsets %s/%d: error code %d", rt.Topic, rp.Partition, rp.ErrorCode)
-			}
-			n += rp.Offset
+	c.mu.Lock()
+	tc := c.topics[topic]
+	if tc == nil {
+		client, err := kgo.NewClient(
+			kgo.SeedBrokers(c.brokers...),
+			kgo.ConsumeTopics(topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+			kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+			kgo.FetchMaxWait(50*time.Millisecond),
+		)
+		if err != nil {
+			c.mu.Unlock()
+			return 0, err
 		}
+		cctx, cancel := context.WithCancel(context.Background())
+		tc = &topicCount{client: client, cancel: cancel, done: make(chan struct{})}
+		c.topics[topic] = tc
+		go tc.run(cctx)
 	}
-	return n, nil
+	c.mu.Unlock()
+	if err := tc.err.Load(); err != nil {
+		return 0, *err
+	}
+	return tc.n.Load(), nil
+}
+
+func (tc *topicCount) run(ctx context.Context) {
+	defer close(tc.done)
+	for {
+		fetches := tc.client.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			err = fmt.Errorf("consume %s/%d: %w", topic, p, err)
+			tc.err.Store(&err)
+		})
+		tc.n.Add(int64(fetches.NumRecords()))
+	}
 }
 
 // machineInfo describes where the benchmark ran.

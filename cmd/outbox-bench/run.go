@@ -185,10 +185,7 @@ func newBroker(partitions int, trimmable bool, topics ...string) (*broker, error
 		return nil, fmt.Errorf("kfake: %w", err)
 	}
 	k := &broker{cluster: c, addrs: c.ListenAddrs()}
-	if k.counter, err = newBrokerCounter(k.addrs, int32(partitions)); err != nil {
-		c.Close()
-		return nil, err
-	}
+	k.counter = newBrokerCounter(k.addrs)
 	return k, nil
 }
 

@@ -36,6 +36,19 @@
 // not reproducible, so a seed replays the same storm, not the same
 // interleaving.
 //
+// TestChaosKafka runs the same storm with other children and a faster
+// schedule (a SIGKILL every 0.4-1.2 s, four freezes of exactly-once
+// forwarders): forwarders relaying the topic exactly once to a Kafka topic
+// of as many partitions and to one of fewer, two at-least-once forwarder
+// groups relaying it into a third topic (every message there at least
+// twice), and inbox consumers (a Kafka consumer group, a Router with the
+// inbox middleware) applying that third topic. The two exactly-once topics
+// and the inbox's effects must hold each message once, in key order; the
+// test fails if the storm had fewer than 20 forwarder SIGKILLs or 3
+// forwarder freezes.
+//
+//	go test ./internal/chaos -run TestChaosKafka -v
+//
 // The test binary runs itself as the child processes (TestChaosChild, with
 // the role in the environment variable EnvChild).
 package chaos
