@@ -304,6 +304,9 @@ func TestRelaySequencesUntilInterrupted(t *testing.T) {
 	if code, _, e := c.run("", "relay", "--topic", "orders"); code != exitUsage || !strings.Contains(e, "--kafka and --nats") {
 		t.Fatalf("relay --topic without a broker: exit %d, %s", code, e)
 	}
+	if code, _, e := c.run("", "relay", "--topic", "orders", "--nats", "nats://localhost:4222", "--at-least-once"); code != exitUsage || !strings.Contains(e, "--kafka only") {
+		t.Fatalf("relay --at-least-once to NATS: exit %d, %s", code, e)
+	}
 }
 
 // serve refuses actions without a token, and serves the console (read-only)

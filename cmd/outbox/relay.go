@@ -21,13 +21,16 @@ func (a *app) relayCommand() *cobra.Command {
 		group        string
 		maxAttempts  int
 		verbose      bool
+		atLeastOnce  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Run a standalone sequencer, and a forwarder to Kafka or NATS JetStream",
 		Long: `relay runs until interrupted: a sequencer for the schema (give committed messages their seq) and, with
 --topic and --kafka or --nats, a forwarder of those topics to the broker, as consumer group --group. Poison messages
-go to the dead-letter store after --max-attempts. Run as many relays as you like: they share the work.`,
+go to the dead-letter store after --max-attempts. Run as many relays as you like: they share the work.
+
+Kafka is written exactly once (Kafka transactions; consumers must read read_committed) unless --at-least-once.`,
 		Example: `  outbox relay
   outbox relay --topic orders --topic invoices --kafka broker1:9092,broker2:9092
   outbox relay --topic orders --nats nats://localhost:4222`,
@@ -39,6 +42,9 @@ go to the dead-letter store after --max-attempts. Run as many relays as you like
 			}
 			if len(topics) == 0 && (len(kafkaBrokers) > 0 || natsURL != "") {
 				return usagef("--kafka and --nats need at least one --topic to forward")
+			}
+			if atLeastOnce && len(kafkaBrokers) == 0 {
+				return usagef("--at-least-once applies to --kafka only")
 			}
 			pool, err := a.connect(ctx)
 			if err != nil {
@@ -55,7 +61,7 @@ go to the dead-letter store after --max-attempts. Run as many relays as you like
 			if len(topics) > 0 {
 				var target forwarder.Target
 				if len(kafkaBrokers) > 0 {
-					t, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: kafkaBrokers, Logger: logger})
+					t, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: kafkaBrokers, Logger: logger, AtLeastOnce: atLeastOnce})
 					if err != nil {
 						return err
 					}
@@ -103,6 +109,7 @@ go to the dead-letter store after --max-attempts. Run as many relays as you like
 	cmd.Flags().StringVar(&group, "group", forwarder.DefaultConsumerGroup, "consumer group of the forwarder")
 	cmd.Flags().IntVar(&maxAttempts, "max-attempts", 10, "deliveries of a message before it goes to the dead-letter store")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	cmd.Flags().BoolVar(&atLeastOnce, "at-least-once", false, "write Kafka without transactions (copies possible, each with the same outbox_id)")
 	return cmd
 }
 
