@@ -347,9 +347,13 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 		if err := s.complete(len(resets)); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, a.q.CursorsReset, s.Group, s.Topic, parts, seqs)
-		if err != nil {
+		if _, err = tx.Exec(ctx, a.q.CursorsReset, s.Group, s.Topic, parts, seqs); err != nil {
 			return fmt.Errorf("admin: reset: %w", err)
+		}
+		// Messages held back are after the new cursor (delivered again)
+		// or before it (skipped): either way no longer held.
+		if _, err = tx.Exec(ctx, a.q.HeldClear, s.Group, s.Topic, parts); err != nil {
+			return fmt.Errorf("admin: reset: forget held messages: %w", err)
 		}
 		return nil
 	})

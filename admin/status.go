@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -99,6 +100,12 @@ type GroupStatus struct {
 	// heartbeat, live or not (member rows stay up to 10 lease TTLs after
 	// the last heartbeat). Nil when there is neither.
 	LastActivity *time.Time `json:"last_activity,omitempty"`
+	// HeldKeys and HeldMessages total the partitions' held keys and
+	// messages (key-level isolation); IsolationFull counts the partitions
+	// blocking because their bounds on them are reached.
+	HeldKeys      int `json:"held_keys"`
+	HeldMessages  int `json:"held_messages"`
+	IsolationFull int `json:"isolation_full"`
 	// HoldsRetention is set when the group's cursor is the lowest of all
 	// groups in a partition that still has messages after it
 	// (PartitionStatus.HoldsRetention): the vacuum cannot delete them until
@@ -171,6 +178,44 @@ type PartitionStatus struct {
 	// DeadLetters is the number of pending dead-letter entries of the group
 	// from this partition.
 	DeadLetters int64 `json:"dead_letters"`
+
+	// Key-level isolation (outbox.KeyIsolation). ScanSeq is how far the
+	// worker has scanned: everything at or below it was delivered or is
+	// held; Cursor is below the lowest held seq. HeldKeys are the keys
+	// held back, oldest head first (a keyless message is one of its own),
+	// HeldMessages how many messages they hold. IsolationFullSince, when
+	// set, is since when the partition blocks as it would without
+	// isolation, because holding one more key or message would pass
+	// MaxHeldKeys or MaxHeldMessages.
+	ScanSeq            int64      `json:"scan_seq"`
+	HeldKeys           []HeldKey  `json:"held_keys,omitempty"`
+	HeldMessages       int        `json:"held_messages"`
+	IsolationFullSince *time.Time `json:"isolation_full_since,omitempty"`
+}
+
+// HeldKey is a partition key whose messages a consumer group holds back
+// (key-level isolation) while the rest of the partition flows: its first
+// message failed and is retried; the others wait behind it in seq order.
+type HeldKey struct {
+	// Key is the partition key; Keyless marks a message without one, held
+	// alone (HeadSeq names it).
+	Key     string `json:"key"`
+	Keyless bool   `json:"keyless,omitempty"`
+	// HeadSeq is the seq of the message retried; Messages how many the key
+	// holds (the head included).
+	HeadSeq  int64 `json:"head_seq"`
+	Messages int   `json:"messages"`
+	// Attempts counts the head's deliveries (a retry in flight included);
+	// LastError is its latest failure.
+	Attempts     int        `json:"attempts"`
+	LastError    string     `json:"last_error,omitempty"`
+	FirstFailure *time.Time `json:"first_failure,omitempty"`
+	// RetryAt is when the head's next retry is due (nil: at once).
+	RetryAt *time.Time `json:"retry_at,omitempty"`
+	HeldAt  time.Time  `json:"held_at"`
+	// Requested is an operator's request waiting for the lease holder
+	// ("dead_letter"), or "".
+	Requested string `json:"requested,omitempty"`
 }
 
 // LagAge is how long the group's next message has been waiting.
@@ -198,6 +243,9 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 		if err != nil {
 			return err
 		}
+		if err := a.held(ctx, tx, f, parts); err != nil {
+			return err
+		}
 		members, err := a.members(ctx, tx, f)
 		if err != nil {
 			return err
@@ -214,6 +262,45 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 		return Report{}, schemaErr(fmt.Errorf("admin: status: %w", err), a.cfg.Schema)
 	}
 	return rep, nil
+}
+
+// held adds the held keys to the partitions they are held in (parts is
+// ordered by topic, group, partition).
+func (a *Admin) held(ctx context.Context, tx pgx.Tx, f Filter, parts []PartitionStatus) error {
+	rows, err := tx.Query(ctx, a.q.HeldStatus, f.Group, f.Topic)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	type where struct {
+		group, topic string
+		partition    int
+	}
+	index := make(map[where]int, len(parts))
+	for i, p := range parts {
+		index[where{p.Group, p.Topic, p.Partition}] = i
+	}
+	for rows.Next() {
+		var (
+			at where
+			k  HeldKey
+		)
+		if err := rows.Scan(&at.group, &at.topic, &at.partition, &k.Keyless, &k.Key, &k.HeadSeq, &k.Messages,
+			&k.Attempts, &k.LastError, &k.FirstFailure, &k.RetryAt, &k.HeldAt, &k.Requested); err != nil {
+			return err
+		}
+		if i, ok := index[at]; ok {
+			parts[i].HeldKeys = append(parts[i].HeldKeys, k)
+			parts[i].HeldMessages += k.Messages
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i := range parts {
+		slices.SortFunc(parts[i].HeldKeys, func(a, b HeldKey) int { return cmp.Compare(a.HeadSeq, b.HeadSeq) })
+	}
+	return nil
 }
 
 type memberRow struct {
@@ -324,7 +411,7 @@ func (a *Admin) partitions(ctx context.Context, tx pgx.Tx, f Filter, now time.Ti
 		if err := rows.Scan(&p.Group, &p.Topic, &p.Partition, &p.HeadSeq, &p.Cursor, &p.OldestUnprocessedAt,
 			&p.FirstRetainedSeq, &p.LeaseOwner, &p.LeaseExpiresAt, &p.Leased, &p.LeaseToken, &p.Paused,
 			&p.AdaptiveState, &p.BatchSize, &p.Attempts, &p.LastError, &p.LastErrorAt, &p.UpdatedAt, &p.Deliveries,
-			&p.BackoffUntil, &p.DeadLetters); err != nil {
+			&p.BackoffUntil, &p.DeadLetters, &p.ScanSeq, &p.IsolationFullSince); err != nil {
 			return nil, err
 		}
 		p.Lag = max(p.HeadSeq-p.Cursor, 0)
@@ -378,6 +465,11 @@ func assemble(topics []TopicStatus, parts []PartitionStatus, members []memberRow
 		}
 		if p.Unanswered > 0 {
 			g.Unanswered++
+		}
+		g.HeldKeys += len(p.HeldKeys)
+		g.HeldMessages += p.HeldMessages
+		if p.IsolationFullSince != nil {
+			g.IsolationFull++
 		}
 	}
 	// Members: live ones are listed; every heartbeat counts as activity.

@@ -42,6 +42,7 @@ type Collector struct {
 	q   *dbsql.Queries
 
 	pending, pendingAge, lag, lagSeconds, degraded, backingOff, paused, leases, members *prometheus.Desc
+	isolationFull, heldMessages, heldKeys                                               *prometheus.Desc
 	deadLetters, retentionHeld, up, collectSeconds, errorsTotal                         *prometheus.Desc
 
 	mu      sync.Mutex
@@ -96,6 +97,9 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 		paused:         desc("partitions_paused", "Partitions paused by an operator.", gt...),
 		leases:         desc("leases_held", "Partitions with an unexpired lease.", gt...),
 		members:        desc("live_members", "Members of the consumer group heard from within MemberTimeout.", gt...),
+		isolationFull:  desc("partitions_isolation_full", "Partitions blocking as without key isolation because their bounds on held keys or messages are reached.", gt...),
+		heldMessages:   desc("held_messages", "Messages held back behind a failing message of their key (key isolation).", gt...),
+		heldKeys:       desc("held_keys", "Keys held back because their first message fails (key isolation; a keyless message held counts as one).", gt...),
 		deadLetters:    desc("dead_letters", "Dead letters by status: pending, replayed, discarded.", "group", "topic", "status"),
 		retentionHeld:  desc("retention_held_messages", "Messages the retention vacuum keeps because of this group, the slowest on these partitions.", "topic", "group"),
 		up:             desc("collector_up", "1 when the last collection succeeded."),
@@ -107,7 +111,7 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.pending, c.pendingAge, c.lag, c.lagSeconds, c.degraded, c.backingOff, c.paused,
-		c.leases, c.members, c.deadLetters, c.retentionHeld, c.up, c.collectSeconds, c.errorsTotal} {
+		c.leases, c.members, c.isolationFull, c.heldMessages, c.heldKeys, c.deadLetters, c.retentionHeld, c.up, c.collectSeconds, c.errorsTotal} {
 		ch <- d
 	}
 }
@@ -158,12 +162,13 @@ func (c *Collector) refresh() {
 		}); err != nil {
 			return err
 		}
-		var degraded, backingOff, paused, leases, members int32
+		var degraded, backingOff, paused, leases, members, full int32
+		var heldMessages, heldKeys int64
 		rows, err = tx.Query(ctx, c.q.CursorsMetrics, c.cfg.MemberTimeout.Microseconds())
 		if err != nil {
 			return err
 		}
-		if _, err := pgx.ForEachRow(rows, []any{&group, &topic, &n, &age, &degraded, &backingOff, &paused, &leases, &members}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&group, &topic, &n, &age, &degraded, &backingOff, &paused, &leases, &members, &full, &heldMessages, &heldKeys}, func() error {
 			gauge(c.lag, float64(n), group, topic)
 			gauge(c.lagSeconds, age, group, topic)
 			gauge(c.degraded, float64(degraded), group, topic)
@@ -171,6 +176,9 @@ func (c *Collector) refresh() {
 			gauge(c.paused, float64(paused), group, topic)
 			gauge(c.leases, float64(leases), group, topic)
 			gauge(c.members, float64(members), group, topic)
+			gauge(c.isolationFull, float64(full), group, topic)
+			gauge(c.heldMessages, float64(heldMessages), group, topic)
+			gauge(c.heldKeys, float64(heldKeys), group, topic)
 			return nil
 		}); err != nil {
 			return err

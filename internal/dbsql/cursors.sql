@@ -155,9 +155,10 @@ WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_token = $4;
 
 -- name: CursorsHorizon
 -- Retention: the horizon of each partition of a registered topic that has
--- cursors (the lowest cursor over every group), and the database clock,
+-- cursors (the lowest finished seq over every group: held messages count
+-- as unfinished), and the database clock,
 -- which KeepFor is measured by.
-SELECT c.topic, c.partition, min(c.seq), now()
+SELECT c.topic, c.partition, min({{schema}}.finished_seq(c.group_name, c.topic, c.partition, c.seq)), now()
 FROM {{schema}}.cursors c JOIN {{schema}}.topics t ON t.name = c.topic AND c.partition < t.partitions
 GROUP BY c.topic, c.partition;
 
@@ -167,15 +168,16 @@ GROUP BY c.topic, c.partition;
 -- messages are left after it, how many, the oldest of them, its last cursor
 -- change there and its live members; the biggest holder of each topic
 -- first. $1 member timeout in µs.
-WITH low AS (
-	SELECT c.topic, c.partition, min(c.seq) AS seq
+WITH f AS (
+	SELECT c.group_name, c.topic, c.partition, c.updated_at, {{schema}}.finished_seq(c.group_name, c.topic, c.partition, c.seq) AS seq
 	FROM {{schema}}.cursors c JOIN {{schema}}.topics t ON t.name = c.topic AND c.partition < t.partitions
-	GROUP BY c.topic, c.partition
+), low AS (
+	SELECT topic, partition, min(seq) AS seq FROM f GROUP BY topic, partition
 ), h AS (
 	SELECT c.topic, c.group_name, array_agg(c.partition ORDER BY c.partition) AS parts,
 		sum(p.last_seq - c.seq)::int8 AS messages, min(u.sequenced_at) AS oldest, max(c.updated_at) AS last_activity
 	FROM low
-	JOIN {{schema}}.cursors c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
+	JOIN f c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
 	JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
 	CROSS JOIN LATERAL (
 		SELECT l.sequenced_at FROM {{schema}}.log l
@@ -206,8 +208,9 @@ WHERE c.group_name = $1 AND c.topic = x.topic AND c.partition = x.partition;
 -- name: CursorsLockForResetToSeq
 -- Admin, before a reset: locks the scope's cursors ($1 group, $2 topic,
 -- $3 partitions or empty for all) in key order and returns each partition,
--- its cursor, its head (last_seq) and the target $4.
-SELECT c.partition, c.seq, coalesce(p.last_seq, 0), $4::int8
+-- its cursor (the finished seq: held messages are not finished), its head
+-- (last_seq) and the target $4.
+SELECT c.partition, {{schema}}.finished_seq($1, c.topic, c.partition, c.seq), coalesce(p.last_seq, 0), $4::int8
 FROM (
 	SELECT topic, partition, seq FROM {{schema}}.cursors
 	WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND (cardinality($3::int4[]) = 0 OR partition = ANY($3::int4[]))
@@ -219,7 +222,7 @@ ORDER BY c.partition;
 -- name: CursorsLockForResetToTime
 -- CursorsLockForResetToSeq with a time $4 as target: the seq before the
 -- first message sequenced at or after it, or the head when none is.
-SELECT c.partition, c.seq, coalesce(p.last_seq, 0),
+SELECT c.partition, {{schema}}.finished_seq($1, c.topic, c.partition, c.seq), coalesce(p.last_seq, 0),
 	coalesce((SELECT min(l.seq) - 1 FROM {{schema}}.log l
 		WHERE l.topic = c.topic AND l.partition = c.partition AND l.sequenced_at >= $4::timestamptz), coalesce(p.last_seq, 0))
 FROM (
@@ -234,10 +237,12 @@ ORDER BY c.partition;
 -- Admin: moves cursors ($1 group, $2 topic, $3 partitions, $4 their new
 -- seqs) and revokes their leases (no owner, token + 1), so that the worker
 -- holding one stops at its next renewal or cursor write. Clears the head's
--- attempts, deliveries, backoff and last error.
+-- attempts, deliveries, backoff and last error; the caller forgets their
+-- held messages (HeldClear) in the same transaction.
 UPDATE {{schema}}.cursors c
 SET seq = x.seq, lease_owner = NULL, lease_token = c.lease_token + 1, lease_expires_at = NULL,
-	attempts = 0, deliveries = 0, backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
+	attempts = 0, deliveries = 0, backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp(),
+	isolation_full = NULL
 FROM unnest($3::int4[], $4::int8[]) AS x(partition, seq)
 WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = x.partition;
 
@@ -272,20 +277,24 @@ DELETE FROM {{schema}}.cursors WHERE group_name = $1 AND ($2 = '' OR topic = $2)
 -- partition's head, the oldest unconsumed message's time, the oldest seq
 -- the log still holds, the lease, pause, adaptive state, the head's
 -- attempts, deliveries, backoff and last error, and the partition's pending
--- dead letters.
-SELECT c.group_name, c.topic, c.partition, coalesce(p.last_seq, 0), c.seq,
+-- dead letters; then the scan position and since when the partition blocks
+-- because its isolation bounds are reached (key-level isolation). The
+-- cursor shown is the finished seq (held messages are not finished).
+SELECT c.group_name, c.topic, c.partition, coalesce(p.last_seq, 0), f.seq,
 	u.sequenced_at,
 	coalesce((SELECT l.seq FROM {{schema}}.log l WHERE l.topic = c.topic AND l.partition = c.partition ORDER BY l.seq LIMIT 1), 0),
 	coalesce(c.lease_owner, ''), c.lease_expires_at, c.lease_owner IS NOT NULL AND coalesce(c.lease_expires_at > now(), false),
 	c.lease_token, c.paused, c.adaptive_state, coalesce(c.batch_size, 0), c.attempts, coalesce(c.last_error, ''),
 	c.last_error_at, c.updated_at, c.deliveries, c.backoff_until,
 	(SELECT count(*) FROM {{schema}}.dead_letters d WHERE d.group_name = c.group_name AND d.topic = c.topic
-		AND d.partition = c.partition AND d.status = 'pending')
+		AND d.partition = c.partition AND d.status = 'pending'),
+	c.seq, c.isolation_full
 FROM {{schema}}.cursors c
+CROSS JOIN LATERAL (SELECT {{schema}}.finished_seq(c.group_name, c.topic, c.partition, c.seq) AS seq) f
 LEFT JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
 LEFT JOIN LATERAL (
 	SELECT l.sequenced_at FROM {{schema}}.log l
-	WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq ORDER BY l.seq LIMIT 1
+	WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > f.seq ORDER BY l.seq LIMIT 1
 ) u ON true
 WHERE ($1 = '' OR c.group_name = $1) AND ($2 = '' OR c.topic = $2)
 ORDER BY c.topic, c.group_name, c.partition;
@@ -294,12 +303,15 @@ ORDER BY c.topic, c.group_name, c.partition;
 -- Admin status: per topic ($1, '' for all) and group, the partitions where
 -- the group's cursor is the lowest and messages are left after it, the
 -- biggest holder of each topic first.
-WITH low AS (
-	SELECT topic, partition, min(seq) AS seq FROM {{schema}}.cursors WHERE $1 = '' OR topic = $1 GROUP BY topic, partition
+WITH f AS (
+	SELECT c.group_name, c.topic, c.partition, {{schema}}.finished_seq(c.group_name, c.topic, c.partition, c.seq) AS seq
+	FROM {{schema}}.cursors c WHERE $1 = '' OR c.topic = $1
+), low AS (
+	SELECT topic, partition, min(seq) AS seq FROM f GROUP BY topic, partition
 )
 SELECT c.topic, c.group_name, array_agg(c.partition ORDER BY c.partition)
 FROM low
-JOIN {{schema}}.cursors c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
+JOIN f c ON c.topic = low.topic AND c.partition = low.partition AND c.seq = low.seq
 JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
 WHERE p.last_seq > c.seq
 	AND EXISTS (SELECT 1 FROM {{schema}}.log l WHERE l.topic = c.topic AND l.partition = c.partition AND l.seq > c.seq)
@@ -310,11 +322,14 @@ ORDER BY c.topic, sum(p.last_seq - c.seq) DESC, c.group_name;
 -- Metrics: per consumer group and topic (registered partitions only), the
 -- messages behind the cursors, the age in seconds of the oldest of them (0
 -- when none), the partitions degraded, backing off and paused, the
--- unexpired leases and the live members (heard from within $1 µs). One
+-- unexpired leases and the live members (heard from within $1 µs); then
+-- (key-level isolation) the partitions blocking because their bounds are
+-- reached, the held messages and the held keys. Behind means after the
+-- finished seq: held messages count. One
 -- index lookup per partition for the oldest message's time.
 WITH c AS (
-	SELECT c.group_name, c.topic, c.partition, c.seq, c.adaptive_state, c.backoff_until, c.paused, c.lease_expires_at,
-		coalesce(p.last_seq, 0) AS head
+	SELECT c.group_name, c.topic, c.partition, {{schema}}.finished_seq(c.group_name, c.topic, c.partition, c.seq) AS seq, c.adaptive_state, c.backoff_until, c.paused,
+		c.lease_expires_at, c.isolation_full, coalesce(p.last_seq, 0) AS head
 	FROM {{schema}}.cursors c
 	JOIN {{schema}}.topics t ON t.name = c.topic AND c.partition < t.partitions
 	LEFT JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition
@@ -327,7 +342,11 @@ SELECT c.group_name, c.topic,
 	count(*) FILTER (WHERE c.paused)::int4,
 	count(*) FILTER (WHERE c.lease_expires_at > now())::int4,
 	(SELECT count(*) FROM {{schema}}.members m WHERE m.group_name = c.group_name AND m.topic = c.topic
-		AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')::int4
+		AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')::int4,
+	count(*) FILTER (WHERE c.isolation_full IS NOT NULL)::int4,
+	(SELECT count(*) FROM {{schema}}.held h WHERE h.group_name = c.group_name AND h.topic = c.topic)::int8,
+	(SELECT count(DISTINCT (h.partition, coalesce(h.partition_key, h.seq::text), h.partition_key IS NULL)) FROM {{schema}}.held h
+		WHERE h.group_name = c.group_name AND h.topic = c.topic)::int8
 FROM c
 LEFT JOIN LATERAL (
 	SELECT l.sequenced_at FROM {{schema}}.log l

@@ -57,8 +57,23 @@ type Queries struct {
 	// log.sql
 	LogRead         string
 	LogReadCounting string
+	LogReadSeqs     string
 	LogTrim         string
 	LogOldestKept   string
+
+	// held.sql
+	HeldLoad              string
+	HeldAdopt             string
+	HeldInsert            string
+	HeldCount             string
+	HeldUndoCount         string
+	HeldRetry             string
+	HeldRelease           string
+	HeldShowFull          string
+	HeldStatus            string
+	HeldRetryNow          string
+	HeldRequestDeadLetter string
+	HeldClear             string
 
 	// cursors.sql
 	CursorsCreate             string

@@ -29,17 +29,24 @@ SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, (SELECT delive
 FROM {{schema}}.log
 WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7;
 
+-- name: LogReadSeqs
+-- The held messages to retry (held.sql): $1 topic, $2 partition, $3 seqs.
+SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, NULL::int4
+FROM {{schema}}.log
+WHERE topic = $1 AND partition = $2 AND seq = ANY($3::int8[]) ORDER BY seq;
+
 -- name: LogTrim
 -- Retention: deletes up to $4 messages of partition ($1 topic, $2 partition)
 -- at or below the horizon $3 and sequenced before the cutoff $5 (NULL: no
 -- KeepFor). The horizon is checked again against the cursors as of this
 -- statement, so a group reset or created since the horizon was read is
--- respected. Returns how many and the highest seq deleted.
+-- respected, and so are messages held since (held.sql). Returns how many and the highest seq deleted.
 WITH d AS (
 	DELETE FROM {{schema}}.log WHERE ctid = ANY(ARRAY(
 		SELECT ctid FROM {{schema}}.log
 		WHERE topic = $1 AND partition = $2
-			AND seq <= least($3::int8, (SELECT min(seq) FROM {{schema}}.cursors WHERE topic = $1 AND partition = $2))
+			AND seq <= least($3::int8, (SELECT min({{schema}}.finished_seq(group_name, topic, partition, seq))
+				FROM {{schema}}.cursors WHERE topic = $1 AND partition = $2))
 			AND ($5::timestamptz IS NULL OR sequenced_at < $5)
 		ORDER BY seq
 		LIMIT $4))

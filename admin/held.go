@@ -1,0 +1,79 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// HeldRef names a key held back by a consumer group in one partition
+// (key-level isolation): by Key, or, for a keyless message (held alone),
+// by its Seq with Key empty.
+type HeldRef struct {
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	Key       string `json:"key,omitempty"`
+	Seq       int64  `json:"seq,omitempty"`
+}
+
+func (r HeldRef) validate() error {
+	switch {
+	case r.Group == "" || r.Topic == "":
+		return fmt.Errorf("%w: a held key needs its group and topic", ErrInvalidArgument)
+	case r.Partition < 0:
+		return fmt.Errorf("%w: partition %d is negative", ErrInvalidArgument, r.Partition)
+	case r.Key == "" && r.Seq <= 0:
+		return fmt.Errorf("%w: name the held key by Key, or a keyless message by its Seq", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// keyArgs are the key and seq parameters of the held.sql admin statements.
+func (r HeldRef) keyArgs() (key any, seq int64) {
+	if r.Key == "" {
+		return nil, r.Seq
+	}
+	return r.Key, 0
+}
+
+// RetryHeldNow makes the lease holder retry a held key at once, with a
+// fresh count of attempts (MaxAttempts starts over): after fixing what made
+// it fail, say. It returns how many messages the key holds, or ErrNotFound
+// when it holds none.
+func (a *Admin) RetryHeldNow(ctx context.Context, r HeldRef) (int, error) {
+	return a.heldAction(ctx, r, "retry now", a.q.HeldRetryNow)
+}
+
+// DeadLetterHeld asks the lease holder to take every message a held key
+// holds out of the stream, in seq order, through the group's RejectHandler
+// (the dead-letter store), as if each had been rejected; the key's newer
+// messages then flow again. The request waits in the held row (HeldKey.
+// Requested) until a member of the group holding the partition's lease
+// carries it out (within about a second while one runs); a member without
+// a RejectHandler cannot, and says so in its log. It returns how many
+// messages the key holds, or ErrNotFound when it holds none.
+func (a *Admin) DeadLetterHeld(ctx context.Context, r HeldRef) (int, error) {
+	return a.heldAction(ctx, r, "dead-letter", a.q.HeldRequestDeadLetter)
+}
+
+func (a *Admin) heldAction(ctx context.Context, r HeldRef, op, stmt string) (int, error) {
+	if err := r.validate(); err != nil {
+		return 0, err
+	}
+	if err := a.check(ctx); err != nil {
+		return 0, err
+	}
+	key, seq := r.keyArgs()
+	tag, err := a.cfg.Pool.Exec(ctx, stmt, r.Group, r.Topic, r.Partition, key, seq)
+	if err != nil {
+		return 0, schemaErr(fmt.Errorf("admin: %s held key %+v: %w", op, r, err), a.cfg.Schema)
+	}
+	n := int(tag.RowsAffected())
+	if n == 0 {
+		return 0, fmt.Errorf("%w: group %q holds no key %q (seq %d) in topic %q partition %d", ErrNotFound, r.Group, r.Key, r.Seq, r.Topic, r.Partition)
+	}
+	a.logger.Info("Held key: "+op, watermill.LogFields{"group": r.Group, "topic": r.Topic, "partition": r.Partition, "key": r.Key, "seq": r.Seq, "messages": n})
+	return n, nil
+}
