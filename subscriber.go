@@ -126,6 +126,10 @@ type SubscriberConfig struct {
 	Sequencer SequencerConfig
 	// MemberID identifies this instance in leases (default: random).
 	MemberID string
+	// KeyIsolation, when Enabled, holds a failing message back with the
+	// later messages of its key instead of blocking the whole partition
+	// (see KeyIsolation).
+	KeyIsolation KeyIsolation
 	// BalanceInterval is how often the instance re-evaluates its share of
 	// the partitions and the paused ones: the latency of a rebalance or a
 	// pause (default 1s; must be below Tuning.LeaseTTL).
@@ -208,6 +212,9 @@ func (c SubscriberConfig) Validate() error {
 	case c.BalanceInterval < 0 || c.BalanceInterval >= c.Tuning.LeaseTTL:
 		return &errs.ConfigError{Field: "BalanceInterval", Reason: "must be positive and below Tuning.LeaseTTL"}
 	}
+	if err := c.KeyIsolation.Validate(); err != nil {
+		return err
+	}
 	if err := partitioning.ValidatePartitions(c.DefaultPartitions); err != nil {
 		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
 	}
@@ -281,6 +288,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		SyncCursorCommits: cfg.SyncCursorCommits,
 		Tuning:            cfg.Tuning,
 		RejectHandler:     cfg.RejectHandler,
+		Isolation:         cfg.KeyIsolation.delivery(),
 		Store:             delivery.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup),
 		Bulkhead:          bulkhead,
 		Logger:            s.logger,

@@ -49,9 +49,18 @@ func (s *Store) Read(ctx context.Context, topic string, partition int, cursor in
 	if err != nil {
 		return nil, nil, schemacheck.Wrap(err, s.schema)
 	}
+	entries, counted, err := scanEntries(rows, limit)
+	if err != nil {
+		return nil, nil, schemacheck.Wrap(err, s.schema)
+	}
+	return entries, counted, nil
+}
+
+// scanEntries reads log rows (seq, uuid, key, metadata, payload, count) and
+// closes them; counted is the last row's count.
+func scanEntries(rows pgexec.Rows, capacity int) (_ []logEntry, counted *int32, _ error) {
 	defer rows.Close()
-	entries := make([]logEntry, 0, limit)
-	var counted *int32
+	entries := make([]logEntry, 0, capacity)
 	for rows.Next() {
 		var e logEntry
 		if err := rows.Scan(&e.seq, &e.uuid, &e.key, &e.metadata, &e.payload, &counted); err != nil {
@@ -59,10 +68,7 @@ func (s *Store) Read(ctx context.Context, topic string, partition int, cursor in
 		}
 		entries = append(entries, e)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, schemacheck.Wrap(err, s.schema)
-	}
-	return entries, counted, nil
+	return entries, counted, rows.Err()
 }
 
 // Begin starts the transaction of a Transactional batch.

@@ -35,6 +35,7 @@ type Config struct {
 	SyncCursorCommits bool
 	Tuning            adaptive.Tuning
 	RejectHandler     RejectHandler // nil: rejected messages are retried
+	Isolation         Isolation     // key-level isolation (off when not Enabled)
 
 	Store    *Store // the log, transactions, adaptive state
 	Bulkhead *worker.Bulkhead
@@ -114,6 +115,8 @@ type Worker struct {
 	// rejectVia is the RejectHandler of the rejection in progress (the
 	// delivery's, from RejectTo, or the Subscriber's).
 	rejectVia RejectHandler
+	// iso is the held-back state of key-level isolation (nil: off).
+	iso *isolation
 }
 
 type logEntry struct {
@@ -167,6 +170,7 @@ func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *messag
 		initialBackoff: l.Backoff(),
 		logger:         s.Logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
 		incarnation:    incarnation,
+		iso:            newIsolation(s.Isolation),
 		spanName:       topic + " process",
 		spanAttrs:      observe.ProcessAttributes(s.Group, topic, l.Partition()),
 	}
@@ -279,18 +283,120 @@ func dbContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // executeLeased runs one batch outside any transaction.
 func (w *Worker) executeLeased(ctx context.Context) (worker.Directive, error) {
+	if w.iso != nil {
+		return w.isolatedTurn(ctx, w.scanLeased)
+	}
 	if d := w.takeInitialBackoff(); d > 0 {
 		return worker.Sleep(d), nil
 	}
+	return w.scanLeased(ctx)
+}
+
+// isolatedTurn is a turn with key-level isolation: the held keys' due
+// retries first, then the scan (unless its head is backing off).
+func (w *Worker) isolatedTurn(ctx context.Context, scan worker.ActionFunc) (worker.Directive, error) {
+	if d := w.takeInitialBackoff(); d > 0 {
+		w.iso.scanBlockedUntil = time.Now().Add(d)
+	}
+	if stop, err := w.serveHeld(ctx); stop {
+		return w.wake(worker.Idle()), err
+	}
+	if wait := time.Until(w.iso.scanBlockedUntil); wait > 0 {
+		return w.wake(worker.Sleep(wait)), nil
+	}
+	dir, err := scan(ctx)
+	return w.wake(dir), err
+}
+
+// isolateBatch, with key-level isolation, sorts a batch read after the scan
+// position into the messages to deliver and those parked behind their held
+// key (split). handled reports that it settled the batch itself: nothing
+// to deliver (the scan moved past what it parked, or the bounds stop it),
+// or the head, which failed before (it crashed its consumer, or failed
+// while the bounds were reached), held at once.
+func (w *Worker) isolateBatch(ctx context.Context, entries []logEntry) (deliver []logEntry, scanEnd int64, dir worker.Directive, handled bool, err error) {
+	deliver, scanEnd, cut := w.iso.split(entries)
+	if cut {
+		w.setFull(ctx, true)
+	}
+	if len(deliver) > 0 && deliver[0].seq == entries[0].seq && deliver[0].seq == w.headSeq && w.attempts > 1 {
+		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
+			return nil, 0, dir, true, nil
+		}
+		if w.iso.canHold(deliver[0]) {
+			last := w.lastError
+			if last == "" {
+				last = "failed before"
+			}
+			w.hold(deliver[0], w.attempts-1, errors.New(last)) // (the delivery counted by read does not happen)
+			deliver, scanEnd = nil, deliver[0].seq
+		}
+	}
+	if len(deliver) > 0 {
+		return deliver, scanEnd, worker.Directive{}, false, nil
+	}
+	if scanEnd == 0 { // the bounds stop the scan at its first message
+		w.undoDelivery(ctx)
+		return nil, 0, worker.Idle(), true, nil
+	}
+	dctx, cancel := dbContext(ctx)
+	defer cancel()
+	var counted bool
+	_, err = w.withBulkhead(dctx, func() (_ []logEntry, err error) {
+		counted, err = w.moveScan(dctx, nil, scanEnd)
+		return nil, err
+	})
+	if err != nil {
+		return nil, 0, worker.Idle(), true, err
+	}
+	w.cursor, w.precounted = scanEnd, counted
+	return nil, 0, worker.Proceed(), true, nil
+}
+
+// scanDone is how far the scan gets with key-level isolation when the
+// handler finished processed of deliver: to scanEnd when it finished them
+// all, else to just before the one that failed.
+func (w *Worker) scanDone(deliver []logEntry, processed int, scanEnd int64) int64 {
+	if processed >= len(deliver) {
+		return scanEnd
+	}
+	return max(w.cursor, deliver[processed].seq-1)
+}
+
+// attemptsOf is the attempt number of the last delivery of the message at
+// seq (1 unless it is the head the worker counts failures of).
+func (w *Worker) attemptsOf(seq int64) int {
+	if seq == w.headSeq {
+		return max(w.attempts, 1)
+	}
+	return 1
+}
+
+// scanLeased reads and delivers one batch after the cursor, outside any
+// transaction.
+func (w *Worker) scanLeased(ctx context.Context) (worker.Directive, error) {
 	size := w.mode.BatchSize()
 	entries, err := w.withBulkhead(ctx, func() ([]logEntry, error) { return w.read(ctx, size) })
 	if err != nil || len(entries) == 0 {
 		return worker.Idle(), err
 	}
-	if dir, ok := w.rejectExhaustedHead(ctx, entries[0]); ok {
-		return dir, nil
+	full := len(entries) == size
+	deliver, scanEnd := entries, int64(0)
+	if w.iso != nil {
+		var (
+			dir     worker.Directive
+			handled bool
+		)
+		if deliver, scanEnd, dir, handled, err = w.isolateBatch(ctx, entries); handled {
+			return dir, err
+		}
 	}
-	processed, result, reason := w.handle(ctx, entries, nil)
+	if deliver[0].seq == entries[0].seq {
+		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
+			return dir, nil
+		}
+	}
+	processed, result, reason := w.handle(ctx, deliver, nil)
 	if result == isolate {
 		w.undoDelivery(ctx) // not the head's failure
 		w.mode.Rejected(0)
@@ -299,13 +405,25 @@ func (w *Worker) executeLeased(ctx context.Context) (worker.Directive, error) {
 	}
 	done := w.cursor
 	if processed > 0 {
-		done = entries[processed-1].seq
+		done = deliver[processed-1].seq
+	}
+	held := false
+	if w.iso != nil {
+		done = w.scanDone(deliver, processed, scanEnd)
+		if result == nacked {
+			if e := deliver[processed]; w.iso.canHold(e) {
+				w.hold(e, w.attemptsOf(e.seq), reason)
+				done, held = e.seq, true
+			} else {
+				w.setFull(ctx, true)
+			}
+		}
 	}
 	if result == rejected {
-		if err := w.rejectInOwnTx(ctx, entries[processed], reason); err != nil {
+		if err := w.rejectInOwnTx(ctx, deliver[processed], reason); err != nil {
 			result, reason = nacked, err
 		} else {
-			done = entries[processed].seq
+			done = deliver[processed].seq
 		}
 	}
 	if done > w.cursor {
@@ -313,11 +431,7 @@ func (w *Worker) executeLeased(ctx context.Context) (worker.Directive, error) {
 		defer cancel()
 		var counted bool
 		advance := func() (_ []logEntry, err error) {
-			if w.s.SyncCursorCommits {
-				counted, err = w.lease.AdvanceCounting(dctx, w.s.Store.DB(), done)
-			} else {
-				counted, err = w.lease.AdvanceRelaxedCounting(dctx, done)
-			}
+			counted, err = w.moveScan(dctx, nil, done)
 			return nil, err
 		}
 		if _, err := w.withBulkhead(dctx, advance); err != nil {
@@ -325,11 +439,18 @@ func (w *Worker) executeLeased(ctx context.Context) (worker.Directive, error) {
 		}
 		w.cursor, w.precounted = done, counted
 	}
+	if held {
+		w.showState(ctx)
+		return worker.Proceed(), nil
+	}
 	var delay time.Duration
 	if result == nacked {
 		delay = w.noteFailure(processed)
+		if w.iso != nil {
+			w.iso.scanBlockedUntil = time.Now().Add(delay)
+		}
 	}
-	return w.settle(ctx, result, reason, processed, len(entries) == size, w.s.Store.DB(), delay)
+	return w.settle(ctx, result, reason, processed, full, w.s.Store.DB(), delay)
 }
 
 // takeInitialBackoff returns, once, what was left of the backoff recorded
@@ -377,9 +498,18 @@ func (w *Worker) rejectExhaustedHead(ctx context.Context, head logEntry) (worker
 // executeTransactional runs one batch in one transaction; the cursor moves
 // in the same transaction, so the handlers' writes commit with it.
 func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, err error) {
+	if w.iso != nil {
+		return w.isolatedTurn(ctx, w.scanTransactional)
+	}
 	if d := w.takeInitialBackoff(); d > 0 {
 		return worker.Sleep(d), nil
 	}
+	return w.scanTransactional(ctx)
+}
+
+// scanTransactional reads one batch after the cursor and delivers it in
+// one transaction.
+func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err error) {
 	size := w.mode.BatchSize()
 	// Read (and count the head's delivery) outside the transaction, so
 	// that the count survives a crash that rolls the transaction back.
@@ -387,8 +517,21 @@ func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, 
 	if err != nil || len(entries) == 0 {
 		return worker.Idle(), err
 	}
-	if dir, ok := w.rejectExhaustedHead(ctx, entries[0]); ok {
-		return dir, nil
+	full := len(entries) == size
+	deliver, scanEnd := entries, int64(0)
+	if w.iso != nil {
+		var (
+			dir     worker.Directive
+			handled bool
+		)
+		if deliver, scanEnd, dir, handled, err = w.isolateBatch(ctx, entries); handled {
+			return dir, err
+		}
+	}
+	if deliver[0].seq == entries[0].seq {
+		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
+			return dir, nil
+		}
 	}
 	tx, err := w.s.Store.Begin(ctx)
 	if err != nil {
@@ -404,7 +547,7 @@ func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, 
 	}()
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	processed, result, reason := w.handle(ctx, entries, guard)
+	processed, result, reason := w.handle(ctx, deliver, guard)
 	if err := w.takeHandleError(); err != nil {
 		// A database failure (the connection was lost, say) is not the
 		// message's: its delivery does not count.
@@ -427,27 +570,40 @@ func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, 
 				w.logger.Error("Cannot roll back the transaction of a timed-out handler", err, watermill.LogFields{"seq": w.cursor + 1})
 			})
 		}
-		return w.failWholeTx(ctx, entries, processed, result, reason)
+		return w.failWholeTx(ctx, deliver, processed, result, reason)
 	}
 	done := w.cursor
 	if processed > 0 {
-		done = entries[processed-1].seq
+		done = deliver[processed-1].seq
+	}
+	held := false
+	if w.iso != nil {
+		done = w.scanDone(deliver, processed, scanEnd)
+		if result == nacked {
+			if e := deliver[processed]; w.iso.canHold(e) {
+				w.hold(e, w.attemptsOf(e.seq), reason)
+				done, held = e.seq, true
+			} else {
+				w.setFull(ctx, true)
+			}
+		}
 	}
 	if result == rejected {
-		if err := w.rejectVia.HandleReject(dctx, tx, w.rejectedMessage(entries[processed], reason)); err != nil {
+		if err := w.rejectVia.HandleReject(dctx, tx, w.rejectedMessage(deliver[processed], reason)); err != nil {
 			return worker.Idle(), fmt.Errorf("outbox: reject handler: %w", err)
 		}
-		done = entries[processed].seq
+		done = deliver[processed].seq
 	}
 	q, _ := pgexec.FromTx(tx)
 	counted := false
+	defer w.iso.abandoned() // (after a commit, committed took them)
 	if done > w.cursor {
-		if counted, err = w.lease.AdvanceCounting(dctx, q, done); err != nil {
+		if counted, err = w.moveScan(dctx, q, done); err != nil {
 			return worker.Idle(), err
 		}
 	}
 	var delay time.Duration
-	if result == nacked {
+	if result == nacked && !held {
 		delay = w.noteFailure(processed)
 		if err := w.lease.RecordRetry(dctx, q, w.failure(reason), delay); err != nil {
 			return worker.Idle(), err
@@ -457,8 +613,16 @@ func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, 
 	if err := tx.Commit(dctx); err != nil {
 		return worker.Idle(), err
 	}
-	w.cursor, w.precounted = done, counted && result != nacked
-	return w.settle(ctx, result, reason, processed, len(entries) == size, nil, delay)
+	w.iso.committed()
+	w.cursor, w.precounted = done, counted && (result != nacked || held)
+	if held {
+		w.showState(ctx)
+		return worker.Proceed(), nil
+	}
+	if result == nacked && w.iso != nil {
+		w.iso.scanBlockedUntil = time.Now().Add(delay)
+	}
+	return w.settle(ctx, result, reason, processed, full, nil, delay)
 }
 
 // failWholeTx settles a Transactional batch whose transaction was given up
@@ -475,7 +639,7 @@ func (w *Worker) failWholeTx(ctx context.Context, entries []logEntry, at int, re
 		return worker.Idle(), nil
 	case isolate:
 		w.undoDelivery(ctx) // not the head's failure
-		w.mode.Rejected(0)
+		w.mode.Rejected(at) // (a batch handler that timed out: at is 0)
 		w.showState(ctx)
 		return worker.Proceed(), nil
 	}
@@ -501,10 +665,37 @@ func (w *Worker) failWholeTx(ctx context.Context, entries []logEntry, at int, re
 			reason = err
 		}
 	}
+	if w.iso != nil {
+		if w.iso.canHold(entries[0]) {
+			return w.holdInOwnTx(ctx, entries[0], why)
+		}
+		w.setFull(ctx, true)
+	}
 	delay := w.noteFailure(0)
 	w.recordRetry(ctx, nil, w.failure(reason), delay)
 	w.showState(ctx)
+	if w.iso != nil {
+		w.iso.scanBlockedUntil = time.Now().Add(delay)
+	}
 	return worker.Sleep(delay), nil
+}
+
+// holdInOwnTx holds e, whose transaction was given up, and moves the scan
+// past it (and what was parked before it) in a transaction of its own.
+func (w *Worker) holdInOwnTx(ctx context.Context, e logEntry, reason error) (worker.Directive, error) {
+	w.hold(e, w.attemptsOf(e.seq), reason)
+	dctx, cancel := dbContext(ctx)
+	defer cancel()
+	counted, err := w.moveScan(dctx, nil, e.seq)
+	if err != nil {
+		if leaseEnded(err) {
+			return worker.Idle(), nil
+		}
+		return worker.Idle(), err
+	}
+	w.cursor, w.precounted = e.seq, counted
+	w.showState(ctx)
+	return worker.Proceed(), nil
 }
 
 // handle gives the batch to the subscription: one message at a time over
@@ -961,6 +1152,11 @@ func (w *Worker) handleBatch(ctx context.Context, entries []logEntry, tx *txGuar
 			}
 			return 0, broken, &errs.TxMisuseError{Seq: entries[0].seq, What: misuseEnded, Cause: rerr}
 		}
+		if done > 0 && w.iso != nil {
+			// Commit the done prefix alone next, so that the failing
+			// message is the head of a batch, and held back with its key.
+			return done, isolate, err
+		}
 		if done > 0 {
 			done = 0
 			deliveries[0] = &delivery{} // the head was not the one that failed
@@ -1116,13 +1312,16 @@ func (w *Worker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) er
 		}
 		q, _ := pgexec.FromTx(tx)
 		var err error
-		counted, err = w.lease.AdvanceCounting(dctx, q, e.seq)
+		counted, err = w.moveScan(dctx, q, e.seq)
 		return err
 	})
-	if err == nil {
-		w.cursor, w.precounted = e.seq, counted
+	if err != nil {
+		w.iso.abandoned()
+		return err
 	}
-	return err
+	w.iso.committed()
+	w.cursor, w.precounted = e.seq, counted
+	return nil
 }
 
 // showState writes the adaptive state to the cursor row when it changed,

@@ -30,6 +30,17 @@ func Proceed() Directive { return Directive{kind: kindProceed} }
 // worker is poked or after the pacing IdleInterval.
 func Idle() Directive { return Directive{kind: kindIdle} }
 
+// IdleFor is Idle with a shorter wait: the next call comes when the worker
+// is poked or after d, when d is below the pacing IdleInterval (e.g. a
+// retry that falls due before then).
+func IdleFor(d time.Duration) Directive { return Directive{kind: kindIdle, delay: max(d, 1)} }
+
+// SleepDelay returns the delay of a Sleep directive; ok is false for the
+// others.
+func (d Directive) SleepDelay() (delay time.Duration, ok bool) {
+	return d.delay, d.kind == kindSleep
+}
+
 // Sleep asks for the next call after d exactly (at once if d <= 0), e.g. to
 // back off before retrying a batch.
 func Sleep(d time.Duration) Directive { return Directive{kind: kindSleep, delay: max(d, 0)} }

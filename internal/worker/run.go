@@ -150,6 +150,9 @@ func (l *loop) step(ctx context.Context) (wait time.Duration, wakeOnPoke, ok boo
 		return dir.delay, false, true
 	default:
 		l.streak = 0
+		if dir.delay > 0 && dir.delay < l.cfg.Pacing.IdleInterval {
+			return dir.delay, true, true // IdleFor
+		}
 		return l.cfg.Pacing.IdleInterval, true, true
 	}
 }
