@@ -1,0 +1,71 @@
+package outbox
+
+import (
+	"github.com/millrace/watermill-outbox/internal/delivery"
+	"github.com/millrace/watermill-outbox/internal/errs"
+)
+
+// KeyIsolation configures key-level isolation of a Subscriber: when a
+// message fails, it and every later message with the same partition key
+// are held back, while the partition's other keys keep flowing in order.
+// Ordering is only promised per key, so only the failing key waits.
+//
+// The held key is retried with the usual backoff (Tuning.BackoffBase to
+// BackoffMax), MaxAttempts and Reject rules; once its first message
+// succeeds or is dead-lettered, its held messages are delivered in order,
+// before any newer message of the key. Keyless messages are held alone:
+// nothing waits behind them. The held-back state is stored in the database
+// (table held), so restarts, lease moves and PostgreSQL restarts keep it,
+// and admin.Status shows it; admin.Admin.RetryHeldNow and DeadLetterHeld
+// act on a held key.
+//
+// The bounds keep a partition from holding without limit: when holding
+// one more key or message would pass MaxHeldKeys or MaxHeldMessages, the
+// partition blocks on its failing message as it does without isolation,
+// logs it, shows it (PartitionStatus.IsolationFullSince) and counts it
+// (metric partitions_isolation_full), until held keys drain.
+//
+// What it costs: nothing while nothing fails; while keys are held, the
+// worker reads their rows once a second and writes one row per held
+// message. See docs/architecture.md, "Key-level isolation".
+type KeyIsolation struct {
+	// Enabled turns isolation on (off by default: a failing message then
+	// blocks its whole partition until it succeeds or is dead-lettered).
+	Enabled bool
+	// MaxHeldKeys bounds the keys held per partition (default 100);
+	// MaxHeldMessages the messages (default 10,000).
+	MaxHeldKeys     int
+	MaxHeldMessages int
+}
+
+// Default bounds of KeyIsolation.
+const (
+	DefaultMaxHeldKeys     = 100
+	DefaultMaxHeldMessages = 10_000
+)
+
+func (k *KeyIsolation) setDefaults() {
+	if k.MaxHeldKeys == 0 {
+		k.MaxHeldKeys = DefaultMaxHeldKeys
+	}
+	if k.MaxHeldMessages == 0 {
+		k.MaxHeldMessages = DefaultMaxHeldMessages
+	}
+}
+
+// Validate reports an impossible setting.
+func (k KeyIsolation) Validate() error {
+	k.setDefaults()
+	switch {
+	case k.MaxHeldKeys < 1:
+		return &errs.ConfigError{Field: "KeyIsolation.MaxHeldKeys", Reason: "must be at least 1 (0 for the default)"}
+	case k.MaxHeldMessages < k.MaxHeldKeys:
+		return &errs.ConfigError{Field: "KeyIsolation.MaxHeldMessages", Reason: "must be at least MaxHeldKeys (0 for the default)"}
+	}
+	return nil
+}
+
+func (k KeyIsolation) delivery() delivery.Isolation {
+	k.setDefaults()
+	return delivery.Isolation{Enabled: k.Enabled, MaxHeldKeys: k.MaxHeldKeys, MaxHeldMessages: k.MaxHeldMessages}
+}
