@@ -4,18 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/metrics"
+	"github.com/millrace/watermill-outbox/retention"
 )
 
 // Key-level isolation (issue 15): a failing key waits alone, its partition
@@ -169,8 +177,7 @@ func heldStatus(t *testing.T, e env, group, topic string) admin.PartitionStatus 
 			}
 		}
 	}
-	t.Fatalf("no status for group %s topic %s partition 0", group, topic)
-	return admin.PartitionStatus{}
+	return admin.PartitionStatus{Partition: -1} // the group has not joined yet
 }
 
 func TestFailingKeyWaitsAloneAndKeepsItsOrder(t *testing.T) {
@@ -261,4 +268,303 @@ func TestHeldKeyIsDeadLetteredAfterMaxAttemptsAndItsRestFollows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A consumer killed (SIGKILL) while a key is held: the next lease holder
+// goes on from the held rows. Nothing is lost, A keeps its order, and B and
+// C are delivered again at most for the batch in flight at the kill (the
+// Leased strategy's at-least-once window).
+func TestHeldKeySurvivesAKilledConsumer(t *testing.T) {
+	if os.Getenv("OUTBOX_ISO_CHILD") != "" {
+		t.Skip("running as the child")
+	}
+	e := newEnv(t)
+	e.Register("orders", 1)
+	e.Exec("CREATE TABLE " + e.Schema + ".effects (id bigserial PRIMARY KEY, key text, n int, uuid text, pid int)")
+	e.Exec("CREATE TABLE " + e.Schema + ".fixed (fixed boolean)")
+	const n = 150
+	publishInterleaved(e, "orders", n, "A", "B", "C")
+	start := func() (*exec.Cmd, *strings.Builder) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestIsolatedConsumerChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "OUTBOX_ISO_CHILD=1", pgtest.EnvDatabaseURL+"="+pgtest.DatabaseURL(), "OUTBOX_ISO_SCHEMA="+e.Schema)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, &out
+	}
+	done := func(key string) int64 {
+		return e.Int("SELECT count(DISTINCT n) FROM "+e.Schema+".effects WHERE key = $1", key)
+	}
+	first, _ := start()
+	outboxtest.WaitFor(t, "A held and B half done", 60*time.Second, func() bool {
+		return e.Rows("held") > 0 && done("B") >= n/3
+	})
+	if err := first.Process.Kill(); err != nil { // SIGKILL, mid-batch
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	killedAt := done("B") + done("C")
+	heldAtKill := e.Rows("held")
+	second, out := start()
+	t.Cleanup(func() { _ = second.Process.Kill(); _ = second.Wait() })
+	outboxtest.WaitFor(t, "B and C done by the next holder while A is held", 60*time.Second, func() bool {
+		return done("B") == n && done("C") == n
+	})
+	if got := e.Int("SELECT count(*) FROM " + e.Schema + ".effects WHERE key = 'A'"); got != 0 {
+		t.Fatalf("%d effects of A while A is poisoned", got)
+	}
+	e.Exec("INSERT INTO " + e.Schema + ".fixed VALUES (true)")
+	outboxtest.WaitFor(t, "A done after the fix", 60*time.Second, func() bool { return done("A") == n })
+	inOrderOnce(t, "A", e.effectsOf(t, "A"), n)
+	for _, key := range []string{"B", "C"} {
+		got := e.effectsOf(t, key)
+		seen, dups, last := map[int]bool{}, 0, 0
+		for _, v := range got {
+			if seen[v] {
+				dups++
+				continue
+			}
+			if v != last+1 {
+				t.Fatalf("%s: first deliveries out of order: %v", key, got)
+			}
+			seen[v], last = true, v
+		}
+		if dups > outboxtest.FastTuning().BatchSize {
+			t.Fatalf("%s: %d messages delivered again, more than the batch in flight (%d)", key, dups, outboxtest.FastTuning().BatchSize)
+		}
+		t.Logf("%s: %d messages, %d delivered again after the kill", key, len(seen), dups)
+	}
+	if e.Rows("held") != 0 {
+		t.Fatalf("%d held rows left:\n%s", e.Rows("held"), out.String())
+	}
+	t.Logf("killed with %d of B and C done and %d messages held", killedAt, heldAtKill)
+}
+
+// TestIsolatedConsumerChild is the consumer process of the test above: key
+// A fails until the fixed table has a row; each effect takes 2 ms, so that
+// the kill lands mid-batch.
+func TestIsolatedConsumerChild(t *testing.T) {
+	if os.Getenv("OUTBOX_ISO_CHILD") == "" {
+		t.Skip("only runs as the child of TestHeldKeySurvivesAKilledConsumer")
+	}
+	schema := os.Getenv("OUTBOX_ISO_SCHEMA")
+	pool := pgtest.Pool(t)
+	tu := outboxtest.FastTuning()
+	tu.LeaseTTL, tu.RenewInterval = time.Second, 200*time.Millisecond
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
+		Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: tu, BalanceInterval: 100 * time.Millisecond,
+		KeyIsolation: outbox.KeyIsolation{Enabled: true},
+	}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := sub.Subscribe(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range msgs {
+		key := m.Metadata.Get(outbox.MetadataPartitionKey)
+		var fixed bool
+		if key == "A" {
+			_ = pool.QueryRow(context.Background(), "SELECT exists (SELECT FROM "+schema+".fixed)").Scan(&fixed)
+			if !fixed {
+				m.Nack()
+				continue
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+		n, _ := strconv.Atoi(m.Metadata.Get("n"))
+		if _, err := pool.Exec(context.Background(), "INSERT INTO "+schema+".effects (key, n, uuid, pid) VALUES ($1, $2, $3, $4)",
+			key, n, m.UUID, os.Getpid()); err != nil {
+			m.Nack()
+			continue
+		}
+		m.Ack()
+	}
+}
+
+// Past the bounds the partition blocks as without isolation, and says so;
+// it isolates again once the held keys drain.
+func TestIsolationBoundsFallBackToBlockingAndSaySo(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	e.createEffects(t)
+	// A and D fail; the bound holds one key. B's messages after D's first
+	// wait behind D (blocking), those before it flow.
+	e.Publish("orders",
+		outboxtest.Keyed("A1", "A", 1, "A"), outboxtest.Keyed("B1", "B", 1, "B"),
+		outboxtest.Keyed("D1", "D", 1, "D"), outboxtest.Keyed("B2", "B", 2, "B"),
+		outboxtest.Keyed("A2", "A", 2, "A"), outboxtest.Keyed("B3", "B", 3, "B"))
+	var fixed atomic.Bool
+	isoConsumer(t, e, isoWays[0], "g", "orders", func(key, _ string) bool { return (key == "A" || key == "D") && !fixed.Load() },
+		func(c *outbox.SubscriberConfig) { c.KeyIsolation.MaxHeldKeys = 1 })
+	var st admin.PartitionStatus
+	outboxtest.WaitFor(t, "the partition blocking on D, reported", 10*time.Second, func() bool {
+		st = heldStatus(t, e, "g", "orders")
+		return st.IsolationFullSince != nil && st.Attempts >= 2
+	})
+	if len(st.HeldKeys) != 1 || st.HeldKeys[0].Key != "A" || st.ScanSeq != 2 || st.LastError == "" {
+		t.Fatalf("status %+v: want A held, the scan blocked before D1 (seq 3) with its failures on the cursor row", st)
+	}
+	if got := e.effectsOf(t, "B"); fmt.Sprint(got) != "[1]" {
+		t.Fatalf("B's effects %v: want only B1 (B2 is behind the blocking D1)", got)
+	}
+	assertMetric(t, e, "outbox_partitions_isolation_full", 1)
+	assertMetric(t, e, "outbox_held_keys", 1)
+	fixed.Store(true)
+	outboxtest.WaitFor(t, "everything done", 20*time.Second, func() bool { return e.Rows("effects") == 6 })
+	inOrderOnce(t, "A", e.effectsOf(t, "A"), 2)
+	inOrderOnce(t, "B", e.effectsOf(t, "B"), 3)
+	outboxtest.WaitFor(t, "the fallback cleared", 10*time.Second, func() bool {
+		return heldStatus(t, e, "g", "orders").IsolationFullSince == nil
+	})
+}
+
+// Keyless messages carry no order: a failing one is held alone, and the
+// keyless messages after it flow.
+func TestKeylessMessagesAreNeverHeldBehindEachOther(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	e.createEffects(t)
+	var msgs []*message.Message
+	for i := 1; i <= 5; i++ {
+		m := message.NewMessage(fmt.Sprintf("x%d", i), []byte("x"))
+		m.Metadata.Set("n", strconv.Itoa(i))
+		msgs = append(msgs, m)
+	}
+	e.Publish("orders", msgs...)
+	var fixed atomic.Bool
+	isoConsumer(t, e, isoWays[0], "g", "orders", func(_, uuid string) bool { return uuid == "x2" && !fixed.Load() }, nil)
+	outboxtest.WaitFor(t, "x1, x3, x4, x5 done while x2 fails", 10*time.Second, func() bool { return e.Rows("effects") == 4 })
+	st := heldStatus(t, e, "g", "orders")
+	if len(st.HeldKeys) != 1 || !st.HeldKeys[0].Keyless || st.HeldKeys[0].HeadSeq != 2 || st.HeldKeys[0].Messages != 1 {
+		t.Fatalf("held %+v: want x2 alone", st.HeldKeys)
+	}
+	fixed.Store(true)
+	outboxtest.WaitFor(t, "x2 done", 10*time.Second, func() bool { return e.Rows("effects") == 5 })
+}
+
+// An operator retries a held key at once, or dead-letters it: its held
+// messages go to the RejectHandler in order and its newer ones flow.
+func TestOperatorRetriesOrDeadLettersAHeldKey(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	e.createEffects(t)
+	publishInterleaved(e, "orders", 3, "A", "B")
+	var (
+		mu       sync.Mutex
+		rejected []string
+		fixed    atomic.Bool
+	)
+	isoConsumer(t, e, isoWays[0], "g", "orders", func(key, _ string) bool { return key == "A" && !fixed.Load() }, func(c *outbox.SubscriberConfig) {
+		c.Tuning.BackoffBase, c.Tuning.BackoffMax = time.Hour, time.Hour // only the operator retries
+		c.RejectHandler = outbox.RejectHandlerFunc(func(_ context.Context, _ pgx.Tx, m outbox.RejectedMessage) error {
+			mu.Lock()
+			defer mu.Unlock()
+			rejected = append(rejected, m.UUID+": "+m.Reason.Error())
+			return nil
+		})
+	})
+	outboxtest.WaitFor(t, "B done, A held", 10*time.Second, func() bool {
+		return len(e.effectsOf(t, "B")) == 3 && len(heldStatus(t, e, "g", "orders").HeldKeys) == 1
+	})
+	a, err := admin.New(admin.Config{Schema: e.Schema, Pool: e.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := outboxtest.Ctx(t)
+	if _, err := a.RetryHeldNow(ctx, admin.HeldRef{Group: "g", Topic: "orders", Key: "Z"}); !errors.Is(err, admin.ErrNotFound) {
+		t.Fatalf("retry of a key not held: %v, want ErrNotFound", err)
+	}
+	if _, err := a.RetryHeldNow(ctx, admin.HeldRef{Group: "g", Topic: "orders"}); !errors.Is(err, admin.ErrInvalidArgument) {
+		t.Fatalf("retry without a key: %v, want ErrInvalidArgument", err)
+	}
+	// Retry now: still failing, one attempt more, well before the hour.
+	before := heldStatus(t, e, "g", "orders").HeldKeys[0].Attempts
+	if n, err := a.RetryHeldNow(ctx, admin.HeldRef{Group: "g", Topic: "orders", Key: "A"}); err != nil || n != 3 {
+		t.Fatalf("RetryHeldNow: %d, %v; want the 3 messages of A", n, err)
+	}
+	outboxtest.WaitFor(t, "the retry at once", 10*time.Second, func() bool {
+		k := heldStatus(t, e, "g", "orders").HeldKeys[0]
+		return k.Attempts == 1 && k.RetryAt != nil && time.Until(*k.RetryAt) > 30*time.Minute
+	})
+	t.Logf("attempts before the operator's retry: %d", before)
+	// Dead-letter: A1..A3 go out in order; a newer A flows.
+	if n, err := a.DeadLetterHeld(ctx, admin.HeldRef{Group: "g", Topic: "orders", Key: "A"}); err != nil || n != 3 {
+		t.Fatalf("DeadLetterHeld: %d, %v", n, err)
+	}
+	outboxtest.WaitFor(t, "A dead-lettered", 10*time.Second, func() bool { return e.Rows("held") == 0 })
+	mu.Lock()
+	got := append([]string(nil), rejected...)
+	mu.Unlock()
+	if len(got) != 3 || !strings.HasPrefix(got[0], "A1: ") || !strings.HasPrefix(got[2], "A3: ") || !strings.Contains(got[0], "admin.DeadLetterHeld") {
+		t.Fatalf("rejected %q: want A1, A2, A3 dead-lettered by the operator", got)
+	}
+	fixed.Store(true)
+	e.Publish("orders", outboxtest.Keyed("A4", "A", 4, "A"))
+	outboxtest.WaitFor(t, "the newer A", 10*time.Second, func() bool { return fmt.Sprint(e.effectsOf(t, "A")) == "[4]" })
+}
+
+// Retention keeps held messages: the finished seq, not the scan position,
+// is what a group holds the log at.
+func TestRetentionKeepsHeldMessages(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	e.createEffects(t)
+	publishInterleaved(e, "orders", 5, "A", "B")
+	isoConsumer(t, e, isoWays[0], "g", "orders", func(key, _ string) bool { return key == "A" }, nil)
+	outboxtest.WaitFor(t, "B done, A held", 10*time.Second, func() bool {
+		return len(e.effectsOf(t, "B")) == 5 && e.Rows("held") == 5
+	})
+	v, err := retention.NewVacuum(retention.Config{Schema: e.Schema, Pool: e.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.VacuumOnce(outboxtest.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Int("SELECT count(*) FROM " + e.Schema + ".log WHERE partition_key = 'A'"); got != 5 {
+		t.Fatalf("%d of A's 5 held messages left in the log after a vacuum", got)
+	}
+	if got := e.Int("SELECT min(seq) FROM " + e.Schema + ".log"); got != 1 {
+		t.Fatalf("the vacuum trimmed up to %d: A1 (seq 1) is held", got-1)
+	}
+}
+
+// assertMetric reads a gauge of group g, topic orders from a metrics
+// collector on the test's schema.
+func assertMetric(t *testing.T, e env, name string, want float64) {
+	t.Helper()
+	c, err := metrics.NewCollector(metrics.CollectorConfig{Pool: e.Pool, Schema: e.Schema, CollectInterval: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["group"] == "g" && labels["topic"] == "orders" {
+				if got := m.GetGauge().GetValue(); got != want {
+					t.Fatalf("%s = %v, want %v", name, got, want)
+				}
+				return
+			}
+		}
+	}
+	t.Fatalf("no %s for group g, topic orders", name)
 }
