@@ -21,7 +21,8 @@ func (a *app) statusCommand() *cobra.Command {
 		Short: "Show topics, consumer groups and partitions: lag, leases, failures, dead letters",
 		Long: `status shows, per topic and consumer group, every partition: its head and the group's cursor, the lag in
 messages and seconds, the lease owner and expiry, whether it is paused, degraded or backing off, the attempts and
-last error of its next message, and the group's pending dead letters. --watch refreshes it.`,
+last error of its next message, the keys held back by key isolation (see outbox held), and the group's pending dead
+letters. --watch refreshes it.`,
 		Example: `  outbox status
   outbox status --group billing --topic orders
   outbox status --watch 2s
@@ -66,8 +67,8 @@ func statusTable(w *tabwriter.Writer, rep admin.Report) {
 		}
 		fmt.Fprintf(w, "\ntopic %s: %d partitions, %d sequenced, %d pending%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, held)
 		for _, g := range t.Groups {
-			fmt.Fprintf(w, "  group %s: lag %d (%.1fs), %d members, %d leased, %d paused, %d failing, %d backing off, %d dead letters\n",
-				g.Group, g.Lag, g.MaxLagSeconds, len(g.Members), g.Leased, g.Paused, g.Failing, g.BackingOff, g.DeadLetters)
+			fmt.Fprintf(w, "  group %s: lag %d (%.1fs), %d members, %d leased, %d paused, %d failing, %d backing off, %d keys held, %d dead letters\n",
+				g.Group, g.Lag, g.MaxLagSeconds, len(g.Members), g.Leased, g.Paused, g.Failing, g.BackingOff, g.HeldKeys, g.DeadLetters)
 			if len(g.Partitions) == 0 {
 				continue
 			}
@@ -89,6 +90,12 @@ func statusTable(w *tabwriter.Writer, rep admin.Report) {
 				}
 				if p.BackingOff {
 					state = append(state, "backing-off")
+				}
+				if len(p.HeldKeys) > 0 {
+					state = append(state, fmt.Sprintf("%d-keys-held", len(p.HeldKeys)))
+				}
+				if p.IsolationFullSince != nil {
+					state = append(state, "isolation-full")
 				}
 				if len(state) == 0 {
 					state = append(state, "ok")

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+)
+
+// outbox held lists a held key, retries it, and dead-letters it after
+// confirmation; status shows it.
+func TestHeldCommands(t *testing.T) {
+	b := outboxtest.Setup(t)
+	c := newCLI(t, b.Schema)
+	b.Register("orders", 1)
+	b.Publish("orders", outboxtest.Keyed("a1", "customer-42", 1, "x"), outboxtest.Keyed("b1", "other", 1, "x"),
+		outboxtest.Keyed("a2", "customer-42", 2, "x"))
+	store, err := deadletter.NewStore(deadletter.Config{Schema: b.Schema, Pool: b.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := b.Subscriber("billing", func(cfg *outbox.SubscriberConfig) {
+		cfg.KeyIsolation.Enabled = true
+		cfg.RejectHandler = store
+		cfg.Tuning.BackoffBase, cfg.Tuning.BackoffMax = time.Hour, time.Hour
+	})
+	msgs, err := sub.Subscribe(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range msgs {
+			if m.Metadata.Get(outbox.MetadataPartitionKey) == "customer-42" {
+				m.Nack()
+			} else {
+				m.Ack()
+			}
+		}
+	}()
+	var held []struct {
+		Group, Topic, Key string
+		Partition         int
+		HeadSeq           int64 `json:"head_seq"`
+		Messages          int
+		Attempts          int
+	}
+	outboxtest.WaitFor(t, "customer-42 held", 30*time.Second, func() bool {
+		c.json(&held, "held", "list", "--group", "billing")
+		return len(held) == 1 && held[0].Messages == 2
+	})
+	if h := held[0]; h.Key != "customer-42" || h.HeadSeq != 1 || h.Attempts != 1 || h.Topic != "orders" {
+		t.Fatalf("held list: %+v", h)
+	}
+	if table := c.ok("held", "list"); !strings.Contains(table, "customer-42") || !strings.Contains(table, "RETRY_IN") {
+		t.Fatalf("held list table:\n%s", table)
+	}
+	if status := c.ok("status"); !strings.Contains(status, "1-keys-held") || !strings.Contains(status, "1 keys held") {
+		t.Fatalf("status does not show the held key:\n%s", status)
+	}
+	if code, _, errOut := c.run("", "held", "retry", "--group", "billing", "--topic", "orders"); code != exitUsage || !strings.Contains(errOut, "--key or --seq") {
+		t.Fatalf("retry without a key: exit %d, %s", code, errOut)
+	}
+	if code, _, errOut := c.run("", "held", "retry", "--group", "billing", "--topic", "orders", "--key", "nobody"); code == exitOK || !strings.Contains(errOut, "not found") {
+		t.Fatalf("retry of a key not held: exit %d, %s", code, errOut)
+	}
+	c.ok("held", "retry", "--group", "billing", "--topic", "orders", "--key", "customer-42")
+	outboxtest.WaitFor(t, "the retry", 30*time.Second, func() bool {
+		return b.Int("SELECT attempts FROM "+b.Schema+".held WHERE seq = 1") == 1 &&
+			b.Int("SELECT count(*) FROM "+b.Schema+".held WHERE seq = 1 AND retry_at > now() + interval '30 minutes'") == 1
+	})
+	code, _, errOut := c.run("no\n", "held", "dead-letter", "--group", "billing", "--topic", "orders", "--key", "customer-42")
+	if code != exitUsage || !strings.Contains(errOut, "not confirmed") {
+		t.Fatalf("unconfirmed dead-letter: exit %d, %s", code, errOut)
+	}
+	c.ok("held", "dead-letter", "--group", "billing", "--topic", "orders", "--key", "customer-42", "--yes")
+	outboxtest.WaitFor(t, "the key dead-lettered", 30*time.Second, func() bool {
+		return b.Rows("held") == 0 && b.Rows("dead_letters") == 2
+	})
+}
