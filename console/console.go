@@ -313,7 +313,7 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	action := r.PathValue("action")
 	fields := map[string]string{}
-	for _, k := range []string{"group", "topic", "partition", "to_seq", "id", "back"} {
+	for _, k := range []string{"group", "topic", "partition", "to_seq", "id", "key", "seq", "back"} {
 		if v := q.Get(k); v != "" {
 			fields[k] = v
 		}
@@ -330,6 +330,16 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request) {
 		question = fmt.Sprintf("Resume %s of consumer group %s on topic %s?", scope, q.Get("group"), q.Get("topic"))
 	case "reset":
 		question = fmt.Sprintf("Move the cursor of %s of consumer group %s on topic %s to seq %s? Messages after it are delivered (again), messages before it are skipped.", scope, q.Get("group"), q.Get("topic"), q.Get("to_seq"))
+	case "retry-held", "dead-letter-held":
+		name := fmt.Sprintf("key %q", q.Get("key"))
+		if q.Get("key") == "" {
+			name = "keyless message " + q.Get("seq")
+		}
+		what := "Retry the held %s of consumer group %s on topic %s, partition %s, now, with a fresh count of attempts?"
+		if action == "dead-letter-held" {
+			what = "Take every message the held %s of consumer group %s on topic %s, partition %s holds out as dead letters, in order? Its newer messages then flow."
+		}
+		question = fmt.Sprintf(what, name, q.Get("group"), q.Get("topic"), q.Get("partition"))
 	case "replay":
 		question = fmt.Sprintf("Publish dead letter %s again, as a new message, and mark it replayed?", q.Get("id"))
 	case "discard":
@@ -410,6 +420,26 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		var resets []admin.CursorReset
 		resets, err = c.admin.ResetCursor(ctx, s, admin.ToSeq(seq))
 		flash = fmt.Sprintf("reset %d cursor(s) to %d", len(resets), seq)
+	case "retry-held", "dead-letter-held":
+		ref := admin.HeldRef{Group: f.Get("group"), Topic: f.Get("topic"), Key: f.Get("key")}
+		var perr error
+		if ref.Partition, perr = strconv.Atoi(f.Get("partition")); perr != nil {
+			c.fail(w, r, http.StatusBadRequest, errors.New("partition must be a number"))
+			return
+		}
+		if ref.Key == "" {
+			if ref.Seq, perr = strconv.ParseInt(f.Get("seq"), 10, 64); perr != nil {
+				c.fail(w, r, http.StatusBadRequest, errors.New("a keyless held message is named by its seq, a number"))
+				return
+			}
+		}
+		op, verb := c.admin.RetryHeldNow, "retrying"
+		if r.PathValue("action") == "dead-letter-held" {
+			op, verb = c.admin.DeadLetterHeld, "dead-lettering"
+		}
+		var n int
+		n, err = op(ctx, ref)
+		flash = fmt.Sprintf("%s %d held message(s)", verb, n)
 	case "replay", "discard":
 		id, perr := strconv.ParseInt(f.Get("id"), 10, 64)
 		if perr != nil {

@@ -31,6 +31,8 @@
               if (p.paused) state.push("paused");
               if (p.adaptive_state && p.adaptive_state !== "normal") state.push(p.adaptive_state);
               if (p.backing_off) state.push("backing-off");
+              if (p.held_keys && p.held_keys.length) state.push(p.held_keys.length + " keys held");
+              if (p.isolation_full_since) state.push("isolation-full");
               set(row, "head", p.head_seq); set(row, "cursor", p.cursor); set(row, "lag", p.lag);
               set(row, "lags", p.lag_seconds.toFixed(1)); set(row, "owner", p.lease_owner || "");
               set(row, "expires", ago(p.lease_expires_at)); set(row, "state", state.length ? state.join(" ") : "ok");

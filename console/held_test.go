@@ -1,0 +1,72 @@
+package console_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+)
+
+// The group page lists the held keys (escaped) and, with actions on,
+// retries or dead-letters one after confirmation.
+func TestHeldKeysAreShownAndActedOn(t *testing.T) {
+	f := newFixture(t, true)
+	key := "cust-" + hostile
+	f.b.Publish("orders", outboxtest.Keyed("h1", key, 1, "x"), outboxtest.Keyed("h2", key, 2, "x"))
+	store, err := deadletter.NewStore(deadletter.Config{Schema: f.b.Schema, Pool: f.b.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := f.b.Subscriber("billing", func(c *outbox.SubscriberConfig) {
+		c.KeyIsolation.Enabled = true
+		c.RejectHandler = store
+		c.Tuning.BackoffBase, c.Tuning.BackoffMax = time.Hour, time.Hour
+	})
+	msgs, err := sub.Subscribe(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range msgs {
+			m.Nack()
+		}
+	}()
+	outboxtest.WaitFor(t, "the key held", 30*time.Second, func() bool { return f.b.Rows("held") == 2 })
+	part := itoa(f.b.Int("SELECT partition FROM " + f.b.Schema + ".held LIMIT 1"))
+	code, body := f.get(t, "/groups/orders/billing")
+	if code != http.StatusOK || !strings.Contains(body, `id="held"`) || !strings.Contains(body, "1 keys held") {
+		t.Fatalf("group page (%d) does not list the held key:\n%s", code, body)
+	}
+	if strings.Contains(body, "<script>window") || !strings.Contains(body, "cust-&lt;script&gt;") {
+		t.Fatal("the held key is not shown as escaped text")
+	}
+	_, confirm := f.get(t, "/confirm/dead-letter-held?group=billing&topic=orders&partition="+part+"&key="+url.QueryEscape(key))
+	if !strings.Contains(confirm, "as dead letters") || strings.Contains(confirm, "<script>window") {
+		t.Fatalf("confirmation page:\n%s", confirm)
+	}
+	csrf := f.csrf(t)
+	auth := map[string]string{"Authorization": "Bearer " + f.token}
+	form := url.Values{"group": {"billing"}, "topic": {"orders"}, "partition": {part}, "key": {key}, "csrf": {csrf}, "confirm": {"yes"}, "back": {"/groups/orders/billing"}}
+	if resp := f.post(t, "/actions/retry-held", url.Values{"group": {"billing"}, "topic": {"orders"}, "partition": {part}, "key": {key}, "confirm": {"yes"}}, auth); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("retry-held without CSRF: %d, want 403", resp.StatusCode)
+	}
+	if resp := f.post(t, "/actions/retry-held", form, auth); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("retry-held: %d", resp.StatusCode)
+	}
+	if resp := f.post(t, "/actions/dead-letter-held", form, auth); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("dead-letter-held: %d", resp.StatusCode)
+	}
+	outboxtest.WaitFor(t, "the key dead-lettered", 30*time.Second, func() bool {
+		return f.b.Rows("held") == 0 && f.b.Int("SELECT count(*) FROM "+f.b.Schema+".dead_letters WHERE group_name = 'billing' AND uuid IN ('h1', 'h2')") == 2
+	})
+	form.Set("key", "nobody")
+	if resp := f.post(t, "/actions/retry-held", form, auth); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("retry-held of a key not held: %d, want 404", resp.StatusCode)
+	}
+}
