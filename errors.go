@@ -62,6 +62,9 @@ var (
 	// error): the Subscriber takes it out of the stream instead of retrying
 	// it. Reject returns an error matching it.
 	ErrPoison = errs.ErrPoison
+	// ErrNotKeySpecific marks a failure that is not the message's own, such
+	// as a broker or database that is down (see NotKeySpecific).
+	ErrNotKeySpecific = errs.ErrNotKeySpecific
 	// ErrHandlerTimeout reports a delivery whose handler did not answer
 	// within SubscriberConfig.HandlerTimeout (*HandlerTimeoutError). The
 	// delivery counts as a failed attempt; a late Ack or Nack of it changes

@@ -69,3 +69,17 @@ func (k KeyIsolation) delivery() delivery.Isolation {
 	k.setDefaults()
 	return delivery.Isolation{Enabled: k.Enabled, MaxHeldKeys: k.MaxHeldKeys, MaxHeldMessages: k.MaxHeldMessages}
 }
+
+// NotKeySpecific marks err, returned by a BatchHandler, as a failure that is
+// not the failing message's own (a broker or a database that is down): with
+// KeyIsolation, the partition then blocks and backs off as it would without
+// isolation, instead of holding the message's key back — every other key
+// would fail the same way, and hold-back is meant for one bad key. Without
+// isolation it changes nothing. errors.Is(err, ErrNotKeySpecific) reports
+// it; the forwarder marks its broker errors so. A nil err stays nil.
+func NotKeySpecific(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &errs.NotKeySpecificError{Cause: err}
+}

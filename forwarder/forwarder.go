@@ -122,6 +122,11 @@ func (c Config) Validate() error {
 	case c.SendTimeout < 0:
 		return &outbox.ConfigError{Field: "SendTimeout", Reason: "must be positive"}
 	}
+	if t, ok := c.Target.(interface{ keyIsolation() error }); ok && c.Subscriber.KeyIsolation.Enabled {
+		if err := t.keyIsolation(); err != nil {
+			return err
+		}
+	}
 	for i, m := range c.Middlewares {
 		if m == nil {
 			return &outbox.ConfigError{Field: "Middlewares", Reason: fmt.Sprintf("entry %d is nil", i)}
@@ -274,12 +279,13 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 		var err error
 		if len(f.cfg.Middlewares) == 0 {
 			done, err = f.cfg.Target.Send(ctx, targetTopic, batch)
+			err = brokerWide(err)
 		} else {
 			done, err = f.sendThrough(ctx, targetTopic, batch)
 		}
 		done = max(0, min(done, len(batch)))
 		if done < len(batch) && err == nil {
-			err = fmt.Errorf("%w: %d of %d messages", errPartialConfirm, done, len(batch))
+			err = brokerWide(fmt.Errorf("%w: %d of %d messages", errPartialConfirm, done, len(batch)))
 		}
 		span.EndWith(err, attribute.Int("messaging.outbox.confirmed", done))
 		if observe.Enabled() {
@@ -306,6 +312,18 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 		})
 		return done, err
 	}
+}
+
+// brokerWide marks a failed send as the broker's, not the message's
+// (outbox.NotKeySpecific): with key isolation the partition then blocks
+// and backs off instead of holding keys back, since every key would fail
+// alike. A message the broker refused for good (outbox.ErrPoison) is the
+// message's own.
+func brokerWide(err error) error {
+	if err == nil || errors.Is(err, outbox.ErrPoison) || errors.Is(err, outbox.ErrNotKeySpecific) {
+		return err
+	}
+	return outbox.NotKeySpecific(err)
 }
 
 // messageBytes is the size of msgs as a broker sees it: payloads and

@@ -213,6 +213,17 @@ type KafkaTarget struct {
 	noTailRead   bool
 }
 
+// keyIsolation refuses key isolation (outbox.KeyIsolation) with
+// exactly-once delivery: a held message is sent after newer ones, and the
+// tail read of the next owner (kafka_txn.go) would take it for one already
+// written and skip it.
+func (t *KafkaTarget) keyIsolation() error {
+	if t.cfg.AtLeastOnce {
+		return nil
+	}
+	return &outbox.ConfigError{Field: "Subscriber.KeyIsolation", Reason: "cannot be combined with exactly-once delivery into Kafka, which needs each partition's messages in seq order; set KafkaConfig.AtLeastOnce (consumers then dedup by outbox_id, e.g. with the inbox) or leave isolation off"}
+}
+
 type refusedSize struct {
 	bytes int
 	at    time.Time

@@ -183,7 +183,7 @@ func (b *middlewareBatch) sendWhenReady() {
 		case k < done:
 			b.results[i] = nil
 		case k == done:
-			b.results[i] = err
+			b.results[i] = brokerWide(err)
 		}
 	}
 	b.mu.Unlock()
@@ -240,5 +240,5 @@ func (b *middlewareBatch) again(i int, msg *message.Message) error {
 	if err == nil {
 		err = errors.New("forwarder: target did not confirm the message, without an error")
 	}
-	return err
+	return brokerWide(err)
 }

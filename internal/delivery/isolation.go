@@ -79,7 +79,11 @@ type isolation struct {
 	// scanBlockedUntil: the scan's head is backing off (blocking fallback,
 	// or the backoff found on the cursor row at acquisition).
 	scanBlockedUntil time.Time
-	warnedNoReject   bool
+	// holdHead: the scan's head failed for reasons of its own without
+	// being held (its deliveries ended without an outcome, or the bounds
+	// were reached): hold it on the next read if the bounds allow.
+	holdHead       bool
+	warnedNoReject bool
 }
 
 // heldReloadEvery is how often a worker with held keys re-reads them, for
@@ -89,11 +93,19 @@ const heldReloadEvery = time.Second
 // maxErrorText bounds the error text stored on a held row.
 const maxErrorText = 2000
 
-func newIsolation(cfg Isolation) *isolation {
+func newIsolation(cfg Isolation, unanswered int) *isolation {
 	if !cfg.Enabled {
 		return nil
 	}
-	return &isolation{cfg: cfg, byKey: map[string]*heldUnit{}}
+	return &isolation{cfg: cfg, byKey: map[string]*heldUnit{}, holdHead: unanswered > 0}
+}
+
+// blocked records that the scan's head failed without being held: for a
+// reason of its own (the bounds stopped the hold) or not (the partition
+// blocks on purpose).
+func (iso *isolation) blocked(reason error, delay time.Duration) {
+	iso.holdHead = holdable(reason)
+	iso.scanBlockedUntil = time.Now().Add(delay)
 }
 
 // fenceArgs are the parameters every worker statement of held.sql starts
@@ -176,6 +188,10 @@ func (iso *isolation) split(entries []logEntry) (deliver []logEntry, scanEnd int
 	}
 	return deliver, scanEnd, false
 }
+
+// holdable says whether a failure is the message's own, so that holding
+// its key back lets the others go on.
+func holdable(reason error) bool { return !errors.Is(reason, errs.ErrNotKeySpecific) }
 
 // canHold says whether e can be held as the head of a new held key.
 func (iso *isolation) canHold(e logEntry) bool {

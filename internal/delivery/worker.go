@@ -170,7 +170,7 @@ func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *messag
 		initialBackoff: l.Backoff(),
 		logger:         s.Logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
 		incarnation:    incarnation,
-		iso:            newIsolation(s.Isolation),
+		iso:            newIsolation(s.Isolation, l.Unanswered()),
 		spanName:       topic + " process",
 		spanAttrs:      observe.ProcessAttributes(s.Group, topic, l.Partition()),
 	}
@@ -319,7 +319,7 @@ func (w *Worker) isolateBatch(ctx context.Context, entries []logEntry) (deliver 
 	if cut {
 		w.setFull(ctx, true)
 	}
-	if len(deliver) > 0 && deliver[0].seq == entries[0].seq && deliver[0].seq == w.headSeq && w.attempts > 1 {
+	if w.iso.holdHead && len(deliver) > 0 && deliver[0].seq == entries[0].seq && deliver[0].seq == w.headSeq && w.attempts > 1 {
 		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
 			return nil, 0, dir, true, nil
 		}
@@ -410,7 +410,7 @@ func (w *Worker) scanLeased(ctx context.Context) (worker.Directive, error) {
 	held := false
 	if w.iso != nil {
 		done = w.scanDone(deliver, processed, scanEnd)
-		if result == nacked {
+		if result == nacked && holdable(reason) {
 			if e := deliver[processed]; w.iso.canHold(e) {
 				w.hold(e, w.attemptsOf(e.seq), reason)
 				done, held = e.seq, true
@@ -447,7 +447,7 @@ func (w *Worker) scanLeased(ctx context.Context) (worker.Directive, error) {
 	if result == nacked {
 		delay = w.noteFailure(processed)
 		if w.iso != nil {
-			w.iso.scanBlockedUntil = time.Now().Add(delay)
+			w.iso.blocked(reason, delay)
 		}
 	}
 	return w.settle(ctx, result, reason, processed, full, w.s.Store.DB(), delay)
@@ -579,7 +579,7 @@ func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err
 	held := false
 	if w.iso != nil {
 		done = w.scanDone(deliver, processed, scanEnd)
-		if result == nacked {
+		if result == nacked && holdable(reason) {
 			if e := deliver[processed]; w.iso.canHold(e) {
 				w.hold(e, w.attemptsOf(e.seq), reason)
 				done, held = e.seq, true
@@ -620,7 +620,7 @@ func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err
 		return worker.Proceed(), nil
 	}
 	if result == nacked && w.iso != nil {
-		w.iso.scanBlockedUntil = time.Now().Add(delay)
+		w.iso.blocked(reason, delay)
 	}
 	return w.settle(ctx, result, reason, processed, full, nil, delay)
 }
@@ -665,7 +665,7 @@ func (w *Worker) failWholeTx(ctx context.Context, entries []logEntry, at int, re
 			reason = err
 		}
 	}
-	if w.iso != nil {
+	if w.iso != nil && holdable(why) {
 		if w.iso.canHold(entries[0]) {
 			return w.holdInOwnTx(ctx, entries[0], why)
 		}
@@ -675,7 +675,7 @@ func (w *Worker) failWholeTx(ctx context.Context, entries []logEntry, at int, re
 	w.recordRetry(ctx, nil, w.failure(reason), delay)
 	w.showState(ctx)
 	if w.iso != nil {
-		w.iso.scanBlockedUntil = time.Now().Add(delay)
+		w.iso.blocked(why, delay)
 	}
 	return worker.Sleep(delay), nil
 }

@@ -192,6 +192,22 @@ func (e *PoisonError) Error() string {
 }
 func (e *PoisonError) Unwrap() []error { return []error{ErrPoison, e.Cause} }
 
+// ErrNotKeySpecific marks a failure that is not the message's own (a broker
+// or a database that is down): with key isolation the partition blocks
+// and backs off, instead of holding the message's key back.
+var ErrNotKeySpecific = errors.New("outbox: failure not specific to the message's key")
+
+// NotKeySpecificError carries such a failure.
+type NotKeySpecificError struct{ Cause error }
+
+func (e *NotKeySpecificError) Error() string {
+	if e.Cause == nil {
+		return ErrNotKeySpecific.Error()
+	}
+	return e.Cause.Error()
+}
+func (e *NotKeySpecificError) Unwrap() []error { return []error{ErrNotKeySpecific, e.Cause} }
+
 // ErrHandlerTimeout reports a delivery whose handler did not answer within
 // SubscriberConfig.HandlerTimeout (*HandlerTimeoutError). The delivery counts
 // as a failed attempt; a late Ack or Nack of it changes nothing.

@@ -1,0 +1,91 @@
+package forwarder_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+)
+
+// With key isolation, a message whose forwarding fails for reasons of its
+// own (a middleware) is held with its key while the other keys reach
+// Kafka; a broker that fails every send holds no key: the partition backs
+// off as without isolation. Exactly-once delivery refuses isolation.
+func TestForwarderKeyIsolation(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	cluster := newKafka(t, kfake.SeedTopics(1, "orders"))
+	brokers := cluster.ListenAddrs()
+
+	_, err := forwarder.NewForwarder(forwarder.Config{
+		Subscriber: outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, KeyIsolation: outbox.KeyIsolation{Enabled: true}},
+		Topics:     []string{"orders"},
+		Target:     newKafkaTarget(t, brokers, nil),
+	}, nil)
+	var ce *outbox.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Subscriber.KeyIsolation" {
+		t.Fatalf("isolation with exactly-once delivery: %v, want a ConfigError on Subscriber.KeyIsolation", err)
+	}
+
+	var fixed, brokerDown atomic.Bool
+	blocked := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			if msg.Metadata.Get(outbox.PartitionKeyMetadata) == "key-0" && !fixed.Load() {
+				return nil, errors.New("no route for key-0 yet")
+			}
+			return h(msg)
+		}
+	}
+	target := &switchableTarget{inner: newKafkaTargetMode(t, brokers, true, nil), down: &brokerDown}
+	startForwarder(t, e, nil, target, []string{"orders"}, func(c *forwarder.Config) {
+		c.Subscriber.KeyIsolation.Enabled = true
+		c.Middlewares = []message.HandlerMiddleware{blocked}
+	})
+	pub := newPublisher(t, e)
+	for range 5 {
+		pub.round("orders", 4, nil)
+	}
+	r := &received{}
+	consumeKafka(t, brokers, "orders", r)
+	outboxtest.WaitFor(t, "keys 1-3 on Kafka while key-0 is held", time.Minute, func() bool { return r.distinct() == 15 })
+	if n := e.Rows("held"); n != 5 {
+		t.Fatalf("%d held rows, want key-0's 5 messages", n)
+	}
+
+	// The broker fails every send: the partition blocks, no key is held.
+	brokerDown.Store(true)
+	pub.round("orders", 4, nil)
+	outboxtest.WaitFor(t, "the failing sends counted on the cursor", 30*time.Second, func() bool {
+		return e.Int("SELECT attempts FROM "+e.Schema+".cursors WHERE topic = 'orders'") >= 2
+	})
+	if n := e.Int("SELECT count(DISTINCT coalesce(partition_key, seq::text)) FROM " + e.Schema + ".held"); n != 1 {
+		t.Fatalf("%d keys held while the broker is down, want only key-0", n)
+	}
+	brokerDown.Store(false)
+	fixed.Store(true)
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
+	r.check(t, pub.snapshot(), nil)
+	outboxtest.WaitFor(t, "nothing held", 10*time.Second, func() bool { return e.Rows("held") == 0 })
+}
+
+// switchableTarget fails every send while down is set, as a broker that is
+// unreachable.
+type switchableTarget struct {
+	inner forwarder.Target
+	down  *atomic.Bool
+}
+
+func (s *switchableTarget) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	if s.down.Load() {
+		return 0, errors.New("kafka: client has run out of available brokers to talk to")
+	}
+	return s.inner.Send(ctx, topic, batch)
+}
