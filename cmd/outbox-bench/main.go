@@ -15,7 +15,7 @@
 // It starts a throwaway durable PostgreSQL cluster (fsync and
 // synchronous_commit on, pg_stat_statements loaded when available) and, per
 // measured run, a fresh in-process Kafka broker (franz-go's kfake), and runs
-// up to three phases (-phases):
+// up to four phases (-phases):
 //
 //   - compare: first (a) and (c) publish alone, alternately, -publish-rounds
 //     times per -per-tx value (at most 20,000 transactions each), reported
@@ -43,6 +43,12 @@
 //     -growth-rate msg/s, for latency without a queue; (ii)
 //     -growth-messages messages for each partition
 //     count of -growth-partitions.
+//   - isolation, not run unless named: key-level isolation of the
+//     Subscriber (outbox.KeyIsolation). -isolation-rate msg/s for 20 s over
+//     -keys keys in up to 4 partitions, 1% of the keys failing from 5 s for
+//     10 s; three runs: no failures, failures with isolation off, on. Reports
+//     the other keys' handled msg/s during the window and their
+//     commit→handled latency, in the partitions that hold a failing key.
 //
 // Flags:
 //
@@ -63,6 +69,7 @@
 //	-growth-rate 20000               offered msg/s of the paced history run (0: none)
 //	-growth-partitions 1,4,16,64     partition counts of the partitions sweep
 //	-growth-messages 200000          messages per partition count
+//	-isolation-rate 5000             offered msg/s of the isolation phase
 //	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
 //	-out outbox-bench-results        output directory
 //	-smoke                           tiny sizes, all phases well under 90 s; for CI
@@ -72,6 +79,7 @@
 //	go run ./cmd/outbox-bench -smoke               # tiny sizes, for CI
 //	go run ./cmd/outbox-bench -phases latency -latency-loads 1000
 //	go run ./cmd/outbox-bench -phases compare -systems outbox,outbox-alo -per-tx 100 -publish-rounds 0
+//	go run ./cmd/outbox-bench -phases isolation
 //
 // Results go to -out: results.json (every figure, samples, latency CDFs,
 // growth points, top statements), results.md (the tables), throughput.png
@@ -103,6 +111,8 @@ const (
 	phaseCompare = "compare"
 	phaseLatency = "latency"
 	phaseGrowth  = "growth"
+	// phaseIsolation is not run unless named in -phases.
+	phaseIsolation = "isolation"
 )
 
 // maxTracked bounds the messages of a latency or growth run: each has its
@@ -125,6 +135,7 @@ type config struct {
 	// outboxNotify leaves the outbox Publisher's NOTIFY on (the default).
 	outboxNotify bool
 
+	isolationRate     int
 	latencyLoads      []int
 	latencyDuration   time.Duration
 	latencyPublishers int
@@ -180,7 +191,8 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var phases, systems, perTx, loads, partitions string
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
-	fs.StringVar(&phases, "phases", "compare,latency,growth", "phases to run: compare, latency, growth (comma-separated)")
+	fs.StringVar(&phases, "phases", "compare,latency,growth", "phases to run: compare, latency, growth, isolation (comma-separated)")
+	fs.IntVar(&cfg.isolationRate, "isolation-rate", 5000, "isolation: offered load in msg/s")
 	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, outbox, outbox-alo (comma-separated)")
 	fs.IntVar(&cfg.messages, "messages", 200000, "compare: messages per system and per -per-tx value")
 	fs.IntVar(&cfg.payload, "payload", 256, "payload bytes per message")
@@ -209,7 +221,7 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
-	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth); err != nil {
+	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation); err != nil {
 		return cfg, err
 	}
 	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysOutbox, sysOutboxALO); err != nil {
@@ -252,6 +264,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("-latency-duration must be at most 1h")
 	case c.growthHistory < 10:
 		return fmt.Errorf("-growth-history must be at least 10 (a point per 10%%)")
+	case c.isolationRate < 10 || c.isolationRate > 100_000:
+		return fmt.Errorf("-isolation-rate must be 10..100000")
 	case c.growthMessages < 1:
 		return fmt.Errorf("-growth-messages must be at least 1")
 	case c.publishRounds < 0:

@@ -19,14 +19,15 @@ type results struct {
 	Config  map[string]any `json:"config"`
 	// PGStatStatements: pg_stat_statements was available, and each run of
 	// (b) and (c) has its top statements.
-	PGStatStatements bool             `json:"pg_stat_statements"`
-	PublishRounds    []*publishRound  `json:"publish_rounds,omitempty"`
-	PublishSummary   []publishSummary `json:"publish_summary,omitempty"`
-	Runs             []*runResult     `json:"compare_runs"`
-	Ratios           []ratio          `json:"compare_ratios"`
-	Latency          []*latencyResult `json:"latency"`
-	Growth           *growthResult    `json:"growth,omitempty"`
-	Targets          []target         `json:"targets"`
+	PGStatStatements bool               `json:"pg_stat_statements"`
+	PublishRounds    []*publishRound    `json:"publish_rounds,omitempty"`
+	PublishSummary   []publishSummary   `json:"publish_summary,omitempty"`
+	Runs             []*runResult       `json:"compare_runs"`
+	Ratios           []ratio            `json:"compare_ratios"`
+	Latency          []*latencyResult   `json:"latency"`
+	Growth           *growthResult      `json:"growth,omitempty"`
+	Isolation        []*isolationResult `json:"isolation,omitempty"`
+	Targets          []target           `json:"targets"`
 }
 
 // runResult is one compare run: one system, one mode, one -per-tx value.
@@ -105,7 +106,7 @@ func jsonConfig(c config) map[string]any {
 		"latency_loads":    c.latencyLoads,
 		"latency_duration": c.latencyDuration.String(), "latency_publishers": c.latencyPublishers,
 		"growth_history": c.growthHistory, "growth_max_backlog": c.growthMaxBacklog, "growth_rate": c.growthRate, "publish_rounds": c.publishRounds,
-		"growth_partitions": c.growthPartitions, "growth_messages": c.growthMessages,
+		"growth_partitions": c.growthPartitions, "growth_messages": c.growthMessages, "isolation_rate": c.isolationRate,
 	}
 }
 
@@ -200,6 +201,11 @@ func (res *results) targets() []target {
 				Met: l.Complete && l.Latency.P99Ms <= 25})
 		}
 	}
+	if base, on := res.isolationRun(isoNoFailures), res.isolationRun(isoOn); base != nil && on != nil && base.OthersWindowRate > 0 {
+		q := on.OthersWindowRate / base.OthersWindowRate
+		out = append(out, target{Name: "key isolation on: the other keys' throughput during the failures / with no failures", Measured: q, Goal: "≥ 0.9×",
+			Met: q >= 0.9 && on.OrderKept})
+	}
 	return out
 }
 
@@ -215,6 +221,11 @@ func (res *results) incomplete() error {
 	for _, l := range res.Latency {
 		if !l.Complete {
 			errs = append(errs, fmt.Errorf("latency %s at %d msg/s: only %d of %d messages reached the consumer within -max-drain", l.System, l.OfferedRate, l.Received, l.Messages))
+		}
+	}
+	for _, r := range res.Isolation {
+		if !r.Complete {
+			errs = append(errs, fmt.Errorf("isolation, %s: not every message was handled within -max-drain", r.Run))
 		}
 	}
 	if g := res.Growth; g != nil {
@@ -293,6 +304,7 @@ func (res *results) markdown() string {
 	if res.Growth != nil {
 		res.growthMarkdown(&sb)
 	}
+	res.isolationMarkdown(&sb)
 	if len(res.Targets) > 0 {
 		sb.WriteString("## Targets\n\n")
 		if res.Config["smoke"] == true {

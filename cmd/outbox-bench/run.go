@@ -124,6 +124,11 @@ func (b *bench) runPhases(ctx context.Context, res *results) error {
 			return fmt.Errorf("growth: %w", err)
 		}
 	}
+	if b.cfg.has(phaseIsolation) {
+		if err := b.isolationPhase(ctx, res); err != nil {
+			return fmt.Errorf("isolation: %w", err)
+		}
+	}
 	return nil
 }
 
