@@ -128,6 +128,7 @@ type Queries struct {
 	TxSavepointBatch    string
 	TxReleaseBatch      string
 	TxRollbackBatch     string
+	TxRelaxedCommit     string
 
 	// inbox_marks.sql
 	InboxCreateTable string

@@ -26,3 +26,8 @@ RELEASE SAVEPOINT outbox_batch;
 
 -- name: TxRollbackBatch
 ROLLBACK TO SAVEPOINT outbox_batch;
+
+-- name: TxRelaxedCommit
+-- The transaction commits without waiting for its WAL flush (a Leased
+-- scan move that also holds messages back, like CursorsAdvanceRelaxed).
+SET LOCAL synchronous_commit TO off;

@@ -265,6 +265,13 @@ func (w *Worker) moveScan(ctx context.Context, q pgexec.Querier, done int64) (co
 	}
 	err = w.s.Store.InTx(ctx, func(tx pgx.Tx) error {
 		q, _ := pgexec.FromTx(tx)
+		if !w.s.Transactional && !w.s.SyncCursorCommits {
+			// As a relaxed cursor move: a server crash loses the held rows
+			// with the scan move, and the batch comes again.
+			if _, err := q.Exec(ctx, w.s.Store.q.TxRelaxedCommit); err != nil {
+				return err
+			}
+		}
 		return write(q)
 	})
 	if err != nil {
@@ -368,8 +375,7 @@ func (w *Worker) serveHeld(ctx context.Context) (stop bool, err error) {
 			continue
 		}
 		for budget > 0 && len(u.seqs) > 0 && !time.Now().Before(u.retryAt) {
-			budget--
-			progressed, err := w.retryHead(ctx, u)
+			progressed, err := w.retryHead(ctx, u, &budget)
 			if err != nil || ctx.Err() != nil {
 				return true, err
 			}
@@ -456,14 +462,22 @@ func (w *Worker) restoreHead(h headState) {
 	w.headSeq, w.attempts, w.firstFailure, w.lastFailure, w.lastError = h.seq, h.attempts, h.firstFailure, h.lastFailure, h.lastError
 }
 
-// retryHead delivers the head of held key u once: counted before hand-out
-// on its held row, then released (ack), taken out (Reject, MaxAttempts) or
-// given its next retry time (failure). progressed reports a release.
-func (w *Worker) retryHead(ctx context.Context, u *heldUnit) (progressed bool, err error) {
-	es, err := w.heldEntries(ctx, u, 1)
+// retryHead delivers the head of held key u once — counted before hand-out
+// on its held row — then releases it (ack), takes it out (Reject,
+// MaxAttempts) or gives it its next retry time (failure). progressed
+// reports a release. A head that never failed (the messages that waited
+// behind one that succeeded) goes with the key's next held messages in one
+// batch (Leased strategy), up to budget, which it decreases.
+func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progressed bool, err error) {
+	n := 1
+	if !w.s.Transactional && u.attempts == 0 && u.deliveries == 0 {
+		n = min(64, max(*budget, 1))
+	}
+	es, err := w.heldEntries(ctx, u, n)
 	if err != nil {
 		return false, err
 	}
+	*budget -= len(es)
 	e := es[0]
 	var deliveries int32
 	err = pgexec.QueryRow(ctx, w.s.Store.db, w.s.Store.q.HeldCount, w.fenceArgs(e.seq), &deliveries)
@@ -488,13 +502,28 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit) (progressed bool, e
 		reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), deliveries that ended without an outcome included; last error: %s",
 			errs.ErrPoison, w.attempts, max, u.lastError)
 		w.rejectVia = w.s.RejectHandler
-		return w.rejectHeld(ctx, u, es, reason)
+		return w.rejectHeld(ctx, u, es[:1], reason)
 	}
 	if w.s.Transactional {
 		return w.retryHeadInTx(ctx, u, e)
 	}
-	_, result, reason := w.handle(ctx, []logEntry{e}, nil)
-	return w.settleHeld(ctx, u, e, result, reason)
+	processed, result, reason := w.handle(ctx, es, nil)
+	if processed > 0 {
+		dctx, cancel := dbContext(ctx)
+		defer cancel()
+		seqs := make([]int64, processed)
+		for i := range seqs {
+			seqs[i] = es[i].seq
+		}
+		if err := w.releaseHeld(dctx, w.s.Store.db, seqs); err != nil {
+			return false, err
+		}
+		w.iso.forget(u, processed)
+		if processed == len(es) {
+			return true, nil
+		}
+	}
+	return w.settleHeld(ctx, u, es[processed], result, reason)
 }
 
 // retryHeadInTx is retryHead's delivery for the Transactional strategy: the
@@ -578,8 +607,9 @@ func (w *Worker) settleHeld(ctx context.Context, u *heldUnit, e logEntry, result
 	if reason == nil {
 		reason = errors.New("nacked")
 	}
-	delay := w.heldBackoff(w.attempts)
-	text := pgtext.Clean(fmt.Sprintf("seq %d, attempt %d: %v", e.seq, w.attempts, reason), maxErrorText)
+	attempt := w.attemptsOf(e.seq)
+	delay := w.heldBackoff(attempt)
+	text := pgtext.Clean(fmt.Sprintf("seq %d, attempt %d: %v", e.seq, attempt, reason), maxErrorText)
 	n, err := w.s.Store.db.Exec(dctx, w.s.Store.q.HeldRetry, w.fenceArgs(e.seq, text, delay.Microseconds())...)
 	if err != nil {
 		return false, err
@@ -588,11 +618,11 @@ func (w *Worker) settleHeld(ctx context.Context, u *heldUnit, e logEntry, result
 		w.iso.loaded = false
 		return false, w.lease.Verify(dctx, "record a held retry", -1)
 	}
-	u.attempts, u.deliveries, u.lastError, u.retryAt = w.attempts, w.attempts, text, time.Now().Add(delay)
+	u.attempts, u.deliveries, u.lastError, u.retryAt = attempt, attempt, text, time.Now().Add(delay)
 	if u.firstFailure.IsZero() {
-		u.firstFailure = w.firstFailure
+		u.firstFailure = time.Now()
 	}
-	w.logger.Info("Held message failed again", watermill.LogFields{"seq": e.seq, "key": e.key, "attempt": w.attempts, "retry_in": delay, "err": reason})
+	w.logger.Info("Held message failed again", watermill.LogFields{"seq": e.seq, "key": e.key, "attempt": attempt, "retry_in": delay, "err": reason})
 	return false, nil
 }
 
