@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
@@ -89,4 +90,39 @@ func ExamplePublisherConfig_partitionKeyFunc() {
 func ExampleStableID() {
 	fmt.Println(outbox.StableID("orders", 3, 42))
 	// Output: orders/3/42
+}
+
+// Key isolation: a message that fails holds back only the later messages of
+// its own key; the rest of the partition keeps flowing. Bounds per
+// partition keep it from holding without limit (past them the partition
+// blocks as without isolation, and says so).
+func ExampleKeyIsolation() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
+		Schema:        "example_outbox",
+		Pool:          pool,
+		ConsumerGroup: "billing",
+		MaxAttempts:   10,
+		RejectHandler: outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+			return nil // e.g. a deadletter.Store
+		}),
+		KeyIsolation: outbox.KeyIsolation{Enabled: true, MaxHeldKeys: 50, MaxHeldMessages: 5000},
+	}, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "orders")
+	if err != nil {
+		panic(err)
+	}
+	for m := range msgs {
+		// A Nack holds this message's key back; other customers' orders go on.
+		m.Ack()
+	}
 }
