@@ -1,14 +1,12 @@
 package console_test
 
 import (
-	"context"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
@@ -23,20 +21,7 @@ func TestHeldKeysAreShownAndActedOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := f.b.Subscriber("billing", func(c *outbox.SubscriberConfig) {
-		c.KeyIsolation.Enabled = true
-		c.RejectHandler = store
-		c.Tuning.BackoffBase, c.Tuning.BackoffMax = time.Hour, time.Hour
-	})
-	msgs, err := sub.Subscribe(context.Background(), "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for m := range msgs {
-			m.Nack()
-		}
-	}()
+	f.b.HoldingConsumer("billing", "orders", store, key)
 	outboxtest.WaitFor(t, "the key held", 30*time.Second, func() bool { return f.b.Rows("held") == 2 })
 	part := itoa(f.b.Int("SELECT partition FROM " + f.b.Schema + ".held LIMIT 1"))
 	code, body := f.get(t, "/groups/orders/billing")

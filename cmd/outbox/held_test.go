@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
@@ -23,24 +21,7 @@ func TestHeldCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := b.Subscriber("billing", func(cfg *outbox.SubscriberConfig) {
-		cfg.KeyIsolation.Enabled = true
-		cfg.RejectHandler = store
-		cfg.Tuning.BackoffBase, cfg.Tuning.BackoffMax = time.Hour, time.Hour
-	})
-	msgs, err := sub.Subscribe(context.Background(), "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for m := range msgs {
-			if m.Metadata.Get(outbox.MetadataPartitionKey) == "customer-42" {
-				m.Nack()
-			} else {
-				m.Ack()
-			}
-		}
-	}()
+	b.HoldingConsumer("billing", "orders", store, "customer-42")
 	var held []struct {
 		Group, Topic, Key string
 		Partition         int

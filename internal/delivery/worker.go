@@ -353,6 +353,43 @@ func (w *Worker) isolateBatch(ctx context.Context, entries []logEntry) (deliver 
 	return nil, 0, worker.Proceed(), true, nil
 }
 
+// triage prepares a batch read after the cursor: with key-level isolation
+// it sorts out what to deliver (isolateBatch), and it takes a head that
+// has had its MaxAttempts out. handled reports that the batch is settled.
+func (w *Worker) triage(ctx context.Context, entries []logEntry) (deliver []logEntry, scanEnd int64, dir worker.Directive, handled bool, err error) {
+	deliver = entries
+	if w.iso != nil {
+		if deliver, scanEnd, dir, handled, err = w.isolateBatch(ctx, entries); handled {
+			return nil, 0, dir, true, err
+		}
+	}
+	if deliver[0].seq == entries[0].seq {
+		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
+			return nil, 0, dir, true, nil
+		}
+	}
+	return deliver, scanEnd, worker.Directive{}, false, nil
+}
+
+// holdFailure, with key-level isolation, works out how far the scan moves
+// after the handler finished processed of deliver (done without isolation)
+// and holds the message that failed, if it can (held).
+func (w *Worker) holdFailure(ctx context.Context, deliver []logEntry, processed int, result outcome, reason error, scanEnd, done int64) (int64, bool) {
+	if w.iso == nil {
+		return done, false
+	}
+	done = w.scanDone(deliver, processed, scanEnd)
+	if result != nacked || !holdable(reason) {
+		return done, false
+	}
+	if e := deliver[processed]; w.iso.canHold(e) {
+		w.hold(e, w.attemptsOf(e.seq), reason)
+		return e.seq, true
+	}
+	w.setFull(ctx, true)
+	return done, false
+}
+
 // scanDone is how far the scan gets with key-level isolation when the
 // handler finished processed of deliver: to scanEnd when it finished them
 // all, else to just before the one that failed.
@@ -381,20 +418,9 @@ func (w *Worker) scanLeased(ctx context.Context) (worker.Directive, error) {
 		return worker.Idle(), err
 	}
 	full := len(entries) == size
-	deliver, scanEnd := entries, int64(0)
-	if w.iso != nil {
-		var (
-			dir     worker.Directive
-			handled bool
-		)
-		if deliver, scanEnd, dir, handled, err = w.isolateBatch(ctx, entries); handled {
-			return dir, err
-		}
-	}
-	if deliver[0].seq == entries[0].seq {
-		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
-			return dir, nil
-		}
+	deliver, scanEnd, dir, handled, err := w.triage(ctx, entries)
+	if handled {
+		return dir, err
 	}
 	processed, result, reason := w.handle(ctx, deliver, nil)
 	if result == isolate {
@@ -407,18 +433,7 @@ func (w *Worker) scanLeased(ctx context.Context) (worker.Directive, error) {
 	if processed > 0 {
 		done = deliver[processed-1].seq
 	}
-	held := false
-	if w.iso != nil {
-		done = w.scanDone(deliver, processed, scanEnd)
-		if result == nacked && holdable(reason) {
-			if e := deliver[processed]; w.iso.canHold(e) {
-				w.hold(e, w.attemptsOf(e.seq), reason)
-				done, held = e.seq, true
-			} else {
-				w.setFull(ctx, true)
-			}
-		}
-	}
+	done, held := w.holdFailure(ctx, deliver, processed, result, reason, scanEnd, done)
 	if result == rejected {
 		if err := w.rejectInOwnTx(ctx, deliver[processed], reason); err != nil {
 			result, reason = nacked, err
@@ -518,20 +533,9 @@ func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err
 		return worker.Idle(), err
 	}
 	full := len(entries) == size
-	deliver, scanEnd := entries, int64(0)
-	if w.iso != nil {
-		var (
-			dir     worker.Directive
-			handled bool
-		)
-		if deliver, scanEnd, dir, handled, err = w.isolateBatch(ctx, entries); handled {
-			return dir, err
-		}
-	}
-	if deliver[0].seq == entries[0].seq {
-		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
-			return dir, nil
-		}
+	deliver, scanEnd, dir, handled, err := w.triage(ctx, entries)
+	if handled {
+		return dir, err
 	}
 	tx, err := w.s.Store.Begin(ctx)
 	if err != nil {
@@ -576,18 +580,7 @@ func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err
 	if processed > 0 {
 		done = deliver[processed-1].seq
 	}
-	held := false
-	if w.iso != nil {
-		done = w.scanDone(deliver, processed, scanEnd)
-		if result == nacked && holdable(reason) {
-			if e := deliver[processed]; w.iso.canHold(e) {
-				w.hold(e, w.attemptsOf(e.seq), reason)
-				done, held = e.seq, true
-			} else {
-				w.setFull(ctx, true)
-			}
-		}
-	}
+	done, held := w.holdFailure(ctx, deliver, processed, result, reason, scanEnd, done)
 	if result == rejected {
 		if err := w.rejectVia.HandleReject(dctx, tx, w.rejectedMessage(deliver[processed], reason)); err != nil {
 			return worker.Idle(), fmt.Errorf("outbox: reject handler: %w", err)

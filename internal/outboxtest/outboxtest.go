@@ -20,6 +20,7 @@ package outboxtest
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -209,6 +210,32 @@ func (b *Bundle) Subscriber(group string, edit func(*outbox.SubscriberConfig)) *
 	}
 	b.T.Cleanup(func() { _ = sub.Close() })
 	return sub
+}
+
+// HoldingConsumer subscribes group to topic with key isolation, rejects to
+// rejects, and retries an hour apart (so that only an operator retries): it
+// nacks every message whose partition key is in poisoned and acks the
+// others, until the test ends.
+func (b *Bundle) HoldingConsumer(group, topic string, rejects outbox.RejectHandler, poisoned ...string) {
+	b.T.Helper()
+	sub := b.Subscriber(group, func(c *outbox.SubscriberConfig) {
+		c.KeyIsolation.Enabled = true
+		c.RejectHandler = rejects
+		c.Tuning.BackoffBase, c.Tuning.BackoffMax = time.Hour, time.Hour
+	})
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	if err != nil {
+		b.T.Fatal(err)
+	}
+	go func() {
+		for m := range msgs {
+			if slices.Contains(poisoned, m.Metadata.Get(outbox.MetadataPartitionKey)) {
+				m.Nack()
+			} else {
+				m.Ack()
+			}
+		}
+	}()
 }
 
 // WaitFor polls cond every 10 ms until it holds and returns how long that
