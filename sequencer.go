@@ -58,7 +58,10 @@ type SequencerConfig struct {
 	DisableListen bool
 	// DisableNotify stops the sequencer from notifying subscribers (one
 	// notification per topic per pass, naming the partitions that got new
-	// messages: "topic:0,5,7") after it sequenced messages.
+	// messages: "topic:0,5,7") after it sequenced messages. Subscribers
+	// then find messages by polling: after a quiet spell an idle partition
+	// polls only once a second (see adaptive.Pacing.IdleInterval), so the
+	// first message after it can wait that long.
 	DisableNotify bool
 	// MaxErrorBackoff caps the wait after database errors (default 5s).
 	MaxErrorBackoff time.Duration

@@ -20,7 +20,11 @@ type Pacing struct {
 	// productive poll. Zero keeps the pace at ActiveInterval. Must be >= 0.
 	RampStep time.Duration
 	// IdleInterval is the safety-net poll period while idle: without a poke,
-	// an idle worker polls again after this long. Must be > 0.
+	// an idle worker polls again after this long. A worker that is poked
+	// when work arrives (the Subscriber's, by the sequencer's
+	// notifications) doubles it after every poll that finds nothing, up to
+	// a second, and comes back to it as soon as a poll finds work no poke
+	// announced. Must be > 0.
 	IdleInterval time.Duration
 }
 

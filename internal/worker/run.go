@@ -102,19 +102,42 @@ func Run(ctx context.Context, cfg Config, action Action) error {
 		return &adaptive.ConfigError{Field: "action", Reason: "must not be nil"}
 	}
 	l := loop{cfg: cfg.withDefaults(), action: action}
+	l.idleWait = l.cfg.Pacing.IdleInterval
 	for {
 		wait, wakeOnPoke, ok := l.step(ctx)
-		if !ok || !l.pause(ctx, wait, wakeOnPoke) {
+		if !ok {
 			return nil
 		}
+		stretchable := wakeOnPoke && wait == l.idleWait && l.cfg.Poker != nil
+		poked, ok := l.pause(ctx, wait, wakeOnPoke)
+		if !ok {
+			return nil
+		}
+		l.idleTimedOut = stretchable && !poked
 	}
 }
+
+// maxIdleStretch bounds how far an idle worker with a poke source stretches
+// its safety-net poll (see loop.idleWait).
+const maxIdleStretch = time.Second
 
 type loop struct {
 	cfg      Config
 	action   Action
 	streak   int // consecutive Proceeds
 	failures int // consecutive failed calls
+	// idleWait is the idle poll period: Pacing.IdleInterval, doubled
+	// after every idle poll that found nothing (up to maxIdleStretch)
+	// while the worker has a poke source, because the pokes then tell it
+	// of new work; back to IdleInterval when a poll that no poke asked
+	// for finds work (the pokes missed something, e.g. a sequencer that
+	// does not notify). So idle partitions cost almost nothing, and work
+	// that comes without a poke still waits at most IdleInterval once the
+	// worker has seen it happen.
+	idleWait time.Duration
+	// idleTimedOut: the last pause was an idle wait that ended by its
+	// timer, not by a poke.
+	idleTimedOut bool
 }
 
 // step makes one Execute call and works out the wait before the next one.
@@ -139,6 +162,13 @@ func (l *loop) step(ctx context.Context) (wait time.Duration, wakeOnPoke, ok boo
 		return wait, false, true
 	}
 	l.failures = 0
+	if l.idleTimedOut {
+		if dir.kind == kindIdle {
+			l.idleWait = min(2*l.idleWait, max(maxIdleStretch, l.cfg.Pacing.IdleInterval))
+		} else {
+			l.idleWait = l.cfg.Pacing.IdleInterval
+		}
+	}
 	switch dir.kind {
 	case kindProceed:
 		if l.streak < math.MaxInt {
@@ -150,10 +180,10 @@ func (l *loop) step(ctx context.Context) (wait time.Duration, wakeOnPoke, ok boo
 		return dir.delay, false, true
 	default:
 		l.streak = 0
-		if dir.delay > 0 && dir.delay < l.cfg.Pacing.IdleInterval {
+		if dir.delay > 0 && dir.delay < l.idleWait {
 			return dir.delay, true, true // IdleFor
 		}
-		return l.cfg.Pacing.IdleInterval, true, true
+		return l.idleWait, true, true
 	}
 }
 
@@ -175,11 +205,11 @@ func (l *loop) execute(ctx context.Context) (dir Directive, err error) {
 	return l.action.Execute(ctx)
 }
 
-// pause waits for d (or, if wakeOnPoke, until poked) and reports whether the
-// loop should go on, i.e. ctx is still live.
-func (l *loop) pause(ctx context.Context, d time.Duration, wakeOnPoke bool) bool {
+// pause waits for d (or, if wakeOnPoke, until poked) and reports whether it
+// was poked and whether the loop should go on, i.e. ctx is still live.
+func (l *loop) pause(ctx context.Context, d time.Duration, wakeOnPoke bool) (poked, ok bool) {
 	if d <= 0 {
-		return ctx.Err() == nil
+		return false, ctx.Err() == nil
 	}
 	var poke <-chan struct{}
 	if wakeOnPoke {
@@ -189,9 +219,10 @@ func (l *loop) pause(ctx context.Context, d time.Duration, wakeOnPoke bool) bool
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return false
+		return false, false
 	case <-timer.C:
 	case <-poke:
+		poked = true
 	}
-	return ctx.Err() == nil
+	return poked, ctx.Err() == nil
 }

@@ -516,3 +516,40 @@ func TestDirective(t *testing.T) {
 		}
 	}
 }
+
+// With a poke source, an idle worker's safety-net poll stretches (doubling
+// up to a second) while its polls find nothing, and comes back to
+// IdleInterval once a poll that no poke asked for finds work.
+func TestIdlePollStretchesWhilePokesExplainTheWork(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		h := newHarness(t)
+		i, p := worker.Idle(), worker.Proceed()
+		h.start(worker.Config{
+			Pacing: adaptive.Pacing{MinInterval: 5 * ms, ActiveInterval: 5 * ms, IdleInterval: 10 * ms},
+			Poker:  worker.NewPoker(),
+		}, scripted(h,
+			step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i},
+			step{dir: p}, // found work no poke announced: back to 10 ms
+			step{dir: i}, step{dir: i}, step{dir: i}))
+		time.Sleep(2310 * time.Millisecond)
+		requireStarts(t, h.stop(),
+			0, 10*ms, 30*ms, 70*ms, 150*ms, 310*ms, 630*ms, 1270*ms, // waits 10, 20, 40, ..., 640
+			2270*ms,                  // capped at 1 s
+			2275*ms, 2285*ms, 2305*ms) // active 5 ms, then 10, 20 again
+	})
+}
+
+// Without a poke source nothing would announce work: the idle poll keeps
+// its interval.
+func TestIdlePollKeepsItsIntervalWithoutAPokeSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		h := newHarness(t)
+		i := worker.Idle()
+		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: 10 * ms}},
+			scripted(h, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}))
+		time.Sleep(35 * ms)
+		requireStarts(t, h.stop(), 0, 10*ms, 20*ms, 30*ms)
+	})
+}
