@@ -213,12 +213,21 @@ func (s *Sequencer) Run(ctx context.Context) error {
 	minGap := max(s.cfg.MinPassInterval, 0)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	prompted := true // the first pass, and passes after a notification or a full pass
 	for {
 		started := time.Now()
-		n, more, err := s.Pass(ctx)
+		var (
+			n    int
+			more bool
+			err  error
+		)
+		if prompted || s.anyPending(ctx) {
+			n, more, err = s.Pass(ctx)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
+		prompted = false
 		if err == nil {
 			backoff = 0
 		}
@@ -229,6 +238,7 @@ func (s *Sequencer) Run(ctx context.Context) error {
 			wait, followUp = backoff, 0
 			s.logger.Error("Sequencing failed, retrying", err, watermill.LogFields{"backoff": backoff})
 		case more:
+			prompted = true
 			continue
 		case n > 0:
 			followUp = max(minGap, time.Millisecond)
@@ -240,6 +250,7 @@ func (s *Sequencer) Run(ctx context.Context) error {
 			wait = s.cfg.PollInterval
 		}
 		if wait <= 0 {
+			prompted = n > 0 // (a productive pass that took its whole gap)
 			continue
 		}
 		timer.Reset(wait)
@@ -248,6 +259,7 @@ func (s *Sequencer) Run(ctx context.Context) error {
 			return nil
 		case <-timer.C:
 		case <-s.poke:
+			prompted = true
 			if err == nil {
 				// Not before the debounce, nor closer than minGap to the
 				// start of the previous pass.
@@ -267,6 +279,18 @@ func (s *Sequencer) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// anyPending tells an unprompted pass (a follow-up or the safety-net
+// poll, which usually find nothing) whether a pass is worth its three
+// round trips: one statement, outside any transaction. On an error it says
+// yes, and the pass reports the error.
+func (s *Sequencer) anyPending(ctx context.Context) bool {
+	var any bool
+	if err := s.cfg.Pool.QueryRow(ctx, s.q.PendingAny).Scan(&any); err != nil {
+		return true
+	}
+	return any
 }
 
 func (s *Sequencer) wake() {

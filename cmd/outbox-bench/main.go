@@ -72,6 +72,7 @@
 //	-isolation-rate 5000             offered msg/s of the isolation phase
 //	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
 //	-out outbox-bench-results        output directory
+//	-cpuprofile FILE                 a CPU profile of the whole run (go tool pprof)
 //	-smoke                           tiny sizes, all phases well under 90 s; for CI
 //	-rewrite                         measure nothing; render -out's outputs again from its results.json
 //
@@ -100,6 +101,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -136,6 +138,7 @@ type config struct {
 	outboxNotify bool
 
 	isolationRate     int
+	cpuProfile        string
 	latencyLoads      []int
 	latencyDuration   time.Duration
 	latencyPublishers int
@@ -160,6 +163,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
 		os.Exit(2)
 	}
+	if cfg.cpuProfile != "" {
+		stop, perr := startCPUProfile(cfg.cpuProfile)
+		if perr != nil {
+			fmt.Fprintln(os.Stderr, "outbox-bench:", perr)
+			os.Exit(1)
+		}
+		defer stop()
+	}
 	if cfg.rewrite {
 		err = rewrite(cfg.out)
 	} else {
@@ -167,8 +178,21 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
-		os.Exit(1)
+		os.Exit(1) //nolint:gocritic // the profile of a failed run is not needed
 	}
+}
+
+// startCPUProfile profiles the process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // rewrite renders results.md, statements.md and the PNGs of dir again from
@@ -207,6 +231,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 20*time.Second, "latency: how long each load is offered")
 	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
 	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.BoolVar(&cfg.rewrite, "rewrite", false, "measure nothing: render results.md, statements.md and the PNGs of -out again from its results.json")
 	fs.IntVar(&cfg.publishRounds, "publish-rounds", 5, "compare: rounds of publish-only runs of (a) and (c), interleaved, reported as medians (0: none)")
 	fs.IntVar(&cfg.growthRate, "growth-rate", 20000, "growth: offered load (msg/s) of the second, paced history run, which shows latency as the history grows (0: no paced run)")

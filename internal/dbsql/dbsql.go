@@ -53,6 +53,7 @@ type Queries struct {
 	PendingInsertOneNotify string
 	PendingSequence        string
 	PendingMetrics         string
+	PendingAny             string
 
 	// log.sql
 	LogRead         string

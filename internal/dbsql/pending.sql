@@ -83,3 +83,9 @@ FROM advanced a GROUP BY a.topic;
 -- of the oldest of them.
 SELECT topic, count(*)::int8, extract(epoch FROM now() - min(created_at))::float8
 FROM {{schema}}.pending GROUP BY topic;
+
+-- name: PendingAny
+-- Whether any committed message waits for the sequencer: one round trip,
+-- instead of a pass's three, for the sequencer's unprompted passes (which
+-- usually find nothing).
+SELECT EXISTS (SELECT 1 FROM {{schema}}.pending);

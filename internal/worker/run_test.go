@@ -535,7 +535,7 @@ func TestIdlePollStretchesWhilePokesExplainTheWork(t *testing.T) {
 		time.Sleep(2310 * time.Millisecond)
 		requireStarts(t, h.stop(),
 			0, 10*ms, 30*ms, 70*ms, 150*ms, 310*ms, 630*ms, 1270*ms, // waits 10, 20, 40, ..., 640
-			2270*ms,                  // capped at 1 s
+			2270*ms,                   // capped at 1 s
 			2275*ms, 2285*ms, 2305*ms) // active 5 ms, then 10, 20 again
 	})
 }
