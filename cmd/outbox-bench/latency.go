@@ -72,10 +72,15 @@ func latencyTxs(msgPerSec int, d time.Duration) int {
 	return int(float64(msgPerSec) / float64(perTx) * d.Seconds())
 }
 
-// latencyPhase runs (b) and (c) at each offered load of -latency-loads.
+// latencyPhase runs (b), (d) when -systems names it, and (c) at each
+// offered load of -latency-loads.
 func (b *bench) latencyPhase(ctx context.Context, res *results) error {
+	systems := []string{sysPeer, sysOutbox}
+	if slices.Contains(b.cfg.systems, sysRiver) {
+		systems = []string{sysPeer, sysRiver, sysOutbox}
+	}
 	for _, load := range b.cfg.latencyLoads {
-		for _, name := range []string{sysPeer, sysOutbox} {
+		for _, name := range systems {
 			r, err := b.runLatency(ctx, name, load)
 			if err != nil {
 				return fmt.Errorf("%s at %d msg/s: %w", name, load, err)

@@ -56,6 +56,8 @@ func (b *bench) setup(ctx context.Context, name, schema, kafkaTopic string, brok
 	case sysOutboxALO:
 		opts.atLeastOnce = true
 		return b.setupOutbox(ctx, schema, kafkaTopic, brokers, opts)
+	case sysRiver:
+		return b.setupRiver(ctx, schema, kafkaTopic, brokers)
 	}
 	return nil, fmt.Errorf("unknown system %q", name)
 }
