@@ -76,8 +76,10 @@ func latencyTxs(msgPerSec int, d time.Duration) int {
 // offered load of -latency-loads.
 func (b *bench) latencyPhase(ctx context.Context, res *results) error {
 	systems := []string{sysPeer, sysOutbox}
-	if slices.Contains(b.cfg.systems, sysRiver) {
-		systems = []string{sysPeer, sysRiver, sysOutbox}
+	for _, peer := range []string{sysPeerTuned, sysRiver} {
+		if slices.Contains(b.cfg.systems, peer) {
+			systems = append([]string{systems[0], peer}, systems[1:]...)
+		}
 	}
 	for _, load := range b.cfg.latencyLoads {
 		for _, name := range systems {

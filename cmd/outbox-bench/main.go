@@ -8,6 +8,9 @@
 //	    components/forwarder, which relays to watermill-kafka's publisher;
 //	(c) this project: the transactional outbox.Publisher, the Sequencer and
 //	    forwarder.Forwarder with a KafkaTarget (exactly once, its default);
+//	(b') peer-tuned, not run unless named in -systems: (b) with
+//	    watermill-sql's queue schema adapter, DeleteOnAck, batches of
+//	    1,000 and a 10 ms poll;
 //	(d) river, not run unless named in -systems: River (riverqueue/river
 //	    with riverpgxv5) used as an outbox: InsertManyFastTx in the
 //	    transaction, 100 workers producing each job to Kafka with
@@ -57,7 +60,7 @@
 // Flags:
 //
 //	-phases compare,latency,growth   phases to run
-//	-systems ceiling,peer,outbox     systems of the compare phase (also: river, outbox-alo)
+//	-systems ceiling,peer,outbox     systems of the compare phase (also: peer-tuned, river, outbox-alo)
 //	-messages 200000                 messages per system and -per-tx value (compare)
 //	-per-tx 100,1                    messages per transaction (compare)
 //	-publishers 4                    publishers, one connection each (compare)
@@ -221,7 +224,7 @@ func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
 	fs.StringVar(&phases, "phases", "compare,latency,growth", "phases to run: compare, latency, growth, isolation (comma-separated)")
 	fs.IntVar(&cfg.isolationRate, "isolation-rate", 5000, "isolation: offered load in msg/s")
-	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, river, outbox, outbox-alo (comma-separated)")
+	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, peer-tuned, river, outbox, outbox-alo (comma-separated)")
 	fs.IntVar(&cfg.messages, "messages", 200000, "compare: messages per system and per -per-tx value")
 	fs.IntVar(&cfg.payload, "payload", 256, "payload bytes per message")
 	fs.IntVar(&cfg.keys, "keys", 1000, "distinct partition keys")
@@ -253,7 +256,7 @@ func parseFlags(args []string) (config, error) {
 	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation); err != nil {
 		return cfg, err
 	}
-	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysRiver, sysOutbox, sysOutboxALO); err != nil {
+	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysPeerTuned, sysRiver, sysOutbox, sysOutboxALO); err != nil {
 		return cfg, err
 	}
 	if cfg.perTx, err = parseInts("-per-tx", perTx, 1, 1<<20); err != nil {

@@ -28,6 +28,8 @@ var (
 	colOutboxALO    = color.RGBA{20, 140, 60, 255}
 	colOutboxALOPub = color.RGBA{140, 210, 160, 255}
 	colRiver        = color.RGBA{130, 60, 170, 255}
+	colPeerTuned    = color.RGBA{200, 120, 20, 255}
+	colPeerTunedPub = color.RGBA{240, 200, 140, 255}
 	colRiverPub     = color.RGBA{200, 160, 225, 255}
 	colTarget       = color.RGBA{0, 150, 60, 255}
 )
@@ -184,9 +186,9 @@ func throughputImage(runs []*runResult) (image.Image, error) {
 			perTxs = append(perTxs, r.PerTx)
 		}
 	}
-	name := map[string]string{sysPeer: "(b) peer", sysRiver: "(d) River", sysOutbox: "(c) outbox", sysOutboxALO: "(c') at least once"}
-	dark := map[string]color.RGBA{sysPeer: colPeer, sysRiver: colRiver, sysOutbox: colOutbox, sysOutboxALO: colOutboxALO}
-	light := map[string]color.RGBA{sysPeer: colPeerPub, sysRiver: colRiverPub, sysOutbox: colOutboxPub, sysOutboxALO: colOutboxALOPub}
+	name := map[string]string{sysPeer: "(b) peer", sysPeerTuned: "(b') tuned", sysRiver: "(d) River", sysOutbox: "(c) outbox", sysOutboxALO: "(c') at least once"}
+	dark := map[string]color.RGBA{sysPeer: colPeer, sysPeerTuned: colPeerTuned, sysRiver: colRiver, sysOutbox: colOutbox, sysOutboxALO: colOutboxALO}
+	light := map[string]color.RGBA{sysPeer: colPeerPub, sysPeerTuned: colPeerTunedPub, sysRiver: colRiverPub, sysOutbox: colOutboxPub, sysOutboxALO: colOutboxALOPub}
 	var charts []chart
 	for _, perTx := range perTxs {
 		for _, mode := range []string{modeSteady, modeBacklog} {

@@ -23,7 +23,9 @@ import (
 const (
 	sysCeiling = "ceiling"
 	sysPeer    = "peer"
-	sysOutbox  = "outbox"
+	// sysPeerTuned is (b) tuned as far as watermill-sql's options go.
+	sysPeerTuned = "peer-tuned"
+	sysOutbox    = "outbox"
 	// sysOutboxALO is (c) with exactly-once delivery into Kafka turned
 	// off (forwarder.KafkaConfig.AtLeastOnce): what the Kafka
 	// transactions cost.

@@ -50,7 +50,9 @@ func (b *bench) setup(ctx context.Context, name, schema, kafkaTopic string, brok
 	case sysCeiling:
 		return b.setupCeiling(ctx, schema)
 	case sysPeer:
-		return b.setupPeer(ctx, schema, kafkaTopic, brokers)
+		return b.setupPeer(ctx, schema, kafkaTopic, brokers, false)
+	case sysPeerTuned:
+		return b.setupPeer(ctx, schema, kafkaTopic, brokers, true)
 	case sysOutbox:
 		return b.setupOutbox(ctx, schema, kafkaTopic, brokers, opts)
 	case sysOutboxALO:
@@ -93,16 +95,30 @@ func (b *bench) setupCeiling(ctx context.Context, schema string) (*system, error
 // SyncProducer), keyed by the partition key. The forwarder unwraps the
 // envelope with the message's metadata, which watermill-kafka's marshaler
 // puts into record headers.
-func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string, brokers []string) (*system, error) {
-	schemaAdapter := wsql.DefaultPostgreSQLSchema{
-		GenerateMessagesTableName: func(topic string) string {
-			return pgx.Identifier{schema, "watermill_" + topic}.Sanitize()
-		},
-	}
-	offsetsAdapter := wsql.DefaultPostgreSQLOffsetsAdapter{
-		GenerateMessagesOffsetsTableName: func(topic string) string {
-			return pgx.Identifier{schema, "watermill_offsets_" + topic}.Sanitize()
-		},
+//
+// tuned, (b'), goes as far as watermill-sql's own options go for a single
+// relay: the queue schema adapter (PostgreSQLQueueSchema, no consumer
+// groups, which a forwarder table does not need) with DeleteOnAck, so that
+// the table stays small, batches of 1,000 (SubscribeBatchSize, default 100)
+// and a 10 ms PollInterval.
+func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string, brokers []string, tuned bool) (*system, error) {
+	table := func(topic string) string { return pgx.Identifier{schema, "watermill_" + topic}.Sanitize() }
+	var (
+		schemaAdapter  wsql.SchemaAdapter  = wsql.DefaultPostgreSQLSchema{GenerateMessagesTableName: table}
+		offsetsAdapter wsql.OffsetsAdapter = wsql.DefaultPostgreSQLOffsetsAdapter{
+			GenerateMessagesOffsetsTableName: func(topic string) string {
+				return pgx.Identifier{schema, "watermill_offsets_" + topic}.Sanitize()
+			},
+		}
+		group = "bench"
+		// The default is 1 s; 100 ms keeps the wait after an empty poll
+		// from dominating small runs.
+		poll = 100 * time.Millisecond
+	)
+	if tuned {
+		schemaAdapter = wsql.PostgreSQLQueueSchema{GenerateMessagesTableName: table, SubscribeBatchSize: 1000}
+		offsetsAdapter = wsql.PostgreSQLQueueOffsetsAdapter{GenerateMessagesTableName: table, DeleteOnAck: true}
+		group, poll = "", 10*time.Millisecond
 	}
 	fwdTopic := "forwarder_" + schema
 	relayPool, err := b.pool(ctx, 4)
@@ -111,13 +127,11 @@ func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string, broker
 	}
 	logger := watermill.NopLogger{}
 	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(relayPool), wsql.SubscriberConfig{
-		ConsumerGroup:    "bench",
+		ConsumerGroup:    group,
 		SchemaAdapter:    schemaAdapter,
 		OffsetsAdapter:   offsetsAdapter,
 		InitializeSchema: true,
-		// The default is 1 s; 100 ms keeps the wait after an empty poll
-		// from dominating small runs.
-		PollInterval: 100 * time.Millisecond,
+		PollInterval:     poll,
 	}, logger)
 	if err != nil {
 		relayPool.Close()
