@@ -368,11 +368,16 @@ func (w *Worker) serveHeld(ctx context.Context) (stop bool, err error) {
 	}
 	budget := w.mode.BatchSize()
 	for _, u := range append([]*heldUnit(nil), iso.units...) {
-		if u.requested == "dead_letter" {
+		if u.requested == "dead_letter" && w.s.RejectHandler != nil {
 			if err := w.deadLetterUnit(ctx, u); err != nil {
 				return true, err
 			}
 			continue
+		}
+		if u.requested == "dead_letter" && !w.iso.warnedNoReject {
+			w.iso.warnedNoReject = true
+			w.logger.Error("Cannot dead-letter a held key as requested: this Subscriber has no RejectHandler; it keeps retrying the key", nil, watermill.LogFields{
+				"key": u.key, "seq": u.seqs[0], "hint": "run a member with SubscriberConfig.RejectHandler (e.g. a deadletter.Store)"})
 		}
 		for budget > 0 && len(u.seqs) > 0 && !time.Now().Before(u.retryAt) {
 			progressed, err := w.retryHead(ctx, u, &budget)
@@ -690,16 +695,9 @@ func (w *Worker) rejectHeld(ctx context.Context, u *heldUnit, es []logEntry, rea
 var errDeadLetteredByOperator = errors.New("outbox: dead-lettered by an operator while held back with its key (admin.DeadLetterHeld)")
 
 // deadLetterUnit carries out an operator's request to dead-letter every
-// held message of u.
+// held message of u through the Subscriber's RejectHandler (which the
+// caller checked is set).
 func (w *Worker) deadLetterUnit(ctx context.Context, u *heldUnit) error {
-	if w.s.RejectHandler == nil {
-		if !w.iso.warnedNoReject {
-			w.iso.warnedNoReject = true
-			w.logger.Error("Cannot dead-letter a held key as requested: this Subscriber has no RejectHandler", nil, watermill.LogFields{
-				"key": u.key, "seq": u.seqs[0], "hint": "run a member with SubscriberConfig.RejectHandler (e.g. a deadletter.Store)"})
-		}
-		return nil
-	}
 	saved := w.saveHead()
 	defer w.restoreHead(saved)
 	w.headSeq, w.attempts, w.firstFailure, w.lastFailure, w.lastError = u.seqs[0], u.attempts, u.firstFailure, time.Now(), u.lastError
