@@ -568,3 +568,28 @@ func assertMetric(t *testing.T, e env, name string, want float64) {
 	}
 	t.Fatalf("no %s for group g, topic orders", name)
 }
+
+// A dead-letter request that the lease holder cannot carry out (it has no
+// RejectHandler) does not stop the key's retries.
+func TestDeadLetterRequestWithoutARejectHandlerKeepsRetrying(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	e.createEffects(t)
+	publishInterleaved(e, "orders", 2, "A", "B")
+	var fixed atomic.Bool
+	isoConsumer(t, e, isoWays[0], "g", "orders", func(key, _ string) bool { return key == "A" && !fixed.Load() }, nil)
+	outboxtest.WaitFor(t, "A held", 10*time.Second, func() bool { return e.Rows("held") == 2 })
+	a, err := admin.New(admin.Config{Schema: e.Schema, Pool: e.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.DeadLetterHeld(outboxtest.Ctx(t), admin.HeldRef{Group: "g", Topic: "orders", Key: "A"}); err != nil {
+		t.Fatal(err)
+	}
+	if k := heldStatus(t, e, "g", "orders").HeldKeys; len(k) != 1 || k[0].Requested != "dead_letter" {
+		t.Fatalf("held %+v: want the request shown", k)
+	}
+	fixed.Store(true)
+	outboxtest.WaitFor(t, "A delivered by its retries", 20*time.Second, func() bool { return len(e.effectsOf(t, "A")) == 2 })
+	inOrderOnce(t, "A", e.effectsOf(t, "A"), 2)
+}
