@@ -38,12 +38,22 @@ func latencyImage(runs []*latencyResult) (image.Image, error) {
 	var ss []series
 	for _, r := range runs {
 		cols := outboxCurveCols
-		label := "(c) outbox"
-		if r.System == sysPeer {
-			cols, label = peerCurveCols, "(b) peer"
+		label := map[string]string{sysPeer: "(b) peer", sysPeerTuned: "(b') tuned", sysRiver: "(d) River", sysOutboxALO: "(c') at least once"}[r.System]
+		if label == "" {
+			label = "(c) outbox"
 		}
-		i := loadIndex[r.System]
-		loadIndex[r.System]++
+		if r.System == sysPeer || r.System == sysPeerTuned || r.System == sysRiver {
+			cols = peerCurveCols
+		}
+		if r.Tuning == "adaptive.Default()" {
+			label += ", Default()"
+		}
+		family := r.System
+		if r.System != sysOutbox && r.System != sysOutboxALO {
+			family = "peers"
+		}
+		i := loadIndex[family]
+		loadIndex[family]++
 		s := series{
 			name: fmt.Sprintf("%s %d msg/s: p50 %s p99 %s ms", label, r.OfferedRate, fmtMs(r.Latency.P50Ms), fmtMs(r.Latency.P99Ms)),
 			col:  cols[i%len(cols)],

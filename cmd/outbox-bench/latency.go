@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -75,19 +76,31 @@ func latencyTxs(msgPerSec int, d time.Duration) int {
 // latencyPhase runs (b), (d) when -systems names it, and (c) at each
 // offered load of -latency-loads.
 func (b *bench) latencyPhase(ctx context.Context, res *results) error {
-	systems := []string{sysPeer, sysOutbox}
+	type run struct {
+		name          string
+		defaultTuning bool // (c) with adaptive.Default() instead of LowLatency()
+	}
+	runs := []run{{name: sysPeer}}
 	for _, peer := range []string{sysPeerTuned, sysRiver} {
 		if slices.Contains(b.cfg.systems, peer) {
-			systems = append([]string{systems[0], peer}, systems[1:]...)
+			runs = append(runs, run{name: peer})
 		}
 	}
+	runs = append(runs, run{name: sysOutbox}, run{name: sysOutbox, defaultTuning: true})
+	if slices.Contains(b.cfg.systems, sysOutboxALO) {
+		runs = append(runs, run{name: sysOutboxALO})
+	}
 	for _, load := range b.cfg.latencyLoads {
-		for _, name := range systems {
-			r, err := b.runLatency(ctx, name, load)
-			if err != nil {
-				return fmt.Errorf("%s at %d msg/s: %w", name, load, err)
+		for _, r := range runs {
+			tuning := adaptive.LowLatency()
+			if r.defaultTuning {
+				tuning = adaptive.Default()
 			}
-			res.Latency = append(res.Latency, r)
+			lr, err := b.runLatency(ctx, r.name, load, tuning, r.defaultTuning)
+			if err != nil {
+				return fmt.Errorf("%s at %d msg/s: %w", r.name, load, err)
+			}
+			res.Latency = append(res.Latency, lr)
 		}
 	}
 	return nil
@@ -97,11 +110,15 @@ func (b *bench) latencyPhase(ctx context.Context, res *results) error {
 // loop: transactions are due at fixed times and taken up by
 // -latency-publishers goroutines. It measures each message's latency from
 // COMMIT returning to its arrival at a consumer of the Kafka topic.
-func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int) (*latencyResult, error) {
+func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int, tuning adaptive.Tuning, defaultTuning bool) (*latencyResult, error) {
 	cfg := b.cfg
-	schema := fmt.Sprintf("lat_%s_%d", name, msgPerSec)
-	topic := fmt.Sprintf("lat-%s-%d", name, msgPerSec)
-	kb, sys, err := b.freshSystem(ctx, name, schema, topic, cfg.partitions, false, adaptive.LowLatency())
+	suffix := ""
+	if defaultTuning {
+		suffix = "_default"
+	}
+	schema := fmt.Sprintf("lat_%s_%d%s", strings.ReplaceAll(name, "-", "_"), msgPerSec, suffix)
+	topic := fmt.Sprintf("lat-%s-%d%s", name, msgPerSec, suffix)
+	kb, sys, err := b.freshSystem(ctx, name, schema, topic, cfg.partitions, false, tuning)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +139,10 @@ func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int) (*la
 		System: name, OfferedRate: msgPerSec, PerTx: perTx, TxPerSecond: float64(msgPerSec) / float64(perTx),
 		Seconds: cfg.latencyDuration.Seconds(), Publishers: cfg.latencyPublishers, Messages: txs * perTx,
 	}
-	if name == sysOutbox {
+	switch {
+	case defaultTuning:
+		r.Tuning = "adaptive.Default()"
+	case name == sysOutbox || name == sysOutboxALO:
 		r.Tuning = "adaptive.LowLatency()"
 	}
 	commits := make([]atomic.Int64, r.Messages)
