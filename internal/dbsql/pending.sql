@@ -87,5 +87,7 @@ FROM {{schema}}.pending GROUP BY topic;
 -- name: PendingAny
 -- Whether any committed message waits for the sequencer: one round trip,
 -- instead of a pass's three, for the sequencer's unprompted passes (which
--- usually find nothing).
-SELECT EXISTS (SELECT 1 FROM {{schema}}.pending);
+-- usually find nothing). Through the primary key, as the pass itself reads
+-- pending: a sequential scan would step over every dead row a busy table
+-- has not vacuumed yet (10 ms a call was measured).
+SELECT EXISTS (SELECT 1 FROM {{schema}}.pending ORDER BY id LIMIT 1);
