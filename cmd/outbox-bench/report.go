@@ -168,51 +168,31 @@ func ratios(runs []*runResult, perTxs []int) []ratio {
 			out = append(out, ratio{PerTx: n, Name: ratioCA, Basis: "relay running (steady run)",
 				Publish: div(cS.PublishRate, a.PublishRate), CPU: div(a.CPUMicrosPerMessage, cS.CPUMicrosPerMessage)})
 		}
-		if bS != nil && cS != nil {
-			out = append(out, ratio{PerTx: n, Name: ratioCB, Basis: "steady: end to end",
-				Publish: div(cS.PublishRate, bS.PublishRate), EndToEnd: div(cS.EndToEndRate, bS.EndToEndRate),
-				CPU: div(bS.CPUMicrosPerMessage, cS.CPUMicrosPerMessage)})
+		// versus appends (c) ÷ other in both modes: steady (end to end) and
+		// backlog (drain); basis is said after the mode.
+		versus := func(name string, steady, backlog *runResult, basis string) {
+			if steady != nil && cS != nil {
+				out = append(out, ratio{PerTx: n, Name: name, Basis: "steady: end to end" + basis,
+					Publish: div(cS.PublishRate, steady.PublishRate), EndToEnd: div(cS.EndToEndRate, steady.EndToEndRate),
+					CPU: div(steady.CPUMicrosPerMessage, cS.CPUMicrosPerMessage)})
+			}
+			if backlog != nil && cB != nil {
+				out = append(out, ratio{PerTx: n, Name: name, Basis: "backlog: drain" + basis,
+					Publish: div(cB.PublishRate, backlog.PublishRate), EndToEnd: div(cB.DrainRate, backlog.DrainRate),
+					CPU: div(backlog.CPUMicrosPerMessage, cB.CPUMicrosPerMessage)})
+			}
 		}
-		if bB != nil && cB != nil {
-			out = append(out, ratio{PerTx: n, Name: ratioCB, Basis: "backlog: drain",
-				Publish: div(cB.PublishRate, bB.PublishRate), EndToEnd: div(cB.DrainRate, bB.DrainRate),
-				CPU: div(bB.CPUMicrosPerMessage, cB.CPUMicrosPerMessage)})
-		}
+		versus(ratioCB, bS, bB, "")
 		dS, dB := find(runs, sysRiver, modeSteady, n), find(runs, sysRiver, modeBacklog, n)
-		if dS != nil && cS != nil {
-			out = append(out, ratio{PerTx: n, Name: ratioCD, Basis: "steady: end to end",
-				Publish: div(cS.PublishRate, dS.PublishRate), EndToEnd: div(cS.EndToEndRate, dS.EndToEndRate),
-				CPU: div(dS.CPUMicrosPerMessage, cS.CPUMicrosPerMessage)})
-		}
-		if dB != nil && cB != nil {
-			out = append(out, ratio{PerTx: n, Name: ratioCD, Basis: "backlog: drain",
-				Publish: div(cB.PublishRate, dB.PublishRate), EndToEnd: div(cB.DrainRate, dB.DrainRate),
-				CPU: div(dB.CPUMicrosPerMessage, cB.CPUMicrosPerMessage)})
-		}
+		versus(ratioCD, dS, dB, "")
 		tS, tB := find(runs, sysPeerTuned, modeSteady, n), find(runs, sysPeerTuned, modeBacklog, n)
-		bestS := faster(faster(bS, tS, endToEnd), dS, endToEnd)
-		bestB := faster(faster(bB, tB, drain), dB, drain)
-		if best := bestS; best != nil && cS != nil {
-			out = append(out, ratio{PerTx: n, Name: ratioCP, Basis: "steady: end to end, best peer " + best.System,
-				Publish: div(cS.PublishRate, best.PublishRate), EndToEnd: div(cS.EndToEndRate, best.EndToEndRate),
-				CPU: div(best.CPUMicrosPerMessage, cS.CPUMicrosPerMessage)})
+		if best := faster(faster(bS, tS, endToEnd), dS, endToEnd); best != nil {
+			versus(ratioCP, best, nil, ", best peer "+best.System)
 		}
-		if best := bestB; best != nil && cB != nil {
-			out = append(out, ratio{PerTx: n, Name: ratioCP, Basis: "backlog: drain, best peer " + best.System,
-				Publish: div(cB.PublishRate, best.PublishRate), EndToEnd: div(cB.DrainRate, best.DrainRate),
-				CPU: div(best.CPUMicrosPerMessage, cB.CPUMicrosPerMessage)})
+		if best := faster(faster(bB, tB, drain), dB, drain); best != nil {
+			versus(ratioCP, nil, best, ", best peer "+best.System)
 		}
-		aloS, aloB := find(runs, sysOutboxALO, modeSteady, n), find(runs, sysOutboxALO, modeBacklog, n)
-		if aloS != nil && cS != nil {
-			out = append(out, ratio{PerTx: n, Name: ratioEO, Basis: "steady: end to end",
-				Publish: div(cS.PublishRate, aloS.PublishRate), EndToEnd: div(cS.EndToEndRate, aloS.EndToEndRate),
-				CPU: div(aloS.CPUMicrosPerMessage, cS.CPUMicrosPerMessage)})
-		}
-		if aloB != nil && cB != nil {
-			out = append(out, ratio{PerTx: n, Name: ratioEO, Basis: "backlog: drain",
-				Publish: div(cB.PublishRate, aloB.PublishRate), EndToEnd: div(cB.DrainRate, aloB.DrainRate),
-				CPU: div(aloB.CPUMicrosPerMessage, cB.CPUMicrosPerMessage)})
-		}
+		versus(ratioEO, find(runs, sysOutboxALO, modeSteady, n), find(runs, sysOutboxALO, modeBacklog, n), "")
 	}
 	return out
 }

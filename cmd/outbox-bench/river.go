@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -78,13 +76,7 @@ func (b *bench) setupRiver(ctx context.Context, schema, kafkaTopic string, broke
 		pool.Close()
 		return nil, fmt.Errorf("river migrate: %w", err)
 	}
-	logger := watermill.NopLogger{}
-	kp, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: brokers,
-		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-			return msg.Metadata.Get(outbox.PartitionKeyMetadata), nil
-		}),
-	}, logger)
+	kp, err := newKafkaPublisher(brokers)
 	if err != nil {
 		pool.Close()
 		return nil, err

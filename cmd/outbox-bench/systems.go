@@ -151,12 +151,7 @@ func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string, broker
 	)
 	sys := &system{kafkaTopic: kafkaTopic}
 	sys.start = func(context.Context) error {
-		kp, err := kafka.NewPublisher(kafka.PublisherConfig{
-			Brokers: brokers,
-			Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-				return msg.Metadata.Get(outbox.PartitionKeyMetadata), nil
-			}),
-		}, logger)
+		kp, err := newKafkaPublisher(brokers)
 		if err != nil {
 			return err
 		}
@@ -202,6 +197,17 @@ func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string, broker
 		return wforwarder.NewPublisher(pub, fcfg).Publish(kafkaTopic, msgs...)
 	}
 	return sys, nil
+}
+
+// newKafkaPublisher is the Kafka producer of the peers: watermill-kafka's
+// publisher (a sarama SyncProducer), keyed by the partition key.
+func newKafkaPublisher(brokers []string) (message.Publisher, error) {
+	return kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: brokers,
+		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+			return msg.Metadata.Get(outbox.PartitionKeyMetadata), nil
+		}),
+	}, watermill.NopLogger{})
 }
 
 // setupOutbox creates (c): Migrate into the schema, register the topic
