@@ -221,14 +221,17 @@ type run struct {
 
 	pgRestarts atomic.Int32
 	outages    atomic.Int32
-	kills      atomic.Int32
-	pauses     atomic.Int32
-	groupKills atomic.Int32
-	injected   map[Kind]string // selftest: the key of each injected fault
-	started    time.Time
-	chaosEnded time.Time
-	drainedAt  time.Time
-	stopErrors []string
+	// inboxRestarts counts the restarts of stalled inbox consumers in the
+	// drain (see drain).
+	inboxRestarts int
+	kills         atomic.Int32
+	pauses        atomic.Int32
+	groupKills    atomic.Int32
+	injected      map[Kind]string // selftest: the key of each injected fault
+	started       time.Time
+	chaosEnded    time.Time
+	drainedAt     time.Time
+	stopErrors    []string
 }
 
 func newRun(t *testing.T, seed uint64, dur time.Duration, selftest bool, sc scenario) *run {
@@ -592,10 +595,16 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // lag returns how many (group, partition) cursors are behind the log,
 // plus the pending messages, and a description of the laggards.
-func (r *run) lag(ctx context.Context) (int, string, error) {
+func (r *run) lag(ctx context.Context) (n, inboxMissing int, desc string, err error) {
+	n, inboxMissing, desc, err = r.lagOf(ctx)
+	return
+}
+
+func (r *run) lagOf(ctx context.Context) (int, int, string, error) {
+	inboxMissing := 0
 	var pending int
 	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.pending`).Scan(&pending); err != nil {
-		return 0, "", err
+		return 0, 0, "", err
 	}
 	rows, err := r.pool.Query(ctx, `
 		SELECT g.name, p.partition, p.last_seq, coalesce(c.seq, 0), coalesce(c.last_error, ''), coalesce(c.lease_owner, ''), c.lease_expires_at > now()
@@ -605,7 +614,7 @@ func (r *run) lag(ctx context.Context) (int, string, error) {
 		WHERE p.topic = $1 AND coalesce(c.seq, 0) < p.last_seq
 		ORDER BY 1, 2`, topic, r.outboxGroups())
 	if err != nil {
-		return 0, "", err
+		return 0, 0, "", err
 	}
 	defer rows.Close()
 	var b strings.Builder
@@ -622,10 +631,11 @@ func (r *run) lag(ctx context.Context) (int, string, error) {
 		if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.log l WHERE l.topic = $1 AND NOT EXISTS (
 			SELECT FROM `+schema+`.`+ResultsTable+` r WHERE r.grp = $2 AND r.outbox_id = l.topic || '/' || l.partition || '/' || l.seq)`,
 			topic, c.group).Scan(&missing); err != nil {
-			return 0, "", err
+			return 0, 0, "", err
 		}
 		if missing > 0 {
 			n += missing
+			inboxMissing += missing
 			fmt.Fprintf(&b, "\n    inbox consumer %s: %d messages not handled", c.group, missing)
 		}
 	}
@@ -635,12 +645,12 @@ func (r *run) lag(ctx context.Context) (int, string, error) {
 		var head, cursor int64
 		var leased *bool
 		if err := rows.Scan(&group, &partition, &head, &cursor, &lastErr, &owner, &leased); err != nil {
-			return 0, "", err
+			return 0, 0, "", err
 		}
 		n++
 		fmt.Fprintf(&b, "\n    %s partition %d: cursor %d of %d, lease %q (live %v), last error %q", group, partition, cursor, head, owner, leased != nil && *leased, lastErr)
 	}
-	return n, b.String(), rows.Err()
+	return n, inboxMissing, b.String(), rows.Err()
 }
 
 // outboxGroups are the consumer groups of the outbox in the scenario.
@@ -654,6 +664,10 @@ func (r *run) outboxGroups() []string {
 	return groups
 }
 
+// inboxStall is how long the drain lets the inbox consumers (a Kafka
+// consumer group) make no progress before it restarts them.
+const inboxStall = 20 * time.Second
+
 // drain waits until everything committed was sequenced and every group's
 // cursors reached the log's heads; it reports whether that happened in
 // time.
@@ -663,8 +677,30 @@ func (r *run) drain(timeout time.Duration) bool {
 	defer cancel()
 	r.rec.resolve(ctx, t, r.pool)
 	lastLog := time.Now()
+	least, progressAt := -1, time.Now()
 	for {
-		n, desc, err := r.lag(ctx)
+		n, inboxMissing, desc, err := r.lag(ctx)
+		if err == nil && (least < 0 || n < least) {
+			least, progressAt = n, time.Now()
+		}
+		if err == nil && n > 0 && n == inboxMissing && time.Since(progressAt) > inboxStall {
+			// Only the inbox consumers lag, and have not moved for a while:
+			// the Kafka consumer group (sarama on kfake) has stalled, which
+			// is not what this test is about. Restart them, as a
+			// supervisor's liveness probe would, and say so.
+			t.Logf("%6.1fs: the inbox consumers made no progress for %v with %d messages to go: restarting them (a stalled Kafka consumer group)",
+				time.Since(r.started).Seconds(), inboxStall, n)
+			for _, p := range r.procs {
+				if p.Role == RoleInbox {
+					p.Kill()
+					if err := p.Start(); err != nil {
+						t.Errorf("restart %s: %v", p.Name, err)
+					}
+				}
+			}
+			r.inboxRestarts++
+			progressAt = time.Now()
+		}
 		if err == nil && n == 0 {
 			r.drainedAt = time.Now()
 			t.Logf("%6.1fs: drained in %v", time.Since(r.started).Seconds(), time.Since(r.chaosEnded).Round(100*time.Millisecond))
@@ -676,7 +712,7 @@ func (r *run) drain(timeout time.Duration) bool {
 		}
 		if !sleep(ctx, 250*time.Millisecond) {
 			qctx, qcancel := context.WithTimeout(r.ctx, 10*time.Second)
-			_, desc, err := r.lag(qctx)
+			_, _, desc, err := r.lag(qctx)
 			qcancel()
 			t.Errorf("stall: not drained %v after the chaos ended (seed %d); behind: %s (err %v)", timeout, r.seed, desc, err)
 			for _, p := range r.procs {
@@ -840,6 +876,10 @@ func (r *run) summarize(report Report, drained bool) {
 		report.Committed, report.Poison, report.RolledBack, report.InDoubt)
 	fmt.Fprintf(&b, "  faults injected: %d SIGKILLs (%d of every process of a role at once), %d freezes past the lease (SIGSTOP, SIGCONT), %d PostgreSQL immediate restarts, %d Kafka broker outages\n",
 		r.kills.Load(), r.groupKills.Load(), r.pauses.Load(), r.pgRestarts.Load(), r.outages.Load())
+	if r.inboxRestarts > 0 {
+		fmt.Fprintf(&b, "  after the chaos, the inbox consumers' Kafka consumer group stalled %d time(s) for %v: their processes were restarted\n",
+			r.inboxRestarts, inboxStall)
+	}
 	byRole := map[string][4]int{}
 	var selfExits []string
 	for _, p := range r.procs {
