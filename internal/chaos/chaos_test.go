@@ -688,8 +688,12 @@ func (r *run) drain(timeout time.Duration) bool {
 			// the Kafka consumer group (sarama on kfake) has stalled, which
 			// is not what this test is about. Restart them, as a
 			// supervisor's liveness probe would, and say so.
-			t.Logf("%6.1fs: the inbox consumers made no progress for %v with %d messages to go: restarting them (a stalled Kafka consumer group)",
-				time.Since(r.started).Seconds(), inboxStall, n)
+			var waiting, inTx int
+			_ = r.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*) FILTER (WHERE state LIKE 'idle in transaction%')
+				FROM pg_stat_activity WHERE backend_type = 'client backend'`).Scan(&waiting, &inTx)
+			t.Logf("%6.1fs: the inbox consumers made no progress for %v with %d messages to go: restarting them (a stalled Kafka consumer group; "+
+				"meanwhile %d sessions wait for a lock and %d are idle in a transaction)",
+				time.Since(r.started).Seconds(), inboxStall, n, waiting, inTx)
 			for _, p := range r.procs {
 				if p.Role == RoleInbox {
 					p.Kill()
