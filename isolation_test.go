@@ -415,6 +415,7 @@ func TestIsolationBoundsFallBackToBlockingAndSaySo(t *testing.T) {
 	}
 	assertMetric(t, e, "outbox_partitions_isolation_full", 1)
 	assertMetric(t, e, "outbox_held_keys", 1)
+	assertMetric(t, e, "outbox_held_messages", 1) // A1 (A2 comes after the blocking D1)
 	fixed.Store(true)
 	outboxtest.WaitFor(t, "everything done", 20*time.Second, func() bool { return e.Rows("effects") == 6 })
 	inOrderOnce(t, "A", e.effectsOf(t, "A"), 2)
@@ -422,6 +423,27 @@ func TestIsolationBoundsFallBackToBlockingAndSaySo(t *testing.T) {
 	outboxtest.WaitFor(t, "the fallback cleared", 10*time.Second, func() bool {
 		return heldStatus(t, e, "g", "orders").IsolationFullSince == nil
 	})
+	for _, m := range []string{"outbox_partitions_isolation_full", "outbox_held_keys", "outbox_held_messages"} {
+		assertMetric(t, e, m, 0)
+	}
+}
+
+// Impossible bounds are a typed error naming the field, before anything
+// runs.
+func TestKeyIsolationBoundsAreValidated(t *testing.T) {
+	for name, k := range map[string]outbox.KeyIsolation{
+		"KeyIsolation.MaxHeldKeys":     {Enabled: true, MaxHeldKeys: -1},
+		"KeyIsolation.MaxHeldMessages": {Enabled: true, MaxHeldKeys: 10, MaxHeldMessages: 5},
+	} {
+		err := outbox.SubscriberConfig{Pool: &pgxpool.Pool{}, ConsumerGroup: "g", KeyIsolation: k}.Validate()
+		var ce *outbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != name || !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("%+v: %v, want a ConfigError on %s", k, err, name)
+		}
+	}
+	if err := (outbox.KeyIsolation{Enabled: true}).Validate(); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
 }
 
 // Keyless messages carry no order: a failing one is held alone, and the

@@ -174,6 +174,9 @@ func (w *Worker) loadHeld(ctx context.Context) error {
 // message it can neither deliver nor park because the bounds are reached.
 func (iso *isolation) split(entries []logEntry) (deliver []logEntry, scanEnd int64, cut bool) {
 	iso.parking = iso.parking[:0]
+	if len(iso.byKey) == 0 {
+		return entries, entries[len(entries)-1].seq, false // nothing to park behind
+	}
 	deliver = entries[:0:0]
 	for _, e := range entries {
 		if e.key != "" && iso.byKey[e.key] != nil {
@@ -487,10 +490,10 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 	var deliveries int32
 	err = pgexec.QueryRow(ctx, w.s.Store.db, w.s.Store.q.HeldCount, w.fenceArgs(e.seq), &deliveries)
 	if errors.Is(err, pgx.ErrNoRows) {
-		w.iso.loaded = false // re-read: the lease or the row is gone
-		if err := w.lease.Verify(ctx, "count a held retry", -1); leaseEnded(err) {
-			return false, nil
-		}
+		// The lease or the row is gone: Verify ends the lease's context if
+		// it is the lease; otherwise the next turn reads the rows again.
+		w.iso.loaded = false
+		_ = w.lease.Verify(ctx, "count a held retry", -1)
 		return false, nil
 	}
 	if err != nil {
@@ -502,10 +505,10 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 	if w.firstFailure.IsZero() {
 		w.firstFailure = time.Now()
 	}
-	if max := w.s.MaxAttempts; max > 0 && w.s.RejectHandler != nil && w.attempts > max {
+	if maxAttempts := w.s.MaxAttempts; maxAttempts > 0 && w.s.RejectHandler != nil && w.attempts > maxAttempts {
 		w.attempts-- // this delivery does not happen
 		reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), deliveries that ended without an outcome included; last error: %s",
-			errs.ErrPoison, w.attempts, max, u.lastError)
+			errs.ErrPoison, w.attempts, maxAttempts, u.lastError)
 		w.rejectVia = w.s.RejectHandler
 		return w.rejectHeld(ctx, u, es[:1], reason)
 	}
