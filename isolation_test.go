@@ -664,3 +664,25 @@ func TestHeldKeySurvivesAPostgreSQLRestart(t *testing.T) {
 	inOrderOnce(t, "A", e.effectsOf(t, "A"), 6)
 	inOrderOnce(t, "B", e.effectsOf(t, "B"), 6)
 }
+
+// The Transactional strategy holds its bulkhead slot for the whole turn:
+// parking a batch must not ask for a second one (with a bulkhead of one
+// slot, that waited for ever).
+func TestTransactionalParkingNeedsNoSecondBulkheadSlot(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	e.createEffects(t)
+	var fixed atomic.Bool
+	isoConsumer(t, e, isoWays[1], "g", "orders", func(key, _ string) bool { return key == "A" && !fixed.Load() },
+		func(c *outbox.SubscriberConfig) { c.Tuning.MaxConcurrentPartitions = 1 })
+	e.Publish("orders", outboxtest.Keyed("A1", "A", 1, "A"))
+	outboxtest.WaitFor(t, "A held", 10*time.Second, func() bool { return e.Rows("held") == 1 })
+	// A batch of A's messages only: all parked, no handler runs.
+	e.Publish("orders", outboxtest.Keyed("A2", "A", 2, "A"), outboxtest.Keyed("A3", "A", 3, "A"))
+	outboxtest.WaitFor(t, "A2 and A3 parked", 10*time.Second, func() bool { return e.Rows("held") == 3 })
+	e.Publish("orders", outboxtest.Keyed("B1", "B", 1, "B"))
+	outboxtest.WaitFor(t, "B1 delivered", 10*time.Second, func() bool { return len(e.effectsOf(t, "B")) == 1 })
+	fixed.Store(true)
+	outboxtest.WaitFor(t, "A done", 20*time.Second, func() bool { return len(e.effectsOf(t, "A")) == 3 })
+	inOrderOnce(t, "A", e.effectsOf(t, "A"), 3)
+}

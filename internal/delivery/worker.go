@@ -867,7 +867,14 @@ func (w *Worker) failure(reason error) error {
 	return err
 }
 
+// withBulkhead runs fn in a slot of the bulkhead that bounds the
+// partitions querying at once. The Transactional strategy holds one for its
+// whole turn (worker.Config.Bulkhead), so fn runs in that one: a second
+// would wait for ever once every slot is held by a turn asking for one.
 func (w *Worker) withBulkhead(ctx context.Context, fn func() ([]logEntry, error)) ([]logEntry, error) {
+	if w.s.Transactional {
+		return fn()
+	}
 	release, err := w.s.Bulkhead.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -1287,26 +1294,21 @@ func (w *Worker) rejectedMessage(e logEntry, reason error) RejectedMessage {
 func (w *Worker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) error {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	if !w.s.Transactional { // (Transactional holds a slot for the whole batch)
-		release, err := w.s.Bulkhead.Acquire(dctx)
-		if err != nil {
-			return err
-		}
-		defer release()
-	}
 	counted := false
-	err := w.s.Store.InTx(dctx, func(tx pgx.Tx) error {
-		via := w.rejectVia
-		if via == nil {
-			via = w.s.RejectHandler
-		}
-		if err := via.HandleReject(dctx, tx, w.rejectedMessage(e, reason)); err != nil {
-			return fmt.Errorf("outbox: reject handler: %w", err)
-		}
-		q, _ := pgexec.FromTx(tx)
-		var err error
-		counted, err = w.moveScan(dctx, q, e.seq)
-		return err
+	_, err := w.withBulkhead(dctx, func() ([]logEntry, error) {
+		return nil, w.s.Store.InTx(dctx, func(tx pgx.Tx) error {
+			via := w.rejectVia
+			if via == nil {
+				via = w.s.RejectHandler
+			}
+			if err := via.HandleReject(dctx, tx, w.rejectedMessage(e, reason)); err != nil {
+				return fmt.Errorf("outbox: reject handler: %w", err)
+			}
+			q, _ := pgexec.FromTx(tx)
+			var err error
+			counted, err = w.moveScan(dctx, q, e.seq)
+			return err
+		})
 	})
 	if err != nil {
 		w.iso.abandoned()
