@@ -686,3 +686,25 @@ func TestTransactionalParkingNeedsNoSecondBulkheadSlot(t *testing.T) {
 	outboxtest.WaitFor(t, "A done", 20*time.Second, func() bool { return len(e.effectsOf(t, "A")) == 3 })
 	inOrderOnce(t, "A", e.effectsOf(t, "A"), 3)
 }
+
+// A held key that cannot be served (here its head's log row was deleted
+// by hand) waits and is logged; it does not stop the rest of its partition.
+func TestABrokenHeldKeyDoesNotStopItsPartition(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	e.createEffects(t)
+	publishInterleaved(e, "orders", 1, "A", "B")
+	isoConsumer(t, e, isoWays[0], "g", "orders", func(key, _ string) bool { return key == "A" }, func(c *outbox.SubscriberConfig) {
+		c.Tuning.BackoffBase, c.Tuning.BackoffMax = 10*time.Millisecond, 10*time.Millisecond
+	})
+	outboxtest.WaitFor(t, "A held", 10*time.Second, func() bool { return e.Rows("held") == 1 })
+	e.Exec("DELETE FROM " + e.Schema + ".log WHERE partition_key = 'A'")
+	time.Sleep(100 * time.Millisecond) // a few retries of A, each failing to read it
+	e.Publish("orders", outboxtest.Keyed("B2", "B", 2, "B"), outboxtest.Keyed("C1", "C", 1, "C"))
+	outboxtest.WaitFor(t, "B2 and C1 delivered past the broken key", 10*time.Second, func() bool {
+		return len(e.effectsOf(t, "B")) == 2 && len(e.effectsOf(t, "C")) == 1
+	})
+	if st := heldStatus(t, e, "g", "orders"); len(st.HeldKeys) != 1 || st.HeldKeys[0].Key != "A" {
+		t.Fatalf("held %+v: want A still shown", st.HeldKeys)
+	}
+}

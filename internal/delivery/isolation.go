@@ -373,7 +373,9 @@ func (w *Worker) serveHeld(ctx context.Context) (stop bool, err error) {
 	for _, u := range append([]*heldUnit(nil), iso.units...) {
 		if u.requested == "dead_letter" && w.s.RejectHandler != nil {
 			if err := w.deadLetterUnit(ctx, u); err != nil {
-				return true, err
+				if w.heldFailed(ctx, u, err) {
+					return true, err
+				}
 			}
 			continue
 		}
@@ -384,8 +386,14 @@ func (w *Worker) serveHeld(ctx context.Context) (stop bool, err error) {
 		}
 		for budget > 0 && len(u.seqs) > 0 && !time.Now().Before(u.retryAt) {
 			progressed, err := w.retryHead(ctx, u, &budget)
-			if err != nil || ctx.Err() != nil {
-				return true, err
+			if ctx.Err() != nil {
+				return true, nil
+			}
+			if err != nil {
+				if w.heldFailed(ctx, u, err) {
+					return true, err
+				}
+				break
 			}
 			if !progressed {
 				break
@@ -396,6 +404,22 @@ func (w *Worker) serveHeld(ctx context.Context) (stop bool, err error) {
 		w.setFull(ctx, false)
 	}
 	return false, nil
+}
+
+// heldFailed handles an error met while serving held key u that is not the
+// message's (a database error, a held message missing from the log): the
+// key waits out a backoff, visible in the status as it is, and the error is
+// logged; the rest of the partition goes on. stop reports an error that
+// ends the turn: the lease is gone.
+func (w *Worker) heldFailed(ctx context.Context, u *heldUnit, err error) (stop bool) {
+	if leaseEnded(err) || ctx.Err() != nil {
+		return true
+	}
+	delay := w.heldBackoff(u.attempts + 1)
+	u.retryAt = time.Now().Add(delay)
+	w.logger.Error("Cannot serve a held key, retrying it later; the partition goes on", err, watermill.LogFields{
+		"key": u.key, "seq": u.seqs[0], "retry_in": delay})
+	return false
 }
 
 // forget removes the first n held seqs of u (released: acked or dead
