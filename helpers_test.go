@@ -30,7 +30,7 @@ type logRow struct {
 func (e env) readLog(t testing.TB, topic string) []logRow {
 	t.Helper()
 	rows, err := e.Pool.Query(context.Background(),
-		"SELECT topic, partition, seq, partition_key, uuid, metadata, payload FROM "+e.Schema+".log WHERE topic = $1 ORDER BY partition, seq", topic)
+		"SELECT l.topic, l.partition, l.seq, l.partition_key, l.uuid, l.metadata, coalesce(l.payload, b.payload) FROM "+e.Schema+".log l LEFT JOIN "+e.Schema+".bodies b ON b.id = l.body_id WHERE l.topic = $1 ORDER BY l.partition, l.seq", topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -330,5 +332,87 @@ func TestCustomPartitionKeyFunc(t *testing.T) {
 	rows := e.readLog(t, "custom")
 	if len(rows) != 1 || rows[0].Key == nil || *rows[0].Key != "acme" {
 		t.Fatalf("rows = %+v", rows)
+	}
+}
+
+// Payloads of 1 KiB or more are written once, into bodies, by every publish
+// statement (one message or many, with or without NOTIFY); the sequencer
+// moves only their id, and every reader gets the bytes back exactly.
+func TestLargePayloadsAreWrittenOnceAndReadBackExactly(t *testing.T) {
+	e := newEnv(t)
+	e.Register("big", 2)
+	sizes := []int{0, 1, 1023, 1024, 1025, 4096, 70000}
+	payload := func(size, salt int) []byte {
+		b := make([]byte, size)
+		for i := range b {
+			b[i] = byte(i*7 + salt)
+		}
+		return b
+	}
+	want := map[string][]byte{}
+	for _, notify := range []bool{true, false} {
+		pub := e.Publisher(func(c *outbox.PublisherConfig) { c.DisableNotify = !notify })
+		for salt, size := range sizes {
+			// One message per call (PendingInsertOne…) and all sizes in one
+			// call (PendingInsert…).
+			one := message.NewMessage(fmt.Sprintf("one-%v-%d", notify, size), payload(size, salt))
+			if err := pub.Publish("big", one); err != nil {
+				t.Fatal(err)
+			}
+			want[one.UUID] = one.Payload
+		}
+		var many []*message.Message
+		for salt, size := range sizes {
+			m := message.NewMessage(fmt.Sprintf("many-%v-%d", notify, size), payload(size, salt+100))
+			m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+			many = append(many, m)
+			want[m.UUID] = m.Payload
+		}
+		if err := pub.Publish("big", many...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	large := 0
+	for _, p := range want {
+		if len(p) >= 1024 {
+			large++
+		}
+	}
+	if n := e.Int("SELECT count(*) FROM " + e.Schema + ".pending WHERE body_id IS NOT NULL AND payload IS NULL"); n != int64(large) {
+		t.Fatalf("%d pending rows point to a body, want %d", n, large)
+	}
+	if n := e.Int("SELECT count(*) FROM " + e.Schema + ".pending WHERE octet_length(payload) >= 1024"); n != 0 {
+		t.Fatalf("%d pending rows carry a payload of 1 KiB or more inline", n)
+	}
+	e.SequenceAll()
+	if n := e.Rows("bodies"); n != large {
+		t.Fatalf("%d bodies, want %d", n, large)
+	}
+	if n := e.Int("SELECT count(*) FROM " + e.Schema + ".log WHERE body_id IS NOT NULL AND payload IS NULL"); n != int64(large) {
+		t.Fatalf("%d log rows point to a body, want %d", n, large)
+	}
+	for _, r := range e.readLog(t, "big") {
+		if !bytes.Equal(r.Payload, want[r.UUID]) {
+			t.Fatalf("log: payload of %s: %d bytes, differs from the %d published", r.UUID, len(r.Payload), len(want[r.UUID]))
+		}
+	}
+
+	// Through a Subscriber (log.sql's reads).
+	sub := e.Subscriber("readers", nil)
+	ch, err := sub.Subscribe(outboxtest.Ctx(t), "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range len(want) {
+		select {
+		case m := <-ch:
+			if !bytes.Equal(m.Payload, want[m.UUID]) {
+				t.Fatalf("subscriber: payload of %s: %d bytes, differs from the %d published", m.UUID, len(m.Payload), len(want[m.UUID]))
+			}
+			delete(want, m.UUID)
+			m.Ack()
+		case <-time.After(30 * time.Second):
+			t.Fatalf("subscriber: %d messages not delivered", len(want))
+		}
 	}
 }

@@ -378,3 +378,43 @@ func TestRunAlongsideALiveSubscriber(t *testing.T) {
 		t.Fatalf("stats %+v, want %d deleted", s, total)
 	}
 }
+
+// A large payload lives in bodies (0007_bodies.sql); retention deletes it
+// with its log row, and only then: a body whose message is still kept
+// stays.
+func TestLargePayloadsAreDeletedWithTheirMessages(t *testing.T) {
+	e := newEnv(t)
+	e.Register("big", 1)
+	var msgs []*message.Message
+	for i, size := range []int{10, 1024, 5000, 20, 70000, 1024} {
+		msgs = append(msgs, message.NewMessage(strconv.Itoa(i), make([]byte, size)))
+	}
+	if err := e.pub.Publish("big", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.seq.SequenceAll(outboxtest.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.Rows("bodies"); n != 4 {
+		t.Fatalf("%d bodies after publishing 4 payloads of 1 KiB or more, want 4", n)
+	}
+	e.createCursors(t, "g", "big")
+	e.advance(t, "g", "big", 3) // seq 1..3 consumed: the bodies of 2 and 3 may go
+	v := e.vacuum(t, retention.Config{})
+	if got := vacuumAll(t, v); got != 3 {
+		t.Fatalf("deleted %d messages, want 3", got)
+	}
+	if n := e.Int("SELECT count(*) FROM " + e.Schema + ".log l JOIN " + e.Schema + ".bodies b ON b.id = l.body_id"); n != 2 {
+		t.Fatalf("%d kept messages find their body, want 2 (seq 5 and 6)", n)
+	}
+	if n := e.Rows("bodies"); n != 2 {
+		t.Fatalf("%d bodies kept, want 2", n)
+	}
+	e.advance(t, "g", "big", 0)
+	if got := vacuumAll(t, v); got != 3 {
+		t.Fatalf("deleted %d messages, want 3", got)
+	}
+	if n := e.Rows("bodies"); n != 0 {
+		t.Fatalf("%d bodies left after every message was deleted, want 0", n)
+	}
+}

@@ -1,12 +1,14 @@
 -- log: the sequenced messages, numbered gap-free per (topic, partition) by
 -- the sequencer (PendingSequence in pending.sql writes it). Subscribers read
--- it after their cursor; retention trims it below the lowest cursor.
+-- it after their cursor; retention trims it below the lowest cursor. A
+-- payload of 1 KiB or more is in bodies (body_id), the others inline.
 
 -- name: LogRead
 -- The batch after the cursor: $1 topic, $2 partition, $3 cursor, $4 limit.
 -- Used after a cursor move that already counted the head's delivery
 -- (CursorsAdvance). The last column is the delivery count, NULL: not counted.
-SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, NULL::int4
+SELECT seq, uuid, coalesce(partition_key, ''), metadata,
+	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)), NULL::int4
 FROM {{schema}}.log
 WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4;
 
@@ -25,13 +27,15 @@ WITH counted AS (
 		AND EXISTS (SELECT 1 FROM {{schema}}.log WHERE topic = $2 AND partition = $3 AND seq = $4 + 1)
 	RETURNING c.deliveries
 )
-SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, (SELECT deliveries FROM counted)
+SELECT seq, uuid, coalesce(partition_key, ''), metadata,
+	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)), (SELECT deliveries FROM counted)
 FROM {{schema}}.log
 WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7;
 
 -- name: LogReadSeqs
 -- The held messages to retry (held.sql): $1 topic, $2 partition, $3 seqs.
-SELECT seq, uuid, coalesce(partition_key, ''), metadata, payload, NULL::int4
+SELECT seq, uuid, coalesce(partition_key, ''), metadata,
+	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)), NULL::int4
 FROM {{schema}}.log
 WHERE topic = $1 AND partition = $2 AND seq = ANY($3::int8[]) ORDER BY seq;
 
@@ -40,7 +44,9 @@ WHERE topic = $1 AND partition = $2 AND seq = ANY($3::int8[]) ORDER BY seq;
 -- at or below the horizon $3 and sequenced before the cutoff $5 (NULL: no
 -- KeepFor). The horizon is checked again against the cursors as of this
 -- statement, so a group reset or created since the horizon was read is
--- respected, and so are messages held since (held.sql). Returns how many and the highest seq deleted.
+-- respected, and so are messages held since (held.sql). The bodies of the
+-- deleted messages go with them. Returns how many and the highest seq
+-- deleted.
 WITH d AS (
 	DELETE FROM {{schema}}.log WHERE ctid = ANY(ARRAY(
 		SELECT ctid FROM {{schema}}.log
@@ -50,7 +56,9 @@ WITH d AS (
 			AND ($5::timestamptz IS NULL OR sequenced_at < $5)
 		ORDER BY seq
 		LIMIT $4))
-	RETURNING seq
+	RETURNING seq, body_id
+), bodies AS (
+	DELETE FROM {{schema}}.bodies WHERE id = ANY(ARRAY(SELECT body_id FROM d WHERE body_id IS NOT NULL))
 )
 SELECT count(*), coalesce(max(seq), 0) FROM d;
 

@@ -4,33 +4,54 @@
 -- name: PendingInsert
 -- Many messages of one topic: $1 topic, then arrays of $2 partitions,
 -- $3 partition keys ('' for none), $4 uuids, $5 metadata (JSON), $6 payloads.
--- Rows keep the order given.
-INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload)
-SELECT $1, x.p, NULLIF(x.k, ''), x.u, x.m::jsonb, x.b
-FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
-ORDER BY x.ord;
+-- Rows keep the order given. A payload of 1 KiB or more goes into bodies
+-- and the row carries its id (0007_bodies.sql says why); the threshold is
+-- the same in every publish statement here.
+WITH src AS MATERIALIZED (
+	SELECT x.*, CASE WHEN octet_length(x.b) >= 1024 THEN nextval('{{schema}}.bodies_id_seq') END AS body_id
+	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
+), bodies AS (
+	INSERT INTO {{schema}}.bodies (id, payload) SELECT body_id, b FROM src WHERE body_id IS NOT NULL
+)
+INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
+SELECT $1, p, NULLIF(k, ''), u, m::jsonb, CASE WHEN body_id IS NULL THEN b END, body_id
+FROM src ORDER BY ord;
 
 -- name: PendingInsertNotify
 -- PendingInsert, and a notification on channel $7 that wakes the sequencer
 -- when the transaction commits.
-WITH ins AS (
-	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload)
-	SELECT $1, x.p, NULLIF(x.k, ''), x.u, x.m::jsonb, x.b
+WITH src AS MATERIALIZED (
+	SELECT x.*, CASE WHEN octet_length(x.b) >= 1024 THEN nextval('{{schema}}.bodies_id_seq') END AS body_id
 	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
-	ORDER BY x.ord
+), bodies AS (
+	INSERT INTO {{schema}}.bodies (id, payload) SELECT body_id, b FROM src WHERE body_id IS NOT NULL
+), ins AS (
+	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
+	SELECT $1, p, NULLIF(k, ''), u, m::jsonb, CASE WHEN body_id IS NULL THEN b END, body_id
+	FROM src ORDER BY ord
 ) SELECT pg_notify($7, '');
 
 -- name: PendingInsertOne
 -- One message: $1 topic, $2 partition, $3 partition key ('' for none),
--- $4 uuid, $5 metadata (JSON), $6 payload.
-INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload)
-VALUES ($1, $2, NULLIF($3, ''), $4, $5::jsonb, $6);
+-- $4 uuid, $5 metadata (JSON), $6 payload (into bodies from 1 KiB on, as in
+-- PendingInsert).
+WITH body AS (
+	INSERT INTO {{schema}}.bodies (id, payload)
+	SELECT nextval('{{schema}}.bodies_id_seq'), $6::bytea WHERE octet_length($6::bytea) >= 1024
+	RETURNING id
+)
+INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
+SELECT $1, $2, NULLIF($3, ''), $4, $5::jsonb, CASE WHEN octet_length($6::bytea) < 1024 THEN $6::bytea END, (SELECT id FROM body);
 
 -- name: PendingInsertOneNotify
 -- PendingInsertOne, and a notification on channel $7.
-WITH ins AS (
-	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload)
-	VALUES ($1, $2, NULLIF($3, ''), $4, $5::jsonb, $6)
+WITH body AS (
+	INSERT INTO {{schema}}.bodies (id, payload)
+	SELECT nextval('{{schema}}.bodies_id_seq'), $6::bytea WHERE octet_length($6::bytea) >= 1024
+	RETURNING id
+), ins AS (
+	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
+	SELECT $1, $2, NULLIF($3, ''), $4, $5::jsonb, CASE WHEN octet_length($6::bytea) < 1024 THEN $6::bytea END, (SELECT id FROM body)
 ) SELECT pg_notify($7, '');
 
 -- name: PendingSequence
@@ -63,8 +84,8 @@ WITH locked AS (
 	SELECT mv.*, p.last_seq + row_number() OVER (PARTITION BY mv.topic, mv.partition ORDER BY mv.id) AS seq
 	FROM moved mv JOIN {{schema}}.partitions p ON p.topic = mv.topic AND p.partition = mv.partition
 ), inserted AS (
-	INSERT INTO {{schema}}.log (topic, partition, seq, partition_key, uuid, metadata, payload, created_at)
-	SELECT topic, partition, seq, partition_key, uuid, metadata, payload, created_at
+	INSERT INTO {{schema}}.log (topic, partition, seq, partition_key, uuid, metadata, payload, body_id, created_at)
+	SELECT topic, partition, seq, partition_key, uuid, metadata, payload, body_id, created_at
 	FROM numbered ORDER BY topic, partition, seq
 	RETURNING topic, partition, seq
 ), advanced AS (
