@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -84,10 +85,7 @@ func run(ctx context.Context, cfg config) error {
 	for i := range cfg.keys {
 		b.keys = append(b.keys, fmt.Sprintf("key-%05d", i))
 	}
-	b.payload = make([]byte, cfg.payload)
-	for i := range b.payload {
-		b.payload[i] = byte('a' + i%26)
-	}
+	b.payload = benchPayload(cfg.payload)
 
 	res := &results{Machine: machine, Config: jsonConfig(cfg), Started: start.UTC().Format(time.RFC3339), PGStatStatements: b.pgss}
 	phaseErr := b.runPhases(ctx, res)
@@ -281,4 +279,20 @@ func (b *bench) beforeRun(ctx context.Context) error {
 
 func sqlFor(schema, stmt string) string {
 	return strings.ReplaceAll(stmt, "{{s}}", pgx.Identifier{schema}.Sanitize())
+}
+
+// benchPayload returns size bytes of pseudo-random hex text (fixed seed).
+// PostgreSQL's pglz finds nothing to compress in it, so a large payload
+// costs its full size in every table and in the WAL, as an encrypted or
+// already-compressed payload does. (A repeating alphabet, used before,
+// compressed 64 KiB to a few hundred bytes and hid the cost of copying
+// large payloads.)
+func benchPayload(size int) []byte {
+	const hex = "0123456789abcdef"
+	rng := rand.New(rand.NewPCG(1, 2))
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = hex[rng.IntN(len(hex))]
+	}
+	return b
 }
