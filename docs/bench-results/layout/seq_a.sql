@@ -1,0 +1,8 @@
+BEGIN;
+SELECT 1 FROM a.partitions WHERE topic='t' FOR UPDATE;
+WITH picked AS (SELECT m.ctid AS tid FROM a.pending m ORDER BY m.id LIMIT 1000),
+moved AS (DELETE FROM a.pending d WHERE d.ctid = ANY (ARRAY(SELECT tid FROM picked)) RETURNING d.*),
+numbered AS (SELECT mv.*, p.last_seq + row_number() OVER (PARTITION BY mv.topic, mv.partition ORDER BY mv.id) AS seq FROM moved mv JOIN a.partitions p ON p.topic = mv.topic AND p.partition = mv.partition),
+inserted AS (INSERT INTO a.log (topic, partition, seq, partition_key, uuid, metadata, payload, created_at) SELECT topic, partition, seq, partition_key, uuid, metadata, payload, created_at FROM numbered ORDER BY topic, partition, seq RETURNING topic, partition, seq)
+UPDATE a.partitions p SET last_seq = x.max_seq FROM (SELECT topic, partition, max(seq) AS max_seq FROM inserted GROUP BY 1,2) x WHERE p.topic = x.topic AND p.partition = x.partition;
+COMMIT;
