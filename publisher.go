@@ -19,6 +19,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/walrecord"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -127,7 +128,30 @@ type PublisherConfig struct {
 	// docs/operations.md for the one case where such a message waits up to
 	// the sequencer's PollInterval.
 	NotifyInterval time.Duration
+
+	// Mode is where messages are written: ModeTable (the default) or
+	// ModeWAL. See PublishMode.
+	Mode PublishMode
 }
+
+// PublishMode says where a Publisher writes messages. Both modes keep the
+// Publisher's contract (a message is stored if and only if the caller's
+// transaction commits) and end in the same log, read by the same
+// Subscribers; docs/architecture.md compares them.
+type PublishMode int
+
+const (
+	// ModeTable writes each message into the pending table, where the
+	// Sequencer gives it its seq. Works on any PostgreSQL.
+	ModeTable PublishMode = iota
+	// ModeWAL writes each message only into the WAL, with
+	// pg_logical_emit_message; the relay package reads it from a logical
+	// replication slot, gives it its seq and appends it to the log. It
+	// needs wal_level = logical, a slot (relay.CreateSlot) and a running
+	// relay.Relay: until one runs, messages wait in the WAL, which the
+	// server keeps.
+	ModeWAL
+)
 
 // DefaultNotifyInterval is the default PublisherConfig.NotifyInterval.
 const DefaultNotifyInterval = 10 * time.Millisecond
@@ -178,6 +202,9 @@ func (c PublisherConfig) Validate() error {
 	if err := partitioning.ValidatePartitions(c.DefaultPartitions); err != nil {
 		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
 	}
+	if c.Mode != ModeTable && c.Mode != ModeWAL {
+		return &errs.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%d is neither ModeTable nor ModeWAL", c.Mode)}
+	}
 	for topic, n := range c.Topics {
 		if err := names.Topic(topic); err != nil {
 			return err
@@ -221,6 +248,8 @@ type Publisher struct {
 	insertOneSQL, insertOneNotifySQL string
 	channel                          string
 	notifyGate                       *notifyGate
+	// ModeWAL: the statements and the records' prefix.
+	emitSQL, emitOneSQL, walPrefix string
 
 	mu     sync.Mutex
 	topics map[string]*topicState
@@ -280,7 +309,9 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 	}
 	q := dbsql.For(cfg.Schema)
 	p.insertSQL, p.insertOneSQL = q.PendingInsert, q.PendingInsertOne
-	if !cfg.DisableNotify {
+	if cfg.Mode == ModeWAL {
+		p.emitSQL, p.emitOneSQL, p.walPrefix = q.WALEmit, q.WALEmitOne, names.WALPrefix(cfg.Schema)
+	} else if !cfg.DisableNotify {
 		p.insertNotifySQL, p.insertOneNotifySQL = q.PendingInsertNotify, q.PendingInsertOneNotify
 		p.notifyGate = notifyGateFor(p.channel)
 	}
@@ -320,15 +351,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		span.End(err)
 		return err
 	}
-	sql, notifySQL := p.insertSQL, p.insertNotifySQL
-	args := []any{topic, batch.partitions, batch.keys, batch.uuids, batch.metadata, batch.payloads}
-	if len(msgs) == 1 {
-		sql, notifySQL = p.insertOneSQL, p.insertOneNotifySQL
-		args = []any{topic, batch.partitions[0], batch.keys[0], batch.uuids[0], batch.metadata[0], batch.payloads[0]}
-	}
-	if p.notifyGate != nil && p.notifyGate.pass(time.Now(), p.cfg.NotifyInterval) {
-		sql, args = notifySQL, append(args, p.channel)
-	}
+	sql, args := p.statement(topic, batch)
 	if _, err := q.Exec(ctx, sql, args...); err != nil {
 		err = schemacheck.Wrap(fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err), p.cfg.Schema)
 		span.End(err)
@@ -337,6 +360,32 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	span.End(nil)
 	observe.Current().Published(topic, len(msgs), batch.bytes)
 	return nil
+}
+
+// statement returns the statement that writes batch and its arguments.
+func (p *Publisher) statement(topic string, batch encodedBatch) (string, []any) {
+	n := len(batch.uuids)
+	if p.cfg.Mode == ModeWAL {
+		records := make([][]byte, n)
+		for i := range records {
+			records[i] = walrecord.Append(make([]byte, 0, walrecord.Size(topic, batch.keys[i], batch.uuids[i], batch.metadata[i], batch.payloads[i])),
+				batch.partitions[i], topic, batch.keys[i], batch.uuids[i], batch.metadata[i], batch.payloads[i])
+		}
+		if n == 1 {
+			return p.emitOneSQL, []any{p.walPrefix, records[0]}
+		}
+		return p.emitSQL, []any{p.walPrefix, records}
+	}
+	sql, notifySQL := p.insertSQL, p.insertNotifySQL
+	args := []any{topic, batch.partitions, batch.keys, batch.uuids, batch.metadata, batch.payloads}
+	if n == 1 {
+		sql, notifySQL = p.insertOneSQL, p.insertOneNotifySQL
+		args = []any{topic, batch.partitions[0], batch.keys[0], batch.uuids[0], batch.metadata[0], batch.payloads[0]}
+	}
+	if p.notifyGate != nil && p.notifyGate.pass(time.Now(), p.cfg.NotifyInterval) {
+		sql, args = notifySQL, append(args, p.channel)
+	}
+	return sql, args
 }
 
 // checkSchema refuses a schema that was never migrated (ErrNotMigrated) or

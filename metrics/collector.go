@@ -44,6 +44,7 @@ type Collector struct {
 	pending, pendingAge, lag, lagSeconds, degraded, backingOff, paused, leases, members *prometheus.Desc
 	isolationFull, heldMessages, heldKeys                                               *prometheus.Desc
 	deadLetters, retentionHeld, up, collectSeconds, errorsTotal                         *prometheus.Desc
+	slotRetained, slotActive                                                            *prometheus.Desc
 
 	mu      sync.Mutex
 	last    time.Time
@@ -102,6 +103,8 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 		heldKeys:       desc("held_keys", "Keys held back because their first message fails (key isolation; a keyless message held counts as one).", gt...),
 		deadLetters:    desc("dead_letters", "Dead letters by status: pending, replayed, discarded.", "group", "topic", "status"),
 		retentionHeld:  desc("retention_held_messages", "Messages the retention vacuum keeps because of this group, the slowest on these partitions.", "topic", "group"),
+		slotRetained:   desc("wal_slot_retained_bytes", "WAL PostgreSQL keeps for the log-based mode's replication slot (grows while no relay streams it); absent without a slot.", "slot"),
+		slotActive:     desc("wal_slot_active", "1 while a relay streams the log-based mode's replication slot; absent without a slot.", "slot"),
 		up:             desc("collector_up", "1 when the last collection succeeded."),
 		collectSeconds: desc("collector_duration_seconds", "Duration of the last collection."),
 		errorsTotal:    desc("collector_errors_total", "Failed collections."),
@@ -111,7 +114,7 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.pending, c.pendingAge, c.lag, c.lagSeconds, c.degraded, c.backingOff, c.paused,
-		c.leases, c.members, c.isolationFull, c.heldMessages, c.heldKeys, c.deadLetters, c.retentionHeld, c.up, c.collectSeconds, c.errorsTotal} {
+		c.leases, c.members, c.isolationFull, c.heldMessages, c.heldKeys, c.deadLetters, c.retentionHeld, c.slotRetained, c.slotActive, c.up, c.collectSeconds, c.errorsTotal} {
 		ch <- d
 	}
 }
@@ -201,8 +204,26 @@ func (c *Collector) refresh() {
 			parts            []int32
 			oldest, activity time.Time
 		)
-		_, err = pgx.ForEachRow(rows, []any{&topic, &group, &parts, &n, &oldest, &activity, &members}, func() error {
+		if _, err = pgx.ForEachRow(rows, []any{&topic, &group, &parts, &n, &oldest, &activity, &members}, func() error {
 			gauge(c.retentionHeld, float64(n), topic, group)
+			return nil
+		}); err != nil {
+			return err
+		}
+		slot := dbsql.WALName(c.cfg.Schema)
+		var (
+			active            bool
+			retained, ignored int64
+			walStatus         string
+			appended          int64
+		)
+		rows, err = tx.Query(ctx, c.q.WALSlotStatus, slot)
+		if err != nil {
+			return err
+		}
+		_, err = pgx.ForEachRow(rows, []any{&active, &retained, &ignored, &walStatus, &appended}, func() error {
+			gauge(c.slotRetained, float64(retained), slot)
+			gauge(c.slotActive, map[bool]float64{true: 1}[active], slot)
 			return nil
 		})
 		return err

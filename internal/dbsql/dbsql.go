@@ -137,6 +137,22 @@ type Queries struct {
 	InboxLock        string
 	InboxAdvance     string
 
+	// wal.sql
+	WALEmit              string
+	WALEmitOne           string
+	WALPrerequisites     string
+	WALPublicationExists string
+	WALPublicationCreate string
+	WALPublicationDrop   string
+	WALSlotExists        string
+	WALSlotCreate        string
+	WALSlotDrop          string
+	WALRelayInit         string
+	WALRelayDelete       string
+	WALRelayPosition     string
+	WALSlotStatus        string
+	WALAppend            string
+
 	// catalog.sql
 	CatalogLock          string
 	CatalogCreateSchema  string
@@ -168,11 +184,18 @@ func For(schema string) *Queries {
 	return actual.(*Queries)
 }
 
-// Render fills the template variable {{schema}} of text with schema, quoted
-// as an identifier. It is the only way a name gets into the outbox's SQL.
+// Render fills the template variables of text, quoted as identifiers:
+// {{schema}} with schema and {{wal}} with WALName(schema). It is the only
+// way a name gets into the outbox's SQL.
 func Render(text, schema string) string {
+	text = strings.ReplaceAll(text, "{{wal}}", pgx.Identifier{WALName(schema)}.Sanitize())
 	return strings.ReplaceAll(text, "{{schema}}", pgx.Identifier{schema}.Sanitize())
 }
+
+// WALName is the name of the replication slot and of the publication of
+// schema's log-based mode (wal.sql): the schema name followed by "_wal",
+// within PostgreSQL's 63 bytes for the longest valid schema name.
+func WALName(schema string) string { return schema + "_wal" }
 
 // mustParse reads the .sql files into name -> statement and checks that the
 // names and the fields of Queries match one to one. The files are part of

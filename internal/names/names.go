@@ -72,6 +72,10 @@ func Topic(name string) error {
 // Quote returns the schema name quoted as an SQL identifier.
 func Quote(schema string) string { return pgx.Identifier{schema}.Sanitize() }
 
+// WALPrefix is the prefix of the log-based mode's records
+// (pg_logical_emit_message) for schema: a relay takes only its schema's.
+func WALPrefix(schema string) string { return "watermill-outbox:" + schema }
+
 // PendingChannel is the notification channel publishers use to wake the
 // sequencer of schema.
 func PendingChannel(schema string) string { return schema + "_pending" }

@@ -41,17 +41,24 @@ var (
 // Main starts the server, runs the tests and stops the server, also when the
 // tests fail or panic. It does not return.
 func Main(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(run(m, pgcluster.Options{}))
 }
 
-func run(m *testing.M) int {
+// MainWith is Main with a throwaway cluster started with opts (e.g.
+// wal_level = logical for the log-based mode's tests). With
+// OUTBOX_TEST_DATABASE_URL set, that server must be configured so.
+func MainWith(m *testing.M, opts pgcluster.Options) {
+	os.Exit(run(m, opts))
+}
+
+func run(m *testing.M, opts pgcluster.Options) int {
 	if url := os.Getenv(EnvDatabaseURL); url != "" {
 		databaseURL, external = url, true
 		os.Setenv(EnvExampleURL, url)
 		return m.Run()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+	cluster, err := pgcluster.Start(ctx, opts)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest:", err)

@@ -1,0 +1,564 @@
+// Package relay runs the log-based mode's relay: it reads the messages that
+// Publishers in outbox.ModeWAL wrote into the WAL (pg_logical_emit_message)
+// from the schema's logical replication slot, gives each its gap-free seq
+// per partition in commit order and appends it to the log, where
+// Subscribers, the Forwarder, dead letters, retention, admin and the
+// console find it as they find the Sequencer's messages.
+//
+// One relay streams a slot at a time (PostgreSQL makes the slot exclusive);
+// any others wait as standbys and take over when it stops. The position of
+// the last transaction appended is written with its messages (table
+// relays), so after a crash at any point the next relay numbers every
+// message exactly as before, and a relay that finds the position moved
+// under it stops instead of appending twice.
+//
+// A stopped relay makes PostgreSQL keep the WAL from the slot's position
+// on: watch Status (RetainedWALBytes), the metric
+// outbox_wal_slot_retained_bytes, and set max_slot_wal_keep_size
+// (docs/operations.md).
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/pgrepl"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/walrecord"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxBatch        = 10000
+	DefaultStandbyRetry    = time.Second
+	DefaultWarnRetainedWAL = 1 << 30 // 1 GiB
+	DefaultStatusInterval  = 10 * time.Second
+	DefaultMaxErrorBackoff = 5 * time.Second
+)
+
+// Config configures a Relay.
+type Config struct {
+	// Schema is the outbox schema (outbox.DefaultSchema when empty). Its
+	// slot and publication are named after it (Slot).
+	Schema string
+	// Pool is the database: the relay appends through it, and opens its
+	// replication connection with the pool's connection settings.
+	// Required.
+	Pool *pgxpool.Pool
+	// MaxBatch bounds the messages appended in one transaction (default
+	// DefaultMaxBatch). Whole source transactions are appended, so one
+	// larger than MaxBatch is appended alone.
+	MaxBatch int
+	// StandbyRetry is how often a standby tries to take the slot (default
+	// DefaultStandbyRetry).
+	StandbyRetry time.Duration
+	// WarnRetainedWAL: the relay (active or standby) logs an error when the
+	// slot keeps more WAL than this many bytes (default
+	// DefaultWarnRetainedWAL; negative: never).
+	WarnRetainedWAL int64
+	// StatusInterval is how often the relay checks the slot's retained WAL
+	// (default DefaultStatusInterval).
+	StatusInterval time.Duration
+	// MaxErrorBackoff caps the wait before retrying after a database error
+	// (default DefaultMaxErrorBackoff).
+	MaxErrorBackoff time.Duration
+	// DisableNotify turns off the notification that wakes Subscribers after
+	// each append (they then find messages by polling).
+	DisableNotify bool
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = names.DefaultSchema
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.StandbyRetry == 0 {
+		c.StandbyRetry = DefaultStandbyRetry
+	}
+	if c.WarnRetainedWAL == 0 {
+		c.WarnRetainedWAL = DefaultWarnRetainedWAL
+	}
+	if c.StatusInterval == 0 {
+		c.StatusInterval = DefaultStatusInterval
+	}
+	if c.MaxErrorBackoff == 0 {
+		c.MaxErrorBackoff = DefaultMaxErrorBackoff
+	}
+}
+
+// Validate reports the first impossible setting as a *outbox.ConfigError
+// (or a *outbox.NameError for a bad schema name).
+func (c Config) Validate() error {
+	c.setDefaults()
+	if err := names.Schema(c.Schema); err != nil {
+		return err
+	}
+	switch {
+	case c.Pool == nil:
+		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+	case c.MaxBatch < 1:
+		return &errs.ConfigError{Field: "MaxBatch", Reason: "must be at least 1"}
+	case c.StandbyRetry < 0 || c.StatusInterval < 0 || c.MaxErrorBackoff < 0:
+		return &errs.ConfigError{Field: "StandbyRetry, StatusInterval, MaxErrorBackoff", Reason: "must not be negative"}
+	}
+	return nil
+}
+
+// Slot is the name of schema's replication slot (and publication).
+func Slot(schema string) string { return dbsql.WALName(schema) }
+
+// Stats are running totals of a Relay.
+type Stats struct {
+	Appended     int64 // messages appended to the log
+	Transactions int64 // source transactions appended
+	Skipped      int64 // records that could not be decoded, logged and skipped
+	Active       bool  // this relay streams the slot now (false: standby or stopped)
+}
+
+// Relay streams a schema's slot into its log. Create it with New, start it
+// with Run, stop it with Close.
+type Relay struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	q      *dbsql.Queries
+	slot   string
+	prefix string
+
+	appended, transactions, skipped atomic.Int64
+	active                          atomic.Bool
+
+	running   atomic.Bool
+	ctx       context.Context
+	cancel    context.CancelFunc
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+// New creates a Relay. It does not connect until Run.
+func New(cfg Config, logger watermill.LoggerAdapter) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	r := &Relay{
+		cfg:    cfg,
+		q:      dbsql.For(cfg.Schema),
+		slot:   Slot(cfg.Schema),
+		prefix: names.WALPrefix(cfg.Schema),
+	}
+	r.logger = logger.With(watermill.LogFields{"slot": r.slot})
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	return r, nil
+}
+
+// Stats returns the running totals.
+func (r *Relay) Stats() Stats {
+	return Stats{Appended: r.appended.Load(), Transactions: r.transactions.Load(), Skipped: r.skipped.Load(), Active: r.active.Load()}
+}
+
+// Run relays until ctx is cancelled or Close is called, and returns nil
+// then. While another relay streams the slot it waits as a standby.
+// Database and connection errors are logged and retried with backoff. It
+// returns at once the errors retrying cannot mend: a schema never migrated
+// or migrated by a newer release, a server or role that cannot stream
+// (ErrWALLevel, ErrReplicationPrivilege), a missing slot (ErrNoSlot), and
+// a record written by a newer release (ErrRecordVersion). Run may be
+// called once.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: Relay.Run called twice", errs.ErrAlreadyRunning)
+	}
+	r.wg.Add(1)
+	defer r.wg.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(r.ctx, cancel)
+	defer stop()
+
+	db, _ := pgexec.FromDB(r.cfg.Pool)
+	if err := schemacheck.Check(ctx, r.cfg.Pool, db, r.cfg.Schema); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
+		return err
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.watchRetained(ctx)
+	}()
+	backoff := time.Duration(0)
+	standby := false
+	for {
+		err := r.stream(ctx)
+		r.active.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var wait time.Duration
+		switch {
+		case isSlotBusy(err):
+			if !standby {
+				r.logger.Info("Another relay streams the slot; waiting as a standby", nil)
+			}
+			standby, backoff, wait = true, 0, r.cfg.StandbyRetry
+		case errors.Is(err, ErrWALLevel), errors.Is(err, ErrReplicationPrivilege), errors.Is(err, ErrNoSlot), errors.Is(err, ErrRecordVersion):
+			r.logger.Error("Relay stopped", err, nil)
+			return err
+		default:
+			standby = false
+			backoff = min(max(2*backoff, 50*time.Millisecond), r.cfg.MaxErrorBackoff)
+			wait = backoff
+			r.logger.Error("Relay failed, retrying", err, watermill.LogFields{"backoff": backoff})
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Close stops Run and waits for it to return.
+func (r *Relay) Close() error {
+	r.closeOnce.Do(r.cancel)
+	r.wg.Wait()
+	return nil
+}
+
+// txn is one source transaction's messages.
+type txn struct {
+	commitLSN, endLSN pgrepl.LSN
+	commitTime        time.Time
+	msgs              []walrecord.Message
+}
+
+// stream streams the slot until an error or ctx ends.
+func (r *Relay) stream(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pos, err := r.position(ctx)
+	if err != nil {
+		return err
+	}
+	conn, err := pgrepl.Connect(ctx, &r.cfg.Pool.Config().ConnConfig.Config)
+	if err != nil {
+		return classify(err)
+	}
+	defer func() {
+		closeCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		_ = conn.Close(closeCtx)
+	}()
+	if err := conn.StartLogical(ctx, r.slot, r.slot, 0); err != nil {
+		return classify(err)
+	}
+	r.active.Store(true)
+	r.logger.Info("Streaming the slot", watermill.LogFields{"position": pgrepl.LSN(pos).String()})
+
+	s := &session{r: r, conn: conn, startPos: pgrepl.LSN(pos), pos: pgrepl.LSN(pos), txns: make(chan txn, 256)}
+	readErr := make(chan error, 1)
+	go func() {
+		readErr <- s.read(ctx)
+		close(s.txns)
+	}()
+	appendErr := s.appendLoop(ctx)
+	cancel()
+	rerr := <-readErr
+	for range s.txns { // (closed by the reader)
+	}
+	if appendErr != nil {
+		return appendErr
+	}
+	return rerr
+}
+
+// session is one stream of the slot: a reader goroutine decodes whole
+// transactions, the appender appends them in batches.
+type session struct {
+	r    *Relay
+	conn *pgrepl.Conn
+	// startPos is the commit LSN of the last transaction in the log when
+	// the session started (the reader skips transactions at or below it);
+	// pos the same as the appender moves it.
+	startPos, pos pgrepl.LSN
+	txns          chan txn
+
+	// inflight counts transactions read and not yet appended; the reader
+	// confirms the server's position past idle stretches only when it is 0.
+	inflight atomic.Int64
+	// confirmed is the highest position that may be confirmed to the server.
+	confirmed atomic.Uint64
+}
+
+// statusEvery bounds the time between standby status updates while
+// messages flow (the server's wal_sender_timeout is 60 s by default).
+const statusEvery = 5 * time.Second
+
+func (s *session) read(ctx context.Context) error {
+	var cur *txn
+	lastStatus := time.Now()
+	sent := pgrepl.LSN(0)
+	for {
+		ev, err := s.conn.Receive(ctx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case ev.Begin != nil:
+			cur = &txn{commitLSN: ev.Begin.FinalLSN, commitTime: ev.Begin.CommitTime}
+		case ev.Message != nil:
+			m := ev.Message
+			if m.Prefix != s.r.prefix {
+				continue
+			}
+			if !m.Transactional || cur == nil {
+				s.r.skipped.Add(1)
+				s.r.logger.Error("Skipped a non-transactional record with the outbox's prefix (not written by a Publisher)", nil, watermill.LogFields{"lsn": m.LSN.String()})
+				continue
+			}
+			rec, err := walrecord.Decode(m.Content)
+			if errors.Is(err, walrecord.ErrVersion) {
+				return fmt.Errorf("%w: at %s: %v", ErrRecordVersion, m.LSN, err)
+			}
+			if err != nil {
+				s.r.skipped.Add(1)
+				s.r.logger.Error("Skipped a record that cannot be decoded", err, watermill.LogFields{"lsn": m.LSN.String()})
+				continue
+			}
+			cur.msgs = append(cur.msgs, rec)
+		case ev.Commit != nil:
+			if cur == nil {
+				continue
+			}
+			cur.endLSN = ev.Commit.EndLSN
+			t := *cur
+			cur = nil
+			if len(t.msgs) == 0 || t.commitLSN <= s.startPos {
+				// Nothing to append, or appended before a restart.
+				if s.inflight.Load() == 0 {
+					s.raiseConfirmed(t.endLSN)
+				}
+				continue
+			}
+			s.inflight.Add(1)
+			select {
+			case s.txns <- t:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		case ev.Keepalive != nil:
+			if s.inflight.Load() == 0 && cur == nil {
+				s.raiseConfirmed(ev.Keepalive.WALEnd)
+			}
+			if c := pgrepl.LSN(s.confirmed.Load()); ev.Keepalive.ReplyRequested || c > sent && time.Since(lastStatus) >= statusEvery {
+				if err := s.conn.SendStatus(c, false); err != nil {
+					return err
+				}
+				sent, lastStatus = c, time.Now()
+			}
+		}
+	}
+}
+
+// neverConfirm (tests only, export_test.go) keeps the slot's confirmed
+// position where it is, so that every restart reads again what was
+// appended before and must skip it.
+var neverConfirm atomic.Bool
+
+func (s *session) raiseConfirmed(l pgrepl.LSN) {
+	if neverConfirm.Load() {
+		return
+	}
+	for {
+		old := s.confirmed.Load()
+		if uint64(l) <= old || s.confirmed.CompareAndSwap(old, uint64(l)) {
+			return
+		}
+	}
+}
+
+// appendLoop appends what the reader decoded: it waits for a transaction,
+// takes every one already waiting up to MaxBatch messages, and appends them
+// in one database transaction.
+func (s *session) appendLoop(ctx context.Context) error {
+	var batch []txn
+	for {
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return nil
+		case t, ok := <-s.txns:
+			if !ok {
+				return nil
+			}
+			batch = append(batch, t)
+		}
+		n := len(batch[0].msgs)
+	more:
+		for n < s.r.cfg.MaxBatch {
+			select {
+			case t, ok := <-s.txns:
+				if !ok {
+					break more
+				}
+				batch = append(batch, t)
+				n += len(t.msgs)
+			default:
+				break more
+			}
+		}
+		if err := s.append(ctx, batch, n); err != nil {
+			return err
+		}
+		last := batch[len(batch)-1]
+		s.pos = last.commitLSN
+		s.raiseConfirmed(last.endLSN)
+		s.inflight.Add(-int64(len(batch)))
+		if err := s.conn.SendStatus(pgrepl.LSN(s.confirmed.Load()), false); err != nil {
+			return err
+		}
+	}
+}
+
+// errFenced: relays.lsn moved under this relay (another one appended).
+var errFenced = errors.New("relay: another relay appended since this one started; starting again from its position")
+
+func (s *session) append(ctx context.Context, batch []txn, n int) error {
+	started := time.Now()
+	topics := make([]string, 0, n)
+	parts := make([]int32, 0, n)
+	keys := make([]string, 0, n)
+	uuids := make([]string, 0, n)
+	metadata := make([]string, 0, n)
+	payloads := make([][]byte, 0, n)
+	times := make([]time.Time, 0, n)
+	oldest := map[string]time.Duration{}
+	for _, t := range batch {
+		for _, m := range t.msgs {
+			topics = append(topics, m.Topic)
+			parts = append(parts, m.Partition)
+			keys = append(keys, m.Key)
+			uuids = append(uuids, m.UUID)
+			metadata = append(metadata, m.Metadata)
+			payloads = append(payloads, m.Payload)
+			times = append(times, t.commitTime)
+			if _, ok := oldest[m.Topic]; !ok {
+				oldest[m.Topic] = time.Since(t.commitTime)
+			}
+		}
+	}
+	var channel *string
+	if !s.r.cfg.DisableNotify {
+		c := names.SequencedChannel(s.r.cfg.Schema)
+		channel = &c
+	}
+	newPos := batch[len(batch)-1].commitLSN
+	tx, err := s.r.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit: a no-op
+	var moved, inserted, missing int64
+	var notified *int64
+	if err := tx.QueryRow(ctx, s.r.q.WALAppend, topics, parts, keys, uuids, metadata, payloads, times,
+		s.r.slot, int64(s.pos), int64(newPos), channel).Scan(&moved, &inserted, &missing, &notified); err != nil {
+		return fmt.Errorf("relay: append %d messages: %w", n, err)
+	}
+	switch {
+	case moved != 1:
+		return errFenced
+	case missing > 0 || inserted != int64(n):
+		return fmt.Errorf("relay: %d of %d messages name a topic partition that is not registered (was the topic dropped?); nothing was appended", int64(n)-inserted, n)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("relay: commit the append of %d messages: %w", n, err)
+	}
+	s.r.appended.Add(int64(n))
+	s.r.transactions.Add(int64(len(batch)))
+	observe.Current().SequencerPass(n, time.Since(started), oldest)
+	return nil
+}
+
+// position reads the commit LSN of the last transaction appended,
+// creating the relays row if CreateSlot did not.
+func (r *Relay) position(ctx context.Context) (int64, error) {
+	if _, err := r.cfg.Pool.Exec(ctx, r.q.WALRelayInit, r.slot); err != nil {
+		return 0, schemacheck.Wrap(err, r.cfg.Schema)
+	}
+	var pos int64
+	if err := r.cfg.Pool.QueryRow(ctx, r.q.WALRelayPosition, r.slot).Scan(&pos); err != nil {
+		return 0, err
+	}
+	return pos, nil
+}
+
+// watchRetained checks the slot's retained WAL every StatusInterval until
+// ctx ends, streaming or not: a standby warns too.
+func (r *Relay) watchRetained(ctx context.Context) {
+	ticker := time.NewTicker(r.cfg.StatusInterval)
+	defer ticker.Stop()
+	for {
+		r.checkRetained(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// checkRetained logs an error when the slot keeps more WAL than
+// WarnRetainedWAL.
+func (r *Relay) checkRetained(ctx context.Context) {
+	if r.cfg.WarnRetainedWAL < 0 {
+		return
+	}
+	st, err := StatusOf(ctx, r.cfg.Pool, r.cfg.Schema)
+	if err != nil || !st.Exists {
+		return
+	}
+	if st.RetainedWALBytes > r.cfg.WarnRetainedWAL {
+		r.logger.Error("The replication slot keeps more WAL than WarnRetainedWAL: is a relay running? (see max_slot_wal_keep_size in docs/operations.md)",
+			nil, watermill.LogFields{"retained_bytes": st.RetainedWALBytes, "warn_bytes": r.cfg.WarnRetainedWAL, "slot_active": st.Active})
+	}
+}
+
+// isSlotBusy reports the server's "replication slot is active for PID n".
+func isSlotBusy(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55006"
+}
+
+// classify turns the server's answers to connecting and streaming into
+// the package's typed errors where one applies.
+func classify(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case "42704": // undefined_object: the slot
+		return fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
+	case "42501", "28000": // insufficient_privilege, invalid_authorization_specification
+		return fmt.Errorf("%w: %s", ErrReplicationPrivilege, pgErr.Message)
+	case "55000": // object_not_in_prerequisite_state: wal_level
+		return fmt.Errorf("%w: %s", ErrWALLevel, pgErr.Message)
+	}
+	return err
+}

@@ -1,0 +1,608 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/pgcluster"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/relay"
+)
+
+// The tests run on a throwaway cluster with wal_level = logical.
+func TestMain(m *testing.M) {
+	pgtest.MainWith(m, pgcluster.Options{Settings: map[string]string{
+		"wal_level": "logical", "max_replication_slots": "40", "max_wal_senders": "40",
+	}})
+}
+
+// setup migrates a schema, creates its slot (dropped at the end) and
+// registers topic.
+func setup(t *testing.T, topic string, partitions int) *outboxtest.Bundle {
+	t.Helper()
+	b := outboxtest.Setup(t)
+	b.Register(topic, partitions)
+	if err := relay.CreateSlot(outboxtest.Ctx(t), b.Pool, b.Schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for ctx.Err() == nil { // (a killed child's walsender may still hold the slot a moment)
+			if err := relay.DropSlot(ctx, b.Pool, b.Schema); err == nil || !errors.Is(err, relay.ErrSlotActive) {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	return b
+}
+
+// startRelay runs a relay of schema until the test ends.
+func startRelay(t *testing.T, pool *pgxpool.Pool, schema string, edit func(*relay.Config), logger watermill.LoggerAdapter) *relay.Relay {
+	t.Helper()
+	cfg := relay.Config{Schema: schema, Pool: pool, StandbyRetry: 50 * time.Millisecond}
+	if edit != nil {
+		edit(&cfg)
+	}
+	r, err := relay.New(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	t.Cleanup(func() {
+		_ = r.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return r
+}
+
+func walPublisher(t *testing.T, b *outboxtest.Bundle) *outbox.Publisher {
+	return b.Publisher(func(c *outbox.PublisherConfig) { c.Mode = outbox.ModeWAL })
+}
+
+// waitLog waits until the log holds n messages of topic.
+func waitLog(t *testing.T, b *outboxtest.Bundle, topic string, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := b.Int("SELECT count(*) FROM "+b.Schema+".log WHERE topic = $1", topic)
+		if got == n {
+			return
+		}
+		if got > n || time.Now().After(deadline) {
+			t.Fatalf("the log holds %d messages of %s, want %d", got, topic, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type logged struct {
+	partition int
+	seq       int64
+	uuid, key string
+	payload   []byte
+}
+
+func readLog(t *testing.T, b *outboxtest.Bundle, topic string) []logged {
+	t.Helper()
+	rows, err := b.Pool.Query(outboxtest.Ctx(t), `SELECT l.partition, l.seq, l.uuid, coalesce(l.partition_key, ''), coalesce(l.payload, bd.payload)
+		FROM `+b.Schema+`.log l LEFT JOIN `+b.Schema+`.bodies bd ON bd.id = l.body_id WHERE l.topic = $1 ORDER BY l.partition, l.seq`, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []logged
+	for rows.Next() {
+		var r logged
+		if err := rows.Scan(&r.partition, &r.seq, &r.uuid, &r.key, &r.payload); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkLog asserts that the log of topic holds exactly the committed
+// messages (uuid → key), each once, with seq 1..n in every partition and,
+// per key, in the order given by order (uuid → position in its key).
+func checkLog(t *testing.T, rows []logged, committed map[string]string, order map[string]int) {
+	t.Helper()
+	seen := map[string]bool{}
+	next := map[int]int64{}
+	lastPos := map[string]int{}
+	for _, r := range rows {
+		if next[r.partition]++; r.seq != next[r.partition] {
+			t.Fatalf("partition %d: seq %d where %d was due (a gap or a repeat)", r.partition, r.seq, next[r.partition])
+		}
+		key, ok := committed[r.uuid]
+		if !ok {
+			t.Fatalf("message %s is in the log but was never committed", r.uuid)
+		}
+		if seen[r.uuid] {
+			t.Fatalf("message %s is in the log twice", r.uuid)
+		}
+		seen[r.uuid] = true
+		if key != r.key {
+			t.Fatalf("message %s: key %q, want %q", r.uuid, r.key, key)
+		}
+		if pos, ok := order[r.uuid]; ok && key != "" {
+			if pos <= lastPos[key] && lastPos[key] != 0 {
+				t.Fatalf("key %s: message %s (position %d) after position %d", key, r.uuid, pos, lastPos[key])
+			}
+			lastPos[key] = pos
+		}
+	}
+	if len(seen) != len(committed) {
+		t.Fatalf("the log holds %d of the %d committed messages", len(seen), len(committed))
+	}
+}
+
+// Messages published in ModeWAL reach the log once each, gap-free per
+// partition, in commit order per key, with their bytes exact, large
+// payloads in bodies; rolled-back transactions leave nothing; table-mode
+// messages of the same topic, sequenced at the same time, interleave
+// without a gap.
+func TestRelayAppendsCommittedMessagesGapFreeInCommitOrder(t *testing.T) {
+	b := setup(t, "orders", 4)
+	startRelay(t, b.Pool, b.Schema, nil, nil)
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: b.Schema, Pool: b.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqDone := make(chan error, 1)
+	go func() { seqDone <- seq.Run(context.Background()) }()
+	defer func() { _ = seq.Close(); <-seqDone }()
+
+	walPub, tablePub := walPublisher(t, b), b.Publisher(nil)
+	var mu sync.Mutex
+	committed, order, payloads := map[string]string{}, map[string]int{}, map[string][]byte{}
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pub := walPub
+			if w == 5 {
+				pub = tablePub // one writer in table mode, same topic and keys
+			}
+			key := fmt.Sprintf("key-%d", w)
+			for i := range 60 {
+				var msgs []*message.Message
+				for j := range 1 + i%5 {
+					size := (i*7 + j) % 3 * 700 // 0, 700, 1400 bytes: inline and in bodies
+					payload := bytes.Repeat([]byte{byte(w), byte(i), byte(j)}, size/3+1)
+					m := message.NewMessage(fmt.Sprintf("%d-%d-%d", w, i, j), payload)
+					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+					msgs = append(msgs, m)
+				}
+				rollback := i%7 == 3
+				tx, err := b.Pool.Begin(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, m := range msgs {
+					m.SetContext(outbox.WithTx(context.Background(), tx))
+				}
+				if err := pub.Publish("orders", msgs...); err != nil {
+					t.Error(err)
+					_ = tx.Rollback(context.Background())
+					return
+				}
+				if rollback {
+					_ = tx.Rollback(context.Background())
+					continue
+				}
+				if err := tx.Commit(context.Background()); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, m := range msgs {
+					committed[m.UUID], payloads[m.UUID] = key, m.Payload
+					order[m.UUID] = len(order) + 1
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	waitLog(t, b, "orders", int64(len(committed)))
+	rows := readLog(t, b, "orders")
+	checkLog(t, rows, committed, order)
+	for _, r := range rows {
+		if !bytes.Equal(r.payload, payloads[r.uuid]) {
+			t.Fatalf("message %s: payload of %d bytes differs from the %d published", r.uuid, len(r.payload), len(payloads[r.uuid]))
+		}
+	}
+	if n := b.Int("SELECT count(*) FROM " + b.Schema + ".log WHERE body_id IS NOT NULL"); n == 0 {
+		t.Fatal("no message of 1 KiB or more went into bodies")
+	}
+	if n := b.Rows("pending"); n != 0 {
+		t.Fatalf("%d rows left in pending", n)
+	}
+
+	// A Subscriber reads them as it reads the Sequencer's.
+	sub := b.Subscriber("readers", nil)
+	ch, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < len(committed); got++ {
+		select {
+		case m := <-ch:
+			if !bytes.Equal(m.Payload, payloads[m.UUID]) {
+				t.Fatalf("subscriber: payload of %s differs", m.UUID)
+			}
+			m.Ack()
+		case <-time.After(30 * time.Second):
+			t.Fatalf("subscriber: %d of %d delivered", got, len(committed))
+		}
+	}
+}
+
+// The relay is SIGKILLed at random points while publishers write; every
+// restart resumes from the position written with the last append, so the
+// log ends as 1..n per partition with each committed message once.
+func TestRelayKilledAtRandomPointsNumbersEveryMessageOnce(t *testing.T) {
+	if os.Getenv("OUTBOX_RELAY_CHILD") != "" {
+		t.Skip("running as the child")
+	}
+	b := setup(t, "orders", 3)
+	// Every other relay never confirms a position to the server, so the
+	// next one reads again all that was appended since and must skip it.
+	start := func(neverConfirm bool) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRelayChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "OUTBOX_RELAY_CHILD=1", pgtest.EnvDatabaseURL+"="+pgtest.DatabaseURL(), "OUTBOX_RELAY_SCHEMA="+b.Schema,
+			fmt.Sprintf("OUTBOX_RELAY_NEVER_CONFIRM=%v", neverConfirm))
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+
+	pub := walPublisher(t, b)
+	var mu sync.Mutex
+	committed, order := map[string]string{}, map[string]int{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("key-%d", w)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var msgs []*message.Message
+				for j := range 1 + i%20 {
+					m := message.NewMessage(fmt.Sprintf("%d-%d-%d", w, i, j), []byte("x"))
+					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+					msgs = append(msgs, m)
+				}
+				if err := pub.Publish("orders", msgs...); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, m := range msgs {
+					committed[m.UUID] = key
+					order[m.UUID] = len(order) + 1
+				}
+				mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	kills := 0
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	for i := range 12 {
+		cmd := start(i%2 == 1)
+		time.Sleep(time.Duration(100+rng.IntN(500)) * time.Millisecond)
+		if err := cmd.Process.Kill(); err != nil { // SIGKILL: mid-append, mid-read, anywhere
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		kills++
+	}
+	close(stop)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	appendedBefore := b.Int("SELECT count(*) FROM " + b.Schema + ".log")
+	// A last relay, in this process, takes over (the killed one's walsender
+	// may hold the slot a moment: it waits as a standby) and catches up.
+	startRelay(t, b.Pool, b.Schema, nil, nil)
+	waitLog(t, b, "orders", int64(len(committed)))
+	checkLog(t, readLog(t, b, "orders"), committed, order)
+	t.Logf("%d messages, %d SIGKILLs, %d appended before the last relay", len(committed), kills, appendedBefore)
+	if appendedBefore == 0 {
+		t.Fatal("the killed relays appended nothing: the kills did not land mid-stream")
+	}
+}
+
+// TestRelayChild is the relay process of
+// TestRelayKilledAtRandomPointsNumbersEveryMessageOnce.
+func TestRelayChild(t *testing.T) {
+	if os.Getenv("OUTBOX_RELAY_CHILD") == "" {
+		t.Skip("only runs as the child of TestRelayKilledAtRandomPointsNumbersEveryMessageOnce")
+	}
+	relay.NeverConfirm(os.Getenv("OUTBOX_RELAY_NEVER_CONFIRM") == "true")
+	r, err := relay.New(relay.Config{Schema: os.Getenv("OUTBOX_RELAY_SCHEMA"), Pool: pgtest.Pool(t), StandbyRetry: 20 * time.Millisecond, MaxBatch: 50}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Two relays: one streams, the other waits; when the first stops, the
+// standby takes over and later messages reach the log.
+func TestStandbyTakesOverWhenTheActiveRelayStops(t *testing.T) {
+	b := setup(t, "orders", 2)
+	first, err := relay.New(relay.Config{Schema: b.Schema, Pool: b.Pool, StandbyRetry: 50 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- first.Run(context.Background()) }()
+	waitFor(t, "the first relay to stream", func() bool { return first.Stats().Active })
+	second := startRelay(t, b.Pool, b.Schema, nil, nil)
+	pub := walPublisher(t, b)
+	if err := pub.Publish("orders", message.NewMessage("a", []byte("1"))); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, b, "orders", 1)
+	time.Sleep(200 * time.Millisecond) // several standby retries
+	if second.Stats().Active || first.Stats().Appended != 1 {
+		t.Fatalf("first %+v, second %+v: want the first streaming alone", first.Stats(), second.Stats())
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the standby to take over", func() bool { return second.Stats().Active })
+	if err := pub.Publish("orders", message.NewMessage("b", []byte("2"))); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, b, "orders", 2)
+	if second.Stats().Appended != 1 {
+		t.Fatalf("the standby appended %d messages, want 1 (the first one was appended before)", second.Stats().Appended)
+	}
+}
+
+// A relay restarted where the slot still points before what was appended
+// (it never confirmed) reads those transactions again and skips them: the
+// position written with each append decides, not the slot's.
+func TestRestartedRelaySkipsWhatWasAppended(t *testing.T) {
+	b := setup(t, "orders", 2)
+	relay.NeverConfirm(true)
+	defer relay.NeverConfirm(false)
+	pub := walPublisher(t, b)
+	committed := map[string]string{}
+	publish := func(prefix string, n int) {
+		for i := range n {
+			m := message.NewMessage(fmt.Sprintf("%s-%d", prefix, i), []byte("x"))
+			if err := pub.Publish("orders", m); err != nil {
+				t.Fatal(err)
+			}
+			committed[m.UUID] = ""
+		}
+	}
+	for round := range 3 {
+		publish(fmt.Sprint(round), 40)
+		r, err := relay.New(relay.Config{Schema: b.Schema, Pool: b.Pool}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		waitLog(t, b, "orders", int64(len(committed)))
+		time.Sleep(100 * time.Millisecond) // time to append anything twice
+		_ = r.Close()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Stats().Appended; got != 40 {
+			t.Fatalf("round %d: the relay appended %d messages, want the 40 new ones", round, got)
+		}
+	}
+	checkLog(t, readLog(t, b, "orders"), committed, nil)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The slot's retained WAL is visible while no relay runs, the relay warns
+// past WarnRetainedWAL, and once it has appended, the confirmed position
+// covers what it appended; DropSlot refuses while a relay streams.
+func TestSlotStatusRetainedWALAndDrop(t *testing.T) {
+	b := setup(t, "orders", 1)
+	st, err := relay.StatusOf(outboxtest.Ctx(t), b.Pool, b.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Exists || st.Active || st.Slot != relay.Slot(b.Schema) {
+		t.Fatalf("status after CreateSlot: %+v", st)
+	}
+	pub := walPublisher(t, b)
+	var msgs []*message.Message
+	for i := range 500 {
+		msgs = append(msgs, message.NewMessage(fmt.Sprint(i), make([]byte, 2000)))
+	}
+	if err := pub.Publish("orders", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	st, err = relay.StatusOf(outboxtest.Ctx(t), b.Pool, b.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.RetainedWALBytes < 500*2000 {
+		t.Fatalf("retained WAL %d bytes after 1 MB published with no relay, want at least that", st.RetainedWALBytes)
+	}
+
+	logs := &captureLogger{}
+	r := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.WarnRetainedWAL = 1000 }, logs)
+	waitLog(t, b, "orders", 500)
+	if !logs.has("keeps more WAL than WarnRetainedWAL") {
+		t.Fatalf("no warning about the retained WAL; logged: %v", logs.lines())
+	}
+	st, err = r.Status(outboxtest.Ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Active || st.AppendedLSN == 0 {
+		t.Fatalf("status while streaming: %+v", st)
+	}
+	waitFor(t, "the confirmed position to pass the last append", func() bool {
+		st, err = r.Status(outboxtest.Ctx(t))
+		return err == nil && st.ConfirmedLSN > st.AppendedLSN
+	})
+	if err := relay.DropSlot(outboxtest.Ctx(t), b.Pool, b.Schema); !errors.Is(err, relay.ErrSlotActive) {
+		t.Fatalf("DropSlot while a relay streams: %v, want ErrSlotActive", err)
+	}
+}
+
+// A server without wal_level = logical, a role without the replication
+// privilege and a missing slot each get their typed error, saying what to
+// change, from CreateSlot and from Run.
+func TestPrerequisitesGetTypedErrors(t *testing.T) {
+	b := outboxtest.Setup(t)
+	ctx := outboxtest.Ctx(t)
+
+	// A missing slot.
+	r, err := relay.New(relay.Config{Schema: b.Schema, Pool: b.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(ctx); !errors.Is(err, relay.ErrNoSlot) || !strings.Contains(err.Error(), "CreateSlot") {
+		t.Fatalf("Run without a slot: %v, want ErrNoSlot naming CreateSlot", err)
+	}
+
+	// A role without REPLICATION.
+	role := "norepl_" + b.Schema
+	b.Exec("CREATE ROLE " + role + " LOGIN")
+	b.Exec("GRANT USAGE ON SCHEMA " + b.Schema + " TO " + role)
+	t.Cleanup(func() {
+		_, _ = b.Pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = b.Pool.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	cfg := b.Pool.Config().Copy()
+	cfg.ConnConfig.User = role
+	weak, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer weak.Close()
+	if err := relay.CreateSlot(ctx, weak, b.Schema); !errors.Is(err, relay.ErrReplicationPrivilege) || !strings.Contains(err.Error(), "ALTER ROLE") {
+		t.Fatalf("CreateSlot as a role without REPLICATION: %v, want ErrReplicationPrivilege", err)
+	}
+
+	// A server with wal_level = replica (its default).
+	plain, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Stop()
+	pool, err := pgxpool.New(ctx, plain.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := outbox.Migrate(ctx, pool, "plain"); err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.CreateSlot(ctx, pool, "plain"); !errors.Is(err, relay.ErrWALLevel) || !strings.Contains(err.Error(), "wal_level = logical") {
+		t.Fatalf("CreateSlot with wal_level = replica: %v, want ErrWALLevel", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  relay.Config
+		want error
+	}{
+		{relay.Config{}, outbox.ErrInvalidConfig},
+		{relay.Config{Pool: &pgxpool.Pool{}, Schema: "Bad-Name"}, outbox.ErrInvalidName},
+		{relay.Config{Pool: &pgxpool.Pool{}, MaxBatch: -1}, outbox.ErrInvalidConfig},
+		{relay.Config{Pool: &pgxpool.Pool{}, StandbyRetry: -time.Second}, outbox.ErrInvalidConfig},
+		{relay.Config{Pool: &pgxpool.Pool{}}, nil},
+	} {
+		if err := tc.cfg.Validate(); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
+			t.Errorf("%+v: %v, want %v", tc.cfg, err, tc.want)
+		}
+	}
+	if _, err := outbox.NewPublisher(outbox.PublisherConfig{Mode: 7}, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("Publisher Mode 7: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// captureLogger keeps what is logged.
+type captureLogger struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (l *captureLogger) add(msg string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, fmt.Sprint(msg, " ", err))
+}
+func (l *captureLogger) Error(msg string, err error, _ watermill.LogFields) { l.add(msg, err) }
+func (l *captureLogger) Info(msg string, _ watermill.LogFields)             { l.add(msg, nil) }
+func (l *captureLogger) Debug(string, watermill.LogFields)                  {}
+func (l *captureLogger) Trace(string, watermill.LogFields)                  {}
+func (l *captureLogger) With(watermill.LogFields) watermill.LoggerAdapter   { return l }
+func (l *captureLogger) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.got...)
+}
+func (l *captureLogger) has(s string) bool {
+	for _, line := range l.lines() {
+		if strings.Contains(line, s) {
+			return true
+		}
+	}
+	return false
+}
