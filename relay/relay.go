@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -441,27 +442,32 @@ var errFenced = errors.New("relay: another relay appended since this one started
 
 func (s *session) append(ctx context.Context, batch []txn, n int) error {
 	started := time.Now()
-	topics := make([]string, 0, n)
-	parts := make([]int32, 0, n)
-	keys := make([]string, 0, n)
-	uuids := make([]string, 0, n)
-	metadata := make([]string, 0, n)
-	payloads := make([][]byte, 0, n)
-	times := make([]time.Time, 0, n)
+	type partKey struct {
+		topic string
+		part  int32
+	}
+	counts := map[partKey]int64{}
+	var order []partKey
+	large := 0
 	oldest := map[string]time.Duration{}
 	for _, t := range batch {
 		for _, m := range t.msgs {
-			topics = append(topics, m.Topic)
-			parts = append(parts, m.Partition)
-			keys = append(keys, m.Key)
-			uuids = append(uuids, m.UUID)
-			metadata = append(metadata, m.Metadata)
-			payloads = append(payloads, m.Payload)
-			times = append(times, t.commitTime)
+			k := partKey{m.Topic, m.Partition}
+			if counts[k] == 0 {
+				order = append(order, k)
+			}
+			counts[k]++
+			if len(m.Payload) >= dbsql.LargePayload {
+				large++
+			}
 			if _, ok := oldest[m.Topic]; !ok {
 				oldest[m.Topic] = time.Since(t.commitTime)
 			}
 		}
+	}
+	topics, parts, ns := make([]string, len(order)), make([]int32, len(order)), make([]int64, len(order))
+	for i, k := range order {
+		topics[i], parts[i], ns[i] = k.topic, k.part, counts[k]
 	}
 	var channel *string
 	if !s.r.cfg.DisableNotify {
@@ -469,22 +475,72 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 		channel = &c
 	}
 	newPos := batch[len(batch)-1].commitLSN
+
 	tx, err := s.r.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit: a no-op
-	var moved, inserted, missing int64
-	var notified *int64
-	if err := tx.QueryRow(ctx, s.r.q.WALAppend, topics, parts, keys, uuids, metadata, payloads, times,
-		s.r.slot, int64(s.pos), int64(newPos), channel).Scan(&moved, &inserted, &missing, &notified); err != nil {
-		return fmt.Errorf("relay: append %d messages: %w", n, err)
+	var (
+		moved     int64
+		gotTopics []string
+		gotParts  []int32
+		bases     []int64
+		notified  *int64
+	)
+	if err := tx.QueryRow(ctx, s.r.q.WALAdvance, s.r.slot, int64(s.pos), int64(newPos), topics, parts, ns, channel).
+		Scan(&moved, &gotTopics, &gotParts, &bases, &notified); err != nil {
+		return fmt.Errorf("relay: advance the partitions of %d messages: %w", n, err)
 	}
-	switch {
-	case moved != 1:
+	if moved != 1 {
 		return errFenced
-	case missing > 0 || inserted != int64(n):
-		return fmt.Errorf("relay: %d of %d messages name a topic partition that is not registered (was the topic dropped?); nothing was appended", int64(n)-inserted, n)
+	}
+	if len(bases) != len(order) {
+		return fmt.Errorf("relay: %d of the %d topic partitions of %d messages are not registered (was a topic dropped?); nothing was appended", len(order)-len(bases), len(order), n)
+	}
+	next := make(map[partKey]int64, len(bases))
+	for i := range bases {
+		next[partKey{gotTopics[i], gotParts[i]}] = bases[i]
+	}
+	var bodyIDs []int64
+	if large > 0 {
+		rows, err := tx.Query(ctx, s.r.q.BodiesNextIDs, large)
+		if err != nil {
+			return err
+		}
+		if bodyIDs, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			return err
+		}
+	}
+	logRows := make([][]any, 0, n)
+	bodyRows := make([][]any, 0, large)
+	for _, t := range batch {
+		for _, m := range t.msgs {
+			k := partKey{m.Topic, m.Partition}
+			next[k]++
+			var key *string
+			if m.Key != "" {
+				key = &m.Key
+			}
+			var payload []byte = m.Payload
+			var bodyID *int64
+			if len(m.Payload) >= dbsql.LargePayload {
+				id := bodyIDs[len(bodyRows)]
+				bodyRows = append(bodyRows, []any{id, m.Payload})
+				payload, bodyID = nil, &id
+			} else if payload == nil {
+				payload = []byte{}
+			}
+			logRows = append(logRows, []any{m.Topic, m.Partition, next[k], key, m.UUID, m.Metadata, payload, bodyID, t.commitTime})
+		}
+	}
+	if len(bodyRows) > 0 {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{s.r.cfg.Schema, "bodies"}, []string{"id", "payload"}, pgx.CopyFromRows(bodyRows)); err != nil {
+			return fmt.Errorf("relay: copy %d bodies: %w", len(bodyRows), err)
+		}
+	}
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{s.r.cfg.Schema, "log"}, logColumns, pgx.CopyFromRows(logRows)); err != nil {
+		return fmt.Errorf("relay: copy %d messages into the log: %w", n, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("relay: commit the append of %d messages: %w", n, err)
@@ -494,6 +550,9 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 	observe.Current().SequencerPass(n, time.Since(started), oldest)
 	return nil
 }
+
+// logColumns are the columns the relay copies into the log.
+var logColumns = []string{"topic", "partition", "seq", "partition_key", "uuid", "metadata", "payload", "body_id", "created_at"}
 
 // position reads the commit LSN of the last transaction appended,
 // creating the relays row if CreateSlot did not.

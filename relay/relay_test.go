@@ -259,6 +259,9 @@ func TestRelayAppendsCommittedMessagesGapFreeInCommitOrder(t *testing.T) {
 			if !bytes.Equal(m.Payload, payloads[m.UUID]) {
 				t.Fatalf("subscriber: payload of %s differs", m.UUID)
 			}
+			if got := m.Metadata.Get(outbox.PartitionKeyMetadata); got != committed[m.UUID] {
+				t.Fatalf("subscriber: metadata of %s: partition key %q, want %q", m.UUID, got, committed[m.UUID])
+			}
 			m.Ack()
 		case <-time.After(30 * time.Second):
 			t.Fatalf("subscriber: %d of %d delivered", got, len(committed))

@@ -38,7 +38,7 @@ func latencyImage(runs []*latencyResult) (image.Image, error) {
 	var ss []series
 	for _, r := range runs {
 		cols := outboxCurveCols
-		label := map[string]string{sysPeer: "(b) peer", sysPeerTuned: "(b') tuned", sysRiver: "(d) River", sysOutboxALO: "(c') at least once"}[r.System]
+		label := map[string]string{sysPeer: "(b) peer", sysPeerTuned: "(b') tuned", sysRiver: "(d) River", sysOutboxALO: "(c') at least once", sysOutboxWAL: "(e) log-based"}[r.System]
 		if label == "" {
 			label = "(c) outbox"
 		}
@@ -49,7 +49,7 @@ func latencyImage(runs []*latencyResult) (image.Image, error) {
 			label += ", Default()"
 		}
 		family := r.System
-		if r.System != sysOutbox && r.System != sysOutboxALO {
+		if r.System != sysOutbox && r.System != sysOutboxALO && r.System != sysOutboxWAL {
 			family = "peers"
 		}
 		i := loadIndex[family]

@@ -87,8 +87,10 @@ func (b *bench) latencyPhase(ctx context.Context, res *results) error {
 		}
 	}
 	runs = append(runs, run{name: sysOutbox}, run{name: sysOutbox, defaultTuning: true})
-	if slices.Contains(b.cfg.systems, sysOutboxALO) {
-		runs = append(runs, run{name: sysOutboxALO})
+	for _, c := range []string{sysOutboxALO, sysOutboxWAL} {
+		if slices.Contains(b.cfg.systems, c) {
+			runs = append(runs, run{name: c})
+		}
 	}
 	for _, load := range b.cfg.latencyLoads {
 		for _, r := range runs {
@@ -142,7 +144,7 @@ func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int, tuni
 	switch {
 	case defaultTuning:
 		r.Tuning = "adaptive.Default()"
-	case name == sysOutbox || name == sysOutboxALO:
+	case name == sysOutbox || name == sysOutboxALO || name == sysOutboxWAL:
 		r.Tuning = "adaptive.LowLatency()"
 	}
 	commits := make([]atomic.Int64, r.Messages)

@@ -17,7 +17,11 @@
 //	    watermill-kafka's publisher (see setupRiver for its settings);
 //	(c') outbox-alo, not run unless named in -systems: (c) with the
 //	    KafkaTarget at least once (no Kafka transactions), for the cost of
-//	    exactly-once delivery.
+//	    exactly-once delivery;
+//	(e) outbox-wal, not run unless named in -systems: (c) in the log-based
+//	    mode: the Publisher in outbox.ModeWAL writes into the WAL only and
+//	    a relay.Relay streams the schema's logical slot into the log,
+//	    forwarded as (c) is.
 //
 // It starts a throwaway durable PostgreSQL cluster (fsync and
 // synchronous_commit on, pg_stat_statements loaded when available) and, per
@@ -60,7 +64,7 @@
 // Flags:
 //
 //	-phases compare,latency,growth   phases to run
-//	-systems ceiling,peer,outbox     systems of the compare phase (also: peer-tuned, river, outbox-alo)
+//	-systems ceiling,peer,outbox     systems of the compare phase (also: peer-tuned, river, outbox-alo, outbox-wal)
 //	-messages 200000                 messages per system and -per-tx value (compare)
 //	-per-tx 100,1                    messages per transaction (compare)
 //	-publishers 4                    publishers, one connection each (compare)
@@ -224,7 +228,7 @@ func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
 	fs.StringVar(&phases, "phases", "compare,latency,growth", "phases to run: compare, latency, growth, isolation (comma-separated)")
 	fs.IntVar(&cfg.isolationRate, "isolation-rate", 5000, "isolation: offered load in msg/s")
-	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, peer-tuned, river, outbox, outbox-alo (comma-separated)")
+	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, peer-tuned, river, outbox, outbox-alo, outbox-wal (comma-separated)")
 	fs.IntVar(&cfg.messages, "messages", 200000, "compare: messages per system and per -per-tx value")
 	fs.IntVar(&cfg.payload, "payload", 256, "payload bytes per message")
 	fs.IntVar(&cfg.keys, "keys", 1000, "distinct partition keys")
@@ -256,7 +260,7 @@ func parseFlags(args []string) (config, error) {
 	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation); err != nil {
 		return cfg, err
 	}
-	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysPeerTuned, sysRiver, sysOutbox, sysOutboxALO); err != nil {
+	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysPeerTuned, sysRiver, sysOutbox, sysOutboxALO, sysOutboxWAL); err != nil {
 		return cfg, err
 	}
 	if cfg.perTx, err = parseInts("-per-tx", perTx, 1, 1<<20); err != nil {

@@ -27,6 +27,8 @@ var (
 	// (c') at least once: green.
 	colOutboxALO    = color.RGBA{20, 140, 60, 255}
 	colOutboxALOPub = color.RGBA{140, 210, 160, 255}
+	colOutboxWAL    = color.RGBA{0, 150, 160, 255}
+	colOutboxWALPub = color.RGBA{150, 215, 220, 255}
 	colRiver        = color.RGBA{130, 60, 170, 255}
 	colPeerTuned    = color.RGBA{200, 120, 20, 255}
 	colPeerTunedPub = color.RGBA{240, 200, 140, 255}
@@ -186,9 +188,9 @@ func throughputImage(runs []*runResult) (image.Image, error) {
 			perTxs = append(perTxs, r.PerTx)
 		}
 	}
-	name := map[string]string{sysPeer: "(b) peer", sysPeerTuned: "(b') tuned", sysRiver: "(d) River", sysOutbox: "(c) outbox", sysOutboxALO: "(c') at least once"}
-	dark := map[string]color.RGBA{sysPeer: colPeer, sysPeerTuned: colPeerTuned, sysRiver: colRiver, sysOutbox: colOutbox, sysOutboxALO: colOutboxALO}
-	light := map[string]color.RGBA{sysPeer: colPeerPub, sysPeerTuned: colPeerTunedPub, sysRiver: colRiverPub, sysOutbox: colOutboxPub, sysOutboxALO: colOutboxALOPub}
+	name := map[string]string{sysPeer: "(b) peer", sysPeerTuned: "(b') tuned", sysRiver: "(d) River", sysOutbox: "(c) outbox", sysOutboxALO: "(c') at least once", sysOutboxWAL: "(e) log-based"}
+	dark := map[string]color.RGBA{sysPeer: colPeer, sysPeerTuned: colPeerTuned, sysRiver: colRiver, sysOutbox: colOutbox, sysOutboxALO: colOutboxALO, sysOutboxWAL: colOutboxWAL}
+	light := map[string]color.RGBA{sysPeer: colPeerPub, sysPeerTuned: colPeerTunedPub, sysRiver: colRiverPub, sysOutbox: colOutboxPub, sysOutboxALO: colOutboxALOPub, sysOutboxWAL: colOutboxWALPub}
 	var charts []chart
 	for _, perTx := range perTxs {
 		for _, mode := range []string{modeSteady, modeBacklog} {

@@ -51,9 +51,13 @@ func (b *bench) roundMessages(perTx int) int {
 // publish run is a few seconds of durable commits, whose rate varies from
 // run to run far more than the ratio of two runs next to each other does.
 func (b *bench) publishRoundsPhase(ctx context.Context, res *results) error {
+	names := []string{sysCeiling, sysOutbox}
+	if slices.Contains(b.cfg.systems, sysOutboxWAL) {
+		names = append(names, sysOutboxWAL)
+	}
 	for _, perTx := range b.cfg.perTx {
 		for round := 1; round <= b.cfg.publishRounds; round++ {
-			for _, name := range []string{sysCeiling, sysOutbox} {
+			for _, name := range names {
 				r, err := b.runPublishRound(ctx, name, perTx, round)
 				if err != nil {
 					return fmt.Errorf("publish round %d, %s, %d/tx: %w", round, name, perTx, err)
@@ -67,7 +71,7 @@ func (b *bench) publishRoundsPhase(ctx context.Context, res *results) error {
 }
 
 func (b *bench) runPublishRound(ctx context.Context, name string, perTx, round int) (*publishRound, error) {
-	schema := fmt.Sprintf("round_%s_pt%d_r%d", name, perTx, round)
+	schema := fmt.Sprintf("round_%s_pt%d_r%d", strings.ReplaceAll(name, "-", "_"), perTx, round)
 	if err := b.createSchema(ctx, schema); err != nil {
 		return nil, err
 	}
@@ -126,7 +130,7 @@ func summarizeRounds(rounds []*publishRound, perTxs []int) []publishSummary {
 	for _, perTx := range perTxs {
 		byRound := map[string]map[int]*publishRound{}
 		var sums []publishSummary
-		for _, name := range []string{sysCeiling, sysOutbox} {
+		for _, name := range []string{sysCeiling, sysOutbox, sysOutboxWAL} {
 			var rates, cpus []float64
 			byRound[name] = map[int]*publishRound{}
 			for _, r := range rounds {
@@ -141,15 +145,18 @@ func summarizeRounds(rounds []*publishRound, perTxs []int) []publishSummary {
 			sums = append(sums, publishSummary{System: name, PerTx: perTx, Rounds: len(rates), MedianRate: median(rates),
 				MinRate: slices.Min(rates), MaxRate: slices.Max(rates), MedianCPU: median(cpus)})
 		}
-		if len(sums) == 2 {
-			a, c := &sums[0], &sums[1]
-			c.RatioToA, c.CPURatioToA = div(c.MedianRate, a.MedianRate), div(a.MedianCPU, c.MedianCPU)
-			for round, rc := range byRound[sysOutbox] {
-				if ra := byRound[sysCeiling][round]; ra != nil {
-					c.RatioOfRounds = append(c.RatioOfRounds, div(rc.Rate, ra.Rate))
+		if len(sums) >= 2 && sums[0].System == sysCeiling {
+			a := &sums[0]
+			for i := range sums[1:] {
+				c := &sums[1+i]
+				c.RatioToA, c.CPURatioToA = div(c.MedianRate, a.MedianRate), div(a.MedianCPU, c.MedianCPU)
+				for round, rc := range byRound[c.System] {
+					if ra := byRound[sysCeiling][round]; ra != nil {
+						c.RatioOfRounds = append(c.RatioOfRounds, div(rc.Rate, ra.Rate))
+					}
 				}
+				slices.Sort(c.RatioOfRounds)
 			}
-			slices.Sort(c.RatioOfRounds)
 		}
 		out = append(out, sums...)
 	}
@@ -158,12 +165,12 @@ func summarizeRounds(rounds []*publishRound, perTxs []int) []publishSummary {
 
 // publishRoundsMarkdown renders the rounds' medians.
 func (res *results) publishRoundsMarkdown(sb *strings.Builder) {
-	fmt.Fprintf(sb, "## Publish alone, interleaved rounds\n\n(a) and (c) publish alternately, %v rounds per messages-per-transaction value, in a fresh schema each, with the publishers alone (no relay), %v publishers; at most 20,000 transactions per round. Medians, with the range over the rounds.\n\n",
+	fmt.Fprintf(sb, "## Publish alone, interleaved rounds\n\n(a) and (c) (and (e) when named) publish alternately, %v rounds per messages-per-transaction value, in a fresh schema each, with the publishers alone (no relay), %v publishers; at most 20,000 transactions per round. Medians, with the range over the rounds.\n\n",
 		res.Config["publish_rounds"], res.Config["publishers"])
 	sb.WriteString("| system | msg/tx | rounds | median msg/s | min..max msg/s | median CPU µs/msg | (c)/(a) of medians | (c)/(a) round by round | CPU per message (inverse) |\n|---|---:|---:|---:|---|---:|---:|---|---:|\n")
 	for _, s := range res.PublishSummary {
 		ratio, perRound, cpu := "—", "—", "—"
-		if s.System == sysOutbox && s.RatioToA != 0 {
+		if s.System != sysCeiling && s.RatioToA != 0 {
 			ratio, cpu = fmt.Sprintf("**%.2f×**", s.RatioToA), fmt.Sprintf("%.2f×", s.CPURatioToA)
 			var parts []string
 			for _, q := range s.RatioOfRounds {

@@ -31,6 +31,9 @@ const (
 	// off (forwarder.KafkaConfig.AtLeastOnce): what the Kafka
 	// transactions cost.
 	sysOutboxALO = "outbox-alo"
+	// sysOutboxWAL is (c) in the log-based mode (outbox.ModeWAL and a
+	// relay.Relay), not run unless named in -systems.
+	sysOutboxWAL = "outbox-wal"
 )
 
 // bench is the shared environment: the database and the workload.
@@ -150,6 +153,12 @@ func startCluster(ctx context.Context) (*pgcluster.Cluster, bool, error) {
 		"autovacuum_naptime":       "5s",
 		"shared_preload_libraries": "pg_stat_statements",
 		"pg_stat_statements.track": "all",
+		// The log-based mode (e) needs logical decoding; every system runs
+		// on the same server (logical adds a little to the WAL of row
+		// changes, alike for all).
+		"wal_level":             "logical",
+		"max_replication_slots": "64",
+		"max_wal_senders":       "64",
 	}
 	start := func() (*pgcluster.Cluster, error) {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/ceiling"
+	"github.com/millrace/watermill-outbox/relay"
 )
 
 // outboxTopic is the topic name inside each system's schema.
@@ -41,6 +42,8 @@ type outboxOptions struct {
 	partitions  int
 	tuning      adaptive.Tuning
 	atLeastOnce bool
+	// wal: the log-based mode (e).
+	wal bool
 }
 
 // setup creates system name in schema, relaying to kafkaTopic on brokers.
@@ -57,6 +60,9 @@ func (b *bench) setup(ctx context.Context, name, schema, kafkaTopic string, brok
 		return b.setupOutbox(ctx, schema, kafkaTopic, brokers, opts)
 	case sysOutboxALO:
 		opts.atLeastOnce = true
+		return b.setupOutbox(ctx, schema, kafkaTopic, brokers, opts)
+	case sysOutboxWAL:
+		opts.wal = true
 		return b.setupOutbox(ctx, schema, kafkaTopic, brokers, opts)
 	case sysRiver:
 		return b.setupRiver(ctx, schema, kafkaTopic, brokers)
@@ -228,7 +234,14 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 	if err := outbox.RegisterTopic(ctx, admin, schema, outboxTopic, opts.partitions); err != nil {
 		return nil, err
 	}
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DisableNotify: !b.cfg.outboxNotify}, nil)
+	mode := outbox.ModeTable
+	if opts.wal {
+		mode = outbox.ModeWAL
+		if err := relay.CreateSlot(ctx, admin, schema); err != nil {
+			return nil, err
+		}
+	}
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DisableNotify: !b.cfg.outboxNotify, Mode: mode}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -237,6 +250,8 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 		target    *forwarder.KafkaTarget
 		fwd       *forwarder.Forwarder
 		done      chan error
+		walRelay  *relay.Relay
+		walDone   chan error
 	)
 	sys := &system{kafkaTopic: kafkaTopic}
 	sys.start = func(ctx context.Context) error {
@@ -253,6 +268,8 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 				Pool:         relayPool,
 				Tuning:       opts.tuning,
 				CloseTimeout: 5 * time.Second,
+				// (e): the relay appends to the log; nothing is pending.
+				DisableSequencer: opts.wal,
 			},
 			Topics:      []string{outboxTopic},
 			Target:      target,
@@ -263,9 +280,29 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 		}
 		done = make(chan error, 1)
 		go func() { done <- fwd.Run(context.Background()) }()
+		if opts.wal {
+			if walRelay, err = relay.New(relay.Config{Schema: schema, Pool: relayPool}, nil); err != nil {
+				return err
+			}
+			walDone = make(chan error, 1)
+			go func() { walDone <- walRelay.Run(context.Background()) }()
+		}
 		return nil
 	}
 	sys.stop = func() {
+		if walRelay != nil {
+			_ = walRelay.Close()
+			<-walDone
+		}
+		if opts.wal {
+			// The slot keeps WAL until dropped.
+			if p, err := b.pool(context.Background(), 1); err == nil {
+				if err := relay.DropSlot(context.Background(), p, schema); err != nil {
+					logf("warning: drop the slot of %s: %v", schema, err)
+				}
+				p.Close()
+			}
+		}
 		if fwd != nil {
 			_ = fwd.Close()
 			<-done

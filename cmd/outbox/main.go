@@ -101,7 +101,7 @@ The database comes from --database-url or DATABASE_URL (a PostgreSQL connection 
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		a.migrateCommand(), a.versionCommand(), a.topicsCommand(), a.statusCommand(), a.groupsCommand(),
-		a.pauseCommand(true), a.pauseCommand(false), a.resetCommand(), a.dlqCommand(), a.heldCommand(), a.vacuumCommand(), a.relayCommand(), a.serveCommand(),
+		a.pauseCommand(true), a.pauseCommand(false), a.resetCommand(), a.dlqCommand(), a.heldCommand(), a.vacuumCommand(), a.relayCommand(), a.walCommand(), a.serveCommand(),
 	)
 	return root
 }

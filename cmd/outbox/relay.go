@@ -11,6 +11,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/relay"
 )
 
 func (a *app) relayCommand() *cobra.Command {
@@ -22,11 +23,13 @@ func (a *app) relayCommand() *cobra.Command {
 		maxAttempts  int
 		verbose      bool
 		atLeastOnce  bool
+		wal          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Run a standalone sequencer, and a forwarder to Kafka or NATS JetStream",
-		Long: `relay runs until interrupted: a sequencer for the schema (give committed messages their seq) and, with
+		Long: `relay runs until interrupted: a sequencer for the schema (give committed messages their seq), with --wal the
+relay of the log-based mode (messages published in ModeWAL, read from the schema's slot), and, with
 --topic and --kafka or --nats, a forwarder of those topics to the broker, as consumer group --group. Poison messages
 go to the dead-letter store after --max-attempts. Run as many relays as you like: they share the work.
 
@@ -55,9 +58,18 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			if err != nil {
 				return err
 			}
-			errs := make(chan error, 2)
+			errs := make(chan error, 3)
 			go func() { errs <- seq.Run(ctx) }()
 			running := 1
+			if wal {
+				rel, err := relay.New(relay.Config{Schema: a.schemaName(), Pool: pool}, logger)
+				if err != nil {
+					return err
+				}
+				defer rel.Close()
+				go func() { errs <- rel.Run(ctx) }()
+				running++
+			}
 			if len(topics) > 0 {
 				var target forwarder.Target
 				if len(kafkaBrokers) > 0 {
@@ -92,7 +104,11 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 				go func() { errs <- fwd.Run(ctx) }()
 				running++
 			}
-			fmt.Fprintf(a.stderr, "relay running on schema %s (sequencer%s); interrupt to stop\n", a.schemaName(), forwarding(topics, kafkaBrokers, natsURL))
+			mode := "sequencer"
+			if wal {
+				mode = "sequencer, WAL relay of slot " + relay.Slot(a.schemaName())
+			}
+			fmt.Fprintf(a.stderr, "relay running on schema %s (%s%s); interrupt to stop\n", a.schemaName(), mode, forwarding(topics, kafkaBrokers, natsURL))
 			var first error
 			for range running {
 				if err := <-errs; err != nil && !errors.Is(err, ctx.Err()) && first == nil {
@@ -109,6 +125,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 	cmd.Flags().StringVar(&group, "group", forwarder.DefaultConsumerGroup, "consumer group of the forwarder")
 	cmd.Flags().IntVar(&maxAttempts, "max-attempts", 10, "deliveries of a message before it goes to the dead-letter store")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	cmd.Flags().BoolVar(&wal, "wal", false, "also relay the messages published in ModeWAL from the schema's slot (outbox wal create-slot); one streams, the others wait")
 	cmd.Flags().BoolVar(&atLeastOnce, "at-least-once", false, "write Kafka without transactions (copies possible, each with the same outbox_id)")
 	return cmd
 }

@@ -151,7 +151,8 @@ type Queries struct {
 	WALRelayDelete       string
 	WALRelayPosition     string
 	WALSlotStatus        string
-	WALAppend            string
+	WALAdvance           string
+	BodiesNextIDs        string
 
 	// catalog.sql
 	CatalogLock          string
@@ -191,6 +192,11 @@ func Render(text, schema string) string {
 	text = strings.ReplaceAll(text, "{{wal}}", pgx.Identifier{WALName(schema)}.Sanitize())
 	return strings.ReplaceAll(text, "{{schema}}", pgx.Identifier{schema}.Sanitize())
 }
+
+// LargePayload is the size from which a payload is stored in bodies, not
+// inline (0007_bodies.sql): the publish statements in pending.sql write the
+// same number, and the log-based relay uses this constant.
+const LargePayload = 1024
 
 // WALName is the name of the replication slot and of the publication of
 // schema's log-based mode (wal.sql): the schema name followed by "_wal",

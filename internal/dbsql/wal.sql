@@ -62,44 +62,37 @@ SELECT s.active,
 	coalesce((SELECT r.lsn FROM {{schema}}.relays r WHERE r.slot = $1), 0)
 FROM pg_replication_slots s WHERE s.slot_name = $1;
 
--- name: WALAppend
--- The relay appends the messages of whole transactions, in commit order:
--- arrays of $1 topics, $2 partitions, $3 partition keys ('' for none),
--- $4 uuids, $5 metadata (JSON), $6 payloads, $7 commit times. Each
--- partition's messages get the next seqs (the partitions row is the
--- sequencer's, so table-mode messages of the same partition interleave
--- gap-free), payloads of 1 KiB or more go into bodies as in pending.sql,
--- and relays.lsn of slot $8 moves from $9 to $10 in the same statement;
--- when it is not at $9 (another relay appended since), nothing is
--- written. Unless $11 is NULL, the subscribers are woken on that channel
--- as the sequencer wakes them. Returns whether relays moved, the rows
--- appended, and the partitions not found (both must be checked; the
--- caller rolls back otherwise).
-WITH src AS MATERIALIZED (
-	SELECT x.*, CASE WHEN octet_length(x.b) >= 1024 THEN nextval('{{schema}}.bodies_id_seq') END AS body_id
-	FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::timestamptz[])
-		WITH ORDINALITY AS x(t, p, k, u, m, b, c, ord)
-), relay AS (
-	UPDATE {{schema}}.relays SET lsn = $10, updated_at = now() WHERE slot = $8 AND lsn = $9 RETURNING 1
+-- name: WALAdvance
+-- The relay's first statement when it appends the messages of whole
+-- transactions: relays.lsn of slot $1 moves from $2 to $3 (when it is not
+-- at $2, another relay appended since, and nothing else happens), and each
+-- partition ($4 topics, $5 partitions) takes the next $6 seqs (the
+-- partitions row is the Sequencer's, so table-mode messages of the same
+-- partition interleave gap-free). Returns whether relays moved, and each
+-- partition's base (its seqs are base+1..base+n); a partition that is not
+-- registered is missing from the result (the caller rolls back). Unless $7
+-- is NULL, the subscribers are woken on that channel when the transaction
+-- commits, as the sequencer wakes them. The rows themselves follow with
+-- COPY into bodies (payloads of 1 KiB or more, ids from BodiesNextIDs) and
+-- log, the COPY statements built by pgx from the quoted table and column
+-- names (relay/relay.go), in the same transaction.
+WITH relay AS (
+	UPDATE {{schema}}.relays SET lsn = $3, updated_at = now() WHERE slot = $1 AND lsn = $2 RETURNING 1
 ), counts AS (
-	SELECT s.t, s.p, count(*) AS n FROM src s WHERE EXISTS (SELECT 1 FROM relay) GROUP BY s.t, s.p
+	SELECT c.t, c.p, c.n FROM unnest($4::text[], $5::int4[], $6::int8[]) AS c(t, p, n) WHERE EXISTS (SELECT 1 FROM relay)
 ), advanced AS (
 	UPDATE {{schema}}.partitions pt SET last_seq = pt.last_seq + c.n, sequenced_at = now()
 	FROM counts c WHERE pt.topic = c.t AND pt.partition = c.p
 	RETURNING pt.topic, pt.partition, pt.last_seq - c.n AS base
-), numbered AS (
-	SELECT s.*, a.base + row_number() OVER (PARTITION BY s.t, s.p ORDER BY s.ord) AS seq
-	FROM src s JOIN advanced a ON a.topic = s.t AND a.partition = s.p
-), bodies AS (
-	INSERT INTO {{schema}}.bodies (id, payload) SELECT body_id, b FROM numbered WHERE body_id IS NOT NULL
-), inserted AS (
-	INSERT INTO {{schema}}.log (topic, partition, seq, partition_key, uuid, metadata, payload, body_id, created_at)
-	SELECT t, p, seq, NULLIF(k, ''), u, m::jsonb, CASE WHEN body_id IS NULL THEN b END, body_id, c
-	FROM numbered ORDER BY t, p, seq
-	RETURNING 1
 )
-SELECT (SELECT count(*) FROM relay)::int8, (SELECT count(*) FROM inserted)::int8,
-	((SELECT count(*) FROM counts) - (SELECT count(*) FROM advanced))::int8,
-	CASE WHEN $11::text IS NOT NULL THEN
-		(SELECT count(pg_notify($11, n.t || ':' || n.ps)) FROM (SELECT t, string_agg(p::text, ',') AS ps FROM counts GROUP BY t) n)
+SELECT (SELECT count(*) FROM relay)::int8,
+	coalesce((SELECT array_agg(a.topic) FROM advanced a), '{}'),
+	coalesce((SELECT array_agg(a.partition) FROM advanced a), '{}'),
+	coalesce((SELECT array_agg(a.base) FROM advanced a), '{}'),
+	CASE WHEN $7::text IS NOT NULL THEN
+		(SELECT count(pg_notify($7, n.t || ':' || n.ps)) FROM (SELECT t, string_agg(p::text, ',') AS ps FROM counts GROUP BY t) n)
 	END::int8;
+
+-- name: BodiesNextIDs
+-- $1 ids for bodies rows the relay copies in.
+SELECT nextval('{{schema}}.bodies_id_seq') FROM generate_series(1, $1::int4);
