@@ -24,7 +24,17 @@ type DB struct {
 // Start starts the server, connects and migrates the outbox schema. It
 // needs the PostgreSQL server binaries (Debian: apt-get install postgresql).
 func Start(ctx context.Context) (*DB, error) {
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+	return start(ctx, pgcluster.Options{})
+}
+
+// StartLogical is Start with wal_level = logical, as the log-based mode
+// (outbox.ModeWAL and package relay) needs.
+func StartLogical(ctx context.Context) (*DB, error) {
+	return start(ctx, pgcluster.Options{Settings: map[string]string{"wal_level": "logical"}})
+}
+
+func start(ctx context.Context, opts pgcluster.Options) (*DB, error) {
+	cluster, err := pgcluster.Start(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
