@@ -419,30 +419,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		}
 	}()
 
-	if err := s.checkSchema(ctx); err != nil {
-		return nil, err
-	}
-	partitions, err := s.topic(ctx, topic)
-	if err != nil {
-		return nil, s.schemaError(err)
-	}
-	var incarnation int64
-	if err := pgexec.QueryRow(ctx, s.db, dbsql.For(s.cfg.Schema).TopicsIncarnation, []any{topic}, &incarnation); err != nil {
-		return nil, s.schemaError(fmt.Errorf("outbox: read the incarnation of topic %q: %w", topic, err))
-	}
-	manager, err := lease.NewManager(lease.Config{
-		Schema:          s.cfg.Schema,
-		Pool:            s.cfg.Pool,
-		Group:           s.cfg.ConsumerGroup,
-		Topic:           topic,
-		Partitions:      partitions,
-		MemberID:        s.cfg.MemberID + "-" + watermill.NewShortUUID(),
-		TTL:             s.cfg.Tuning.LeaseTTL,
-		RenewInterval:   s.cfg.Tuning.RenewInterval,
-		BalanceInterval: s.cfg.BalanceInterval,
-		StartFromNewest: s.cfg.StartFromNewest,
-		NoRejectHandler: s.cfg.RejectHandler == nil,
-	}, s.logger)
+	manager, incarnation, err := s.prepare(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -478,7 +455,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		defer cancel()
 		var workers sync.WaitGroup
 		onAcquire := func(l *lease.Lease) {
-			w := delivery.NewWorker(s.workers, topic, strconv.FormatInt(incarnation, 10), l, out, batch)
+			w := delivery.NewWorker(s.workers, topic, incarnation, l, out, batch)
 			workers.Add(1)
 			go func() {
 				defer workers.Done()
@@ -505,6 +482,40 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		workers.Wait()
 	}()
 	return done, nil
+}
+
+// prepare checks the schema, looks topic up and creates the lease manager
+// of this subscription to it; it returns the topic's incarnation
+// (MetadataIncarnation) too.
+func (s *Subscriber) prepare(ctx context.Context, topic string) (*lease.Manager, string, error) {
+	if err := s.checkSchema(ctx); err != nil {
+		return nil, "", err
+	}
+	partitions, err := s.topic(ctx, topic)
+	if err != nil {
+		return nil, "", s.schemaError(err)
+	}
+	var incarnation int64
+	if err := pgexec.QueryRow(ctx, s.db, dbsql.For(s.cfg.Schema).TopicsIncarnation, []any{topic}, &incarnation); err != nil {
+		return nil, "", s.schemaError(fmt.Errorf("outbox: read the incarnation of topic %q: %w", topic, err))
+	}
+	manager, err := lease.NewManager(lease.Config{
+		Schema:          s.cfg.Schema,
+		Pool:            s.cfg.Pool,
+		Group:           s.cfg.ConsumerGroup,
+		Topic:           topic,
+		Partitions:      partitions,
+		MemberID:        s.cfg.MemberID + "-" + watermill.NewShortUUID(),
+		TTL:             s.cfg.Tuning.LeaseTTL,
+		RenewInterval:   s.cfg.Tuning.RenewInterval,
+		BalanceInterval: s.cfg.BalanceInterval,
+		StartFromNewest: s.cfg.StartFromNewest,
+		NoRejectHandler: s.cfg.RejectHandler == nil,
+	}, s.logger)
+	if err != nil {
+		return nil, "", err
+	}
+	return manager, strconv.FormatInt(incarnation, 10), nil
 }
 
 // startBackground starts the notification listener and, unless disabled,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -260,6 +261,22 @@ func (f *Forwarder) Stats() Stats {
 		s.LastError = *e
 	}
 	return s
+}
+
+// Consumer returns what Run consumes topic with: the Subscriber config
+// (with the Forwarder's defaults) and the batch handler that sends to the
+// Target. outboxtest.NewBatchRunner drives them synchronously, so that a
+// test can forward everything committed and then look at the broker
+// without sleeping; services use Run. topic must be one of Config.Topics.
+func (f *Forwarder) Consumer(ctx context.Context, topic string) (outbox.SubscriberConfig, outbox.BatchHandler, error) {
+	if !slices.Contains(f.cfg.Topics, topic) {
+		return outbox.SubscriberConfig{}, nil, &outbox.ConfigError{Field: "topic", Reason: fmt.Sprintf("%q is not one of the Forwarder's Topics %q", topic, f.cfg.Topics)}
+	}
+	partitions, err := outbox.TopicPartitions(ctx, f.cfg.Subscriber.Pool, f.cfg.Subscriber.Schema, topic)
+	if err != nil {
+		partitions = 0 // as Run: the targets then look everywhere
+	}
+	return f.cfg.Subscriber, f.handler(topic, f.cfg.TargetTopic(topic), partitions), nil
 }
 
 // handler forwards the batches of one outbox topic to targetTopic.

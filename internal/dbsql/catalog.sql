@@ -37,3 +37,7 @@ SELECT now();
 -- name: CatalogNowMinus
 -- The database clock less $1 µs.
 SELECT now() - $1::int8 * interval '1 microsecond';
+
+-- name: CatalogDropSchema
+-- Drops the schema and everything in it (outboxtest.Schema's cleanup).
+DROP SCHEMA IF EXISTS {{schema}} CASCADE;

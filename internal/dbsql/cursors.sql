@@ -354,3 +354,11 @@ LEFT JOIN LATERAL (
 ) u ON true
 GROUP BY c.group_name, c.topic
 ORDER BY c.group_name, c.topic;
+
+-- name: CursorsTickState
+-- Why a synchronous runner (outboxtest) holds no lease: of group $1's
+-- partitions of topic $2, how many are paused, and how many are leased by
+-- a member other than $3.
+SELECT count(*) FILTER (WHERE paused)::int4,
+	count(*) FILTER (WHERE NOT paused AND lease_owner IS NOT NULL AND lease_owner <> $3 AND lease_expires_at > clock_timestamp())::int4
+FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2;

@@ -100,6 +100,7 @@ type Queries struct {
 	CursorsStatus             string
 	CursorsStatusHolders      string
 	CursorsMetrics            string
+	CursorsTickState          string
 
 	// members.sql
 	MembersExpire      string
@@ -137,6 +138,9 @@ type Queries struct {
 	InboxLock        string
 	InboxAdvance     string
 
+	// published.sql
+	PublishedOfTopic string
+
 	// wal.sql
 	WALEmit              string
 	WALEmitOne           string
@@ -157,6 +161,7 @@ type Queries struct {
 	// catalog.sql
 	CatalogLock          string
 	CatalogCreateSchema  string
+	CatalogDropSchema    string
 	CatalogVersionTable  string
 	CatalogVersion       string
 	CatalogRecordVersion string

@@ -213,6 +213,26 @@ func (w *Worker) Run() {
 	}
 }
 
+// Step runs one turn of the worker in the caller's goroutine, the turn Run
+// repeats (for a caller that drives delivery itself: outboxtest's
+// synchronous runner). Proceed: more is waiting; Idle: nothing to do (or a
+// held key's retry is due later); Sleep: backing off. An error is what Run
+// would back off from; lease.ErrLeaseLost when the lease ended.
+func (w *Worker) Step(ctx context.Context) (worker.Directive, error) {
+	if w.s.Transactional {
+		return w.executeTransactional(ctx)
+	}
+	return w.executeLeased(ctx)
+}
+
+// Stop is what Run does when it ends, for a caller of Step: a delivery
+// counted ahead for a batch that will not be read is taken back.
+func (w *Worker) Stop() {
+	if w.precounted {
+		w.undoDelivery(w.lease.Context())
+	}
+}
+
 // errNotReached ends the trace span of a batch's message after the one
 // that failed: it was not handled, and comes again.
 var errNotReached = errors.New("outbox: not handled: a message before it in the batch failed")

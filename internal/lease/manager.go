@@ -32,6 +32,8 @@ type Manager struct {
 
 	mu     sync.Mutex
 	leases map[int]*Lease // leases held, or waiting for their worker's Done
+	// stepped: Step created the cursor rows.
+	stepped bool
 }
 
 // NewManager validates cfg and creates a Manager.
@@ -496,4 +498,32 @@ wait:
 	if _, err := m.pool.Exec(opCtx, m.q.MembersLeave, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID); err != nil {
 		m.logger.Error("Cannot remove member", err, nil)
 	}
+}
+
+// Step is one round of Run's loop, run by a caller that drives delivery
+// itself in its own goroutine (outboxtest's synchronous runner): it
+// creates the cursor rows on its first call, renews the leases held,
+// heartbeats, releases those whose worker called Done, and acquires this
+// member's share of the free partitions (every partition when it is the
+// only live member). It starts no goroutine. It returns the leases it
+// acquired; the caller runs their workers and calls Done on each when it
+// stops using it, and Stop at the end.
+func (m *Manager) Step(ctx context.Context) ([]*Lease, error) {
+	if !m.stepped {
+		if err := m.start(ctx); err != nil {
+			return nil, err
+		}
+		m.stepped = true
+	}
+	m.renew(ctx)
+	var got []*Lease
+	m.balance(ctx, func(l *Lease) { got = append(got, l) })
+	return got, nil
+}
+
+// Stop ends what Step started: every lease is cancelled, those whose
+// worker called Done are released (the others expire), and the member
+// leaves the group.
+func (m *Manager) Stop(ctx context.Context) {
+	m.shutdown(ctx)
 }

@@ -41,6 +41,13 @@ func (d Directive) SleepDelay() (delay time.Duration, ok bool) {
 	return d.delay, d.kind == kindSleep
 }
 
+// Delay is when the worker wants its next call at the latest: the delay of
+// Sleep and IdleFor, 0 for the others (Proceed, Idle: when poked).
+func (d Directive) Delay() time.Duration { return d.delay }
+
+// Proceeds reports a Proceed directive: work was done and more is likely.
+func (d Directive) Proceeds() bool { return d.kind == kindProceed }
+
 // Sleep asks for the next call after d exactly (at once if d <= 0), e.g. to
 // back off before retrying a batch.
 func Sleep(d time.Duration) Directive { return Directive{kind: kindSleep, delay: max(d, 0)} }

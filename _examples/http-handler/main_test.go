@@ -1,0 +1,97 @@
+package main
+
+// How an application tests an HTTP handler that publishes through the
+// outbox: call it, then assert what its transaction published (or did not)
+// with package outboxtest. Each test gets its own outbox schema on the test
+// database (outboxtest.Schema), so tests can run in parallel.
+//
+//	go test ./_examples/http-handler
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtest"
+)
+
+// TestMain starts a throwaway PostgreSQL (an application points its tests
+// at its own test database instead).
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// testDB returns a pool whose search_path is a fresh outbox schema holding
+// the application's table too.
+func testDB(t *testing.T) (*pgxpool.Pool, string) {
+	schema := outboxtest.Schema(t, pgtest.Pool(t))
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE orders (id integer PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool, schema
+}
+
+func post(t *testing.T, h http.Handler, body string) int {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/orders", bytes.NewBufferString(body)))
+	return rec.Code
+}
+
+func TestPlacingAnOrderPublishesItsEvent(t *testing.T) {
+	t.Parallel()
+	pool, schema := testDB(t)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, AutoCreateTopics: true, DefaultPartitions: 4}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := orderHandler{pool: pool, pub: pub}
+
+	if code := post(t, h, `{"id":42,"customer":"ada","total_cents":1999}`); code != http.StatusCreated {
+		t.Fatalf("status %d", code)
+	}
+	// The event is there, for order 42, keyed by its customer; once.
+	got := outboxtest.RequirePublished(t, pool, "orders", outboxtest.InSchema(schema),
+		outboxtest.Key("ada"), outboxtest.JSON(map[string]any{"id": 42, "total_cents": 1999}), outboxtest.Times(1))
+	if got[0].Seq != 0 {
+		t.Fatalf("no sequencer runs in this test, yet the event has seq %d", got[0].Seq)
+	}
+}
+
+func TestARejectedOrderPublishesNothing(t *testing.T) {
+	t.Parallel()
+	pool, schema := testDB(t)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, AutoCreateTopics: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := orderHandler{pool: pool, pub: pub}
+
+	// The handler publishes, then fails a check and rolls back: the event
+	// goes with the order.
+	if code := post(t, h, `{"id":7,"customer":"bob","total_cents":0}`); code != http.StatusUnprocessableEntity {
+		t.Fatalf("status %d", code)
+	}
+	outboxtest.RequireNotPublished(t, pool, "orders", outboxtest.InSchema(schema), outboxtest.JSON(`{"id":7}`))
+	// A duplicate id publishes nothing either.
+	post(t, h, `{"id":8,"customer":"bob","total_cents":100}`)
+	if code := post(t, h, `{"id":8,"customer":"eve","total_cents":100}`); code != http.StatusConflict {
+		t.Fatalf("duplicate: status %d", code)
+	}
+	outboxtest.RequirePublished(t, pool, "orders", outboxtest.InSchema(schema), outboxtest.JSON(`{"id":8}`), outboxtest.Times(1))
+	outboxtest.RequireNotPublished(t, pool, "orders", outboxtest.InSchema(schema), outboxtest.Key("eve"))
+}

@@ -1,0 +1,364 @@
+package outboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/delivery"
+	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/syncrun"
+	"github.com/millrace/watermill-outbox/internal/worker"
+)
+
+// Handler handles one message, as a Watermill Router's handler does: nil
+// acks it, an error nacks it (it is retried after the Subscriber's backoff,
+// and reaches the RejectHandler after MaxAttempts), and an error from
+// outbox.Reject takes it out of the stream at once.
+type Handler func(msg *message.Message) error
+
+// State is what one Tick found.
+type State string
+
+// The states of a Tick.
+const (
+	// Processed: messages were handed to the handler.
+	Processed State = "processed"
+	// Idle: nothing to deliver.
+	Idle State = "idle"
+	// BackingOff: a partition waits out a retry backoff after a failure
+	// (TickResult.RetryIn), and nothing else was delivered.
+	BackingOff State = "backing off"
+	// Paused: the runner holds no partition and some are paused
+	// (admin.Pause, outbox pause).
+	Paused State = "paused"
+	// LeasedByAnother: the runner holds no partition because another
+	// member of the group (a running Subscriber) holds them.
+	LeasedByAnother State = "leased by another"
+)
+
+// TickResult says what one Tick did.
+type TickResult struct {
+	State State
+	// Sequenced is how many committed messages the sequencer numbered
+	// first (0 with DisableSequencer).
+	Sequenced int
+	// Acked, Failed and Rejected count this tick's deliveries: handled,
+	// failed (to be retried), taken out of the stream.
+	Acked, Failed, Rejected int
+	// Partitions is how many partitions the runner holds.
+	Partitions int
+	// RetryIn is, when backing off, the soonest a partition retries.
+	RetryIn time.Duration
+}
+
+// Result sums the ticks of RunUntilIdle.
+type Result struct {
+	Ticks                   int
+	Sequenced               int
+	Acked, Failed, Rejected int
+	// Last is the state RunUntilIdle stopped in: Idle, BackingOff (a
+	// message keeps failing; call again after RetryIn, or let MaxAttempts
+	// take it out), Paused or LeasedByAnother.
+	Last    State
+	RetryIn time.Duration
+}
+
+// Handled is how many deliveries ended in an outcome: acked, failed or
+// rejected.
+func (r Result) Handled() int { return r.Acked + r.Failed + r.Rejected }
+
+// Runner delivers one topic to a handler for a consumer group in the
+// calling goroutine, with the Subscriber's own machinery: the sequencer
+// numbers what was committed, the partitions are leased as a Subscriber
+// leases them (so a running Subscriber of the same group keeps its own),
+// and each leased partition's worker reads, hands out, acks or retries and
+// moves its cursor exactly as in production, with the strategy,
+// MaxAttempts, RejectHandler, KeyIsolation and Tuning of the config. Only
+// the waiting between turns is left out: a Tick is one turn of every
+// partition, run now.
+//
+// A Runner is for one goroutine. Close it (or let RunUntilIdle's
+// convenience function do it).
+type Runner struct {
+	sub     *syncrun.Subscription
+	handler Handler
+	batch   outbox.BatchHandler
+	out     chan *message.Message
+	calls   chan batchCall
+	workers map[int]*partitionWorker
+	closed  bool
+	// panicked is a panic of the handler, re-raised by the Tick that
+	// met it once the partition's turn is over.
+	panicked any
+}
+
+type partitionWorker struct {
+	l *lease.Lease
+	w *delivery.Worker
+}
+
+type batchCall struct {
+	ctx   context.Context
+	msgs  []*message.Message
+	reply chan batchReply
+}
+
+type batchReply struct {
+	done int
+	err  error
+}
+
+// NewRunner creates a Runner delivering topic one message at a time to h,
+// as Subscribe and a Router would. cfg is the consumer's SubscriberConfig
+// (Pool, Schema, ConsumerGroup, Strategy, ...); its sequencer runs at the
+// start of every Tick unless DisableSequencer.
+func NewRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h Handler) (*Runner, error) {
+	if h == nil {
+		return nil, &outbox.ConfigError{Field: "h", Reason: "a Handler is required"}
+	}
+	return newRunner(ctx, cfg, topic, h, nil)
+}
+
+// NewBatchRunner creates a Runner delivering topic in batches to h, as
+// ConsumeBatches would (a forwarder's handler: forwarder.Forwarder.Consumer).
+func NewBatchRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h outbox.BatchHandler) (*Runner, error) {
+	if h == nil {
+		return nil, &outbox.ConfigError{Field: "h", Reason: "a BatchHandler is required"}
+	}
+	return newRunner(ctx, cfg, topic, nil, h)
+}
+
+func newRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h Handler, batch outbox.BatchHandler) (*Runner, error) {
+	sub, err := syncrun.Open(ctx, cfg, topic, watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	return &Runner{
+		sub: sub, handler: h, batch: batch,
+		out:     make(chan *message.Message),
+		calls:   make(chan batchCall),
+		workers: map[int]*partitionWorker{},
+	}, nil
+}
+
+// errClosed reports a Tick on a closed Runner.
+var errClosed = errors.New("outboxtest: the Runner is closed")
+
+// Tick runs the sequencer once (unless disabled), takes the partitions the
+// group leaves to this runner, and runs one turn of each in partition
+// order, the handler called in this goroutine. It reports what happened.
+// An error is a database error (or the lease lost): what a Subscriber would
+// log and retry.
+func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
+	var res TickResult
+	if r.closed {
+		return res, errClosed
+	}
+	if r.sub.Sequence != nil {
+		n, err := r.sub.Sequence(ctx)
+		if err != nil {
+			return res, fmt.Errorf("outboxtest: sequence: %w", err)
+		}
+		res.Sequenced = n
+	}
+	acquired, err := r.sub.Manager.Step(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, l := range acquired {
+		var batch delivery.BatchHandler
+		if r.batch != nil {
+			batch = r.forwardBatch
+		}
+		r.workers[l.Partition()] = &partitionWorker{l: l, w: delivery.NewWorker(r.sub.Workers, r.sub.Topic, r.sub.Incarnation, l, r.out, batch)}
+	}
+	parts := make([]int, 0, len(r.workers))
+	for p, pw := range r.workers {
+		if pw.l.Context().Err() != nil { // lost (expired, paused, rebalanced)
+			pw.w.Stop()
+			pw.l.Done()
+			delete(r.workers, p)
+			continue
+		}
+		parts = append(parts, p)
+	}
+	sort.Ints(parts)
+	res.Partitions = len(parts)
+
+	counts := r.sub.Workers.Counts
+	acked0, nacked0, rejected0, timedOut0 := counts.Acked.Load(), counts.Nacked.Load(), counts.Rejected.Load(), counts.TimedOut.Load()
+	var errs []error
+	for _, p := range parts {
+		dir, err := r.turn(ctx, r.workers[p].w)
+		if r.panicked != nil {
+			v := r.panicked
+			r.panicked = nil
+			panic(v)
+		}
+		if err != nil {
+			if errors.Is(err, lease.ErrLeaseLost) {
+				continue // dropped at the next Tick
+			}
+			errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
+			continue
+		}
+		// A backoff (Sleep), or a held key's retry due later (IdleFor).
+		if d := dir.Delay(); d > 0 && (res.RetryIn == 0 || d < res.RetryIn) {
+			res.RetryIn = d
+		}
+	}
+	res.Acked = int(counts.Acked.Load() - acked0)
+	res.Failed = int(counts.Nacked.Load() - nacked0 + counts.TimedOut.Load() - timedOut0)
+	res.Rejected = int(counts.Rejected.Load() - rejected0)
+	switch {
+	case res.Acked+res.Failed+res.Rejected > 0:
+		res.State = Processed
+	case res.RetryIn > 0:
+		res.State = BackingOff
+	case len(parts) == 0:
+		paused, others, err := r.sub.TickState(ctx)
+		if err != nil {
+			return res, err
+		}
+		switch {
+		case others > 0:
+			res.State = LeasedByAnother
+		case paused > 0:
+			res.State = Paused
+		default:
+			res.State = Idle
+		}
+	default:
+		res.State = Idle
+	}
+	return res, errors.Join(errs...)
+}
+
+// turn runs one turn of w while serving its hand-outs here: a message from
+// out goes to the handler and is acked or nacked; a batch goes to the batch
+// handler and its answer back.
+func (r *Runner) turn(ctx context.Context, w *delivery.Worker) (worker.Directive, error) {
+	type stepped struct {
+		dir worker.Directive
+		err error
+	}
+	done := make(chan stepped, 1)
+	go func() {
+		d, err := w.Step(ctx)
+		done <- stepped{d, err}
+	}()
+	for {
+		select {
+		case s := <-done:
+			return s.dir, s.err
+		case m := <-r.out:
+			if err := r.call(func() error { return r.handler(m) }); err != nil {
+				m.Nack()
+			} else {
+				m.Ack()
+			}
+		case c := <-r.calls:
+			var n int
+			err := r.call(func() error {
+				var err error
+				n, err = r.batch(c.ctx, c.msgs)
+				return err
+			})
+			c.reply <- batchReply{n, err}
+		}
+	}
+}
+
+// call runs a handler, turning a panic into an error for the worker (so
+// that its turn ends) and keeping it to raise after the turn.
+func (r *Runner) call(fn func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.panicked = v
+			err = fmt.Errorf("outboxtest: handler panicked: %v", v)
+		}
+	}()
+	return fn()
+}
+
+// forwardBatch is the worker's BatchHandler: it hands the batch to the
+// goroutine running Tick and waits for its answer.
+func (r *Runner) forwardBatch(ctx context.Context, msgs []*message.Message) (int, error) {
+	reply := make(chan batchReply, 1)
+	select {
+	case r.calls <- batchCall{ctx: ctx, msgs: msgs, reply: reply}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	select {
+	case a := <-reply:
+		return a.done, a.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// RunUntilIdle ticks until a tick delivers nothing and finds nothing to
+// sequence, and returns the sums. It stops, without waiting, when every
+// partition is idle or backing off (Result.Last says which), or when the
+// runner holds no partition (Paused, LeasedByAnother).
+func (r *Runner) RunUntilIdle(ctx context.Context) (Result, error) {
+	var sum Result
+	for {
+		t, err := r.Tick(ctx)
+		sum.Ticks++
+		sum.Sequenced += t.Sequenced
+		sum.Acked += t.Acked
+		sum.Failed += t.Failed
+		sum.Rejected += t.Rejected
+		sum.Last, sum.RetryIn = t.State, t.RetryIn
+		if err != nil {
+			return sum, err
+		}
+		if t.State != Processed && t.Sequenced == 0 {
+			return sum, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return sum, err
+		}
+	}
+}
+
+// Close gives the partitions back (releasing the leases, so that a
+// Subscriber of the group takes them at once) and closes the Subscriber it
+// was built on. No goroutine of the Runner is left.
+func (r *Runner) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	for p, pw := range r.workers {
+		pw.w.Stop()
+		pw.l.Done()
+		delete(r.workers, p)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r.sub.Manager.Stop(ctx)
+	return r.sub.Close()
+}
+
+// RunUntilIdle delivers everything committed on topic to h for cfg's
+// consumer group, in the calling goroutine, and returns when nothing is
+// left (see Runner.RunUntilIdle); the partitions are given back before it
+// returns.
+func RunUntilIdle(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h Handler) (Result, error) {
+	r, err := NewRunner(ctx, cfg, topic, h)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := r.RunUntilIdle(ctx)
+	return res, errors.Join(err, r.Close())
+}
