@@ -3,12 +3,15 @@ package admin
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 )
 
 // Filter selects what Status reports. Zero fields select everything.
@@ -23,6 +26,21 @@ type Report struct {
 	// measured from it.
 	At     time.Time     `json:"at"`
 	Topics []TopicStatus `json:"topics"`
+	// WALSlot is the log-based mode's replication slot (relay package),
+	// nil when the schema has none.
+	WALSlot *WALSlot `json:"wal_slot,omitempty"`
+}
+
+// WALSlot is the state of the schema's replication slot: while no relay
+// streams it (Active false), PostgreSQL keeps the WAL from its position on
+// (RetainedWALBytes), and messages published in outbox.ModeWAL wait there.
+type WALSlot struct {
+	Slot             string `json:"slot"`
+	Active           bool   `json:"active"`
+	RetainedWALBytes int64  `json:"retained_wal_bytes"`
+	// WALStatus is PostgreSQL's: reserved, extended, unreserved, or lost
+	// (invalidated by max_slot_wal_keep_size).
+	WALStatus string `json:"wal_status"`
 }
 
 // TopicStatus is the status of one topic and the groups consuming it.
@@ -256,12 +274,28 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 		}
 		rep.Topics = assemble(topics, parts, members, f.Group != "")
 		addHolders(rep.Topics, holders)
-		return nil
+		rep.WALSlot, err = a.walSlot(ctx, tx)
+		return err
 	})
 	if err != nil {
 		return Report{}, schemaErr(fmt.Errorf("admin: status: %w", err), a.cfg.Schema)
 	}
 	return rep, nil
+}
+
+// walSlot reads the schema's replication slot, if it has one.
+func (a *Admin) walSlot(ctx context.Context, tx pgx.Tx) (*WALSlot, error) {
+	slot := dbsql.WALName(a.cfg.Schema)
+	w := WALSlot{Slot: slot}
+	var confirmed, appended int64
+	err := tx.QueryRow(ctx, a.q.WALSlotStatus, slot).Scan(&w.Active, &w.RetainedWALBytes, &confirmed, &w.WALStatus, &appended)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &w, nil
 }
 
 // held adds the held keys to the partitions they are held in (parts is

@@ -24,9 +24,11 @@ import (
 	"fmt"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/names"
@@ -96,7 +98,7 @@ func Payload(desc string, ok func(payload []byte) bool) Match {
 
 // PayloadEquals matches messages whose payload is exactly b.
 func PayloadEquals(b []byte) Match {
-	return where(fmt.Sprintf("payload %q", clip(b)), func(p Published) bool { return bytes.Equal(p.Payload, b) })
+	return where("payload "+showPayload(b), func(p Published) bool { return bytes.Equal(p.Payload, b) })
 }
 
 // JSON matches messages whose payload is JSON containing subset: every
@@ -238,16 +240,27 @@ func list(ps []Published, what string) string {
 		for j, k := range keys {
 			md[j] = fmt.Sprintf("%s=%q", k, p.Metadata[k])
 		}
-		fmt.Fprintf(&sb, "\n  - uuid %q key %q partition %d %s metadata {%s} payload %q", p.UUID, p.Key, p.Partition, seq, strings.Join(md, " "), clip(p.Payload))
+		fmt.Fprintf(&sb, "\n  - uuid %q key %q partition %d %s metadata {%s} payload %s", p.UUID, p.Key, p.Partition, seq, strings.Join(md, " "), showPayload(p.Payload))
 	}
 	return sb.String()
 }
 
-func clip(b []byte) string {
+// showPayload shows a payload in a failure message: printable text as it
+// is between backquotes (JSON stays readable), anything else quoted with
+// Go escapes; the first 120 bytes of it.
+func showPayload(b []byte) string {
+	more := ""
 	if len(b) > 120 {
-		return string(b[:120]) + "…"
+		n := 120
+		for n > 0 && !utf8.RuneStart(b[n]) { // do not cut a character
+			n--
+		}
+		b, more = b[:n], "…"
 	}
-	return string(b)
+	if s := string(b); strconv.CanBackquote(s) {
+		return "`" + s + "`" + more
+	}
+	return strconv.Quote(string(b)) + more
 }
 
 func readTopic(ctx context.Context, db any, schema, topic string) ([]Published, error) {

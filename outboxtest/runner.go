@@ -102,6 +102,9 @@ type Runner struct {
 type partitionWorker struct {
 	l *lease.Lease
 	w *delivery.Worker
+	// retryAt is when a backoff the worker asked for (a Sleep directive)
+	// ends: the partition gets no turn before then, as under Run.
+	retryAt time.Time
 }
 
 type batchCall struct {
@@ -195,8 +198,18 @@ func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 	counts := r.sub.Workers.Counts
 	acked0, nacked0, rejected0, timedOut0 := counts.Acked.Load(), counts.Nacked.Load(), counts.Rejected.Load(), counts.TimedOut.Load()
 	var errs []error
+	noteRetry := func(d time.Duration) {
+		if d > 0 && (res.RetryIn == 0 || d < res.RetryIn) {
+			res.RetryIn = d
+		}
+	}
 	for _, p := range parts {
-		dir, err := r.turn(ctx, r.workers[p].w)
+		pw := r.workers[p]
+		if wait := time.Until(pw.retryAt); wait > 0 {
+			noteRetry(wait) // still backing off: no turn
+			continue
+		}
+		dir, err := r.turn(ctx, pw.w)
 		if r.panicked != nil {
 			v := r.panicked
 			r.panicked = nil
@@ -209,10 +222,12 @@ func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 			errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
 			continue
 		}
-		// A backoff (Sleep), or a held key's retry due later (IdleFor).
-		if d := dir.Delay(); d > 0 && (res.RetryIn == 0 || d < res.RetryIn) {
-			res.RetryIn = d
+		// A backoff (Sleep): no turn before it ends. A held key's retry
+		// due later (IdleFor): the worker itself holds the key back.
+		if d, sleeping := dir.SleepDelay(); sleeping && d > 0 {
+			pw.retryAt = time.Now().Add(d)
 		}
+		noteRetry(dir.Delay())
 	}
 	res.Acked = int(counts.Acked.Load() - acked0)
 	res.Failed = int(counts.Nacked.Load() - nacked0 + counts.TimedOut.Load() - timedOut0)

@@ -522,7 +522,7 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 			if m.Key != "" {
 				key = &m.Key
 			}
-			var payload []byte = m.Payload
+			payload := m.Payload
 			var bodyID *int64
 			if len(m.Payload) >= dbsql.LargePayload {
 				id := bodyIDs[len(bodyRows)]

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
@@ -483,6 +484,18 @@ func TestSlotStatusRetainedWALAndDrop(t *testing.T) {
 	if st.RetainedWALBytes < 500*2000 {
 		t.Fatalf("retained WAL %d bytes after 1 MB published with no relay, want at least that", st.RetainedWALBytes)
 	}
+	// The operators' status says the same.
+	adm, err := admin.New(admin.Config{Schema: b.Schema, Pool: b.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := adm.Status(outboxtest.Ctx(t), admin.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := rep.WALSlot; w == nil || w.Active || w.Slot != st.Slot || w.RetainedWALBytes < 500*2000 {
+		t.Fatalf("admin status of the slot with no relay: %+v", rep.WALSlot)
+	}
 
 	logs := &captureLogger{}
 	r := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.WarnRetainedWAL = 1000 }, logs)
@@ -496,6 +509,9 @@ func TestSlotStatusRetainedWALAndDrop(t *testing.T) {
 	}
 	if !st.Active || st.AppendedLSN == 0 {
 		t.Fatalf("status while streaming: %+v", st)
+	}
+	if rep, err = adm.Status(outboxtest.Ctx(t), admin.Filter{}); err != nil || rep.WALSlot == nil || !rep.WALSlot.Active {
+		t.Fatalf("admin status of the slot while a relay streams: %+v, %v", rep.WALSlot, err)
 	}
 	waitFor(t, "the confirmed position to pass the last append", func() bool {
 		st, err = r.Status(outboxtest.Ctx(t))

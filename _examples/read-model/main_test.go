@@ -45,17 +45,16 @@ func testDB(t *testing.T) (*pgxpool.Pool, string) {
 	return pool, schema
 }
 
-func TestOrdersAddUpInTheCustomerTotals(t *testing.T) {
-	t.Parallel()
+// publish publishes the events in one transaction, as the write side does.
+func publish(t *testing.T, pool *pgxpool.Pool, schema string, evs ...orderPlaced) {
 	ctx := context.Background()
-	pool, schema := testDB(t)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var msgs []*message.Message
-		for _, ev := range []orderPlaced{{1, "ada", 500}, {2, "bob", 700}, {3, "ada", 250}} {
+		for _, ev := range evs {
 			payload, _ := json.Marshal(ev)
 			m := message.NewMessage(fmt.Sprintf("order-%d", ev.OrderID), payload)
 			m.Metadata.Set(outbox.PartitionKeyMetadata, ev.Customer)
@@ -67,6 +66,13 @@ func TestOrdersAddUpInTheCustomerTotals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestOrdersAddUpInTheCustomerTotals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := testDB(t)
+	publish(t, pool, schema, orderPlaced{1, "ada", 500}, orderPlaced{2, "bob", 700}, orderPlaced{3, "ada", 250})
 
 	// The consumer's own config, as in startConsumer, and its handler.
 	res, err := outboxtest.RunUntilIdle(ctx, outbox.SubscriberConfig{
@@ -94,20 +100,7 @@ func TestAFailedDeliveryIsRetriedAndCountedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := testDB(t)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		payload, _ := json.Marshal(orderPlaced{13, "ada", 1300})
-		m := message.NewMessage("order-13", payload)
-		m.Metadata.Set(outbox.PartitionKeyMetadata, "ada")
-		m.SetContext(outbox.WithTx(ctx, tx))
-		return pub.Publish("orders", m)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	publish(t, pool, schema, orderPlaced{13, "ada", 1300})
 	cfg := outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "customer-totals", Strategy: outbox.Transactional}
 	first, err := outboxtest.RunUntilIdle(ctx, cfg, "orders", handle)
 	if err != nil {

@@ -60,6 +60,13 @@ letters. --watch refreshes it.`,
 
 func statusTable(w *tabwriter.Writer, rep admin.Report) {
 	fmt.Fprintf(w, "at %s\n", rep.At.Format(time.RFC3339))
+	if s := rep.WALSlot; s != nil {
+		relay := "a relay streams it"
+		if !s.Active {
+			relay = "NO RELAY STREAMS IT (messages published in ModeWAL wait; run outbox relay --wal)"
+		}
+		fmt.Fprintf(w, "wal slot %s: %s; keeps %d bytes of WAL (%s)\n", s.Slot, relay, s.RetainedWALBytes, s.WALStatus)
+	}
 	for _, t := range rep.Topics {
 		held := ""
 		if t.RetentionHeldBy != "" {
