@@ -467,10 +467,7 @@ func (res *results) latencyMarkdown(sb *strings.Builder) {
 		if !l.Complete {
 			received = fmt.Sprintf("%d of %d (incomplete)", l.Received, l.Messages)
 		}
-		label := systemLabel[l.System]
-		if l.Tuning != "" {
-			label += ", " + l.Tuning
-		}
+		label := l.label()
 		fmt.Fprintf(sb, "| %s | %d | %d | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.2f | %.1f |\n",
 			label, l.OfferedRate, l.PerTx, achieved, received, l.Latency.P50Ms, l.Latency.P90Ms, l.Latency.P99Ms,
 			l.Latency.P999Ms, l.Latency.MaxMs, yesNo(l.Complete && l.Latency.P99Ms <= 25), l.DrainSeconds, l.CPUMicrosPerMessage)
@@ -544,7 +541,7 @@ func (res *results) statementsMarkdown() string {
 		table(fmt.Sprintf("compare %s, %s, %d/tx", systemLabel[r.System], r.Mode, r.PerTx), r.Statements)
 	}
 	for _, l := range res.Latency {
-		table(fmt.Sprintf("latency %s at %d msg/s", systemLabel[l.System], l.OfferedRate), l.Statements)
+		table(fmt.Sprintf("latency %s at %d msg/s", l.label(), l.OfferedRate), l.Statements)
 	}
 	if g := res.Growth; g != nil {
 		if g.History != nil {
@@ -558,4 +555,13 @@ func (res *results) statementsMarkdown() string {
 		}
 	}
 	return sb.String()
+}
+
+// label names the system of a latency run, with the relay's tuning when
+// the system was run with more than one.
+func (l *latencyResult) label() string {
+	if l.Tuning == "" {
+		return systemLabel[l.System]
+	}
+	return systemLabel[l.System] + ", " + l.Tuning
 }
