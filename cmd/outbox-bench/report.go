@@ -559,9 +559,9 @@ func (res *results) statementsMarkdown() string {
 
 // label names the system of a latency run, with the relay's tuning when
 // the system was run with more than one.
-func (l *latencyResult) label() string {
-	if l.Tuning == "" {
-		return systemLabel[l.System]
+func (r *latencyResult) label() string {
+	if r.Tuning == "" {
+		return systemLabel[r.System]
 	}
-	return systemLabel[l.System] + ", " + l.Tuning
+	return systemLabel[r.System] + ", " + r.Tuning
 }
