@@ -144,6 +144,7 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 		"join":     strings.Join,
 		"rfc3339":  func(t time.Time) string { return t.Format(time.RFC3339) },
 		"pathPart": url.PathEscape,
+		"bytes":    humanBytes,
 	}
 	for _, page := range []string{"overview", "group", "dlq", "entry", "message", "confirm"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
@@ -533,4 +534,18 @@ func payloadText(b []byte) string {
 		return string(b)
 	}
 	return fmt.Sprintf("(%d bytes of binary data)", len(b))
+}
+
+// humanBytes writes n bytes in binary units: 512 B, 1.5 KiB, 3.2 GiB.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return strconv.FormatFloat(float64(n)/float64(div), 'f', 1, 64) + " " + string("KMGTPE"[exp]) + "iB"
 }

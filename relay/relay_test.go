@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -19,6 +22,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/admin"
+	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
@@ -496,6 +500,13 @@ func TestSlotStatusRetainedWALAndDrop(t *testing.T) {
 	if w := rep.WALSlot; w == nil || w.Active || w.Slot != st.Slot || w.RetainedWALBytes < 500*2000 {
 		t.Fatalf("admin status of the slot with no relay: %+v", rep.WALSlot)
 	}
+	// And the console's overview, in words an operator acts on.
+	page := consoleOverview(t, b)
+	for _, want := range []string{"Replication slot <b>" + st.Slot + "</b>", "no relay streams it", "of WAL retained", `class="warn"`} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("console overview lacks %q:\n%s", want, page)
+		}
+	}
 
 	logs := &captureLogger{}
 	r := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.WarnRetainedWAL = 1000 }, logs)
@@ -512,6 +523,9 @@ func TestSlotStatusRetainedWALAndDrop(t *testing.T) {
 	}
 	if rep, err = adm.Status(outboxtest.Ctx(t), admin.Filter{}); err != nil || rep.WALSlot == nil || !rep.WALSlot.Active {
 		t.Fatalf("admin status of the slot while a relay streams: %+v, %v", rep.WALSlot, err)
+	}
+	if page := consoleOverview(t, b); !strings.Contains(page, "a relay streams it") || strings.Contains(page, "no relay streams it") {
+		t.Fatalf("console overview while a relay streams:\n%s", page)
 	}
 	waitFor(t, "the confirmed position to pass the last append", func() bool {
 		st, err = r.Status(outboxtest.Ctx(t))
@@ -624,4 +638,25 @@ func (l *captureLogger) has(s string) bool {
 		}
 	}
 	return false
+}
+
+// consoleOverview returns the web console's overview page of b's schema.
+func consoleOverview(t *testing.T, b *outboxtest.Bundle) string {
+	t.Helper()
+	c, err := console.New(console.Config{Pool: b.Pool, Schema: b.Schema}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c)
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /: %d, %v", resp.StatusCode, err)
+	}
+	return string(body)
 }
