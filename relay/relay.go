@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,7 @@ const (
 	DefaultWarnRetainedWAL = 1 << 30 // 1 GiB
 	DefaultStatusInterval  = 10 * time.Second
 	DefaultMaxErrorBackoff = 5 * time.Second
+	DefaultTakeoverTimeout = 30 * time.Second
 )
 
 // Config configures a Relay.
@@ -79,6 +81,18 @@ type Config struct {
 	// DisableNotify turns off the notification that wakes Subscribers after
 	// each append (they then find messages by polling).
 	DisableNotify bool
+	// TakeoverTimeout bounds how long a relay that stopped answering (a
+	// frozen process or VM, a network partition) keeps the slot and its
+	// append from a standby (default DefaultTakeoverTimeout, as a lease's
+	// TTL): it is the replication connection's wal_sender_timeout, so the
+	// server ends the stream of a relay silent for that long, and the
+	// append connection's idle_in_transaction_session_timeout. A relay
+	// whose append waits a third of it for a lock held by another relay's
+	// append connection ends that session (pg_terminate_backend: the
+	// relays run as the same role, or one with pg_signal_backend); the
+	// stale append rolls back whole. At least 100 ms; pauses shorter than
+	// it are survived without a takeover.
+	TakeoverTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -100,6 +114,9 @@ func (c *Config) setDefaults() {
 	if c.MaxErrorBackoff == 0 {
 		c.MaxErrorBackoff = DefaultMaxErrorBackoff
 	}
+	if c.TakeoverTimeout == 0 {
+		c.TakeoverTimeout = DefaultTakeoverTimeout
+	}
 }
 
 // Validate reports the first impossible setting as a *outbox.ConfigError
@@ -116,6 +133,8 @@ func (c Config) Validate() error {
 		return &errs.ConfigError{Field: "MaxBatch", Reason: "must be at least 1"}
 	case c.StandbyRetry < 0 || c.StatusInterval < 0 || c.MaxErrorBackoff < 0:
 		return &errs.ConfigError{Field: "StandbyRetry, StatusInterval, MaxErrorBackoff", Reason: "must not be negative"}
+	case c.TakeoverTimeout < 100*time.Millisecond:
+		return &errs.ConfigError{Field: "TakeoverTimeout", Reason: "must be at least 100ms (or 0 for the default, 30s)"}
 	}
 	return nil
 }
@@ -253,11 +272,13 @@ type txn struct {
 func (r *Relay) stream(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pos, err := r.position(ctx)
-	if err != nil {
-		return err
+	timeout := strconv.FormatInt(r.cfg.TakeoverTimeout.Milliseconds(), 10)
+	replCfg := r.cfg.Pool.Config().ConnConfig.Config.Copy()
+	if replCfg.RuntimeParams == nil {
+		replCfg.RuntimeParams = map[string]string{}
 	}
-	conn, err := pgrepl.Connect(ctx, &r.cfg.Pool.Config().ConnConfig.Config)
+	replCfg.RuntimeParams["wal_sender_timeout"] = timeout
+	conn, err := pgrepl.Connect(ctx, replCfg)
 	if err != nil {
 		return classify(err)
 	}
@@ -269,10 +290,35 @@ func (r *Relay) stream(ctx context.Context) error {
 	if err := conn.StartLogical(ctx, r.slot, r.slot, 0); err != nil {
 		return classify(err)
 	}
+	// The appends go through a connection of their own, named so that the
+	// slot's next holder can tell a stale append from anything else, and
+	// bounded so that a frozen relay cannot hold the relays row for ever.
+	appendCfg := r.cfg.Pool.Config().ConnConfig.Copy()
+	if appendCfg.RuntimeParams == nil {
+		appendCfg.RuntimeParams = map[string]string{}
+	}
+	appendCfg.RuntimeParams["application_name"] = r.appendName()
+	appendCfg.RuntimeParams["idle_in_transaction_session_timeout"] = timeout
+	appendCfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(max(r.cfg.TakeoverTimeout.Milliseconds()/3, 1), 10)
+	db, err := pgx.ConnectConfig(ctx, appendCfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		closeCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		_ = db.Close(closeCtx)
+	}()
+	// The position is read once the slot is this relay's: an append still
+	// holding the relays row is then another relay's, and stale.
+	pos, err := r.position(ctx, db)
+	if err != nil {
+		return err
+	}
 	r.active.Store(true)
 	r.logger.Info("Streaming the slot", watermill.LogFields{"position": pgrepl.LSN(pos).String()})
 
-	s := &session{r: r, conn: conn, startPos: pgrepl.LSN(pos), pos: pgrepl.LSN(pos), txns: make(chan txn, 256)}
+	s := &session{r: r, conn: conn, db: db, startPos: pgrepl.LSN(pos), pos: pgrepl.LSN(pos), txns: make(chan txn, 256)}
 	readErr := make(chan error, 1)
 	go func() {
 		readErr <- s.read(ctx)
@@ -294,6 +340,8 @@ func (r *Relay) stream(ctx context.Context) error {
 type session struct {
 	r    *Relay
 	conn *pgrepl.Conn
+	// db is the append connection (Relay.appendName).
+	db *pgx.Conn
 	// startPos is the commit LSN of the last transaction in the log when
 	// the session started (the reader skips transactions at or below it);
 	// pos the same as the appender moves it.
@@ -476,7 +524,7 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 	}
 	newPos := batch[len(batch)-1].commitLSN
 
-	tx, err := s.r.cfg.Pool.Begin(ctx)
+	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -490,11 +538,15 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 	)
 	if err := tx.QueryRow(ctx, s.r.q.WALAdvance, s.r.slot, int64(s.pos), int64(newPos), topics, parts, ns, channel).
 		Scan(&moved, &gotTopics, &gotParts, &bases, &notified); err != nil {
+		if isLockTimeout(err) {
+			return s.r.endStaleAppenders(ctx, err)
+		}
 		return fmt.Errorf("relay: advance the partitions of %d messages: %w", n, err)
 	}
 	if moved != 1 {
 		return errFenced
 	}
+	pause("advanced")
 	if len(bases) != len(order) {
 		return fmt.Errorf("relay: %d of the %d topic partitions of %d messages are not registered (was a topic dropped?); nothing was appended", len(order)-len(bases), len(order), n)
 	}
@@ -539,7 +591,11 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 			return fmt.Errorf("relay: copy %d bodies: %w", len(bodyRows), err)
 		}
 	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{s.r.cfg.Schema, "log"}, logColumns, pgx.CopyFromRows(logRows)); err != nil {
+	rows := pgx.CopyFromRows(logRows)
+	if testPause.Load() != nil {
+		rows = &pausingRows{CopyFromSource: rows, at: len(logRows) / 2}
+	}
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{s.r.cfg.Schema, "log"}, logColumns, rows); err != nil {
 		return fmt.Errorf("relay: copy %d messages into the log: %w", n, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -551,17 +607,70 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 	return nil
 }
 
+// appendName is the application_name of the append connections of the
+// Relay's slot.
+func (r *Relay) appendName() string { return "watermill-outbox relay append " + r.slot }
+
+// isLockTimeout reports SQLSTATE 55P03 (lock_not_available): lock_timeout.
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// endStaleAppenders ends the sessions of other relays' append connections
+// of the slot after this relay's append waited a third of TakeoverTimeout
+// for the relays row: this relay holds the slot, so they are stale (frozen
+// or cut off mid-append) and their appends roll back whole. It returns an
+// error either way: the stream starts again from the position in the
+// relays row.
+func (r *Relay) endStaleAppenders(ctx context.Context, waited error) error {
+	var ended int64
+	if err := r.cfg.Pool.QueryRow(ctx, r.q.WALEndStaleAppenders, r.appendName()).Scan(&ended); err != nil {
+		return fmt.Errorf("relay: an append waited for the relays row (%v), and ending the stale append sessions holding it failed (run the relays as the same role, or grant it pg_signal_backend): %w", waited, err)
+	}
+	r.logger.Error("A relay that stopped answering held the slot's append; its session was ended and its append rolled back", waited, watermill.LogFields{"sessions_ended": ended})
+	return fmt.Errorf("relay: an append waited for the relays row: %w (%d stale append sessions ended)", waited, ended)
+}
+
+// testPause (tests only, export_test.go) is called at named points of an
+// append: "advanced" (the partitions and the position moved, the
+// transaction open) and "copy" (halfway through the rows sent by COPY).
+var testPause atomic.Pointer[func(point string)]
+
+func pause(point string) {
+	if f := testPause.Load(); f != nil {
+		(*f)(point)
+	}
+}
+
+// pausingRows calls pause("copy") before handing out row at.
+type pausingRows struct {
+	pgx.CopyFromSource
+	at, n int
+}
+
+func (p *pausingRows) Next() bool {
+	if p.n == p.at {
+		pause("copy")
+	}
+	p.n++
+	return p.CopyFromSource.Next()
+}
+
 // logColumns are the columns the relay copies into the log.
 var logColumns = []string{"topic", "partition", "seq", "partition_key", "uuid", "metadata", "payload", "body_id", "created_at"}
 
 // position reads the commit LSN of the last transaction appended,
 // creating the relays row if CreateSlot did not.
-func (r *Relay) position(ctx context.Context) (int64, error) {
-	if _, err := r.cfg.Pool.Exec(ctx, r.q.WALRelayInit, r.slot); err != nil {
+func (r *Relay) position(ctx context.Context, db *pgx.Conn) (int64, error) {
+	if _, err := db.Exec(ctx, r.q.WALRelayInit, r.slot); err != nil {
+		if isLockTimeout(err) {
+			return 0, r.endStaleAppenders(ctx, err)
+		}
 		return 0, schemacheck.Wrap(err, r.cfg.Schema)
 	}
 	var pos int64
-	if err := r.cfg.Pool.QueryRow(ctx, r.q.WALRelayPosition, r.slot).Scan(&pos); err != nil {
+	if err := db.QueryRow(ctx, r.q.WALRelayPosition, r.slot).Scan(&pos); err != nil {
 		return 0, err
 	}
 	return pos, nil

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -365,12 +366,114 @@ func TestRelayChild(t *testing.T) {
 		t.Skip("only runs as the child of TestRelayKilledAtRandomPointsNumbersEveryMessageOnce")
 	}
 	relay.NeverConfirm(os.Getenv("OUTBOX_RELAY_NEVER_CONFIRM") == "true")
-	r, err := relay.New(relay.Config{Schema: os.Getenv("OUTBOX_RELAY_SCHEMA"), Pool: pgtest.Pool(t), StandbyRetry: 20 * time.Millisecond, MaxBatch: 50}, nil)
+	cfg := relay.Config{Schema: os.Getenv("OUTBOX_RELAY_SCHEMA"), Pool: pgtest.Pool(t), StandbyRetry: 20 * time.Millisecond, MaxBatch: 50}
+	if d := os.Getenv("OUTBOX_RELAY_TAKEOVER"); d != "" {
+		var err error
+		if cfg.TakeoverTimeout, err = time.ParseDuration(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if at := os.Getenv("OUTBOX_RELAY_PAUSE_AT"); at != "" {
+		var once sync.Once
+		relay.PauseAt(func(point string) {
+			if point == at {
+				once.Do(func() { _ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) }) // frozen until SIGCONT
+			}
+		})
+	}
+	r, err := relay.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Run(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A relay frozen in the middle of an append (SIGSTOP: a long GC pause, a
+// frozen VM) holds the slot and, with its open transaction, the relays
+// row. Within TakeoverTimeout the server ends its stream, its append is
+// ended (idle in transaction, or mid-COPY by the next holder) and rolls
+// back, and a standby takes over. Woken up, the frozen relay is a zombie
+// that appends nothing: the log stays 1..n per partition, each message
+// once.
+func TestFrozenRelayIsTakenOverAndFencedWhenItWakes(t *testing.T) {
+	for _, point := range []string{"advanced", "copy"} {
+		t.Run(point, func(t *testing.T) {
+			b := setup(t, "orders", 2)
+			const takeover = 2 * time.Second
+			child := exec.Command(os.Args[0], "-test.run=^TestRelayChild$", "-test.count=1")
+			child.Env = append(os.Environ(), "OUTBOX_RELAY_CHILD=1", pgtest.EnvDatabaseURL+"="+pgtest.DatabaseURL(),
+				"OUTBOX_RELAY_SCHEMA="+b.Schema, "OUTBOX_RELAY_PAUSE_AT="+point, "OUTBOX_RELAY_TAKEOVER="+takeover.String())
+			if err := child.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = child.Process.Kill()
+				_ = child.Wait()
+			})
+			waitFor(t, "the child relay to stream", func() bool {
+				st, err := relay.StatusOf(outboxtest.Ctx(t), b.Pool, b.Schema)
+				return err == nil && st.Active
+			})
+
+			pub := walPublisher(t, b)
+			committed, order := map[string]string{}, map[string]int{}
+			// The first transaction is large enough (about 200 KB) that the
+			// freeze halfway through its COPY comes after pgx has sent the
+			// COPY and its first 64 KiB: the server is inside the COPY.
+			payload := bytes.Repeat([]byte("p"), 200)
+			publish := func(round, n int) {
+				var msgs []*message.Message
+				for i := range n {
+					key := fmt.Sprintf("key-%d", i%4)
+					m := message.NewMessage(fmt.Sprintf("r%d-%d", round, i), payload)
+					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+					msgs = append(msgs, m)
+					committed[m.UUID] = key
+					order[m.UUID] = len(order) + 1
+				}
+				if err := pub.Publish("orders", msgs...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			publish(1, 1000)
+			waitFor(t, "the child to freeze in its append at "+point, func() bool {
+				stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child.Process.Pid))
+				// state is the field after the command name's closing parenthesis
+				return err == nil && bytes.Contains(stat, []byte(") T "))
+			})
+			frozen := time.Now()
+			if n := b.Int("SELECT count(*) FROM " + b.Schema + ".log"); n != 0 {
+				t.Fatalf("the frozen relay's append is visible: %d messages in the log", n)
+			}
+
+			logs := &captureLogger{}
+			standby := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.TakeoverTimeout = takeover }, logs)
+			waitLog(t, b, "orders", 1000)
+			took := time.Since(frozen)
+			t.Logf("frozen at %s: the standby appended %s later", point, took.Round(time.Millisecond))
+			if took > 10*takeover {
+				t.Fatalf("the standby took %s to take over from a relay frozen at %s (TakeoverTimeout %s)", took, point, takeover)
+			}
+			if point == "copy" && !logs.has("stopped answering held the slot's append") {
+				t.Fatalf("the standby did not end the frozen relay's append session; logged: %v", logs.lines())
+			}
+
+			// The zombie wakes up: its stream and its append are gone.
+			if err := child.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			publish(2, 10)
+			waitLog(t, b, "orders", 1010)
+			publish(3, 10)
+			waitLog(t, b, "orders", 1020)
+			time.Sleep(300 * time.Millisecond) // room for a late duplicate
+			checkLog(t, readLog(t, b, "orders"), committed, order)
+			if got := standby.Stats().Appended; got != 1020 {
+				t.Fatalf("the standby appended %d messages, want all 1020 (the frozen append must have rolled back)", got)
+			}
+		})
 	}
 }
 

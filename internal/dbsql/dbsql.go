@@ -155,6 +155,7 @@ type Queries struct {
 	WALRelayDelete       string
 	WALRelayPosition     string
 	WALSlotStatus        string
+	WALEndStaleAppenders string
 	WALAdvance           string
 	BodiesNextIDs        string
 

@@ -96,3 +96,13 @@ SELECT (SELECT count(*) FROM relay)::int8,
 -- name: BodiesNextIDs
 -- $1 ids for bodies rows the relay copies in.
 SELECT nextval('{{schema}}.bodies_id_seq') FROM generate_series(1, $1::int4);
+
+-- name: WALEndStaleAppenders
+-- $1 application_name of this slot's append connections: ends the sessions
+-- of other relays' append connections (a relay frozen or cut off in the
+-- middle of an append, whose transaction holds the relays row while the
+-- slot's new holder waits for it). Their appends roll back whole; the
+-- number of sessions ended.
+SELECT count(pg_terminate_backend(a.pid))::int8
+FROM pg_stat_activity a
+WHERE a.application_name = $1 AND a.pid <> pg_backend_pid() AND a.state <> 'idle';
