@@ -27,6 +27,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/partitioning"
 	"github.com/millrace/watermill-outbox/relay"
 )
 
@@ -588,6 +589,60 @@ func TestFrozenRelayIsTakenOverAndFencedWhenItWakes(t *testing.T) {
 			if got := standby.Stats().Appended; got != 1020 {
 				t.Fatalf("the standby appended %d messages, want all 1020 (the frozen append must have rolled back)", got)
 			}
+		})
+	}
+}
+
+// A transaction whose partition is not registered (its row deleted by
+// hand, as a dropped topic would leave it) is not half-appended, by the
+// one-statement append of small batches and by the COPY of large ones: the
+// relay says which partition, appends nothing, moves neither the
+// partitions nor its position, and retries; once the partition is back,
+// the messages are appended from seq 1.
+func TestUnregisteredPartitionAppendsNothingAndSaysWhich(t *testing.T) {
+	for _, size := range []int{3, 500} {
+		t.Run(fmt.Sprintf("%d messages", size), func(t *testing.T) {
+			b := setup(t, "orders", 2)
+			pub := walPublisher(t, b)
+			committed, order := map[string]string{}, map[string]int{}
+			var msgs []*message.Message
+			for i := range size {
+				m := message.NewMessage(fmt.Sprintf("m-%d", i), []byte("x"))
+				m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+				msgs = append(msgs, m)
+				committed[m.UUID], order[m.UUID] = "k", i+1
+			}
+			if err := pub.Publish("orders", msgs...); err != nil {
+				t.Fatal(err)
+			}
+			part, err := partitioning.Default().Partition("k", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Pool.Exec(outboxtest.Ctx(t), "DELETE FROM "+b.Schema+".partitions WHERE topic = $1 AND partition = $2", "orders", part); err != nil {
+				t.Fatal(err)
+			}
+			logs := &captureLogger{}
+			startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.MaxErrorBackoff = 100 * time.Millisecond }, logs)
+			want := fmt.Sprintf("orders partition %d", part)
+			if size > 100 {
+				want = "1 of the 1 topic partitions"
+			}
+			waitFor(t, "the relay to say the partition is not registered", func() bool { return logs.has("not registered") && logs.has(want) })
+			if n := b.Int("SELECT count(*) FROM " + b.Schema + ".log"); n != 0 {
+				t.Fatalf("%d messages in the log of an unregistered partition", n)
+			}
+			if lsn := b.Int("SELECT lsn FROM " + b.Schema + ".relays"); lsn != 0 {
+				t.Fatalf("the relay's position moved to %d without an append", lsn)
+			}
+			if seq := b.Int("SELECT coalesce(max(last_seq), 0) FROM " + b.Schema + ".partitions"); seq != 0 {
+				t.Fatalf("a partition advanced to %d without an append", seq)
+			}
+			if _, err := b.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+b.Schema+".partitions (topic, partition) VALUES ($1, $2)", "orders", part); err != nil {
+				t.Fatal(err)
+			}
+			waitLog(t, b, "orders", int64(size))
+			checkLog(t, readLog(t, b, "orders"), committed, order)
 		})
 	}
 }

@@ -157,6 +157,7 @@ type Queries struct {
 	WALSlotStatus        string
 	WALEndStaleAppenders string
 	WALAdvance           string
+	WALAppendSmall       string
 	BodiesNextIDs        string
 
 	// catalog.sql

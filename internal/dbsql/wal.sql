@@ -93,6 +93,47 @@ SELECT (SELECT count(*) FROM relay)::int8,
 		(SELECT count(pg_notify($7, n.t || ':' || n.ps)) FROM (SELECT t, string_agg(p::text, ',') AS ps FROM counts GROUP BY t) n)
 	END::int8;
 
+-- name: WALAppendSmall
+-- A whole append of a few messages without large payloads, in one
+-- statement (autocommit, one round trip): relays.lsn of slot $1 moves from
+-- $2 to $3 (when it is not at $2, another relay appended since, and nothing
+-- happens), each partition takes the next seqs, and the messages ($4
+-- topics, $5 partitions, $6 keys (NULL: none), $7 uuids, $8 metadata as
+-- JSON text, $9 payloads, $10 commit times, in append order) go into the
+-- log as base+1.. of their partition, in that order. A partition that is
+-- not registered fails the whole statement (nothing changes) with SQLSTATE
+-- 22P02 and a text naming it. Unless $11 is NULL, the subscribers are
+-- woken on that channel, as by WALAdvance. Returns whether relays moved,
+-- and the number of messages appended.
+WITH relay AS (
+	UPDATE {{schema}}.relays SET lsn = $3, updated_at = now() WHERE slot = $1 AND lsn = $2 RETURNING 1
+), msgs AS (
+	SELECT m.*, row_number() OVER (PARTITION BY m.t, m.p ORDER BY m.ord) AS k
+	FROM unnest($4::text[], $5::int4[], $6::text[], $7::text[], $8::text[], $9::bytea[], $10::timestamptz[])
+		WITH ORDINALITY AS m(t, p, key, uuid, md, payload, at, ord)
+	WHERE EXISTS (SELECT 1 FROM relay)
+), counts AS (
+	SELECT t, p, count(*) AS n FROM msgs GROUP BY t, p
+), advanced AS (
+	UPDATE {{schema}}.partitions pt SET last_seq = pt.last_seq + c.n, sequenced_at = now()
+	FROM counts c WHERE pt.topic = c.t AND pt.partition = c.p
+	RETURNING pt.topic, pt.partition, pt.last_seq - c.n AS base
+), ins AS (
+	INSERT INTO {{schema}}.log (topic, partition, seq, partition_key, uuid, metadata, payload, created_at)
+	SELECT m.t, m.p, a.base + m.k, m.key, m.uuid, m.md::jsonb, m.payload, m.at
+	FROM msgs m JOIN advanced a ON a.topic = m.t AND a.partition = m.p
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM relay)::int8,
+	(SELECT count(*) FROM ins)::int8,
+	CASE WHEN (SELECT count(*) FROM advanced) < (SELECT count(*) FROM counts) THEN
+		('relay: topic partitions not registered: ' || (SELECT string_agg(c.t || ' partition ' || c.p, ', ') FROM counts c
+			WHERE NOT EXISTS (SELECT 1 FROM advanced a WHERE a.topic = c.t AND a.partition = c.p)))::int8
+	END,
+	CASE WHEN $11::text IS NOT NULL THEN
+		(SELECT count(pg_notify($11, n.t || ':' || n.ps)) FROM (SELECT t, string_agg(p::text, ',') AS ps FROM counts GROUP BY t) n)
+	END::int8;
+
 -- name: BodiesNextIDs
 -- $1 ids for bodies rows the relay copies in.
 SELECT nextval('{{schema}}.bodies_id_seq') FROM generate_series(1, $1::int4);
