@@ -493,7 +493,13 @@ func TestRelayChild(t *testing.T) {
 		var once sync.Once
 		relay.PauseAt(func(point string) {
 			if point == at {
-				once.Do(func() { _ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) }) // frozen until SIGCONT
+				once.Do(func() {
+					// Frozen until SIGCONT. The stop reaches every thread
+					// within milliseconds, not at once: this goroutine waits
+					// so that the append cannot move on meanwhile.
+					_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+					time.Sleep(500 * time.Millisecond)
+				})
 			}
 		})
 	}
