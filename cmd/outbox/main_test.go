@@ -307,6 +307,13 @@ func TestRelaySequencesUntilInterrupted(t *testing.T) {
 	if code, _, e := c.run("", "relay", "--topic", "orders", "--nats", "nats://localhost:4222", "--at-least-once"); code != exitUsage || !strings.Contains(e, "--kafka only") {
 		t.Fatalf("relay --at-least-once to NATS: exit %d, %s", code, e)
 	}
+	if code, _, e := c.run("", "relay", "--takeover-timeout", "10s"); code != exitUsage || !strings.Contains(e, "--wal only") {
+		t.Fatalf("relay --takeover-timeout without --wal: exit %d, %s", code, e)
+	}
+	// The value reaches relay.Config, whose Validate refuses it.
+	if code, _, e := c.run("", "relay", "--wal", "--takeover-timeout", "10ms"); code != exitUsage || !strings.Contains(e, "--takeover-timeout 10ms must be at least 100ms") {
+		t.Fatalf("relay --wal --takeover-timeout 10ms: exit %d, %s", code, e)
+	}
 }
 
 // serve refuses actions without a token, and serves the console (read-only)

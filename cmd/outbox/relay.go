@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/spf13/cobra"
@@ -24,6 +25,7 @@ func (a *app) relayCommand() *cobra.Command {
 		verbose      bool
 		atLeastOnce  bool
 		wal          bool
+		takeover     time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -36,7 +38,8 @@ go to the dead-letter store after --max-attempts. Run as many relays as you like
 Kafka is written exactly once (Kafka transactions; consumers must read read_committed) unless --at-least-once.`,
 		Example: `  outbox relay
   outbox relay --topic orders --topic invoices --kafka broker1:9092,broker2:9092
-  outbox relay --topic orders --nats nats://localhost:4222`,
+  outbox relay --topic orders --nats nats://localhost:4222
+  outbox relay --wal --takeover-timeout 10s --topic orders --kafka broker1:9092`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -48,6 +51,9 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			}
 			if atLeastOnce && len(kafkaBrokers) == 0 {
 				return usagef("--at-least-once applies to --kafka only")
+			}
+			if cmd.Flags().Changed("takeover-timeout") && !wal {
+				return usagef("--takeover-timeout applies to --wal only")
 			}
 			pool, err := a.connect(ctx)
 			if err != nil {
@@ -62,7 +68,11 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			go func() { errs <- seq.Run(ctx) }()
 			running := 1
 			if wal {
-				rel, err := relay.New(relay.Config{Schema: a.schemaName(), Pool: pool}, logger)
+				rel, err := relay.New(relay.Config{Schema: a.schemaName(), Pool: pool, TakeoverTimeout: takeover}, logger)
+				var bad *outbox.ConfigError
+				if errors.As(err, &bad) && bad.Field == "TakeoverTimeout" {
+					return usagef("--takeover-timeout %s %s", takeover, bad.Reason)
+				}
 				if err != nil {
 					return err
 				}
@@ -126,6 +136,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 	cmd.Flags().IntVar(&maxAttempts, "max-attempts", 10, "deliveries of a message before it goes to the dead-letter store")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	cmd.Flags().BoolVar(&wal, "wal", false, "also relay the messages published in ModeWAL from the schema's slot (outbox wal create-slot); one streams, the others wait")
+	cmd.Flags().DurationVar(&takeover, "takeover-timeout", relay.DefaultTakeoverTimeout, "with --wal: how long a relay that stopped answering keeps the slot and its append before a standby takes over")
 	cmd.Flags().BoolVar(&atLeastOnce, "at-least-once", false, "write Kafka without transactions (copies possible, each with the same outbox_id)")
 	return cmd
 }
