@@ -623,21 +623,8 @@ func TestDeadLetterRequestWithoutARejectHandlerKeepsRetrying(t *testing.T) {
 // follows in order once it succeeds.
 func TestHeldKeySurvivesAPostgreSQLRestart(t *testing.T) {
 	ctx := outboxtest.Ctx(t)
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"synchronous_commit": "on"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Stop)
-	pool, err := pgxpool.New(ctx, cluster.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	const schema = "iso_restart"
-	if err := outbox.Migrate(ctx, pool, schema); err != nil {
-		t.Fatal(err)
-	}
-	e := env{outboxtest.Attach(t, pool, schema)}
+	b, cluster := outboxtest.OwnCluster(t, map[string]string{"synchronous_commit": "on"}, "iso_restart")
+	e := env{b}
 	e.Register("orders", 1)
 	e.createEffects(t)
 	publishInterleaved(e, "orders", 5, "A", "B")

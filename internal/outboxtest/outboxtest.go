@@ -31,6 +31,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -264,4 +265,27 @@ func (b *Bundle) WithPool(pool *pgxpool.Pool) *Bundle {
 // child process, say), on pool.
 func Attach(t testing.TB, pool *pgxpool.Pool, schema string) *Bundle {
 	return &Bundle{T: t, Pool: pool, Schema: schema}
+}
+
+// OwnCluster starts a throwaway PostgreSQL server of the test's own, with
+// settings (for a test that restarts or crashes it, or needs a setting the
+// shared server lacks), and returns a bundle on it with schema migrated.
+// Server and pool are stopped when the test ends.
+func OwnCluster(t testing.TB, settings map[string]string, schema string) (*Bundle, *pgcluster.Cluster) {
+	t.Helper()
+	ctx := Ctx(t)
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{Settings: settings})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Stop)
+	pool, err := pgxpool.New(ctx, cluster.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := outbox.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	return Attach(t, pool, schema), cluster
 }
