@@ -149,6 +149,12 @@ type Stats struct {
 	Transactions int64 // source transactions appended
 	Skipped      int64 // records that could not be decoded, logged and skipped
 	Active       bool  // this relay streams the slot now (false: standby or stopped)
+	// Failures counts the streams and appends that failed and were retried
+	// after a backoff (a standby's waiting is not one); LastError says why
+	// the last one failed ("" before any). Nothing is appended while they
+	// fail: an unregistered partition, say, stops the whole mode.
+	Failures  int64
+	LastError string
 }
 
 // Relay streams a schema's slot into its log. Create it with New, start it
@@ -160,8 +166,9 @@ type Relay struct {
 	slot   string
 	prefix string
 
-	appended, transactions, skipped atomic.Int64
-	active                          atomic.Bool
+	appended, transactions, skipped, failures atomic.Int64
+	active                                    atomic.Bool
+	lastError                                 atomic.Pointer[string]
 
 	running   atomic.Bool
 	ctx       context.Context
@@ -192,7 +199,11 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Relay, error) {
 
 // Stats returns the running totals.
 func (r *Relay) Stats() Stats {
-	return Stats{Appended: r.appended.Load(), Transactions: r.transactions.Load(), Skipped: r.skipped.Load(), Active: r.active.Load()}
+	st := Stats{Appended: r.appended.Load(), Transactions: r.transactions.Load(), Skipped: r.skipped.Load(), Active: r.active.Load(), Failures: r.failures.Load()}
+	if e := r.lastError.Load(); e != nil {
+		st.LastError = *e
+	}
+	return st
 }
 
 // Run relays until ctx is cancelled or Close is called, and returns nil
@@ -245,6 +256,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			standby = false
 			backoff = min(max(2*backoff, 50*time.Millisecond), r.cfg.MaxErrorBackoff)
 			wait = backoff
+			msg := err.Error()
+			r.lastError.Store(&msg)
+			r.failures.Add(1)
 			r.logger.Error("Relay failed, retrying", err, watermill.LogFields{"backoff": backoff})
 		}
 		select {
@@ -495,17 +509,10 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 		topic string
 		part  int32
 	}
-	counts := map[partKey]int64{}
-	var order []partKey
 	large := 0
 	oldest := map[string]time.Duration{}
 	for _, t := range batch {
 		for _, m := range t.msgs {
-			k := partKey{m.Topic, m.Partition}
-			if counts[k] == 0 {
-				order = append(order, k)
-			}
-			counts[k]++
 			if len(m.Payload) >= dbsql.LargePayload {
 				large++
 			}
@@ -513,10 +520,6 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 				oldest[m.Topic] = time.Since(t.commitTime)
 			}
 		}
-	}
-	topics, parts, ns := make([]string, len(order)), make([]int32, len(order)), make([]int64, len(order))
-	for i, k := range order {
-		topics[i], parts[i], ns[i] = k.topic, k.part, counts[k]
 	}
 	var channel *string
 	if !s.r.cfg.DisableNotify {
@@ -530,6 +533,22 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 		}
 		s.count(batch, n, started, oldest)
 		return nil
+	}
+
+	counts := map[partKey]int64{}
+	var order []partKey
+	for _, t := range batch {
+		for _, m := range t.msgs {
+			k := partKey{m.Topic, m.Partition}
+			if counts[k] == 0 {
+				order = append(order, k)
+			}
+			counts[k]++
+		}
+	}
+	topics, parts, ns := make([]string, len(order)), make([]int32, len(order)), make([]int64, len(order))
+	for i, k := range order {
+		topics[i], parts[i], ns[i] = k.topic, k.part, counts[k]
 	}
 
 	tx, err := s.db.Begin(ctx)
@@ -555,12 +574,18 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 		return errFenced
 	}
 	pause("advanced")
-	if len(bases) != len(order) {
-		return fmt.Errorf("relay: %d of the %d topic partitions of %d messages are not registered (was a topic dropped?); nothing was appended", len(order)-len(bases), len(order), n)
-	}
 	next := make(map[partKey]int64, len(bases))
 	for i := range bases {
 		next[partKey{gotTopics[i], gotParts[i]}] = bases[i]
+	}
+	if len(bases) != len(order) {
+		var missing []string
+		for _, k := range order {
+			if _, ok := next[k]; !ok {
+				missing = append(missing, fmt.Sprintf("%s partition %d", k.topic, k.part))
+			}
+		}
+		return unregisteredError(n, strings.Join(missing, ", "))
 	}
 	var bodyIDs []int64
 	if large > 0 {
@@ -654,8 +679,10 @@ func (s *session) appendSmall(ctx context.Context, batch []txn, n int, channel *
 	case err == nil:
 	case isLockTimeout(err):
 		return s.r.endStaleAppenders(ctx, err)
-	case errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "not registered"):
-		return fmt.Errorf("relay: some topic partitions of %d messages are not registered (was a topic dropped?); nothing was appended: %s", n, pgErr.Message)
+	case errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, unregisteredPrefix):
+		_, named, _ := strings.Cut(pgErr.Message, unregisteredPrefix)
+		named, _, _ = strings.Cut(named, `"`) // the end of the value PostgreSQL quotes
+		return unregisteredError(n, named)
 	default:
 		return fmt.Errorf("relay: append %d messages: %w", n, err)
 	}
@@ -663,6 +690,16 @@ func (s *session) appendSmall(ctx context.Context, batch []txn, n int, channel *
 		return errFenced
 	}
 	return nil
+}
+
+// unregisteredPrefix starts the text WALAppendSmall fails with (casting it
+// to bigint) when a partition is not registered; the partitions follow.
+const unregisteredPrefix = "relay: topic partitions not registered: "
+
+// unregisteredError says that partitions (named) of an append of n
+// messages are not registered, and that nothing was appended.
+func unregisteredError(n int, partitions string) error {
+	return fmt.Errorf("relay: topic partitions not registered: %s (was a topic dropped? outbox.RegisterTopic registers it again); none of the append's %d messages was appended, and the relay retries", partitions, n)
 }
 
 // appendName is the application_name of the append connections of the

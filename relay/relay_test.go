@@ -86,6 +86,71 @@ func walPublisher(t *testing.T, b *outboxtest.Bundle) *outbox.Publisher {
 	return b.Publisher(func(c *outbox.PublisherConfig) { c.Mode = outbox.ModeWAL })
 }
 
+// publishers publish into "orders" until finish: each its own key, in
+// transactions of 1 to maxPerTx messages.
+type publishers struct {
+	mu                sync.Mutex
+	committed, unsure map[string]string // uuid → key
+	order             map[string]int    // uuid → place in the order published
+	stop              chan struct{}
+	wg                sync.WaitGroup
+}
+
+// startPublishers starts n publishers on pub. A failed Publish fails the
+// test, unless failuresExpected (the server is being crashed): then its
+// messages count as unsure (the COMMIT may have landed) and the publisher
+// waits a moment and goes on.
+func startPublishers(t *testing.T, pub *outbox.Publisher, n, maxPerTx int, failuresExpected bool) *publishers {
+	p := &publishers{committed: map[string]string{}, unsure: map[string]string{}, order: map[string]int{}, stop: make(chan struct{})}
+	for w := range n {
+		p.wg.Go(func() {
+			key := fmt.Sprintf("key-%d", w)
+			for i := 0; ; i++ {
+				select {
+				case <-p.stop:
+					return
+				default:
+				}
+				var msgs []*message.Message
+				for j := range 1 + i%maxPerTx {
+					m := message.NewMessage(fmt.Sprintf("%d-%d-%d", w, i, j), []byte("x"))
+					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+					msgs = append(msgs, m)
+				}
+				err := pub.Publish("orders", msgs...)
+				if err != nil && !failuresExpected {
+					t.Error(err)
+					return
+				}
+				p.mu.Lock()
+				for _, m := range msgs {
+					if err == nil {
+						p.committed[m.UUID] = key
+					} else {
+						p.unsure[m.UUID] = key
+					}
+					p.order[m.UUID] = len(p.order) + 1
+				}
+				p.mu.Unlock()
+				if err != nil {
+					time.Sleep(50 * time.Millisecond) // the server is down
+				} else {
+					time.Sleep(2 * time.Millisecond)
+				}
+			}
+		})
+	}
+	return p
+}
+
+// finish stops the publishers and returns what they published: committed
+// and unsure (uuid → key), and the order published (uuid → place).
+func (p *publishers) finish() (committed, unsure map[string]string, order map[string]int) {
+	close(p.stop)
+	p.wg.Wait()
+	return p.committed, p.unsure, p.order
+}
+
 // waitLog waits until the log holds n messages of topic.
 func waitLog(t *testing.T, b *outboxtest.Bundle, topic string, n int64) {
 	t.Helper()
@@ -186,23 +251,10 @@ func checkLogMaybe(t *testing.T, rows []logged, committed, maybe map[string]stri
 // all.
 func TestRelaySurvivesPostgreSQLCrashes(t *testing.T) {
 	ctx := outboxtest.Ctx(t)
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{
+	b, cluster := outboxtest.OwnCluster(t, map[string]string{
 		"synchronous_commit": "on", "wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4",
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Stop)
-	pool, err := pgxpool.New(ctx, cluster.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	const schema = "relay_crash"
-	if err := outbox.Migrate(ctx, pool, schema); err != nil {
-		t.Fatal(err)
-	}
-	b := outboxtest.Attach(t, pool, schema)
+	}, "relay_crash")
+	pool, schema := b.Pool, b.Schema
 	b.Register("orders", 3)
 	if err := relay.CreateSlot(ctx, pool, schema); err != nil {
 		t.Fatal(err)
@@ -210,46 +262,7 @@ func TestRelaySurvivesPostgreSQLCrashes(t *testing.T) {
 	r := startRelay(t, pool, schema, func(c *relay.Config) { c.MaxErrorBackoff = 200 * time.Millisecond }, nil)
 	pub := walPublisher(t, b)
 
-	var mu sync.Mutex
-	committed, maybe, order := map[string]string{}, map[string]string{}, map[string]int{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			key := fmt.Sprintf("key-%d", w)
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				var msgs []*message.Message
-				for j := range 1 + i%5 {
-					m := message.NewMessage(fmt.Sprintf("%d-%d-%d", w, i, j), []byte("x"))
-					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
-					msgs = append(msgs, m)
-				}
-				err := pub.Publish("orders", msgs...)
-				mu.Lock()
-				for _, m := range msgs {
-					if err == nil {
-						committed[m.UUID] = key
-					} else {
-						maybe[m.UUID] = key
-					}
-					order[m.UUID] = len(order) + 1
-				}
-				mu.Unlock()
-				if err != nil {
-					time.Sleep(50 * time.Millisecond) // the server is down
-				} else {
-					time.Sleep(2 * time.Millisecond)
-				}
-			}
-		}()
-	}
+	p := startPublishers(t, pub, 3, 5, true)
 	for range 2 {
 		time.Sleep(time.Second)
 		if err := cluster.Restart(ctx, pgcluster.RestartOptions{Mode: pgcluster.Immediate, Down: 300 * time.Millisecond}); err != nil {
@@ -257,8 +270,7 @@ func TestRelaySurvivesPostgreSQLCrashes(t *testing.T) {
 		}
 	}
 	time.Sleep(time.Second)
-	close(stop)
-	wg.Wait()
+	committed, maybe, order := p.finish()
 
 	waitFor(t, "every committed message in the log", func() bool {
 		var n int64
@@ -411,42 +423,7 @@ func TestRelayKilledAtRandomPointsNumbersEveryMessageOnce(t *testing.T) {
 		return cmd
 	}
 
-	pub := walPublisher(t, b)
-	var mu sync.Mutex
-	committed, order := map[string]string{}, map[string]int{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			key := fmt.Sprintf("key-%d", w)
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				var msgs []*message.Message
-				for j := range 1 + i%20 {
-					m := message.NewMessage(fmt.Sprintf("%d-%d-%d", w, i, j), []byte("x"))
-					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
-					msgs = append(msgs, m)
-				}
-				if err := pub.Publish("orders", msgs...); err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				for _, m := range msgs {
-					committed[m.UUID] = key
-					order[m.UUID] = len(order) + 1
-				}
-				mu.Unlock()
-				time.Sleep(2 * time.Millisecond)
-			}
-		}()
-	}
+	p := startPublishers(t, walPublisher(t, b), 4, 20, false)
 	kills := 0
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	for i := range 12 {
@@ -458,8 +435,7 @@ func TestRelayKilledAtRandomPointsNumbersEveryMessageOnce(t *testing.T) {
 		_ = cmd.Wait()
 		kills++
 	}
-	close(stop)
-	wg.Wait()
+	committed, _, order := p.finish()
 	if t.Failed() {
 		return
 	}
@@ -629,12 +605,12 @@ func TestUnregisteredPartitionAppendsNothingAndSaysWhich(t *testing.T) {
 				t.Fatal(err)
 			}
 			logs := &captureLogger{}
-			startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.MaxErrorBackoff = 100 * time.Millisecond }, logs)
-			want := fmt.Sprintf("orders partition %d", part)
-			if size > 100 {
-				want = "1 of the 1 topic partitions"
+			r := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.MaxErrorBackoff = 100 * time.Millisecond }, logs)
+			want := fmt.Sprintf("topic partitions not registered: orders partition %d (", part)
+			waitFor(t, "the relay to say the partition is not registered", func() bool { return logs.has(want) })
+			if st := r.Stats(); st.Failures == 0 || !strings.Contains(st.LastError, want) {
+				t.Fatalf("Stats of a relay failing on an unregistered partition: %+v", st)
 			}
-			waitFor(t, "the relay to say the partition is not registered", func() bool { return logs.has("not registered") && logs.has(want) })
 			if n := b.Int("SELECT count(*) FROM " + b.Schema + ".log"); n != 0 {
 				t.Fatalf("%d messages in the log of an unregistered partition", n)
 			}
@@ -851,20 +827,8 @@ func TestPrerequisitesGetTypedErrors(t *testing.T) {
 	}
 
 	// A server with wal_level = replica (its default).
-	plain, err := pgcluster.Start(ctx, pgcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Stop()
-	pool, err := pgxpool.New(ctx, plain.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := outbox.Migrate(ctx, pool, "plain"); err != nil {
-		t.Fatal(err)
-	}
-	if err := relay.CreateSlot(ctx, pool, "plain"); !errors.Is(err, relay.ErrWALLevel) || !strings.Contains(err.Error(), "wal_level = logical") {
+	plain, _ := outboxtest.OwnCluster(t, nil, "plain")
+	if err := relay.CreateSlot(ctx, plain.Pool, "plain"); !errors.Is(err, relay.ErrWALLevel) || !strings.Contains(err.Error(), "wal_level = logical") {
 		t.Fatalf("CreateSlot with wal_level = replica: %v, want ErrWALLevel", err)
 	}
 }
