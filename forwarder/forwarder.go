@@ -286,6 +286,9 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 	if schema == "" {
 		schema = outbox.DefaultSchema
 	}
+	if observe.Enabled() {
+		observe.Current().Forwarding(targetTopic) // its error series exist at 0 before the first send
+	}
 	return func(ctx context.Context, batch []*message.Message) (int, error) {
 		ctx = withOrigin(ctx, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
 		ctx, cancel := context.WithTimeout(ctx, f.cfg.SendTimeout)

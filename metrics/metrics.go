@@ -17,7 +17,10 @@
 // what it tells an operator.
 //
 // Until Enable is called the outbox reports nothing, and the cost is one
-// atomic load per event.
+// atomic load per event. Enable may be called on several registries at
+// once (a registry per exporter, a test's own next to the application's):
+// every event reaches each of them, and Disable turns off only the
+// registry it was returned for.
 package metrics
 
 import (
@@ -97,7 +100,8 @@ func (c Config) Validate() error {
 type Metrics struct {
 	reg        prometheus.Registerer
 	collectors []prometheus.Collector
-	prev       observe.Observer
+	remove     func() // uninstalls this Metrics' observer, and no other
+	disable    sync.Once
 
 	published, publishedBytes                *prometheus.CounterVec
 	passes, passRows                         prometheus.Counter
@@ -113,6 +117,8 @@ type Metrics struct {
 	// label lookups cost more than the increments.
 	groupsMu sync.RWMutex
 	groups   map[groupTopic]*groupSeries
+	// forwardTopics are the forwarder topics whose series exist.
+	forwardTopics sync.Map
 }
 
 type groupTopic struct{ group, topic string }
@@ -150,7 +156,10 @@ func (m *Metrics) series(group, topic string) *groupSeries {
 }
 
 // Enable registers the metrics on cfg.Registerer and makes every outbox
-// component of the process report to them. Call Disable to stop.
+// component of the process report to them, in addition to any other
+// registry enabled before (each gets every event). Call Disable to stop.
+// Enabling a registry that has the outbox metrics already is refused with
+// an *outbox.ConfigError.
 func Enable(cfg Config) (*Metrics, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -207,16 +216,20 @@ func Enable(cfg Config) (*Metrics, error) {
 			return nil, err
 		}
 	}
-	m.prev = observe.Set(observer{m})
+	m.remove = observe.Add(observer{m})
 	return m, nil
 }
 
-// Disable stops reporting and unregisters the metrics.
+// Disable stops reporting to this Metrics' registry and unregisters the
+// metrics from it; other registries enabled keep theirs. Calling it again
+// does nothing.
 func (m *Metrics) Disable() {
-	observe.Set(m.prev)
-	for _, c := range m.collectors {
-		m.reg.Unregister(c)
-	}
+	m.disable.Do(func() {
+		m.remove()
+		for _, c := range m.collectors {
+			m.reg.Unregister(c)
+		}
+	})
 }
 
 // observer is what the components report to.
@@ -258,7 +271,25 @@ func (o observer) RetentionDeleted(topic string, rows int64) {
 	o.m.retentionDeleted.WithLabelValues(topic).Add(float64(rows))
 }
 
+// forwardErrorKinds are the kinds of outbox_forwarder_errors_total, each
+// exported at 0 from the forwarder's start, so that an alert on its
+// increase sees the first error.
+var forwardErrorKinds = []string{"poison", "timeout", "partial", "broker"}
+
+func (o observer) Forwarding(topic string) {
+	if _, seen := o.m.forwardTopics.LoadOrStore(topic, true); seen {
+		return
+	}
+	o.m.forwarded.WithLabelValues(topic)
+	o.m.forwardedBytes.WithLabelValues(topic)
+	o.m.forwardDuration.WithLabelValues(topic)
+	for _, kind := range forwardErrorKinds {
+		o.m.forwardErrors.WithLabelValues(topic, kind)
+	}
+}
+
 func (o observer) Forwarded(topic string, sent, bytes int, took time.Duration, errKind string) {
+	o.Forwarding(topic) // enabled after the forwarder started
 	o.m.forwarded.WithLabelValues(topic).Add(float64(sent))
 	o.m.forwardedBytes.WithLabelValues(topic).Add(float64(bytes))
 	o.m.forwardDuration.WithLabelValues(topic).Observe(took.Seconds())

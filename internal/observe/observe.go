@@ -2,10 +2,13 @@
 // metrics (package metrics implements Observer with Prometheus) and
 // tracing (the OpenTelemetry helpers of trace.go). Components call the
 // process-wide observer, Current(); it is a no-op until metrics.Enable
-// installs one, so metrics that are off cost one atomic load per event.
+// adds one, so metrics that are off cost one atomic load per event. Several
+// observers may be added at once (metrics.Enable on several registries):
+// each gets every event, and each is removed on its own.
 package observe
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -47,6 +50,10 @@ type Observer interface {
 	// RetentionDeleted: the retention vacuum deleted rows messages of
 	// topic from the log.
 	RetentionDeleted(topic string, rows int64)
+	// Forwarding: a forwarder is about to send to topic (the broker's
+	// topic or subject), so that its series can exist before the first
+	// send.
+	Forwarding(topic string)
 	// Forwarded: the forwarder sent a batch of topic to the broker: sent
 	// messages and bytes confirmed in took; errKind is "" on success, else
 	// the kind of the failure (see forwarder).
@@ -62,13 +69,78 @@ func (Nop) Delivered(string, string, Outcome, int, time.Duration)      {}
 func (Nop) Crashed(string, string, int)                                {}
 func (Nop) Batch(string, string, int)                                  {}
 func (Nop) RetentionDeleted(string, int64)                             {}
+func (Nop) Forwarding(string)                                          {}
 func (Nop) Forwarded(string, int, int, time.Duration, string)          {}
+
+// fanout reports each event to several observers, in the order they were
+// added.
+type fanout []Observer
+
+func (f fanout) Published(topic string, messages, bytes int) {
+	for _, o := range f {
+		o.Published(topic, messages, bytes)
+	}
+}
+
+func (f fanout) SequencerPass(rows int, took time.Duration, oldest map[string]time.Duration) {
+	for _, o := range f {
+		o.SequencerPass(rows, took, oldest)
+	}
+}
+
+func (f fanout) Delivered(group, topic string, outcome Outcome, n int, took time.Duration) {
+	for _, o := range f {
+		o.Delivered(group, topic, outcome, n, took)
+	}
+}
+
+func (f fanout) Crashed(group, topic string, n int) {
+	for _, o := range f {
+		o.Crashed(group, topic, n)
+	}
+}
+
+func (f fanout) Batch(group, topic string, size int) {
+	for _, o := range f {
+		o.Batch(group, topic, size)
+	}
+}
+
+func (f fanout) RetentionDeleted(topic string, rows int64) {
+	for _, o := range f {
+		o.RetentionDeleted(topic, rows)
+	}
+}
+
+func (f fanout) Forwarding(topic string) {
+	for _, o := range f {
+		o.Forwarding(topic)
+	}
+}
+
+func (f fanout) Forwarded(topic string, sent, bytes int, took time.Duration, errKind string) {
+	for _, o := range f {
+		o.Forwarded(topic, sent, bytes, took, errKind)
+	}
+}
 
 type holder struct{ o Observer }
 
-var current atomic.Pointer[holder]
+var (
+	// current is what the components call: nil (none), the one observer
+	// added, or a fanout of several. Rebuilt under mu by Add and remove.
+	current atomic.Pointer[holder]
 
-// Current is the process-wide observer (Nop until Set).
+	mu        sync.Mutex
+	installed []*entry // in the order added
+)
+
+// entry is one Add: its own pointer, so that the same observer added twice
+// is removed once per remove.
+type entry struct{ o Observer }
+
+// Current is the process-wide observer: Nop when none was added, the one
+// added, or one that reports to every observer added.
 func Current() Observer {
 	if h := current.Load(); h != nil {
 		return h.o
@@ -76,20 +148,50 @@ func Current() Observer {
 	return Nop{}
 }
 
-// Enabled reports whether an observer other than Nop is installed, for
-// callers that would compute something only to report it.
+// Enabled reports whether an observer is installed, for callers that would
+// compute something only to report it.
 func Enabled() bool { return current.Load() != nil }
 
-// Set installs o as the process-wide observer (nil: none) and returns the
-// previous one.
-func Set(o Observer) Observer {
-	var h *holder
-	if o != nil {
-		h = &holder{o}
+// Add installs o alongside the observers installed already (each gets every
+// event) and returns the function that uninstalls o, and o alone; calling
+// it again does nothing. A nil o installs nothing.
+func Add(o Observer) (remove func()) {
+	if o == nil {
+		return func() {}
 	}
-	prev := current.Swap(h)
-	if prev == nil {
-		return nil
+	e := &entry{o}
+	mu.Lock()
+	installed = append(installed, e)
+	publish()
+	mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			mu.Lock()
+			defer mu.Unlock()
+			for i, x := range installed {
+				if x == e {
+					installed = append(installed[:i:i], installed[i+1:]...)
+					break
+				}
+			}
+			publish()
+		})
 	}
-	return prev.o
+}
+
+// publish makes Current reflect installed; mu is held.
+func publish() {
+	switch len(installed) {
+	case 0:
+		current.Store(nil)
+	case 1:
+		current.Store(&holder{installed[0].o})
+	default:
+		f := make(fanout, len(installed))
+		for i, e := range installed {
+			f[i] = e.o
+		}
+		current.Store(&holder{f})
+	}
 }
