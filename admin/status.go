@@ -81,10 +81,13 @@ type MemberStatus struct {
 // while its subscribers ran; they consume nothing until restarted.
 type GroupStatus struct {
 	Group string `json:"group"`
-	// Lag is the number of messages sequenced but not yet done by the
-	// group, over all partitions.
+	// Lag is the number of messages committed but not yet done by the
+	// group: the Lag of its partitions, plus the topic's Unsequenced
+	// messages, which every group of the topic has yet to handle (they
+	// pile up there while no sequencer runs).
 	Lag int64 `json:"lag"`
-	// MaxLagSeconds is the largest LagSeconds of its partitions.
+	// MaxLagSeconds is the largest LagSeconds of its partitions, or the
+	// age of the topic's oldest Unsequenced message if that is older.
 	MaxLagSeconds float64 `json:"max_lag_seconds"`
 	// Counts of partitions paused, leased (by a live member) and with
 	// failures recorded on their next message.
@@ -274,6 +277,9 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 		}
 		rep.Topics = assemble(topics, parts, members, f.Group != "")
 		addHolders(rep.Topics, holders)
+		if err := a.addUnsequenced(ctx, tx, rep.Topics); err != nil {
+			return err
+		}
 		rep.WALSlot, err = a.walSlot(ctx, tx)
 		return err
 	})
@@ -281,6 +287,39 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 		return Report{}, schemaErr(fmt.Errorf("admin: status: %w", err), a.cfg.Schema)
 	}
 	return rep, nil
+}
+
+// addUnsequenced adds each topic's committed messages that wait for the
+// sequencer to the Lag of its groups with cursors, and the oldest one's age
+// to their MaxLagSeconds: without a sequencer they pile up there while the
+// partitions show no lag.
+func (a *Admin) addUnsequenced(ctx context.Context, tx pgx.Tx, topics []TopicStatus) error {
+	rows, err := tx.Query(ctx, a.q.PendingMetrics)
+	if err != nil {
+		return err
+	}
+	oldest := map[string]float64{}
+	var (
+		topic string
+		n     int64
+		age   float64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&topic, &n, &age}, func() error {
+		oldest[topic] = age
+		return nil
+	}); err != nil {
+		return err
+	}
+	for ti := range topics {
+		t := &topics[ti]
+		for gi := range t.Groups {
+			if g := &t.Groups[gi]; len(g.Partitions) > 0 {
+				g.Lag += t.Unsequenced
+				g.MaxLagSeconds = max(g.MaxLagSeconds, oldest[t.Topic])
+			}
+		}
+	}
+	return nil
 }
 
 // walSlot reads the schema's replication slot, if it has one.

@@ -86,13 +86,19 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 		return prometheus.NewDesc(prometheus.BuildFQName(cfg.Namespace, "", name), help, labels, constant)
 	}
 	gt := []string{"group", "topic"}
+	const (
+		lagHelp = "Messages the consumer group has not finished: behind its cursors, and committed but not yet sequenced " +
+			"(outbox_pending_messages of the topic, which every group has yet to handle)."
+		lagSecondsHelp = "Age of the oldest message the consumer group has not finished, one committed but not yet sequenced " +
+			"included (0 when none): how late it is."
+	)
 	return &Collector{
 		cfg:            cfg,
 		q:              dbsql.For(cfg.Schema),
-		pending:        desc("pending_messages", "Messages committed but not yet sequenced.", "topic"),
+		pending:        desc("pending_messages", "Messages committed but not yet sequenced (0 for a registered topic with none).", "topic"),
 		pendingAge:     desc("pending_oldest_age_seconds", "Age of the oldest message waiting for the sequencer (0 when none): grows when no sequencer runs.", "topic"),
-		lag:            desc("lag_messages", "Messages behind the consumer group's cursors.", gt...),
-		lagSeconds:     desc("lag_seconds", "Age of the oldest message the consumer group has not finished (0 when none): how late it is.", gt...),
+		lag:            desc("lag_messages", lagHelp, gt...),
+		lagSeconds:     desc("lag_seconds", lagSecondsHelp, gt...),
 		degraded:       desc("partitions_degraded", "Partitions whose adaptive batching is degraded (isolating a failing message).", gt...),
 		backingOff:     desc("partitions_backing_off", "Partitions waiting out a retry backoff.", gt...),
 		paused:         desc("partitions_paused", "Partitions paused by an operator.", gt...),
@@ -158,9 +164,17 @@ func (c *Collector) refresh() {
 			n                    int64
 			age                  float64
 		)
+		// Committed but not sequenced: every group of the topic has them
+		// to handle, so they count in its lag too.
+		type waiting struct {
+			n   int64
+			age float64
+		}
+		pending := map[string]waiting{}
 		if _, err := pgx.ForEachRow(rows, []any{&topic, &n, &age}, func() error {
 			gauge(c.pending, float64(n), topic)
 			gauge(c.pendingAge, age, topic)
+			pending[topic] = waiting{n, age}
 			return nil
 		}); err != nil {
 			return err
@@ -172,8 +186,9 @@ func (c *Collector) refresh() {
 			return err
 		}
 		if _, err := pgx.ForEachRow(rows, []any{&group, &topic, &n, &age, &degraded, &backingOff, &paused, &leases, &members, &full, &heldMessages, &heldKeys}, func() error {
-			gauge(c.lag, float64(n), group, topic)
-			gauge(c.lagSeconds, age, group, topic)
+			w := pending[topic]
+			gauge(c.lag, float64(n+w.n), group, topic)
+			gauge(c.lagSeconds, max(age, w.age), group, topic)
 			gauge(c.degraded, float64(degraded), group, topic)
 			gauge(c.backingOff, float64(backingOff), group, topic)
 			gauge(c.paused, float64(paused), group, topic)

@@ -100,10 +100,12 @@ SELECT a.topic, sum(a.n)::bigint, max(a.n)::bigint,
 FROM advanced a GROUP BY a.topic;
 
 -- name: PendingMetrics
--- Metrics: per topic, the messages waiting for a seq and the age in seconds
--- of the oldest of them.
-SELECT topic, count(*)::int8, extract(epoch FROM now() - min(created_at))::float8
-FROM {{schema}}.pending GROUP BY topic;
+-- Metrics and admin status: per topic, every registered one included (0 and
+-- 0 when nothing waits), the messages waiting for a seq and the age in
+-- seconds of the oldest of them.
+SELECT coalesce(t.name, m.topic), count(m.topic)::int8, coalesce(extract(epoch FROM now() - min(m.created_at)), 0)::float8
+FROM {{schema}}.topics t FULL JOIN {{schema}}.pending m ON m.topic = t.name
+GROUP BY 1;
 
 -- name: PendingAny
 -- Whether any committed message waits for the sequencer: one round trip,
