@@ -343,10 +343,12 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	if observe.Enabled() {
 		ages = map[string]time.Duration{}
 	}
+	traced := observe.StartPassTrace() // the moved messages' trace context, for the span's links
 	defer func() {
 		if n > 0 || err != nil {
-			observe.RecordInternal(ctx, "outbox sequencer pass", started, err,
-				attribute.String("outbox.schema", s.cfg.Schema), attribute.Int("outbox.sequenced", n))
+			observe.RecordInternal(ctx, "outbox sequencer pass", started, err, traced.Links(),
+				attribute.String("outbox.schema", s.cfg.Schema), attribute.Int("outbox.sequenced", n),
+				attribute.Int64("outbox.traced", traced.Traced))
 		}
 		if err == nil && n > 0 {
 			observe.Current().SequencerPass(n, time.Since(started), ages)
@@ -388,7 +390,7 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	if !s.cfg.DisableNotify {
 		channel = &s.notifyChannel
 	}
-	rows, err = tx.Query(ctx, s.q.PendingSequence, topics, parts, s.cfg.BatchSize, channel)
+	rows, err = tx.Query(ctx, s.q.PendingSequence, topics, parts, s.cfg.BatchSize, channel, traced.Limit, traced.Fields)
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: sequencer: move: %w", err)
 	}
@@ -396,11 +398,15 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 		var topic string
 		var sum, maxPerPartition int64
 		var oldest float64
-		if err := rows.Scan(&topic, &sum, &maxPerPartition, nil, &oldest); err != nil {
+		var tracedHere int64
+		var carriers []string
+		if err := rows.Scan(&topic, &sum, &maxPerPartition, nil, &oldest, &tracedHere, &carriers); err != nil {
 			rows.Close()
 			return 0, false, err
 		}
 		n += int(sum)
+		traced.Traced += tracedHere
+		traced.Carriers = append(traced.Carriers, carriers...)
 		if ages != nil {
 			ages[topic] = time.Duration(oldest * float64(time.Second))
 		}

@@ -24,7 +24,9 @@ import (
 //   - Subscriber: a "<topic> process" span (consumer) per delivery,
 //     continuing the publisher's trace; the handler's msg.Context() carries
 //     it, and it ends with the delivery's outcome.
-//   - Sequencer: an internal span per pass that moved messages.
+//   - Sequencer: an internal span per pass that moved messages, linked to
+//     the spans of the messages it moved (one link per distinct span, at
+//     most 128; the attribute outbox.traced counts them all).
 //   - Forwarder: a "<target> send" span (producer) per send, linked to the
 //     spans of its messages.
 //

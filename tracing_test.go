@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -123,5 +124,95 @@ func TestNoTraceNoMetadata(t *testing.T) {
 	}
 	if s := spanNamed(rec, "orders publish"); s != nil {
 		t.Fatal("a publish span without a trace")
+	}
+}
+
+// The sequencer pass span links to the spans of the messages it moved (the
+// publish spans whose context their metadata carries), one link per
+// distinct span, and counts the messages that carried trace context;
+// untraced messages are moved too and make no link.
+func TestSequencerPassSpanLinksToTheMessagesItMoved(t *testing.T) {
+	tp, rec := recordTraces(t)
+	e := newEnv(t)
+	e.Register("orders", 2)
+	e.Register("events", 1)
+	traced := 0
+	for i, topic := range []string{"orders", "orders", "events"} {
+		ctx, app := tp.Tracer("app").Start(context.Background(), "request")
+		msgs := []*message.Message{message.NewMessage(fmt.Sprint("a", i), []byte("x")), message.NewMessage(fmt.Sprint("b", i), []byte("x"))}
+		for _, m := range msgs {
+			m.SetContext(ctx)
+		}
+		e.Publish(topic, msgs...)
+		traced += len(msgs)
+		app.End()
+	}
+	e.Publish("orders", message.NewMessage("untraced", []byte("x")))
+	if n := e.SequenceAll(); n != traced+1 {
+		t.Fatalf("sequenced %d, want %d", n, traced+1)
+	}
+
+	want := map[trace.SpanID]bool{}
+	for _, s := range rec.Ended() {
+		if s.Name() == "orders publish" || s.Name() == "events publish" {
+			want[s.SpanContext().SpanID()] = true
+		}
+	}
+	if len(want) != 3 {
+		t.Fatalf("%d publish spans, want 3", len(want))
+	}
+	pass := spanNamed(rec, "outbox sequencer pass")
+	if pass == nil {
+		t.Fatal("no sequencer pass span")
+	}
+	got := map[trace.SpanID]bool{}
+	for _, l := range pass.Links() {
+		got[l.SpanContext.SpanID()] = true
+	}
+	if len(pass.Links()) != len(want) || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("pass span links %v, want one to each publish span %v", got, want)
+	}
+	if a, s := attr(pass, "outbox.traced"), attr(pass, "outbox.sequenced"); a != fmt.Sprint(traced) || s != fmt.Sprint(traced+1) {
+		t.Errorf("pass span outbox.traced %s, outbox.sequenced %s; want %d and %d", a, s, traced, traced+1)
+	}
+}
+
+// A pass that moves more traced messages than a span takes links links to
+// the first MaxPassLinks (128) distinct spans and still counts them all.
+func TestSequencerPassSpanLinksAreBounded(t *testing.T) {
+	tp, rec := recordTraces(t)
+	e := newEnv(t)
+	e.Register("orders", 4)
+	const publishes = 150
+	first := map[trace.SpanID]bool{}
+	for i := range publishes {
+		ctx, app := tp.Tracer("app").Start(context.Background(), "request")
+		m := message.NewMessage(fmt.Sprint("m", i), []byte("x"))
+		m.SetContext(ctx)
+		e.Publish("orders", m)
+		app.End()
+	}
+	for _, s := range rec.Ended() {
+		if s.Name() == "orders publish" && len(first) < 128 {
+			first[s.SpanContext().SpanID()] = true
+		}
+	}
+	if n := e.SequenceAll(); n != publishes {
+		t.Fatalf("sequenced %d, want %d", n, publishes)
+	}
+	pass := spanNamed(rec, "outbox sequencer pass")
+	if pass == nil {
+		t.Fatal("no sequencer pass span")
+	}
+	if n := len(pass.Links()); n != 128 {
+		t.Fatalf("pass span has %d links, want 128", n)
+	}
+	for _, l := range pass.Links() {
+		if !first[l.SpanContext.SpanID()] {
+			t.Fatalf("pass span links %s, not one of the first 128 messages' spans", l.SpanContext.SpanID())
+		}
+	}
+	if a := attr(pass, "outbox.traced"); a != fmt.Sprint(publishes) {
+		t.Errorf("pass span outbox.traced = %s, want %d", a, publishes)
 	}
 }

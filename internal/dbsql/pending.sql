@@ -65,7 +65,11 @@ WITH body AS (
 -- in seconds of the oldest message moved (its INSERT to now). Unless the
 -- channel $4 is NULL, it also notifies it once per topic, with the payload
 -- "topic:p1,p2,..." (the partitions that got messages), which wakes the
--- subscribers when the transaction commits.
+-- subscribers when the transaction commits. For the links of the pass's
+-- span, unless $5 is 0 (tracing is off: nothing more is read), it returns
+-- per topic how many messages moved carry trace context (a metadata key of
+-- $6, the propagator's fields), and the distinct trace contexts of the
+-- first $5 of them, each a JSON object of those keys.
 WITH locked AS (
 	SELECT * FROM unnest($1::text[], $2::int4[]) AS l(topic, partition)
 ), picked AS (
@@ -96,7 +100,14 @@ WITH locked AS (
 )
 SELECT a.topic, sum(a.n)::bigint, max(a.n)::bigint,
 	CASE WHEN $4::text IS NOT NULL THEN pg_notify($4, a.topic || ':' || string_agg(a.partition::text, ',')) END::text,
-	(SELECT extract(epoch FROM clock_timestamp() - min(mv.created_at)) FROM moved mv WHERE mv.topic = a.topic)::float8
+	(SELECT extract(epoch FROM clock_timestamp() - min(mv.created_at)) FROM moved mv WHERE mv.topic = a.topic)::float8,
+	CASE WHEN $5::int4 > 0 THEN (SELECT count(*) FROM moved mv WHERE mv.topic = a.topic AND mv.metadata ?| $6::text[]) ELSE 0 END::int8,
+	CASE WHEN $5::int4 > 0 THEN ARRAY(
+		SELECT x.carrier FROM (
+			SELECT mv.id, (SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each_text(mv.metadata) e WHERE e.key = ANY ($6::text[]))::text AS carrier
+			FROM moved mv WHERE mv.topic = a.topic AND mv.metadata ?| $6::text[]
+		) x GROUP BY x.carrier ORDER BY min(x.id) LIMIT $5::int4)
+	END::text[]
 FROM advanced a GROUP BY a.topic;
 
 -- name: PendingMetrics

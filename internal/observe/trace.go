@@ -2,6 +2,8 @@ package observe
 
 import (
 	"context"
+	"encoding/json"
+	"reflect"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // TracerName is the instrumentation scope of the outbox's spans.
@@ -174,15 +177,100 @@ func StartInternal(ctx context.Context, name string, attrs ...attribute.KeyValue
 }
 
 // RecordInternal records an internal span that started at start and ends
-// now (a sequencer pass that moved messages: passes that find nothing make
-// no span).
-func RecordInternal(ctx context.Context, name string, start time.Time, err error, attrs ...attribute.KeyValue) {
-	_, span := tracer().Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start),
+// now, linked to links (none: nil).
+func RecordInternal(ctx context.Context, name string, start time.Time, err error, links []trace.Link, attrs ...attribute.KeyValue) {
+	_, span := tracer().Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start), trace.WithLinks(links...),
 		trace.WithAttributes(append([]attribute.KeyValue{attribute.String("messaging.system", MessagingSystem)}, attrs...)...))
 	if !span.IsRecording() {
 		return
 	}
 	(&Span{span}).End(err)
+}
+
+// Tracing reports whether a span may be recorded: a tracer provider is set
+// (ConfigureTracing, or otel.SetTracerProvider) and it is not a no-op.
+// Callers use it to skip gathering what only a span would show.
+func Tracing() bool {
+	var tp trace.TracerProvider
+	if t := tracingConfig.Load(); t != nil && t.provider != nil {
+		tp = t.provider
+	} else {
+		tp = otel.GetTracerProvider()
+	}
+	switch tp.(type) {
+	case noop.TracerProvider, *noop.TracerProvider:
+		return false
+	}
+	// OpenTelemetry's global provider until one is set: it records nothing
+	// (otel.SetTracerProvider replaces it, so a set one is never this).
+	typ := reflect.TypeOf(tp)
+	if typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	return typ.PkgPath() != "go.opentelemetry.io/otel/internal/global"
+}
+
+// MaxPassLinks is the most links of a sequencer pass span (OpenTelemetry's
+// default limit of links per span): to the spans of the first messages
+// moved that carry trace context, one per distinct span. The span's
+// attribute outbox.traced counts them all.
+const MaxPassLinks = 128
+
+// PassTrace gathers the trace context of the messages a sequencer pass
+// moves, for the links of its span.
+type PassTrace struct {
+	// Fields are the metadata keys to read (the propagator's), nil when
+	// tracing is off; Limit the most trace contexts to read per topic (0:
+	// none).
+	Fields []string
+	Limit  int
+	// Traced counts the messages moved that carry trace context; Carriers
+	// are distinct trace contexts of the first of them, each a JSON object
+	// of Fields.
+	Traced   int64
+	Carriers []string
+}
+
+// StartPassTrace returns what a pass reads for its span's links: nothing
+// when tracing is off.
+func StartPassTrace() PassTrace {
+	if !Tracing() {
+		return PassTrace{}
+	}
+	p, _ := propagator()
+	return PassTrace{Fields: p.Fields(), Limit: MaxPassLinks}
+}
+
+// Links returns the links to the spans of Carriers: distinct, at most
+// MaxPassLinks.
+func (p PassTrace) Links() []trace.Link {
+	if len(p.Carriers) == 0 {
+		return nil
+	}
+	prop, _ := propagator()
+	type spanKey struct {
+		trace trace.TraceID
+		span  trace.SpanID
+	}
+	seen := map[spanKey]bool{}
+	var links []trace.Link
+	for _, c := range p.Carriers {
+		var fields map[string]string
+		if json.Unmarshal([]byte(c), &fields) != nil {
+			continue
+		}
+		sc := trace.SpanContextFromContext(prop.Extract(context.Background(), propagation.MapCarrier(fields)))
+		key := spanKey{sc.TraceID(), sc.SpanID()}
+		if !sc.IsValid() || seen[key] {
+			continue
+		}
+		seen[key] = true
+		links = append(links, trace.Link{SpanContext: sc})
+		if len(links) == MaxPassLinks {
+			break
+		}
+	}
+	return links
 }
 
 // StartForward starts the span of one forwarder send of msgs (an outbox
