@@ -95,8 +95,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Metrics are the outbox's event metrics, registered and installed as the
-// process's observer by Enable.
+// Metrics are the outbox's event metrics of one registry, registered and
+// added to the process's observers by Enable.
 type Metrics struct {
 	reg        prometheus.Registerer
 	collectors []prometheus.Collector
