@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
@@ -150,7 +152,27 @@ const (
 	// needs wal_level = logical, a slot (relay.CreateSlot) and a running
 	// relay.Relay: until one runs, messages wait in the WAL, which the
 	// server keeps.
+	//
+	// A message is written only if a relay can read it: the statement that
+	// writes it first checks wal_level and the schema's slot, and fails
+	// with ErrWALLevel or ErrNoSlot otherwise (no slot yet, a slot dropped,
+	// still being created, or invalidated), which aborts the caller's
+	// transaction: its other writes cannot commit without their messages.
 	ModeWAL
+)
+
+// The errors of ModeWAL, also returned by the relay package (the same
+// values as relay.ErrWALLevel and relay.ErrNoSlot).
+var (
+	// ErrWALLevel: the server does not run with wal_level = logical, so no
+	// slot can decode what a Publisher in ModeWAL writes; set it and
+	// restart PostgreSQL.
+	ErrWALLevel = errs.ErrWALLevel
+	// ErrNoSlot: the schema's replication slot does not exist (or is still
+	// being created, or was invalidated), so no relay could read what a
+	// Publisher in ModeWAL writes; create it with relay.CreateSlot (outbox
+	// wal create-slot).
+	ErrNoSlot = errs.ErrNoSlot
 )
 
 // DefaultNotifyInterval is the default PublisherConfig.NotifyInterval.
@@ -248,8 +270,8 @@ type Publisher struct {
 	insertOneSQL, insertOneNotifySQL string
 	channel                          string
 	notifyGate                       *notifyGate
-	// ModeWAL: the statements and the records' prefix.
-	emitSQL, emitOneSQL, walPrefix string
+	// ModeWAL: the statements, the schema's slot and the records' prefix.
+	emitSQL, emitOneSQL, walSlot, walPrefix string
 
 	mu     sync.Mutex
 	topics map[string]*topicState
@@ -310,7 +332,8 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 	q := dbsql.For(cfg.Schema)
 	p.insertSQL, p.insertOneSQL = q.PendingInsert, q.PendingInsertOne
 	if cfg.Mode == ModeWAL {
-		p.emitSQL, p.emitOneSQL, p.walPrefix = q.WALEmit, q.WALEmitOne, names.WALPrefix(cfg.Schema)
+		p.emitSQL, p.emitOneSQL = q.WALEmit, q.WALEmitOne
+		p.walSlot, p.walPrefix = dbsql.WALName(cfg.Schema), names.WALPrefix(cfg.Schema)
 	} else if !cfg.DisableNotify {
 		p.insertNotifySQL, p.insertOneNotifySQL = q.PendingInsertNotify, q.PendingInsertOneNotify
 		p.notifyGate = notifyGateFor(p.channel)
@@ -353,7 +376,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	sql, args := p.statement(topic, batch)
 	if _, err := q.Exec(ctx, sql, args...); err != nil {
-		err = schemacheck.Wrap(fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err), p.cfg.Schema)
+		if werr := p.walRefusal(err, topic, len(msgs)); werr != nil {
+			err = werr
+		} else {
+			err = schemacheck.Wrap(fmt.Errorf("outbox: publish %d message(s) to %q: %w", len(msgs), topic, err), p.cfg.Schema)
+		}
 		span.End(err)
 		return err
 	}
@@ -372,9 +399,9 @@ func (p *Publisher) statement(topic string, batch encodedBatch) (string, []any) 
 				batch.partitions[i], topic, batch.keys[i], batch.uuids[i], batch.metadata[i], batch.payloads[i])
 		}
 		if n == 1 {
-			return p.emitOneSQL, []any{p.walPrefix, records[0]}
+			return p.emitOneSQL, []any{p.walSlot, p.walPrefix, records[0]}
 		}
-		return p.emitSQL, []any{p.walPrefix, records}
+		return p.emitSQL, []any{p.walSlot, p.walPrefix, records}
 	}
 	sql, notifySQL := p.insertSQL, p.insertNotifySQL
 	args := []any{topic, batch.partitions, batch.keys, batch.uuids, batch.metadata, batch.payloads}
@@ -386,6 +413,37 @@ func (p *Publisher) statement(topic string, batch encodedBatch) (string, []any) 
 		sql, args = notifySQL, append(args, p.channel)
 	}
 	return sql, args
+}
+
+// walRefusal turns the refusals of the statement that writes into the WAL
+// (wal_emit, 0010_wal_emit.sql) into ErrWALLevel and ErrNoSlot, saying
+// why and what to do, and a schema migrated before that function into
+// ErrNotMigrated; nil for any other error.
+func (p *Publisher) walRefusal(err error, topic string, n int) error {
+	var pe *pgconn.PgError
+	if p.cfg.Mode != ModeWAL || !errors.As(err, &pe) {
+		return nil
+	}
+	var kind error
+	var why string
+	switch pe.Code {
+	case "WO001":
+		kind, why = errs.ErrWALLevel, strings.TrimPrefix(pe.Message, "watermill-outbox: ")
+	case "WO002":
+		kind, why = errs.ErrNoSlot, fmt.Sprintf("there is no logical slot %q (pgoutput) in this database", p.walSlot)
+	case "WO003":
+		kind, why = errs.ErrNoSlot, fmt.Sprintf("slot %q is still being created, and a slot does not decode the transactions open while it is created (it waits for them to end); roll back and retry once outbox wal create-slot (relay.CreateSlot) has returned", p.walSlot)
+	case "WO004":
+		kind, why = errs.ErrNoSlot, fmt.Sprintf("slot %q was invalidated (wal_status lost: it fell behind by more than max_slot_wal_keep_size) and can no longer be streamed; drop it (outbox wal drop-slot --force) and create it again", p.walSlot)
+	case "42883": // undefined_function: a schema migrated by an older release
+		if strings.Contains(pe.Message, "wal_emit") {
+			return &errs.NotMigratedError{Schema: p.cfg.Schema, Cause: err}
+		}
+		return nil
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w (%s): none of the %d message(s) to %q was written, because no relay could ever read them, and the transaction is aborted, so that its other writes cannot commit without them", kind, why, n, topic)
 }
 
 // checkSchema refuses a schema that was never migrated (ErrNotMigrated) or

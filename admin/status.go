@@ -35,8 +35,13 @@ type Report struct {
 // streams it (Active false), PostgreSQL keeps the WAL from its position on
 // (RetainedWALBytes), and messages published in outbox.ModeWAL wait there.
 type WALSlot struct {
-	Slot             string `json:"slot"`
-	Active           bool   `json:"active"`
+	Slot   string `json:"slot"`
+	Active bool   `json:"active"`
+	// ActiveInstance says who streams the slot: the relay.Config.Instance
+	// of the relay (host:pid by default), or the whole application_name of
+	// a session that is not a relay's; ActivePID is its server process.
+	ActiveInstance   string `json:"active_instance,omitempty"`
+	ActivePID        int32  `json:"active_pid,omitempty"`
 	RetainedWALBytes int64  `json:"retained_wal_bytes"`
 	// WALStatus is PostgreSQL's: reserved, extended, unreserved, or lost
 	// (invalidated by max_slot_wal_keep_size).
@@ -333,6 +338,12 @@ func (a *Admin) walSlot(ctx context.Context, tx pgx.Tx) (*WALSlot, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if w.Active {
+		err := tx.QueryRow(ctx, a.q.WALSlotHolder, slot).Scan(&w.ActivePID, &w.ActiveInstance)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) { // (dropped meanwhile)
+			return nil, err
+		}
 	}
 	return &w, nil
 }

@@ -38,7 +38,7 @@ func ExampleRelay() {
 	if err := relay.CreateSlot(ctx, pool, schema); err != nil {
 		log.Fatal(err)
 	}
-	defer relay.DropSlot(ctx, pool, schema) //nolint:errcheck // an example's cleanup
+	defer relay.DropSlot(ctx, pool, schema, false) //nolint:errcheck // an example's cleanup
 
 	// Publish in a transaction, as in table mode: only Mode differs.
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, Mode: outbox.ModeWAL}, nil)

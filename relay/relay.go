@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,6 +95,42 @@ type Config struct {
 	// stale append rolls back whole. At least 100 ms; pauses shorter than
 	// it are survived without a takeover.
 	TakeoverTimeout time.Duration
+	// Instance names this relay to the server and to operators: its
+	// replication connection's application_name is "watermill-outbox
+	// relay " followed by it (pg_stat_activity, pg_stat_replication), so
+	// that status (StatusOf's ActiveInstance, outbox status, the console)
+	// says which relay streams the slot. Printable ASCII, at most
+	// MaxInstanceLen bytes (PostgreSQL keeps 63 bytes of a name). Default:
+	// DefaultInstance, the host name and the process id.
+	Instance string
+}
+
+// MaxInstanceLen is the longest Config.Instance: what PostgreSQL's 63
+// bytes of application_name leave after ReplicationNamePrefix.
+const MaxInstanceLen = 63 - len(ReplicationNamePrefix)
+
+// ReplicationNamePrefix starts the application_name of every relay's
+// replication connection; Config.Instance follows.
+const ReplicationNamePrefix = "watermill-outbox relay "
+
+// DefaultInstance is the default Config.Instance: host:pid, the host name
+// (with any byte outside printable ASCII as '?') cut to fit MaxInstanceLen.
+func DefaultInstance() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	pid := ":" + strconv.Itoa(os.Getpid())
+	b := []byte(host)
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			b[i] = '?'
+		}
+	}
+	if len(b) > MaxInstanceLen-len(pid) {
+		b = b[:MaxInstanceLen-len(pid)]
+	}
+	return string(b) + pid
 }
 
 func (c *Config) setDefaults() {
@@ -118,6 +155,9 @@ func (c *Config) setDefaults() {
 	if c.TakeoverTimeout == 0 {
 		c.TakeoverTimeout = DefaultTakeoverTimeout
 	}
+	if c.Instance == "" {
+		c.Instance = DefaultInstance()
+	}
 }
 
 // Validate reports the first impossible setting as a *outbox.ConfigError
@@ -136,6 +176,13 @@ func (c Config) Validate() error {
 		return &errs.ConfigError{Field: "StandbyRetry, StatusInterval, MaxErrorBackoff", Reason: "must not be negative"}
 	case c.TakeoverTimeout < 100*time.Millisecond:
 		return &errs.ConfigError{Field: "TakeoverTimeout", Reason: "must be at least 100ms (or 0 for the default, 30s)"}
+	case len(c.Instance) > MaxInstanceLen:
+		return &errs.ConfigError{Field: "Instance", Reason: fmt.Sprintf("%d bytes, over %d (PostgreSQL keeps 63 bytes of an application_name, %d of them %q)", len(c.Instance), MaxInstanceLen, len(ReplicationNamePrefix), ReplicationNamePrefix)}
+	}
+	for _, b := range []byte(c.Instance) {
+		if b < 0x20 || b > 0x7e {
+			return &errs.ConfigError{Field: "Instance", Reason: fmt.Sprintf("%q has a byte outside printable ASCII, which PostgreSQL would show as '?'", c.Instance)}
+		}
 	}
 	return nil
 }
@@ -192,13 +239,16 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Relay, error) {
 		slot:   Slot(cfg.Schema),
 		prefix: names.WALPrefix(cfg.Schema),
 	}
-	r.logger = logger.With(watermill.LogFields{"slot": r.slot})
+	r.logger = logger.With(watermill.LogFields{"slot": r.slot, "instance": cfg.Instance})
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	return r, nil
 }
 
 // Stats returns the running totals.
 func (r *Relay) Stats() Stats {
+	if r == nil {
+		return Stats{}
+	}
 	st := Stats{Appended: r.appended.Load(), Transactions: r.transactions.Load(), Skipped: r.skipped.Load(), Active: r.active.Load(), Failures: r.failures.Load()}
 	if e := r.lastError.Load(); e != nil {
 		st.LastError = *e
@@ -215,6 +265,9 @@ func (r *Relay) Stats() Stats {
 // a record written by a newer release (ErrRecordVersion). Run may be
 // called once.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.made(); err != nil {
+		return err
+	}
 	if !r.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Relay.Run called twice", errs.ErrAlreadyRunning)
 	}
@@ -271,8 +324,20 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // Close stops Run and waits for it to return.
 func (r *Relay) Close() error {
+	if r.made() != nil {
+		return nil // nothing runs
+	}
 	r.closeOnce.Do(r.cancel)
 	r.wg.Wait()
+	return nil
+}
+
+// made refuses a Relay not made by New (nil, or a zero value), which has no
+// Pool to stream with.
+func (r *Relay) made() error {
+	if r == nil || r.cancel == nil {
+		return fmt.Errorf("%w: a relay.Relay must be made by relay.New", errs.ErrInvalidArgument)
+	}
 	return nil
 }
 
@@ -293,7 +358,7 @@ func (r *Relay) stream(ctx context.Context) error {
 		replCfg.RuntimeParams = map[string]string{}
 	}
 	replCfg.RuntimeParams["wal_sender_timeout"] = timeout
-	conn, err := pgrepl.Connect(ctx, replCfg)
+	conn, err := pgrepl.Connect(ctx, replCfg, ReplicationNamePrefix+r.cfg.Instance)
 	if err != nil {
 		return classify(err)
 	}

@@ -51,7 +51,7 @@ func setup(t *testing.T, topic string, partitions int) *outboxtest.Bundle {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		for ctx.Err() == nil { // (a killed child's walsender may still hold the slot a moment)
-			if err := relay.DropSlot(ctx, b.Pool, b.Schema); err == nil || !errors.Is(err, relay.ErrSlotActive) {
+			if err := relay.DropSlot(ctx, b.Pool, b.Schema, true); err == nil || !errors.Is(err, relay.ErrSlotActive) {
 				return
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -786,8 +786,10 @@ func TestSlotStatusRetainedWALAndDrop(t *testing.T) {
 		st, err = r.Status(outboxtest.Ctx(t))
 		return err == nil && st.ConfirmedLSN > st.AppendedLSN
 	})
-	if err := relay.DropSlot(outboxtest.Ctx(t), b.Pool, b.Schema); !errors.Is(err, relay.ErrSlotActive) {
-		t.Fatalf("DropSlot while a relay streams: %v, want ErrSlotActive", err)
+	for _, force := range []bool{false, true} {
+		if err := relay.DropSlot(outboxtest.Ctx(t), b.Pool, b.Schema, force); !errors.Is(err, relay.ErrSlotActive) {
+			t.Fatalf("DropSlot (force %v) while a relay streams: %v, want ErrSlotActive", force, err)
+		}
 	}
 }
 
@@ -842,6 +844,10 @@ func TestConfigValidate(t *testing.T) {
 		{relay.Config{Pool: &pgxpool.Pool{}, Schema: "Bad-Name"}, outbox.ErrInvalidName},
 		{relay.Config{Pool: &pgxpool.Pool{}, MaxBatch: -1}, outbox.ErrInvalidConfig},
 		{relay.Config{Pool: &pgxpool.Pool{}, StandbyRetry: -time.Second}, outbox.ErrInvalidConfig},
+		{relay.Config{Pool: &pgxpool.Pool{}, Instance: strings.Repeat("x", relay.MaxInstanceLen+1)}, outbox.ErrInvalidConfig},
+		{relay.Config{Pool: &pgxpool.Pool{}, Instance: "relay\x1b[2J"}, outbox.ErrInvalidConfig},
+		{relay.Config{Pool: &pgxpool.Pool{}, Instance: "réplica"}, outbox.ErrInvalidConfig},
+		{relay.Config{Pool: &pgxpool.Pool{}, Instance: strings.Repeat("x", relay.MaxInstanceLen)}, nil},
 		{relay.Config{Pool: &pgxpool.Pool{}}, nil},
 	} {
 		if err := tc.cfg.Validate(); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {

@@ -64,7 +64,7 @@ func run(ctx context.Context) error {
 	if err := relay.CreateSlot(ctx, db.Pool, outbox.DefaultSchema); err != nil {
 		return err
 	}
-	defer func() { _ = relay.DropSlot(context.Background(), db.Pool, outbox.DefaultSchema) }()
+	defer func() { _ = relay.DropSlot(context.Background(), db.Pool, outbox.DefaultSchema, false) }()
 
 	// Place the orders before any relay runs: the events wait in the WAL.
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{DB: db.Pool, Mode: outbox.ModeWAL}, logger)

@@ -297,7 +297,7 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 		if opts.wal {
 			// The slot keeps WAL until dropped.
 			if p, err := b.pool(context.Background(), 1); err == nil {
-				if err := relay.DropSlot(context.Background(), p, schema); err != nil {
+				if err := relay.DropSlot(context.Background(), p, schema, true); err != nil {
 					logf("warning: drop the slot of %s: %v", schema, err)
 				}
 				p.Close()

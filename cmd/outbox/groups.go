@@ -61,7 +61,7 @@ letters. --watch refreshes it.`,
 func statusTable(w *tabwriter.Writer, rep admin.Report) {
 	fmt.Fprintf(w, "at %s\n", rep.At.Format(time.RFC3339))
 	if s := rep.WALSlot; s != nil {
-		relay := "a relay streams it"
+		relay := fmt.Sprintf("a relay streams it: %s (server pid %d)", s.ActiveInstance, s.ActivePID)
 		if !s.Active {
 			relay = "NO RELAY STREAMS IT (messages published in ModeWAL wait; run outbox relay --wal)"
 		}

@@ -26,6 +26,7 @@ func (a *app) relayCommand() *cobra.Command {
 		atLeastOnce  bool
 		wal          bool
 		takeover     time.Duration
+		instance     string
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -39,7 +40,8 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 		Example: `  outbox relay
   outbox relay --topic orders --topic invoices --kafka broker1:9092,broker2:9092
   outbox relay --topic orders --nats nats://localhost:4222
-  outbox relay --wal --takeover-timeout 10s --topic orders --kafka broker1:9092`,
+  outbox relay --wal --takeover-timeout 10s --topic orders --kafka broker1:9092
+  outbox relay --wal --instance relay-a`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -55,6 +57,9 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			if cmd.Flags().Changed("takeover-timeout") && !wal {
 				return usagef("--takeover-timeout applies to --wal only")
 			}
+			if cmd.Flags().Changed("instance") && !wal {
+				return usagef("--instance applies to --wal only")
+			}
 			pool, err := a.connect(ctx)
 			if err != nil {
 				return err
@@ -68,10 +73,13 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			go func() { errs <- seq.Run(ctx) }()
 			running := 1
 			if wal {
-				rel, err := relay.New(relay.Config{Schema: a.schemaName(), Pool: pool, TakeoverTimeout: takeover}, logger)
+				rel, err := relay.New(relay.Config{Schema: a.schemaName(), Pool: pool, TakeoverTimeout: takeover, Instance: instance}, logger)
 				var bad *outbox.ConfigError
 				if errors.As(err, &bad) && bad.Field == "TakeoverTimeout" {
 					return usagef("--takeover-timeout %s %s", takeover, bad.Reason)
+				}
+				if errors.As(err, &bad) && bad.Field == "Instance" {
+					return usagef("--instance: %s", bad.Reason)
 				}
 				if err != nil {
 					return err
@@ -116,7 +124,11 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			}
 			mode := "sequencer"
 			if wal {
-				mode = "sequencer, WAL relay of slot " + relay.Slot(a.schemaName())
+				name := instance
+				if name == "" {
+					name = relay.DefaultInstance()
+				}
+				mode = "sequencer, WAL relay of slot " + relay.Slot(a.schemaName()) + " as instance " + name
 			}
 			fmt.Fprintf(a.stderr, "relay running on schema %s (%s%s); interrupt to stop\n", a.schemaName(), mode, forwarding(topics, kafkaBrokers, natsURL))
 			var first error
@@ -137,6 +149,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	cmd.Flags().BoolVar(&wal, "wal", false, "also relay the messages published in ModeWAL from the schema's slot (outbox wal create-slot); one streams, the others wait")
 	cmd.Flags().DurationVar(&takeover, "takeover-timeout", relay.DefaultTakeoverTimeout, "with --wal: how long a relay that stopped answering keeps the slot and its append before a standby takes over")
+	cmd.Flags().StringVar(&instance, "instance", "", "with --wal: this relay's name in pg_stat_activity and in status, which show the relay streaming the slot (default host:pid)")
 	cmd.Flags().BoolVar(&atLeastOnce, "at-least-once", false, "write Kafka without transactions (copies possible, each with the same outbox_id)")
 	return cmd
 }

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
+	"text/tabwriter"
 
+	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
@@ -27,5 +30,35 @@ func TestWALCommandsSayWhatTheServerLacks(t *testing.T) {
 	c.json(&st, "wal", "status")
 	if st.Exists || st.Slot != b.Schema+"_wal" {
 		t.Fatalf("wal status --output json: %+v", st)
+	}
+}
+
+// wal drop-slot takes --force (with no slot, there is nothing to refuse),
+// and a non-WAL relay refuses --instance.
+func TestWALDropSlotForceAndRelayInstanceFlags(t *testing.T) {
+	b := outboxtest.Setup(t)
+	c := newCLI(t, b.Schema)
+	for _, args := range [][]string{{"wal", "drop-slot", "--yes"}, {"wal", "drop-slot", "--yes", "--force"}} {
+		if out := c.ok(args...); !strings.Contains(out, "slot "+b.Schema+"_wal dropped") {
+			t.Fatalf("outbox %s: %q", strings.Join(args, " "), out)
+		}
+	}
+	if code, _, stderr := c.run("", "relay", "--instance", "a"); code != exitUsage || !strings.Contains(stderr, "--instance applies to --wal only") {
+		t.Fatalf("relay --instance without --wal: exit %d, stderr %q", code, stderr)
+	}
+	if code, _, stderr := c.run("", "relay", "--wal", "--instance", strings.Repeat("x", 41)); code != exitUsage || !strings.Contains(stderr, "--instance") {
+		t.Fatalf("relay --wal --instance of 41 bytes: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// outbox status names the relay streaming the slot (the slot itself is
+// tested against a real relay in package relay: admin.Report.WALSlot).
+func TestStatusNamesTheRelayStreamingTheSlot(t *testing.T) {
+	var out bytes.Buffer
+	w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
+	statusTable(w, admin.Report{WALSlot: &admin.WALSlot{Slot: "s_wal", Active: true, ActiveInstance: "relay-a", ActivePID: 4242}})
+	_ = w.Flush()
+	if !strings.Contains(out.String(), "wal slot s_wal: a relay streams it: relay-a (server pid 4242)") {
+		t.Fatalf("status of a slot streamed by relay-a:\n%s", out.String())
 	}
 }

@@ -151,6 +151,13 @@ type Queries struct {
 	WALSlotExists        string
 	WALSlotCreate        string
 	WALSlotDrop          string
+	WALSlotState         string
+	WALDropLock          string
+	WALDropUnlock        string
+	WALFlush             string
+	WALPublishers        string
+	WALUnrelayed         string
+	WALSlotHolder        string
 	WALRelayInit         string
 	WALRelayDelete       string
 	WALRelayPosition     string

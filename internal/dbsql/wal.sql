@@ -4,14 +4,15 @@
 -- followed by _wal.
 
 -- name: WALEmit
--- Many messages: $1 prefix, $2 records (internal/walrecord), written in
--- array order, each only if the transaction commits.
-SELECT count(pg_logical_emit_message(true, $1, x.r))
-FROM (SELECT u.r FROM unnest($2::bytea[]) WITH ORDINALITY AS u(r, ord) ORDER BY u.ord) x;
+-- Many messages: $1 slot, $2 prefix, $3 records (internal/walrecord),
+-- written in array order, each only if the transaction commits, and only
+-- if a relay can read them: wal_emit (0010_wal_emit.sql) fails with
+-- SQLSTATE WO001 (wal_level) or WO002..WO004 (the slot) otherwise.
+SELECT {{schema}}.wal_emit($1, $2, $3::bytea[]);
 
 -- name: WALEmitOne
--- One message: $1 prefix, $2 record.
-SELECT pg_logical_emit_message(true, $1, $2::bytea);
+-- One message: $1 slot, $2 prefix, $3 record.
+SELECT {{schema}}.wal_emit($1, $2, ARRAY[$3::bytea]);
 
 -- name: WALPrerequisites
 -- What the log-based mode needs of the server and the role: wal_level,
@@ -38,7 +39,78 @@ SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1);
 SELECT pg_create_logical_replication_slot($1, 'pgoutput');
 
 -- name: WALSlotDrop
+-- Not transactional: the slot is gone even if the transaction that drops
+-- it rolls back, so DropSlot runs it last.
 SELECT pg_drop_replication_slot($1);
+
+-- name: WALSlotState
+-- $1 slot: whether it exists in this database, and its wal_status.
+SELECT count(*) > 0, coalesce(max(wal_status), '')
+FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database();
+
+-- name: WALDropLock
+-- $1 slot: takes the lock every publish into the slot holds shared until
+-- its transaction ends (wal_emit), exclusively for this session (until
+-- WALDropUnlock), without waiting; false while a transaction that
+-- published into the slot is open. Publishes wait meanwhile.
+SELECT pg_try_advisory_lock(hashtextextended('watermill-outbox wal ' || $1, 0));
+
+-- name: WALDropUnlock
+-- $1 slot: releases WALDropLock.
+SELECT pg_advisory_unlock(hashtextextended('watermill-outbox wal ' || $1, 0));
+
+-- name: WALFlush
+-- In a transaction of its own: sets synchronous_commit = on for it, so
+-- that its commit flushes the server's WAL up to there, and logical
+-- decoding, which reads only flushed WAL, sees the transactions committed
+-- before it with synchronous_commit = off. (A transaction commits
+-- synchronously only if it wrote WAL: it writes a logical message no relay
+-- takes for its own, under a prefix no schema has.)
+SELECT set_config('synchronous_commit', 'on', true), pg_logical_emit_message(true, 'watermill-outbox flush', '');
+
+-- name: WALPublishers
+-- $1 slot: the server process ids of the open transactions that published
+-- into the slot (they hold wal_emit's lock shared).
+WITH k AS (SELECT hashtextextended('watermill-outbox wal ' || $1, 0) AS k)
+SELECT coalesce(array_agg(l.pid ORDER BY l.pid), '{}')
+FROM pg_locks l, k
+WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND l.classid = ((k.k >> 32) & 4294967295)::oid AND l.objid = (k.k & 4294967295)::oid AND l.objsubid = 1
+	AND l.mode = 'ShareLock' AND l.granted AND l.pid <> pg_backend_pid();
+
+-- name: WALUnrelayed
+-- $1 slot, $2 its publication as pgoutput reads it (a quoted identifier),
+-- $3 the records' prefix followed by a NUL byte, $4 the most rows to
+-- decode: the messages of the schema committed in the slot and not yet
+-- appended to the log (their transaction's commit LSN above relays.lsn),
+-- read without consuming them, the bytes of their records, and the rows
+-- decoded (when $4 or more, decoding stopped early and there may be more).
+-- Decodes the WAL the slot keeps; fails with SQLSTATE 55006 while a relay
+-- streams the slot. pgoutput rows: 'B' (66) begin with the commit LSN at
+-- bytes 2..9, 'M' (77) message with the prefix from byte 11, 'C' commit;
+-- transactions come whole, in commit order.
+WITH c AS (
+	SELECT c.data,
+		max(CASE WHEN get_byte(c.data, 0) = 66 THEN ('x' || encode(substr(c.data, 2, 8), 'hex'))::bit(64)::int8 END) OVER (ORDER BY c.ord) AS commit_lsn
+	FROM pg_logical_slot_peek_binary_changes($1, NULL, $4::int4, 'proto_version', '1', 'publication_names', $2, 'messages', 'true')
+		WITH ORDINALITY AS c(lsn, xid, data, ord)
+), m AS (
+	SELECT length(c.data) - 14 - length($3::bytea) AS bytes FROM c
+	WHERE get_byte(c.data, 0) = 77 AND substr(c.data, 11, length($3::bytea)) = $3::bytea
+		AND c.commit_lsn > coalesce((SELECT r.lsn FROM {{schema}}.relays r WHERE r.slot = $1), 0)
+)
+SELECT (SELECT count(*) FROM m)::int8, (SELECT coalesce(sum(m.bytes), 0) FROM m)::int8, (SELECT count(*) FROM c)::int8;
+
+-- name: WALSlotHolder
+-- $1 slot: the server process streaming it (0: none) and who it serves: a
+-- relay's replication connection is named 'watermill-outbox relay '
+-- followed by the relay's instance (relay.ReplicationNamePrefix,
+-- relay.Config.Instance), which is returned; any other session's whole
+-- application_name (pg_recvlogical, or the session creating the slot).
+SELECT coalesce(s.active_pid, 0)::int4,
+	CASE WHEN a.application_name LIKE 'watermill-outbox relay %' THEN substr(a.application_name, 24) ELSE coalesce(a.application_name, '') END
+FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+WHERE s.slot_name = $1;
 
 -- name: WALRelayInit
 INSERT INTO {{schema}}.relays (slot) VALUES ($1) ON CONFLICT (slot) DO NOTHING;

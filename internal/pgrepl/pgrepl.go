@@ -33,14 +33,16 @@ type Conn struct {
 }
 
 // Connect opens a replication connection (replication=database) with the
-// settings of cfg, which is copied.
-func Connect(ctx context.Context, cfg *pgconn.Config) (*Conn, error) {
+// settings of cfg, which is copied, named applicationName in the server
+// (pg_stat_activity, pg_stat_replication): PostgreSQL keeps its first 63
+// bytes, and shows a byte outside printable ASCII as '?'.
+func Connect(ctx context.Context, cfg *pgconn.Config, applicationName string) (*Conn, error) {
 	c := cfg.Copy()
 	if c.RuntimeParams == nil {
 		c.RuntimeParams = map[string]string{}
 	}
 	c.RuntimeParams["replication"] = "database"
-	c.RuntimeParams["application_name"] = "watermill-outbox relay"
+	c.RuntimeParams["application_name"] = applicationName
 	pc, err := pgconn.ConnectConfig(ctx, c)
 	if err != nil {
 		return nil, err
