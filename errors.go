@@ -80,7 +80,8 @@ var (
 	// deadletter.ErrNotFound are this error.
 	ErrNotFound = errs.ErrNotFound
 	// ErrInvalidArgument: an argument of a call is impossible (an unknown
-	// status, a negative duration, a partition out of range).
+	// status, a negative duration, a partition out of range, a nil handler,
+	// a zero value of a type that must be created by its constructor).
 	// admin.ErrInvalidArgument and deadletter.ErrInvalidArgument are this
 	// error.
 	ErrInvalidArgument = errs.ErrInvalidArgument

@@ -33,6 +33,20 @@ var (
 	ErrPublishTooLarge       = errors.New("outbox: one Publish call carries too many bytes")
 )
 
+// NilArgument reports an argument that is nil where a value is required:
+// what names it ("inbox.Process: fn"), todo says what to pass instead. It
+// matches ErrInvalidArgument.
+func NilArgument(what, todo string) error {
+	return fmt.Errorf("%w: %s is nil: %s", ErrInvalidArgument, what, todo)
+}
+
+// NotConstructed reports a method called on the zero value of a type that
+// only its constructor makes usable: typ names the type ("inbox.Inbox"),
+// ctor the constructor ("inbox.New"). It matches ErrInvalidArgument.
+func NotConstructed(typ, ctor string) error {
+	return fmt.Errorf("%w: a zero %s, not created by %s: create it with %s", ErrInvalidArgument, typ, ctor, ctor)
+}
+
 // LimitError reports a message or a Publish call over one of the
 // Publisher's size limits; it matches the sentinel of the limit
 // (ErrMetadataTooLarge, ErrPublishTooLarge).
@@ -82,9 +96,15 @@ type NotMigratedError struct {
 	Schema string
 	// Cause is the database error that revealed it, if any.
 	Cause error
+	// Run is the call that creates the schema's tables, when it is not
+	// outbox.Migrate (e.g. inbox.Migrate for an inbox schema).
+	Run string
 }
 
 func (e *NotMigratedError) Error() string {
+	if e.Run != "" {
+		return fmt.Sprintf("outbox: schema %q is not migrated: run %s before using it", e.Schema, e.Run)
+	}
 	return fmt.Sprintf("outbox: schema %q is not migrated: run outbox.Migrate(ctx, db, %q) (or `outbox migrate`) before using it", e.Schema, e.Schema)
 }
 
