@@ -45,6 +45,8 @@ import (
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
 // DefaultSchema is where the inbox table lives unless configured.
@@ -120,12 +122,16 @@ func New(cfg Config) (*Inbox, error) {
 	return &Inbox{cfg: cfg, q: dbsql.For(cfg.Schema)}, nil
 }
 
-// Migrate creates the inbox schema and table in db if missing.
+// Migrate creates the inbox schema and table in db if missing. A nil db is
+// outbox.ErrUnsupportedTx, as for outbox.Migrate.
 func Migrate(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	if schema == "" {
 		schema = DefaultSchema
 	}
 	if err := names.Schema(schema); err != nil {
+		return err
+	}
+	if _, err := pgexec.FromDB(db); err != nil {
 		return err
 	}
 	q := dbsql.For(schema)
@@ -185,9 +191,22 @@ func positionOf(msg *message.Message) (position, bool) {
 // records its position in the same transaction, so that the effects and
 // the mark commit together. It returns whether fn ran. The caller commits
 // tx (or rolls it back on error: then nothing is recorded).
+//
+// A nil tx is outbox.ErrNilTx, a nil msg outbox.ErrInvalidMessage, a nil fn
+// or an Inbox not made by New outbox.ErrInvalidArgument; a schema that
+// Migrate never ran on is outbox.ErrNotMigrated.
 func (in *Inbox) Process(ctx context.Context, tx pgx.Tx, msg *message.Message, fn func(ctx context.Context, tx pgx.Tx) error) (bool, error) {
+	if err := in.check(); err != nil {
+		return false, err
+	}
 	if tx == nil {
 		return false, outbox.ErrNilTx
+	}
+	if msg == nil {
+		return false, &errs.MessageError{UUID: "(nil)", Reason: "inbox.Process was given a nil message"}
+	}
+	if fn == nil {
+		return false, errs.NilArgument("inbox.Process: fn", "pass the function that applies the message's effects in tx")
 	}
 	p, ok := positionOf(msg)
 	if !ok {
@@ -198,11 +217,11 @@ func (in *Inbox) Process(ctx context.Context, tx pgx.Tx, msg *message.Message, f
 	}
 	c := in.cfg.Consumer
 	if _, err := tx.Exec(ctx, in.q.InboxEnsure, c, p.topic, p.partition); err != nil {
-		return false, fmt.Errorf("inbox: %w", err)
+		return false, in.schemaErr(err)
 	}
 	var incarnation, seq int64
 	if err := tx.QueryRow(ctx, in.q.InboxLock, c, p.topic, p.partition).Scan(&incarnation, &seq); err != nil {
-		return false, fmt.Errorf("inbox: %w", err)
+		return false, in.schemaErr(err)
 	}
 	switch {
 	case p.incarnation < incarnation:
@@ -215,10 +234,28 @@ func (in *Inbox) Process(ctx context.Context, tx pgx.Tx, msg *message.Message, f
 		return false, err
 	}
 	if _, err := tx.Exec(ctx, in.q.InboxAdvance, c, p.topic, p.partition, p.incarnation, p.seq); err != nil {
-		return false, fmt.Errorf("inbox: %w", err)
+		return false, in.schemaErr(err)
 	}
 	in.processed.Add(1)
 	return true, nil
+}
+
+// check refuses an Inbox that New did not make.
+func (in *Inbox) check() error {
+	if in == nil || in.q == nil {
+		return errs.NotConstructed("inbox.Inbox", "inbox.New")
+	}
+	return nil
+}
+
+// schemaErr reports a database error of the inbox's statements: a missing
+// table or schema as a *NotMigratedError (outbox.ErrNotMigrated) that names
+// inbox.Migrate.
+func (in *Inbox) schemaErr(err error) error {
+	if schemacheck.IsUndefined(err) {
+		return &errs.NotMigratedError{Schema: in.cfg.Schema, Cause: err, Run: fmt.Sprintf("inbox.Migrate(ctx, pool, %q)", in.cfg.Schema)}
+	}
+	return fmt.Errorf("inbox: %w", err)
 }
 
 // Middleware is Watermill handler middleware: it runs the handler in a
@@ -229,6 +266,15 @@ func (in *Inbox) Process(ctx context.Context, tx pgx.Tx, msg *message.Message, f
 // transaction for exactly-once forwarding).
 func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		if err := in.check(); err != nil {
+			return nil, err
+		}
+		if h == nil {
+			return nil, errs.NilArgument("inbox.Inbox.Middleware: the handler", "pass the handler to wrap")
+		}
+		if msg == nil {
+			return nil, &errs.MessageError{UUID: "(nil)", Reason: "the handler inbox.Inbox.Middleware wraps was given a nil message"}
+		}
 		if in.cfg.Pool == nil {
 			return nil, &errs.ConfigError{Field: "Pool", Reason: "Middleware needs the consumer's database pool"}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -267,4 +268,102 @@ func TestMessagesFromTheSubscriberTakeEffectOnce(t *testing.T) {
 	if s := e.in.Stats(); s.Duplicates != 10 {
 		t.Fatalf("stats %+v, want 10 duplicates dropped", s)
 	}
+}
+
+// Nil arguments, and an Inbox that New did not make, are typed errors
+// (the root package's vocabulary), never a panic, and run nothing.
+func TestNilArgumentsAreTypedErrors(t *testing.T) {
+	e := newEnv(t, inbox.Config{})
+	ctx := outboxtest.Ctx(t)
+	if err := inbox.Migrate(ctx, nil, e.b.Schema+"_other"); !errors.Is(err, outbox.ErrUnsupportedTx) {
+		t.Errorf("Migrate(ctx, nil, schema): %v, want ErrUnsupportedTx (as outbox.Migrate)", err)
+	}
+	ran := false
+	fn := func(context.Context, pgx.Tx) error { ran = true; return nil }
+	tx, err := e.b.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, c := range []struct {
+		name string
+		in   *inbox.Inbox
+		tx   pgx.Tx
+		msg  *message.Message
+		fn   func(context.Context, pgx.Tx) error
+		want error
+	}{
+		{"nil tx", e.in, nil, at("orders", 0, 1, 1), fn, outbox.ErrNilTx},
+		{"nil msg", e.in, tx, nil, fn, outbox.ErrInvalidMessage},
+		{"nil fn", e.in, tx, at("orders", 0, 1, 1), nil, outbox.ErrInvalidArgument},
+		{"zero Inbox", new(inbox.Inbox), tx, at("orders", 0, 1, 1), fn, outbox.ErrInvalidArgument},
+	} {
+		took, err := c.in.Process(ctx, c.tx, c.msg, c.fn)
+		if !errors.Is(err, c.want) || took {
+			t.Errorf("Process with %s: took %v, %v; want %v", c.name, took, err, c.want)
+		}
+	}
+	if ran {
+		t.Error("fn ran on a refused call")
+	}
+	h := func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil }
+	if _, err := e.in.Middleware(h)(nil); !errors.Is(err, outbox.ErrInvalidMessage) {
+		t.Errorf("Middleware(h)(nil): %v, want ErrInvalidMessage", err)
+	}
+	if _, err := e.in.Middleware(nil)(at("orders", 0, 1, 1)); !errors.Is(err, outbox.ErrInvalidArgument) {
+		t.Errorf("Middleware(nil)(msg): %v, want ErrInvalidArgument", err)
+	}
+	if _, err := new(inbox.Inbox).Middleware(h)(at("orders", 0, 1, 1)); !errors.Is(err, outbox.ErrInvalidArgument) {
+		t.Errorf("Inbox{}.Middleware(h)(msg): %v, want ErrInvalidArgument", err)
+	}
+	if ran {
+		t.Error("the handler ran on a refused call")
+	}
+	if got := e.effects(t); len(got) != 0 {
+		t.Errorf("effects %v after refused calls", got)
+	}
+}
+
+// An inbox schema that Migrate never ran on (or that was dropped) is
+// outbox.ErrNotMigrated naming inbox.Migrate, through Process and the
+// middleware, not PostgreSQL's "relation does not exist".
+func TestUnmigratedSchemaIsErrNotMigrated(t *testing.T) {
+	b := outboxtest.Setup(t)
+	ctx := outboxtest.Ctx(t)
+	schema := b.Schema + "_inbox"
+	in, err := inbox.New(inbox.Config{Pool: b.Pool, Schema: schema, Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, err error) {
+		t.Helper()
+		var nm *outbox.NotMigratedError
+		if !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) || nm.Schema != schema {
+			t.Fatalf("%s: %v, want ErrNotMigrated for %q", what, err, schema)
+		}
+		if !strings.Contains(err.Error(), "inbox.Migrate(ctx, pool, \""+schema+"\")") {
+			t.Fatalf("%s: %q does not say to run inbox.Migrate", what, err)
+		}
+	}
+	process := func() error {
+		return pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
+			_, err := in.Process(ctx, tx, at("orders", 0, 1, 1), func(context.Context, pgx.Tx) error { return nil })
+			return err
+		})
+	}
+	check("Process, schema missing", process())
+	_, err = in.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(at("orders", 0, 1, 1))
+	check("Middleware, schema missing", err)
+	// The schema exists, the table does not.
+	b.Exec("CREATE SCHEMA " + schema)
+	check("Process, table missing", process())
+	if err := inbox.Migrate(ctx, b.Pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	if err := process(); err != nil {
+		t.Fatalf("after Migrate: %v", err)
+	}
+	// Dropped later.
+	b.Exec("DROP SCHEMA " + schema + " CASCADE")
+	check("Process, schema dropped", process())
 }
