@@ -415,3 +415,66 @@ func TestSchemaIsMigratedAndDroppedAtCleanup(t *testing.T) {
 		t.Fatalf("schema %s still exists after its test", name)
 	}
 }
+
+// A closed Runner refuses Tick and RunUntilIdle with an error matching
+// outbox.ErrClosed, as every closed component of the outbox does; closing
+// it again is a no-op. A Runner not made by NewRunner is
+// outbox.ErrInvalidArgument, not a panic.
+func TestClosedRunnerIsErrClosed(t *testing.T) {
+	pool, schema := env(t)
+	ctx := context.Background()
+	r, err := outboxtest.NewRunner(ctx, outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "billing"}, "orders",
+		func(*message.Message) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := r.Tick(ctx); !errors.Is(err, outbox.ErrClosed) {
+		t.Errorf("Tick after Close: %v, want ErrClosed", err)
+	}
+	if _, err := r.RunUntilIdle(ctx); !errors.Is(err, outbox.ErrClosed) {
+		t.Errorf("RunUntilIdle after Close: %v, want ErrClosed", err)
+	}
+	var zero outboxtest.Runner
+	if _, err := zero.Tick(ctx); !errors.Is(err, outbox.ErrInvalidArgument) {
+		t.Errorf("Tick of a zero Runner: %v, want ErrInvalidArgument", err)
+	}
+	if err := zero.Close(); err != nil {
+		t.Errorf("Close of a zero Runner: %v", err)
+	}
+}
+
+// The Require functions fail the test, with a message, on a nil match or a
+// match built on a nil func, and say so when the schema is not migrated.
+func TestRequireRefusesNilMatchesAndUnmigratedSchemas(t *testing.T) {
+	pool, schema := env(t)
+	for _, c := range []struct {
+		name  string
+		match []outboxtest.Match
+		want  string
+	}{
+		{"nil match", []outboxtest.Match{outboxtest.InSchema(schema), nil}, "match 1 (0-based) is nil"},
+		{"Where nil", []outboxtest.Match{outboxtest.InSchema(schema), outboxtest.Where("paid", nil)}, "the match on paid has a nil func"},
+		{"Payload nil", []outboxtest.Match{outboxtest.InSchema(schema), outboxtest.Payload("is JSON", nil)}, "the match on payload is JSON has a nil func"},
+		{"unmigrated schema", []outboxtest.Match{outboxtest.InSchema(schema + "_none")}, "is not migrated"},
+	} {
+		tb := &fakeTB{}
+		done := make(chan struct{})
+		go func() { // Fatalf of a real test ends the goroutine: so does the fake's caller here
+			defer close(done)
+			outboxtest.RequirePublished(tb, pool, "orders", c.match...)
+		}()
+		<-done
+		if !tb.failed || !strings.Contains(tb.msg, c.want) {
+			t.Errorf("%s: failed %v with %q, want a failure saying %q", c.name, tb.failed, tb.msg, c.want)
+		}
+	}
+}

@@ -33,6 +33,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
 // Published is a message a topic holds, as RequirePublished returns it.
@@ -93,6 +94,9 @@ func Metadata(key, value string) Match {
 // Payload matches messages whose payload ok accepts; desc says what it
 // checks, for the failure message.
 func Payload(desc string, ok func(payload []byte) bool) Match {
+	if ok == nil {
+		return where("payload "+desc, nil) // refused by the Require functions
+	}
 	return where("payload "+desc, func(p Published) bool { return ok(p.Payload) })
 }
 
@@ -170,8 +174,18 @@ const (
 func require(t testing.TB, db any, topic string, want bool, match []Match) []Published {
 	t.Helper()
 	q := query{schema: names.DefaultSchema, times: -1}
-	for _, m := range match {
+	for i, m := range match {
+		if m == nil {
+			t.Fatalf("outboxtest: match %d (0-based) is nil", i)
+			return nil
+		}
 		m(&q)
+	}
+	for _, pr := range q.preds {
+		if pr.ok == nil {
+			t.Fatalf("outboxtest: the match on %s has a nil func", pr.desc)
+			return nil
+		}
 	}
 	all, err := readTopic(context.Background(), db, q.schema, topic)
 	if err != nil {
@@ -277,7 +291,7 @@ func readTopic(ctx context.Context, db any, schema, topic string) ([]Published, 
 	}
 	rows, err := q.Query(ctx, dbsql.For(schema).PublishedOfTopic, topic, maxRead)
 	if err != nil {
-		return nil, err
+		return nil, schemacheck.Wrap(err, schema)
 	}
 	defer rows.Close()
 	var out []Published
@@ -297,7 +311,7 @@ func readTopic(ctx context.Context, db any, schema, topic string) ([]Published, 
 		}
 		out = append(out, p)
 	}
-	return out, rows.Err()
+	return out, schemacheck.Wrap(rows.Err(), schema)
 }
 
 // toJSONValue turns subset into the generic JSON value encoding/json

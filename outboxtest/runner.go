@@ -12,6 +12,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/delivery"
+	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/syncrun"
 	"github.com/millrace/watermill-outbox/internal/worker"
@@ -151,8 +152,8 @@ func newRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h
 	}, nil
 }
 
-// errClosed reports a Tick on a closed Runner.
-var errClosed = errors.New("outboxtest: the Runner is closed")
+// errClosed reports a Tick on a closed Runner; it matches outbox.ErrClosed.
+var errClosed = fmt.Errorf("%w: the outboxtest Runner was closed: create a new one", outbox.ErrClosed)
 
 // Tick runs the sequencer once (unless disabled), takes the partitions the
 // group leaves to this runner, and runs one turn of each in partition
@@ -161,6 +162,9 @@ var errClosed = errors.New("outboxtest: the Runner is closed")
 // log and retry.
 func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 	var res TickResult
+	if r.sub == nil {
+		return res, errs.NotConstructed("outboxtest.Runner", "outboxtest.NewRunner")
+	}
 	if r.closed {
 		return res, errClosed
 	}
@@ -350,7 +354,7 @@ func (r *Runner) RunUntilIdle(ctx context.Context) (Result, error) {
 // Subscriber of the group takes them at once) and closes the Subscriber it
 // was built on. No goroutine of the Runner is left.
 func (r *Runner) Close() error {
-	if r.closed {
+	if r.closed || r.sub == nil {
 		return nil
 	}
 	r.closed = true
