@@ -55,6 +55,9 @@ type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
 // PartitionKeyFromMetadata reads the partition key from msg's metadata
 // (PartitionKeyMetadata). It is the default PartitionKeyFunc.
 func PartitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
+	if msg == nil {
+		return "", &errs.MessageError{UUID: "(nil)", Reason: "no partition key of a nil message"}
+	}
 	return msg.Metadata.Get(PartitionKeyMetadata), nil
 }
 

@@ -183,6 +183,9 @@ func (s *Sequencer) Stats() SequencerStats {
 // never migrated (ErrNotMigrated) or was migrated by a newer release
 // (ErrSchemaTooNew), which retrying would not mend. Run may be called once.
 func (s *Sequencer) Run(ctx context.Context) error {
+	if s.cancel == nil {
+		return errs.NotConstructed("outbox.Sequencer", "outbox.NewSequencer")
+	}
 	if !s.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Sequencer.Run called twice", errs.ErrAlreadyRunning)
 	}
@@ -302,6 +305,9 @@ func (s *Sequencer) wake() {
 
 // Close stops Run and waits for it to return.
 func (s *Sequencer) Close() error {
+	if s.cancel == nil { // a zero Sequencer: nothing runs
+		return nil
+	}
 	s.closeOnce.Do(s.cancel)
 	s.wg.Wait()
 	return nil
@@ -334,6 +340,9 @@ func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
 // migrated, or was dropped, gives ErrNotMigrated, one migrated by a newer
 // release ErrSchemaTooNew (checked once per pool and schema).
 func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
+	if s.q == nil {
+		return 0, false, errs.NotConstructed("outbox.Sequencer", "outbox.NewSequencer")
+	}
 	if err := s.checkSchema(ctx); err != nil {
 		return 0, false, err
 	}

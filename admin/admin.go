@@ -135,6 +135,9 @@ func (c Config) Validate() error {
 // or was migrated by a newer release (outbox.ErrSchemaTooNew); one query
 // per pool and schema.
 func (a *Admin) check(ctx context.Context) error {
+	if err := a.constructed(); err != nil {
+		return err
+	}
 	return schemacheck.CheckPool(ctx, a.cfg.Pool, a.cfg.Schema)
 }
 
@@ -362,6 +365,14 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 	}
 	a.logger.Info("Cursors reset", watermill.LogFields{"group": s.Group, "topic": s.Topic, "resets": resets})
 	return resets, nil
+}
+
+// constructed refuses a zero Admin (not made by New).
+func (a *Admin) constructed() error {
+	if a.q == nil {
+		return errs.NotConstructed("admin.Admin", "admin.New")
+	}
+	return nil
 }
 
 // schemaErr turns the "relation does not exist" of a schema that was

@@ -43,6 +43,9 @@ func (r HeldRef) keyArgs() (key any, seq int64) {
 // it fail, say. It returns how many messages the key holds, or ErrNotFound
 // when it holds none.
 func (a *Admin) RetryHeldNow(ctx context.Context, r HeldRef) (int, error) {
+	if err := a.constructed(); err != nil {
+		return 0, err
+	}
 	return a.heldAction(ctx, r, "retry now", a.q.HeldRetryNow)
 }
 
@@ -55,6 +58,9 @@ func (a *Admin) RetryHeldNow(ctx context.Context, r HeldRef) (int, error) {
 // a RejectHandler cannot, and says so in its log. It returns how many
 // messages the key holds, or ErrNotFound when it holds none.
 func (a *Admin) DeadLetterHeld(ctx context.Context, r HeldRef) (int, error) {
+	if err := a.constructed(); err != nil {
+		return 0, err
+	}
 	return a.heldAction(ctx, r, "dead-letter", a.q.HeldRequestDeadLetter)
 }
 

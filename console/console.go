@@ -169,6 +169,12 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 
 // ServeHTTP implements http.Handler.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if w == nil || r == nil || c.mux == nil { // no response to write to, no request, or a zero Console
+		if w != nil {
+			http.Error(w, "console: no request, or a Console not created by console.New", http.StatusInternalServerError)
+		}
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; frame-ancestors 'none'; form-action 'self'")
 	h.Set("X-Content-Type-Options", "nosniff")

@@ -40,7 +40,11 @@ type poisonPublisher struct{ s *Store }
 // Publish dead-letters msgs; see Store.PoisonPublisher.
 func (p poisonPublisher) Publish(topic string, msgs ...*message.Message) error {
 	var errs []error
-	for _, msg := range msgs {
+	for i, msg := range msgs {
+		if msg == nil {
+			errs = append(errs, &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the %d given to Publish is nil", i, len(msgs))})
+			continue
+		}
 		reason := msg.Metadata.Get(middleware.ReasonForPoisonedKey)
 		if reason == "" {
 			reason = "poisoned"

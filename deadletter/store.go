@@ -170,6 +170,9 @@ func (s *Store) HandleReject(ctx context.Context, tx pgx.Tx, m outbox.RejectedMe
 	if tx == nil {
 		return outbox.ErrNilTx
 	}
+	if s.q == nil {
+		return errs.NotConstructed("deadletter.Store", "deadletter.NewStore")
+	}
 	// The check reads the version in tx itself (a query that cannot fail on
 	// a missing table, so it never aborts tx) rather than on another
 	// connection of the pool, which a busy pool might not have.
@@ -198,6 +201,9 @@ func (s *Store) Add(ctx context.Context, m outbox.RejectedMessage) (bool, error)
 // or was migrated by a newer release (outbox.ErrSchemaTooNew); one query
 // per pool and schema.
 func (s *Store) check(ctx context.Context) error {
+	if s.q == nil {
+		return errs.NotConstructed("deadletter.Store", "deadletter.NewStore")
+	}
 	return schemacheck.Check(ctx, s.cfg.Pool, s.db, s.cfg.Schema)
 }
 

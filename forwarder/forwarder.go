@@ -16,6 +16,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
 )
@@ -48,6 +49,9 @@ type TargetFunc func(ctx context.Context, topic string, batch []*message.Message
 
 // Send calls f.
 func (f TargetFunc) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	if f == nil {
+		return 0, errs.NilArgument("forwarder.TargetFunc", "adapt a function that sends the batch")
+	}
 	return f(ctx, topic, batch)
 }
 
@@ -118,7 +122,7 @@ func (c Config) Validate() error {
 		return &outbox.ConfigError{Field: "Subscriber.Strategy", Reason: "must be Leased: a broker publish cannot join a database transaction"}
 	case len(c.Topics) == 0:
 		return &outbox.ConfigError{Field: "Topics", Reason: "required"}
-	case c.Target == nil:
+	case isNil(c.Target):
 		return &outbox.ConfigError{Field: "Target", Reason: "required"}
 	case c.SendTimeout < 0:
 		return &outbox.ConfigError{Field: "SendTimeout", Reason: "must be positive"}
@@ -196,6 +200,9 @@ func NewForwarder(cfg Config, logger watermill.LoggerAdapter) (*Forwarder, error
 // nil (or the error that kept it from joining the group on a topic). It can
 // be called once.
 func (f *Forwarder) Run(ctx context.Context) error {
+	if f.sub == nil {
+		return errs.NotConstructed("forwarder.Forwarder", "forwarder.NewForwarder")
+	}
 	f.mu.Lock()
 	if f.running {
 		f.mu.Unlock()
@@ -239,6 +246,9 @@ func (f *Forwarder) Run(ctx context.Context) error {
 // messages are sent again by whoever takes the partitions over), leases are
 // released. Run returns. Close does not close the Target.
 func (f *Forwarder) Close() error {
+	if f.sub == nil { // a zero Forwarder: nothing runs
+		return nil
+	}
 	return f.sub.Close()
 }
 
@@ -269,6 +279,9 @@ func (f *Forwarder) Stats() Stats {
 // test can forward everything committed and then look at the broker
 // without sleeping; services use Run. topic must be one of Config.Topics.
 func (f *Forwarder) Consumer(ctx context.Context, topic string) (outbox.SubscriberConfig, outbox.BatchHandler, error) {
+	if f.sub == nil {
+		return outbox.SubscriberConfig{}, nil, errs.NotConstructed("forwarder.Forwarder", "forwarder.NewForwarder")
+	}
 	if !slices.Contains(f.cfg.Topics, topic) {
 		return outbox.SubscriberConfig{}, nil, &outbox.ConfigError{Field: "topic", Reason: fmt.Sprintf("%q is not one of the Forwarder's Topics %q", topic, f.cfg.Topics)}
 	}
@@ -290,6 +303,9 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 		observe.Current().Forwarding(targetTopic) // its error series exist at 0 before the first send
 	}
 	return func(ctx context.Context, batch []*message.Message) (int, error) {
+		if err := checkBatch(batch); err != nil {
+			return 0, err
+		}
 		ctx = withOrigin(ctx, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
 		ctx, cancel := context.WithTimeout(ctx, f.cfg.SendTimeout)
 		defer cancel()

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/errs"
 )
 
 // JetStreamConfig configures a JetStreamTarget.
@@ -145,6 +146,12 @@ func (t *JetStreamTarget) JetStream() jetstream.JetStream { return t.js }
 
 // Send implements Target.
 func (t *JetStreamTarget) Send(ctx context.Context, subject string, batch []*message.Message) (int, error) {
+	if t.js == nil {
+		return 0, errs.NotConstructed("forwarder.JetStreamTarget", "forwarder.NewJetStreamTarget")
+	}
+	if err := checkBatch(batch); err != nil {
+		return 0, err
+	}
 	futures := make([]jetstream.PubAckFuture, 0, len(batch))
 	var stopErr error // why publishing stopped before the end of the batch
 	for _, msg := range batch {

@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -334,6 +335,12 @@ func (r recordInfo) OutboxPartition() int { return r.outboxPartition }
 
 // Send implements Target.
 func (t *KafkaTarget) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	if t.partitioners == nil {
+		return 0, errs.NotConstructed("forwarder.KafkaTarget", "forwarder.NewKafkaTarget")
+	}
+	if err := checkBatch(batch); err != nil {
+		return 0, err
+	}
 	if len(batch) == 0 {
 		return 0, nil
 	}
@@ -791,7 +798,10 @@ func NewMurmur2Partitioner(string) sarama.Partitioner { return &Murmur2Partition
 // Partition implements sarama.Partitioner.
 func (p *Murmur2Partitioner) Partition(msg *sarama.ProducerMessage, numPartitions int32) (int32, error) {
 	if numPartitions <= 0 {
-		return 0, fmt.Errorf("forwarder: %d partitions", numPartitions)
+		return 0, fmt.Errorf("%w: forwarder: %d partitions", outbox.ErrInvalidPartitionCount, numPartitions)
+	}
+	if msg == nil {
+		return 0, errs.NilArgument("forwarder.Murmur2Partitioner.Partition: msg", "pass the record to place")
 	}
 	if msg.Key == nil {
 		if op, ok := msg.Metadata.(interface{ OutboxPartition() int }); ok && op.OutboxPartition() >= 0 {

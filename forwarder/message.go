@@ -1,6 +1,9 @@
 package forwarder
 
 import (
+	"fmt"
+	"reflect"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
@@ -10,6 +13,9 @@ import (
 // with: metadata outbox.MetadataPartitionKey (set by the Subscriber whenever
 // the message had a key), else outbox.PartitionKeyMetadata; "" when keyless.
 func PartitionKey(msg *message.Message) string {
+	if msg == nil {
+		return ""
+	}
 	if k := msg.Metadata.Get(outbox.MetadataPartitionKey); k != "" {
 		return k
 	}
@@ -23,6 +29,9 @@ func PartitionKey(msg *message.Message) string {
 // the broker's consumers. The copy has no context: Reject must be called on
 // the original.
 func Outgoing(msg *message.Message) *message.Message {
+	if msg == nil {
+		return nil
+	}
 	out := message.NewMessage(msg.UUID, msg.Payload)
 	for k, v := range msg.Metadata {
 		if k != outbox.MetadataAttempt {
@@ -30,4 +39,28 @@ func Outgoing(msg *message.Message) *message.Message {
 		}
 	}
 	return out
+}
+
+// checkBatch refuses a batch holding a nil message, before anything is
+// sent.
+func checkBatch(batch []*message.Message) error {
+	for i, m := range batch {
+		if m == nil {
+			return &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
+		}
+	}
+	return nil
+}
+
+// isNil reports a nil interface value, or one that holds a nil pointer,
+// function, map, slice or channel (a TargetFunc(nil), a (*KafkaTarget)(nil)).
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
 }

@@ -35,6 +35,12 @@ func NewPublisherTarget(pub message.Publisher, permanent func(error) bool) *Publ
 
 // Send implements Target.
 func (t *PublisherTarget) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	if isNil(t.Publisher) {
+		return 0, &outbox.ConfigError{Field: "PublisherTarget.Publisher", Reason: "required: the Watermill publisher to forward to"}
+	}
+	if err := checkBatch(batch); err != nil {
+		return 0, err
+	}
 	out := make([]*message.Message, len(batch))
 	for i, m := range batch {
 		out[i] = Outgoing(m)

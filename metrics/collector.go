@@ -119,6 +119,9 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	if ch == nil || c.q == nil { // nowhere to send, or a zero Collector (not made by NewCollector): nothing to describe
+		return
+	}
 	for _, d := range []*prometheus.Desc{c.pending, c.pendingAge, c.lag, c.lagSeconds, c.degraded, c.backingOff, c.paused,
 		c.leases, c.members, c.isolationFull, c.heldMessages, c.heldKeys, c.deadLetters, c.retentionHeld, c.slotRetained, c.slotActive, c.up, c.collectSeconds, c.errorsTotal} {
 		ch <- d
@@ -127,6 +130,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if ch == nil || c.q == nil { // nowhere to send, or a zero Collector: nothing to collect
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.last.IsZero() || time.Since(c.last) >= c.cfg.CollectInterval {

@@ -224,6 +224,9 @@ func Enable(cfg Config) (*Metrics, error) {
 // metrics from it; other registries enabled keep theirs. Calling it again
 // does nothing.
 func (m *Metrics) Disable() {
+	if m.remove == nil { // a zero Metrics (not made by Enable): nothing enabled
+		return
+	}
 	m.disable.Do(func() {
 		m.remove()
 		for _, c := range m.collectors {

@@ -63,6 +63,9 @@ type PartitionerFunc func(key string, partitions int) (int, error)
 
 // Partition calls f(key, partitions).
 func (f PartitionerFunc) Partition(key string, partitions int) (int, error) {
+	if f == nil {
+		return 0, errs.NilArgument("partitioning.PartitionerFunc", "adapt a function that places keys")
+	}
 	return f(key, partitions)
 }
 

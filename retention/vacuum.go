@@ -260,6 +260,9 @@ func (v *Vacuum) Stats() Stats {
 // logged at warning level (see WarnLogger) when first seen and every hour
 // while it lasts.
 func (v *Vacuum) Run(ctx context.Context) error {
+	if v.cancel == nil {
+		return errs.NotConstructed("retention.Vacuum", "retention.NewVacuum")
+	}
 	v.mu.Lock()
 	switch {
 	case v.closed:
@@ -314,6 +317,9 @@ func (v *Vacuum) Run(ctx context.Context) error {
 
 // Close stops Run and waits for it to return.
 func (v *Vacuum) Close() error {
+	if v.cancel == nil { // a zero Vacuum: nothing runs
+		return nil
+	}
 	v.mu.Lock()
 	v.closed = true
 	v.mu.Unlock()
@@ -330,6 +336,9 @@ func (v *Vacuum) Close() error {
 // stays done. A schema never migrated is outbox.ErrNotMigrated, one
 // migrated by a newer release outbox.ErrSchemaTooNew.
 func (v *Vacuum) VacuumOnce(ctx context.Context) (PassStats, error) {
+	if v.cancel == nil {
+		return PassStats{}, errs.NotConstructed("retention.Vacuum", "retention.NewVacuum")
+	}
 	v.passMu.Lock()
 	defer v.passMu.Unlock()
 	v.passes.Add(1)
