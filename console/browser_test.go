@@ -121,7 +121,7 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	if err := chromedp.Run(ctx, chromedp.Click("#pause-all", chromedp.ByQuery), chromedp.WaitVisible("#question", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
-	if q := text(t, ctx, "#question"); !strings.Contains(q, "Pause every partition of consumer group billing") {
+	if q := text(t, ctx, "#question"); !strings.Contains(q, `Pause every partition of consumer group "billing" on topic "orders"`) {
 		t.Fatalf("confirmation: %q", q)
 	}
 	screenshot(t, ctx, "confirm")

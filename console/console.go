@@ -8,17 +8,23 @@
 //	c, err := console.New(console.Config{Pool: pool}, logger)
 //	http.Handle("/outbox/", http.StripPrefix("/outbox", c))
 //
-// Security: the console is read-only unless Config.EnableActions; actions
-// then need Config.Token (as "Authorization: Bearer <token>", or as the
-// password of HTTP basic auth; no challenge is sent, so a browser shows the
-// refusal instead of a password prompt: in a browser, put the console
-// behind the host application's authentication with Config.Authorize, or
-// a proxy that adds the header) or pass Config.Authorize, and carry a CSRF
-// token bound to the console and checked with the request's Origin. Every
-// value shown is escaped by html/template (a payload of <script> renders
-// as text); every query takes request input as bind parameters only;
-// database calls are bounded by Config.Timeout. No front-end build step:
-// templates and a little plain JavaScript, embedded.
+// Security: the console answers only requests whose Host header names it
+// (localhost, 127.0.0.1, [::1] and Config.AllowedHosts; others get 421
+// Misdirected Request), so that a page of another site cannot read it
+// through DNS rebinding. It is read-only unless Config.EnableActions;
+// actions then need Config.Token (as "Authorization: Bearer <token>", the
+// scheme in any case, or as the password of HTTP basic auth; no challenge
+// is sent, so a browser shows the refusal instead of a password prompt: in
+// a browser, put the console behind the host application's authentication
+// with Config.Authorize, or a proxy that adds the header) or pass
+// Config.Authorize, and carry a CSRF token bound to the console and checked
+// with the request's Origin. Every link and redirect made from request
+// input stays on the console. Every value shown is escaped by html/template
+// (a payload of <script> renders as text) and long values are cut, with a
+// way to the whole (a payload downloads as an attachment); every query
+// takes request input as bind parameters only; database calls are bounded
+// by Config.Timeout. No front-end build step: templates and a little plain
+// JavaScript, embedded.
 package console
 
 import (
@@ -28,6 +34,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -39,7 +46,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,8 +80,22 @@ type Config struct {
 	// RefreshInterval is how often the partition grid polls (default 1 s).
 	RefreshInterval time.Duration
 	// Prefix is the path the console is mounted under, e.g. "/outbox"
-	// with http.StripPrefix("/outbox", c); "" for the root.
+	// with http.StripPrefix("/outbox", c); "" for the root. A clean
+	// absolute path without a trailing slash.
 	Prefix string
+	// AllowedHosts are the names the console answers to besides
+	// localhost, 127.0.0.1 and [::1] (which it answers to at any port):
+	// host names or IP addresses, each with an optional port to answer on
+	// that port only ("ops.example.com", "10.0.0.5:8080", "[fd00::5]:8443"),
+	// compared case-insensitively with each request's Host header. A
+	// request for any other host is answered 421 Misdirected Request, so
+	// that a page of another site cannot read the console through DNS
+	// rebinding (a name of the attacker's that resolves to the console's
+	// address). The default, none, is safe for a console mounted in an
+	// application: it answers on loopback only until the application
+	// names the hosts it is reached under. Behind a reverse proxy, name
+	// the host the proxy passes on.
+	AllowedHosts []string
 }
 
 // Validate reports the first impossible setting.
@@ -94,6 +114,12 @@ func (c Config) Validate() error {
 	if c.Timeout < 0 || c.RefreshInterval < 0 {
 		return &errs.ConfigError{Field: "Timeout/RefreshInterval", Reason: "must not be negative"}
 	}
+	if !validPrefix(c.Prefix) {
+		return &errs.ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%s is not a clean absolute path without a trailing slash (e.g. \"/outbox\"; \"\" for the root)", quoted(100, c.Prefix))}
+	}
+	if _, err := hostRules(c.AllowedHosts); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -105,7 +131,9 @@ type Console struct {
 	store  *deadletter.Store
 	pages  map[string]*template.Template
 	mux    *http.ServeMux
-	secret []byte // CSRF tokens are HMACs under it
+	hosts  []hostRule
+	static fs.FS
+	secret []byte // CSRF tokens and flash messages are HMACs under it
 }
 
 // New creates a Console.
@@ -133,14 +161,20 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, logger: logger, admin: adm, store: store, pages: map[string]*template.Template{}, secret: make([]byte, 32)}
+	hosts, err := hostRules(cfg.AllowedHosts)
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{cfg: cfg, logger: logger, admin: adm, store: store, pages: map[string]*template.Template{}, hosts: hosts, secret: make([]byte, 32)}
 	if _, err := rand.Read(c.secret); err != nil {
 		return nil, err
 	}
 	funcs := template.FuncMap{
 		"ago":      func(t *time.Time) string { return ago(t) },
 		"seconds":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
-		"text":     payloadText,
+		"payload":  viewPayload,
+		"clip":     clip,
+		"short":    short,
 		"join":     strings.Join,
 		"rfc3339":  func(t time.Time) string { return t.Format(time.RFC3339) },
 		"pathPart": url.PathEscape,
@@ -153,21 +187,24 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 		}
 		c.pages[page] = t
 	}
-	static, _ := fs.Sub(assets, "static")
+	c.static, _ = fs.Sub(assets, "static")
 	mux := http.NewServeMux()
-	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /static/{file}", c.staticFile)
 	mux.HandleFunc("GET /{$}", c.overview)
 	mux.HandleFunc("GET /groups/{topic}/{group}", c.group)
 	mux.HandleFunc("GET /api/status", c.apiStatus)
 	mux.HandleFunc("GET /dlq", c.dlq)
 	mux.HandleFunc("GET /dlq/{id}", c.entry)
+	mux.HandleFunc("GET /dlq/{id}/payload", c.payload)
 	mux.HandleFunc("GET /confirm/{action}", c.confirm)
 	mux.HandleFunc("POST /actions/{action}", c.action)
 	c.mux = mux
 	return c, nil
 }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler. A request for a host the console
+// does not answer to (Config.AllowedHosts) is refused before anything
+// else: 421 Misdirected Request.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if w == nil || r == nil || c.mux == nil { // no response to write to, no request, or a zero Console
 		if w != nil {
@@ -180,7 +217,21 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "same-origin")
+	if !c.hostAllowed(r) {
+		misdirected(w, r)
+		return
+	}
 	c.mux.ServeHTTP(w, r)
+}
+
+// staticFile serves one of the console's own files; there is no listing.
+func (c *Console) staticFile(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("file")
+	if st, err := fs.Stat(c.static, name); err != nil || st.IsDir() {
+		http.NotFound(w, r)
+		return
+	}
+	http.ServeFileFS(w, r, c.static, name)
 }
 
 // view is what every page gets.
@@ -197,14 +248,18 @@ type view struct {
 	StatusFilter string
 	NextCursor   string
 	Base         string // the mount prefix
-	Path         string // this page, for the actions' way back
+	Path         string // this page, for the actions' way back (localTarget)
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, page string, status int, v view) {
-	v.Schema, v.ActionsOn, v.CSRF, v.Base, v.Path = c.cfg.Schema, c.cfg.EnableActions, c.csrfToken(), c.cfg.Prefix, r.URL.RequestURI()
+	v.Schema, v.ActionsOn, v.CSRF, v.Base, v.Path = c.cfg.Schema, c.cfg.EnableActions, c.csrfToken(), c.cfg.Prefix, localTarget(r.URL.RequestURI())
 	v.Refresh = int(c.cfg.RefreshInterval / time.Millisecond)
-	v.Flash = r.URL.Query().Get("flash")
+	if q := r.URL.Query(); q.Get("flash") != "" && hmac.Equal([]byte(q.Get("flash_mac")), []byte(c.mac("flash", q.Get("flash")))) {
+		v.Flash = q.Get("flash") // only the console's own: a link cannot put words on its pages
+	}
+	v.Flash, v.Error = visible(v.Flash), visible(v.Error)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	if err := c.pages[page].Execute(w, v); err != nil {
 		c.logger.Error("Console: cannot render page", err, watermill.LogFields{"page": page})
@@ -235,6 +290,10 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	topic, group := r.PathValue("topic"), r.PathValue("group")
 	rep, err := c.admin.Status(ctx, admin.Filter{Group: group, Topic: topic})
+	if errors.Is(err, admin.ErrNotFound) { // no such group or topic
+		c.fail(w, r, http.StatusNotFound, err)
+		return
+	}
 	if err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
@@ -242,12 +301,12 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	for _, t := range rep.Topics {
 		for _, g := range t.Groups {
 			if g.Group == group {
-				c.render(w, r, "group", http.StatusOK, view{Title: group + " on " + topic, Data: g, TopicFilter: topic, GroupFilter: group})
+				c.render(w, r, "group", http.StatusOK, view{Title: short(100, group) + " on " + short(100, topic), Data: g, TopicFilter: topic, GroupFilter: group})
 				return
 			}
 		}
 	}
-	c.fail(w, r, http.StatusNotFound, fmt.Errorf("no consumer group %q on topic %q", group, topic))
+	c.fail(w, r, http.StatusNotFound, fmt.Errorf("no consumer group %s on topic %s", quoted(200, group), quoted(250, topic)))
 }
 
 // apiStatus serves the status of one group and topic as JSON, for the
@@ -259,7 +318,11 @@ func (c *Console) apiStatus(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	if err != nil {
-		w.WriteHeader(http.StatusInternalServerError)
+		status := http.StatusInternalServerError
+		if errors.Is(err, admin.ErrNotFound) { // no such group or topic
+			status = http.StatusNotFound
+		}
+		w.WriteHeader(status)
 		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
 		return
 	}
@@ -307,10 +370,40 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "entry", http.StatusOK, view{Title: fmt.Sprintf("Dead letter %d", e.ID), Data: e})
 }
 
+// payload sends a dead letter's payload whole, as a file to save: never
+// rendered by the browser, whatever it holds.
+func (c *Console) payload(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, errors.New("the id of a dead letter is a number"))
+		return
+	}
+	e, err := c.store.Get(ctx, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		c.fail(w, r, http.StatusNotFound, err)
+		return
+	}
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Disposition", fmt.Sprintf(`attachment; filename="dead-letter-%d.payload"`, e.ID))
+	h.Set("Content-Length", strconv.Itoa(len(e.Payload)))
+	h.Set("Content-Security-Policy", "sandbox; default-src 'none'")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(e.Payload)
+}
+
 // confirmation is what a confirmation page shows and posts on.
 type confirmation struct {
 	Action, Question string
 	Fields           map[string]string
+	Back             string // where Cancel leads: a page of the console (localTarget)
 }
 
 // confirm shows what an action will do and asks to confirm it: every
@@ -320,42 +413,47 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	action := r.PathValue("action")
 	fields := map[string]string{}
-	for _, k := range []string{"group", "topic", "partition", "to_seq", "id", "key", "seq", "back"} {
+	for _, k := range []string{"group", "topic", "partition", "to_seq", "id", "key", "seq"} {
 		if v := q.Get(k); v != "" {
 			fields[k] = v
 		}
 	}
+	back := localTarget(q.Get("back"))
+	fields["back"] = back
+	// What the question names comes from the link: quoted and cut, so that
+	// a crafted link cannot word the question.
+	name := func(k string, n int) string { return quoted(n, q.Get(k)) }
 	scope := "every partition"
-	if p := q.Get("partition"); p != "" {
-		scope = "partition " + p
+	if q.Get("partition") != "" {
+		scope = "partition " + name("partition", 20)
 	}
 	var question string
 	switch action {
 	case "pause":
-		question = fmt.Sprintf("Pause %s of consumer group %s on topic %s? Its members give the leases back after the message in flight.", scope, q.Get("group"), q.Get("topic"))
+		question = fmt.Sprintf("Pause %s of consumer group %s on topic %s? Its members give the leases back after the message in flight.", scope, name("group", 200), name("topic", 250))
 	case "resume":
-		question = fmt.Sprintf("Resume %s of consumer group %s on topic %s?", scope, q.Get("group"), q.Get("topic"))
+		question = fmt.Sprintf("Resume %s of consumer group %s on topic %s?", scope, name("group", 200), name("topic", 250))
 	case "reset":
-		question = fmt.Sprintf("Move the cursor of %s of consumer group %s on topic %s to seq %s? Messages after it are delivered (again), messages before it are skipped.", scope, q.Get("group"), q.Get("topic"), q.Get("to_seq"))
+		question = fmt.Sprintf("Move the cursor of %s of consumer group %s on topic %s to seq %s? Messages after it are delivered (again), messages before it are skipped.", scope, name("group", 200), name("topic", 250), name("to_seq", 20))
 	case "retry-held", "dead-letter-held":
-		name := fmt.Sprintf("key %q", q.Get("key"))
+		held := "key " + name("key", 200)
 		if q.Get("key") == "" {
-			name = "keyless message " + q.Get("seq")
+			held = "keyless message " + name("seq", 20)
 		}
 		what := "Retry the held %s of consumer group %s on topic %s, partition %s, now, with a fresh count of attempts?"
 		if action == "dead-letter-held" {
 			what = "Take every message the held %s of consumer group %s on topic %s, partition %s holds out as dead letters, in order? Its newer messages then flow."
 		}
-		question = fmt.Sprintf(what, name, q.Get("group"), q.Get("topic"), q.Get("partition"))
+		question = fmt.Sprintf(what, held, name("group", 200), name("topic", 250), name("partition", 20))
 	case "replay":
-		question = fmt.Sprintf("Publish dead letter %s again, as a new message, and mark it replayed?", q.Get("id"))
+		question = fmt.Sprintf("Publish dead letter %s again, as a new message, and mark it replayed?", name("id", 20))
 	case "discard":
-		question = fmt.Sprintf("Mark dead letter %s discarded?", q.Get("id"))
+		question = fmt.Sprintf("Mark dead letter %s discarded?", name("id", 20))
 	default:
-		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", action))
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %s", quoted(50, action)))
 		return
 	}
-	c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Data: confirmation{Action: action, Question: question, Fields: fields}})
+	c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Data: confirmation{Action: action, Question: question, Fields: fields, Back: back}})
 }
 
 // action runs a POSTed action after checking that actions are on, the
@@ -385,10 +483,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
 	f := r.PostForm
-	back := f.Get("back")
-	if !strings.HasPrefix(back, "/") || strings.HasPrefix(back, "//") {
-		back = "/"
-	}
+	back := localTarget(f.Get("back"))
 	var flash string
 	var err error
 	switch r.PathValue("action") {
@@ -462,7 +557,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 			flash = fmt.Sprintf("discarded %d", id)
 		}
 	default:
-		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", r.PathValue("action")))
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %s", quoted(50, r.PathValue("action"))))
 		return
 	}
 	if err != nil {
@@ -476,31 +571,48 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.logger.Info("Console action", watermill.LogFields{"action": r.PathValue("action"), "remote": r.RemoteAddr, "result": flash})
-	sep := "?"
-	if strings.Contains(back, "?") {
-		sep = "&"
-	}
-	if i := strings.Index(back, "flash="); i > 0 {
-		back = strings.TrimRight(back[:i], "?&")
-		sep = "?"
-		if strings.Contains(back, "?") {
-			sep = "&"
-		}
-	}
-	http.Redirect(w, r, c.cfg.Prefix+back+sep+"flash="+url.QueryEscape(flash), http.StatusSeeOther)
+	// The Location is set as checked: http.Redirect would rewrite it.
+	w.Header().Set("Location", c.cfg.Prefix+withFlash(back, flash, c.mac("flash", flash)))
+	w.WriteHeader(http.StatusSeeOther)
 }
 
 func (c *Console) authorized(r *http.Request) bool {
 	if c.cfg.Authorize != nil {
 		return c.cfg.Authorize(r)
 	}
-	given := ""
-	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
-		given = strings.TrimPrefix(h, "Bearer ")
-	} else if _, pw, ok := r.BasicAuth(); ok {
-		given = pw
+	given := credential(r.Header.Get("Authorization"))
+	if given == "" {
+		return false
 	}
-	return given != "" && subtle.ConstantTimeCompare([]byte(given), []byte(c.cfg.Token)) == 1
+	// Compared as digests: the same length whatever was sent.
+	a, b := sha256.Sum256([]byte(given)), sha256.Sum256([]byte(c.cfg.Token))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+}
+
+// credential is the token an Authorization header carries: a Bearer token,
+// or the password of Basic credentials. The scheme is case-insensitive and
+// may be followed by more than one space (RFC 9110, section 11.4).
+func credential(header string) string {
+	scheme, rest, ok := strings.Cut(strings.TrimSpace(header), " ")
+	if !ok {
+		return ""
+	}
+	rest = strings.TrimSpace(rest)
+	switch {
+	case strings.EqualFold(scheme, "Bearer"):
+		return rest
+	case strings.EqualFold(scheme, "Basic"):
+		decoded, err := base64.StdEncoding.DecodeString(rest)
+		if err != nil {
+			return ""
+		}
+		_, pw, ok := strings.Cut(string(decoded), ":")
+		if !ok {
+			return ""
+		}
+		return pw
+	}
+	return ""
 }
 
 // sameOrigin refuses a request whose Origin (or, without one, Referer)
@@ -523,6 +635,14 @@ func (c *Console) csrfToken() string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
+// mac authenticates a value the console hands to the browser and reads
+// back (purpose keeps the uses apart).
+func (c *Console) mac(purpose, value string) string {
+	m := hmac.New(sha256.New, c.secret)
+	m.Write([]byte("outbox console " + purpose + "\x00" + value))
+	return hex.EncodeToString(m.Sum(nil)[:16])
+}
+
 func ago(t *time.Time) string {
 	if t == nil {
 		return "-"
@@ -532,14 +652,6 @@ func ago(t *time.Time) string {
 		return (-d).String() + " ago"
 	}
 	return "in " + d.String()
-}
-
-// payloadText shows a payload as text when it is UTF-8, else says so.
-func payloadText(b []byte) string {
-	if utf8.Valid(b) {
-		return string(b)
-	}
-	return fmt.Sprintf("(%d bytes of binary data)", len(b))
 }
 
 // humanBytes writes n bytes in binary units: 512 B, 1.5 KiB, 3.2 GiB.

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/console"
@@ -25,15 +28,24 @@ const hostile = `<script>window.__pwned=1</script><img src=x onerror="window.__p
 // fixture: a migrated schema with a topic, a group and a hostile dead
 // letter, and a console server on it.
 type fixture struct {
-	b      *outboxtest.Bundle
-	srv    *httptest.Server
-	entry  int64
-	token  string
-	actOn  bool
-	client *http.Client
+	b       *outboxtest.Bundle
+	srv     *httptest.Server
+	console *console.Console
+	prefix  string
+	entry   int64
+	token   string
+	actOn   bool
+	client  *http.Client
 }
 
 func newFixture(t *testing.T, enableActions bool) *fixture {
+	t.Helper()
+	return newFixtureWith(t, enableActions, "", nil)
+}
+
+// newFixtureWith mounts the console under prefix (with http.StripPrefix,
+// as an application does) after edit changed its configuration.
+func newFixtureWith(t *testing.T, enableActions bool, prefix string, edit func(*console.Config)) *fixture {
 	t.Helper()
 	b := outboxtest.Setup(t)
 	b.Register("orders", 2)
@@ -51,11 +63,22 @@ func newFixture(t *testing.T, enableActions bool) *fixture {
 	}
 	f := &fixture{b: b, entry: page.Entries[0].ID, token: "s3cret-token", actOn: enableActions,
 		client: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
-	c, err := console.New(console.Config{Pool: b.Pool, Schema: b.Schema, EnableActions: enableActions, Token: f.token}, nil)
+	cfg := console.Config{Pool: b.Pool, Schema: b.Schema, EnableActions: enableActions, Token: f.token, Prefix: prefix}
+	if edit != nil {
+		edit(&cfg)
+	}
+	c, err := console.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.srv = httptest.NewServer(c)
+	f.console, f.prefix = c, prefix
+	var h http.Handler = c
+	if prefix != "" {
+		mux := http.NewServeMux()
+		mux.Handle(prefix+"/", http.StripPrefix(prefix, c))
+		h = mux
+	}
+	f.srv = httptest.NewServer(h)
 	t.Cleanup(f.srv.Close)
 	return f
 }
@@ -79,12 +102,31 @@ var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
 
 func (f *fixture) csrf(t *testing.T) string {
 	t.Helper()
-	_, body := f.get(t, "/confirm/discard?id="+itoa(f.entry))
+	_, body := f.get(t, f.prefix+"/confirm/discard?id="+itoa(f.entry))
 	m := csrfField.FindStringSubmatch(body)
 	if m == nil {
 		t.Fatal("no CSRF token on the page")
 	}
 	return m[1]
+}
+
+// addDeadLetter stores a pending dead letter and returns its id.
+func (f *fixture) addDeadLetter(t *testing.T, m outbox.RejectedMessage) int64 {
+	t.Helper()
+	store, err := deadletter.NewStore(deadletter.Config{Schema: f.b.Schema, Pool: f.b.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Group == "" {
+		m.Group, m.Topic = "billing", "orders"
+	}
+	if m.UUID == "" {
+		m.UUID = watermill.NewUUID()
+	}
+	if _, err := store.Add(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	return f.b.Int("SELECT max(id) FROM " + f.b.Schema + ".dead_letters")
 }
 
 func (f *fixture) post(t *testing.T, path string, form url.Values, header map[string]string) *http.Response {
@@ -191,3 +233,34 @@ func basic(user, pw string) string {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// Characters a page would not show as themselves (escape sequences,
+// bidirectional overrides, zero-width characters) are shown as escapes on
+// every page, so that "bil\u200bling" does not pass for "billing".
+func TestHiddenCharactersAreShownAsEscapes(t *testing.T) {
+	f := newFixture(t, true)
+	id := itoa(f.addDeadLetter(t, outbox.RejectedMessage{Group: "bil\u200bling", Topic: "orders", UUID: "u\u2066id",
+		PartitionKey: "abc\u202edef", Payload: []byte("{\"a\":\"x\u202ey\"}\n"), Metadata: map[string]string{"k\u202e": "v\u200b"},
+		Reason: errors.New("\x1b]0;owned\a\x1b[2J failed")}))
+	for _, path := range []string{"/dlq/" + id, "/dlq", "/confirm/retry-held?group=bil%E2%80%8Bling&topic=orders&partition=0&key=abc%E2%80%AEdef"} {
+		_, page := f.get(t, path)
+		body := page
+		// The forms carry the exact values, as they must to act on them.
+		body = regexp.MustCompile(`<input type="hidden"[^>]*>`).ReplaceAllString(body, "")
+		if strings.ContainsAny(body, "\u200b\u202e\u2066\x1b\a") {
+			t.Errorf("GET %s shows a hidden character as itself", path)
+		}
+		if !strings.Contains(page, `bil\u200bling`) {
+			t.Errorf("GET %s does not show the group's zero-width space as an escape", path)
+		}
+	}
+	_, page := f.get(t, "/dlq/"+id)
+	for _, want := range []string{`abc\u202edef`, `u\u2066id`, `k\u202e`, `v\u200b`, `x\u202ey`, `\x1b]0;owned\x07\x1b[2J failed`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the dead-letter page does not show %q", want)
+		}
+	}
+	if _, body := f.get(t, "/dlq/"+id+"/payload"); body != "{\"a\":\"x\u202ey\"}\n" {
+		t.Errorf("the download is not the exact payload: %q", body)
+	}
+}

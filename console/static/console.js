@@ -1,5 +1,6 @@
 // Live updates of the partition grid: poll the status API and update the
-// cells with textContent (never as HTML).
+// cells with textContent (never as HTML). Long values are cut as the
+// server cuts them (templates "clip" and "name").
 (function () {
   var grid = document.getElementById("grid");
   if (!grid) return;
@@ -9,6 +10,47 @@
   function set(row, field, value) {
     var cell = row.querySelector('[data-f="' + field + '"]');
     if (cell && cell.textContent !== String(value)) cell.textContent = value;
+  }
+  // visible writes the characters a page would not show as themselves
+  // (controls, bidirectional overrides, zero-width characters) as escapes,
+  // as the server does.
+  function visible(value) {
+    return value.replace(/[\p{Cc}\p{Cf}\u2028\u2029]/gu, function (c) {
+      var n = c.codePointAt(0);
+      if (c === "\n" || c === "\t") return c;
+      if (c === "\r") return "\\r";
+      if (n < 0x80) return "\\x" + n.toString(16).padStart(2, "0");
+      if (n <= 0xffff) return "\\u" + n.toString(16).padStart(4, "0");
+      return "\\U" + n.toString(16).padStart(8, "0");
+    });
+  }
+  function short(value, n) {
+    var chars = Array.from(value);
+    return chars.length > n ? chars.slice(0, n).join("") + "\u2026" : value;
+  }
+  // clip shows value's first n characters and the whole behind "show all".
+  function clip(row, field, value, n) {
+    var cell = row.querySelector('[data-f="' + field + '"]');
+    if (!cell) return;
+    var full = cell.querySelector(".full");
+    if ((full ? full.textContent : cell.textContent) === value) return;
+    var chars = Array.from(value);
+    if (chars.length <= n) { cell.textContent = value; return; }
+    cell.textContent = "";
+    var head = document.createElement("span");
+    head.className = "short";
+    head.textContent = chars.slice(0, n).join("") + "\u2026";
+    var more = document.createElement("details");
+    more.className = "more";
+    var summary = document.createElement("summary");
+    summary.textContent = "show all " + chars.length.toLocaleString("en-US") + " characters";
+    var whole = document.createElement("div");
+    whole.className = "full";
+    whole.textContent = value;
+    more.appendChild(summary);
+    more.appendChild(whole);
+    cell.appendChild(head);
+    cell.appendChild(more);
   }
   function ago(t) {
     if (!t) return "-";
@@ -34,9 +76,9 @@
               if (p.held_keys && p.held_keys.length) state.push(p.held_keys.length + " keys held");
               if (p.isolation_full_since) state.push("isolation-full");
               set(row, "head", p.head_seq); set(row, "cursor", p.cursor); set(row, "lag", p.lag);
-              set(row, "lags", p.lag_seconds.toFixed(1)); set(row, "owner", p.lease_owner || "");
+              set(row, "lags", p.lag_seconds.toFixed(1)); set(row, "owner", short(visible(p.lease_owner || ""), 64));
               set(row, "expires", ago(p.lease_expires_at)); set(row, "state", state.length ? state.join(" ") : "ok");
-              set(row, "attempts", p.attempts); set(row, "error", p.last_error || "");
+              set(row, "attempts", p.attempts); clip(row, "error", visible(p.last_error || ""), 200);
             });
           });
         });
