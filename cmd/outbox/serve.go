@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/spf13/cobra"
 
+	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/console"
 )
 
@@ -19,15 +20,19 @@ func (a *app) serveCommand() *cobra.Command {
 		listen        string
 		enableActions bool
 		token         string
+		allowedHosts  []string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the web console",
 		Long: `serve runs the web console: topics and groups, a live partition grid, the dead-letter browser.
 It listens on 127.0.0.1 by default. It is read-only unless --enable-actions, and actions then need the token
-(--token or OUTBOX_CONSOLE_TOKEN), sent as "Authorization: Bearer <token>" or as the password of basic auth.`,
+(--token or OUTBOX_CONSOLE_TOKEN), sent as "Authorization: Bearer <token>" or as the password of basic auth.
+It answers only to localhost, 127.0.0.1, [::1] and its --listen address (421 Misdirected Request for other Host
+headers, against DNS rebinding): name each other host it is reached under with --allowed-host.`,
 		Example: `  outbox serve
-  OUTBOX_CONSOLE_TOKEN=$(openssl rand -hex 16) outbox serve --listen 127.0.0.1:8080 --enable-actions`,
+  OUTBOX_CONSOLE_TOKEN=$(openssl rand -hex 16) outbox serve --listen 127.0.0.1:8080 --enable-actions
+  outbox serve --listen 0.0.0.0:8080 --allowed-host ops.example.com`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -41,8 +46,13 @@ It listens on 127.0.0.1 by default. It is read-only unless --enable-actions, and
 			if err != nil {
 				return err
 			}
-			c, err := console.New(console.Config{Pool: pool, Schema: a.schemaName(), EnableActions: enableActions, Token: token},
+			c, err := console.New(console.Config{Pool: pool, Schema: a.schemaName(), EnableActions: enableActions, Token: token,
+				AllowedHosts: append(console.ListenHosts(listen), allowedHosts...)},
 				watermill.NewStdLoggerWithOut(a.stderr, false, false))
+			var bad *outbox.ConfigError
+			if errors.As(err, &bad) && bad.Field == "AllowedHosts" {
+				return usagef("--allowed-host %s", bad.Reason)
+			}
 			if err != nil {
 				return err
 			}
@@ -75,5 +85,6 @@ It listens on 127.0.0.1 by default. It is read-only unless --enable-actions, and
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 	cmd.Flags().BoolVar(&enableActions, "enable-actions", false, "allow pause, resume, reset, replay and discard")
 	cmd.Flags().StringVar(&token, "token", "", "token required for actions (default $OUTBOX_CONSOLE_TOKEN)")
+	cmd.Flags().StringArrayVar(&allowedHosts, "allowed-host", nil, "another host the console answers to, as NAME or NAME:PORT (repeatable)")
 	return cmd
 }
