@@ -50,8 +50,10 @@ type SlotInUseError struct {
 	// Unrelayed is 0).
 	Truncated bool
 	// OpenTransactions are the server process ids (pg_stat_activity.pid)
-	// of transactions that published into the slot and have not ended: a
-	// message they commit after the drop would be lost.
+	// of transactions that published into the slot (or tried to: a
+	// refused publish holds the slot's lock until its transaction ends)
+	// and have not ended: a message they commit after the drop would be
+	// lost.
 	OpenTransactions []int32
 }
 
@@ -71,7 +73,7 @@ func (e *SlotInUseError) Error() string {
 		for i, pid := range e.OpenTransactions {
 			pids[i] = fmt.Sprint(pid)
 		}
-		what = append(what, fmt.Sprintf("%s that published into it (server pids %s), whose messages would be lost if they commit after the drop", plural(int64(n), "open transaction"), strings.Join(pids, ", ")))
+		what = append(what, fmt.Sprintf("%s that published into it, or tried to (server pids %s), whose messages would be lost if they commit after the drop", plural(int64(n), "open transaction"), strings.Join(pids, ", ")))
 	}
 	if len(what) == 0 {
 		what = append(what, "publishers use it")

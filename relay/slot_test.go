@@ -131,7 +131,7 @@ func TestDropSlotRefusesWhatItWouldLose(t *testing.T) {
 	}
 	err = relay.DropSlot(ctx, b.Pool, b.Schema, false)
 	if !errors.As(err, &inUse) || inUse.Unrelayed != 0 || !slices.Equal(inUse.OpenTransactions, []int32{pid}) ||
-		!strings.Contains(err.Error(), "1 open transaction that published") || !strings.Contains(err.Error(), strconv.Itoa(int(pid))) {
+		!strings.Contains(err.Error(), "1 open transaction that published into it") || !strings.Contains(err.Error(), strconv.Itoa(int(pid))) {
 		t.Fatalf("DropSlot while a transaction that published is open (pid %d): %v", pid, err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
