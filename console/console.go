@@ -456,6 +456,11 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Data: confirmation{Action: action, Question: question, Fields: fields, Back: back}})
 }
 
+// maxActionForm bounds the form of an action, read only once the caller is
+// authorized: room for a held key of the Publisher's default metadata limit
+// (64 KiB) percent-encoded.
+const maxActionForm = 1 << 20
+
 // action runs a POSTed action after checking that actions are on, the
 // caller is authorized and the CSRF token and origin are right.
 func (c *Console) action(w http.ResponseWriter, r *http.Request) {
@@ -467,8 +472,12 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusUnauthorized, errors.New("actions need the console token: Authorization: Bearer <token>, or basic auth with the token as password"))
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, 1<<16)
+	r.Body = http.MaxBytesReader(w, r.Body, maxActionForm)
 	if err := r.ParseForm(); err != nil {
+		if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+			c.fail(w, r, http.StatusRequestEntityTooLarge, fmt.Errorf("the form is larger than %s: act on a key that long with the CLI (outbox held retry|dead-letter)", humanBytes(maxActionForm)))
+			return
+		}
 		c.fail(w, r, http.StatusBadRequest, err)
 		return
 	}

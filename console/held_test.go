@@ -55,3 +55,18 @@ func TestHeldKeysAreShownAndActedOn(t *testing.T) {
 		t.Fatalf("retry-held of a key not held: %d, want 404", resp.StatusCode)
 	}
 }
+
+// A held key as long as the Publisher's default metadata limit allows can
+// be acted on from the console: its form is within the console's bound.
+func TestALongHeldKeyCanBeActedOn(t *testing.T) {
+	f := newFixture(t, true)
+	key := strings.Repeat("é", 30_000) // 60 KB, 180 KB percent-encoded
+	form := url.Values{"group": {"billing"}, "topic": {"orders"}, "partition": {"0"}, "key": {key}, "csrf": {f.csrf(t)}, "confirm": {"yes"}}
+	if resp := f.post(t, "/actions/retry-held", form, map[string]string{"Authorization": "Bearer " + f.token}); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("retry-held of a long key that is not held: %d, want 404", resp.StatusCode)
+	}
+	form.Set("key", strings.Repeat("x", 1<<20+100_000)) // past the bound by less than the server reads to drain
+	if resp := f.post(t, "/actions/retry-held", form, map[string]string{"Authorization": "Bearer " + f.token}); resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("an action with a 1.1 MB form: %d, want 413", resp.StatusCode)
+	}
+}
