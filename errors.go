@@ -5,7 +5,8 @@ import "github.com/millrace/watermill-outbox/internal/errs"
 // Errors returned by the outbox. Each can be matched with errors.Is; the
 // structured ones can also be taken apart with errors.As.
 var (
-	// ErrInvalidName: a schema or topic name is not allowed (*NameError).
+	// ErrInvalidName: a schema, topic or consumer group name is not allowed
+	// (*NameError).
 	ErrInvalidName = errs.ErrInvalidName
 	// ErrInvalidConfig: a configuration value is impossible (*ConfigError).
 	ErrInvalidConfig = errs.ErrInvalidConfig
@@ -92,7 +93,7 @@ var (
 
 // Structured errors; see the errs package for their fields.
 type (
-	// NameError reports an invalid schema or topic name.
+	// NameError reports an invalid schema, topic or consumer group name.
 	NameError = errs.NameError
 	// ConfigError reports an impossible configuration value.
 	ConfigError = errs.ConfigError

@@ -62,7 +62,8 @@ type SubscriberConfig struct {
 	Pool *pgxpool.Pool
 	// ConsumerGroup names the group whose cursor this subscriber advances.
 	// Subscribers in one group share the partitions; each group sees every
-	// message. Required.
+	// message. Required: 1 to 200 bytes of UTF-8 without control or format
+	// characters (a *NameError otherwise).
 	ConsumerGroup string
 	// Strategy is Leased (default) or Transactional.
 	Strategy Strategy
@@ -193,8 +194,8 @@ func (c SubscriberConfig) Validate() error {
 		return &errs.ConfigError{Field: "Pool", Reason: "required"}
 	case c.ConsumerGroup == "":
 		return &errs.ConfigError{Field: "ConsumerGroup", Reason: "required"}
-	case len(c.ConsumerGroup) > 200 || !pgtext.Storable(c.ConsumerGroup):
-		return &errs.ConfigError{Field: "ConsumerGroup", Reason: "at most 200 bytes of UTF-8 without NUL"}
+	case names.Group(c.ConsumerGroup) != nil:
+		return names.Group(c.ConsumerGroup) // a *NameError
 	case c.Strategy != Leased && c.Strategy != Transactional:
 		return &errs.ConfigError{Field: "Strategy", Reason: "must be Leased or Transactional"}
 	case c.MaxAttempts < 0:

@@ -71,7 +71,6 @@ func TestSubscriberConfigValidation(t *testing.T) {
 	cases := map[string]outbox.SubscriberConfig{
 		"no pool":                      {ConsumerGroup: "g"},
 		"no group":                     {Pool: pool},
-		"group with NUL":               {Pool: pool, ConsumerGroup: "a\x00b"},
 		"unknown strategy":             {Pool: pool, ConsumerGroup: "g", Strategy: 7},
 		"max attempts without handler": {Pool: pool, ConsumerGroup: "g", MaxAttempts: 3},
 		"renew not below lease TTL":    {Pool: pool, ConsumerGroup: "g", Tuning: badTuning},
@@ -90,6 +89,13 @@ func TestSubscriberConfigValidation(t *testing.T) {
 	}
 	if _, err := outbox.NewSubscriber(outbox.SubscriberConfig{Pool: pool, ConsumerGroup: "g", Schema: "Bad-Schema"}, nil); !errors.Is(err, outbox.ErrInvalidName) {
 		t.Fatalf("bad schema: %v", err)
+	}
+	// A group name a terminal would act on (or that PostgreSQL cannot
+	// store) is refused before anything starts.
+	for _, group := range []string{"a\x00b", "a\x1b]0;t\a", "billing\r\nfake", "\u202Egnillib", strings.Repeat("g", 201), "\xff"} {
+		if _, err := outbox.NewSubscriber(outbox.SubscriberConfig{Pool: pool, ConsumerGroup: group}, nil); !errors.Is(err, outbox.ErrInvalidName) {
+			t.Errorf("group %q: %v, want ErrInvalidName", group, err)
+		}
 	}
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Pool: pool, ConsumerGroup: "g"}, nil)
 	if err != nil {

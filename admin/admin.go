@@ -34,8 +34,9 @@ import (
 // Errors of the admin operations. Each can be matched with errors.Is.
 var (
 	// ErrNotFound: no cursor matches the scope (unknown group, topic or
-	// partition, or the group never subscribed to the topic). It is
-	// outbox.ErrNotFound.
+	// partition, or the group never subscribed to the topic), or Status
+	// was asked for an unknown group or topic (*NotFoundError says which).
+	// It is outbox.ErrNotFound.
 	ErrNotFound = errs.ErrNotFound
 	// ErrInvalidArgument: a scope or position is impossible. It is
 	// outbox.ErrInvalidArgument.
@@ -208,13 +209,15 @@ func (s Scope) partitions() []int32 {
 // Pause pauses the scope's partitions: the group's members stop acquiring
 // them and give back the leases they hold within their balance interval
 // (after the message in flight). It returns how many partitions the scope
-// covers (ErrNotFound for none).
+// covers; a scope naming an unknown topic or group, or partitions the group
+// has no cursor in, is a *NotFoundError (ErrNotFound) and changes nothing.
 func (a *Admin) Pause(ctx context.Context, s Scope) (int, error) {
 	return a.setPaused(ctx, s, true)
 }
 
 // Resume resumes the scope's partitions; the group goes on from its cursors.
-// It returns how many partitions the scope covers (ErrNotFound for none).
+// It returns how many partitions the scope covers (a *NotFoundError as for
+// Pause).
 func (a *Admin) Resume(ctx context.Context, s Scope) (int, error) {
 	return a.setPaused(ctx, s, false)
 }
@@ -226,13 +229,19 @@ func (a *Admin) setPaused(ctx context.Context, s Scope, paused bool) (int, error
 	if err := a.check(ctx); err != nil {
 		return 0, err
 	}
-	tag, err := a.cfg.Pool.Exec(ctx, a.q.CursorsPause, s.Group, s.Topic, s.partitions(), paused)
+	// One transaction: a scope naming a partition the group has no cursor
+	// in changes none of the others either.
+	var n int
+	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, a.q.CursorsPause, s.Group, s.Topic, s.partitions(), paused)
+		if err != nil {
+			return fmt.Errorf("admin: pause/resume %+v: %w", s, err)
+		}
+		n = int(tag.RowsAffected())
+		return s.complete(n)
+	})
 	if err != nil {
-		return 0, schemaErr(fmt.Errorf("admin: pause/resume %+v: %w", s, err), a.cfg.Schema)
-	}
-	n := int(tag.RowsAffected())
-	if err := s.complete(n); err != nil {
-		return 0, err
+		return 0, a.explain(ctx, s, schemaErr(err, a.cfg.Schema))
 	}
 	op := "Resumed"
 	if paused {
@@ -286,7 +295,8 @@ type CursorReset struct {
 // worker holding it stops at its next renewal or cursor write, which fails,
 // and the next holder reads the new cursor. The failure count and last error
 // are cleared. A seq beyond a partition's head is refused
-// (*SeqRangeError) and nothing changes.
+// (*SeqRangeError), and an unknown topic, group or partition
+// (*NotFoundError), and nothing changes.
 //
 // Messages the retention vacuum already deleted cannot be replayed: the
 // group goes on from the oldest one left.
@@ -361,7 +371,7 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 		return nil
 	})
 	if err != nil {
-		return nil, schemaErr(err, a.cfg.Schema)
+		return nil, a.explain(ctx, s, schemaErr(err, a.cfg.Schema))
 	}
 	a.logger.Info("Cursors reset", watermill.LogFields{"group": s.Group, "topic": s.Topic, "resets": resets})
 	return resets, nil

@@ -59,8 +59,10 @@ type DeletedGroup struct {
 // unexpired lease on one of its partitions. Stop its subscribers first,
 // or pass opts.Force. A refusal does not wait for the group's running
 // transactions. A group with nothing to delete in the scope (no cursors
-// or members, nor dead letters with opts.DeadLetters) is ErrNotFound; an empty group or bad topic name is ErrInvalidArgument or
-// an outbox.ErrInvalidName.
+// or members, nor dead letters with opts.DeadLetters) is a *NotFoundError
+// (ErrNotFound) that says whether the topic or the group is unknown; an
+// empty group or bad topic name is ErrInvalidArgument or an
+// outbox.ErrInvalidName.
 //
 // Dead letters are kept unless opts.DeadLetters (see DeleteGroupOptions).
 func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupOptions) (DeletedGroup, error) {
@@ -119,7 +121,7 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 		return nil
 	})
 	if err != nil {
-		return DeletedGroup{}, schemaErr(err, a.cfg.Schema)
+		return DeletedGroup{}, a.explain(ctx, Scope{Group: group, Topic: opts.Topic}, schemaErr(err, a.cfg.Schema))
 	}
 	a.logger.Info("Consumer group deleted", watermill.LogFields{"group": group, "topic": opts.Topic, "force": opts.Force,
 		"cursors": out.Cursors, "members": out.Members, "dead_letters": out.DeadLetters})

@@ -107,6 +107,9 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 	// its live member.
 	outboxtest.WaitFor(t, "busy's running member to show again", 10*time.Second, func() bool {
 		rep, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{Group: "busy"})
+		if errors.Is(err, admin.ErrNotFound) {
+			return false // no row of it until its member heartbeats again
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -40,8 +40,9 @@ func (r HeldRef) keyArgs() (key any, seq int64) {
 
 // RetryHeldNow makes the lease holder retry a held key at once, with a
 // fresh count of attempts (MaxAttempts starts over): after fixing what made
-// it fail, say. It returns how many messages the key holds, or ErrNotFound
-// when it holds none.
+// it fail, say. It returns how many messages the key holds, or a
+// *NotFoundError (ErrNotFound) that names what is unknown: the topic, the
+// group, its partition, or the key.
 func (a *Admin) RetryHeldNow(ctx context.Context, r HeldRef) (int, error) {
 	if err := a.constructed(); err != nil {
 		return 0, err
@@ -56,7 +57,7 @@ func (a *Admin) RetryHeldNow(ctx context.Context, r HeldRef) (int, error) {
 // Requested) until a member of the group holding the partition's lease
 // carries it out (within about a second while one runs); a member without
 // a RejectHandler cannot, and says so in its log. It returns how many
-// messages the key holds, or ErrNotFound when it holds none.
+// messages the key holds, or a *NotFoundError as RetryHeldNow.
 func (a *Admin) DeadLetterHeld(ctx context.Context, r HeldRef) (int, error) {
 	if err := a.constructed(); err != nil {
 		return 0, err
@@ -78,7 +79,11 @@ func (a *Admin) heldAction(ctx context.Context, r HeldRef, op, stmt string) (int
 	}
 	n := int(tag.RowsAffected())
 	if n == 0 {
-		return 0, fmt.Errorf("%w: group %q holds no key %q (seq %d) in topic %q partition %d", ErrNotFound, r.Group, r.Key, r.Seq, r.Topic, r.Partition)
+		// Say whether the topic, the group or the key is unknown.
+		if err := a.explain(ctx, Scope{Group: r.Group, Topic: r.Topic, Partitions: []int{r.Partition}}, ErrNotFound); err != ErrNotFound {
+			return 0, err
+		}
+		return 0, &NotFoundError{What: "held key", Group: r.Group, Topic: r.Topic, Partitions: []int{r.Partition}, Key: r.Key, Seq: r.Seq}
 	}
 	a.logger.Info("Held key: "+op, watermill.LogFields{"group": r.Group, "topic": r.Topic, "partition": r.Partition, "key": r.Key, "seq": r.Seq, "messages": n})
 	return n, nil

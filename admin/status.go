@@ -251,12 +251,17 @@ func (p PartitionStatus) LagAge() time.Duration {
 
 // Status reports the topics, groups and partitions f selects, from one
 // consistent snapshot. With f.Group set, only topics that group consumes
-// are reported.
+// are reported. A filter naming a topic that is not registered, or a group
+// without cursors or members (on f.Topic, when set), is a *NotFoundError
+// (ErrNotFound), never an empty report.
 func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 	if err := a.check(ctx); err != nil {
 		return Report{}, err
 	}
-	var rep Report
+	var (
+		rep     Report
+		missing *NotFoundError
+	)
 	err := pgx.BeginTxFunc(ctx, a.cfg.Pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, a.q.CatalogNow).Scan(&rep.At); err != nil {
 			return err
@@ -281,6 +286,11 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 			return err
 		}
 		rep.Topics = assemble(topics, parts, members, f.Group != "")
+		if len(rep.Topics) == 0 && (f.Group != "" || f.Topic != "") {
+			if missing, err = a.missing(ctx, tx, f.Group, f.Topic, nil); err != nil || missing != nil {
+				return err
+			}
+		}
 		addHolders(rep.Topics, holders)
 		if err := a.addUnsequenced(ctx, tx, rep.Topics); err != nil {
 			return err
@@ -290,6 +300,9 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 	})
 	if err != nil {
 		return Report{}, schemaErr(fmt.Errorf("admin: status: %w", err), a.cfg.Schema)
+	}
+	if missing != nil {
+		return Report{}, missing
 	}
 	return rep, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -324,34 +325,125 @@ type PurgeOptions struct {
 	// OlderThan deletes entries created more than this long ago (by the
 	// database clock); 0 deletes regardless of age.
 	OlderThan time.Duration
-	// Statuses, when set, deletes only entries in these states, e.g.
-	// replayed and discarded ones.
+	// Before, when set, deletes entries created before this time instead
+	// (OlderThan must then be 0): PurgePlan.Before, so that Purge deletes
+	// what PlanPurge counted.
+	Before time.Time
+	// Statuses are the states deleted. None means the resolved ones,
+	// StatusReplayed and StatusDiscarded. A pending entry is a message
+	// nobody has handled yet, which Replay can still publish again: it is
+	// deleted only when StatusPending is named here.
 	Statuses []Status
 	// ChunkSize bounds the rows deleted per statement (default 1000), so
 	// that a large purge never holds many locks for long.
 	ChunkSize int
 }
 
-// Purge deletes old entries and returns how many it deleted.
+// ResolvedStatuses are the statuses Purge deletes unless told otherwise:
+// entries replayed or discarded, whose message was dealt with.
+var ResolvedStatuses = []Status{StatusReplayed, StatusDiscarded}
+
+// statuses returns the statuses opts deletes, each once.
+func (opts PurgeOptions) statuses() []Status {
+	if len(opts.Statuses) == 0 {
+		return slices.Clone(ResolvedStatuses)
+	}
+	var out []Status
+	for _, st := range opts.Statuses {
+		if !slices.Contains(out, st) {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// PurgePlan is what a Purge would delete, counted by PlanPurge.
+type PurgePlan struct {
+	// Before is the cutoff: the entries created before it are counted;
+	// pass it as PurgeOptions.Before to delete what was counted.
+	Before time.Time `json:"before"`
+	// Statuses are the statuses the Purge deletes.
+	Statuses []Status `json:"statuses"`
+	// Counts are the entries created before Before, by status, for every
+	// status: those Purge deletes and those it keeps (pending ones, unless
+	// named).
+	Counts map[Status]int64 `json:"counts"`
+}
+
+// Deleted is how many entries the Purge deletes: the Counts of Statuses.
+func (p PurgePlan) Deleted() int64 {
+	var n int64
+	for _, st := range p.Statuses {
+		n += p.Counts[st]
+	}
+	return n
+}
+
+// PlanPurge counts, by status, the entries created before the cutoff opts
+// gives (OlderThan by the database clock, or Before), and says which of
+// them Purge(opts) would delete: for a confirmation that names what is
+// lost. Pass the plan's Before to Purge to delete exactly what it counted
+// (but entries whose status changed meanwhile).
+func (s *Store) PlanPurge(ctx context.Context, opts PurgeOptions) (PurgePlan, error) {
+	if err := s.check(ctx); err != nil {
+		return PurgePlan{}, err
+	}
+	before, err := s.purgeCutoff(ctx, opts)
+	if err != nil {
+		return PurgePlan{}, err
+	}
+	plan := PurgePlan{Before: before, Statuses: opts.statuses(), Counts: map[Status]int64{}}
+	for _, st := range []Status{StatusPending, StatusReplayed, StatusDiscarded} {
+		n, err := s.Count(ctx, Filter{Statuses: []Status{st}, To: before})
+		if err != nil {
+			return PurgePlan{}, err
+		}
+		plan.Counts[st] = n
+	}
+	return plan, nil
+}
+
+// purgeCutoff validates opts and returns the time before which entries
+// are deleted.
+func (s *Store) purgeCutoff(ctx context.Context, opts PurgeOptions) (time.Time, error) {
+	switch {
+	case opts.OlderThan < 0:
+		return time.Time{}, invalidArg("OlderThan %v is negative", opts.OlderThan)
+	case opts.OlderThan > 0 && !opts.Before.IsZero():
+		return time.Time{}, invalidArg("give OlderThan or Before, not both")
+	case opts.ChunkSize < 0:
+		return time.Time{}, invalidArg("ChunkSize %d is negative", opts.ChunkSize)
+	}
+	if _, err := (Filter{Statuses: opts.Statuses}).args(); err != nil {
+		return time.Time{}, err
+	}
+	if !opts.Before.IsZero() {
+		return opts.Before, nil
+	}
+	var cutoff time.Time
+	if err := s.cfg.Pool.QueryRow(ctx, s.q.CatalogNowMinus, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return time.Time{}, s.wrap(fmt.Errorf("deadletter: purge: %w", err))
+	}
+	return cutoff, nil
+}
+
+// Purge deletes the entries created before the cutoff (OlderThan or
+// Before) in the statuses opts names, or, when it names none, the
+// resolved ones (replayed and discarded): a pending entry is deleted only
+// when StatusPending is named. It returns how many it deleted.
 func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
-	if opts.OlderThan < 0 {
-		return 0, invalidArg("OlderThan %v is negative", opts.OlderThan)
+	cutoff, err := s.purgeCutoff(ctx, opts)
+	if err != nil {
+		return 0, err
 	}
 	chunk := opts.ChunkSize
-	switch {
-	case chunk == 0:
+	if chunk == 0 {
 		chunk = 1000
-	case chunk < 0:
-		return 0, invalidArg("ChunkSize %d is negative", chunk)
 	}
-	var cutoff time.Time
-	if err := s.cfg.Pool.QueryRow(ctx, s.q.CatalogNowMinus, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return 0, s.wrap(fmt.Errorf("deadletter: purge: %w", err))
-	}
-	filter, err := Filter{Statuses: opts.Statuses}.args()
+	filter, err := Filter{Statuses: opts.statuses()}.args()
 	if err != nil {
 		return 0, err
 	}

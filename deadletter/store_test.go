@@ -359,7 +359,7 @@ func TestPurge(t *testing.T) {
 		addEntry(t, e, outbox.RejectedMessage{Group: "g", Topic: "t", Partition: 0, Seq: int64(i + 1), UUID: "u" + strconv.Itoa(i)})
 	}
 	// Half of them ten days old; of each half, a quarter discarded and a
-	// quarter replayed (set directly).
+	// quarter replayed (set directly), the other half pending.
 	for _, stmt := range []string{
 		"UPDATE {s}.dead_letters SET created_at = now() - interval '10 days' WHERE seq <= 20",
 		"UPDATE {s}.dead_letters SET status = 'discarded' WHERE seq % 4 = 1",
@@ -369,31 +369,54 @@ func TestPurge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	ctx := outboxtest.Ctx(t)
 	week := 7 * 24 * time.Hour
-	resolved := []deadletter.Status{deadletter.StatusReplayed, deadletter.StatusDiscarded}
-	n, err := e.store.Purge(outboxtest.Ctx(t), deadletter.PurgeOptions{OlderThan: week, Statuses: resolved, ChunkSize: 3})
+	pending := []deadletter.Status{deadletter.StatusPending}
+	plan, err := e.store.PlanPurge(ctx, deadletter.PurgeOptions{OlderThan: week})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := plan.Counts; c[deadletter.StatusPending] != 10 || c[deadletter.StatusReplayed] != 5 || c[deadletter.StatusDiscarded] != 5 || plan.Deleted() != 10 {
+		t.Fatalf("plan of old entries: %+v, deletes %d; want 10 pending kept, 5 replayed and 5 discarded deleted", plan, plan.Deleted())
+	}
+	n, err := e.store.Purge(ctx, deadletter.PurgeOptions{Before: plan.Before, ChunkSize: 3})
 	if err != nil || n != 10 {
-		t.Fatalf("purge of old resolved entries: %d, %v; want 10", n, err)
+		t.Fatalf("purge of old entries: %d, %v; want the 10 old resolved ones", n, err)
 	}
-	if c := e.count(t, deadletter.Filter{}); c != 30 {
-		t.Fatalf("%d left, want 30", c)
+	if c := e.count(t, deadletter.Filter{Statuses: pending}); c != 20 {
+		t.Fatalf("%d pending entries left, want all 20: pending ones are kept unless named", c)
 	}
-	n, err = e.store.Purge(outboxtest.Ctx(t), deadletter.PurgeOptions{OlderThan: week})
+	n, err = e.store.Purge(ctx, deadletter.PurgeOptions{})
 	if err != nil || n != 10 {
-		t.Fatalf("purge of old entries: %d, %v; want the 10 old pending ones", n, err)
+		t.Fatalf("purge without options: %d, %v; want the 10 recent resolved ones, no pending one", n, err)
 	}
-	if c := e.count(t, deadletter.Filter{To: time.Now().Add(-week)}); c != 0 {
-		t.Fatalf("%d old entries left", c)
+	if c := e.count(t, deadletter.Filter{}); c != 20 {
+		t.Fatalf("%d left, want the 20 pending ones", c)
 	}
-	n, err = e.store.Purge(outboxtest.Ctx(t), deadletter.PurgeOptions{Statuses: []deadletter.Status{deadletter.StatusPending}})
+	plan, err = e.store.PlanPurge(ctx, deadletter.PurgeOptions{OlderThan: week, Statuses: pending})
+	if err != nil || plan.Deleted() != 10 || plan.Counts[deadletter.StatusPending] != 10 {
+		t.Fatalf("plan of old pending entries: %+v, %v; want 10", plan, err)
+	}
+	n, err = e.store.Purge(ctx, deadletter.PurgeOptions{Before: plan.Before, Statuses: pending})
 	if err != nil || n != 10 {
-		t.Fatalf("purge of pending entries of any age: %d, %v; want 10", n, err)
+		t.Fatalf("purge of old pending entries, named: %d, %v; want 10", n, err)
 	}
-	if c := e.count(t, deadletter.Filter{}); c != 10 {
-		t.Fatalf("%d left, want the 10 recent resolved ones", c)
+	n, err = e.store.Purge(ctx, deadletter.PurgeOptions{Statuses: pending})
+	if err != nil || n != 10 {
+		t.Fatalf("purge of pending entries of any age, named: %d, %v; want 10", n, err)
 	}
-	if _, err := e.store.Purge(outboxtest.Ctx(t), deadletter.PurgeOptions{OlderThan: -time.Second}); !errors.Is(err, deadletter.ErrInvalidArgument) {
-		t.Fatalf("negative age: %v", err)
+	for _, opts := range []deadletter.PurgeOptions{
+		{OlderThan: -time.Second},
+		{OlderThan: week, Before: time.Now()},
+		{Statuses: []deadletter.Status{"lost"}},
+		{ChunkSize: -1},
+	} {
+		if _, err := e.store.Purge(ctx, opts); !errors.Is(err, deadletter.ErrInvalidArgument) {
+			t.Errorf("Purge(%+v): %v, want ErrInvalidArgument", opts, err)
+		}
+		if _, err := e.store.PlanPurge(ctx, opts); !errors.Is(err, deadletter.ErrInvalidArgument) {
+			t.Errorf("PlanPurge(%+v): %v, want ErrInvalidArgument", opts, err)
+		}
 	}
 }
 
@@ -411,8 +434,9 @@ func TestStoreRefusesAnUnmigratedSchema(t *testing.T) {
 	_, replay := store.Replay(ctx, 1, deadletter.ReplayOptions{})
 	_, discard := store.Discard(ctx, 1)
 	_, purge := store.Purge(ctx, deadletter.PurgeOptions{})
+	_, plan := store.PlanPurge(ctx, deadletter.PurgeOptions{})
 	_, add := store.Add(ctx, outbox.RejectedMessage{Group: "g", Topic: "t", UUID: "u", Reason: errors.New("x")})
-	for name, err := range map[string]error{"List": list, "Count": count, "Get": get, "Replay": replay, "Discard": discard, "Purge": purge, "Add": add} {
+	for name, err := range map[string]error{"List": list, "Count": count, "Get": get, "Replay": replay, "Discard": discard, "Purge": purge, "PlanPurge": plan, "Add": add} {
 		if !errors.Is(err, outbox.ErrNotMigrated) {
 			t.Errorf("%s: %v, want ErrNotMigrated", name, err)
 		}

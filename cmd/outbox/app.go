@@ -2,18 +2,22 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 )
 
 // app is one run of the command: its flags, streams and the pool it opens
@@ -83,24 +87,53 @@ func (a *app) deadLetters(ctx context.Context) (*deadletter.Store, error) {
 }
 
 // print writes v as indented JSON with -o json, or calls table otherwise.
-func (a *app) print(v any, table func(w *tabwriter.Writer)) error {
+//
+// What the outbox shows comes from messages (group names, keys, handler
+// errors, payloads), so nothing of it reaches the terminal raw: table gets
+// a termsafe.Writer, which escapes every argument it formats (control and
+// bidirectional characters become \x1b, \n, \u202e, ...), and has no
+// method that does not; the JSON is the same value with those characters
+// written as \u escapes.
+func (a *app) print(v any, table func(w *termsafe.Writer)) error {
 	if a.output == "json" {
-		enc := json.NewEncoder(a.stdout)
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
 		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+		_, err := a.stdout.Write(termsafe.JSON(b.Bytes()))
+		return err
 	}
 	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	table(w)
+	table(termsafe.NewWriter(w))
 	return w.Flush()
 }
 
-// confirm asks the user to confirm what (unless yes); a refusal is an
-// error.
-func (a *app) confirm(yes bool, what string) error {
+// note writes a line of text to stderr, every argument escaped.
+func (a *app) note(format string, args ...any) {
+	_, _ = termsafe.Fprintf(a.stderr, format+"\n", args...)
+}
+
+// logger is the log of the long-running commands (relay, serve), on
+// stderr: slog's text format, which quotes a value that holds a control or
+// bidirectional character with its escapes, so that a logged error or key
+// cannot act on the terminal or forge a log line.
+func (a *app) logger(debug bool) watermill.LoggerAdapter {
+	level := slog.LevelInfo
+	if debug {
+		level = slog.LevelDebug
+	}
+	return watermill.NewSlogLogger(slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level})))
+}
+
+// confirm asks the user to confirm the question format (unless yes), its
+// arguments escaped; a refusal is an error.
+func (a *app) confirm(yes bool, format string, args ...any) error {
 	if yes {
 		return nil
 	}
-	fmt.Fprintf(a.stderr, "%s\nType yes to go on: ", what)
+	_, _ = termsafe.Fprintf(a.stderr, format+"\nType yes to go on: ", args...)
 	line, _ := bufio.NewReader(a.stdin).ReadString('\n')
 	if strings.TrimSpace(line) != "yes" {
 		return usagef("not confirmed: nothing was changed (pass --yes to skip the question)")

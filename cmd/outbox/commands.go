@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,6 +11,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 	"github.com/millrace/watermill-outbox/retention"
 )
 
@@ -53,11 +53,11 @@ It is idempotent and safe to run from several places at once. --dry-run prints t
 			if err := outbox.Migrate(ctx, pool, a.schemaName()); err != nil {
 				return err
 			}
-			return a.print(map[string]any{"schema": a.schemaName(), "from": current, "to": outbox.SchemaVersion}, func(w *tabwriter.Writer) {
+			return a.print(map[string]any{"schema": a.schemaName(), "from": current, "to": outbox.SchemaVersion}, func(w *termsafe.Writer) {
 				if current == outbox.SchemaVersion {
-					fmt.Fprintf(w, "schema %s is up to date (version %d)\n", a.schemaName(), current)
+					w.Printf("schema %s is up to date (version %d)\n", a.schemaName(), current)
 				} else {
-					fmt.Fprintf(w, "schema %s migrated from version %d to %d\n", a.schemaName(), current, outbox.SchemaVersion)
+					w.Printf("schema %s migrated from version %d to %d\n", a.schemaName(), current, outbox.SchemaVersion)
 				}
 			})
 		},
@@ -85,8 +85,8 @@ It is idempotent and safe to run from several places at once. --dry-run prints t
 			case current > outbox.SchemaVersion:
 				state = "ahead: this release is older than the database"
 			}
-			return a.print(map[string]any{"schema": a.schemaName(), "database": current, "release": outbox.SchemaVersion, "state": state}, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "SCHEMA\tDATABASE\tRELEASE\tSTATE\n%s\t%d\t%d\t%s\n", a.schemaName(), current, outbox.SchemaVersion, state)
+			return a.print(map[string]any{"schema": a.schemaName(), "database": current, "release": outbox.SchemaVersion, "state": state}, func(w *termsafe.Writer) {
+				w.Printf("SCHEMA\tDATABASE\tRELEASE\tSTATE\n%s\t%d\t%d\t%s\n", a.schemaName(), current, outbox.SchemaVersion, state)
 			})
 		},
 	})
@@ -103,8 +103,8 @@ func (a *app) versionCommand() *cobra.Command {
 			if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
 				version = info.Main.Version
 			}
-			return a.print(map[string]any{"version": version, "schema_version": outbox.SchemaVersion}, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "outbox %s (schema version %d)\n", version, outbox.SchemaVersion)
+			return a.print(map[string]any{"version": version, "schema_version": outbox.SchemaVersion}, func(w *termsafe.Writer) {
+				w.Printf("outbox %s (schema version %d)\n", version, outbox.SchemaVersion)
 			})
 		},
 	}
@@ -136,10 +136,10 @@ func (a *app) topicsCommand() *cobra.Command {
 			for _, t := range rep.Topics {
 				out = append(out, topic{t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, len(t.Groups)})
 			}
-			return a.print(out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "TOPIC\tPARTITIONS\tSEQUENCED\tPENDING\tGROUPS")
+			return a.print(out, func(w *termsafe.Writer) {
+				w.Printf("TOPIC\tPARTITIONS\tSEQUENCED\tPENDING\tGROUPS\n")
 				for _, t := range out {
-					fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, t.Groups)
+					w.Printf("%s\t%d\t%d\t%d\t%d\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, t.Groups)
 				}
 			})
 		},
@@ -161,8 +161,8 @@ func (a *app) topicsCommand() *cobra.Command {
 			if err := outbox.RegisterTopic(cmd.Context(), pool, a.schemaName(), args[0], n); err != nil {
 				return err
 			}
-			return a.print(map[string]any{"topic": args[0], "partitions": n}, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "topic %s registered with %d partitions\n", args[0], n)
+			return a.print(map[string]any{"topic": args[0], "partitions": n}, func(w *termsafe.Writer) {
+				w.Printf("topic %s registered with %d partitions\n", args[0], n)
 			})
 		},
 	})
@@ -192,10 +192,10 @@ every consumer group (and, with --keep-for, only those older than that), and nam
 			if err != nil {
 				return err
 			}
-			return a.print(stats, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "deleted %d rows in %d partitions\n", stats.Deleted, stats.Visited)
+			return a.print(stats, func(w *termsafe.Writer) {
+				w.Printf("deleted %d rows in %d partitions\n", stats.Deleted, stats.Visited)
 				for _, h := range stats.HeldBack {
-					fmt.Fprintf(w, "held back by group %s on %s: %d messages in partitions %v\n", h.Group, h.Topic, h.Messages, h.Partitions)
+					w.Printf("held back by group %s on %s: %d messages in partitions %v\n", h.Group, h.Topic, h.Messages, h.Partitions)
 				}
 			})
 		},

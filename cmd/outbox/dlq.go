@@ -1,15 +1,20 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
-	"text/tabwriter"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 )
 
 func (a *app) dlqCommand() *cobra.Command {
@@ -42,14 +47,21 @@ func (a *app) dlqCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.print(page, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tGROUP\tTOPIC\tPARTITION\tSEQ\tUUID\tSTATUS\tATTEMPTS\tCREATED\tREASON")
+			if len(page.Entries) == 0 && opts.Cursor == "" {
+				// No entries: for a group or topic the outbox does not know
+				// either, say so rather than print an empty list.
+				if err := a.knownToDeadLetters(cmd.Context(), store, opts.Group, opts.Topic); err != nil {
+					return err
+				}
+			}
+			return a.print(page, func(w *termsafe.Writer) {
+				w.Printf("ID\tGROUP\tTOPIC\tPARTITION\tSEQ\tUUID\tSTATUS\tATTEMPTS\tCREATED\tREASON\n")
 				for _, e := range page.Entries {
-					fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Group, e.Topic, e.Partition, e.Seq, e.UUID,
+					w.Printf("%d\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Group, e.Topic, e.Partition, e.Seq, e.UUID,
 						e.Status, e.Attempts, e.CreatedAt.Format(time.RFC3339), oneLine(e.Reason, 60))
 				}
 				if page.NextCursor != "" {
-					fmt.Fprintf(w, "more: --after %s\n", page.NextCursor)
+					w.Printf("more: --after %s\n", page.NextCursor)
 				}
 			})
 		},
@@ -78,16 +90,16 @@ func (a *app) dlqCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.print(e, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "id\t%d\ngroup\t%s\ntopic\t%s\npartition\t%d\nseq\t%d\nuuid\t%s\nkey\t%s\nstatus\t%s\nattempts\t%d\nreason\t%s\n",
+			return a.print(e, func(w *termsafe.Writer) {
+				w.Printf("id\t%d\ngroup\t%s\ntopic\t%s\npartition\t%d\nseq\t%d\nuuid\t%s\nkey\t%s\nstatus\t%s\nattempts\t%d\nreason\t%s\n",
 					e.ID, e.Group, e.Topic, e.Partition, e.Seq, e.UUID, e.PartitionKey, e.Status, e.Attempts, e.Reason)
-				for k, v := range e.Metadata {
-					fmt.Fprintf(w, "metadata\t%s = %s\n", k, v)
+				for _, k := range slices.Sorted(maps.Keys(e.Metadata)) {
+					w.Printf("metadata\t%s = %s\n", k, e.Metadata[k])
 				}
 				if utf8.Valid(e.Payload) {
-					fmt.Fprintf(w, "payload\t%s\n", strconv.Quote(string(e.Payload)))
+					w.Printf("payload\t%s\n", strconv.Quote(string(e.Payload)))
 				} else {
-					fmt.Fprintf(w, "payload\t%d bytes, not UTF-8: use -o json\n", len(e.Payload))
+					w.Printf("payload\t%d bytes, not UTF-8: use -o json\n", len(e.Payload))
 				}
 			})
 		},
@@ -108,15 +120,15 @@ func (a *app) dlqCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := a.confirm(yes, fmt.Sprintf("Replay dead letter %d?", id)); err != nil {
+			if err := a.confirm(yes, "Replay dead letter %d?", id); err != nil {
 				return err
 			}
 			e, err := store.Replay(cmd.Context(), id, deadletter.ReplayOptions{Topic: replayTopic})
 			if err != nil {
 				return err
 			}
-			return a.print(e, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "replayed %d to %s as %s\n", e.ID, e.ReplayTopic, e.ReplayUUID)
+			return a.print(e, func(w *termsafe.Writer) {
+				w.Printf("replayed %d to %s as %s\n", e.ID, e.ReplayTopic, e.ReplayUUID)
 			})
 		},
 	}
@@ -137,14 +149,14 @@ func (a *app) dlqCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := a.confirm(yesDiscard, fmt.Sprintf("Discard dead letter %d?", id)); err != nil {
+			if err := a.confirm(yesDiscard, "Discard dead letter %d?", id); err != nil {
 				return err
 			}
 			e, err := store.Discard(cmd.Context(), id)
 			if err != nil {
 				return err
 			}
-			return a.print(e, func(w *tabwriter.Writer) { fmt.Fprintf(w, "discarded %d\n", e.ID) })
+			return a.print(e, func(w *termsafe.Writer) { w.Printf("discarded %d\n", e.ID) })
 		},
 	}
 	discard.Flags().BoolVar(&yesDiscard, "yes", false, "do not ask for confirmation")
@@ -156,8 +168,14 @@ func (a *app) dlqCommand() *cobra.Command {
 	)
 	purgeCmd := &cobra.Command{
 		Use:   "purge",
-		Short: "Delete old dead letters",
-		Args:  cobra.NoArgs,
+		Short: "Delete old replayed and discarded dead letters (pending ones only with --status pending)",
+		Long: `purge deletes the dead letters created before --older-than (default: any age) in the statuses of --status,
+by default replayed and discarded: their messages were dealt with. A pending dead letter is a message nobody has
+handled yet, and once deleted it can never be replayed: purge deletes pending ones only when --status names pending.
+It first counts what it would delete, by status, and asks before deleting (unless --yes).`,
+		Example: `  outbox dlq purge --older-than 720h
+  outbox dlq purge --older-than 720h --status replayed,discarded,pending --yes`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			store, err := a.deadLetters(cmd.Context())
 			if err != nil {
@@ -166,22 +184,89 @@ func (a *app) dlqCommand() *cobra.Command {
 			for _, s := range purgeStatuses {
 				purge.Statuses = append(purge.Statuses, deadletter.Status(s))
 			}
-			if err := a.confirm(yesPurge, fmt.Sprintf("Delete dead letters older than %v with status %v (all statuses when empty)?", purge.OlderThan, purgeStatuses)); err != nil {
+			plan, err := store.PlanPurge(cmd.Context(), purge)
+			if err != nil {
 				return err
 			}
+			age := "of any age"
+			if purge.OlderThan > 0 {
+				age = fmt.Sprintf("older than %v (created before %s)", purge.OlderThan, plan.Before.Format(time.RFC3339))
+			}
+			if plan.Deleted() == 0 {
+				return a.print(map[string]any{"deleted": 0, "plan": plan}, func(w *termsafe.Writer) {
+					w.Printf("no dead letters to delete: none %s is %s.%s\n", age, statusList(plan.Statuses), kept(plan))
+				})
+			}
+			if err := a.confirm(yesPurge, "Delete %d dead letters %s: %s.%s", plan.Deleted(), age, counts(plan, plan.Statuses), kept(plan)); err != nil {
+				return err
+			}
+			purge.OlderThan, purge.Before = 0, plan.Before // what was counted
 			n, err := store.Purge(cmd.Context(), purge)
 			if err != nil {
 				return err
 			}
-			return a.print(map[string]int64{"deleted": n}, func(w *tabwriter.Writer) { fmt.Fprintf(w, "deleted %d dead letters\n", n) })
+			return a.print(map[string]any{"deleted": n, "plan": plan}, func(w *termsafe.Writer) {
+				w.Printf("deleted %d dead letters (%s).%s\n", n, statusList(plan.Statuses), kept(plan))
+			})
 		},
 	}
 	purgeCmd.Flags().DurationVar(&purge.OlderThan, "older-than", 0, "only entries created longer ago than this")
-	purgeCmd.Flags().StringSliceVar(&purgeStatuses, "status", nil, "only these statuses")
+	purgeCmd.Flags().StringSliceVar(&purgeStatuses, "status", nil, "the statuses to delete (default replayed,discarded; pending only when named)")
 	purgeCmd.Flags().BoolVar(&yesPurge, "yes", false, "do not ask for confirmation")
 
 	cmd.AddCommand(list, show, replay, discard, purgeCmd)
 	return cmd
+}
+
+// counts lists the plan's counts of statuses: "3 replayed, 5 discarded".
+func counts(plan deadletter.PurgePlan, statuses []deadletter.Status) string {
+	var parts []string
+	for _, st := range statuses {
+		parts = append(parts, fmt.Sprintf("%d %s", plan.Counts[st], st))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// statusList names statuses: "replayed or discarded".
+func statusList(statuses []deadletter.Status) string {
+	names := make([]string, len(statuses))
+	for i, st := range statuses {
+		names[i] = string(st)
+	}
+	return strings.Join(names, " or ")
+}
+
+// kept is a sentence on the pending dead letters of the purge's age: how
+// many are kept when the purge does not name pending, and that they can
+// never be replayed once deleted when it does.
+func kept(plan deadletter.PurgePlan) string {
+	n := plan.Counts[deadletter.StatusPending]
+	switch {
+	case n == 0:
+		return ""
+	case slices.Contains(plan.Statuses, deadletter.StatusPending):
+		return fmt.Sprintf(" The %d pending ones were never replayed or discarded: deleted, they can never be replayed.", n)
+	}
+	return fmt.Sprintf(" %d pending dead letters of that age are kept (they can still be replayed; --status pending purges them too).", n)
+}
+
+// knownToDeadLetters returns nil when the dead-letter store holds entries
+// of group and topic (those given), or the outbox knows them (admin:
+// a registered topic, a group with cursors or members); otherwise the
+// *admin.NotFoundError that says which is unknown.
+func (a *app) knownToDeadLetters(ctx context.Context, store *deadletter.Store, group, topic string) error {
+	if group == "" && topic == "" {
+		return nil
+	}
+	n, err := store.Count(ctx, deadletter.Filter{Group: group, Topic: topic})
+	if err != nil || n > 0 {
+		return err
+	}
+	adm, err := a.admin(ctx)
+	if err != nil {
+		return err
+	}
+	return adm.Exists(ctx, admin.Filter{Group: group, Topic: topic})
 }
 
 func parseID(s string) (int64, error) {

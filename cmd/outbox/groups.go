@@ -3,12 +3,12 @@ package main
 import (
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/millrace/watermill-outbox/admin"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 )
 
 func (a *app) statusCommand() *cobra.Command {
@@ -41,7 +41,7 @@ letters. --watch refreshes it.`,
 				if watch > 0 && a.output == "table" {
 					fmt.Fprint(a.stdout, "\033[H\033[2J")
 				}
-				if err := a.print(rep, func(w *tabwriter.Writer) { statusTable(w, rep) }); err != nil || watch <= 0 {
+				if err := a.print(rep, func(w *termsafe.Writer) { statusTable(w, rep) }); err != nil || watch <= 0 {
 					return err
 				}
 				select {
@@ -58,28 +58,28 @@ letters. --watch refreshes it.`,
 	return cmd
 }
 
-func statusTable(w *tabwriter.Writer, rep admin.Report) {
-	fmt.Fprintf(w, "at %s\n", rep.At.Format(time.RFC3339))
+func statusTable(w *termsafe.Writer, rep admin.Report) {
+	w.Printf("at %s\n", rep.At.Format(time.RFC3339))
 	if s := rep.WALSlot; s != nil {
 		relay := fmt.Sprintf("a relay streams it: %s (server pid %d)", s.ActiveInstance, s.ActivePID)
 		if !s.Active {
 			relay = "NO RELAY STREAMS IT (messages published in ModeWAL wait; run outbox relay --wal)"
 		}
-		fmt.Fprintf(w, "wal slot %s: %s; keeps %d bytes of WAL (%s)\n", s.Slot, relay, s.RetainedWALBytes, s.WALStatus)
+		w.Printf("wal slot %s: %s; keeps %d bytes of WAL (%s)\n", s.Slot, relay, s.RetainedWALBytes, s.WALStatus)
 	}
 	for _, t := range rep.Topics {
 		held := ""
 		if t.RetentionHeldBy != "" {
 			held = ", retention held by " + t.RetentionHeldBy
 		}
-		fmt.Fprintf(w, "\ntopic %s: %d partitions, %d sequenced, %d pending%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, held)
+		w.Printf("\ntopic %s: %d partitions, %d sequenced, %d pending%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, held)
 		for _, g := range t.Groups {
-			fmt.Fprintf(w, "  group %s: lag %d (%.1fs), %d members, %d leased, %d paused, %d failing, %d backing off, %d keys held, %d dead letters\n",
+			w.Printf("  group %s: lag %d (%.1fs), %d members, %d leased, %d paused, %d failing, %d backing off, %d keys held, %d dead letters\n",
 				g.Group, g.Lag, g.MaxLagSeconds, len(g.Members), g.Leased, g.Paused, g.Failing, g.BackingOff, g.HeldKeys, g.DeadLetters)
 			if len(g.Partitions) == 0 {
 				continue
 			}
-			fmt.Fprintln(w, "  PART\tHEAD\tCURSOR\tLAG\tLAG_S\tLEASE\tSTATE\tATTEMPTS\tLAST_ERROR")
+			w.Printf("  PART\tHEAD\tCURSOR\tLAG\tLAG_S\tLEASE\tSTATE\tATTEMPTS\tLAST_ERROR\n")
 			for _, p := range g.Partitions {
 				lease := "-"
 				if p.Leased {
@@ -107,7 +107,7 @@ func statusTable(w *tabwriter.Writer, rep admin.Report) {
 				if len(state) == 0 {
 					state = append(state, "ok")
 				}
-				fmt.Fprintf(w, "  %d\t%d\t%d\t%d\t%.1f\t%s\t%s\t%d\t%s\n", p.Partition, p.HeadSeq, p.Cursor, p.Lag, p.LagSeconds,
+				w.Printf("  %d\t%d\t%d\t%d\t%.1f\t%s\t%s\t%d\t%s\n", p.Partition, p.HeadSeq, p.Cursor, p.Lag, p.LagSeconds,
 					lease, strings.Join(state, ","), p.Attempts, oneLine(p.LastError, 60))
 			}
 		}
@@ -154,10 +154,10 @@ func (a *app) groupsCommand() *cobra.Command {
 					out = append(out, group{t.Topic, g.Group, g.Lag, g.MaxLagSeconds, len(g.Members), g.Paused, g.DeadLetters})
 				}
 			}
-			return a.print(out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "TOPIC\tGROUP\tLAG\tLAG_S\tMEMBERS\tPAUSED\tDEAD_LETTERS")
+			return a.print(out, func(w *termsafe.Writer) {
+				w.Printf("TOPIC\tGROUP\tLAG\tLAG_S\tMEMBERS\tPAUSED\tDEAD_LETTERS\n")
 				for _, g := range out {
-					fmt.Fprintf(w, "%s\t%s\t%d\t%.1f\t%d\t%d\t%d\n", g.Topic, g.Group, g.Lag, g.MaxLagSeconds, g.Members, g.Paused, g.DeadLetters)
+					w.Printf("%s\t%s\t%d\t%.1f\t%d\t%d\t%d\n", g.Topic, g.Group, g.Lag, g.MaxLagSeconds, g.Members, g.Paused, g.DeadLetters)
 				}
 			})
 		},
@@ -181,15 +181,15 @@ with live members or leases unless --force. Its dead letters are kept unless --d
 			if opts.Topic == "" {
 				what = "every topic"
 			}
-			if err := a.confirm(yes, fmt.Sprintf("Delete consumer group %s on %s?", args[0], what)); err != nil {
+			if err := a.confirm(yes, "Delete consumer group %s on %s?", args[0], what); err != nil {
 				return err
 			}
 			res, err := adm.DeleteGroup(cmd.Context(), args[0], opts)
 			if err != nil {
 				return err
 			}
-			return a.print(res, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "deleted group %s: %d cursors, %d members, %d dead letters\n", args[0], res.Cursors, res.Members, res.DeadLetters)
+			return a.print(res, func(w *termsafe.Writer) {
+				w.Printf("deleted group %s: %d cursors, %d members, %d dead letters\n", args[0], res.Cursors, res.Members, res.DeadLetters)
 			})
 		},
 	}
@@ -233,8 +233,8 @@ func (a *app) pauseCommand(pause bool) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.print(map[string]any{"group": s.Group, "topic": s.Topic, "partitions": n, verb: true}, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "%s %d partitions of group %s\n", verb, n, s.Group)
+			return a.print(map[string]any{"group": s.Group, "topic": s.Topic, "partitions": n, verb: true}, func(w *termsafe.Writer) {
+				w.Printf("%s %d partitions of group %s\n", verb, n, s.Group)
 			})
 		},
 	}
@@ -279,17 +279,17 @@ partitions' leases are revoked, so the group goes on from the new cursors.`,
 			if err != nil {
 				return err
 			}
-			if err := a.confirm(yes, fmt.Sprintf("Move the cursors of group %s on %s (partitions %v)?", s.Group, s.Topic, s.Partitions)); err != nil {
+			if err := a.confirm(yes, "Move the cursors of group %s on %s (partitions %v)?", s.Group, s.Topic, s.Partitions); err != nil {
 				return err
 			}
 			resets, err := adm.ResetCursor(cmd.Context(), s, pos)
 			if err != nil {
 				return err
 			}
-			return a.print(resets, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "TOPIC\tPARTITION\tFROM\tTO")
+			return a.print(resets, func(w *termsafe.Writer) {
+				w.Printf("TOPIC\tPARTITION\tFROM\tTO\n")
 				for _, r := range resets {
-					fmt.Fprintf(w, "%s\t%d\t%d\t%d\n", r.Topic, r.Partition, r.From, r.To)
+					w.Printf("%s\t%d\t%d\t%d\n", r.Topic, r.Partition, r.From, r.To)
 				}
 			})
 		},

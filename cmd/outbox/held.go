@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/millrace/watermill-outbox/admin"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 )
 
 // heldCommand lists the keys consumer groups hold back (key isolation) and
@@ -50,7 +50,7 @@ out through the group's RejectHandler, in order. A keyless message is named by -
 					}
 				}
 			}
-			return a.print(out, func(w *tabwriter.Writer) { heldTable(w, out, rep.At) })
+			return a.print(out, func(w *termsafe.Writer) { heldTable(w, out, rep.At) })
 		},
 	}
 	list.Flags().StringVar(&f.Group, "group", "", "only this consumer group")
@@ -79,7 +79,7 @@ out through the group's RejectHandler, in order. A keyless message is named by -
 					name = fmt.Sprintf("keyless message %d", r.Seq)
 				}
 				if question != "" {
-					if err := a.confirm(yes, fmt.Sprintf(question, name, r.Group, r.Topic, r.Partition)); err != nil {
+					if err := a.confirm(yes, question, name, r.Group, r.Topic, r.Partition); err != nil {
 						return err
 					}
 				}
@@ -87,8 +87,8 @@ out through the group's RejectHandler, in order. A keyless message is named by -
 				if err != nil {
 					return err
 				}
-				return a.print(map[string]int{"messages": n}, func(w *tabwriter.Writer) {
-					fmt.Fprintf(w, "%s: %s of group %s, topic %s, partition %d (%d messages held)\n", use, name, r.Group, r.Topic, r.Partition, n)
+				return a.print(map[string]int{"messages": n}, func(w *termsafe.Writer) {
+					w.Printf("%s: %s of group %s, topic %s, partition %d (%d messages held)\n", use, name, r.Group, r.Topic, r.Partition, n)
 				})
 			},
 		}
@@ -122,12 +122,12 @@ type heldRow struct {
 	admin.HeldKey
 }
 
-func heldTable(w *tabwriter.Writer, rows []heldRow, at time.Time) {
+func heldTable(w *termsafe.Writer, rows []heldRow, at time.Time) {
 	if len(rows) == 0 {
-		fmt.Fprintln(w, "no held keys")
+		w.Printf("no held keys\n")
 		return
 	}
-	fmt.Fprintln(w, "GROUP\tTOPIC\tPART\tKEY\tHEAD_SEQ\tMESSAGES\tATTEMPTS\tRETRY_IN\tREQUESTED\tLAST_ERROR")
+	w.Printf("GROUP\tTOPIC\tPART\tKEY\tHEAD_SEQ\tMESSAGES\tATTEMPTS\tRETRY_IN\tREQUESTED\tLAST_ERROR\n")
 	for _, r := range rows {
 		key := r.Key
 		if r.Keyless {
@@ -137,7 +137,7 @@ func heldTable(w *tabwriter.Writer, rows []heldRow, at time.Time) {
 		if r.RetryAt != nil && r.RetryAt.After(at) {
 			retry = r.RetryAt.Sub(at).Round(time.Second).String()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", r.Group, r.Topic, r.Partition, oneLine(key, 40), r.HeadSeq, r.Messages,
+		w.Printf("%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", r.Group, r.Topic, r.Partition, oneLine(key, 40), r.HeadSeq, r.Messages,
 			r.Attempts, retry, r.Requested, oneLine(r.LastError, 60))
 	}
 }

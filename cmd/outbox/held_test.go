@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -30,8 +31,9 @@ func TestHeldCommands(t *testing.T) {
 		Attempts          int
 	}
 	outboxtest.WaitFor(t, "customer-42 held", 30*time.Second, func() bool {
-		c.json(&held, "held", "list", "--group", "billing")
-		return len(held) == 1 && held[0].Messages == 2
+		// "no such group" until the consumer joined.
+		code, out, _ := c.run("", "held", "list", "--group", "billing", "-o", "json")
+		return code == exitOK && json.Unmarshal([]byte(out), &held) == nil && len(held) == 1 && held[0].Messages == 2
 	})
 	if h := held[0]; h.Key != "customer-42" || h.HeadSeq != 1 || h.Attempts != 1 || h.Topic != "orders" {
 		t.Fatalf("held list: %+v", h)
@@ -45,7 +47,7 @@ func TestHeldCommands(t *testing.T) {
 	if code, _, errOut := c.run("", "held", "retry", "--group", "billing", "--topic", "orders"); code != exitUsage || !strings.Contains(errOut, "--key or --seq") {
 		t.Fatalf("retry without a key: exit %d, %s", code, errOut)
 	}
-	if code, _, errOut := c.run("", "held", "retry", "--group", "billing", "--topic", "orders", "--key", "nobody"); code == exitOK || !strings.Contains(errOut, "not found") {
+	if code, _, errOut := c.run("", "held", "retry", "--group", "billing", "--topic", "orders", "--key", "nobody"); code == exitOK || !strings.Contains(errOut, `holds no key "nobody"`) {
 		t.Fatalf("retry of a key not held: exit %d, %s", code, errOut)
 	}
 	c.ok("held", "retry", "--group", "billing", "--topic", "orders", "--key", "customer-42")

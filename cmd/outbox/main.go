@@ -26,6 +26,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 )
 
 func main() {
@@ -63,7 +65,8 @@ func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(stderr, "Error:", err)
+	// Errors quote names and values that came from messages: escaped.
+	_, _ = termsafe.Fprintf(stderr, "Error: %v\n", err)
 	var ue usageError
 	if errors.As(err, &ue) || isFlagError(err) {
 		fmt.Fprintln(stderr, "Run 'outbox --help' (or the command with --help) for usage.")

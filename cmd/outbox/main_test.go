@@ -231,7 +231,7 @@ func TestExitCodesAndErrors(t *testing.T) {
 		{[]string{"pause", "--topic", "orders"}, exitUsage, "group"},
 		{[]string{"dlq", "show", "abc"}, exitUsage, "positive number"},
 		{[]string{"reset", "--group", "g", "--topic", "t"}, exitUsage, "exactly one of --to-seq and --to-time"},
-		{[]string{"pause", "--group", "nobody", "--topic", "orders"}, exitError, "not found"},
+		{[]string{"pause", "--group", "nobody", "--topic", "orders"}, exitError, "no such topic"},
 	} {
 		code, _, errOut := c.run("", tc.args...)
 		if code != tc.code || !strings.Contains(errOut, tc.says) {

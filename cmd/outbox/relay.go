@@ -2,11 +2,9 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/spf13/cobra"
 
 	outbox "github.com/millrace/watermill-outbox"
@@ -64,7 +62,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			if err != nil {
 				return err
 			}
-			var logger watermill.LoggerAdapter = watermill.NewStdLoggerWithOut(a.stderr, verbose, false)
+			logger := a.logger(verbose) // escapes what it logs
 			seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: a.schemaName(), Pool: pool}, logger)
 			if err != nil {
 				return err
@@ -130,7 +128,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 				}
 				mode = "sequencer, WAL relay of slot " + relay.Slot(a.schemaName()) + " as instance " + name
 			}
-			fmt.Fprintf(a.stderr, "relay running on schema %s (%s%s); interrupt to stop\n", a.schemaName(), mode, forwarding(topics, kafkaBrokers, natsURL))
+			a.note("relay running on schema %s (%s%s); interrupt to stop", a.schemaName(), mode, forwarding(topics, kafkaBrokers, natsURL))
 			var first error
 			for range running {
 				if err := <-errs; err != nil && !errors.Is(err, ctx.Err()) && first == nil {

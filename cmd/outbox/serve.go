@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/spf13/cobra"
 
 	outbox "github.com/millrace/watermill-outbox"
@@ -48,7 +47,7 @@ headers, against DNS rebinding): name each other host it is reached under with -
 			}
 			c, err := console.New(console.Config{Pool: pool, Schema: a.schemaName(), EnableActions: enableActions, Token: token,
 				AllowedHosts: append(console.ListenHosts(listen), allowedHosts...)},
-				watermill.NewStdLoggerWithOut(a.stderr, false, false))
+				a.logger(false))
 			var bad *outbox.ConfigError
 			if errors.As(err, &bad) && bad.Field == "AllowedHosts" {
 				return usagef("--allowed-host %s", bad.Reason)
@@ -66,7 +65,7 @@ headers, against DNS rebinding): name each other host it is reached under with -
 			if enableActions {
 				mode = "actions enabled"
 			}
-			fmt.Fprintf(a.stderr, "console on http://%s/ (%s); interrupt to stop\n", ln.Addr(), mode)
+			a.note("console on http://%s/ (%s); interrupt to stop", ln.Addr(), mode)
 			errc := make(chan error, 1)
 			go func() { errc <- srv.Serve(ln) }()
 			select {

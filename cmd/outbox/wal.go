@@ -2,10 +2,10 @@ package main
 
 import (
 	"fmt"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 	"github.com/millrace/watermill-outbox/relay"
 )
 
@@ -54,7 +54,7 @@ the log yet or transactions that published into it are open: it says how many. W
 			if force {
 				question = fmt.Sprintf("Drop slot %s even if it holds messages not yet relayed (--force)? They are lost, and publishers in ModeWAL of the schema will fail until it is created again.", relay.Slot(a.schemaName()))
 			}
-			if err := a.confirm(yes, question); err != nil {
+			if err := a.confirm(yes, "%s", question); err != nil {
 				return err
 			}
 			pool, err := a.connect(cmd.Context())
@@ -83,17 +83,17 @@ the log yet or transactions that published into it are open: it says how many. W
 			if err != nil {
 				return err
 			}
-			return a.print(st, func(w *tabwriter.Writer) {
+			return a.print(st, func(w *termsafe.Writer) {
 				if !st.Exists {
-					fmt.Fprintf(w, "slot %s does not exist (outbox wal create-slot)\n", st.Slot)
+					w.Printf("slot %s does not exist (outbox wal create-slot)\n", st.Slot)
 					return
 				}
 				streamer := "-"
 				if st.Active {
 					streamer = fmt.Sprintf("%s (server pid %d)", st.ActiveInstance, st.ActivePID)
 				}
-				fmt.Fprintln(w, "SLOT\tACTIVE\tSTREAMED BY\tRETAINED WAL\tWAL STATUS\tCONFIRMED\tAPPENDED")
-				fmt.Fprintf(w, "%s\t%v\t%s\t%d bytes\t%s\t%X/%X\t%X/%X\n", st.Slot, st.Active, streamer, st.RetainedWALBytes, st.WALStatus,
+				w.Printf("SLOT\tACTIVE\tSTREAMED BY\tRETAINED WAL\tWAL STATUS\tCONFIRMED\tAPPENDED\n")
+				w.Printf("%s\t%v\t%s\t%d bytes\t%s\t%X/%X\t%X/%X\n", st.Slot, st.Active, streamer, st.RetainedWALBytes, st.WALStatus,
 					st.ConfirmedLSN>>32, uint32(st.ConfirmedLSN), st.AppendedLSN>>32, uint32(st.AppendedLSN))
 			})
 		},

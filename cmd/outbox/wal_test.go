@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"strings"
 	"testing"
-	"text/tabwriter"
 
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 )
 
 // On a server without wal_level = logical (the CLI tests' cluster), wal
@@ -55,9 +55,7 @@ func TestWALDropSlotForceAndRelayInstanceFlags(t *testing.T) {
 // tested against a real relay in package relay: admin.Report.WALSlot).
 func TestStatusNamesTheRelayStreamingTheSlot(t *testing.T) {
 	var out bytes.Buffer
-	w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-	statusTable(w, admin.Report{WALSlot: &admin.WALSlot{Slot: "s_wal", Active: true, ActiveInstance: "relay-a", ActivePID: 4242}})
-	_ = w.Flush()
+	statusTable(termsafe.NewWriter(&out), admin.Report{WALSlot: &admin.WALSlot{Slot: "s_wal", Active: true, ActiveInstance: "relay-a", ActivePID: 4242}})
 	if !strings.Contains(out.String(), "wal slot s_wal: a relay streams it: relay-a (server pid 4242)") {
 		t.Fatalf("status of a slot streamed by relay-a:\n%s", out.String())
 	}

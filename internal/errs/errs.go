@@ -114,9 +114,9 @@ func (e *NotMigratedError) Is(target error) bool { return target == ErrNotMigrat
 // Unwrap returns the database error behind it.
 func (e *NotMigratedError) Unwrap() error { return e.Cause }
 
-// NameError reports an invalid schema or topic name.
+// NameError reports an invalid schema, topic or consumer group name.
 type NameError struct {
-	Kind   string // "schema" or "topic"
+	Kind   string // "schema", "topic" or "group"
 	Name   string
 	Reason string
 }

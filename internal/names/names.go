@@ -1,13 +1,19 @@
 // Package names validates and quotes the names the outbox puts into SQL.
 // Schema names become identifiers (validated, then quoted); topic names are
 // always bind parameters, but are validated so that they map cleanly onto
-// Kafka topics and NATS subjects.
+// Kafka topics and NATS subjects; consumer group names are bind parameters
+// too, and are validated so that they show as they are wherever an
+// operator reads them (status, logs, metric labels, the console).
 package names
 
 import (
+	"fmt"
+	"unicode/utf8"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 )
 
 // DefaultSchema is the schema the outbox uses unless configured otherwise.
@@ -64,6 +70,41 @@ func Topic(name string) error {
 		c := name[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
 			return bad("use ASCII letters, digits, '.', '_' and '-'")
+		}
+	}
+	return nil
+}
+
+// MaxGroupLen is the longest consumer group name, in bytes.
+const MaxGroupLen = 200
+
+// Group validates a consumer group name: 1 to 200 bytes of UTF-8 without a
+// NUL, a control character (C0, DEL, C1: an escape sequence, a carriage
+// return, a line feed, a tab) or a format character (a bidirectional
+// override or isolate, a zero-width character: termsafe.Unsafe), which a
+// terminal would act on or hide instead of showing. Any other character,
+// spaces and non-ASCII letters included, is allowed.
+//
+// It is checked where a group is created (SubscriberConfig.ConsumerGroup),
+// not where one is looked up: an operator can still find, reset and delete
+// a group an older release stored with such a name.
+func Group(name string) error {
+	bad := func(reason string) error { return &errs.NameError{Kind: "group", Name: name, Reason: reason} }
+	switch {
+	case name == "":
+		return bad("empty")
+	case len(name) > MaxGroupLen:
+		return bad(fmt.Sprintf("longer than %d bytes", MaxGroupLen))
+	case !utf8.ValidString(name):
+		return bad("not valid UTF-8")
+	}
+	for i, r := range name {
+		if termsafe.Unsafe(r) {
+			kind := "control"
+			if r >= 0xA0 {
+				kind = "format"
+			}
+			return bad(fmt.Sprintf("the %s character %U at byte %d would act on or hide text where the name is shown (a terminal, a log); use printable characters", kind, r, i))
 		}
 	}
 	return nil
