@@ -26,6 +26,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
+	"github.com/millrace/watermill-outbox/deadletter"
 )
 
 type order struct {
@@ -133,7 +134,13 @@ func run(ctx context.Context) error {
 
 	// Read the events back: exactly those of the committed orders, and per
 	// customer in order.
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: "check"}, logger)
+	// A message that keeps failing goes to the dead-letter store after 5
+	// deliveries instead of stalling its partition.
+	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: db.Pool}, logger)
+	if err != nil {
+		return err
+	}
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: "check", RejectHandler: deadLetters, MaxAttempts: 5}, logger)
 	if err != nil {
 		return err
 	}

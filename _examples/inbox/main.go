@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
+	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/inbox"
 )
@@ -84,7 +86,7 @@ func run(ctx context.Context) error {
 	// consumer group: Kafka now holds each payment twice, with the same
 	// outbox position (as after a forwarder takeover that resends a batch).
 	for _, group := range []string{"forwarder-a", "forwarder-b"} {
-		if err := forwardAll(ctx, brokers, db, group); err != nil {
+		if err := forwardAll(ctx, brokers, db, group, logger); err != nil {
 			return err
 		}
 	}
@@ -142,19 +144,24 @@ func run(ctx context.Context) error {
 
 // forwardAll forwards every payment to Kafka as consumer group group, and
 // stops.
-func forwardAll(ctx context.Context, brokers []string, db *exampledb.DB, group string) error {
+func forwardAll(ctx context.Context, brokers []string, db *exampledb.DB, group string, logger watermill.LoggerAdapter) error {
 	// AtLeastOnce: two forwarder groups of one outbox into one Kafka
 	// topic would otherwise recognise each other's records and skip them.
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, AtLeastOnce: true})
+	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, AtLeastOnce: true, Logger: logger})
 	if err != nil {
 		return err
 	}
 	defer target.Close()
+	// A record Kafka refuses for good goes to the dead-letter store.
+	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: db.Pool}, logger)
+	if err != nil {
+		return err
+	}
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber: outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: group},
+		Subscriber: outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: group, RejectHandler: deadLetters},
 		Topics:     []string{"payments"},
 		Target:     target,
-	}, nil)
+	}, logger)
 	if err != nil {
 		return err
 	}

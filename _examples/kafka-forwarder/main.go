@@ -25,6 +25,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
+	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 )
 
@@ -63,14 +64,20 @@ func run(ctx context.Context) error {
 	fmt.Printf("Kafka (kfake) on %v, topic shop.orders with %d partitions\n", brokers, partitions)
 
 	// The forwarder: the outbox topic "orders" goes to Kafka topic
-	// "shop.orders". Dead letters would go to a RejectHandler (none here).
+	// "shop.orders". A record Kafka refuses for good (too large, say) goes
+	// to the dead-letter store; MaxAttempts stays 0, so that failed sends
+	// during a broker outage never dead-letter a healthy message.
 	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, Logger: logger})
 	if err != nil {
 		return err
 	}
 	defer target.Close()
+	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: db.Pool}, logger)
+	if err != nil {
+		return err
+	}
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber:  outbox.SubscriberConfig{Pool: db.Pool},
+		Subscriber:  outbox.SubscriberConfig{Pool: db.Pool, RejectHandler: deadLetters},
 		Topics:      []string{"orders"},
 		Target:      target,
 		TargetTopic: func(topic string) string { return "shop." + topic },

@@ -28,6 +28,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
+	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 )
 
@@ -89,8 +90,15 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer target.Close()
+	// A message JetStream refuses for good goes to the dead-letter store;
+	// MaxAttempts stays 0, so that the sends that fail while NATS is down
+	// never dead-letter a healthy message.
+	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: db.Pool}, logger)
+	if err != nil {
+		return err
+	}
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber: outbox.SubscriberConfig{Pool: db.Pool},
+		Subscriber: outbox.SubscriberConfig{Pool: db.Pool, RejectHandler: deadLetters},
 		Topics:     []string{"transfers"},
 		Target:     target,
 	}, logger)

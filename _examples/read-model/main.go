@@ -25,6 +25,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/deadletter"
 )
 
 const (
@@ -139,11 +140,20 @@ var errFlaky = errors.New("flaky handler")
 
 // startConsumer starts an instance of the read-model consumer.
 func startConsumer(ctx context.Context, db *exampledb.DB, logger watermill.LoggerAdapter, handled, failed *atomic.Int64) (*outbox.Subscriber, error) {
+	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: db.Pool}, logger)
+	if err != nil {
+		return nil, err
+	}
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
 		Pool:          db.Pool,
 		ConsumerGroup: "customer-totals",
 		Strategy:      outbox.Transactional,
 		Tuning:        adaptive.LowLatency(), // retries after 100 ms rather than 1 s
+		// A message that fails 5 times goes to the dead-letter store, in
+		// the transaction that moves the cursor past it, instead of
+		// stalling its partition. (The flaky failures below fail once.)
+		RejectHandler: deadLetters,
+		MaxAttempts:   5,
 	}, logger)
 	if err != nil {
 		return nil, err

@@ -24,6 +24,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
+	"github.com/millrace/watermill-outbox/deadletter"
 )
 
 type payment struct {
@@ -82,8 +83,17 @@ func run(ctx context.Context) error {
 		middleware.Recoverer,
 	)
 
+	// The poison queue takes what the handlers give up on; the dead-letter
+	// store is the Subscribers' own backstop, for a message that fails
+	// past the middleware (a poison queue that cannot publish, say) 5
+	// times, which would otherwise stall its partition.
+	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: db.Pool}, logger)
+	if err != nil {
+		return err
+	}
 	newSub := func(group string) (*outbox.Subscriber, error) {
-		return outbox.NewSubscriber(outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: group, AutoCreateTopics: true}, logger)
+		return outbox.NewSubscriber(outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: group, AutoCreateTopics: true,
+			RejectHandler: deadLetters, MaxAttempts: 5}, logger)
 	}
 	paymentsSub, err := newSub("charging")
 	if err != nil {

@@ -30,6 +30,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
+	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/relay"
 )
@@ -103,9 +104,14 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer target.Close()
+	// A record Kafka refuses for good goes to the dead-letter store.
+	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: db.Pool}, logger)
+	if err != nil {
+		return err
+	}
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
 		// The relay appends to the log; no table-mode Sequencer is needed.
-		Subscriber:  outbox.SubscriberConfig{Pool: db.Pool, DisableSequencer: true},
+		Subscriber:  outbox.SubscriberConfig{Pool: db.Pool, DisableSequencer: true, RejectHandler: deadLetters},
 		Topics:      []string{"orders"},
 		Target:      target,
 		TargetTopic: func(topic string) string { return "shop." + topic },

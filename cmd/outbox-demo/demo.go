@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,11 +41,11 @@ type demo struct {
 	stoppers []func()
 }
 
-func newDemo(cfg config, out io.Writer) *demo {
+func newDemo(cfg config, out, logOut io.Writer) *demo {
 	d := &demo{cfg: cfg, out: out}
 	// Only warnings and errors: the sequencer and the forwarders log their
 	// retries there.
-	handler := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})
+	handler := slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn})
 	d.logger = watermill.NewSlogLogger(slog.New(quietHandler{handler, &d.quiet}))
 	return d
 }

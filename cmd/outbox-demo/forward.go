@@ -9,6 +9,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 )
 
@@ -111,11 +112,20 @@ func (d *demo) startForwarder(ctx context.Context, group string, target forwarde
 	}
 	tuning := adaptive.Default()
 	tuning.MaxConcurrentPartitions = forwarderPartitions
+	// A message the broker refuses for good goes to the dead-letter store,
+	// in the transaction that moves the cursor past it, and the partition
+	// goes on. MaxAttempts stays 0: a send that fails because the broker
+	// is down is retried until it is back, never dead-lettered.
+	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: pool}, d.logger)
+	if err != nil {
+		return nil, err
+	}
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
 		Subscriber: outbox.SubscriberConfig{
 			Pool:          pool,
 			ConsumerGroup: group,
 			Tuning:        tuning,
+			RejectHandler: deadLetters,
 			// The demo's own Sequencer does the sequencing.
 			DisableSequencer: true,
 		},

@@ -96,7 +96,7 @@ func parseFlags(args []string) (config, error) {
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // Exit codes.
@@ -113,13 +113,15 @@ type stage struct {
 	run   func(ctx context.Context) error
 }
 
-func run(args []string, out io.Writer) int {
+// run runs the demo with the command-line args, writes its report to out
+// and the log (warnings and errors) to logOut, and returns the exit code.
+func run(args []string, out, logOut io.Writer) int {
 	cfg, err := parseFlags(args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
-		fmt.Fprintln(os.Stderr, "outbox-demo:", err)
+		fmt.Fprintln(logOut, "outbox-demo:", err)
 		return exitUsage
 	}
 	// pgcluster itself stops the server and exits (status 130) on
@@ -127,7 +129,7 @@ func run(args []string, out io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	d := newDemo(cfg, out)
+	d := newDemo(cfg, out, logOut)
 	defer d.close()
 	// From the interrupt on, everything fails on its way down: keep quiet.
 	context.AfterFunc(ctx, func() { d.quiet.Store(true) })
