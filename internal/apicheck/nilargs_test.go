@@ -564,6 +564,13 @@ var entries = []entry{
 			return err
 		})
 	}},
+	{"admin.Admin.Exists", func(e *env) {
+		a := must(admin.New(admin.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
+		e.may("Admin.Exists(Filter{})", func() error { return a.Exists(e.ctx, admin.Filter{}) })
+		e.fails("Admin{}.Exists(Filter{Group})", func() error { return new(admin.Admin).Exists(e.ctx, admin.Filter{Group: "g"}) })
+	}},
+	{"admin.NotFoundError.Error", func(e *env) { e.call("NotFoundError{}.Error", func() { _ = new(admin.NotFoundError).Error() }) }},
+	{"admin.NotFoundError.Is", func(e *env) { e.call("NotFoundError{}.Is(nil)", func() { _ = new(admin.NotFoundError).Is(nil) }) }},
 	{"admin.PartitionStatus.LagAge", func(e *env) {
 		e.call("PartitionStatus{}.LagAge", func() { admin.PartitionStatus{}.LagAge() })
 	}},
@@ -579,6 +586,10 @@ var entries = []entry{
 	}},
 	{"console.New", func(e *env) {
 		e.fails("console.New(zero, nil)", func() error { _, err := console.New(console.Config{}, nil); return err })
+	}},
+	{"console.ListenHosts", func(e *env) {
+		e.call("ListenHosts(\"\")", func() { _ = console.ListenHosts("") })
+		e.call("ListenHosts(\":\")", func() { _ = console.ListenHosts(":") })
 	}},
 	{"console.Console.ServeHTTP", func(e *env) {
 		c := must(console.New(console.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
@@ -622,6 +633,12 @@ var entries = []entry{
 		e.may("Store.Purge(zero)", func() error { _, err := s.Purge(e.ctx, deadletter.PurgeOptions{}); return err })
 		e.fails("Store{}.Purge", func() error { _, err := new(deadletter.Store).Purge(e.ctx, deadletter.PurgeOptions{}); return err })
 	}},
+	{"deadletter.Store.PlanPurge", func(e *env) {
+		s := must(deadletter.NewStore(deadletter.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
+		e.may("Store.PlanPurge(zero)", func() error { _, err := s.PlanPurge(e.ctx, deadletter.PurgeOptions{}); return err })
+		e.fails("Store{}.PlanPurge", func() error { _, err := new(deadletter.Store).PlanPurge(e.ctx, deadletter.PurgeOptions{}); return err })
+	}},
+	{"deadletter.PurgePlan.Deleted", func(e *env) { e.call("PurgePlan{}.Deleted", func() { deadletter.PurgePlan{}.Deleted() }) }},
 	{"deadletter.Store.PoisonPublisher", func(e *env) {
 		s := must(deadletter.NewStore(deadletter.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
 		pp := s.PoisonPublisher()
