@@ -71,6 +71,11 @@ var (
 	// delivery counts as a failed attempt; a late Ack or Nack of it changes
 	// nothing.
 	ErrHandlerTimeout = errs.ErrHandlerTimeout
+	// ErrPayloadMissing reports a message whose payload, kept in the
+	// bodies table, is gone (*PayloadMissingError): each delivery of it
+	// counts as a failed attempt, and after MaxAttempts it is
+	// dead-lettered, never delivered with an empty payload.
+	ErrPayloadMissing = errs.ErrPayloadMissing
 	// ErrTxMisuse reports a Transactional handler that left the
 	// Subscriber's transaction unusable, or tried to end it
 	// (*TxMisuseError). The delivery counts as a failed attempt and its
@@ -118,4 +123,6 @@ type (
 	// TxMisuseError says what a Transactional handler did to the
 	// Subscriber's transaction, and what to do instead.
 	TxMisuseError = errs.TxMisuseError
+	// PayloadMissingError names a message whose payload is missing.
+	PayloadMissingError = errs.PayloadMissingError
 )

@@ -167,6 +167,9 @@ func heldStatus(t *testing.T, e env, group, topic string) admin.PartitionStatus 
 		t.Fatal(err)
 	}
 	rep, err := a.Status(outboxtest.Ctx(t), admin.Filter{Group: group, Topic: topic})
+	if errors.Is(err, admin.ErrNotFound) {
+		return admin.PartitionStatus{Partition: -1} // the group has not joined yet
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

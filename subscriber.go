@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -200,6 +201,8 @@ func (c SubscriberConfig) Validate() error {
 		return &errs.ConfigError{Field: "Strategy", Reason: "must be Leased or Transactional"}
 	case c.MaxAttempts < 0:
 		return &errs.ConfigError{Field: "MaxAttempts", Reason: "must be >= 0"}
+	case c.RejectHandler != nil && isNil(c.RejectHandler):
+		return &errs.ConfigError{Field: "RejectHandler", Reason: fmt.Sprintf("is a nil %T: give it a handler (e.g. a deadletter.Store from deadletter.New), or leave the field nil", c.RejectHandler)}
 	case c.MaxAttempts > 0 && c.RejectHandler == nil:
 		return &errs.ConfigError{Field: "MaxAttempts", Reason: "needs a RejectHandler to take exhausted messages out"}
 	case c.HandlerTimeout < 0 || c.HandlerTimeout > c.Tuning.LeaseTTL:
@@ -291,6 +294,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		RejectHandler:     cfg.RejectHandler,
 		Isolation:         cfg.KeyIsolation.delivery(),
 		Store:             delivery.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup),
+		Marker:            delivery.NewMarker(cfg.Pool, cfg.Schema, cfg.ConsumerGroup),
 		Bulkhead:          bulkhead,
 		Logger:            s.logger,
 		Register:          s.addPoker,
@@ -311,6 +315,9 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 // Topics), so that messages published before the first Subscribe are kept
 // for the group.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
+	if s == nil || s.workers == nil {
+		return errNotConstructed
+	}
 	if err := names.Topic(topic); err != nil {
 		return err
 	}
@@ -364,6 +371,9 @@ func (s *Subscriber) topic(ctx context.Context, topic string) (int, error) {
 // messages arrive on. The channel is closed when ctx ends or the Subscriber
 // is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if s == nil || s.workers == nil {
+		return nil, errNotConstructed
+	}
 	out := make(chan *message.Message)
 	if _, err := s.join(ctx, topic, out, nil); err != nil {
 		return nil, err
@@ -386,6 +396,9 @@ type BatchHandler func(ctx context.Context, batch []*message.Message) (done int,
 // processed in one go, e.g. one round trip to a broker. It blocks until ctx
 // ends or the Subscriber is closed, and then returns nil.
 func (s *Subscriber) ConsumeBatches(ctx context.Context, topic string, h BatchHandler) error {
+	if s == nil || s.workers == nil {
+		return errNotConstructed
+	}
 	if h == nil {
 		return &errs.ConfigError{Field: "BatchHandler", Reason: "must not be nil"}
 	}
@@ -590,6 +603,9 @@ func (s *Subscriber) addPoker(topic string, partition int, p *worker.Poker) func
 // message (within CloseTimeout), leases are released, channels are closed,
 // and Close returns when every goroutine has ended.
 func (s *Subscriber) Close() error {
+	if s == nil || s.workers == nil {
+		return nil // nothing was started
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -619,9 +635,26 @@ type SubscriberStats struct {
 
 // Stats returns the Subscriber's running totals.
 func (s *Subscriber) Stats() SubscriberStats {
+	if s == nil || s.workers == nil {
+		return SubscriberStats{}
+	}
 	c := s.workers.Counts
 	return SubscriberStats{
 		Acked: c.Acked.Load(), Nacked: c.Nacked.Load(), Rejected: c.Rejected.Load(), TimedOut: c.TimedOut.Load(),
 		Crashed: c.Crashed.Load(), Batches: c.Batches.Load(),
 	}
+}
+
+// errNotConstructed is what the methods of a Subscriber that NewSubscriber
+// did not make return.
+var errNotConstructed = errs.NotConstructed("outbox.Subscriber", "outbox.NewSubscriber")
+
+// isNil reports whether v, a non-nil interface, holds a nil pointer, func,
+// map, slice, channel or interface: a handler that would panic when called.
+func isNil(v any) bool {
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Chan, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
 }

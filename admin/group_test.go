@@ -129,10 +129,11 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 func TestStatusShowsBackoffAndDeliveries(t *testing.T) {
 	e := newEnv(t)
 	e.Register("orders", 3)
-	e.Exec(`INSERT INTO ` + e.Schema + `.cursors (group_name, topic, partition, attempts, deliveries, backoff_until, last_error, lease_owner, lease_expires_at)
-		VALUES ('g', 'orders', 0, 2, 3, now() + interval '1 minute', 'boom', 'dead-1', now() - interval '1 second'),
-		('g', 'orders', 1, 0, 0, now() - interval '1 minute', NULL, NULL, NULL),
-		('g', 'orders', 2, 1, 2, NULL, 'boom', 'live-1', now() + interval '1 minute')`)
+	e.Exec(`INSERT INTO ` + e.Schema + `.cursors (group_name, topic, partition, attempts, deliveries, backoff_until, last_error, lease_owner, lease_expires_at,
+			inflight_from, inflight_to, suspect_from, suspect_to)
+		VALUES ('g', 'orders', 0, 2, 3, now() + interval '1 minute', 'boom', 'dead-1', now() - interval '1 second', 1, 1, 0, 0),
+		('g', 'orders', 1, 0, 0, now() - interval '1 minute', NULL, NULL, NULL, 0, 0, 1, 4),
+		('g', 'orders', 2, 1, 2, NULL, 'boom', 'live-1', now() + interval '1 minute', 1, 1, 0, 0)`)
 	rep, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{Group: "g"})
 	if err != nil {
 		t.Fatal(err)
@@ -147,6 +148,11 @@ func TestStatusShowsBackoffAndDeliveries(t *testing.T) {
 	// flight under a live lease.
 	if g.Unanswered != 1 || p0.Unanswered != 1 || p1.Unanswered != 0 || p2.Unanswered != 0 || p2.Deliveries != 2 {
 		t.Fatalf("unanswered: group %d, partitions %d %d %d", g.Unanswered, p0.Unanswered, p1.Unanswered, p2.Unanswered)
+	}
+	// p1: four messages left to deliver alone after a crash nobody could
+	// be charged for.
+	if p0.Suspects != 0 || p1.Suspects != 4 || p2.Suspects != 0 {
+		t.Fatalf("suspects: partitions %d %d %d", p0.Suspects, p1.Suspects, p2.Suspects)
 	}
 	js, err := json.Marshal(p0)
 	if err != nil || !strings.Contains(string(js), `"deliveries":3`) || !strings.Contains(string(js), `"unanswered":1`) ||

@@ -179,12 +179,18 @@ type PartitionStatus struct {
 	// (counted before hand-out, so a delivery that crashes its consumer
 	// is counted too).
 	Deliveries int `json:"deliveries"`
-	// Unanswered is Deliveries − Attempts while no lease is live: that
-	// many deliveries ended without an outcome (the consumer died, was
-	// killed or froze past its lease). The next lease holder counts them
-	// as failed attempts. 0 while a lease is live (a delivery may be in
-	// flight).
+	// Unanswered is 1 while no lease is live and the last holder left a
+	// delivery in flight: it ended without an outcome (the consumer died,
+	// was killed or froze past its lease). The next lease holder settles
+	// it: a failed attempt if it was the only delivery in flight in its
+	// process, else its messages become Suspects. 0 while a lease is live
+	// (a delivery may be in flight).
 	Unanswered int `json:"unanswered"`
+	// Suspects counts the messages after the cursor that were in flight
+	// when a consumer process died with other deliveries in flight: nobody
+	// was charged, and each is delivered alone in its process until it
+	// has an outcome (docs/failure-modes.md §3).
+	Suspects int64 `json:"suspects"`
 	// BackoffUntil is when the retry of the next message is due after its
 	// last failure (it survives restarts and lease moves); BackingOff says
 	// whether that is still ahead, at Report.At.
@@ -505,10 +511,11 @@ func (a *Admin) partitions(ctx context.Context, tx pgx.Tx, f Filter, now time.Ti
 	var out []PartitionStatus
 	for rows.Next() {
 		var p PartitionStatus
+		var inflight bool
 		if err := rows.Scan(&p.Group, &p.Topic, &p.Partition, &p.HeadSeq, &p.Cursor, &p.OldestUnprocessedAt,
 			&p.FirstRetainedSeq, &p.LeaseOwner, &p.LeaseExpiresAt, &p.Leased, &p.LeaseToken, &p.Paused,
 			&p.AdaptiveState, &p.BatchSize, &p.Attempts, &p.LastError, &p.LastErrorAt, &p.UpdatedAt, &p.Deliveries,
-			&p.BackoffUntil, &p.DeadLetters, &p.ScanSeq, &p.IsolationFullSince); err != nil {
+			&p.BackoffUntil, &p.DeadLetters, &p.ScanSeq, &p.IsolationFullSince, &inflight, &p.Suspects); err != nil {
 			return nil, err
 		}
 		p.Lag = max(p.HeadSeq-p.Cursor, 0)
@@ -519,8 +526,8 @@ func (a *Admin) partitions(ctx context.Context, tx pgx.Tx, f Filter, now time.Ti
 			p.LagSeconds = max(now.Sub(*p.OldestUnprocessedAt).Seconds(), 0)
 		}
 		p.BackingOff = p.BackoffUntil != nil && p.BackoffUntil.After(now)
-		if !p.Leased {
-			p.Unanswered = max(p.Deliveries-p.Attempts, 0)
+		if !p.Leased && inflight {
+			p.Unanswered = 1
 		}
 		out = append(out, p)
 	}

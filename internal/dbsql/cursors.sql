@@ -36,18 +36,37 @@ SELECT
 -- Takes free or expired leases, never a live one. $1 group, $2 topic, $3 me,
 -- $4 partitions, $5 excluded partitions, $6 TTL in µs, $7 how many. Each
 -- member scans in its own hash order, so that members starting together do
--- not contend for the same rows. Deliveries of the next message that ended
--- without an outcome (the holder died or lost its lease mid-delivery) count
--- as failed attempts.
+-- not contend for the same rows. A delivery the last holder left in flight
+-- (it died, was killed or froze past its lease) is settled here
+-- (0009_crash_evidence.sql): charged to the head as a failed attempt, with
+-- the head's unexplained deliveries, when it was the only delivery in
+-- flight in its process; otherwise charged to nobody, its messages made
+-- suspects, to be delivered alone. Returns the partition, token, cursor,
+-- attempts, the attempts charged now, the last error, the backoff left in
+-- seconds, the suspects (from, to; 0 for none) and whether this
+-- acquisition found an unexplained crash.
 UPDATE {{schema}}.cursors c
 SET lease_owner = $3, lease_token = c.lease_token + 1, lease_expires_at = now() + $6::int8 * interval '1 microsecond',
-	attempts = greatest(c.attempts, c.deliveries),
-	last_error = CASE WHEN c.deliveries > c.attempts
-		THEN format('seq %s: %s deliveries ended without an outcome: the consumer process died, was killed or lost its lease while handling it', c.seq + 1, c.deliveries - c.attempts)
+	attempts = CASE WHEN free.solo THEN least(c.attempts + 1 + c.unexplained, 2147483646) ELSE c.attempts END,
+	unexplained = CASE WHEN free.solo THEN 0
+		WHEN free.unexplained AND c.seq + 1 BETWEEN c.inflight_from AND c.inflight_to THEN c.unexplained + 1
+		ELSE c.unexplained END,
+	suspect_from = CASE WHEN NOT free.unexplained THEN c.suspect_from
+		WHEN c.suspect_to > c.seq THEN least(c.suspect_from, greatest(c.inflight_from, c.seq + 1))
+		ELSE greatest(c.inflight_from, c.seq + 1) END,
+	suspect_to = CASE WHEN free.unexplained THEN greatest(c.suspect_to, c.inflight_to) ELSE c.suspect_to END,
+	inflight_from = 0, inflight_to = 0, inflight_solo = false,
+	last_error = CASE WHEN free.solo
+		THEN format('seq %s: the consumer process died while this message was the only delivery in flight in it (delivery %s)', c.seq + 1, c.deliveries)
+		WHEN free.unexplained AND c.last_error IS NULL
+		THEN format('seq %s..%s: the consumer process died with other deliveries in flight: nobody is charged; these messages are delivered alone until the one that crashes it is found', c.inflight_from, c.inflight_to)
 		ELSE c.last_error END,
-	last_error_at = CASE WHEN c.deliveries > c.attempts THEN clock_timestamp() ELSE c.last_error_at END
+	last_error_at = CASE WHEN free.solo OR (free.unexplained AND c.last_error IS NULL) THEN clock_timestamp() ELSE c.last_error_at END
 FROM (
-	SELECT partition, attempts AS old_attempts FROM {{schema}}.cursors
+	SELECT partition, attempts AS old_attempts,
+		inflight_to > seq AND inflight_solo AND inflight_from = seq + 1 AND inflight_to = seq + 1 AS solo,
+		inflight_to > seq AND NOT (inflight_solo AND inflight_from = seq + 1 AND inflight_to = seq + 1) AS unexplained
+	FROM {{schema}}.cursors
 	WHERE group_name = $1 AND topic = $2 AND partition < $4 AND NOT paused
 		AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= now())
 		AND partition <> ALL($5::int4[])
@@ -57,7 +76,10 @@ FROM (
 WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = free.partition
 RETURNING c.partition, c.lease_token, c.seq, c.attempts, c.attempts - free.old_attempts,
 	coalesce(c.last_error, ''),
-	coalesce(greatest(extract(epoch FROM c.backoff_until - clock_timestamp()), 0), 0)::float8;
+	coalesce(greatest(extract(epoch FROM c.backoff_until - clock_timestamp()), 0), 0)::float8,
+	CASE WHEN c.suspect_to > c.seq THEN c.suspect_from ELSE 0 END,
+	CASE WHEN c.suspect_to > c.seq THEN c.suspect_to ELSE 0 END,
+	free.unexplained;
 
 -- name: CursorsRenew
 -- Renews the unexpired leases given (renewed = true). $1 group, $2 topic,
@@ -99,48 +121,72 @@ WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
 -- name: CursorsAdvance
 -- Moves the cursor to seq $6, the last message finished, fenced by the
 -- lease: $1 group, $2 topic, $3 partition, $4 me, $5 token. Clears the
--- attempts, backoff and last error, and counts the first delivery of the
--- next message (seq $6 + 1) when it is already in the log, for a worker that
--- goes on to deliver it at once: one write per batch instead of two.
--- RETURNING says whether it did. Runs in the caller's transaction.
+-- attempts, backoff, last error and the delivery in flight; the next
+-- message starts with the delivery it had without an outcome when it is a
+-- suspect (0009_crash_evidence.sql), else none. Runs in the caller's
+-- transaction. Returns the next message's unexplained deliveries.
 UPDATE {{schema}}.cursors SET seq = $6, attempts = 0,
-	deliveries = CASE WHEN EXISTS (SELECT 1 FROM {{schema}}.log
-		WHERE topic = $2 AND partition = $3 AND seq = $6 + 1) THEN 1 ELSE 0 END,
+	unexplained = CASE WHEN $6 + 1 BETWEEN suspect_from AND suspect_to THEN 1 ELSE 0 END,
+	deliveries = CASE WHEN $6 + 1 BETWEEN suspect_from AND suspect_to THEN 1 ELSE 0 END,
+	suspect_from = CASE WHEN $6 >= suspect_to THEN 0 ELSE suspect_from END,
+	suspect_to = CASE WHEN $6 >= suspect_to THEN 0 ELSE suspect_to END,
+	inflight_from = 0, inflight_to = 0, inflight_solo = false,
 	backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
 WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
 	AND lease_expires_at > clock_timestamp() AND seq < $6
-RETURNING deliveries;
+RETURNING unexplained;
 
 -- name: CursorsAdvanceRelaxed
 -- CursorsAdvance in a transaction of its own that commits without waiting
 -- for its WAL flush: set_config(..., true) lasts until the end of the
 -- statement's implicit transaction, and the commit reads it.
 UPDATE {{schema}}.cursors SET seq = $6, attempts = 0,
-	deliveries = CASE WHEN EXISTS (SELECT 1 FROM {{schema}}.log
-		WHERE topic = $2 AND partition = $3 AND seq = $6 + 1) THEN 1 ELSE 0 END,
+	unexplained = CASE WHEN $6 + 1 BETWEEN suspect_from AND suspect_to THEN 1 ELSE 0 END,
+	deliveries = CASE WHEN $6 + 1 BETWEEN suspect_from AND suspect_to THEN 1 ELSE 0 END,
+	suspect_from = CASE WHEN $6 >= suspect_to THEN 0 ELSE suspect_from END,
+	suspect_to = CASE WHEN $6 >= suspect_to THEN 0 ELSE suspect_to END,
+	inflight_from = 0, inflight_to = 0, inflight_solo = false,
 	backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
 	AND lease_expires_at > clock_timestamp() AND seq < $6
-RETURNING deliveries;
+RETURNING unexplained;
 
 -- name: CursorsRetry
 -- Records a failed attempt of the head message and when its retry is due,
--- so that a restart or a lease move keeps the backoff. $1 group, $2 topic,
--- $3 partition, $4 me, $5 token (the fence), $6 error text, $7 retry delay
--- in µs.
+-- so that a restart or a lease move keeps the backoff; the delivery in
+-- flight has its outcome. $1 group, $2 topic, $3 partition, $4 me, $5 token
+-- (the fence), $6 error text, $7 retry delay in µs.
 UPDATE {{schema}}.cursors SET attempts = least(attempts, 2147483646) + 1, last_error = $6,
 	last_error_at = clock_timestamp(), updated_at = clock_timestamp(),
-	backoff_until = clock_timestamp() + $7::int8 * interval '1 microsecond'
+	backoff_until = clock_timestamp() + $7::int8 * interval '1 microsecond',
+	inflight_from = 0, inflight_to = 0, inflight_solo = false
 WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
 	AND lease_expires_at > clock_timestamp();
 
 -- name: CursorsUndoDelivery
 -- Takes back a delivery counted by LogReadCounting whose message was never
 -- handed out. $1..$5 as CursorsRetry (the fence), $6 the cursor.
-UPDATE {{schema}}.cursors SET deliveries = greatest(deliveries - 1, attempts)
+UPDATE {{schema}}.cursors SET deliveries = greatest(deliveries - 1, attempts + unexplained),
+	inflight_from = 0, inflight_to = 0, inflight_solo = false
 WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
 	AND lease_expires_at > clock_timestamp() AND seq = $6;
+
+-- name: CursorsMarkInFlight
+-- Records messages after the heads of batches delivered one message at a
+-- time as their partitions' deliveries in flight, before they are handed
+-- out (never alone in their process: a delivery alone is a batch of one),
+-- each fenced by its lease, committed without waiting for the WAL flush.
+-- $1 group, then per record: $2 topic, $3 partition, $4 lease owner,
+-- $5 lease token, $6 seq. Returns the topic and partition of each record
+-- written; a missing one: the lease is gone.
+UPDATE {{schema}}.cursors c SET inflight_from = x.seq, inflight_to = x.seq, inflight_solo = false
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed,
+	unnest($2::text[], $3::int4[], $4::text[], $5::int8[], $6::int8[]) AS x(topic, partition, owner, token, seq)
+WHERE c.group_name = $1 AND c.topic = x.topic AND c.partition = x.partition
+	AND c.lease_owner = x.owner AND c.lease_token = x.token
+	AND c.lease_expires_at > clock_timestamp() AND c.seq < x.seq
+RETURNING c.topic, c.partition;
 
 -- name: CursorsInspect
 -- One cursor and its lease: $1 group, $2 topic, $3 partition.
@@ -242,7 +288,8 @@ ORDER BY c.partition;
 UPDATE {{schema}}.cursors c
 SET seq = x.seq, lease_owner = NULL, lease_token = c.lease_token + 1, lease_expires_at = NULL,
 	attempts = 0, deliveries = 0, backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp(),
-	isolation_full = NULL
+	isolation_full = NULL, inflight_from = 0, inflight_to = 0, inflight_solo = false, suspect_from = 0, suspect_to = 0,
+	unexplained = 0
 FROM unnest($3::int4[], $4::int8[]) AS x(partition, seq)
 WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = x.partition;
 
@@ -278,8 +325,10 @@ DELETE FROM {{schema}}.cursors WHERE group_name = $1 AND ($2 = '' OR topic = $2)
 -- the log still holds, the lease, pause, adaptive state, the head's
 -- attempts, deliveries, backoff and last error, and the partition's pending
 -- dead letters; then the scan position and since when the partition blocks
--- because its isolation bounds are reached (key-level isolation). The
--- cursor shown is the finished seq (held messages are not finished).
+-- because its isolation bounds are reached (key-level isolation), whether a
+-- delivery is in flight and how many suspects are left
+-- (0009_crash_evidence.sql). The cursor shown is the finished seq (held
+-- messages are not finished).
 SELECT c.group_name, c.topic, c.partition, coalesce(p.last_seq, 0), f.seq,
 	u.sequenced_at,
 	coalesce((SELECT l.seq FROM {{schema}}.log l WHERE l.topic = c.topic AND l.partition = c.partition ORDER BY l.seq LIMIT 1), 0),
@@ -288,7 +337,8 @@ SELECT c.group_name, c.topic, c.partition, coalesce(p.last_seq, 0), f.seq,
 	c.last_error_at, c.updated_at, c.deliveries, c.backoff_until,
 	(SELECT count(*) FROM {{schema}}.dead_letters d WHERE d.group_name = c.group_name AND d.topic = c.topic
 		AND d.partition = c.partition AND d.status = 'pending'),
-	c.seq, c.isolation_full
+	c.seq, c.isolation_full, c.inflight_to > c.seq,
+	greatest(c.suspect_to - greatest(c.suspect_from - 1, c.seq), 0)
 FROM {{schema}}.cursors c
 CROSS JOIN LATERAL (SELECT {{schema}}.finished_seq(c.group_name, c.topic, c.partition, c.seq) AS seq) f
 LEFT JOIN {{schema}}.partitions p ON p.topic = c.topic AND p.partition = c.partition

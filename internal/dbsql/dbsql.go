@@ -86,6 +86,7 @@ type Queries struct {
 	CursorsAdvanceRelaxed     string
 	CursorsRetry              string
 	CursorsUndoDelivery       string
+	CursorsMarkInFlight       string
 	CursorsInspect            string
 	CursorsSaveAdaptive       string
 	CursorsHorizon            string

@@ -8,22 +8,32 @@
 
 -- name: HeldLoad
 -- The partition's held messages in seq order, for the lease holder: a
--- new holder first counts the retries of a head that ended without an
--- outcome as failed attempts (HeldAdopt).
+-- new holder first settles the retries left in flight (HeldAdopt). The
+-- last column says whether the message is a suspect (a retry ended without
+-- an outcome while others were in flight): it is retried alone.
 SELECT seq, partition_key IS NULL, coalesce(partition_key, ''), attempts, deliveries, coalesce(last_error, ''),
-	first_failure_at, retry_at, coalesce(requested, '')
+	first_failure_at, retry_at, coalesce(requested, ''), unexplained > 0
 FROM {{schema}}.held
 WHERE group_name = $1 AND topic = $2 AND partition = $3
 ORDER BY seq;
 
 -- name: HeldAdopt
--- A new lease holder charges the retries of held heads that ended without
--- an outcome (the last holder died or froze mid-retry) as failed attempts.
-UPDATE {{schema}}.held h SET attempts = h.deliveries,
-	last_error = format('seq %s: %s retries ended without an outcome: the consumer process died, was killed or lost its lease while handling it', h.seq, h.deliveries - h.attempts),
+-- A new lease holder settles the held retries the last holder left in
+-- flight (it died or froze mid-retry), as CursorsAcquire does for the
+-- cursor row (0009_crash_evidence.sql): a retry that was the only delivery
+-- in flight in its process is charged as a failed attempt, with the
+-- message's unexplained deliveries; any other is kept as unexplained, and
+-- the message is retried alone.
+UPDATE {{schema}}.held h SET
+	attempts = CASE WHEN h.inflight_solo THEN least(h.attempts + 1 + h.unexplained, 2147483646) ELSE h.attempts END,
+	unexplained = CASE WHEN h.inflight_solo THEN 0 ELSE h.unexplained + 1 END,
+	inflight = false, inflight_solo = false,
+	last_error = CASE WHEN h.inflight_solo
+		THEN format('seq %s: the consumer process died while this retry was the only delivery in flight in it', h.seq)
+		ELSE coalesce(h.last_error, format('seq %s: the consumer process died with other deliveries in flight: nobody is charged; the message is retried alone', h.seq)) END,
 	last_error_at = clock_timestamp(), first_failure_at = coalesce(h.first_failure_at, clock_timestamp())
 FROM {{schema}}.cursors c
-WHERE h.group_name = $1 AND h.topic = $2 AND h.partition = $3 AND h.deliveries > h.attempts
+WHERE h.group_name = $1 AND h.topic = $2 AND h.partition = $3 AND h.inflight
 	AND c.group_name = $1 AND c.topic = $2 AND c.partition = $3
 	AND c.lease_owner = $4 AND c.lease_token = $5 AND c.lease_expires_at > clock_timestamp();
 
@@ -44,10 +54,12 @@ FROM unnest($4::int8[], $5::text[], $6::int4[], $7::text[], $8::int8[]) AS x(seq
 ON CONFLICT (group_name, topic, partition, seq) DO NOTHING;
 
 -- name: HeldCount
--- Counts a retry of held message $6 before it is handed out, fenced by the
--- lease; returns the deliveries so far (this one included). No row: the
+-- Counts a retry of held message $6 before it is handed out, and records it
+-- as in flight ($7: the only delivery in flight in its process), fenced by
+-- the lease; returns the deliveries so far (this one included). No row: the
 -- lease is gone, or the message is no longer held.
-UPDATE {{schema}}.held h SET deliveries = greatest(h.deliveries, h.attempts) + 1
+UPDATE {{schema}}.held h SET deliveries = greatest(h.deliveries, h.attempts + h.unexplained) + 1,
+	inflight = true, inflight_solo = $7
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed, {{schema}}.cursors c
 WHERE h.group_name = $1 AND h.topic = $2 AND h.partition = $3 AND h.seq = $6
 	AND c.group_name = $1 AND c.topic = $2 AND c.partition = $3
@@ -56,7 +68,8 @@ RETURNING h.deliveries;
 
 -- name: HeldUndoCount
 -- Takes back a retry counted by HeldCount that was never handed out.
-UPDATE {{schema}}.held h SET deliveries = greatest(h.deliveries - 1, h.attempts)
+UPDATE {{schema}}.held h SET deliveries = greatest(h.deliveries - 1, h.attempts + h.unexplained),
+	inflight = false, inflight_solo = false
 FROM {{schema}}.cursors c
 WHERE h.group_name = $1 AND h.topic = $2 AND h.partition = $3 AND h.seq = $6
 	AND c.group_name = $1 AND c.topic = $2 AND c.partition = $3
@@ -65,8 +78,9 @@ WHERE h.group_name = $1 AND h.topic = $2 AND h.partition = $3 AND h.seq = $6
 -- name: HeldRetry
 -- Records a failed retry of held message $6: $7 the error, $8 the delay
 -- of the next retry in µs.
-UPDATE {{schema}}.held h SET attempts = least(greatest(h.attempts + 1, h.deliveries), 2147483647),
-	deliveries = least(greatest(h.attempts + 1, h.deliveries), 2147483647),
+UPDATE {{schema}}.held h SET attempts = least(h.attempts + 1, 2147483647),
+	deliveries = least(greatest(h.attempts + 1 + h.unexplained, h.deliveries), 2147483647),
+	inflight = false, inflight_solo = false,
 	last_error = $7, last_error_at = clock_timestamp(), first_failure_at = coalesce(h.first_failure_at, clock_timestamp()),
 	retry_at = clock_timestamp() + $8::int8 * interval '1 microsecond'
 FROM {{schema}}.cursors c

@@ -23,21 +23,25 @@ type Lease interface {
 	Token() int64
 
 	// The cursor row at acquisition: the last seq done, the head
-	// message's failed attempts, its deliveries that ended without an
-	// outcome, its last error and what was left of its backoff.
+	// message's charged failed attempts, its last error and what was left
+	// of its backoff; the attempts charged by the acquisition for a crash
+	// (the last holder died while delivering the head alone); the suspects
+	// (the messages in flight when a process died with several deliveries
+	// in flight, to be delivered alone; 0, 0 for none) and whether the
+	// acquisition found such a crash.
 	Cursor() int64
 	Attempts() int
-	Unanswered() int
 	LastError() string
 	Backoff() time.Duration
+	Charged() int
+	Suspects() (from, to int64)
+	UnexplainedCrash() bool
 
-	// AdvanceCounting moves the cursor to seq in q (the caller's
-	// transaction, or a single statement) and counts a delivery of the
-	// next message when it is in the log; AdvanceRelaxedCounting does the
-	// same in a transaction of its own that does not wait for the WAL
-	// flush.
-	AdvanceCounting(ctx context.Context, q pgexec.Querier, seq int64) (counted bool, err error)
-	AdvanceRelaxedCounting(ctx context.Context, seq int64) (counted bool, err error)
+	// Advance moves the cursor to seq in q (the caller's transaction, or
+	// a single statement); AdvanceRelaxed does the same in a transaction
+	// of its own that does not wait for the WAL flush.
+	Advance(ctx context.Context, q pgexec.Querier, seq int64) error
+	AdvanceRelaxed(ctx context.Context, seq int64) error
 	// RecordRetry records a failed attempt of the head and when its retry
 	// is due.
 	RecordRetry(ctx context.Context, q pgexec.Querier, cause error, retryIn time.Duration) error

@@ -52,6 +52,10 @@ type heldUnit struct {
 	firstFailure time.Time
 	retryAt      time.Time
 	requested    string
+	// suspect: a retry of one of its messages ended without an outcome
+	// while other deliveries were in flight in the same process; its
+	// messages are retried one at a time, each alone in the process.
+	suspect bool
 }
 
 // heldRow is a message to hold, written with the next scan move.
@@ -137,17 +141,19 @@ func (w *Worker) loadHeld(ctx context.Context) error {
 			key, lastError, requested string
 			attempts, deliveries      int32
 			firstFailure, retryAt     *time.Time
+			suspect                   bool
 		)
-		if err := rows.Scan(&seq, &keyless, &key, &attempts, &deliveries, &lastError, &firstFailure, &retryAt, &requested); err != nil {
+		if err := rows.Scan(&seq, &keyless, &key, &attempts, &deliveries, &lastError, &firstFailure, &retryAt, &requested, &suspect); err != nil {
 			return err
 		}
 		messages++
 		if u := byKey[key]; !keyless && u != nil {
 			u.seqs = append(u.seqs, seq)
+			u.suspect = u.suspect || suspect
 			continue
 		}
 		u := &heldUnit{key: key, keyless: keyless, seqs: []int64{seq}, attempts: int(attempts), deliveries: int(deliveries),
-			lastError: lastError, requested: requested}
+			lastError: lastError, requested: requested, suspect: suspect}
 		if firstFailure != nil {
 			u.firstFailure = *firstFailure
 		}
@@ -225,7 +231,7 @@ func (w *Worker) heldBackoff(attempts int) time.Duration {
 // (then applied to the held state at once; with q, the caller calls
 // iso.committed after its commit). Without rows to write it is the usual
 // cursor move.
-func (w *Worker) moveScan(ctx context.Context, q pgexec.Querier, done int64) (counted bool, err error) {
+func (w *Worker) moveScan(ctx context.Context, q pgexec.Querier, done int64) error {
 	var rows []heldRow
 	if w.iso != nil {
 		for _, r := range w.iso.parking {
@@ -238,11 +244,11 @@ func (w *Worker) moveScan(ctx context.Context, q pgexec.Querier, done int64) (co
 	if len(rows) == 0 {
 		switch {
 		case q != nil:
-			return w.lease.AdvanceCounting(ctx, q, done)
+			return w.lease.Advance(ctx, q, done)
 		case w.s.SyncCursorCommits:
-			return w.lease.AdvanceCounting(ctx, w.s.Store.DB(), done)
+			return w.lease.Advance(ctx, w.s.Store.DB(), done)
 		default:
-			return w.lease.AdvanceRelaxedCounting(ctx, done)
+			return w.lease.AdvanceRelaxed(ctx, done)
 		}
 	}
 	write := func(q pgexec.Querier) error {
@@ -260,13 +266,12 @@ func (w *Worker) moveScan(ctx context.Context, q pgexec.Querier, done int64) (co
 		if _, err := q.Exec(ctx, w.s.Store.q.HeldInsert, w.s.Group, w.topic, w.part, seqs, keys, attempts, errTexts, delays); err != nil {
 			return fmt.Errorf("outbox: hold messages back: %w", err)
 		}
-		counted, err = w.lease.AdvanceCounting(ctx, q, done)
-		return err
+		return w.lease.Advance(ctx, q, done)
 	}
 	if q != nil {
-		return counted, write(q)
+		return write(q)
 	}
-	err = w.s.Store.InTx(ctx, func(tx pgx.Tx) error {
+	err := w.s.Store.InTx(ctx, func(tx pgx.Tx) error {
 		q, _ := pgexec.FromTx(tx)
 		if !w.s.Transactional && !w.s.SyncCursorCommits {
 			// As a relaxed cursor move: a server crash loses the held rows
@@ -279,10 +284,10 @@ func (w *Worker) moveScan(ctx context.Context, q pgexec.Querier, done int64) (co
 	})
 	if err != nil {
 		w.iso.parking = nil
-		return false, err
+		return err
 	}
 	w.iso.committed()
-	return counted, nil
+	return nil
 }
 
 // committed applies the parking rows written by a committed scan move.
@@ -481,17 +486,17 @@ func (w *Worker) heldEntries(ctx context.Context, u *heldUnit, n int) ([]logEntr
 // counts; a held retry borrows it.
 type headState struct {
 	seq                       int64
-	attempts                  int
+	attempts, charged         int
 	firstFailure, lastFailure time.Time
 	lastError                 string
 }
 
 func (w *Worker) saveHead() headState {
-	return headState{w.headSeq, w.attempts, w.firstFailure, w.lastFailure, w.lastError}
+	return headState{w.headSeq, w.attempts, w.charged, w.firstFailure, w.lastFailure, w.lastError}
 }
 
 func (w *Worker) restoreHead(h headState) {
-	w.headSeq, w.attempts, w.firstFailure, w.lastFailure, w.lastError = h.seq, h.attempts, h.firstFailure, h.lastFailure, h.lastError
+	w.headSeq, w.attempts, w.charged, w.firstFailure, w.lastFailure, w.lastError = h.seq, h.attempts, h.charged, h.firstFailure, h.lastFailure, h.lastError
 }
 
 // retryHead delivers the head of held key u once — counted before hand-out
@@ -502,7 +507,7 @@ func (w *Worker) restoreHead(h headState) {
 // batch (Leased strategy), up to budget, which it decreases.
 func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progressed bool, err error) {
 	n := 1
-	if !w.s.Transactional && u.attempts == 0 && u.deliveries == 0 {
+	if !w.s.Transactional && !u.suspect && u.attempts == 0 && u.deliveries == 0 {
 		n = min(64, max(*budget, 1))
 	}
 	es, err := w.heldEntries(ctx, u, n)
@@ -511,8 +516,12 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 	}
 	*budget -= len(es)
 	e := es[0]
+	defer w.releaseGate()
+	if err := w.takeHeldGate(ctx, u); err != nil {
+		return false, gateError(ctx, err)
+	}
 	var deliveries int32
-	err = pgexec.QueryRow(ctx, w.s.Store.db, w.s.Store.q.HeldCount, w.fenceArgs(e.seq), &deliveries)
+	err = pgexec.QueryRow(ctx, w.s.Store.db, w.s.Store.q.HeldCount, w.fenceArgs(e.seq, w.alone()), &deliveries)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The lease or the row is gone: Verify ends the lease's context if
 		// it is the lease; otherwise the next turn reads the rows again.
@@ -525,11 +534,11 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 	}
 	saved := w.saveHead()
 	defer w.restoreHead(saved)
-	w.headSeq, w.attempts, w.firstFailure, w.lastFailure, w.lastError = e.seq, int(deliveries), u.firstFailure, time.Time{}, u.lastError
+	w.headSeq, w.attempts, w.charged, w.firstFailure, w.lastFailure, w.lastError = e.seq, int(deliveries), u.attempts, u.firstFailure, time.Time{}, u.lastError
 	if w.firstFailure.IsZero() {
 		w.firstFailure = time.Now()
 	}
-	if maxAttempts := w.s.MaxAttempts; maxAttempts > 0 && w.s.RejectHandler != nil && w.attempts > maxAttempts {
+	if maxAttempts := w.s.MaxAttempts; maxAttempts > 0 && w.s.RejectHandler != nil && u.attempts >= maxAttempts {
 		w.attempts-- // this delivery does not happen
 		reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), deliveries that ended without an outcome included; last error: %s",
 			errs.ErrPoison, w.attempts, maxAttempts, u.lastError)
@@ -539,7 +548,7 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 	if w.s.Transactional {
 		return w.retryHeadInTx(ctx, u, e)
 	}
-	processed, result, reason := w.handle(ctx, es, nil)
+	processed, result, reason := w.handleMarking(ctx, es, nil, w.markHeld)
 	if processed > 0 {
 		dctx, cancel := dbContext(ctx)
 		defer cancel()
@@ -640,7 +649,7 @@ func (w *Worker) settleHeld(ctx context.Context, u *heldUnit, e logEntry, result
 		reason = errors.New("nacked")
 	}
 	attempt := w.attemptsOf(e.seq)
-	delay := w.heldBackoff(attempt)
+	delay := w.heldBackoff(u.attempts + 1)
 	text := pgtext.Clean(fmt.Sprintf("seq %d, attempt %d: %v", e.seq, attempt, reason), maxErrorText)
 	n, err := w.s.Store.db.Exec(dctx, w.s.Store.q.HeldRetry, w.fenceArgs(e.seq, text, delay.Microseconds())...)
 	if err != nil {
@@ -650,7 +659,7 @@ func (w *Worker) settleHeld(ctx context.Context, u *heldUnit, e logEntry, result
 		w.iso.loaded = false
 		return false, w.lease.Verify(dctx, "record a held retry", -1)
 	}
-	u.attempts, u.deliveries, u.lastError, u.retryAt = attempt, attempt, text, time.Now().Add(delay)
+	u.attempts, u.deliveries, u.lastError, u.retryAt = u.attempts+1, attempt, text, time.Now().Add(delay)
 	if u.firstFailure.IsZero() {
 		u.firstFailure = time.Now()
 	}
@@ -741,4 +750,31 @@ func (w *Worker) deadLetterUnit(ctx context.Context, u *heldUnit) error {
 		w.attempts = 0
 	}
 	return nil
+}
+
+// takeHeldGate takes the process's delivery gate for a retry of held key
+// u: alone when u is a suspect, else a share (see takeGate).
+func (w *Worker) takeHeldGate(ctx context.Context, u *heldUnit) error {
+	if !u.suspect {
+		return w.takeShare(ctx)
+	}
+	return w.takeAlone(ctx)
+}
+
+// markHeld records the held message at seq, after the first of a batch of
+// held retries delivered one at a time, as in flight, taking a share of
+// the process's gate first.
+func (w *Worker) markHeld(ctx context.Context, seq int64) error {
+	if err := w.takeShare(ctx); err != nil {
+		return gateError(ctx, err)
+	}
+	dctx, cancel := dbContext(ctx)
+	defer cancel()
+	var deliveries int32
+	err := pgexec.QueryRow(dctx, w.s.Store.db, w.s.Store.q.HeldCount, w.fenceArgs(seq, false), &deliveries)
+	if errors.Is(err, pgx.ErrNoRows) {
+		w.iso.loaded = false
+		return w.lease.Verify(dctx, "count a held retry", -1)
+	}
+	return err
 }

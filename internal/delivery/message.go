@@ -74,6 +74,9 @@ type RejectHandlerFunc func(ctx context.Context, tx pgx.Tx, m RejectedMessage) e
 
 // HandleReject calls f.
 func (f RejectHandlerFunc) HandleReject(ctx context.Context, tx pgx.Tx, m RejectedMessage) error {
+	if f == nil {
+		return errs.NilArgument("the RejectHandlerFunc", "give the Subscriber a function, or no RejectHandler at all")
+	}
 	return f(ctx, tx, m)
 }
 
@@ -118,7 +121,7 @@ func deliveryFrom(ctx context.Context) *delivery {
 
 // IsDelivered reports whether msg was delivered by a Subscriber (so Reject
 // on it reaches the Subscriber).
-func IsDelivered(msg *message.Message) bool { return deliveryFrom(msg.Context()) != nil }
+func IsDelivered(msg *message.Message) bool { return msg != nil && deliveryFrom(msg.Context()) != nil }
 
 // Reject marks msg as poison because of cause (see outbox.Reject), to be
 // taken out by via (nil: the Subscriber's RejectHandler), and returns an

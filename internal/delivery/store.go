@@ -35,16 +35,17 @@ func (s *Store) DB() pgexec.DB { return s.db }
 
 // Read returns up to limit log entries of the partition after cursor, in
 // seq order. With fence set, the same statement counts a delivery of the
-// head message (cursor+1) on the cursor row, fenced by the lease, and
-// returns the count; nil when nothing was counted (no head, or the fence
-// did not hold).
-func (s *Store) Read(ctx context.Context, topic string, partition int, cursor int64, limit int, fence Lease) ([]logEntry, *int32, error) {
+// head message (cursor+1) on the cursor row, fenced by the lease, records
+// what is in flight (the head, or with wholeBatch every entry returned;
+// solo: the only delivery in flight in the process) and returns the count;
+// nil when nothing was counted (no head, or the fence did not hold).
+func (s *Store) Read(ctx context.Context, topic string, partition int, cursor int64, limit int, fence Lease, wholeBatch, solo bool) ([]logEntry, *int32, error) {
 	var rows pgexec.Rows
 	var err error
 	if fence == nil {
 		rows, err = s.db.Query(ctx, s.q.LogRead, topic, partition, cursor, limit)
 	} else {
-		rows, err = s.db.Query(ctx, s.q.LogReadCounting, s.group, topic, partition, cursor, fence.Owner(), fence.Token(), limit)
+		rows, err = s.db.Query(ctx, s.q.LogReadCounting, s.group, topic, partition, cursor, fence.Owner(), fence.Token(), limit, wholeBatch, solo)
 	}
 	if err != nil {
 		return nil, nil, schemacheck.Wrap(err, s.schema)
@@ -56,14 +57,15 @@ func (s *Store) Read(ctx context.Context, topic string, partition int, cursor in
 	return entries, counted, nil
 }
 
-// scanEntries reads log rows (seq, uuid, key, metadata, payload, count) and
-// closes them; counted is the last row's count.
+// scanEntries reads log rows (seq, uuid, key, metadata, payload, whether
+// the payload is missing, count) and closes them; counted is the last
+// row's count.
 func scanEntries(rows pgexec.Rows, capacity int) (_ []logEntry, counted *int32, _ error) {
 	defer rows.Close()
 	entries := make([]logEntry, 0, capacity)
 	for rows.Next() {
 		var e logEntry
-		if err := rows.Scan(&e.seq, &e.uuid, &e.key, &e.metadata, &e.payload, &counted); err != nil {
+		if err := rows.Scan(&e.seq, &e.uuid, &e.key, &e.metadata, &e.payload, &e.payloadMissing, &counted); err != nil {
 			return nil, nil, err
 		}
 		entries = append(entries, e)

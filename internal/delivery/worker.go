@@ -37,7 +37,8 @@ type Config struct {
 	RejectHandler     RejectHandler // nil: rejected messages are retried
 	Isolation         Isolation     // key-level isolation (off when not Enabled)
 
-	Store    *Store // the log, transactions, adaptive state
+	Store    *Store  // the log, transactions, adaptive state
+	Marker   *Marker // records deliveries in flight after a batch's head
 	Bulkhead *worker.Bulkhead
 	Logger   watermill.LoggerAdapter
 
@@ -91,6 +92,7 @@ type Worker struct {
 	// of the message delivered last when it is further on.
 	headSeq      int64
 	attempts     int // deliveries of headSeq, counted before hand-out
+	charged      int // failed attempts of headSeq recorded (cursors.attempts)
 	firstFailure time.Time
 	lastFailure  time.Time
 	lastError    string // last failure recorded for the head, for dead letters
@@ -100,10 +102,13 @@ type Worker struct {
 	initialBackoff time.Duration
 	// handedOut is set once the batch's first message reached the handler.
 	handedOut bool
-	// precounted: the last cursor move already counted the first delivery
-	// of the next message (lease.AdvanceCounting), so the next read needs
-	// no count of its own; taken back if the worker stops first.
-	precounted bool
+	// suspectFrom..suspectTo are messages that were in flight when a
+	// process died with other deliveries in flight: each is delivered
+	// alone (holding the process's gate alone), so that a crash is evidence
+	// against it. 0, 0: none.
+	suspectFrom, suspectTo int64
+	// gateHold is the delivery's hold on the process's gate (nil: none).
+	gateHold *gateHold
 	// timer bounds the wait for a handler's answer (reused per message).
 	timer *time.Timer
 	// spanName and spanAttrs are shared by the trace spans of this worker's
@@ -125,6 +130,10 @@ type logEntry struct {
 	key      string
 	metadata map[string]string
 	payload  []byte
+	// payloadMissing: the payload was kept in bodies, and its row is gone;
+	// the message cannot be delivered as it was written (see
+	// errs.ErrPayloadMissing).
+	payloadMissing bool
 }
 
 type outcome int
@@ -143,12 +152,6 @@ const (
 // one message at a time, or to batch when it is not nil (ConsumeBatches).
 func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *message.Message, batch BatchHandler) *Worker {
 	mode, _ := adaptive.NewMode(s.Tuning.ModeConfig()) // validated with the config
-	if l.Unanswered() > 0 {
-		// The last holder died (or lost its lease) in the middle of a
-		// batch: deliver one message at a time, so that a message that
-		// crashes its consumer is soon alone and charged for it.
-		mode.Rejected(0)
-	}
 	for range min(l.Attempts(), 32) {
 		mode.Failed(0) // keep the backoff level across restarts and moves
 	}
@@ -166,22 +169,29 @@ func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *messag
 		// instances, earlier leases) count towards its attempts.
 		headSeq:        l.Cursor() + 1,
 		attempts:       l.Attempts(),
+		charged:        l.Attempts(),
 		lastError:      l.LastError(),
 		initialBackoff: l.Backoff(),
 		logger:         s.Logger.With(watermill.LogFields{"topic": topic, "partition": l.Partition()}),
 		incarnation:    incarnation,
-		iso:            newIsolation(s.Isolation, l.Unanswered()),
+		iso:            newIsolation(s.Isolation, l.Charged()),
 		spanName:       topic + " process",
 		spanAttrs:      observe.ProcessAttributes(s.Group, topic, l.Partition()),
 	}
-	if n := l.Unanswered(); n > 0 {
+	w.suspectFrom, w.suspectTo = l.Suspects()
+	if n := l.Charged(); n > 0 {
 		observe.Current().Crashed(s.Group, topic, n)
 		if s.Counts != nil {
 			s.Counts.Crashed.Add(int64(n))
 		}
-		w.logger.Error("Deliveries ended without an outcome: counted as failed attempts", nil, watermill.LogFields{
-			"seq": w.headSeq, "unanswered": n, "attempts": l.Attempts(), "max_attempts": s.MaxAttempts,
-			"hint": "the consumer process died, was killed or lost its lease while handling this message"})
+		w.logger.Error("A delivery ended without an outcome while it was the only one in flight in its process: counted as a failed attempt", nil, watermill.LogFields{
+			"seq": w.headSeq, "charged": n, "attempts": l.Attempts(), "max_attempts": s.MaxAttempts,
+			"hint": "the consumer process died, was killed or lost its lease while handling this message alone"})
+	}
+	if l.UnexplainedCrash() {
+		w.logger.Error("Deliveries ended without an outcome while others were in flight in the same process: nobody is charged; delivering them alone to find the one that crashes it", nil, watermill.LogFields{
+			"suspects_from": w.suspectFrom, "suspects_to": w.suspectTo,
+			"hint": "the consumer process died, was killed or lost its lease"})
 	}
 	return w
 }
@@ -208,9 +218,7 @@ func (w *Worker) Run() {
 		action = w.executeTransactional
 	}
 	_ = worker.Run(w.lease.Context(), cfg, action)
-	if w.precounted {
-		w.undoDelivery(w.lease.Context()) // a delivery that will not happen
-	}
+	w.releaseGate()
 }
 
 // Step runs one turn of the worker in the caller's goroutine, the turn Run
@@ -225,12 +233,10 @@ func (w *Worker) Step(ctx context.Context) (worker.Directive, error) {
 	return w.executeLeased(ctx)
 }
 
-// Stop is what Run does when it ends, for a caller of Step: a delivery
-// counted ahead for a batch that will not be read is taken back.
+// Stop is what Run does when it ends, for a caller of Step: it gives back
+// the worker's hold on the process's delivery gate, if any.
 func (w *Worker) Stop() {
-	if w.precounted {
-		w.undoDelivery(w.lease.Context())
-	}
+	w.releaseGate()
 }
 
 // errNotReached ends the trace span of a batch's message after the one
@@ -250,6 +256,9 @@ func (w *Worker) observe(span *observe.Span, got outcome, err error, n, ackedBef
 		o = observe.Reject
 	case timedOut, isolate:
 		o = observe.Timeout
+		if errors.As(err, new(*exhaustedError)) {
+			o = observe.Reject // dead-lettered once the transaction is given up
+		}
 	case nacked, broken:
 		o = observe.Nack
 		if errors.Is(err, errs.ErrHandlerTimeout) {
@@ -339,7 +348,7 @@ func (w *Worker) isolateBatch(ctx context.Context, entries []logEntry) (deliver 
 	if cut {
 		w.setFull(ctx, true)
 	}
-	if w.iso.holdHead && len(deliver) > 0 && deliver[0].seq == entries[0].seq && deliver[0].seq == w.headSeq && w.attempts > 1 {
+	if w.iso.holdHead && len(deliver) > 0 && deliver[0].seq == entries[0].seq && deliver[0].seq == w.headSeq && w.charged > 0 {
 		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
 			return nil, 0, dir, true, nil
 		}
@@ -348,7 +357,7 @@ func (w *Worker) isolateBatch(ctx context.Context, entries []logEntry) (deliver 
 			if last == "" {
 				last = "failed before"
 			}
-			w.hold(deliver[0], w.attempts-1, errors.New(last)) // (the delivery counted by read does not happen)
+			w.hold(deliver[0], w.charged, errors.New(last)) // (the delivery counted by read does not happen)
 			deliver, scanEnd = nil, deliver[0].seq
 		}
 	}
@@ -361,15 +370,13 @@ func (w *Worker) isolateBatch(ctx context.Context, entries []logEntry) (deliver 
 	}
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	var counted bool
-	_, err = w.withBulkhead(dctx, func() (_ []logEntry, err error) {
-		counted, err = w.moveScan(dctx, nil, scanEnd)
-		return nil, err
+	_, err = w.withBulkhead(dctx, func() ([]logEntry, error) {
+		return nil, w.moveScan(dctx, nil, scanEnd)
 	})
 	if err != nil {
 		return nil, 0, worker.Idle(), true, err
 	}
-	w.cursor, w.precounted = scanEnd, counted
+	w.cursor = scanEnd
 	return nil, 0, worker.Proceed(), true, nil
 }
 
@@ -432,17 +439,23 @@ func (w *Worker) attemptsOf(seq int64) int {
 // scanLeased reads and delivers one batch after the cursor, outside any
 // transaction.
 func (w *Worker) scanLeased(ctx context.Context) (worker.Directive, error) {
+	defer w.releaseGate()
 	size := w.mode.BatchSize()
+	// The gate before the bulkhead: a worker waiting for the gate must not
+	// hold a slot that a delivery in flight needs to record its outcome.
+	if err := w.takeGate(ctx); err != nil {
+		return worker.Idle(), gateError(ctx, err)
+	}
 	entries, err := w.withBulkhead(ctx, func() ([]logEntry, error) { return w.read(ctx, size) })
 	if err != nil || len(entries) == 0 {
 		return worker.Idle(), err
 	}
-	full := len(entries) == size
+	full := len(entries) == size || w.suspectTo > 0
 	deliver, scanEnd, dir, handled, err := w.triage(ctx, entries)
 	if handled {
 		return dir, err
 	}
-	processed, result, reason := w.handle(ctx, deliver, nil)
+	processed, result, reason := w.handleOrFail(ctx, deliver, nil)
 	if result == isolate {
 		w.undoDelivery(ctx) // not the head's failure
 		w.mode.Rejected(0)
@@ -464,15 +477,14 @@ func (w *Worker) scanLeased(ctx context.Context) (worker.Directive, error) {
 	if done > w.cursor {
 		dctx, cancel := dbContext(ctx)
 		defer cancel()
-		var counted bool
-		advance := func() (_ []logEntry, err error) {
-			counted, err = w.moveScan(dctx, nil, done)
-			return nil, err
-		}
+		advance := func() ([]logEntry, error) { return nil, w.moveScan(dctx, nil, done) }
 		if _, err := w.withBulkhead(dctx, advance); err != nil {
 			return worker.Idle(), err
 		}
-		w.cursor, w.precounted = done, counted
+		w.cursor = done
+	}
+	if err := w.takeHandleError(); err != nil {
+		return worker.Idle(), err // (recording a delivery in flight failed: the rest comes again)
 	}
 	if held {
 		w.showState(ctx)
@@ -498,12 +510,13 @@ func (w *Worker) takeInitialBackoff() time.Duration {
 }
 
 // rejectExhaustedHead takes the head message out without delivering it
-// when it has already been delivered MaxAttempts times without success —
-// deliveries that ended without an outcome (a crash) included. ok reports
-// that it handled the batch.
+// when MaxAttempts of its deliveries have failed — a delivery that was the
+// only one in flight in a process that died included (see
+// migrations/0009_crash_evidence.sql). ok reports that it handled the
+// batch.
 func (w *Worker) rejectExhaustedHead(ctx context.Context, head logEntry) (worker.Directive, bool) {
 	maxAttempts := w.s.MaxAttempts
-	if maxAttempts <= 0 || w.s.RejectHandler == nil || head.seq != w.headSeq || w.attempts <= maxAttempts {
+	if maxAttempts <= 0 || w.s.RejectHandler == nil || head.seq != w.headSeq || w.charged < maxAttempts {
 		return worker.Directive{}, false
 	}
 	last := w.lastError
@@ -512,7 +525,7 @@ func (w *Worker) rejectExhaustedHead(ctx context.Context, head logEntry) (worker
 	}
 	// This delivery, counted by read, does not happen.
 	w.attempts--
-	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), deliveries that ended without an outcome (crash, kill, lost lease) included; last error: %s",
+	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), a crash of its consumer process while it was the only delivery in flight included; last error: %s",
 		errs.ErrPoison, w.attempts, maxAttempts, last)
 	w.rejectVia = w.s.RejectHandler
 	if err := w.rejectInOwnTx(ctx, head, reason); err != nil {
@@ -525,6 +538,7 @@ func (w *Worker) rejectExhaustedHead(ctx context.Context, head logEntry) (worker
 		return worker.Sleep(delay), true
 	}
 	w.logger.Error("Message taken out of the stream after MaxAttempts", reason, watermill.LogFields{"seq": head.seq})
+	w.countRejected()
 	w.mode.Rejected(0)
 	w.showState(ctx)
 	return worker.Proceed(), true
@@ -545,14 +559,18 @@ func (w *Worker) executeTransactional(ctx context.Context) (_ worker.Directive, 
 // scanTransactional reads one batch after the cursor and delivers it in
 // one transaction.
 func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err error) {
+	defer w.releaseGate()
 	size := w.mode.BatchSize()
+	if err := w.takeGate(ctx); err != nil {
+		return worker.Idle(), gateError(ctx, err)
+	}
 	// Read (and count the head's delivery) outside the transaction, so
 	// that the count survives a crash that rolls the transaction back.
 	entries, err := w.read(ctx, size)
 	if err != nil || len(entries) == 0 {
 		return worker.Idle(), err
 	}
-	full := len(entries) == size
+	full := len(entries) == size || w.suspectTo > 0
 	deliver, scanEnd, dir, handled, err := w.triage(ctx, entries)
 	if handled {
 		return dir, err
@@ -571,7 +589,7 @@ func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err
 	}()
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	processed, result, reason := w.handle(ctx, deliver, guard)
+	processed, result, reason := w.handleOrFail(ctx, deliver, guard)
 	if err := w.takeHandleError(); err != nil {
 		// A database failure (the connection was lost, say) is not the
 		// message's: its delivery does not count.
@@ -608,10 +626,9 @@ func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err
 		done = deliver[processed].seq
 	}
 	q, _ := pgexec.FromTx(tx)
-	counted := false
 	defer w.iso.abandoned() // (after a commit, committed took them)
 	if done > w.cursor {
-		if counted, err = w.moveScan(dctx, q, done); err != nil {
+		if err = w.moveScan(dctx, q, done); err != nil {
 			return worker.Idle(), err
 		}
 	}
@@ -626,8 +643,11 @@ func (w *Worker) scanTransactional(ctx context.Context) (_ worker.Directive, err
 	if err := tx.Commit(dctx); err != nil {
 		return worker.Idle(), err
 	}
+	if result == nacked && !held {
+		w.charged++
+	}
 	w.iso.committed()
-	w.cursor, w.precounted = done, counted && (result != nacked || held)
+	w.cursor = done
 	if held {
 		w.showState(ctx)
 		return worker.Proceed(), nil
@@ -699,14 +719,13 @@ func (w *Worker) holdInOwnTx(ctx context.Context, e logEntry, reason error) (wor
 	w.hold(e, w.attemptsOf(e.seq), reason)
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	counted, err := w.moveScan(dctx, nil, e.seq)
-	if err != nil {
+	if err := w.moveScan(dctx, nil, e.seq); err != nil {
 		if leaseEnded(err) {
 			return worker.Idle(), nil
 		}
 		return worker.Idle(), err
 	}
-	w.cursor, w.precounted = e.seq, counted
+	w.cursor = e.seq
 	w.showState(ctx)
 	return worker.Proceed(), nil
 }
@@ -719,6 +738,27 @@ func (w *Worker) holdInOwnTx(ctx context.Context, e logEntry, reason error) (wor
 // with savepoints, and checks after every ack that the handler left the
 // transaction usable.
 func (w *Worker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (int, outcome, error) {
+	return w.handleMarking(ctx, entries, tx, w.markInFlight)
+}
+
+// markInFlight records the message at seq, after the head of a batch
+// delivered one at a time, as the partition's delivery in flight, taking a
+// share of the process's gate first.
+func (w *Worker) markInFlight(ctx context.Context, seq int64) error {
+	if err := w.takeShare(ctx); err != nil {
+		return gateError(ctx, err)
+	}
+	ok, err := w.s.Marker.mark(ctx, w.s.Stop, w.s.Background, w.topic, w.lease, seq)
+	if err != nil || ok {
+		return err
+	}
+	return w.lease.Verify(ctx, "record a delivery in flight", -1)
+}
+
+// handleMarking is handle with mark, which records each message after the
+// first as in flight before it is handed out (the first one's delivery was
+// recorded with the read).
+func (w *Worker) handleMarking(ctx context.Context, entries []logEntry, tx *txGuard, mark func(context.Context, int64) error) (int, outcome, error) {
 	w.handedOut = false
 	if w.batch != nil {
 		return w.handleBatch(ctx, entries, tx)
@@ -726,6 +766,15 @@ func (w *Worker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (i
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
 	for i, e := range entries {
+		if i > 0 {
+			w.answered()
+			if err := mark(ctx, e.seq); err != nil {
+				if !leaseEnded(err) && ctx.Err() == nil {
+					w.handleErr = err
+				}
+				return i, stopped, nil
+			}
+		}
 		if tx != nil {
 			// Release the previous message's savepoint (which fails if its
 			// handler aborted the transaction) and set this one's, in one
@@ -745,6 +794,9 @@ func (w *Worker) handle(ctx context.Context, entries []logEntry, tx *txGuard) (i
 		result, reason := w.deliver(ctx, e, tx)
 		if result == stopped && i == 0 && !w.handedOut {
 			w.undoDelivery(ctx)
+		}
+		if result != stopped && result != timedOut {
+			w.answered()
 		}
 		if result == acked && tx != nil {
 			if what := tx.takeMisuse(); what != "" {
@@ -807,7 +859,6 @@ func (w *Worker) brokenTx(ctx context.Context, tx *txGuard, entries []logEntry, 
 func (w *Worker) undoDelivery(ctx context.Context) {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	w.precounted = false
 	if err := w.lease.UndoDelivery(dctx, w.cursor); err != nil {
 		w.logger.Debug("Cannot take back a delivery count", watermill.LogFields{"seq": w.cursor + 1, "err": err})
 		return
@@ -846,7 +897,11 @@ func jitter(d time.Duration) time.Duration {
 func (w *Worker) recordRetry(ctx context.Context, q pgexec.Querier, cause error, delay time.Duration) {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	if err := w.lease.RecordRetry(dctx, q, cause, delay); err != nil && !leaseEnded(err) {
+	err := w.lease.RecordRetry(dctx, q, cause, delay)
+	switch {
+	case err == nil:
+		w.charged++
+	case !leaseEnded(err):
 		w.logger.Error("Cannot record failure", err, watermill.LogFields{"seq": w.headSeq, "attempt": w.attempts})
 	}
 }
@@ -859,7 +914,7 @@ func (w *Worker) settle(ctx context.Context, result outcome, reason error, proce
 	switch result {
 	case acked:
 		w.mode.Succeeded()
-		if full || w.precounted { // (precounted: the next message is there)
+		if full {
 			return worker.Proceed(), nil
 		}
 		return worker.Idle(), nil
@@ -867,9 +922,6 @@ func (w *Worker) settle(ctx context.Context, result outcome, reason error, proce
 		w.mode.Rejected(processed)
 		return worker.Proceed(), nil
 	case nacked:
-		// The failure recorded for the next message voids a delivery count
-		// made in advance by the cursor move: the next read counts anew.
-		w.precounted = false
 		if failureQ != nil {
 			w.recordRetry(ctx, failureQ, w.failure(reason), delay)
 		}
@@ -904,16 +956,25 @@ func (w *Worker) withBulkhead(ctx context.Context, fn func() ([]logEntry, error)
 }
 
 // read reads the next batch after the cursor and, in the same statement,
-// counts a delivery of the head message (cursor+1) on the cursor row,
-// fenced by the lease, before anything is handed out: a delivery that ends
-// without an outcome (a crash) is then charged to the message by the next
-// holder of the lease.
+// records on the cursor row, fenced by the lease, a delivery of the head
+// message (cursor+1) and what is in flight (the head, or the whole batch
+// for a batch handler, and whether it holds the process's gate alone),
+// before anything is handed out: a delivery that ends without an outcome
+// (a crash) is then settled by the next holder of the lease. The caller
+// holds the gate (takeGate). A suspect head is read alone; a batch stops
+// before the first suspect.
 func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
-	fence := w.lease
-	if w.precounted { // the cursor move counted the head's delivery
-		fence = nil
+	head := w.cursor + 1
+	if w.suspectTo > 0 && w.suspectTo < head {
+		w.suspectFrom, w.suspectTo = 0, 0
 	}
-	entries, marked, err := w.s.Store.Read(ctx, w.topic, w.part, w.cursor, limit, fence)
+	switch {
+	case w.isSuspect(head):
+		limit = 1
+	case w.suspectTo > 0 && w.suspectFrom > head:
+		limit = int(min(int64(limit), w.suspectFrom-head))
+	}
+	entries, marked, err := w.s.Store.Read(ctx, w.topic, w.part, w.cursor, limit, w.lease, w.batch != nil, w.alone())
 	if err != nil {
 		return nil, err
 	}
@@ -923,13 +984,8 @@ func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
 			w.s.Counts.Batches.Add(1)
 		}
 	}
-	if len(entries) == 0 || entries[0].seq != w.cursor+1 {
+	if len(entries) == 0 || entries[0].seq != head {
 		return entries, nil // (a cursor behind the retained log has no head to count)
-	}
-	if w.precounted {
-		w.precounted = false
-		one := int32(1)
-		marked = &one
 	}
 	if marked == nil {
 		// The fenced count changed nothing: the lease is gone, or the
@@ -937,7 +993,7 @@ func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
 		return nil, w.lease.Verify(ctx, "count a delivery", w.cursor)
 	}
 	if w.headSeq != entries[0].seq {
-		w.headSeq = entries[0].seq
+		w.headSeq, w.charged = entries[0].seq, 0
 		w.firstFailure, w.lastFailure = time.Time{}, time.Time{}
 	}
 	w.attempts = int(*marked)
@@ -986,9 +1042,17 @@ func (w *Worker) deliver(ctx context.Context, e logEntry, tx *txGuard) (got outc
 			default:
 			}
 			cancel()
+			// The handler may still be running: it keeps its share of the
+			// process's gate until it answers.
+			w.abandonGate(msg.Acked(), msg.Nacked())
 			reason := &errs.HandlerTimeoutError{Seq: e.seq, Timeout: w.s.HandlerTimeout}
 			w.logger.Error("Handler timed out: the delivery counts as a failed attempt", reason, watermill.LogFields{"seq": e.seq, "attempt": w.attempts})
 			if tx != nil {
+				if w.exhausted() {
+					// Dead-lettered once the transaction is given up:
+					// counted as a rejection (observe), not a timeout.
+					return timedOut, w.poison(reason)
+				}
 				return timedOut, reason
 			}
 			return w.answer(d, nacked, e, reason)
@@ -997,6 +1061,7 @@ func (w *Worker) deliver(ctx context.Context, e logEntry, tx *txGuard) (got outc
 			done = nil
 			grace = time.After(w.s.CloseTimeout)
 		case <-grace:
+			w.abandonGate(msg.Acked(), msg.Nacked())
 			return stopped, nil
 		}
 	}
@@ -1020,7 +1085,7 @@ func (w *Worker) countAttempt(seq int64) int {
 	case seq < w.headSeq:
 		return 1
 	}
-	w.headSeq, w.attempts = seq, 1
+	w.headSeq, w.attempts, w.charged = seq, 1, 0
 	w.firstFailure, w.lastFailure = time.Time{}, time.Time{}
 	w.lastError = ""
 	return 1
@@ -1218,6 +1283,7 @@ func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, b
 		err  error
 	}
 	ch := make(chan result, 1)
+	returned := make(chan struct{})
 	go func() {
 		var r result
 		defer func() {
@@ -1225,6 +1291,7 @@ func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, b
 				r = result{0, fmt.Errorf("outbox: batch handler panicked: %v", v)}
 			}
 			ch <- r
+			close(returned)
 		}()
 		done, err := w.batch(ctx, msgs)
 		r = result{max(0, min(done, len(msgs))), err}
@@ -1236,18 +1303,22 @@ func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, b
 	for {
 		select {
 		case r := <-ch:
+			w.answered()
 			return r.done, batchAnswered, r.err
 		case <-timeout.C:
 			select {
 			case r := <-ch:
+				w.answered()
 				return r.done, batchAnswered, r.err
 			default:
 			}
+			w.abandonGate(returned, nil) // (it keeps its share until it returns)
 			return 0, batchTimedOut, nil
 		case <-stop:
 			stop = nil
 			grace = time.After(w.s.CloseTimeout)
 		case <-grace:
+			w.abandonGate(returned, nil)
 			return 0, batchGaveUp, nil
 		}
 	}
@@ -1276,14 +1347,37 @@ func (w *Worker) answer(d *delivery, got outcome, e logEntry, reason error) (out
 	case isRejected:
 		warnlog.Warn("Message rejected but no RejectHandler is configured: retrying it (set SubscriberConfig.RejectHandler, e.g. a deadletter.Store, or reject with outbox.RejectTo)", watermill.LogFields{"seq": e.seq, "reason": cause}, w.logger)
 		return nacked, cause
-	case got == nacked && canReject && w.s.MaxAttempts > 0 && w.attempts >= w.s.MaxAttempts:
-		if reason == nil {
-			reason = errors.New("nacked")
-		}
-		return rejected, fmt.Errorf("%w: failed %d times (MaxAttempts), last: %w", errs.ErrPoison, w.attempts, reason)
+	case got == nacked && canReject && errors.As(reason, new(*exhaustedError)):
+		return rejected, reason // (a timed-out Transactional delivery, already found exhausted)
+	case got == nacked && canReject && w.exhausted():
+		return rejected, w.poison(reason)
 	}
 	return got, reason
 }
+
+// exhausted reports whether a failure of the head now would be its
+// MaxAttempts-th: its failed attempts recorded so far (failures, timeouts
+// and crashes it caused alone), plus this one.
+func (w *Worker) exhausted() bool {
+	return w.s.MaxAttempts > 0 && w.charged+1 >= w.s.MaxAttempts
+}
+
+// poison is the reason of a rejection after MaxAttempts failures, the last
+// one reason.
+func (w *Worker) poison(reason error) error {
+	if reason == nil {
+		reason = errors.New("nacked")
+	}
+	return &exhaustedError{fmt.Errorf("%w: failed %d times (MaxAttempts), last: %w", errs.ErrPoison, min(w.charged+1, w.s.MaxAttempts), reason)}
+}
+
+// exhaustedError is the reason of a rejection after MaxAttempts failures,
+// told apart from a handler's own ErrPoison (outbox.Reject), which names
+// the message the handler rejects, not necessarily the head.
+type exhaustedError struct{ err error }
+
+func (e *exhaustedError) Error() string { return e.err.Error() }
+func (e *exhaustedError) Unwrap() error { return e.err }
 
 func (w *Worker) rejectedMessage(e logEntry, reason error) RejectedMessage {
 	metadata := e.metadata
@@ -1314,7 +1408,6 @@ func (w *Worker) rejectedMessage(e logEntry, reason error) RejectedMessage {
 func (w *Worker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) error {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
-	counted := false
 	_, err := w.withBulkhead(dctx, func() ([]logEntry, error) {
 		return nil, w.s.Store.InTx(dctx, func(tx pgx.Tx) error {
 			via := w.rejectVia
@@ -1325,9 +1418,7 @@ func (w *Worker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) er
 				return fmt.Errorf("outbox: reject handler: %w", err)
 			}
 			q, _ := pgexec.FromTx(tx)
-			var err error
-			counted, err = w.moveScan(dctx, q, e.seq)
-			return err
+			return w.moveScan(dctx, q, e.seq)
 		})
 	})
 	if err != nil {
@@ -1335,7 +1426,7 @@ func (w *Worker) rejectInOwnTx(ctx context.Context, e logEntry, reason error) er
 		return err
 	}
 	w.iso.committed()
-	w.cursor, w.precounted = e.seq, counted
+	w.cursor = e.seq
 	return nil
 }
 
@@ -1366,4 +1457,51 @@ func fmtErr(err error) error {
 		return fmt.Errorf("%s…", msg[:2000])
 	}
 	return err
+}
+
+// countRejected counts a message taken out of the stream without a
+// delivery of its own to observe (its last delivery ended without an
+// outcome, or it could not be delivered at all): every dead-lettering is a
+// rejection in the metrics and the Subscriber's counts.
+func (w *Worker) countRejected() {
+	if c := w.s.Counts; c != nil {
+		c.Rejected.Add(1)
+	}
+	if observe.Enabled() {
+		observe.Current().Delivered(w.s.Group, w.topic, observe.Reject, 1, 0)
+	}
+}
+
+// gateError is what a turn returns when it could not take the process's
+// delivery gate: nothing when its lease or the subscription ended (the
+// loop stops), else err.
+func gateError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// handleOrFail is handle for a batch whose messages all have their
+// payloads; a message whose payload is missing (errs.ErrPayloadMissing)
+// ends the batch before it, and when it is the first, fails without being
+// handed out: a counted attempt, and after MaxAttempts a dead letter.
+func (w *Worker) handleOrFail(ctx context.Context, deliver []logEntry, tx *txGuard) (int, outcome, error) {
+	for i, e := range deliver {
+		if !e.payloadMissing {
+			continue
+		}
+		if i > 0 {
+			return w.handle(ctx, deliver[:i], tx)
+		}
+		reason := &errs.PayloadMissingError{Topic: w.topic, Partition: w.part, Seq: e.seq}
+		w.logger.Error("Message cannot be delivered: its payload is missing; counted as a failed attempt", reason, watermill.LogFields{"seq": e.seq, "attempt": w.attempts})
+		w.answered()
+		result, why := w.answer(&delivery{}, nacked, e, reason)
+		if result == rejected {
+			w.countRejected()
+		}
+		return 0, result, why
+	}
+	return w.handle(ctx, deliver, tx)
 }

@@ -275,3 +275,27 @@ func (e *TxMisuseError) Is(target error) bool { return target == ErrTxMisuse }
 
 // Unwrap returns the database error behind it.
 func (e *TxMisuseError) Unwrap() error { return e.Cause }
+
+// ErrPayloadMissing reports a message whose payload was kept apart from
+// its log row (payloads of 1 KiB or more are, in the bodies table) and is
+// gone: the message cannot be delivered as it was written
+// (*PayloadMissingError). Each delivery of it counts as a failed attempt;
+// after MaxAttempts it is dead-lettered, never delivered with an empty
+// payload.
+var ErrPayloadMissing = errors.New("outbox: the message's payload is missing")
+
+// PayloadMissingError names the message whose payload is missing.
+type PayloadMissingError struct {
+	Topic     string
+	Partition int
+	Seq       int64
+}
+
+func (e *PayloadMissingError) Error() string {
+	return fmt.Sprintf("outbox: the payload of seq %d (topic %q, partition %d) is missing from the bodies table: "+
+		"the message cannot be delivered as it was written; restore the row from a backup and replay its dead letter, or discard it",
+		e.Seq, e.Topic, e.Partition)
+}
+
+// Is makes errors.Is(err, ErrPayloadMissing) true.
+func (e *PayloadMissingError) Is(target error) bool { return target == ErrPayloadMissing }

@@ -51,11 +51,15 @@ type Lease struct {
 	cursor    int64
 	attempts  int
 
-	// What the acquisition found: deliveries that ended without an outcome
-	// (now counted in attempts), the last error, and the backoff left.
-	unanswered int
-	lastError  string
-	backoff    time.Duration
+	// What the acquisition found: the attempts it charged for a crash, the
+	// suspects and whether it found a crash nobody could be charged for
+	// (see CursorsAcquire), the last error, and the backoff left.
+	charged     int
+	suspectFrom int64
+	suspectTo   int64
+	unexplained bool
+	lastError   string
+	backoff     time.Duration
 
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
@@ -82,12 +86,21 @@ func (l *Lease) Cursor() int64 { return l.cursor }
 // was acquired (see RecordFailure); Advance resets it.
 func (l *Lease) Attempts() int { return l.attempts }
 
-// Unanswered is how many deliveries of the partition's next message ended
-// without an outcome before this lease was acquired (the holder died, was
-// killed or lost its lease mid-delivery). The acquisition counted them as
-// failed attempts (they are included in Attempts) and recorded why in the
-// last error.
-func (l *Lease) Unanswered() int { return l.unanswered }
+// Charged is how many failed attempts the acquisition charged to the
+// partition's next message for a crash: the last holder died (was killed,
+// or froze past its lease) while that message was the only delivery in
+// flight in its process. They are included in Attempts.
+func (l *Lease) Charged() int { return l.charged }
+
+// Suspects are the messages (from, to; 0, 0 for none) after the cursor that
+// were in flight when a consumer process died with other deliveries in
+// flight: nobody was charged, and each is to be delivered alone until it
+// has an outcome, so that the one that crashes a process is found.
+func (l *Lease) Suspects() (from, to int64) { return l.suspectFrom, l.suspectTo }
+
+// UnexplainedCrash reports whether the acquisition found a delivery left
+// in flight by a holder that died with other deliveries in flight.
+func (l *Lease) UnexplainedCrash() bool { return l.unexplained }
 
 // LastError is the last error recorded for the partition's next message
 // when the lease was acquired ("" for none).
@@ -128,7 +141,7 @@ func (l *Lease) isDone() bool {
 // finished. The UPDATE is fenced: it applies only while this lease is the
 // partition's current one (owner and token) and unexpired on the server's
 // clock, and only if seq is ahead of the cursor. It also clears the failure
-// count and last error.
+// count, the last error and the delivery in flight.
 //
 // q is where the statement runs: the caller's open transaction, so that the
 // cursor moves if and only if the transaction commits, or nil for the
@@ -139,29 +152,19 @@ func (l *Lease) isDone() bool {
 // ErrLeaseLost and cancels the lease's context; for a seq that is not ahead
 // of the cursor it returns ErrSeqNotAhead.
 func (l *Lease) Advance(ctx context.Context, q pgexec.Querier, seq int64) error {
-	_, err := l.AdvanceCounting(ctx, q, seq)
-	return err
-}
-
-// AdvanceCounting is Advance that also reports whether it counted the first
-// delivery of the next message (seq+1) on the cursor row: it does when that
-// message is already in the log. A worker that then delivers it at once
-// needs no write of its own to count it (cursors.deliveries), and one that
-// does not (it stops) must take the count back with UndoDelivery.
-func (l *Lease) AdvanceCounting(ctx context.Context, q pgexec.Querier, seq int64) (counted bool, err error) {
 	return l.advance(ctx, l.querier(q), l.m.q.CursorsAdvance, seq)
 }
 
-func (l *Lease) advance(ctx context.Context, q pgexec.Querier, sql string, seq int64) (bool, error) {
-	var deliveries int32
-	err := pgexec.QueryRow(ctx, q, sql, []any{l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, seq}, &deliveries)
+func (l *Lease) advance(ctx context.Context, q pgexec.Querier, sql string, seq int64) error {
+	var unexplained int32
+	err := pgexec.QueryRow(ctx, q, sql, []any{l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, seq}, &unexplained)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return false, l.diagnose(ctx, q, "advance", seq)
+		return l.diagnose(ctx, q, "advance", seq)
 	case err != nil:
-		return false, fmt.Errorf("lease: advance partition %d to %d: %w", l.partition, seq, err)
+		return fmt.Errorf("lease: advance partition %d to %d: %w", l.partition, seq, err)
 	}
-	return deliveries > 0, nil
+	return nil
 }
 
 // AdvanceRelaxed is Advance in a transaction of its own on the manager's
@@ -173,13 +176,6 @@ func (l *Lease) advance(ctx context.Context, q pgexec.Querier, sql string, seq i
 // again. Use it where delivery is at least once anyway; the fencing is as
 // for Advance.
 func (l *Lease) AdvanceRelaxed(ctx context.Context, seq int64) error {
-	_, err := l.AdvanceRelaxedCounting(ctx, seq)
-	return err
-}
-
-// AdvanceRelaxedCounting is AdvanceRelaxed that reports, as
-// AdvanceCounting does, whether it counted the next message's delivery.
-func (l *Lease) AdvanceRelaxedCounting(ctx context.Context, seq int64) (counted bool, err error) {
 	return l.advance(ctx, l.m.pool, l.m.q.CursorsAdvanceRelaxed, seq)
 }
 

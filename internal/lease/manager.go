@@ -275,22 +275,25 @@ func (m *Manager) acquire(ctx context.Context, need int, exclude []int32) []*Lea
 	var got []*Lease
 	for rows.Next() {
 		var (
-			partition int32
-			token     int64
-			cursor    int64
-			attempts  int32
-			crashed   int32
-			lastError string
-			backoff   float64
+			partition   int32
+			token       int64
+			cursor      int64
+			attempts    int32
+			charged     int32
+			lastError   string
+			backoff     float64
+			suspectFrom int64
+			suspectTo   int64
+			unexplained bool
 		)
-		if err := rows.Scan(&partition, &token, &cursor, &attempts, &crashed, &lastError, &backoff); err != nil {
+		if err := rows.Scan(&partition, &token, &cursor, &attempts, &charged, &lastError, &backoff, &suspectFrom, &suspectTo, &unexplained); err != nil {
 			m.logger.Error("Cannot read acquired lease", err, nil)
 			continue
 		}
 		lctx, lcancel := context.WithCancelCause(context.WithoutCancel(ctx))
 		got = append(got, &Lease{
 			m: m, partition: int(partition), token: token, cursor: cursor, attempts: int(attempts),
-			unanswered: int(crashed), lastError: lastError, backoff: time.Duration(backoff * float64(time.Second)),
+			charged: int(charged), suspectFrom: suspectFrom, suspectTo: suspectTo, unexplained: unexplained, lastError: lastError, backoff: time.Duration(backoff * float64(time.Second)),
 			ctx: lctx, cancel: lcancel, done: make(chan struct{}),
 			state: stateActive, validUntil: sent.Add(m.cfg.TTL),
 		})

@@ -1,0 +1,278 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
+)
+
+// The crash loop: a consumer process (this test binary, run as
+// TestCrashLoopConsumerChild) that a few messages make exit, restarted after
+// every crash until the topic is drained. A message is charged for a crash
+// only on evidence that it was the delivery in flight: the one delivery in
+// flight in its process. Healthy messages that happened to be in flight in
+// the same process, in this partition or another, are never charged; every
+// crashing message is dead-lettered after exactly MaxAttempts deliveries.
+// Through a Router (one message at a time per partition, 16 partitions in
+// flight), in both strategies, and through ConsumeBatches (a whole batch in
+// flight at once).
+func TestCrashLoopChargesOnlyTheMessageThatCrashes(t *testing.T) {
+	if os.Getenv("OUTBOX_CRASHLOOP_CHILD") != "" {
+		t.Skip("running as the child")
+	}
+	for _, c := range []struct {
+		mode     string
+		messages int
+	}{{"leased", 2000}, {"transactional", 1000}, {"batches", 1000}} {
+		t.Run(c.mode, func(t *testing.T) { crashLoop(t, c.mode, c.messages) })
+	}
+}
+
+func crashLoop(t *testing.T, mode string, messages int) {
+	const (
+		partitions  = 16
+		maxAttempts = 3
+	)
+	crashing := messages / 200 // 0.5%
+	e := newEnv(t)
+	e.Register("orders", partitions)
+	e.Exec("CREATE TABLE " + e.Schema + ".deliveries (uuid text, attempt int, pid int)")
+	e.Exec("CREATE TABLE " + e.Schema + ".effects (uuid text)")
+	e.Exec("CREATE TABLE " + e.Schema + ".rejects (uuid text PRIMARY KEY, seq bigint, attempts int, reason text)")
+
+	rng := rand.New(rand.NewPCG(25, 0))
+	crashers := map[string]bool{}
+	for len(crashers) < crashing {
+		crashers[fmt.Sprintf("m%04d", rng.IntN(messages))] = true
+	}
+	msgs := make([]*message.Message, messages)
+	for i := range msgs {
+		uuid := fmt.Sprintf("m%04d", i)
+		payload := "ok"
+		if crashers[uuid] {
+			payload = "crash"
+		}
+		msgs[i] = outboxtest.Keyed(uuid, "k"+strconv.Itoa(i%160), i, payload)
+	}
+	e.Publish("orders", msgs...)
+	if n := e.SequenceAll(); n != messages {
+		t.Fatalf("sequenced %d messages, want %d", n, messages)
+	}
+
+	crashes := 0
+	for run := 0; ; run++ {
+		if run > crashing*(maxAttempts+1)+5 {
+			t.Fatalf("still crashing after %d runs", run)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashLoopConsumerChild$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(),
+			"OUTBOX_CRASHLOOP_CHILD=1",
+			pgtest.EnvDatabaseURL+"="+pgtest.DatabaseURL(),
+			"OUTBOX_CRASHLOOP_SCHEMA="+e.Schema,
+			"OUTBOX_CRASHLOOP_MODE="+mode,
+			"OUTBOX_CRASHLOOP_MAX_ATTEMPTS="+strconv.Itoa(maxAttempts))
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		var err error
+		select {
+		case err = <-exited:
+		case <-time.After(90 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Fatalf("the child neither crashed nor drained the topic:\n%s", out.String())
+		}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() == 3 {
+			crashes++
+			continue
+		}
+		if err != nil {
+			t.Fatalf("child: %v\n%s", err, out.String())
+		}
+		if !strings.Contains(out.String(), "PASS") {
+			t.Fatalf("the child did not run:\n%s", out.String())
+		}
+		break // drained
+	}
+
+	// Dead letters: exactly the crashing messages, each after MaxAttempts.
+	rows, err := e.Pool.Query(outboxtest.Ctx(t), "SELECT uuid, attempts, reason FROM "+e.Schema+".rejects ORDER BY uuid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type rejected struct {
+		UUID     string
+		Attempts int
+		Reason   string
+	}
+	dead, err := pgx.CollectRows(rows, pgx.RowToStructByPos[rejected])
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadSet := map[string]bool{}
+	for _, d := range dead {
+		deadSet[d.UUID] = true
+		if !crashers[d.UUID] {
+			t.Errorf("healthy message %s dead-lettered (attempts %d): %s", d.UUID, d.Attempts, d.Reason)
+			continue
+		}
+		if d.Attempts != maxAttempts {
+			t.Errorf("crashing message %s dead-lettered with attempts %d, want %d: %s", d.UUID, d.Attempts, maxAttempts, d.Reason)
+		}
+	}
+	for c := range crashers {
+		if !deadSet[c] {
+			t.Errorf("crashing message %s was not dead-lettered", c)
+		}
+	}
+
+	// Deliveries of each crashing message: numbered 1..MaxAttempts, each
+	// number once, the last one MaxAttempts. A delivery can be cut short by
+	// another message's crash before its handler logged it (it was handed
+	// out, and counts); the test says how many were.
+	cut := 0
+	for c := range crashers {
+		rows, err := e.Pool.Query(outboxtest.Ctx(t), "SELECT attempt FROM "+e.Schema+".deliveries WHERE uuid = $1 ORDER BY attempt", c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attempts, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[int32]bool{}
+		for _, a := range attempts {
+			if a < 1 || a > maxAttempts || seen[a] {
+				t.Errorf("crashing message %s: deliveries numbered %v, want each of 1..%d at most once", c, attempts, maxAttempts)
+				break
+			}
+			seen[a] = true
+		}
+		if !seen[maxAttempts] || len(attempts) < maxAttempts-1 {
+			t.Errorf("crashing message %s: deliveries numbered %v, want 1..%d", c, attempts, maxAttempts)
+		}
+		cut += maxAttempts - len(attempts)
+	}
+
+	// Every healthy message handled, and the topic drained.
+	missing := e.Int(`SELECT count(*) FROM (SELECT uuid FROM ` + e.Schema + `.log WHERE topic = 'orders'
+		EXCEPT SELECT uuid FROM ` + e.Schema + `.effects EXCEPT SELECT uuid FROM ` + e.Schema + `.rejects) x`)
+	if missing != 0 {
+		t.Errorf("%d messages neither handled nor dead-lettered", missing)
+	}
+	behind := e.Int(`SELECT count(*) FROM ` + e.Schema + `.cursors c JOIN ` + e.Schema + `.partitions p
+		ON p.topic = c.topic AND p.partition = c.partition WHERE c.group_name = 'g' AND c.seq < p.last_seq`)
+	if behind != 0 {
+		t.Errorf("%d partitions not drained", behind)
+	}
+	healthyRedelivered := e.Int(`SELECT count(*) FROM (SELECT uuid FROM `+e.Schema+`.deliveries GROUP BY uuid HAVING count(*) > 1) x
+		WHERE uuid <> ALL($1)`, mapKeys(crashers))
+	t.Logf("%d crashes for %d crashing messages of %d; %d deliveries of crashing messages cut short by another crash; %d healthy messages delivered more than once",
+		crashes, crashing, messages, cut, healthyRedelivered)
+}
+
+func mapKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// TestCrashLoopConsumerChild is the consumer process of the test above: a
+// Watermill Router (or a ConsumeBatches handler) that logs each delivery,
+// then exits with status 3 for a crashing message or records its effect
+// (in the Subscriber's transaction, for the Transactional strategy) and
+// acks. It exits with 0 once every partition is drained.
+func TestCrashLoopConsumerChild(t *testing.T) {
+	if os.Getenv("OUTBOX_CRASHLOOP_CHILD") == "" {
+		t.Skip("only runs as the child of TestCrashLoopChargesOnlyTheMessageThatCrashes")
+	}
+	schema := os.Getenv("OUTBOX_CRASHLOOP_SCHEMA")
+	maxAttempts, _ := strconv.Atoi(os.Getenv("OUTBOX_CRASHLOOP_MAX_ATTEMPTS"))
+	pool := pgtest.Pool(t)
+	e := env{outboxtest.Attach(t, pool, schema)}
+	rejects := outbox.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+		_, err := tx.Exec(c, "INSERT INTO "+schema+".rejects VALUES ($1, $2, $3, $4)", m.UUID, m.Seq, m.Attempts, m.Reason.Error())
+		return err
+	})
+	tu := outboxtest.FastTuning()
+	tu.LeaseTTL, tu.RenewInterval = 600*time.Millisecond, 150*time.Millisecond
+	tu.BackoffBase, tu.BackoffMax = 5*time.Millisecond, 10*time.Millisecond
+	mode := os.Getenv("OUTBOX_CRASHLOOP_MODE")
+	strategy := outbox.Leased
+	if mode == "transactional" {
+		strategy = outbox.Transactional
+	}
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
+		Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: tu, BalanceInterval: 100 * time.Millisecond,
+		RejectHandler: rejects, MaxAttempts: maxAttempts, Strategy: strategy,
+	}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle := func(m *message.Message) error {
+		attempt, _ := strconv.Atoi(m.Metadata.Get(outbox.MetadataAttempt))
+		if _, err := pool.Exec(context.Background(), "INSERT INTO "+schema+".deliveries VALUES ($1, $2, $3)", m.UUID, attempt, os.Getpid()); err != nil {
+			return err
+		}
+		if string(m.Payload) == "crash" {
+			os.Exit(3) // no deferred call, no Nack: as a crash
+		}
+		effect := "INSERT INTO " + schema + ".effects VALUES ($1)"
+		if tx, ok := outbox.PgxTxFromContext(m.Context()); ok {
+			_, err := tx.Exec(m.Context(), effect, m.UUID)
+			return err
+		}
+		_, err := pool.Exec(m.Context(), effect, m.UUID)
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if mode == "batches" {
+		go func() {
+			_ = sub.ConsumeBatches(ctx, "orders", func(_ context.Context, batch []*message.Message) (int, error) {
+				for i, m := range batch {
+					if err := handle(m); err != nil {
+						return i, err
+					}
+				}
+				return len(batch), nil
+			})
+		}()
+	} else {
+		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: time.Second}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		router.AddConsumerHandler("crashloop", "orders", sub, handle)
+		go func() { _ = router.Run(ctx) }()
+		defer router.Close()
+	}
+	outboxtest.WaitFor(t, "every partition drained", 80*time.Second, func() bool {
+		return e.Int(`SELECT count(*) FROM `+schema+`.cursors c JOIN `+schema+`.partitions p
+			ON p.topic = c.topic AND p.partition = c.partition WHERE c.group_name = 'g' AND c.seq >= p.last_seq`) == 16
+	})
+	cancel()
+	_ = sub.Close()
+}
