@@ -276,3 +276,64 @@ func TestCrashLoopConsumerChild(t *testing.T) {
 	cancel()
 	_ = sub.Close()
 }
+
+// A Subscriber closed while a handler holds a message (rebalance, pause and
+// Close end a lease the same way) is no crash: the next holder finds no
+// delivery left in flight, charges nothing and suspects nothing, in both
+// strategies.
+func TestGracefulStopMidDeliveryIsNotACrash(t *testing.T) {
+	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
+		t.Run(strategy.String(), func(t *testing.T) {
+			e := newEnv(t)
+			e.Register("orders", 1)
+			e.Publish("orders", message.NewMessage("m1", []byte("x")), message.NewMessage("m2", []byte("x")))
+			e.SequenceAll()
+			rejects, _ := rejectLog(t, e)
+			first := e.Subscriber("g", func(c *outbox.SubscriberConfig) {
+				c.Strategy, c.RejectHandler, c.MaxAttempts, c.DisableSequencer = strategy, rejects, 2, true
+				c.CloseTimeout = 100 * time.Millisecond
+			})
+			msgs, err := first.Subscribe(outboxtest.Ctx(t), "orders")
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-msgs: // held, never answered
+			case <-time.After(20 * time.Second):
+				t.Fatal("m1 was not delivered")
+			}
+			if err := first.Close(); err != nil {
+				t.Fatal(err)
+			}
+			var inflight, attempts, suspects int64
+			if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT inflight_to, attempts, suspect_to FROM "+e.Schema+".cursors WHERE group_name = 'g'").
+				Scan(&inflight, &attempts, &suspects); err != nil {
+				t.Fatal(err)
+			}
+			if inflight != 0 || attempts != 0 || suspects != 0 {
+				t.Fatalf("after a graceful stop: in flight to %d, attempts %d, suspects to %d; want nothing to settle", inflight, attempts, suspects)
+			}
+			second := e.Subscriber("g", func(c *outbox.SubscriberConfig) {
+				c.Strategy, c.RejectHandler, c.MaxAttempts, c.DisableSequencer = strategy, rejects, 2, true
+			})
+			msgs2, err := second.Subscribe(outboxtest.Ctx(t), "orders")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{"m1", "m2"} {
+				select {
+				case m := <-msgs2:
+					if m.UUID != want {
+						t.Fatalf("got %s, want %s", m.UUID, want)
+					}
+					m.Ack()
+				case <-time.After(20 * time.Second):
+					t.Fatalf("%s was not delivered again", want)
+				}
+			}
+			if s := second.Stats(); s.Crashed != 0 {
+				t.Fatalf("the next holder counted %d crashes", s.Crashed)
+			}
+		})
+	}
+}

@@ -165,12 +165,14 @@ WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND
 	AND lease_expires_at > clock_timestamp();
 
 -- name: CursorsUndoDelivery
--- Takes back a delivery counted by LogReadCounting whose message was never
--- handed out. $1..$5 as CursorsRetry (the fence), $6 the cursor.
+-- Takes back the delivery in flight, counted by LogReadCounting, whose
+-- message was never handed out or which the worker's own stop interrupted
+-- (no crash: nothing for the next holder to settle). $1..$5 as CursorsRetry
+-- (the fence), $6 the cursor. Nothing in flight: nothing changes.
 UPDATE {{schema}}.cursors SET deliveries = greatest(deliveries - 1, attempts + unexplained),
 	inflight_from = 0, inflight_to = 0, inflight_solo = false
 WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
-	AND lease_expires_at > clock_timestamp() AND seq = $6;
+	AND lease_expires_at > clock_timestamp() AND seq = $6 AND inflight_to > seq;
 
 -- name: CursorsMarkInFlight
 -- Records messages after the heads of batches delivered one message at a

@@ -218,7 +218,7 @@ func (w *Worker) Run() {
 		action = w.executeTransactional
 	}
 	_ = worker.Run(w.lease.Context(), cfg, action)
-	w.releaseGate()
+	w.Stop()
 }
 
 // Step runs one turn of the worker in the caller's goroutine, the turn Run
@@ -234,9 +234,15 @@ func (w *Worker) Step(ctx context.Context) (worker.Directive, error) {
 }
 
 // Stop is what Run does when it ends, for a caller of Step: it gives back
-// the worker's hold on the process's delivery gate, if any.
+// the worker's hold on the process's delivery gate, if any, and takes back
+// a delivery still recorded as in flight. The worker stops because its
+// lease ends: released (Close, rebalance, pause) the lease still holds, and
+// a delivery it interrupted is not a crash, so the next holder finds
+// nothing to settle; lost, the fenced write changes nothing, and the next
+// holder settles it (migrations/0009_crash_evidence.sql).
 func (w *Worker) Stop() {
 	w.releaseGate()
+	w.undoDelivery(w.lease.Context())
 }
 
 // errNotReached ends the trace span of a batch's message after the one
