@@ -202,6 +202,12 @@ func DropSlot(ctx context.Context, pool *pgxpool.Pool, schema string, force bool
 	}
 	q := dbsql.For(schema)
 	slot := Slot(schema)
+	// Before taking the connection the rest runs on: a pool of one must do.
+	db, _ := pgexec.FromDB(pool)
+	version, err := schemacheck.Version(ctx, db, schema)
+	if err != nil {
+		return err
+	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -210,11 +216,6 @@ func DropSlot(ctx context.Context, pool *pgxpool.Pool, schema string, force bool
 	var exists bool
 	var walStatus string
 	if err := conn.QueryRow(ctx, q.WALSlotState, slot).Scan(&exists, &walStatus); err != nil {
-		return err
-	}
-	db, _ := pgexec.FromDB(pool)
-	version, err := schemacheck.Version(ctx, db, schema)
-	if err != nil {
 		return err
 	}
 	if exists && !force {

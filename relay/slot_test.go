@@ -246,3 +246,26 @@ func TestDefaultInstanceIsHostAndPid(t *testing.T) {
 		t.Fatalf("the default instance is refused: %v", err)
 	}
 }
+
+// DropSlot gets by with a pool of one connection (a tool's admin pool):
+// it needed a second one and waited for ever.
+func TestDropSlotWithAPoolOfOne(t *testing.T) {
+	b := setup(t, "orders", 1)
+	cfg := b.Pool.Config().Copy()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(outboxtest.Ctx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, force := range []bool{false, true} {
+		if err := relay.CreateSlot(ctx, pool, b.Schema); err != nil {
+			t.Fatal(err)
+		}
+		if err := relay.DropSlot(ctx, pool, b.Schema, force); err != nil {
+			t.Fatalf("DropSlot (force %v) with a pool of one: %v", force, err)
+		}
+	}
+}
