@@ -295,6 +295,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		Isolation:         cfg.KeyIsolation.delivery(),
 		Store:             delivery.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup),
 		Marker:            delivery.NewMarker(cfg.Pool, cfg.Schema, cfg.ConsumerGroup),
+		Careful:           &delivery.Careful{},
 		Bulkhead:          bulkhead,
 		Logger:            s.logger,
 		Register:          s.addPoker,

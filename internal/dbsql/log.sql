@@ -9,12 +9,11 @@
 -- (from bodies when it is kept there), whether the payload is missing (its
 -- bodies row is gone: the message cannot be delivered as it was written),
 -- and the delivery count (NULL: not counted).
-SELECT l.seq, l.uuid, coalesce(l.partition_key, ''), l.metadata, coalesce(l.payload, b.payload),
-	l.payload IS NULL AND b.id IS NULL, NULL::int4
-FROM (SELECT * FROM {{schema}}.log
-	WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4) l
-LEFT JOIN {{schema}}.bodies b ON b.id = l.body_id
-ORDER BY l.seq;
+SELECT seq, uuid, coalesce(partition_key, ''), metadata,
+	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)),
+	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), NULL::int4
+FROM {{schema}}.log
+WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4;
 
 -- name: LogReadCounting
 -- The batch after the cursor, recording on the cursor row, before anything
@@ -26,31 +25,33 @@ ORDER BY l.seq;
 -- one in flight in its process (0009_crash_evidence.sql). $1 group,
 -- $2 topic, $3 partition, $4 cursor, $5 lease owner, $6 lease token,
 -- $7 limit. The count is on every row (NULL: not counted).
-WITH batch AS (
-	SELECT seq, uuid, partition_key, metadata, payload, body_id FROM {{schema}}.log
-	WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7
-), counted AS (
+WITH counted AS (
 	UPDATE {{schema}}.cursors c SET deliveries = greatest(c.deliveries, c.attempts) + 1,
 		inflight_from = $4 + 1,
-		inflight_to = CASE WHEN $8::boolean THEN (SELECT max(seq) FROM batch) ELSE $4 + 1 END,
+		inflight_to = CASE WHEN $8::boolean
+			THEN (SELECT max(b.seq) FROM (SELECT seq FROM {{schema}}.log
+				WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7) b)
+			ELSE $4 + 1 END,
 		inflight_solo = $9::boolean
 	FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = $3 AND c.seq = $4
 		AND c.lease_owner = $5 AND c.lease_token = $6 AND c.lease_expires_at > clock_timestamp()
-		AND EXISTS (SELECT 1 FROM batch WHERE seq = $4 + 1)
+		AND EXISTS (SELECT 1 FROM {{schema}}.log WHERE topic = $2 AND partition = $3 AND seq = $4 + 1)
 	RETURNING c.deliveries
 )
-SELECT l.seq, l.uuid, coalesce(l.partition_key, ''), l.metadata, coalesce(l.payload, b.payload),
-	l.payload IS NULL AND b.id IS NULL, (SELECT deliveries FROM counted)
-FROM batch l LEFT JOIN {{schema}}.bodies b ON b.id = l.body_id
-ORDER BY l.seq;
+SELECT seq, uuid, coalesce(partition_key, ''), metadata,
+	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)),
+	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), (SELECT deliveries FROM counted)
+FROM {{schema}}.log
+WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7;
 
 -- name: LogReadSeqs
 -- The held messages to retry (held.sql): $1 topic, $2 partition, $3 seqs.
-SELECT l.seq, l.uuid, coalesce(l.partition_key, ''), l.metadata, coalesce(l.payload, b.payload),
-	l.payload IS NULL AND b.id IS NULL, NULL::int4
-FROM {{schema}}.log l LEFT JOIN {{schema}}.bodies b ON b.id = l.body_id
-WHERE l.topic = $1 AND l.partition = $2 AND l.seq = ANY($3::int8[]) ORDER BY l.seq;
+SELECT seq, uuid, coalesce(partition_key, ''), metadata,
+	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)),
+	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), NULL::int4
+FROM {{schema}}.log
+WHERE topic = $1 AND partition = $2 AND seq = ANY($3::int8[]) ORDER BY seq;
 
 -- name: LogTrim
 -- Retention: deletes up to $4 messages of partition ($1 topic, $2 partition)

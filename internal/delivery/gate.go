@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -37,7 +38,8 @@ type gate struct {
 	abandoned int           // handlers abandoned that have not returned
 	alone     bool          // held alone
 	waiting   int           // callers waiting to hold it alone
-	changed   chan struct{} // closed and replaced on every release
+	sleepers  int           // callers waiting on changed
+	changed   chan struct{} // closed and replaced on a change while sleepers wait
 }
 
 func newGate() *gate { return &gate{changed: make(chan struct{})} }
@@ -49,13 +51,18 @@ func (g *gate) share(ctx context.Context) (release func(), err error) {
 	g.mu.Lock()
 	for g.alone || g.waiting > 0 {
 		ch := g.changed
+		g.sleepers++
 		g.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
+			g.mu.Lock()
+			g.sleepers--
+			g.mu.Unlock()
 			return nil, context.Cause(ctx)
 		}
 		g.mu.Lock()
+		g.sleepers--
 	}
 	g.shares++
 	g.mu.Unlock()
@@ -74,10 +81,12 @@ func (g *gate) holdAlone(ctx context.Context, wait time.Duration) (release func(
 	g.waiting++
 	for g.alone || g.shares > 0 {
 		ch := g.changed
+		g.sleepers++
 		g.mu.Unlock()
 		select {
 		case <-ch:
 			g.mu.Lock()
+			g.sleepers--
 			continue
 		case <-deadline.C:
 			err = nil
@@ -85,6 +94,7 @@ func (g *gate) holdAlone(ctx context.Context, wait time.Duration) (release func(
 			err = context.Cause(ctx)
 		}
 		g.mu.Lock()
+		g.sleepers--
 		g.waiting--
 		g.wake()
 		g.mu.Unlock()
@@ -126,8 +136,11 @@ func (g *gate) releaser(undo func()) func() {
 	}
 }
 
-// wake tells the waiters that the gate changed; g.mu is held.
+// wake tells the waiters, if any, that the gate changed; g.mu is held.
 func (g *gate) wake() {
+	if g.sleepers == 0 {
+		return
+	}
 	close(g.changed)
 	g.changed = make(chan struct{})
 }
@@ -234,3 +247,38 @@ func (w *Worker) abandonGate(a, b <-chan struct{}) {
 func (w *Worker) isSuspect(seq int64) bool {
 	return w.suspectTo > 0 && seq >= w.suspectFrom && seq <= w.suspectTo
 }
+
+// carefulWindow is how long a Subscriber stays careful after it found that
+// a consumer process of its group died mid-delivery.
+const carefulWindow = time.Minute
+
+// Careful is a Subscriber's careful mode. Normally the read that fetches a
+// batch records the whole batch as in flight (no write per message): after
+// a crash with several deliveries in flight, the messages of the batch
+// handed out one at a time become suspects, those already answered and
+// those not yet handed out with them. In careful mode — for carefulWindow
+// after a worker found that a consumer process died mid-delivery, when the
+// next crash is likeliest — each message of such a batch is recorded on its
+// own before it is handed out (Marker, one grouped write per message), so
+// that the next crash makes a suspect of the message in flight only: its
+// deliveries are then counted exactly. The zero value is never careful
+// until extended; a nil *Careful never is.
+type Careful struct {
+	until atomic.Int64 // unix nanoseconds
+}
+
+// Extend makes the mode careful for carefulWindow from now.
+func (c *Careful) Extend() {
+	if c != nil {
+		c.until.Store(time.Now().Add(carefulWindow).UnixNano())
+	}
+}
+
+// On reports whether the mode is careful now.
+func (c *Careful) On() bool {
+	return c != nil && time.Now().UnixNano() < c.until.Load()
+}
+
+// marksEach reports whether each message of a batch delivered one at a
+// time is recorded as in flight on its own (careful mode).
+func (w *Worker) marksEach() bool { return w.batch == nil && w.s.Careful.On() }

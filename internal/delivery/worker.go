@@ -38,7 +38,10 @@ type Config struct {
 	Isolation         Isolation     // key-level isolation (off when not Enabled)
 
 	Store    *Store  // the log, transactions, adaptive state
-	Marker   *Marker // records deliveries in flight after a batch's head
+	Marker   *Marker // records deliveries in flight after a batch's head (careful mode)
+	// Careful is the Subscriber's careful mode (see Careful): set up by
+	// NewSubscriber; nil: never careful.
+	Careful *Careful
 	Bulkhead *worker.Bulkhead
 	Logger   watermill.LoggerAdapter
 
@@ -179,6 +182,9 @@ func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *messag
 		spanAttrs:      observe.ProcessAttributes(s.Group, topic, l.Partition()),
 	}
 	w.suspectFrom, w.suspectTo = l.Suspects()
+	if l.Charged() > 0 || l.UnexplainedCrash() || w.suspectTo > 0 {
+		s.Careful.Extend() // a consumer process of the group died: be careful for a while
+	}
 	if n := l.Charged(); n > 0 {
 		observe.Current().Crashed(s.Group, topic, n)
 		if s.Counts != nil {
@@ -754,6 +760,9 @@ func (w *Worker) markInFlight(ctx context.Context, seq int64) error {
 	if err := w.takeShare(ctx); err != nil {
 		return gateError(ctx, err)
 	}
+	if !w.marksEach() {
+		return nil // (the read recorded the whole batch in flight)
+	}
 	ok, err := w.s.Marker.mark(ctx, w.s.Stop, w.s.Background, w.topic, w.lease, seq)
 	if err != nil || ok {
 		return err
@@ -980,7 +989,9 @@ func (w *Worker) read(ctx context.Context, limit int) ([]logEntry, error) {
 	case w.suspectTo > 0 && w.suspectFrom > head:
 		limit = int(min(int64(limit), w.suspectFrom-head))
 	}
-	entries, marked, err := w.s.Store.Read(ctx, w.topic, w.part, w.cursor, limit, w.lease, w.batch != nil, w.alone())
+	// In flight: the whole batch, but for a batch delivered one message at
+	// a time in careful mode, where each message is recorded on its own.
+	entries, marked, err := w.s.Store.Read(ctx, w.topic, w.part, w.cursor, limit, w.lease, !w.marksEach(), w.alone())
 	if err != nil {
 		return nil, err
 	}
