@@ -37,11 +37,11 @@ type Config struct {
 	RejectHandler     RejectHandler // nil: rejected messages are retried
 	Isolation         Isolation     // key-level isolation (off when not Enabled)
 
-	Store    *Store  // the log, transactions, adaptive state
-	Marker   *Marker // records deliveries in flight after a batch's head (careful mode)
+	Store  *Store  // the log, transactions, adaptive state
+	Marker *Marker // records deliveries in flight after a batch's head (careful mode)
 	// Careful is the Subscriber's careful mode (see Careful): set up by
 	// NewSubscriber; nil: never careful.
-	Careful *Careful
+	Careful  *Careful
 	Bulkhead *worker.Bulkhead
 	Logger   watermill.LoggerAdapter
 
