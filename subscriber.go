@@ -88,14 +88,14 @@ type SubscriberConfig struct {
 	// deadletter PoisonQueue publisher uses).
 	RejectHandler RejectHandler
 	// MaxAttempts, when > 0, rejects a message delivered that many times
-	// without success (needs RejectHandler). Every delivery counts: a Nack,
-	// an error, a HandlerTimeout, a transaction the handler broke, and a
-	// delivery that ended without any outcome because the consumer process
-	// died, was killed or lost its lease (counted before the message is
-	// handed out, once per batch). A process that dies in the middle of a
-	// batch charges the batch's first message; the next delivery is then
-	// one message at a time, so keep MaxAttempts at 2 or more for a crash
-	// never to dead-letter an innocent message.
+	// without success (needs RejectHandler). Every failure counts: a Nack,
+	// an error, a HandlerTimeout, a transaction the handler broke, a
+	// missing payload, and a delivery that ended without any outcome
+	// because the consumer process died, was killed or lost its lease while
+	// it was the only delivery in flight in that process. A crash with
+	// several deliveries in flight charges none of them: they are delivered
+	// again one at a time, each alone in its process, until the one that
+	// crashes it is found (docs/failure-modes.md §3).
 	MaxAttempts int
 	// HandlerTimeout bounds how long the Subscriber waits for a handler's
 	// Ack or Nack (or a BatchHandler's return), in both strategies (default
