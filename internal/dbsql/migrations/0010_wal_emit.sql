@@ -8,7 +8,8 @@
 -- aborts it, so its other writes cannot commit without their messages.
 --
 -- wal_emit(slot, prefix, records) writes each record with
--- pg_logical_emit_message(true, prefix, record) after checking, in order:
+-- pg_logical_emit_message(true, prefix, record) after checking, in order
+-- (once per transaction: its later calls skip the checks):
 --
 -- 1. A shared advisory lock of the slot, held until the transaction ends.
 --    relay.DropSlot takes it exclusively (try, never waiting): it refuses
@@ -37,33 +38,36 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
 	v_confirmed pg_catalog.pg_lsn;
 	v_status    text;
-	v_record    bytea;
-	v_n         bigint := 0;
+	v_n         bigint;
 BEGIN
-	PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtextextended('watermill-outbox wal ' || slot, 0));
-	IF pg_catalog.current_setting('wal_level') <> 'logical' THEN
-		RAISE EXCEPTION 'watermill-outbox: wal_level is %, not logical: no slot can decode messages written now', pg_catalog.current_setting('wal_level')
-			USING ERRCODE = 'WO001', HINT = 'Set wal_level = logical and restart PostgreSQL.';
+	-- Once per transaction (or savepoint level): the lock is held to its
+	-- end, so its later publishes need not look again. Reading
+	-- pg_replication_slots is most of the check's cost (about 75 µs).
+	IF pg_catalog.current_setting('watermill_outbox.wal_checked', true) IS DISTINCT FROM slot THEN
+		PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtextextended('watermill-outbox wal ' || slot, 0));
+		IF pg_catalog.current_setting('wal_level') <> 'logical' THEN
+			RAISE EXCEPTION 'watermill-outbox: wal_level is %, not logical: no slot can decode messages written now', pg_catalog.current_setting('wal_level')
+				USING ERRCODE = 'WO001', HINT = 'Set wal_level = logical and restart PostgreSQL.';
+		END IF;
+		SELECT s.confirmed_flush_lsn, s.wal_status INTO v_confirmed, v_status
+		FROM pg_catalog.pg_replication_slots s
+		WHERE s.slot_name = slot AND s.database = pg_catalog.current_database() AND s.slot_type = 'logical' AND s.plugin = 'pgoutput';
+		IF NOT FOUND THEN
+			RAISE EXCEPTION 'watermill-outbox: replication slot % does not exist in this database', slot
+				USING ERRCODE = 'WO002', HINT = 'Create it with outbox wal create-slot (relay.CreateSlot).';
+		END IF;
+		IF v_confirmed IS NULL THEN
+			RAISE EXCEPTION 'watermill-outbox: replication slot % is being created and would not decode this transaction', slot
+				USING ERRCODE = 'WO003', HINT = 'Roll back, and retry once the slot is created.';
+		END IF;
+		IF v_status = 'lost' THEN
+			RAISE EXCEPTION 'watermill-outbox: replication slot % was invalidated (wal_status lost)', slot
+				USING ERRCODE = 'WO004', HINT = 'Drop it and create it again (outbox wal drop-slot --force; outbox wal create-slot).';
+		END IF;
+		PERFORM pg_catalog.set_config('watermill_outbox.wal_checked', slot, true);
 	END IF;
-	SELECT s.confirmed_flush_lsn, s.wal_status INTO v_confirmed, v_status
-	FROM pg_catalog.pg_replication_slots s
-	WHERE s.slot_name = slot AND s.database = pg_catalog.current_database() AND s.slot_type = 'logical' AND s.plugin = 'pgoutput';
-	IF NOT FOUND THEN
-		RAISE EXCEPTION 'watermill-outbox: replication slot % does not exist in this database', slot
-			USING ERRCODE = 'WO002', HINT = 'Create it with outbox wal create-slot (relay.CreateSlot).';
-	END IF;
-	IF v_confirmed IS NULL THEN
-		RAISE EXCEPTION 'watermill-outbox: replication slot % is being created and would not decode this transaction', slot
-			USING ERRCODE = 'WO003', HINT = 'Roll back, and retry once the slot is created.';
-	END IF;
-	IF v_status = 'lost' THEN
-		RAISE EXCEPTION 'watermill-outbox: replication slot % was invalidated (wal_status lost)', slot
-			USING ERRCODE = 'WO004', HINT = 'Drop it and create it again (outbox wal drop-slot --force; outbox wal create-slot).';
-	END IF;
-	FOREACH v_record IN ARRAY records LOOP
-		PERFORM pg_catalog.pg_logical_emit_message(true, prefix, v_record);
-		v_n := v_n + 1;
-	END LOOP;
+	SELECT pg_catalog.count(pg_catalog.pg_logical_emit_message(true, prefix, x.r)) INTO v_n
+	FROM (SELECT u.r FROM pg_catalog.unnest(records) WITH ORDINALITY AS u(r, ord) ORDER BY u.ord) x;
 	RETURN v_n;
 END
 $fn$;
