@@ -3,37 +3,37 @@ package outbox
 import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/watermill-outbox/internal/delivery"
+	"github.com/millrace/watermill-outbox/internal/consumer"
 )
 
 // Metadata the Subscriber sets on every message it delivers.
 const (
 	// MetadataTopic is the outbox topic the message was read from.
-	MetadataTopic = delivery.MetadataTopic
+	MetadataTopic = consumer.MetadataTopic
 	// MetadataPartition is its partition.
-	MetadataPartition = delivery.MetadataPartition
+	MetadataPartition = consumer.MetadataPartition
 	// MetadataSeq is its gap-free sequence number within the partition.
-	MetadataSeq = delivery.MetadataSeq
+	MetadataSeq = consumer.MetadataSeq
 	// MetadataAttempt counts deliveries of this message to this consumer
 	// group, starting at 1.
-	MetadataAttempt = delivery.MetadataAttempt
+	MetadataAttempt = consumer.MetadataAttempt
 	// MetadataPartitionKey is the message's partition key, when it has one
 	// (the forwarder uses it as the Kafka record key).
-	MetadataPartitionKey = delivery.MetadataPartitionKey
+	MetadataPartitionKey = consumer.MetadataPartitionKey
 	// MetadataID is the message's stable id, "topic/partition/seq": the same
 	// on every redelivery, so consumers can drop duplicates by it.
-	MetadataID = delivery.MetadataID
+	MetadataID = consumer.MetadataID
 	// MetadataIncarnation identifies the incarnation of the topic (its
 	// registration time, µs since the Unix epoch): a topic dropped and
 	// registered again numbers its messages from 1 again, under a new
 	// incarnation. Package inbox uses it to tell a new stream from a
 	// replay of an old one.
-	MetadataIncarnation = delivery.MetadataIncarnation
+	MetadataIncarnation = consumer.MetadataIncarnation
 )
 
 // StableID returns the stable id of the message at seq in partition of topic.
 func StableID(topic string, partition int, seq int64) string {
-	return delivery.StableID(topic, partition, seq)
+	return consumer.StableID(topic, partition, seq)
 }
 
 // Reject marks msg, a message delivered by a Subscriber, as poison because of
@@ -56,23 +56,23 @@ func Reject(msg *message.Message, cause error) error {
 // h nil it is Reject. The handler runs as a RejectHandler does, in the
 // transaction that moves the cursor past the message.
 func RejectTo(msg *message.Message, cause error, h RejectHandler) error {
-	return delivery.Reject(msg, cause, h)
+	return consumer.Reject(msg, cause, h)
 }
 
 // RejectedMessage is a message taken out of its stream as poison: what a
 // RejectHandler receives.
-type RejectedMessage = delivery.RejectedMessage
+type RejectedMessage = consumer.RejectedMessage
 
 // RejectHandler takes rejected messages out of the stream, typically into a
 // dead-letter store. HandleReject runs in tx, the transaction that also
 // moves the group's cursor past the message, so the message is stored as
 // rejected if and only if the cursor moves. An error keeps the message in
 // the stream (it is retried like a Nack).
-type RejectHandler = delivery.RejectHandler
+type RejectHandler = consumer.RejectHandler
 
 // RejectHandlerFunc adapts a function to RejectHandler.
-type RejectHandlerFunc = delivery.RejectHandlerFunc
+type RejectHandlerFunc = consumer.RejectHandlerFunc
 
 // IsDelivered reports whether msg was delivered by a Subscriber (so Reject
 // on it reaches the Subscriber).
-func IsDelivered(msg *message.Message) bool { return delivery.IsDelivered(msg) }
+func IsDelivered(msg *message.Message) bool { return consumer.IsDelivered(msg) }

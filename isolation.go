@@ -1,7 +1,7 @@
 package outbox
 
 import (
-	"github.com/millrace/watermill-outbox/internal/delivery"
+	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/errs"
 )
 
@@ -65,9 +65,9 @@ func (k KeyIsolation) Validate() error {
 	return nil
 }
 
-func (k KeyIsolation) delivery() delivery.Isolation {
+func (k KeyIsolation) delivery() consumer.Isolation {
 	k.setDefaults()
-	return delivery.Isolation{Enabled: k.Enabled, MaxHeldKeys: k.MaxHeldKeys, MaxHeldMessages: k.MaxHeldMessages}
+	return consumer.Isolation{Enabled: k.Enabled, MaxHeldKeys: k.MaxHeldKeys, MaxHeldMessages: k.MaxHeldMessages}
 }
 
 // NotKeySpecific marks err, returned by a BatchHandler, as a failure that is

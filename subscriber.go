@@ -16,7 +16,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
-	"github.com/millrace/watermill-outbox/internal/delivery"
+	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
@@ -244,7 +244,7 @@ type Subscriber struct {
 	logger watermill.LoggerAdapter
 	db     pgexec.DB
 
-	workers   *delivery.Config // what the partition workers share
+	workers   *consumer.Config // what the partition workers share
 	sequencer *Sequencer
 
 	ctx    context.Context // cancelled by Close
@@ -283,7 +283,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		pokers: map[string]map[int]map[*worker.Poker]struct{}{},
 		topics: map[string]int{},
 	}
-	s.workers = &delivery.Config{
+	s.workers = &consumer.Config{
 		Group:             cfg.ConsumerGroup,
 		Transactional:     cfg.Strategy == Transactional,
 		MaxAttempts:       cfg.MaxAttempts,
@@ -293,15 +293,14 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		Tuning:            cfg.Tuning,
 		RejectHandler:     cfg.RejectHandler,
 		Isolation:         cfg.KeyIsolation.delivery(),
-		Store:             delivery.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup),
-		Marker:            delivery.NewMarker(cfg.Pool, cfg.Schema, cfg.ConsumerGroup),
-		Careful:           &delivery.Careful{},
+		Store:             consumer.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup, ctx, &s.wg),
+		Careful:           &consumer.Careful{},
 		Bulkhead:          bulkhead,
 		Logger:            s.logger,
 		Register:          s.addPoker,
 		Stop:              ctx,
 		Background:        &s.wg,
-		Counts:            &delivery.Counts{},
+		Counts:            &consumer.Counts{},
 	}
 	if !cfg.DisableSequencer {
 		s.sequencer, err = NewSequencer(cfg.sequencerConfig(), logger)
@@ -470,7 +469,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		defer cancel()
 		var workers sync.WaitGroup
 		onAcquire := func(l *lease.Lease) {
-			w := delivery.NewWorker(s.workers, topic, incarnation, l, out, batch)
+			w := consumer.NewWorker(s.workers, topic, incarnation, consumer.PGLease{Lease: l}, out, batch)
 			workers.Add(1)
 			go func() {
 				defer workers.Done()

@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/delivery"
+	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/syncrun"
@@ -102,7 +102,7 @@ type Runner struct {
 
 type partitionWorker struct {
 	l *lease.Lease
-	w *delivery.Worker
+	w *consumer.Worker
 	// retryAt is when a backoff the worker asked for (a Sleep directive)
 	// ends: the partition gets no turn before then, as under Run.
 	retryAt time.Time
@@ -180,11 +180,11 @@ func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 		return res, err
 	}
 	for _, l := range acquired {
-		var batch delivery.BatchHandler
+		var batch consumer.BatchHandler
 		if r.batch != nil {
 			batch = r.forwardBatch
 		}
-		r.workers[l.Partition()] = &partitionWorker{l: l, w: delivery.NewWorker(r.sub.Workers, r.sub.Topic, r.sub.Incarnation, l, r.out, batch)}
+		r.workers[l.Partition()] = &partitionWorker{l: l, w: consumer.NewWorker(r.sub.Workers, r.sub.Topic, r.sub.Incarnation, consumer.PGLease{Lease: l}, r.out, batch)}
 	}
 	parts := make([]int, 0, len(r.workers))
 	for p, pw := range r.workers {
@@ -263,7 +263,7 @@ func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 // turn runs one turn of w while serving its hand-outs here: a message from
 // out goes to the handler and is acked or nacked; a batch goes to the batch
 // handler and its answer back.
-func (r *Runner) turn(ctx context.Context, w *delivery.Worker) (worker.Directive, error) {
+func (r *Runner) turn(ctx context.Context, w *consumer.Worker) (worker.Directive, error) {
 	type stepped struct {
 		dir worker.Directive
 		err error

@@ -10,14 +10,14 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/millrace/watermill-outbox/internal/delivery"
+	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/lease"
 )
 
 // Subscription is a Subscriber prepared for one topic, not started.
 type Subscription struct {
-	// Workers is the config a delivery.Worker of this subscription takes.
-	Workers *delivery.Config
+	// Workers is the config a consumer.Worker of this subscription takes.
+	Workers *consumer.Config
 	// Manager leases the topic's partitions for the group (Step / Stop).
 	Manager *lease.Manager
 	// Topic and Incarnation name what is delivered.

@@ -1,4 +1,4 @@
-package delivery
+package consumer
 
 import (
 	"context"
@@ -177,7 +177,7 @@ func (w *Worker) takeGate(ctx context.Context) error {
 // suspect.
 func (w *Worker) takeAlone(ctx context.Context) error {
 	w.releaseGate()
-	release, ok, evidence, err := processGate.holdAlone(ctx, w.s.abandonAfter())
+	release, ok, evidence, err := w.s.theGate().holdAlone(ctx, w.s.abandonAfter())
 	if err != nil {
 		return err
 	}
@@ -192,7 +192,7 @@ func (w *Worker) takeAlone(ctx context.Context) error {
 // takeShare takes a share of the gate for a delivery that is not alone.
 func (w *Worker) takeShare(ctx context.Context) error {
 	w.releaseGate()
-	release, err := processGate.share(ctx)
+	release, err := w.s.theGate().share(ctx)
 	if err != nil {
 		return err
 	}
@@ -230,7 +230,7 @@ func (w *Worker) abandonGate(a, b <-chan struct{}) {
 	if h == nil {
 		return
 	}
-	returned := processGate.abandon(h.alone)
+	returned := w.s.theGate().abandon(h.alone)
 	stop := w.s.Stop
 	go func() {
 		defer returned()
@@ -245,7 +245,7 @@ func (w *Worker) abandonGate(a, b <-chan struct{}) {
 // isSuspect reports whether the message at seq is a suspect, to be
 // delivered alone.
 func (w *Worker) isSuspect(seq int64) bool {
-	return w.suspectTo > 0 && seq >= w.suspectFrom && seq <= w.suspectTo
+	return w.suspects.covers(seq)
 }
 
 // carefulWindow is how long a Subscriber stays careful after it found that

@@ -1,4 +1,4 @@
-package delivery
+package consumer
 
 import (
 	"context"
@@ -22,9 +22,11 @@ import (
 // pool's connections, and must not wait for the pool's last one. The
 // connection is opened on demand and closed after markerIdle without work.
 type Marker struct {
-	pool  *pgxpool.Pool
-	q     *dbsql.Queries
-	group string
+	pool       *pgxpool.Pool
+	q          *dbsql.Queries
+	group      string
+	stop       context.Context
+	background *sync.WaitGroup
 
 	start   sync.Once
 	mu      sync.Mutex
@@ -53,21 +55,23 @@ const (
 	markerIdle           = 10 * time.Second
 )
 
-// NewMarker returns the Marker of consumer group on the outbox in schema.
-func NewMarker(pool *pgxpool.Pool, schema, group string) *Marker {
-	return &Marker{pool: pool, q: dbsql.For(schema), group: group, wake: make(chan struct{}, 1)}
+// newMarker returns the Marker of consumer group on the outbox in schema;
+// its goroutine, started on first use, ends with stop and is counted in
+// background.
+func newMarker(pool *pgxpool.Pool, schema, group string, stop context.Context, background *sync.WaitGroup) *Marker {
+	return &Marker{pool: pool, q: dbsql.For(schema), group: group, stop: stop, background: background, wake: make(chan struct{}, 1)}
 }
 
 // mark records seq as l's partition's delivery in flight and waits until it
 // is written. It starts the Marker's goroutine on first use, which ends
 // when stop does (counted in background). ok is false when the fence did
 // not hold (the lease is gone or the cursor moved).
-func (m *Marker) mark(ctx context.Context, stop context.Context, background *sync.WaitGroup, topic string, l Lease, seq int64) (ok bool, err error) {
+func (m *Marker) mark(ctx context.Context, topic string, l Lease, seq int64) (ok bool, err error) {
 	m.start.Do(func() {
-		background.Add(1)
+		m.background.Add(1)
 		go func() {
-			defer background.Done()
-			m.run(stop)
+			defer m.background.Done()
+			m.run(m.stop)
 		}()
 	})
 	req := &markRequest{topic: topic, partition: l.Partition(), owner: l.Owner(), token: l.Token(), seq: seq, done: make(chan bool, 1)}

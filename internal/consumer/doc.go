@@ -36,4 +36,4 @@
 //
 // Every failure ends in a counted attempt and, after MaxAttempts, a
 // rejection; see docs/failure-modes.md.
-package delivery
+package consumer

@@ -1,0 +1,73 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/worker"
+)
+
+// Config is what the partition workers of one subscription share: the
+// Subscriber's settings and the machinery it owns.
+type Config struct {
+	Group             string
+	Transactional     bool // the Transactional strategy: handlers run in the batch's transaction
+	MaxAttempts       int
+	HandlerTimeout    time.Duration
+	CloseTimeout      time.Duration
+	SyncCursorCommits bool
+	Tuning            adaptive.Tuning
+	RejectHandler     RejectHandler // nil: rejected messages are retried
+	Isolation         Isolation     // key-level isolation (off when not Enabled)
+
+	Store Store // the log, transactions, held keys, adaptive state
+	// Careful is the Subscriber's careful mode (see Careful); nil: never
+	// careful.
+	Careful  *Careful
+	Bulkhead *worker.Bulkhead
+	Logger   watermill.LoggerAdapter
+
+	// Register makes p, a worker's poker, reachable by the notifications
+	// for its partition; the function it returns undoes that. Nil: no
+	// notifications.
+	Register func(topic string, partition int, p *worker.Poker) (unregister func())
+	// Stop ends when the Subscriber closes. Background counts the
+	// goroutines of abandoned handlers, which the Subscriber's Close waits
+	// for.
+	Stop       context.Context
+	Background *sync.WaitGroup
+	// Counts are the Subscriber's running totals (Subscriber.Stats).
+	Counts *Counts
+
+	gate *gate // the delivery gate (tests); nil: the process's
+}
+
+// theGate is the delivery gate the workers share: the process's.
+func (s *Config) theGate() *gate {
+	if s.gate != nil {
+		return s.gate
+	}
+	return processGate
+}
+
+// Counts are running totals of a Subscriber's deliveries.
+type Counts struct {
+	Acked, Nacked, Rejected, TimedOut, Crashed, Batches atomic.Int64
+}
+
+// BatchHandler is the handler of ConsumeBatches (outbox.BatchHandler).
+type BatchHandler = func(ctx context.Context, batch []*message.Message) (done int, err error)
+
+// abandonAfter is how long a worker waits for a handler's answer:
+// HandlerTimeout, when the handler's context ends, plus a tenth of it (at
+// most a second), so that a handler that honours its context can still
+// answer with its own error.
+func (s *Config) abandonAfter() time.Duration {
+	return s.HandlerTimeout + min(s.HandlerTimeout/10, time.Second)
+}

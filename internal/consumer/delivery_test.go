@@ -1,0 +1,301 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/worker"
+)
+
+// The Leased strategy, one message at a time: what each answer of the
+// handler leaves on the cursor row, and what the worker does next. The
+// store and lease are the in-memory fakes (fakes_test.go); time is
+// synctest's.
+
+// Acked messages move the cursor once per batch, past all of them; a full
+// batch asks for the next turn at once.
+func TestAckedBatchMovesTheCursorOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("a", "b", "c")
+		r := newRig(t, s, func(c *Config, _ *fakeLease) { c.Tuning.BatchSize = 3 }, nil)
+		dir, err, got := r.step(nil)
+		if err != nil || !dir.Proceeds() {
+			t.Fatalf("directive %v, err %v; want proceed (a full batch)", dir, err)
+		}
+		if !slices.Equal(uuids(got), []string{"m1", "m2", "m3"}) {
+			t.Fatalf("handed out %v", uuids(got))
+		}
+		if c := s.state(); c.seq != 3 || c.attempts != 0 || c.inflightTo != 0 {
+			t.Fatalf("cursor row %+v: want seq 3, nothing in flight", c)
+		}
+		if n := r.cfg.Counts.Acked.Load(); n != 3 {
+			t.Fatalf("acked %d", n)
+		}
+	})
+}
+
+// A batch shorter than the batch size is all there is: the worker waits to
+// be poked.
+func TestShortBatchGoesIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, newFakeStore("a"), nil, nil)
+		if dir, err, _ := r.step(nil); err != nil || dir != worker.Idle() {
+			t.Fatalf("directive %v, err %v; want idle", dir, err)
+		}
+		if dir, err, got := r.step(nil); err != nil || dir != worker.Idle() || len(got) != 0 {
+			t.Fatalf("an empty log: directive %v, err %v, %d handed out", dir, err, len(got))
+		}
+	})
+}
+
+// Each message carries the outbox metadata: topic, partition, seq, attempt,
+// stable id, incarnation, key.
+func TestMessagesCarryTheOutboxMetadata(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore()
+		s.append(Entry{Key: "k1", Payload: []byte("x"), Metadata: map[string]string{"app": "v"}})
+		r := newRig(t, s, nil, nil)
+		_, _, got := r.step(nil)
+		m := got[0].Metadata
+		want := map[string]string{MetadataTopic: "orders", MetadataPartition: "0", MetadataSeq: "1", MetadataAttempt: "1",
+			MetadataID: "orders/0/1", MetadataIncarnation: "1", MetadataPartitionKey: "k1", "app": "v"}
+		for k, v := range want {
+			if m.Get(k) != v {
+				t.Errorf("metadata %s = %q, want %q", k, m.Get(k), v)
+			}
+		}
+		if !IsDelivered(got[0]) || IsDelivered(message.NewMessage("x", nil)) || IsDelivered(nil) {
+			t.Fatal("IsDelivered does not tell the worker's messages")
+		}
+	})
+}
+
+// A nack: the done prefix moves the cursor, the failure is recorded on the
+// next message with its backoff, and the worker sleeps it out.
+func TestNackRecordsAFailedAttemptAndBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("a", "bad", "c")
+		r := newRig(t, s, nil, nil)
+		dir, err, got := r.step(map[string]answer{"bad": nack})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, sleeping := dir.SleepDelay()
+		if !sleeping || d < 50*time.Millisecond || d > 100*time.Millisecond {
+			t.Fatalf("directive %v: want a sleep of the first backoff, 50..100 ms with jitter", dir)
+		}
+		if len(got) != 2 {
+			t.Fatalf("handed out %v: c must wait behind bad", uuids(got))
+		}
+		c := s.state()
+		if c.seq != 1 || c.attempts != 1 || c.backoff != d || !strings.HasPrefix(c.lastError, "seq 2, attempt 1: ") {
+			t.Fatalf("cursor row %+v", c)
+		}
+	})
+}
+
+// The retry is the message's second delivery, numbered so; when it succeeds
+// the failure is cleared with the cursor move.
+func TestRetryIsTheNextAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("bad", "b")
+		r := newRig(t, s, nil, nil)
+		r.step(map[string]answer{"bad": nack})
+		_, _, got := r.step(nil)
+		if got[0].UUID != "m1" || got[0].Metadata.Get(MetadataAttempt) != "2" {
+			t.Fatalf("retry: %s attempt %s, want m1 attempt 2", got[0].UUID, got[0].Metadata.Get(MetadataAttempt))
+		}
+		if c := s.state(); c.seq != 2 || c.attempts != 0 || c.lastError != "" {
+			t.Fatalf("cursor row %+v", c)
+		}
+	})
+}
+
+// After MaxAttempts failures the message goes to the RejectHandler with
+// its last error and attempts, the cursor moves past it, and the rejection
+// is counted.
+func TestMaxAttemptsTakesTheMessageOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("bad", "b")
+		r := newRig(t, s, nil, nil)
+		for range 3 {
+			r.step(map[string]answer{"bad": nack})
+		}
+		taken := r.rejects.taken()
+		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, errs.ErrPoison) ||
+			!strings.Contains(taken[0].Reason.Error(), "failed 3 times") {
+			t.Fatalf("rejected %+v", taken)
+		}
+		if c := s.state(); c.seq < 1 {
+			t.Fatalf("cursor %d: not past the rejected message", c.seq)
+		}
+		if n := r.cfg.Counts.Rejected.Load(); n != 1 {
+			t.Fatalf("rejections counted: %d", n)
+		}
+	})
+}
+
+// outbox.Reject takes a message out at once, with its cause; the messages
+// before it in the batch are done.
+func TestRejectTakesTheMessageOutAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("a", "poison", "c")
+		r := newRig(t, s, nil, nil)
+		cause := errors.New("cannot parse")
+		dir, err, _ := r.step(map[string]answer{"poison": func(m *message.Message) { _ = Reject(m, cause, nil); m.Nack() }})
+		if err != nil || !dir.Proceeds() {
+			t.Fatalf("directive %v, err %v", dir, err)
+		}
+		taken := r.rejects.taken()
+		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, cause) || taken[0].Metadata[MetadataSeq] != "2" {
+			t.Fatalf("rejected %+v", taken)
+		}
+		if c := s.state(); c.seq != 2 {
+			t.Fatalf("cursor %d, want 2 (past the rejected message)", c.seq)
+		}
+	})
+}
+
+// RejectTo names the handler at the call site; without any RejectHandler,
+// a rejected message is retried like a nacked one, never dropped.
+func TestRejectToAndRejectWithoutAHandler(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("poison")
+		r := newRig(t, s, func(c *Config, _ *fakeLease) { c.RejectHandler, c.MaxAttempts = nil, 0 }, nil)
+		r.step(map[string]answer{"poison": func(m *message.Message) { _ = Reject(m, errors.New("x"), nil); m.Ack() }})
+		if c := s.state(); c.seq != 0 || c.attempts != 1 {
+			t.Fatalf("without a RejectHandler: cursor row %+v, want the message retried", c)
+		}
+		via := &rejects{}
+		time.Sleep(time.Second) // the backoff
+		r.step(map[string]answer{"poison": func(m *message.Message) { _ = Reject(m, errors.New("x"), via); m.Ack() }})
+		if len(via.taken()) != 1 || s.state().seq != 1 {
+			t.Fatalf("RejectTo: %d taken, cursor %d", len(via.taken()), s.state().seq)
+		}
+	})
+}
+
+// A RejectHandler that fails keeps the message in the stream: the failure
+// is a counted attempt.
+func TestFailingRejectHandlerKeepsTheMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("poison")
+		r := newRig(t, s, nil, nil)
+		r.rejects.fail = errors.New("dead-letter table full")
+		dir, _, _ := r.step(map[string]answer{"poison": func(m *message.Message) { _ = Reject(m, errors.New("x"), nil); m.Ack() }})
+		if _, sleeping := dir.SleepDelay(); !sleeping {
+			t.Fatalf("directive %v: want a backoff", dir)
+		}
+		if c := s.state(); c.seq != 0 || c.attempts != 1 || !strings.Contains(c.lastError, "dead-letter table full") {
+			t.Fatalf("cursor row %+v", c)
+		}
+	})
+}
+
+// A handler that does not answer within HandlerTimeout: the delivery is a
+// counted attempt with ErrHandlerTimeout; its late Ack changes nothing.
+func TestHandlerTimeoutIsACountedAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("slow", "b")
+		r := newRig(t, s, nil, nil)
+		var held *message.Message
+		start := time.Now()
+		_, _, got := r.step(map[string]answer{"slow": func(m *message.Message) { held = m }})
+		if took := time.Since(start); took < r.cfg.HandlerTimeout {
+			t.Fatalf("gave up after %v, before HandlerTimeout", took)
+		}
+		if len(got) != 1 || s.state().attempts != 1 || !strings.Contains(s.state().lastError, "HandlerTimeout") {
+			t.Fatalf("cursor row %+v", s.state())
+		}
+		held.Ack() // late
+		synctest.Wait()
+		if c := s.state(); c.seq != 0 || r.cfg.Counts.TimedOut.Load() != 1 {
+			t.Fatalf("after the late ack: cursor row %+v, timeouts %d", c, r.cfg.Counts.TimedOut.Load())
+		}
+	})
+}
+
+// A message whose payload is missing is never handed out: each turn is a
+// counted failure with ErrPayloadMissing, the messages before it are
+// delivered, and after MaxAttempts it is dead-lettered.
+func TestMissingPayloadFailsWithoutAHandOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("a")
+		s.append(Entry{PayloadMissing: true})
+		s.append(Entry{Payload: []byte("c")})
+		r := newRig(t, s, nil, nil)
+		var handed []string
+		for range 5 { // m1; m2 fails twice, then its third failure takes it out; m3
+			_, _, got := r.step(nil)
+			handed = append(handed, uuids(got)...)
+			time.Sleep(time.Second)
+		}
+		if !slices.Equal(handed, []string{"m1", "m3"}) {
+			t.Fatalf("handed out %v: want m1, then m3 after m2 is dead-lettered", handed)
+		}
+		taken := r.rejects.taken()
+		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, errs.ErrPayloadMissing) {
+			t.Fatalf("rejected %+v", taken)
+		}
+	})
+}
+
+// The backoff left on the cursor row at acquisition is waited out before
+// the first delivery.
+func TestInitialBackoffIsWaitedOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, newFakeStore("a"), func(_ *Config, l *fakeLease) { l.backoff = 3 * time.Second }, nil)
+		dir, _, got := r.step(nil)
+		if d, ok := dir.SleepDelay(); !ok || d != 3*time.Second || len(got) != 0 {
+			t.Fatalf("first turn: %v, %d handed out; want a 3 s sleep first", dir, len(got))
+		}
+		if _, _, got := r.step(nil); len(got) != 1 {
+			t.Fatal("the message was not delivered after the backoff")
+		}
+	})
+}
+
+// The lease ends while a handler holds a message: the worker waits
+// CloseTimeout for the answer, then stops, and its stop takes the delivery
+// back (no crash to settle for the next holder).
+func TestLeaseEndingMidDeliveryTakesTheDeliveryBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("held")
+		r := newRig(t, s, nil, nil)
+		go func() {
+			time.Sleep(10 * time.Millisecond)
+			r.lease.cancel(errors.New("rebalanced"))
+		}()
+		dir, err, got := r.step(map[string]answer{"held": hold})
+		if err != nil || dir != worker.Idle() || len(got) != 1 {
+			t.Fatalf("directive %v, err %v, %d handed out", dir, err, len(got))
+		}
+		if c := s.state(); c.inflightTo != 1 {
+			t.Fatalf("before the stop: in flight to %d, want the delivery recorded", c.inflightTo)
+		}
+		r.w.Stop()
+		if c := s.state(); c.inflightTo != 0 || c.attempts != 0 || c.deliveries != 0 {
+			t.Fatalf("after the stop: cursor row %+v, want the delivery taken back", c)
+		}
+	})
+}
+
+// A lost lease ends the turn with lease.ErrLeaseLost: nothing is written.
+func TestLostLeaseEndsTheTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("a")
+		r := newRig(t, s, nil, nil)
+		r.lease.lose()
+		if _, err := r.w.Step(context.Background()); !leaseEnded(err) {
+			t.Fatalf("err %v, want the lease lost", err)
+		}
+	})
+}

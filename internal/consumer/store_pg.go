@@ -1,0 +1,260 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
+)
+
+// PGStore is the Store on PostgreSQL: the statements of internal/dbsql
+// (log.sql, transaction.sql, held.sql, cursors.sql) for one consumer group.
+type PGStore struct {
+	pool   *pgxpool.Pool
+	db     pgexec.DB
+	q      *dbsql.Queries
+	schema string
+	group  string
+	marker *Marker
+}
+
+var _ Store = (*PGStore)(nil)
+
+// NewStore returns the store of consumer group on the outbox in schema.
+// Its Marker's goroutine, started on first use, ends with stop and is
+// counted in background.
+func NewStore(pool *pgxpool.Pool, schema, group string, stop context.Context, background *sync.WaitGroup) *PGStore {
+	db, _ := pgexec.FromDB(pool) // a *pgxpool.Pool always adapts
+	return &PGStore{pool: pool, db: db, q: dbsql.For(schema), schema: schema, group: group,
+		marker: newMarker(pool, schema, group, stop, background)}
+}
+
+// Read implements Store.
+func (s *PGStore) Read(ctx context.Context, topic string, partition int, cursor int64, limit int, fence Lease, wholeBatch, solo bool) ([]Entry, *int32, error) {
+	var rows pgexec.Rows
+	var err error
+	if fence == nil {
+		rows, err = s.db.Query(ctx, s.q.LogRead, topic, partition, cursor, limit)
+	} else {
+		rows, err = s.db.Query(ctx, s.q.LogReadCounting, s.group, topic, partition, cursor, fence.Owner(), fence.Token(), limit, wholeBatch, solo)
+	}
+	if err != nil {
+		return nil, nil, schemacheck.Wrap(err, s.schema)
+	}
+	entries, counted, err := scanEntries(rows, limit)
+	if err != nil {
+		return nil, nil, schemacheck.Wrap(err, s.schema)
+	}
+	return entries, counted, nil
+}
+
+// ReadSeqs implements Store.
+func (s *PGStore) ReadSeqs(ctx context.Context, topic string, partition int, seqs []int64) ([]Entry, error) {
+	rows, err := s.db.Query(ctx, s.q.LogReadSeqs, topic, partition, seqs)
+	if err != nil {
+		return nil, err
+	}
+	entries, _, err := scanEntries(rows, len(seqs))
+	return entries, err
+}
+
+// scanEntries reads log rows (seq, uuid, key, metadata, payload, whether
+// the payload is missing, count) and closes them; counted is the last
+// row's count.
+func scanEntries(rows pgexec.Rows, capacity int) (_ []Entry, counted *int32, _ error) {
+	defer rows.Close()
+	entries := make([]Entry, 0, capacity)
+	for rows.Next() {
+		var e Entry
+		if err := rows.Scan(&e.Seq, &e.UUID, &e.Key, &e.Metadata, &e.Payload, &e.PayloadMissing, &counted); err != nil {
+			return nil, nil, err
+		}
+		entries = append(entries, e)
+	}
+	return entries, counted, rows.Err()
+}
+
+// Begin implements Store.
+func (s *PGStore) Begin(ctx context.Context) (pgx.Tx, error) { return s.pool.Begin(ctx) }
+
+// InTx implements Store.
+func (s *PGStore) InTx(ctx context.Context, relaxed bool, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if relaxed {
+			if _, err := tx.Exec(ctx, s.q.TxRelaxedCommit); err != nil {
+				return err
+			}
+		}
+		return fn(tx)
+	})
+}
+
+// Savepoint implements Store.
+func (s *PGStore) Savepoint(ctx context.Context, tx pgx.Tx, op SavepointOp) error {
+	var stmt string
+	switch op {
+	case SavepointFirst:
+		stmt = s.q.TxSavepointDelivery
+	case SavepointNext:
+		stmt = s.q.TxNextDelivery
+	case SavepointRelease:
+		stmt = s.q.TxReleaseDelivery
+	case SavepointRollback:
+		stmt = s.q.TxRollbackDelivery
+	case SavepointBatch:
+		stmt = s.q.TxSavepointBatch
+	case SavepointBatchRelease:
+		stmt = s.q.TxReleaseBatch
+	case SavepointBatchRollback:
+		stmt = s.q.TxRollbackBatch
+	default:
+		return fmt.Errorf("outbox: savepoint operation %d", op)
+	}
+	_, err := tx.Exec(ctx, stmt)
+	return err
+}
+
+// SaveAdaptive implements Store.
+func (s *PGStore) SaveAdaptive(ctx context.Context, topic string, partition int, token int64, state string, size int) error {
+	_, err := s.db.Exec(ctx, s.q.CursorsSaveAdaptive, s.group, topic, partition, token, state, size)
+	return err
+}
+
+// MarkInFlight implements Store, through the Marker.
+func (s *PGStore) MarkInFlight(ctx context.Context, topic string, l Lease, seq int64) (bool, error) {
+	return s.marker.mark(ctx, topic, l, seq)
+}
+
+// fence returns the parameters every held.sql statement of a worker starts
+// with.
+func (s *PGStore) fence(topic string, l Lease, more ...any) []any {
+	return append([]any{s.group, topic, l.Partition(), l.Owner(), l.Token()}, more...)
+}
+
+// HeldAdopt implements HeldStore.
+func (s *PGStore) HeldAdopt(ctx context.Context, topic string, l Lease) error {
+	if _, err := s.db.Exec(ctx, s.q.HeldAdopt, s.fence(topic, l)...); err != nil {
+		return fmt.Errorf("outbox: adopt held messages: %w", err)
+	}
+	return nil
+}
+
+// HeldLoad implements HeldStore.
+func (s *PGStore) HeldLoad(ctx context.Context, topic string, partition int) ([]HeldRow, error) {
+	rows, err := s.db.Query(ctx, s.q.HeldLoad, s.group, topic, partition)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: load held messages: %w", err)
+	}
+	defer rows.Close()
+	var out []HeldRow
+	for rows.Next() {
+		var r HeldRow
+		var attempts, deliveries int32
+		if err := rows.Scan(&r.Seq, &r.Keyless, &r.Key, &attempts, &deliveries, &r.LastError, &r.FirstFailure, &r.RetryAt, &r.Requested, &r.Suspect); err != nil {
+			return nil, err
+		}
+		r.Attempts, r.Deliveries = int(attempts), int(deliveries)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// HeldInsert implements HeldStore.
+func (s *PGStore) HeldInsert(ctx context.Context, tx pgx.Tx, topic string, partition int, rows []Hold) error {
+	n := len(rows)
+	seqs, keys, attempts, errTexts, delays := make([]int64, n), make([]*string, n), make([]int32, n), make([]*string, n), make([]int64, n)
+	for i, r := range rows {
+		seqs[i], attempts[i], delays[i] = r.Seq, int32(r.Attempts), r.Delay.Microseconds()
+		if !r.Keyless {
+			keys[i] = &rows[i].Key
+		}
+		if r.Err != "" {
+			errTexts[i] = &rows[i].Err
+		}
+	}
+	if _, err := tx.Exec(ctx, s.q.HeldInsert, s.group, topic, partition, seqs, keys, attempts, errTexts, delays); err != nil {
+		return fmt.Errorf("outbox: hold messages back: %w", err)
+	}
+	return nil
+}
+
+// HeldCount implements HeldStore.
+func (s *PGStore) HeldCount(ctx context.Context, topic string, l Lease, seq int64, solo bool) (int, bool, error) {
+	var deliveries int32
+	err := pgexec.QueryRow(ctx, s.db, s.q.HeldCount, s.fence(topic, l, seq, solo), &deliveries)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	return int(deliveries), err == nil, err
+}
+
+// HeldUndoCount implements HeldStore.
+func (s *PGStore) HeldUndoCount(ctx context.Context, topic string, l Lease, seq int64) error {
+	_, err := s.db.Exec(ctx, s.q.HeldUndoCount, s.fence(topic, l, seq)...)
+	return err
+}
+
+// HeldRetry implements HeldStore.
+func (s *PGStore) HeldRetry(ctx context.Context, topic string, l Lease, seq int64, text string, delay time.Duration) (bool, error) {
+	n, err := s.db.Exec(ctx, s.q.HeldRetry, s.fence(topic, l, seq, text, delay.Microseconds())...)
+	return n > 0, err
+}
+
+// HeldRelease implements HeldStore.
+func (s *PGStore) HeldRelease(ctx context.Context, tx pgx.Tx, topic string, l Lease, seqs []int64) (int, error) {
+	var n int64
+	var err error
+	if tx != nil {
+		var tag interface{ RowsAffected() int64 }
+		tag, err = tx.Exec(ctx, s.q.HeldRelease, s.fence(topic, l, seqs)...)
+		if err == nil {
+			n = tag.RowsAffected()
+		}
+	} else {
+		n, err = s.db.Exec(ctx, s.q.HeldRelease, s.fence(topic, l, seqs)...)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("outbox: release held messages: %w", err)
+	}
+	return int(n), nil
+}
+
+// HeldShowFull implements HeldStore.
+func (s *PGStore) HeldShowFull(ctx context.Context, topic string, l Lease, full bool) error {
+	_, err := s.db.Exec(ctx, s.q.HeldShowFull, s.fence(topic, l, full)...)
+	return err
+}
+
+// PGLease is the Lease of a partition on PostgreSQL: internal/lease's, with
+// transactions given as pgx.Tx.
+type PGLease struct{ *lease.Lease }
+
+var _ Lease = PGLease{}
+
+// Advance implements Lease.
+func (l PGLease) Advance(ctx context.Context, tx pgx.Tx, seq int64) error {
+	return l.Lease.Advance(ctx, querier(tx), seq)
+}
+
+// RecordRetry implements Lease.
+func (l PGLease) RecordRetry(ctx context.Context, tx pgx.Tx, cause error, retryIn time.Duration) error {
+	return l.Lease.RecordRetry(ctx, querier(tx), cause, retryIn)
+}
+
+// querier adapts tx for internal/lease (nil: its own statement on the pool).
+func querier(tx pgx.Tx) pgexec.Querier {
+	if tx == nil {
+		return nil
+	}
+	q, _ := pgexec.FromTx(tx) // a pgx.Tx always adapts
+	return q
+}
