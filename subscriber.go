@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
-	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/consumer"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
