@@ -121,11 +121,13 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 		h.outcome, h.reason, h.via = w.answer(deliveries[0], nacked, err)
 		return h
 	}
-	// A message after the head failed: it is retried as the next head.
+	// A message after the head failed: it is retried as the next head, and
+	// its failure is the one recorded (the cursor moves to it).
 	h.done, h.outcome, h.reason = done, nacked, err
+	w.ledger.attemptOf(entries[done].Seq)
+	w.ledger.failed(time.Now())
 	if rej, via, cause := deliveries[done].rejection(); rej && (via != nil || w.s.RejectHandler != nil) {
 		h.last = msgs[done]
-		w.ledger.attemptOf(entries[done].Seq)
 		if via == nil {
 			via = w.s.RejectHandler
 		}

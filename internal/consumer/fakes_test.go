@@ -172,7 +172,7 @@ func (s *fakeStore) Savepoint(_ context.Context, tx pgx.Tx, op SavepointOp) erro
 	if err != nil {
 		return err
 	}
-	if t.aborted {
+	if t.aborted && op != SavepointRollback && op != SavepointBatchRollback {
 		return &pgconn.PgError{Code: "25P02", Message: "current transaction is aborted"}
 	}
 	switch op {
