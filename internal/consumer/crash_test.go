@@ -162,7 +162,7 @@ func TestAbandonedHandlerMakesAloneNoEvidence(t *testing.T) {
 		r := newRig(t, s, nil, nil)
 		var slow *message.Message
 		r.step(map[string]answer{"slow": func(m *message.Message) { slow = m }}) // times out
-		r.w.suspects = span{1, 1}                                                  // as if a crash made it a suspect
+		r.w.suspects = span{1, 1}                                                // as if a crash made it a suspect
 		time.Sleep(time.Second)
 		r.step(nil)
 		if last := s.reads[len(s.reads)-1]; last.solo {
