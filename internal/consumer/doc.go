@@ -1,38 +1,46 @@
-// Package delivery is the Subscriber's delivery loop: what happens to the
-// messages of one partition between reading them and acking them. The
-// Subscriber (package outbox) joins a consumer group, the lease manager
-// (internal/lease) hands it partitions, and for each leased partition it
-// runs one [Worker] until the lease ends.
+// Package consumer is the delivery core the Subscriber (and so the
+// Forwarder and package outboxtest) runs: what happens to the messages of
+// one leased partition between reading them and acking them. The
+// Subscriber joins a consumer group, the lease manager (internal/lease)
+// hands it partitions, and for each leased partition it runs one [Worker]
+// until the lease ends.
 //
-// One turn of a Worker ([Worker.Run], via internal/worker's pacing loop):
+// One turn of a Worker ([Worker.Step], repeated by [Worker.Run] through
+// internal/worker's pacing loop) reads top to bottom in partition.go's
+// scan:
 //
-//  1. Read a batch after the cursor (log.sql: LogReadCounting, or LogRead
-//     when the last cursor move already counted the head's delivery). The
-//     read counts a delivery of the head message on the cursor row first,
-//     so a process that dies mid-delivery is charged an attempt.
-//  2. If the head has used up MaxAttempts, reject it to the RejectHandler
-//     without delivering it again (rejectExhaustedHead).
-//  3. Hand the messages out (handle, or handleBatch for ConsumeBatches),
-//     one at a time, each with metadata (MetadataSeq, MetadataAttempt,
-//     MetadataID, ...) and a per-message state that Reject marks. Each
-//     waits for its Ack or Nack, at most HandlerTimeout. Transactional:
-//     all of it inside one transaction, one savepoint per message
-//     (transaction.sql), with the handler given a guarded pgx.Tx (txguard.go)
-//     that refuses Commit and Rollback.
-//  4. Settle: move the cursor past the acked prefix (cursors.sql:
-//     CursorsAdvance, fenced by the lease; in the same transaction for
-//     Transactional), hand a rejected message to the RejectHandler in the
-//     transaction that moves the cursor past it, or record a failed attempt
-//     with its backoff (CursorsRetry); let the adaptive policy (package
-//     adaptive) shrink or grow the next batch and save its state
-//     (CursorsSaveAdaptive).
+//  1. read: a batch after the cursor, in the statement that counts a
+//     delivery of its head and records what is in flight (crash evidence,
+//     below) on the cursor row;
+//  2. triage: key isolation parks the messages of held keys; a head that
+//     used up MaxAttempts is taken out without another delivery;
+//  3. handle (handle.go, batch.go): hand the messages out — one at a time
+//     over the subscription's channel, each waiting for its Ack or Nack at
+//     most HandlerTimeout, or all at once to a BatchHandler — and return
+//     what came of it as a value (handled);
+//  4. settle (settle.go): move the cursor past the done prefix, hand a
+//     rejected message to its RejectHandler in the transaction that moves
+//     the cursor past it, or record a failed attempt with its backoff; the
+//     Transactional strategy does it in the batch's transaction (its scope,
+//     where the handlers' writes are), which commits, the Leased one in
+//     statements of its own. The adaptive policy learns from the outcome
+//     and picks the next step (proceed, idle, sleep).
 //
-// A Worker sees the rest of the system through three small, explicit
-// dependencies: its [Lease] (the cursor row as acquired, and every fenced
-// cursor write), its [Policy] (adaptive batching) and the [Store] (reading
-// the log, transactions and savepoints, the adaptive state shown by the
-// admin status), plus the [Config] its Subscriber shares with all workers.
-// It reaches into nobody's private fields.
+// The files, each with one concept:
+//
+//   - partition.go: the Worker, its lifecycle (Run, Step, Stop) and scan;
+//   - handle.go, batch.go: handing out and waiting for answers;
+//   - settle.go: the transaction scope and recording the outcome;
+//   - ledger.go: the attempt ledger (deliveries, failures recorded,
+//     MaxAttempts) of the message the worker follows;
+//   - gate.go, marker.go: crash evidence — the process's delivery gate and
+//     careful mode's per-message records (docs/failure-modes.md §3);
+//   - isolation.go, held.go: key isolation, a layer around the scan;
+//   - message.go, txguard.go: the delivered message's handle (Reject) and
+//     the guarded transaction a Transactional handler gets;
+//   - deps.go, store_pg.go: the Lease, Policy and Store it depends on, and
+//     their PostgreSQL implementations; fakes_test.go has in-memory ones,
+//     on which the unit tests run in milliseconds under testing/synctest.
 //
 // Every failure ends in a counted attempt and, after MaxAttempts, a
 // rejection; see docs/failure-modes.md.
