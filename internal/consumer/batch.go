@@ -70,7 +70,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 			}
 			return h
 		}
-		h.outcome, h.reason, h.via = w.answer(&delivery{}, nacked, reason)
+		h.outcome, h.via, h.reason = w.answer(&delivery{}, nacked, reason)
 		return h
 	case batchGaveUp:
 		h.outcome = stopped
@@ -118,7 +118,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 		}
 	}
 	if done == 0 {
-		h.outcome, h.reason, h.via = w.answer(deliveries[0], nacked, err)
+		h.outcome, h.via, h.reason = w.answer(deliveries[0], nacked, err)
 		return h
 	}
 	// A message after the head failed: it is retried as the next head, and

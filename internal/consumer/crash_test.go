@@ -73,7 +73,7 @@ func TestSuspectIsDeliveredAlone(t *testing.T) {
 		s := newFakeStore("a", "b", "c")
 		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 2} }, nil)
 		var alone bool
-		_, _, got := r.step(map[string]answer{"a": func(m *message.Message) {
+		_, got, _ := r.step(map[string]answer{"a": func(m *message.Message) {
 			_, alone, _, _ = r.cfg.gate.state()
 			m.Ack()
 		}})
@@ -96,11 +96,11 @@ func TestBatchStopsBeforeTheFirstSuspect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "b", "c", "d")
 		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{3, 3} }, nil)
-		_, _, got := r.step(nil)
+		_, got, _ := r.step(nil)
 		if !slices.Equal(uuids(got), []string{"m1", "m2"}) {
 			t.Fatalf("first batch %v, want m1 m2 (before the suspect)", uuids(got))
 		}
-		_, _, got = r.step(nil)
+		_, got, _ = r.step(nil)
 		if !slices.Equal(uuids(got), []string{"m3"}) || !s.reads[1].solo {
 			t.Fatalf("second batch %v (read %+v), want the suspect alone", uuids(got), s.reads[1])
 		}
@@ -118,7 +118,7 @@ func TestSuspectWaitsForTheDeliveriesInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 		done := make(chan []*message.Message, 1)
-		go func() { _, _, got := r.step(nil); done <- got }()
+		go func() { _, got, _ := r.step(nil); done <- got }()
 		synctest.Wait()
 		if _, _, waiting, _ := r.cfg.gate.state(); waiting != 1 {
 			t.Fatal("the suspect does not wait for the gate alone")
@@ -147,7 +147,7 @@ func TestSuspectDeliveredNotAloneAfterTheWait(t *testing.T) {
 		}
 		defer release()
 		start := time.Now()
-		_, _, got := r.step(nil)
+		_, got, _ := r.step(nil)
 		if len(got) != 1 || s.reads[0].solo || time.Since(start) < r.cfg.HandlerTimeout {
 			t.Fatalf("handed out %d after %v, read %+v: want it delivered, not alone, after HandlerTimeout", len(got), time.Since(start), s.reads[0])
 		}
@@ -183,7 +183,7 @@ func TestExhaustedHeadIsRejectedWithoutDelivery(t *testing.T) {
 		s := newFakeStore("crasher", "b")
 		s.cursor.attempts, s.cursor.deliveries = 3, 3
 		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.charged, l.lastError = 1, "crashed alone" }, nil)
-		_, _, got := r.step(nil)
+		_, got, _ := r.step(nil)
 		if len(got) != 0 {
 			t.Fatalf("handed out %v: the exhausted message must not be delivered again", uuids(got))
 		}

@@ -26,7 +26,7 @@ func TestAckedBatchMovesTheCursorOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "b", "c")
 		r := newRig(t, s, func(c *Config, _ *fakeLease) { c.Tuning.BatchSize = 3 }, nil)
-		dir, err, got := r.step(nil)
+		dir, got, err := r.step(nil)
 		if err != nil || !dir.Proceeds() {
 			t.Fatalf("directive %v, err %v; want proceed (a full batch)", dir, err)
 		}
@@ -47,10 +47,10 @@ func TestAckedBatchMovesTheCursorOnce(t *testing.T) {
 func TestShortBatchGoesIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRig(t, newFakeStore("a"), nil, nil)
-		if dir, err, _ := r.step(nil); err != nil || dir != worker.Idle() {
+		if dir, _, err := r.step(nil); err != nil || dir != worker.Idle() {
 			t.Fatalf("directive %v, err %v; want idle", dir, err)
 		}
-		if dir, err, got := r.step(nil); err != nil || dir != worker.Idle() || len(got) != 0 {
+		if dir, got, err := r.step(nil); err != nil || dir != worker.Idle() || len(got) != 0 {
 			t.Fatalf("an empty log: directive %v, err %v, %d handed out", dir, err, len(got))
 		}
 	})
@@ -63,7 +63,7 @@ func TestMessagesCarryTheOutboxMetadata(t *testing.T) {
 		s := newFakeStore()
 		s.append(Entry{Key: "k1", Payload: []byte("x"), Metadata: map[string]string{"app": "v"}})
 		r := newRig(t, s, nil, nil)
-		_, _, got := r.step(nil)
+		_, got, _ := r.step(nil)
 		m := got[0].Metadata
 		want := map[string]string{MetadataTopic: "orders", MetadataPartition: "0", MetadataSeq: "1", MetadataAttempt: "1",
 			MetadataID: "orders/0/1", MetadataIncarnation: "1", MetadataPartitionKey: "k1", "app": "v"}
@@ -84,7 +84,7 @@ func TestNackRecordsAFailedAttemptAndBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "bad", "c")
 		r := newRig(t, s, nil, nil)
-		dir, err, got := r.step(map[string]answer{"bad": nack})
+		dir, got, err := r.step(map[string]answer{"bad": nack})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func TestRetryIsTheNextAttempt(t *testing.T) {
 		s := newFakeStore("bad", "b")
 		r := newRig(t, s, nil, nil)
 		r.step(map[string]answer{"bad": nack})
-		_, _, got := r.step(nil)
+		_, got, _ := r.step(nil)
 		if got[0].UUID != "m1" || got[0].Metadata.Get(MetadataAttempt) != "2" {
 			t.Fatalf("retry: %s attempt %s, want m1 attempt 2", got[0].UUID, got[0].Metadata.Get(MetadataAttempt))
 		}
@@ -150,7 +150,7 @@ func TestRejectTakesTheMessageOutAtOnce(t *testing.T) {
 		s := newFakeStore("a", "poison", "c")
 		r := newRig(t, s, nil, nil)
 		cause := errors.New("cannot parse")
-		dir, err, _ := r.step(map[string]answer{"poison": func(m *message.Message) { _ = Reject(m, cause, nil); m.Nack() }})
+		dir, _, err := r.step(map[string]answer{"poison": func(m *message.Message) { _ = Reject(m, cause, nil); m.Nack() }})
 		if err != nil || !dir.Proceeds() {
 			t.Fatalf("directive %v, err %v", dir, err)
 		}
@@ -208,7 +208,7 @@ func TestHandlerTimeoutIsACountedAttempt(t *testing.T) {
 		r := newRig(t, s, nil, nil)
 		var held *message.Message
 		start := time.Now()
-		_, _, got := r.step(map[string]answer{"slow": func(m *message.Message) { held = m }})
+		_, got, _ := r.step(map[string]answer{"slow": func(m *message.Message) { held = m }})
 		if took := time.Since(start); took < r.cfg.HandlerTimeout {
 			t.Fatalf("gave up after %v, before HandlerTimeout", took)
 		}
@@ -234,7 +234,7 @@ func TestMissingPayloadFailsWithoutAHandOut(t *testing.T) {
 		r := newRig(t, s, nil, nil)
 		var handed []string
 		for range 5 { // m1; m2 fails twice, then its third failure takes it out; m3
-			_, _, got := r.step(nil)
+			_, got, _ := r.step(nil)
 			handed = append(handed, uuids(got)...)
 			time.Sleep(time.Second)
 		}
@@ -253,11 +253,11 @@ func TestMissingPayloadFailsWithoutAHandOut(t *testing.T) {
 func TestInitialBackoffIsWaitedOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRig(t, newFakeStore("a"), func(_ *Config, l *fakeLease) { l.backoff = 3 * time.Second }, nil)
-		dir, _, got := r.step(nil)
+		dir, got, _ := r.step(nil)
 		if d, ok := dir.SleepDelay(); !ok || d != 3*time.Second || len(got) != 0 {
 			t.Fatalf("first turn: %v, %d handed out; want a 3 s sleep first", dir, len(got))
 		}
-		if _, _, got := r.step(nil); len(got) != 1 {
+		if _, got, _ := r.step(nil); len(got) != 1 {
 			t.Fatal("the message was not delivered after the backoff")
 		}
 	})
@@ -274,7 +274,7 @@ func TestLeaseEndingMidDeliveryTakesTheDeliveryBack(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 			r.lease.cancel(errors.New("rebalanced"))
 		}()
-		dir, err, got := r.step(map[string]answer{"held": hold})
+		dir, got, err := r.step(map[string]answer{"held": hold})
 		if err != nil || dir != worker.Idle() || len(got) != 1 {
 			t.Fatalf("directive %v, err %v, %d handed out", dir, err, len(got))
 		}

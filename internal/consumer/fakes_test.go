@@ -581,7 +581,7 @@ func hold(*message.Message)   {}
 // step runs one turn of the worker while answering the messages it hands
 // out with how (by payload; ack for the others); it returns the turn's
 // directive and error, and the messages in the order they were handed out.
-func (r *rig) step(how map[string]answer) (worker.Directive, error, []*message.Message) {
+func (r *rig) step(how map[string]answer) (worker.Directive, []*message.Message, error) {
 	r.t.Helper()
 	type result struct {
 		dir worker.Directive
@@ -596,7 +596,7 @@ func (r *rig) step(how map[string]answer) (worker.Directive, error, []*message.M
 	for {
 		select {
 		case res := <-done:
-			return res.dir, res.err, got
+			return res.dir, got, res.err
 		case m := <-r.out:
 			got = append(got, m)
 			a, ok := how[string(m.Payload)]

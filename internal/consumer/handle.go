@@ -49,9 +49,6 @@ type handled struct {
 	dbErr error
 }
 
-// all reports a batch done entirely.
-func (h handled) all(n int) bool { return h.done >= n }
-
 // handle hands entries out after taking out a message whose payload is
 // missing: the batch ends before it, and when it is the first, it fails
 // without being handed out (a counted attempt, and after MaxAttempts a dead
@@ -68,7 +65,7 @@ func (w *Worker) handle(ctx context.Context, entries []Entry, tx *txGuard) handl
 		w.logger.Error("Message cannot be delivered: its payload is missing; counted as a failed attempt", reason, watermill.LogFields{"seq": e.Seq, "attempt": w.ledger.deliveries})
 		w.answered()
 		h := handled{}
-		h.outcome, h.reason, h.via = w.answer(&delivery{}, nacked, reason)
+		h.outcome, h.via, h.reason = w.answer(&delivery{}, nacked, reason)
 		if h.outcome == rejected {
 			w.countRejected()
 		}
@@ -116,7 +113,7 @@ func (w *Worker) handOut(ctx context.Context, entries []Entry, tx *txGuard, mark
 				return h
 			}
 		}
-		got, reason, via := w.deliver(ctx, e, tx, &h)
+		got, via, reason := w.deliver(ctx, e, tx, &h)
 		if got == stopped && i == 0 && !h.handedOut {
 			w.undoDelivery(ctx)
 		}
@@ -125,7 +122,7 @@ func (w *Worker) handOut(ctx context.Context, entries []Entry, tx *txGuard, mark
 		}
 		if got == acked && tx != nil {
 			if what := tx.takeMisuse(); what != "" {
-				got, reason, via = w.answer(&delivery{}, nacked, &errs.TxMisuseError{Seq: e.Seq, What: what})
+				got, via, reason = w.answer(&delivery{}, nacked, &errs.TxMisuseError{Seq: e.Seq, What: what})
 			}
 		}
 		if got == acked {
@@ -182,7 +179,7 @@ func (w *Worker) brokenTx(ctx context.Context, tx *txGuard, h handled, entries [
 		return h
 	}
 	w.ledger.attemptOf(e.Seq)
-	h.outcome, h.reason, h.via = w.answer(&delivery{}, nacked, &errs.TxMisuseError{Seq: e.Seq, What: misuseAborted, Cause: cause})
+	h.outcome, h.via, h.reason = w.answer(&delivery{}, nacked, &errs.TxMisuseError{Seq: e.Seq, What: misuseAborted, Cause: cause})
 	return h
 }
 
@@ -190,7 +187,7 @@ func (w *Worker) brokenTx(ctx context.Context, tx *txGuard, h handled, entries [
 // Ack or Nack, at most HandlerTimeout. With tx (Transactional) the handler
 // finds the transaction in the message context. It notes in h that the
 // message was handed out, and which.
-func (w *Worker) deliver(ctx context.Context, e Entry, tx *txGuard, h *handled) (got outcome, reason error, via RejectHandler) {
+func (w *Worker) deliver(ctx context.Context, e Entry, tx *txGuard, h *handled) (got outcome, via RejectHandler, reason error) {
 	msg, d, cancel := w.newMessage(ctx, e, tx, w.ledger.attemptOf(e.Seq))
 	defer cancel() // a message's context ends with its Ack or Nack
 	start := time.Now()
@@ -238,9 +235,9 @@ func (w *Worker) deliver(ctx context.Context, e Entry, tx *txGuard, h *handled) 
 				// The transaction is given up: a rejection, if this was
 				// its last attempt, comes after that (counted as one).
 				if w.ledger.exhausted() {
-					return timedOut, w.ledger.poison(timeoutErr), nil
+					return timedOut, nil, w.ledger.poison(timeoutErr)
 				}
-				return timedOut, timeoutErr, nil
+				return timedOut, nil, timeoutErr
 			}
 			return w.answer(d, nacked, timeoutErr)
 		case <-done:
@@ -258,7 +255,7 @@ func (w *Worker) deliver(ctx context.Context, e Entry, tx *txGuard, h *handled) 
 // ledger follows into an outcome: a Reject wins over all of them, and a
 // message that failed MaxAttempts times is rejected. via is the
 // RejectHandler of a rejection.
-func (w *Worker) answer(d *delivery, got outcome, reason error) (outcome, error, RejectHandler) {
+func (w *Worker) answer(d *delivery, got outcome, reason error) (outcome, RejectHandler, error) {
 	isRejected, via, cause := d.rejection()
 	if got == nacked || isRejected {
 		w.ledger.failed(time.Now())
@@ -269,16 +266,16 @@ func (w *Worker) answer(d *delivery, got outcome, reason error) (outcome, error,
 	canReject := via != nil
 	switch {
 	case isRejected && canReject:
-		return rejected, cause, via
+		return rejected, via, cause
 	case isRejected:
 		warnlog.Warn("Message rejected but no RejectHandler is configured: retrying it (set SubscriberConfig.RejectHandler, e.g. a deadletter.Store, or reject with outbox.RejectTo)", watermill.LogFields{"seq": w.ledger.seq, "reason": cause}, w.logger)
-		return nacked, cause, nil
+		return nacked, nil, cause
 	case got == nacked && canReject && isExhausted(reason):
-		return rejected, reason, via // (a timed-out Transactional delivery, already found exhausted)
+		return rejected, via, reason // (a timed-out Transactional delivery, already found exhausted)
 	case got == nacked && canReject && w.ledger.exhausted():
-		return rejected, w.ledger.poison(reason), via
+		return rejected, via, w.ledger.poison(reason)
 	}
-	return got, reason, via
+	return got, via, reason
 }
 
 // newMessage builds the Watermill message for a log entry, with the

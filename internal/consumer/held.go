@@ -263,7 +263,7 @@ func (w *Worker) retryHeadInTx(ctx context.Context, u *heldUnit, e Entry) (bool,
 	switch h.outcome {
 	case timedOut, broken, isolate:
 		w.giveUp(ctx, sc, h)
-		h.outcome, h.reason, h.via = w.answer(&delivery{}, nacked, h.reason)
+		h.outcome, h.via, h.reason = w.answer(&delivery{}, nacked, h.reason)
 		return w.settleHeld(ctx, u, e, h)
 	case stopped:
 		return w.settleHeld(ctx, u, e, h)

@@ -34,11 +34,11 @@ func TestFailingKeyIsHeldWhileOthersFlow(t *testing.T) {
 		s := newFakeStore()
 		keyed(s, "a", "b", "a", "b")
 		r := newRig(t, s, isolated, nil)
-		dir, err, _ := r.step(map[string]answer{"a1": nack})
+		dir, _, err := r.step(map[string]answer{"a1": nack})
 		if err != nil || !dir.Proceeds() {
 			t.Fatalf("directive %v, err %v: want the partition to go on", dir, err)
 		}
-		_, _, got := r.step(map[string]answer{"a1": nack})
+		_, got, _ := r.step(map[string]answer{"a1": nack})
 		if !slices.Equal(uuids(got), []string{"m2", "m4"}) {
 			t.Fatalf("second turn handed out %v: want b's messages, not a's", uuids(got))
 		}
@@ -72,7 +72,7 @@ func TestHeldKeyIsRetriedAndReleased(t *testing.T) {
 		time.Sleep(2 * time.Second) // the held key's backoff
 		var handed []string
 		for range 3 {
-			_, _, got := r.step(how)
+			_, got, _ := r.step(how)
 			handed = append(handed, uuids(got)...)
 		}
 		if !slices.Equal(handed, []string{"m1", "m3"}) || len(s.held) != 0 {

@@ -227,7 +227,7 @@ func (w *Worker) failWholeTx(ctx context.Context, entries []Entry, h handled) (w
 		return worker.Proceed(), nil
 	}
 	reason := h.reason
-	got, why, via := w.answer(&delivery{}, nacked, reason)
+	got, via, why := w.answer(&delivery{}, nacked, reason)
 	if got == rejected {
 		err := w.rejectInOwnTx(ctx, entries[0], why, via, h.last)
 		switch {

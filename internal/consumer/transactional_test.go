@@ -112,7 +112,7 @@ func TestTransactionalTimeoutGivesTheTransactionUp(t *testing.T) {
 		s := newFakeStore("slow")
 		r := newRig(t, s, transactional, nil)
 		var slow *message.Message
-		dir, err, _ := r.step(map[string]answer{"slow": func(m *message.Message) { slow = m }})
+		dir, _, err := r.step(map[string]answer{"slow": func(m *message.Message) { slow = m }})
 		if _, sleeping := dir.SleepDelay(); err != nil || !sleeping {
 			t.Fatalf("directive %v, err %v", dir, err)
 		}
@@ -142,7 +142,7 @@ func TestTransactionalTimeoutBehindTheHeadRetriesSmaller(t *testing.T) {
 		if !dir.Proceeds() || s.state().seq != 0 || s.state().attempts != 0 {
 			t.Fatalf("directive %v, cursor row %+v: want the prefix retried at once, nobody charged", dir, s.state())
 		}
-		_, _, got := r.step(map[string]answer{"a": write})
+		_, got, _ := r.step(map[string]answer{"a": write})
 		if !slices.Equal(uuids(got), []string{"m1"}) || s.state().seq != 1 {
 			t.Fatalf("next batch %v, cursor %d: want a alone, committed", uuids(got), s.state().seq)
 		}
@@ -173,7 +173,7 @@ func TestTransactionalRejectCommitsWithTheCursor(t *testing.T) {
 		r := newRig(t, s, transactional, nil)
 		r.rejects.fail = errors.New("no room")
 		reject := func(m *message.Message) { _ = Reject(m, errors.New("bad"), nil); m.Ack() }
-		_, err, _ := r.step(map[string]answer{"a": write, "poison": reject})
+		_, _, err := r.step(map[string]answer{"a": write, "poison": reject})
 		if err == nil || len(s.committedEffects()) != 0 || s.state().seq != 0 {
 			t.Fatalf("err %v, effects %v, cursor %d: want the whole batch rolled back", err, s.committedEffects(), s.state().seq)
 		}
@@ -192,7 +192,7 @@ func TestTransactionalDatabaseFailureChargesNobody(t *testing.T) {
 		s := newFakeStore("a")
 		r := newRig(t, s, transactional, nil)
 		s.fail["savepoint"] = errors.New("connection reset")
-		_, err, got := r.step(nil)
+		_, got, err := r.step(nil)
 		if err == nil || len(got) != 0 {
 			t.Fatalf("err %v, %d handed out", err, len(got))
 		}
