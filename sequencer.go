@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 )
 
 // SequencerConfig configures a Sequencer.
@@ -63,8 +64,6 @@ type SequencerConfig struct {
 	// polls only once a second (see adaptive.Pacing.IdleInterval), so the
 	// first message after it can wait that long.
 	DisableNotify bool
-	// MaxErrorBackoff caps the wait after database errors (default 5s).
-	MaxErrorBackoff time.Duration
 }
 
 func (c *SequencerConfig) setDefaults() {
@@ -86,9 +85,6 @@ func (c *SequencerConfig) setDefaults() {
 	if c.MinPassInterval == 0 {
 		c.MinPassInterval = 20 * time.Millisecond
 	}
-	if c.MaxErrorBackoff == 0 {
-		c.MaxErrorBackoff = 5 * time.Second
-	}
 }
 
 // Validate reports the first impossible setting.
@@ -106,8 +102,6 @@ func (c SequencerConfig) Validate() error {
 		return &errs.ConfigError{Field: "MaxPartitionsPerPass", Reason: "must be at least 1"}
 	case c.PollInterval < 0:
 		return &errs.ConfigError{Field: "PollInterval", Reason: "must be positive"}
-	case c.MaxErrorBackoff < 0:
-		return &errs.ConfigError{Field: "MaxErrorBackoff", Reason: "must be positive"}
 	}
 	return nil
 }
@@ -120,6 +114,9 @@ func (c SequencerConfig) Validate() error {
 // Any number of sequencers may run, e.g. one per instance: each partition is
 // sequenced by one of them at a time (a row lock taken with SKIP LOCKED), and
 // none of them waits for another.
+//
+// Its lifecycle is every long-running component's (internal/startstop): Run
+// once, Close stops it and waits.
 type Sequencer struct {
 	cfg    SequencerConfig
 	logger watermill.LoggerAdapter
@@ -135,11 +132,7 @@ type Sequencer struct {
 
 	db pgexec.DB // cfg.Pool adapted, for the schema check
 
-	closeOnce sync.Once
-	cancel    context.CancelFunc
-	ctx       context.Context
-	wg        sync.WaitGroup
-	running   atomic.Bool
+	life startstop.Service
 }
 
 // NewSequencer creates a Sequencer. Start it with Run.
@@ -151,16 +144,14 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	seq := &Sequencer{
 		cfg:           cfg,
 		logger:        logger.With(watermill.LogFields{"component": "outbox.sequencer", "schema": cfg.Schema}),
 		listenChannel: names.PendingChannel(cfg.Schema),
 		notifyChannel: names.SequencedChannel(cfg.Schema),
 		poke:          make(chan struct{}, 1),
-		ctx:           ctx,
-		cancel:        cancel,
 	}
+	seq.life.Name = "outbox.Sequencer"
 	seq.db, _ = pgexec.FromDB(cfg.Pool) // a *pgxpool.Pool, checked by Validate
 	seq.q = dbsql.For(cfg.Schema)
 	return seq, nil
@@ -177,38 +168,41 @@ func (s *Sequencer) Stats() SequencerStats {
 	return SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load()}
 }
 
-// Run sequences until ctx is cancelled or Close is called. It returns nil
-// then; database errors are logged and retried with backoff, never returned,
-// except a schema it cannot work with, found at the start: one that was
-// never migrated (ErrNotMigrated) or was migrated by a newer release
-// (ErrSchemaTooNew), which retrying would not mend. Run may be called once.
+// Run sequences until ctx is cancelled or Close is called, and returns nil
+// then. Database errors are logged and retried with the shared backoff
+// (internal/backoff: 50–100 ms after the first, doubling to 2.5–5 s),
+// never returned, except a schema it cannot work with, found at the start:
+// one that was never migrated (ErrNotMigrated) or was migrated by a newer
+// release (ErrSchemaTooNew), which retrying would not mend; Run may then be
+// called again (after Migrate, say). Otherwise Run runs once: a second Run
+// while it runs is ErrAlreadyRunning, a Run after Close or after Run
+// returned is ErrClosed.
 func (s *Sequencer) Run(ctx context.Context) error {
-	if s.cancel == nil {
+	if s.q == nil {
 		return errs.NotConstructed("outbox.Sequencer", "outbox.NewSequencer")
 	}
-	if !s.running.CompareAndSwap(false, true) {
-		return fmt.Errorf("%w: Sequencer.Run called twice", errs.ErrAlreadyRunning)
-	}
-	// A schema it cannot work with ends Run: retrying would not mend it. Any
-	// other error (the database not up yet, say) is met again by the first
-	// pass, and retried like every database error.
+	return s.life.Run(ctx, s.start, s.run)
+}
+
+// start refuses a schema it cannot work with: retrying would not mend it.
+// Any other error (the database not up yet, say) is met again by the first
+// pass, and retried like every database error.
+func (s *Sequencer) start(ctx context.Context) error {
 	if err := s.checkSchema(ctx); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
 		return err
 	}
-	s.wg.Add(1)
-	defer s.wg.Done()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(s.ctx, cancel)
-	defer stop()
+	return nil
+}
 
+// run is Run's loop, until ctx ends.
+func (s *Sequencer) run(ctx context.Context) error {
 	if !s.cfg.DisableListen {
 		// The process's shared LISTEN connection for this pool.
 		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(string) { s.wake() })
 		defer sub.Unlisten()
 	}
 
-	backoff := time.Duration(0)
+	var failures backoff.Streak // backoff.Default
 	// followUp is the wait before the next unprompted pass after work was
 	// found: MinPassInterval after a productive pass, doubling with every
 	// empty pass up to PollInterval (0: idle).
@@ -232,14 +226,13 @@ func (s *Sequencer) Run(ctx context.Context) error {
 		}
 		prompted = false
 		if err == nil {
-			backoff = 0
+			failures.Succeeded()
 		}
 		var wait time.Duration
 		switch {
 		case err != nil:
-			backoff = min(max(2*backoff, 50*time.Millisecond), s.cfg.MaxErrorBackoff)
-			wait, followUp = backoff, 0
-			s.logger.Error("Sequencing failed, retrying", err, watermill.LogFields{"backoff": backoff})
+			wait, followUp = failures.Failed(), 0
+			s.logger.Error("Sequencing failed, retrying", err, watermill.LogFields{"attempt": failures.Failures(), "retry_in": wait})
 		case more:
 			prompted = true
 			continue
@@ -303,13 +296,12 @@ func (s *Sequencer) wake() {
 	}
 }
 
-// Close stops Run and waits for it to return.
+// Close stops Run and waits for it to return: for the pass under way to
+// see its context cancelled, and for the sequencer's LISTEN subscription to
+// be given up. It may be called more than once, before or after Run, and
+// always returns nil; a Run after Close returns ErrClosed.
 func (s *Sequencer) Close() error {
-	if s.cancel == nil { // a zero Sequencer: nothing runs
-		return nil
-	}
-	s.closeOnce.Do(s.cancel)
-	s.wg.Wait()
+	s.life.Close()
 	return nil
 }
 

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -11,9 +12,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/backoff"
+	"github.com/millrace/watermill-outbox/internal/backoff/backofftest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 // stressResult is what the publishing goroutines know for sure.
@@ -274,5 +280,138 @@ func waitForListener(t *testing.T, e env, channel string) {
 			t.Fatalf("nobody listens on %s", channel)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// unreachablePool is a pool on a port nobody listens on: every statement
+// fails at once, and nothing needs a database.
+func unreachablePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(outboxtest.Ctx(t), "postgres://outbox@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// The Sequencer has the one lifecycle: Run once (a second Run while it
+// runs is ErrAlreadyRunning, a Run after Close or after Run returned is
+// ErrClosed), Close waits for Run and everything it started, and is
+// idempotent.
+func TestSequencerRunsOnceAndCloseWaits(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	pool := unreachablePool(t)
+	cfg := outbox.SequencerConfig{Schema: "unreachable", Pool: pool, PollInterval: 10 * time.Millisecond}
+
+	closedFirst, err := outbox.NewSequencer(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := closedFirst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := closedFirst.Run(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrClosed) {
+		t.Fatalf("Run after Close: %v, want ErrClosed", err)
+	}
+
+	s, err := outbox.NewSequencer(cfg, nil) // listening too: its notifier subscription must end with it
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := make(chan error, 2)
+	for range 2 {
+		go func() { results <- s.Run(context.Background()) }()
+	}
+	select {
+	case err := <-results:
+		if !errors.Is(err, outbox.ErrAlreadyRunning) {
+			t.Fatalf("one of two Runs: %v, want ErrAlreadyRunning", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("neither of two Runs returned ErrAlreadyRunning")
+	}
+	for range 2 {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-results:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	default:
+		t.Fatal("Close returned before Run")
+	}
+	if err := s.Run(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrClosed) {
+		t.Fatalf("Run after it stopped: %v, want ErrClosed", err)
+	}
+	pool.Close()
+	goleak.VerifyNone(t, ignore)
+}
+
+// A sequencer whose schema was dropped under it retries with the shared
+// backoff: the n-th failure in a row waits within [d/2, d] of 100 ms·2^(n-1),
+// jittered (before, it waited exactly 50 ms·2^(n-1), capped by
+// SequencerConfig.MaxErrorBackoff); a successful pass resets the streak.
+func TestSequencerBacksOffWithTheSharedBackoff(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	logs := &backofftest.Logger{Msg: "Sequencing failed, retrying"}
+	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, DisableListen: true, PollInterval: 10 * time.Millisecond}, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	defer func() {
+		_ = s.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	pub := e.Publisher(nil)
+	if err := pub.Publish("orders", message.NewMessage("m1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); s.Stats().Sequenced != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the sequencer did not sequence the message")
+		}
+	}
+	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "DROP SCHEMA "+e.Schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	backofftest.Check(t, backoff.Default, logs.WaitFor(t, 5, 30*time.Second)[:5], outbox.ErrNotMigrated)
+}
+
+// A Run that fails at its start (the schema is not migrated) leaves the
+// Sequencer as it was: once the schema is migrated, Run runs (before, the
+// failed Run left it "running", and every later Run was ErrAlreadyRunning).
+func TestSequencerRunsAfterAFailedStart(t *testing.T) {
+	b := &outboxtest.Bundle{T: t, Pool: pgtest.Pool(t), Schema: pgtest.Schema(t)} // not migrated yet
+	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: b.Schema, Pool: b.Pool, PollInterval: 10 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Run(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("Run on an unmigrated schema: %v, want ErrNotMigrated", err)
+	}
+	if err := outbox.Migrate(outboxtest.Ctx(t), b.Pool, b.Schema); err != nil {
+		t.Fatal(err)
+	}
+	b.Register("orders", 1)
+	b.Publish("orders", message.NewMessage("m1", nil))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	for deadline := time.Now().Add(30 * time.Second); s.Stats().Sequenced != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the Run after a failed one did not sequence the message")
+		}
+	}
+	_ = s.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 }

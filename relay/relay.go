@@ -25,7 +25,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +33,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
@@ -41,6 +41,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgrepl"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
 )
 
@@ -50,7 +51,6 @@ const (
 	DefaultStandbyRetry    = time.Second
 	DefaultWarnRetainedWAL = 1 << 30 // 1 GiB
 	DefaultStatusInterval  = 10 * time.Second
-	DefaultMaxErrorBackoff = 5 * time.Second
 	DefaultTakeoverTimeout = 30 * time.Second
 )
 
@@ -77,9 +77,6 @@ type Config struct {
 	// StatusInterval is how often the relay checks the slot's retained WAL
 	// (default DefaultStatusInterval).
 	StatusInterval time.Duration
-	// MaxErrorBackoff caps the wait before retrying after a database error
-	// (default DefaultMaxErrorBackoff).
-	MaxErrorBackoff time.Duration
 	// DisableNotify turns off the notification that wakes Subscribers after
 	// each append (they then find messages by polling).
 	DisableNotify bool
@@ -149,9 +146,6 @@ func (c *Config) setDefaults() {
 	if c.StatusInterval == 0 {
 		c.StatusInterval = DefaultStatusInterval
 	}
-	if c.MaxErrorBackoff == 0 {
-		c.MaxErrorBackoff = DefaultMaxErrorBackoff
-	}
 	if c.TakeoverTimeout == 0 {
 		c.TakeoverTimeout = DefaultTakeoverTimeout
 	}
@@ -172,8 +166,8 @@ func (c Config) Validate() error {
 		return &errs.ConfigError{Field: "Pool", Reason: "required"}
 	case c.MaxBatch < 1:
 		return &errs.ConfigError{Field: "MaxBatch", Reason: "must be at least 1"}
-	case c.StandbyRetry < 0 || c.StatusInterval < 0 || c.MaxErrorBackoff < 0:
-		return &errs.ConfigError{Field: "StandbyRetry, StatusInterval, MaxErrorBackoff", Reason: "must not be negative"}
+	case c.StandbyRetry < 0 || c.StatusInterval < 0:
+		return &errs.ConfigError{Field: "StandbyRetry, StatusInterval", Reason: "must not be negative"}
 	case c.TakeoverTimeout < 100*time.Millisecond:
 		return &errs.ConfigError{Field: "TakeoverTimeout", Reason: "must be at least 100ms (or 0 for the default, 30s)"}
 	case len(c.Instance) > MaxInstanceLen:
@@ -205,7 +199,8 @@ type Stats struct {
 }
 
 // Relay streams a schema's slot into its log. Create it with New, start it
-// with Run, stop it with Close.
+// with Run, stop it with Close. Its lifecycle is every long-running
+// component's (internal/startstop): Run once, Close stops it and waits.
 type Relay struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
@@ -217,11 +212,7 @@ type Relay struct {
 	active                                    atomic.Bool
 	lastError                                 atomic.Pointer[string]
 
-	running   atomic.Bool
-	ctx       context.Context
-	cancel    context.CancelFunc
-	closeOnce sync.Once
-	wg        sync.WaitGroup
+	life startstop.Service
 }
 
 // New creates a Relay. It does not connect until Run.
@@ -240,7 +231,7 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Relay, error) {
 		prefix: names.WALPrefix(cfg.Schema),
 	}
 	r.logger = logger.With(watermill.LogFields{"slot": r.slot, "instance": cfg.Instance})
-	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.life.Name = "relay.Relay"
 	return r, nil
 }
 
@@ -258,42 +249,46 @@ func (r *Relay) Stats() Stats {
 
 // Run relays until ctx is cancelled or Close is called, and returns nil
 // then. While another relay streams the slot it waits as a standby.
-// Database and connection errors are logged and retried with backoff. It
-// returns at once the errors retrying cannot mend: a schema never migrated
-// or migrated by a newer release, a server or role that cannot stream
-// (ErrWALLevel, ErrReplicationPrivilege), a missing slot (ErrNoSlot), and
-// a record written by a newer release (ErrRecordVersion). Run may be
-// called once.
+// Database and connection errors are logged and retried with the shared
+// backoff (internal/backoff: 50–100 ms after the first, doubling to
+// 2.5–5 s; an append that succeeds resets it). It returns at once the
+// errors retrying cannot mend: a schema never migrated or migrated by a
+// newer release (found at the start: Run may then be called again), a
+// server or role that cannot stream (ErrWALLevel,
+// ErrReplicationPrivilege), a missing slot (ErrNoSlot), and a record
+// written by a newer release (ErrRecordVersion). Otherwise Run runs once:
+// a second Run while it runs is outbox.ErrAlreadyRunning, a Run after
+// Close or after Run returned is outbox.ErrClosed.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.made(); err != nil {
 		return err
 	}
-	if !r.running.CompareAndSwap(false, true) {
-		return fmt.Errorf("%w: Relay.Run called twice", errs.ErrAlreadyRunning)
-	}
-	r.wg.Add(1)
-	defer r.wg.Done()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(r.ctx, cancel)
-	defer stop()
+	return r.life.Run(ctx, r.start, r.run)
+}
 
+// start refuses a schema retrying would not mend.
+func (r *Relay) start(ctx context.Context) error {
 	db, _ := pgexec.FromDB(r.cfg.Pool)
 	if err := schemacheck.Check(ctx, r.cfg.Pool, db, r.cfg.Schema); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
 		return err
 	}
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		r.watchRetained(ctx)
-	}()
-	backoff := time.Duration(0)
+	return nil
+}
+
+// run is Run's loop, until ctx ends or an error retrying cannot mend.
+func (r *Relay) run(ctx context.Context) error {
+	r.life.Go(func() { r.watchRetained(ctx) })
+	var failures backoff.Streak // backoff.Default
 	standby := false
 	for {
+		appended := r.appended.Load()
 		err := r.stream(ctx)
 		r.active.Store(false)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if r.appended.Load() > appended {
+			failures.Succeeded() // the stream made progress before it failed
 		}
 		var wait time.Duration
 		switch {
@@ -301,41 +296,42 @@ func (r *Relay) Run(ctx context.Context) error {
 			if !standby {
 				r.logger.Info("Another relay streams the slot; waiting as a standby", nil)
 			}
-			standby, backoff, wait = true, 0, r.cfg.StandbyRetry
+			standby, wait = true, r.cfg.StandbyRetry
+			failures.Succeeded()
 		case errors.Is(err, ErrWALLevel), errors.Is(err, ErrReplicationPrivilege), errors.Is(err, ErrNoSlot), errors.Is(err, ErrRecordVersion):
 			r.logger.Error("Relay stopped", err, nil)
 			return err
 		default:
 			standby = false
-			backoff = min(max(2*backoff, 50*time.Millisecond), r.cfg.MaxErrorBackoff)
-			wait = backoff
+			wait = failures.Failed()
 			msg := err.Error()
 			r.lastError.Store(&msg)
 			r.failures.Add(1)
-			r.logger.Error("Relay failed, retrying", err, watermill.LogFields{"backoff": backoff})
+			r.logger.Error("Relay failed, retrying", err, watermill.LogFields{"attempt": failures.Failures(), "retry_in": wait})
 		}
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, wait) {
 			return nil
-		case <-time.After(wait):
 		}
 	}
 }
 
-// Close stops Run and waits for it to return.
+// Close stops Run and waits for it to return: for the stream under way to
+// end (its connections are closed within 5 s each) and for the
+// retained-WAL check to stop. It may be called more than once, before or
+// after Run, and always returns nil; a Run after Close returns
+// outbox.ErrClosed.
 func (r *Relay) Close() error {
 	if r.made() != nil {
 		return nil // nothing runs
 	}
-	r.closeOnce.Do(r.cancel)
-	r.wg.Wait()
+	r.life.Close()
 	return nil
 }
 
 // made refuses a Relay not made by New (nil, or a zero value), which has no
 // Pool to stream with.
 func (r *Relay) made() error {
-	if r == nil || r.cancel == nil {
+	if r == nil || r.q == nil {
 		return fmt.Errorf("%w: a relay.Relay must be made by relay.New", errs.ErrInvalidArgument)
 	}
 	return nil

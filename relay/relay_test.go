@@ -259,7 +259,7 @@ func TestRelaySurvivesPostgreSQLCrashes(t *testing.T) {
 	if err := relay.CreateSlot(ctx, pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	r := startRelay(t, pool, schema, func(c *relay.Config) { c.MaxErrorBackoff = 200 * time.Millisecond }, nil)
+	r := startRelay(t, pool, schema, nil, nil)
 	pub := walPublisher(t, b)
 
 	p := startPublishers(t, pub, 3, 5, true)
@@ -605,7 +605,7 @@ func TestUnregisteredPartitionAppendsNothingAndSaysWhich(t *testing.T) {
 				t.Fatal(err)
 			}
 			logs := &captureLogger{}
-			r := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.MaxErrorBackoff = 100 * time.Millisecond }, logs)
+			r := startRelay(t, b.Pool, b.Schema, nil, logs)
 			want := fmt.Sprintf("topic partitions not registered: orders partition %d (", part)
 			waitFor(t, "the relay to say the partition is not registered", func() bool { return logs.has(want) })
 			if st := r.Stats(); st.Failures == 0 || !strings.Contains(st.LastError, want) {

@@ -36,11 +36,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 )
 
@@ -60,7 +62,9 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Interval is the pause between passes when the last pass finished its
 	// work (default DefaultInterval). A pass that left work (a partition
-	// hit MaxChunksPerVisit) is followed by the next one at once.
+	// hit MaxChunksPerVisit) is followed by the next one at once; a pass
+	// that failed by the next one after the shared backoff (50–100 ms after
+	// the first failure, doubling to 2.5–5 s).
 	Interval time.Duration
 	// ChunkSize bounds the rows one DELETE removes (default
 	// DefaultChunkSize).
@@ -193,7 +197,9 @@ type partitionState struct {
 
 // Vacuum deletes consumed log rows. Create it with NewVacuum, run it with
 // Run (one per instance is fine: concurrent vacuums never delete a row
-// that is still needed), stop it with Close.
+// that is still needed), stop it with Close. Its lifecycle is every
+// long-running component's (internal/startstop): Run once, Close stops it
+// and waits.
 type Vacuum struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
@@ -210,12 +216,7 @@ type Vacuum struct {
 
 	passes, visits, deleted atomic.Int64
 
-	ctx     context.Context // cancelled by Close
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	closed  bool
-	running bool
+	life startstop.Service
 }
 
 // NewVacuum creates a Vacuum. It does nothing until Run or VacuumOnce.
@@ -227,7 +228,6 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	fields := watermill.LogFields{"component": "outbox.retention", "schema": cfg.Schema}
 	v := &Vacuum{
 		cfg:        cfg,
@@ -237,10 +237,9 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 		state:      map[partitionKey]*partitionState{},
 
 		warnedHolders: map[string]time.Time{},
-		ctx:           ctx,
-		cancel:        cancel,
 		q:             dbsql.For(cfg.Schema),
 	}
+	v.life.Name = "retention.Vacuum"
 	return v, nil
 }
 
@@ -251,80 +250,69 @@ func (v *Vacuum) Stats() Stats {
 
 // Run vacuums until ctx ends or Close is called, then returns nil. A
 // schema it cannot work with ends it at once: one never migrated
-// (outbox.ErrNotMigrated: run outbox.Migrate first) or migrated by a newer
-// release (outbox.ErrSchemaTooNew). Other database errors are logged and
-// retried at the next pass. Run may be called once.
+// (outbox.ErrNotMigrated: run outbox.Migrate first, then Run again) or
+// migrated by a newer release (outbox.ErrSchemaTooNew). Other database
+// errors are logged and the pass retried with the shared backoff
+// (internal/backoff: 50–100 ms after the first failure, doubling to
+// 2.5–5 s). Otherwise Run runs once: a second Run while it runs is
+// outbox.ErrAlreadyRunning, a Run after Close or after Run returned is
+// outbox.ErrClosed.
 //
 // Each pass is logged at Debug level with the groups that hold retention
 // back (PassStats.HeldBack); a group that does so without live members is
 // logged at warning level (see WarnLogger) when first seen and every hour
 // while it lasts.
 func (v *Vacuum) Run(ctx context.Context) error {
-	if v.cancel == nil {
+	if v.q == nil {
 		return errs.NotConstructed("retention.Vacuum", "retention.NewVacuum")
 	}
-	v.mu.Lock()
-	switch {
-	case v.closed:
-		v.mu.Unlock()
-		return errs.ErrClosed
-	case v.running:
-		v.mu.Unlock()
-		return fmt.Errorf("%w: retention: Run called twice", errs.ErrAlreadyRunning)
-	}
-	v.running = true
-	v.wg.Add(1)
-	v.mu.Unlock()
-	defer v.wg.Done()
+	return v.life.Run(ctx, v.start, v.run)
+}
 
-	// Retrying would not mend the schema; any other error (the database
-	// not up yet, say) is met again by the first pass, and retried.
+// start refuses a schema retrying would not mend; any other error (the
+// database not up yet, say) is met again by the first pass, and retried.
+func (v *Vacuum) start(ctx context.Context) error {
 	if err := schemacheck.CheckPool(ctx, v.cfg.Pool, v.cfg.Schema); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
 		return fmt.Errorf("retention: %w", err)
 	}
+	return nil
+}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(v.ctx, cancel)
-	defer stop()
-
-	timer := time.NewTimer(0)
-	defer timer.Stop()
+// run is Run's loop, until ctx ends.
+func (v *Vacuum) run(ctx context.Context) error {
+	var failures backoff.Streak // backoff.Default
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
 		stats, err := v.VacuumOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait := v.cfg.Interval
+		var wait time.Duration
 		switch {
 		case err != nil:
-			v.logger.Error("Vacuum pass failed", err, nil)
+			wait = failures.Failed()
+			v.logger.Error("Vacuum pass failed, retrying", err, watermill.LogFields{"attempt": failures.Failures(), "retry_in": wait})
 		case stats.More:
-			wait = 0
+			failures.Succeeded()
+		default:
+			failures.Succeeded()
+			wait = v.cfg.Interval
 		}
 		if err == nil {
 			v.logger.Debug("Vacuum pass", watermill.LogFields{"visited": stats.Visited, "deleted": stats.Deleted, "more": stats.More,
 				"held_back": heldBackSummary(stats.HeldBack)})
 		}
-		timer.Reset(wait)
+		if !backoff.Sleep(ctx, wait) {
+			return nil
+		}
 	}
 }
 
-// Close stops Run and waits for it to return.
+// Close stops Run and waits for it to return: for the pass under way to
+// see its context cancelled. It may be called more than once, before or
+// after Run, and always returns nil; a Run after Close returns
+// outbox.ErrClosed.
 func (v *Vacuum) Close() error {
-	if v.cancel == nil { // a zero Vacuum: nothing runs
-		return nil
-	}
-	v.mu.Lock()
-	v.closed = true
-	v.mu.Unlock()
-	v.cancel()
-	v.wg.Wait()
+	v.life.Close()
 	return nil
 }
 
@@ -336,7 +324,7 @@ func (v *Vacuum) Close() error {
 // stays done. A schema never migrated is outbox.ErrNotMigrated, one
 // migrated by a newer release outbox.ErrSchemaTooNew.
 func (v *Vacuum) VacuumOnce(ctx context.Context) (PassStats, error) {
-	if v.cancel == nil {
+	if v.q == nil {
 		return PassStats{}, errs.NotConstructed("retention.Vacuum", "retention.NewVacuum")
 	}
 	v.passMu.Lock()

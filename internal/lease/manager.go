@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -13,12 +12,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 )
 
 // Manager keeps this member's heartbeat, acquires and renews leases for its
 // fair share of the partitions, and hands them to the caller. Create it with
-// NewManager and start it with Run.
+// NewManager and start it with Run, which has the lifecycle of every
+// long-running component (internal/startstop); or drive it with Step and
+// Stop.
 type Manager struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
@@ -26,9 +29,9 @@ type Manager struct {
 
 	q *dbsql.Queries // the statements, for cfg.Schema
 
-	running atomic.Bool
-	wake    chan struct{}
-	frozen  atomic.Bool // test hook: the Run loop ignores its timers, like a stalled process
+	life   startstop.Service
+	wake   chan struct{}
+	frozen atomic.Bool // test hook: the Run loop ignores its timers, like a stalled process
 
 	mu     sync.Mutex
 	leases map[int]*Lease // leases held, or waiting for their worker's Done
@@ -60,6 +63,7 @@ func NewManager(cfg Config, logger watermill.LoggerAdapter) (*Manager, error) {
 		leases: make(map[int]*Lease),
 		q:      dbsql.For(cfg.Schema),
 	}
+	m.life.Name = "lease.Manager"
 	return m, nil
 }
 
@@ -91,25 +95,30 @@ func (m *Manager) Held() []int {
 //
 // When ctx ends, Run cancels every lease's context, waits up to TTL for
 // their Done (renewing meanwhile), releases them, removes the member and
-// returns nil. Leases whose worker did not finish in time are left to
-// expire. Database errors while running are logged and retried; Run returns
-// an error only if the cursor rows cannot be created, or if it is already
-// running.
+// returns nil: it returns at most about 2×TTL after ctx ended. Leases whose
+// worker did not finish in time are left to expire. Database errors while
+// running are logged and retried at the next renewal or balance: those
+// keep their fixed intervals, never backing off, so that a lease is renewed
+// within its TTL whenever the database answers.
+//
+// Run returns an error when the cursor rows cannot be created (the
+// database unreachable, the schema dropped): the manager is then as it was,
+// and the caller may Run it again after a backoff (the Subscriber's join
+// retry, with internal/backoff). Otherwise Run runs once: a second Run
+// while it runs is errs.ErrAlreadyRunning, a Run after Run returned is
+// errs.ErrClosed; a nil onAcquire is errs.ErrInvalidArgument.
 func (m *Manager) Run(ctx context.Context, onAcquire func(l *Lease)) error {
 	if onAcquire == nil {
-		return errors.New("lease: Run needs an onAcquire callback")
+		return errs.NilArgument("lease.Manager.Run: onAcquire", "pass a callback that starts a worker for each lease")
 	}
-	if !m.running.CompareAndSwap(false, true) {
-		return errors.New("lease: Run is already running")
-	}
-	defer m.running.Store(false)
+	return m.life.Run(ctx, m.start, func(ctx context.Context) error {
+		m.run(ctx, onAcquire)
+		return nil
+	})
+}
 
-	if err := m.start(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
+// run is Run's loop, until ctx ends and the leases are given back.
+func (m *Manager) run(ctx context.Context, onAcquire func(l *Lease)) {
 	renew := time.NewTicker(m.cfg.RenewInterval)
 	defer renew.Stop()
 	balance := time.NewTicker(m.cfg.BalanceInterval)
@@ -120,7 +129,7 @@ func (m *Manager) Run(ctx context.Context, onAcquire func(l *Lease)) error {
 		select {
 		case <-ctx.Done():
 			m.shutdown(ctx)
-			return nil
+			return
 		case <-renew.C:
 			if !m.frozen.Load() {
 				m.renew(ctx)

@@ -13,6 +13,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {
@@ -612,5 +613,46 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 	}
 	if r := e.cursor(t, "g", "orders", 0); r.seq != 4 {
 		t.Fatalf("cursor %d, want 4", r.seq)
+	}
+}
+
+// Run has the one lifecycle (internal/startstop), with typed errors: a nil
+// callback is ErrInvalidArgument; a Run whose start failed (the cursor
+// rows could not be created) leaves the manager as it was, so the caller's
+// join retry can Run it again; a second Run while it runs is
+// ErrAlreadyRunning; a Run after Run returned is ErrClosed.
+func TestRunOnceWithTypedErrors(t *testing.T) {
+	e := newEnv(t)
+	ctx := outboxtest.Ctx(t)
+	doneOnStop := func(l *lease.Lease) { go func() { <-l.Context().Done(); l.Done() }() }
+
+	cfg := e.config("g", "t", 1)
+	cfg.Schema = pgtest.Schema(t) // not created yet
+	m, err := lease.NewManager(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Run(ctx, nil); !errors.Is(err, outbox.ErrInvalidArgument) || !strings.Contains(err.Error(), "onAcquire") {
+		t.Fatalf("Run without a callback: %v, want ErrInvalidArgument naming onAcquire", err)
+	}
+	if err := m.Run(ctx, doneOnStop); err == nil {
+		t.Fatal("Run on a missing schema succeeded")
+	}
+	if err := outbox.Migrate(ctx, e.Pool, cfg.Schema); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx, doneOnStop) }()
+	waitFor(t, "the lease held by a Run after a failed one", func() (bool, string) { return len(m.Held()) == 1, "" })
+	if err := m.Run(ctx, doneOnStop); !errors.Is(err, outbox.ErrAlreadyRunning) {
+		t.Fatalf("second Run while it runs: %v, want ErrAlreadyRunning", err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if err := m.Run(ctx, doneOnStop); !errors.Is(err, outbox.ErrClosed) {
+		t.Fatalf("Run after Run returned: %v, want ErrClosed", err)
 	}
 }

@@ -14,10 +14,16 @@
 // live connection. When the last subscription of the pool goes, the
 // listener closes its connection and ends; Unlisten waits for that.
 //
-// A lost connection is re-established with backoff (100 ms doubling to
-// 5 s), every channel is listened to again, and every callback is called
-// with payload "": notifications may have been missed, re-poll. The same
-// "" call follows the first LISTEN of each subscription, so a subscriber
+// The listener has the lifecycle of every long-running component
+// (internal/startstop): started once, by the pool's first subscription,
+// and closed by its last, which waits for it.
+//
+// A lost connection is re-established with the shared backoff
+// (internal/backoff: 50–100 ms after the first loss, doubling to 2.5–5 s;
+// a connection that held for longer than the longest wait resets it),
+// every channel is listened to again, and every callback is called with
+// payload "": notifications may have been missed, re-poll. The same ""
+// call follows the first LISTEN of each subscription, so a subscriber
 // never misses what happened before it listened.
 //
 // Callbacks run on the listener's goroutine and must not block: they
@@ -36,7 +42,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 )
 
 // Subscription is one callback registered with Listen.
@@ -89,21 +97,18 @@ type listener struct {
 	fresh   []*Subscription                       // added since the last sync: owed a "" call
 	changed chan struct{}                         // a channel was added or dropped (capacity 1)
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	life startstop.Service
 }
 
 func newListener(pool *pgxpool.Pool, logger watermill.LoggerAdapter) *listener {
-	ctx, cancel := context.WithCancel(context.Background())
 	l := &listener{
 		pool:    pool,
 		logger:  logger.With(watermill.LogFields{"component": "outbox.notifier"}),
 		subs:    map[string]map[*Subscription]struct{}{},
 		changed: make(chan struct{}, 1),
-		cancel:  cancel,
-		done:    make(chan struct{}),
 	}
-	go l.run(ctx)
+	l.life.Name = "notifier.listener"
+	_ = l.life.Start(context.Background(), l.run) // (a new Service: it cannot fail)
 	return l
 }
 
@@ -133,8 +138,7 @@ func (l *listener) remove(s *Subscription) {
 	}
 	registryMu.Unlock()
 	if last {
-		l.cancel()
-		<-l.done
+		l.life.Close()
 		return
 	}
 	l.signal()
@@ -147,20 +151,29 @@ func (l *listener) signal() {
 	}
 }
 
+// heldLongEnough is how long a connection must have held for its loss to
+// start a new streak of failures: longer than the longest wait
+// (export_test.go shortens it).
+var heldLongEnough = backoff.Default.Max
+
+// run holds the pool's LISTEN connection, and reconnects, until ctx ends.
 func (l *listener) run(ctx context.Context) {
-	defer close(l.done)
-	backoff := time.Duration(0)
+	var failures backoff.Streak // backoff.Default
 	for ctx.Err() == nil {
+		started := time.Now()
 		err := l.session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-		l.logger.Error("LISTEN connection lost, reconnecting", err, watermill.LogFields{"backoff": backoff})
-		select {
-		case <-ctx.Done():
+		if time.Since(started) > heldLongEnough {
+			// It held: a loss now is not one of a streak (a connection
+			// killed as soon as it is made keeps backing off).
+			failures.Succeeded()
+		}
+		wait := failures.Failed()
+		l.logger.Error("LISTEN connection lost, reconnecting", err, watermill.LogFields{"attempt": failures.Failures(), "retry_in": wait})
+		if !backoff.Sleep(ctx, wait) {
 			return
-		case <-time.After(backoff):
 		}
 	}
 }

@@ -2,12 +2,17 @@ package notifier_test
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/millrace/watermill-outbox/internal/backoff"
+	"github.com/millrace/watermill-outbox/internal/backoff/backofftest"
 	"github.com/millrace/watermill-outbox/internal/notifier"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
@@ -152,4 +157,63 @@ func TestAddingAChannelWhileWaitingIsListenedAtOnce(t *testing.T) {
 	second.next(t, "x")
 	notify(t, pool, "ch_first", "y")
 	first.next(t, "y")
+}
+
+// switchablePool is a pool on the test server whose new connections fail
+// while down is set.
+func switchablePool(t *testing.T, down *atomic.Bool) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		if down.Load() {
+			return errors.New("the database is down (test)")
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// The listener reconnects with the shared backoff: the n-th failure in a
+// row waits within [d/2, d] of 100 ms·2^(n-1), jittered (before, exactly
+// 100 ms·2^(n-1) up to 5 s, and never reset). A connection that held for
+// longer than the longest wait starts a new streak when it is lost. The
+// last Unlisten ends the listener's goroutine.
+func TestReconnectBacksOffWithTheSharedBackoff(t *testing.T) {
+	notifier.SetHeldLongEnough(t, 300*time.Millisecond)
+	var down atomic.Bool
+	down.Store(true)
+	pool := switchablePool(t, &down)
+	ignore := goleak.IgnoreCurrent()
+	logs := &backofftest.Logger{Msg: "LISTEN connection lost, reconnecting"}
+	r := make(received, 16)
+	s := notifier.Listen(pool, "ch_backoff", logs, r.fn)
+	backofftest.Check(t, backoff.Default, logs.WaitFor(t, 4, 30*time.Second)[:4], nil)
+
+	down.Store(false)
+	r.next(t, "") // connected and listening
+	failedBefore := len(logs.Retries())
+	time.Sleep(400 * time.Millisecond) // the connection holds
+	var killed int
+	if err := pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE 'LISTEN %ch_backoff%'`).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed != 1 {
+		t.Fatalf("terminated %d listening backends, want 1", killed)
+	}
+	rs := logs.WaitFor(t, failedBefore+1, 30*time.Second)
+	if a := rs[failedBefore].Attempt; a != 1 {
+		t.Fatalf("the loss of a connection that held is attempt %d of its streak, want 1", a)
+	}
+	r.next(t, "") // reconnected
+	s.Unlisten()
+	goleak.VerifyNone(t, ignore, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
 }

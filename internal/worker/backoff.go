@@ -4,11 +4,13 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/backoff"
 )
 
 // BackoffConfig sets how long the loop waits after Execute fails: Base after
 // the first failure, doubling with every further consecutive failure, capped
-// at Max.
+// at Max: the shared backoff's curve (backoff.Exponential), without its
+// jitter, so that the wait reported as Failure.RetryIn is the one waited.
 type BackoffConfig struct {
 	// Base is the wait after the first failure. Must be > 0.
 	Base time.Duration
@@ -33,5 +35,5 @@ func (c BackoffConfig) Validate() error {
 
 // Delay returns the wait after failures consecutive failures (failures >= 1).
 func (c BackoffConfig) Delay(failures int) time.Duration {
-	return adaptive.ExponentialBackoff(c.Base, c.Max, failures)
+	return backoff.Exponential(c.Base, c.Max, failures)
 }

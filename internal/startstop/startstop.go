@@ -1,0 +1,163 @@
+// Package startstop is the one lifecycle of the outbox's long-running
+// components: outbox.Sequencer, relay.Relay, retention.Vacuum, the
+// notifier's shared listener and the lease manager each embed a [Service]
+// and implement Run and Close in a few lines on it (River's
+// rivershared/startstop is the model).
+//
+// The rules, the same for every component:
+//
+//   - Run runs once. It blocks until its context ends or Close is called,
+//     and returns nil then; it returns an error only for what retrying
+//     cannot mend (each component lists them). Transient errors are
+//     retried inside Run with the shared backoff (internal/backoff).
+//   - A second Run while the first runs returns an error matching
+//     errs.ErrAlreadyRunning (outbox.ErrAlreadyRunning); a Run after the
+//     service stopped (Close was called, or a Run that started returned)
+//     returns an error matching errs.ErrClosed (outbox.ErrClosed). Create
+//     another component to run again.
+//   - A Run whose start failed (it returned the start's error: a schema
+//     that was never migrated, a database that cannot be reached) leaves the
+//     service as it was: Run may be called again, e.g. after outbox.Migrate
+//     or with a retry loop.
+//   - Close is idempotent and safe before, during and after Run, from any
+//     goroutine but the service's own: it stops Run and waits until Run
+//     and every goroutine the service started ([Service.Go]) have returned.
+package startstop
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+)
+
+// Service is the lifecycle state of one component. Embed it (a field, not
+// a pointer) and set Name in the constructor; the zero value is usable. It
+// must not be copied after first use.
+type Service struct {
+	// Name names the component in errors, e.g. "outbox.Sequencer".
+	Name string
+
+	mu      sync.Mutex
+	running bool // a Run (or Start) is under way
+	ended   bool // a Run that started has returned: the service ran
+	closed  bool // Close was called
+	cancel  context.CancelFunc
+
+	active     sync.WaitGroup // the Run under way
+	goroutines sync.WaitGroup // goroutines started with Go
+}
+
+// Run runs the service once: it calls start (when not nil), then run,
+// both with a context that ends when ctx ends or Close is called, and
+// returns what run returned, once every goroutine started with Go has
+// returned too.
+//
+// When start fails, Run returns its error and leaves the service as it
+// was, so that Run may be called again; when start fails because that
+// context ended, Run returns nil and the service has stopped. A second Run
+// while one is under way returns an error matching errs.ErrAlreadyRunning,
+// a Run after Close or after a Run that started returned an error matching
+// errs.ErrClosed.
+func (s *Service) Run(ctx context.Context, start, run func(context.Context) error) error {
+	ctx, cancel, err := s.claim(ctx)
+	if err != nil {
+		return err
+	}
+	return s.execute(ctx, cancel, start, run)
+}
+
+// Start is Run in a goroutine of its own, for a service nobody waits on
+// (the notifier's listener): it claims the service as Run does, returning
+// the same errors, then runs run in a new goroutine that Close waits for.
+func (s *Service) Start(ctx context.Context, run func(context.Context)) error {
+	ctx, cancel, err := s.claim(ctx)
+	if err != nil {
+		return err
+	}
+	go func() {
+		_ = s.execute(ctx, cancel, nil, func(ctx context.Context) error { run(ctx); return nil })
+	}()
+	return nil
+}
+
+// Go runs fn in a goroutine of the service: Run returns, and Close
+// returns, only after fn has. Call it only from start or run (their
+// context is fn's to watch).
+func (s *Service) Go(fn func()) {
+	s.goroutines.Go(fn)
+}
+
+// Close stops the service and waits: it ends the context of the Run under
+// way and returns once that Run, and every goroutine it started with Go,
+// has returned. A Run called after Close returns errs.ErrClosed. Close may
+// be called any number of times, before, during or after Run, but not from
+// the service's own goroutines (it would wait for itself).
+func (s *Service) Close() {
+	s.mu.Lock()
+	s.closed = true
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	s.active.Wait()
+}
+
+// Closed reports whether Close was called.
+func (s *Service) Closed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// claim makes the service running, or says why it cannot run.
+func (s *Service) claim(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return nil, nil, fmt.Errorf("%w: %s.Run after Close: a %s runs once; create another", errs.ErrClosed, s.name(), s.name())
+	case s.running:
+		return nil, nil, fmt.Errorf("%w: %s.Run called while it runs", errs.ErrAlreadyRunning, s.name())
+	case s.ended:
+		return nil, nil, fmt.Errorf("%w: %s.Run after it stopped: a %s runs once; create another", errs.ErrClosed, s.name(), s.name())
+	}
+	s.running = true
+	ctx, s.cancel = context.WithCancel(ctx)
+	s.active.Add(1) // (never after Close set closed, so never during its Wait)
+	return ctx, s.cancel, nil
+}
+
+// execute runs start and run on the claimed ctx, then releases the claim.
+func (s *Service) execute(ctx context.Context, cancel context.CancelFunc, start, run func(context.Context) error) (err error) {
+	ran := false
+	defer func() {
+		cancel()
+		s.goroutines.Wait()
+		s.mu.Lock()
+		s.running, s.cancel = false, nil
+		s.ended = s.ended || ran
+		s.mu.Unlock()
+		s.active.Done()
+	}()
+	if start != nil {
+		if err := start(ctx); err != nil {
+			if ctx.Err() != nil {
+				ran = true // stopped while starting: that was its run
+				return nil
+			}
+			return err
+		}
+	}
+	ran = true
+	return run(ctx)
+}
+
+func (s *Service) name() string {
+	if s.Name == "" {
+		return "service"
+	}
+	return s.Name
+}

@@ -1,0 +1,262 @@
+package startstop_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/startstop"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// untilDone is a run that returns nil when its context ends.
+func untilDone(ctx context.Context) error { <-ctx.Done(); return nil }
+
+// A second Run while the first runs is ErrAlreadyRunning, naming the
+// component; the first goes on, and Close ends it with nil.
+func TestRunTwiceIsAlreadyRunning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{Name: "test.Thing"}
+		done := make(chan error, 1)
+		go func() { done <- s.Run(context.Background(), nil, untilDone) }()
+		synctest.Wait()
+		err := s.Run(context.Background(), nil, untilDone)
+		if !errors.Is(err, errs.ErrAlreadyRunning) || !strings.Contains(err.Error(), "test.Thing") {
+			t.Fatalf("second Run: %v, want ErrAlreadyRunning naming test.Thing", err)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the first Run returned %v after a second Run was refused", err)
+		default:
+		}
+		s.Close()
+		if err := <-done; err != nil {
+			t.Fatalf("Run after Close: %v, want nil", err)
+		}
+	})
+}
+
+// A service runs once: after a Run that started returned (its context
+// ended, no Close), Run is ErrClosed.
+func TestRunAfterItStoppedIsClosed(t *testing.T) {
+	s := &startstop.Service{Name: "test.Thing"}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx, nil, untilDone); err != nil {
+		t.Fatalf("Run on an ended context: %v", err)
+	}
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, errs.ErrClosed) {
+		t.Fatalf("Run after a Run returned: %v, want ErrClosed", err)
+	}
+}
+
+// Close before Run: Run is ErrClosed and runs nothing.
+func TestCloseBeforeRunMakesRunClosed(t *testing.T) {
+	s := &startstop.Service{Name: "test.Thing"}
+	s.Close()
+	if !s.Closed() {
+		t.Fatal("Closed() false after Close")
+	}
+	called := false
+	err := s.Run(context.Background(), func(context.Context) error { called = true; return nil }, untilDone)
+	if !errors.Is(err, errs.ErrClosed) || called {
+		t.Fatalf("Run after Close: %v (start called: %v), want ErrClosed without calling start", err, called)
+	}
+	if err := s.Start(context.Background(), func(context.Context) { called = true }); !errors.Is(err, errs.ErrClosed) || called {
+		t.Fatalf("Start after Close: %v (run called: %v), want ErrClosed", err, called)
+	}
+}
+
+// Close waits for Run to return, and for every goroutine the service
+// started with Go, however long they take to finish after the stop.
+func TestCloseDuringRunWaitsForRunAndItsGoroutines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{Name: "test.Thing"}
+		var runEnded, goroutineEnded atomic.Bool
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Run(context.Background(), nil, func(ctx context.Context) error {
+				s.Go(func() {
+					<-ctx.Done()
+					time.Sleep(3 * time.Second) // a slow goroutine's cleanup
+					goroutineEnded.Store(true)
+				})
+				<-ctx.Done()
+				time.Sleep(time.Second) // Run's own cleanup
+				runEnded.Store(true)
+				return nil
+			})
+		}()
+		synctest.Wait()
+		start := time.Now()
+		s.Close()
+		if !runEnded.Load() || !goroutineEnded.Load() {
+			t.Fatalf("Close returned before Run (%v) and its goroutine (%v) ended", runEnded.Load(), goroutineEnded.Load())
+		}
+		if waited := time.Since(start); waited != 3*time.Second {
+			t.Fatalf("Close waited %v, want 3s (the slower of Run and its goroutine)", waited)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	})
+}
+
+// Run itself returns only after its goroutines, when its context ends.
+func TestRunWaitsForItsGoroutines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{}
+		ctx, cancel := context.WithCancel(context.Background())
+		var ended atomic.Bool
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Run(ctx, nil, func(ctx context.Context) error {
+				s.Go(func() { <-ctx.Done(); time.Sleep(time.Second); ended.Store(true) })
+				return nil // run returns at once; its goroutine lives on until ctx ends
+			})
+		}()
+		synctest.Wait()
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned %v while its goroutine runs", err)
+		default:
+		}
+		// run returned, so the service's context ended: the goroutine stops.
+		if err := <-done; err != nil || !ended.Load() {
+			t.Fatalf("Run: %v, goroutine ended: %v", err, ended.Load())
+		}
+		cancel()
+	})
+}
+
+// Close is idempotent, from any number of goroutines, before and after Run.
+func TestCloseTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{}
+		done := make(chan error, 1)
+		go func() { done <- s.Run(context.Background(), nil, untilDone) }()
+		synctest.Wait()
+		closed := make(chan struct{})
+		for range 3 {
+			go func() { s.Close(); closed <- struct{}{} }()
+		}
+		for range 3 {
+			<-closed
+		}
+		s.Close()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// A Run whose start failed returns its error and leaves the service as it
+// was: the next Run runs. A start that fails because the context ended is
+// a stop: Run returns nil, and the service has run.
+func TestFailedStartCanRunAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{Name: "test.Thing"}
+		errDown := errors.New("database down")
+		var starts atomic.Int32
+		start := func(context.Context) error {
+			if starts.Add(1) == 1 {
+				return errDown
+			}
+			return nil
+		}
+		if err := s.Run(context.Background(), start, untilDone); !errors.Is(err, errDown) {
+			t.Fatalf("Run with a failing start: %v, want its error", err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.Run(context.Background(), start, untilDone) }()
+		synctest.Wait()
+		s.Close()
+		if err := <-done; err != nil || starts.Load() != 2 {
+			t.Fatalf("second Run: %v after %d starts, want nil after 2", err, starts.Load())
+		}
+
+		s2 := &startstop.Service{}
+		ctx, cancel := context.WithCancel(context.Background())
+		err := s2.Run(ctx, func(ctx context.Context) error { cancel(); return ctx.Err() }, untilDone)
+		if err != nil {
+			t.Fatalf("Run whose start failed as its context ended: %v, want nil", err)
+		}
+		if err := s2.Run(context.Background(), nil, untilDone); !errors.Is(err, errs.ErrClosed) {
+			t.Fatalf("Run after a Run stopped while starting: %v, want ErrClosed", err)
+		}
+	})
+}
+
+// Close during a start ends the start's context and waits for Run.
+func TestCloseDuringStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{}
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Run(context.Background(), func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, untilDone)
+		}()
+		synctest.Wait()
+		s.Close()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run closed while starting: %v, want nil", err)
+			}
+		default:
+			t.Fatal("Close returned before Run")
+		}
+	})
+}
+
+// Run returns what run returned: an error retrying cannot mend.
+func TestRunReturnsRunsError(t *testing.T) {
+	s := &startstop.Service{}
+	errFatal := errors.New("fatal")
+	if err := s.Run(context.Background(), nil, func(context.Context) error { return errFatal }); !errors.Is(err, errFatal) {
+		t.Fatalf("Run: %v, want run's error", err)
+	}
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, errs.ErrClosed) {
+		t.Fatalf("Run after a Run that ran: %v, want ErrClosed", err)
+	}
+}
+
+// Start runs the service in a goroutine of its own, which Close waits for;
+// a second Start is ErrAlreadyRunning.
+func TestStartRunsInTheBackgroundAndCloseWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{Name: "test.Listener"}
+		var ended atomic.Bool
+		if err := s.Start(context.Background(), func(ctx context.Context) {
+			<-ctx.Done()
+			time.Sleep(time.Second)
+			ended.Store(true)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Start(context.Background(), func(context.Context) {}); !errors.Is(err, errs.ErrAlreadyRunning) {
+			t.Fatalf("second Start: %v, want ErrAlreadyRunning", err)
+		}
+		synctest.Wait()
+		s.Close()
+		if !ended.Load() {
+			t.Fatal("Close returned before the background run ended")
+		}
+	})
+}
+
+// The zero Service works, and its errors name "service".
+func TestZeroServiceNamesItself(t *testing.T) {
+	var s startstop.Service
+	s.Close()
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, errs.ErrClosed) || !strings.Contains(err.Error(), "service") {
+		t.Fatalf("Run on a closed zero Service: %v", err)
+	}
+}
