@@ -1,0 +1,33 @@
+package outbox
+
+import "github.com/millrace/watermill-outbox/internal/consumer"
+
+// Metadata the Subscriber sets on every message it delivers.
+const (
+	// MetadataTopic is the outbox topic the message was read from.
+	MetadataTopic = consumer.MetadataTopic
+	// MetadataPartition is its partition.
+	MetadataPartition = consumer.MetadataPartition
+	// MetadataSeq is its gap-free sequence number within the partition.
+	MetadataSeq = consumer.MetadataSeq
+	// MetadataAttempt counts deliveries of this message to this consumer
+	// group, starting at 1.
+	MetadataAttempt = consumer.MetadataAttempt
+	// MetadataPartitionKey is the message's partition key, when it has one
+	// (the forwarder uses it as the Kafka record key).
+	MetadataPartitionKey = consumer.MetadataPartitionKey
+	// MetadataID is the message's stable id, "topic/partition/seq": the same
+	// on every redelivery, so consumers can drop duplicates by it.
+	MetadataID = consumer.MetadataID
+	// MetadataIncarnation identifies the incarnation of the topic (its
+	// registration time, µs since the Unix epoch): a topic dropped and
+	// registered again numbers its messages from 1 again, under a new
+	// incarnation. Package inbox uses it to tell a new stream from a
+	// replay of an old one.
+	MetadataIncarnation = consumer.MetadataIncarnation
+)
+
+// StableID returns the stable id of the message at seq in partition of topic.
+func StableID(topic string, partition int, seq int64) string {
+	return consumer.StableID(topic, partition, seq)
+}
