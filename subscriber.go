@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
@@ -479,20 +480,14 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		}
 		// The manager fails only when it cannot start (its first
 		// statements failed: the database is unreachable, say); the
-		// subscription waits and tries again rather than end as if closed.
-		retryIn := time.Second
-		for {
-			err := manager.Run(subCtx, onAcquire)
-			if err == nil || subCtx.Err() != nil {
-				break
-			}
-			s.logger.Error("Cannot join the consumer group, retrying", s.schemaError(err), watermill.LogFields{"topic": topic, "retry_in": retryIn})
-			select {
-			case <-subCtx.Done():
-			case <-time.After(retryIn):
-			}
-			retryIn = min(2*retryIn, 30*time.Second)
-		}
+		// subscription tries again with the shared backoff rather than end
+		// as if closed.
+		_ = backoff.Retry(subCtx, backoff.Default, func(ctx context.Context) error {
+			return manager.Run(ctx, onAcquire)
+		}, func(err error, attempt int, wait time.Duration) {
+			s.logger.Error("Cannot join the consumer group, retrying", s.schemaError(err),
+				watermill.LogFields{"topic": topic, "attempt": attempt, "retry_in": wait})
+		})
 		workers.Wait()
 	}()
 	return done, nil

@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/worker"
@@ -236,9 +236,9 @@ func (w *Worker) hold(e Entry, attempts int, reason error) {
 }
 
 // heldBackoff is the delay before the retry that follows a held head's
-// attempts-th failure: the Tuning's exponential backoff, with jitter.
+// attempts-th failure: the shared backoff with the Tuning's bounds.
 func (w *Worker) heldBackoff(attempts int) time.Duration {
-	return jitter(adaptive.ExponentialBackoff(w.s.Tuning.BackoffBase, w.s.Tuning.BackoffMax, max(attempts, 1)))
+	return backoff.Policy{Base: w.s.Tuning.BackoffBase, Max: w.s.Tuning.BackoffMax}.Delay(max(attempts, 1))
 }
 
 // moveScan moves the scan position (the cursor) to done, writing the

@@ -110,15 +110,3 @@ func TestCarefulModeLastsItsWindow(t *testing.T) {
 		}
 	})
 }
-
-// jitter spreads a wait over [d/2, d].
-func TestJitterStaysWithinHalfToWhole(t *testing.T) {
-	for range 1000 {
-		if d := jitter(time.Second); d < time.Second/2 || d > time.Second {
-			t.Fatalf("jitter(1s) = %v", d)
-		}
-	}
-	if jitter(1) != 1 || jitter(0) != 0 {
-		t.Fatal("tiny waits are not jittered")
-	}
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/observe"
@@ -325,19 +325,11 @@ func (w *Worker) undoDelivery(ctx context.Context) {
 
 // noteFailure feeds a failed batch (processed messages done before the
 // failure) to the adaptive mode and returns how long to wait before the
-// retry: the mode's exponential backoff with jitter, so that partitions
-// failing together do not retry in lockstep.
+// retry: the mode's exponential backoff with jitter (internal/backoff), so
+// that partitions failing together do not retry in lockstep.
 func (w *Worker) noteFailure(processed int) time.Duration {
 	w.mode.Failed(processed)
-	return jitter(w.mode.Backoff())
-}
-
-// jitter spreads d over [d/2, d].
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d-d/2+1)
+	return backoff.Jitter(w.mode.Backoff())
 }
 
 // showState writes the adaptive state to the cursor row when it changed,
