@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
-	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
@@ -434,7 +433,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		}
 	}()
 
-	manager, incarnation, err := s.prepare(ctx, topic)
+	sub, err := s.prepare(ctx, topic, out, batch)
 	if err != nil {
 		return nil, err
 	}
@@ -468,45 +467,32 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 		}()
 		defer stop()
 		defer cancel()
-		var workers sync.WaitGroup
-		onAcquire := func(l *lease.Lease) {
-			w := consumer.NewWorker(s.workers, topic, incarnation, consumer.PGLease{Lease: l}, out, batch)
-			workers.Add(1)
-			go func() {
-				defer workers.Done()
-				defer l.Done()
-				w.Run()
-			}()
-		}
-		// The manager fails only when it cannot start (its first
+		// The lease manager fails only when it cannot start (its first
 		// statements failed: the database is unreachable, say); the
 		// subscription tries again with the shared backoff rather than end
 		// as if closed.
-		_ = backoff.Retry(subCtx, backoff.Default, func(ctx context.Context) error {
-			return manager.Run(ctx, onAcquire)
-		}, func(err error, attempt int, wait time.Duration) {
+		sub.Run(subCtx, func(err error, attempt int, wait time.Duration) {
 			s.logger.Error("Cannot join the consumer group, retrying", s.schemaError(err),
 				watermill.LogFields{"topic": topic, "attempt": attempt, "retry_in": wait})
 		})
-		workers.Wait()
 	}()
 	return done, nil
 }
 
-// prepare checks the schema, looks topic up and creates the lease manager
-// of this subscription to it; it returns the topic's incarnation
-// (MetadataIncarnation) too.
-func (s *Subscriber) prepare(ctx context.Context, topic string) (*lease.Manager, string, error) {
+// prepare checks the schema, looks topic up and makes the subscription to
+// it: its lease manager, its incarnation (MetadataIncarnation), where its
+// messages go (out, or batch).
+func (s *Subscriber) prepare(ctx context.Context, topic string, out chan<- *message.Message, batch BatchHandler) (*consumer.Subscription, error) {
 	if err := s.checkSchema(ctx); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	partitions, err := s.topic(ctx, topic)
 	if err != nil {
-		return nil, "", s.schemaError(err)
+		return nil, s.schemaError(err)
 	}
 	var incarnation int64
 	if err := pgexec.QueryRow(ctx, s.db, dbsql.For(s.cfg.Schema).TopicsIncarnation, []any{topic}, &incarnation); err != nil {
-		return nil, "", s.schemaError(fmt.Errorf("outbox: read the incarnation of topic %q: %w", topic, err))
+		return nil, s.schemaError(fmt.Errorf("outbox: read the incarnation of topic %q: %w", topic, err))
 	}
 	manager, err := lease.NewManager(lease.Config{
 		Schema:          s.cfg.Schema,
@@ -522,9 +508,38 @@ func (s *Subscriber) prepare(ctx context.Context, topic string) (*lease.Manager,
 		NoRejectHandler: s.cfg.RejectHandler == nil,
 	}, s.logger)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	return manager, strconv.FormatInt(incarnation, 10), nil
+	var handler consumer.BatchHandler
+	if batch != nil {
+		handler = batch
+	}
+	return consumer.NewSubscription(s.workers, manager, topic, strconv.FormatInt(incarnation, 10), out, handler), nil
+}
+
+// Subscription returns this Subscriber's delivery of topic, to be driven
+// one turn at a time by its caller instead of by goroutines of its own:
+// what package outboxtest's Runner is made of. Its messages go to out (one
+// at a time), or to batch when it is not nil. Programs use Subscribe or
+// ConsumeBatches.
+func (s *Subscriber) Subscription(ctx context.Context, topic string, out chan<- *message.Message, batch BatchHandler) (*consumer.Subscription, error) {
+	if s == nil || s.workers == nil {
+		return nil, errNotConstructed
+	}
+	if err := names.Topic(topic); err != nil {
+		return nil, err
+	}
+	if s.isClosed() {
+		return nil, errs.ErrClosed
+	}
+	return s.prepare(ctx, topic, out, batch)
+}
+
+// isClosed reports whether Close was called.
+func (s *Subscriber) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // startBackground starts the notification listener and, unless disabled,

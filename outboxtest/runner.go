@@ -4,17 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/consumer"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
-	"github.com/millrace/watermill-outbox/internal/lease"
-	"github.com/millrace/watermill-outbox/internal/syncrun"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
 
@@ -88,24 +87,25 @@ func (r Result) Handled() int { return r.Acked + r.Failed + r.Rejected }
 // A Runner is for one goroutine. Close it (or let RunUntilIdle's
 // convenience function do it).
 type Runner struct {
-	sub     *syncrun.Subscription
-	handler Handler
-	batch   outbox.BatchHandler
-	out     chan *message.Message
-	calls   chan batchCall
-	workers map[int]*partitionWorker
-	closed  bool
+	sub       *outbox.Subscriber
+	sc        *consumer.Subscription
+	sequencer *outbox.Sequencer // nil with DisableSequencer
+	pool      tickStater
+	schema    string
+	group     string
+	handler   Handler
+	batch     outbox.BatchHandler
+	out       chan *message.Message
+	calls     chan batchCall
+	closed    bool
 	// panicked is a panic of the handler, re-raised by the Tick that
 	// met it once the partition's turn is over.
 	panicked any
 }
 
-type partitionWorker struct {
-	l *lease.Lease
-	w *consumer.Worker
-	// retryAt is when a backoff the worker asked for (a Sleep directive)
-	// ends: the partition gets no turn before then, as under Run.
-	retryAt time.Time
+// tickStater runs the query that says why a runner holds no partition.
+type tickStater interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 type batchCall struct {
@@ -140,16 +140,33 @@ func NewBatchRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic stri
 }
 
 func newRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h Handler, batch outbox.BatchHandler) (*Runner, error) {
-	sub, err := syncrun.Open(ctx, cfg, topic, watermill.NopLogger{})
+	sub, err := outbox.NewSubscriber(cfg, watermill.NopLogger{})
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{
-		sub: sub, handler: h, batch: batch,
-		out:     make(chan *message.Message),
-		calls:   make(chan batchCall),
-		workers: map[int]*partitionWorker{},
-	}, nil
+	r := &Runner{
+		sub: sub, pool: cfg.Pool, schema: cfg.Schema, group: cfg.ConsumerGroup, handler: h, batch: batch,
+		out:   make(chan *message.Message),
+		calls: make(chan batchCall),
+	}
+	if r.schema == "" {
+		r.schema = outbox.DefaultSchema
+	}
+	var forward outbox.BatchHandler
+	if batch != nil {
+		forward = r.forwardBatch
+	}
+	if r.sc, err = sub.Subscription(ctx, topic, r.out, forward); err != nil {
+		_ = sub.Close()
+		return nil, err
+	}
+	if !cfg.DisableSequencer {
+		if r.sequencer, err = outbox.NewSequencer(outbox.SequencerConfig{Schema: r.schema, Pool: cfg.Pool}, nil); err != nil {
+			_ = sub.Close()
+			return nil, err
+		}
+	}
+	return r, nil
 }
 
 // errClosed reports a Tick on a closed Runner; it matches outbox.ErrClosed.
@@ -162,77 +179,34 @@ var errClosed = fmt.Errorf("%w: the outboxtest Runner was closed: create a new o
 // log and retry.
 func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 	var res TickResult
-	if r.sub == nil {
+	if r.sc == nil {
 		return res, errs.NotConstructed("outboxtest.Runner", "outboxtest.NewRunner")
 	}
 	if r.closed {
 		return res, errClosed
 	}
-	if r.sub.Sequence != nil {
-		n, err := r.sub.Sequence(ctx)
+	if r.sequencer != nil {
+		n, err := r.sequencer.SequenceAll(ctx)
 		if err != nil {
 			return res, fmt.Errorf("outboxtest: sequence: %w", err)
 		}
 		res.Sequenced = n
 	}
-	acquired, err := r.sub.Manager.Step(ctx)
-	if err != nil {
-		return res, err
-	}
-	for _, l := range acquired {
-		var batch consumer.BatchHandler
-		if r.batch != nil {
-			batch = r.forwardBatch
-		}
-		r.workers[l.Partition()] = &partitionWorker{l: l, w: consumer.NewWorker(r.sub.Workers, r.sub.Topic, r.sub.Incarnation, consumer.PGLease{Lease: l}, r.out, batch)}
-	}
-	parts := make([]int, 0, len(r.workers))
-	for p, pw := range r.workers {
-		if pw.l.Context().Err() != nil { // lost (expired, paused, rebalanced)
-			pw.w.Stop()
-			pw.l.Done()
-			delete(r.workers, p)
-			continue
-		}
-		parts = append(parts, p)
-	}
-	sort.Ints(parts)
-	res.Partitions = len(parts)
-
-	counts := r.sub.Workers.Counts
+	counts := r.sc.Counts()
 	acked0, nacked0, rejected0, timedOut0 := counts.Acked.Load(), counts.Nacked.Load(), counts.Rejected.Load(), counts.TimedOut.Load()
-	var errs []error
-	noteRetry := func(d time.Duration) {
-		if d > 0 && (res.RetryIn == 0 || d < res.RetryIn) {
-			res.RetryIn = d
-		}
-	}
-	for _, p := range parts {
-		pw := r.workers[p]
-		if wait := time.Until(pw.retryAt); wait > 0 {
-			noteRetry(wait) // still backing off: no turn
-			continue
-		}
-		dir, err := r.turn(ctx, pw.w)
+	step, err := r.sc.Step(ctx, func(w *consumer.Worker) (worker.Directive, error) {
+		dir, err := r.turn(ctx, w)
 		if r.panicked != nil {
 			v := r.panicked
 			r.panicked = nil
 			panic(v)
 		}
-		if err != nil {
-			if errors.Is(err, lease.ErrLeaseLost) {
-				continue // dropped at the next Tick
-			}
-			errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
-			continue
-		}
-		// A backoff (Sleep): no turn before it ends. A held key's retry
-		// due later (IdleFor): the worker itself holds the key back.
-		if d, sleeping := dir.SleepDelay(); sleeping && d > 0 {
-			pw.retryAt = time.Now().Add(d)
-		}
-		noteRetry(dir.Delay())
+		return dir, err
+	})
+	if step.Partitions == 0 && err != nil {
+		return res, err
 	}
+	res.Partitions, res.RetryIn = step.Partitions, step.RetryIn
 	res.Acked = int(counts.Acked.Load() - acked0)
 	res.Failed = int(counts.Nacked.Load() - nacked0 + counts.TimedOut.Load() - timedOut0)
 	res.Rejected = int(counts.Rejected.Load() - rejected0)
@@ -241,10 +215,10 @@ func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 		res.State = Processed
 	case res.RetryIn > 0:
 		res.State = BackingOff
-	case len(parts) == 0:
-		paused, others, err := r.sub.TickState(ctx)
-		if err != nil {
-			return res, err
+	case res.Partitions == 0:
+		var paused, others int32
+		if qerr := r.pool.QueryRow(ctx, dbsql.For(r.schema).CursorsTickState, r.group, r.sc.Topic(), r.sc.MemberID()).Scan(&paused, &others); qerr != nil {
+			return res, qerr
 		}
 		switch {
 		case others > 0:
@@ -257,7 +231,7 @@ func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 	default:
 		res.State = Idle
 	}
-	return res, errors.Join(errs...)
+	return res, err
 }
 
 // turn runs one turn of w while serving its hand-outs here: a message from
@@ -354,18 +328,13 @@ func (r *Runner) RunUntilIdle(ctx context.Context) (Result, error) {
 // Subscriber of the group takes them at once) and closes the Subscriber it
 // was built on. No goroutine of the Runner is left.
 func (r *Runner) Close() error {
-	if r.closed || r.sub == nil {
+	if r.closed || r.sc == nil {
 		return nil
 	}
 	r.closed = true
-	for p, pw := range r.workers {
-		pw.w.Stop()
-		pw.l.Done()
-		delete(r.workers, p)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r.sub.Manager.Stop(ctx)
+	r.sc.Close(ctx)
 	return r.sub.Close()
 }
 

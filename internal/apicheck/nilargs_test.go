@@ -417,6 +417,15 @@ var entries = []entry{
 		e.fails("Subscriber.ConsumeBatches(orders, nil)", func() error { return s.ConsumeBatches(e.done, "orders", nil) })
 		e.fails("Subscriber{}.ConsumeBatches(orders, nil)", func() error { return new(outbox.Subscriber).ConsumeBatches(e.done, "orders", nil) })
 	}},
+	{"outbox.Subscriber.Subscription", func(e *env) {
+		s := must(outbox.NewSubscriber(subCfg(e), nil))(e)
+		defer s.Close()
+		e.fails("Subscription(\"\", nil, nil)", func() error { _, err := s.Subscription(e.done, "", nil, nil); return err })
+		e.fails("Subscriber{}.Subscription(orders, nil, nil)", func() error {
+			_, err := new(outbox.Subscriber).Subscription(e.done, "orders", nil, nil)
+			return err
+		})
+	}},
 	{"outbox.Subscriber.Close", func(e *env) {
 		e.may("Subscriber{}.Close", func() error { return new(outbox.Subscriber).Close() })
 	}},
