@@ -22,7 +22,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -112,23 +111,7 @@ const ReplicationNamePrefix = "watermill-outbox relay "
 
 // DefaultInstance is the default Config.Instance: host:pid, the host name
 // (with any byte outside printable ASCII as '?') cut to fit MaxInstanceLen.
-func DefaultInstance() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown-host"
-	}
-	pid := ":" + strconv.Itoa(os.Getpid())
-	b := []byte(host)
-	for i, c := range b {
-		if c < 0x20 || c > 0x7e {
-			b[i] = '?'
-		}
-	}
-	if len(b) > MaxInstanceLen-len(pid) {
-		b = b[:MaxInstanceLen-len(pid)]
-	}
-	return string(b) + pid
-}
+func DefaultInstance() string { return names.Instance(MaxInstanceLen) }
 
 func (c *Config) setDefaults() {
 	if c.Schema == "" {

@@ -1,4 +1,5 @@
-// Package names validates and quotes the names the outbox puts into SQL.
+// Package names validates and quotes the names the outbox puts into SQL,
+// and names this process (Instance).
 // Schema names become identifiers (validated, then quoted); topic names are
 // always bind parameters, but are validated so that they map cleanly onto
 // Kafka topics and NATS subjects; consumer group names are bind parameters
@@ -8,6 +9,8 @@ package names
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -125,3 +128,24 @@ func PendingChannel(schema string) string { return schema + "_pending" }
 // subscribers of schema; the payload names the topic and the partitions
 // that got new messages: "topic:0,5,7".
 func SequencedChannel(schema string) string { return schema + "_sequenced" }
+
+// Instance names this process: host:pid, the host name with every byte
+// outside printable ASCII replaced by '?' and cut so that the whole fits
+// in maxLen bytes ("unknown-host" when the host has no name).
+func Instance(maxLen int) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	pid := ":" + strconv.Itoa(os.Getpid())
+	b := []byte(host)
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			b[i] = '?'
+		}
+	}
+	if len(b) > maxLen-len(pid) {
+		b = b[:max(maxLen-len(pid), 0)]
+	}
+	return string(b) + pid
+}
