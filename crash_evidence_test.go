@@ -220,7 +220,7 @@ func TestCrashLoopConsumerChild(t *testing.T) {
 		return err
 	})
 	tu := outboxtest.FastTuning()
-	tu.LeaseTTL, tu.RenewInterval = 600*time.Millisecond, 150*time.Millisecond
+	tu.LeaseTTL = 600 * time.Millisecond
 	tu.BackoffBase, tu.BackoffMax = 5*time.Millisecond, 10*time.Millisecond
 	mode := os.Getenv("OUTBOX_CRASHLOOP_MODE")
 	strategy := outbox.Leased
@@ -228,7 +228,7 @@ func TestCrashLoopConsumerChild(t *testing.T) {
 		strategy = outbox.Transactional
 	}
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
-		Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: tu, BalanceInterval: 100 * time.Millisecond,
+		Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: tu, Advanced: outboxtest.FastAdvanced(),
 		RejectHandler: rejects, MaxAttempts: maxAttempts, Strategy: strategy,
 	}, watermill.NopLogger{})
 	if err != nil {

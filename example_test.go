@@ -111,7 +111,7 @@ func ExampleKeyIsolation() {
 		RejectHandler: outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
 			return nil // e.g. a deadletter.Store
 		}),
-		KeyIsolation: outbox.KeyIsolation{Enabled: true, MaxHeldKeys: 50, MaxHeldMessages: 5000},
+		KeyIsolation: outbox.KeyIsolation{Enabled: true, MaxHeldKeys: 50},
 	}, nil)
 	if err != nil {
 		panic(err)

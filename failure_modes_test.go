@@ -411,10 +411,10 @@ func TestCrashingConsumerChild(t *testing.T) {
 		return err
 	})
 	tu := outboxtest.FastTuning()
-	tu.LeaseTTL, tu.RenewInterval = time.Second, 200*time.Millisecond
+	tu.LeaseTTL = time.Second
 	tu.BackoffBase, tu.BackoffMax = 10*time.Millisecond, 10*time.Millisecond
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
-		Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: tu, BalanceInterval: 100 * time.Millisecond,
+		Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: tu, Advanced: outboxtest.FastAdvanced(),
 		RejectHandler: rejects, MaxAttempts: maxAttempts,
 	}, watermill.NopLogger{})
 	if err != nil {
@@ -449,7 +449,7 @@ func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
 	publishPayloads(t, e, "orders", "ok", "poison", "ok")
 	rejects, rejected := rejectLog(t, e)
 	logs := &warnCapture{}
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "g", Tuning: outboxtest.FastTuning()}, logs)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "g", Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced()}, logs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +609,7 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 func TestSubscribeAfterAFailedOneStartsTheSequencer(t *testing.T) {
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true, Tuning: outboxtest.FastTuning()}, nil)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true, Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

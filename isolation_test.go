@@ -357,9 +357,9 @@ func TestIsolatedConsumerChild(t *testing.T) {
 	schema := os.Getenv("OUTBOX_ISO_SCHEMA")
 	pool := pgtest.Pool(t)
 	tu := outboxtest.FastTuning()
-	tu.LeaseTTL, tu.RenewInterval = time.Second, 200*time.Millisecond
+	tu.LeaseTTL = time.Second
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
-		Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: tu, BalanceInterval: 100 * time.Millisecond,
+		Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: tu, Advanced: outboxtest.FastAdvanced(),
 		KeyIsolation: outbox.KeyIsolation{Enabled: true},
 	}, watermill.NopLogger{})
 	if err != nil {
@@ -435,8 +435,7 @@ func TestIsolationBoundsFallBackToBlockingAndSaySo(t *testing.T) {
 // runs.
 func TestKeyIsolationBoundsAreValidated(t *testing.T) {
 	for name, k := range map[string]outbox.KeyIsolation{
-		"KeyIsolation.MaxHeldKeys":     {Enabled: true, MaxHeldKeys: -1},
-		"KeyIsolation.MaxHeldMessages": {Enabled: true, MaxHeldKeys: 10, MaxHeldMessages: 5},
+		"KeyIsolation.MaxHeldKeys": {Enabled: true, MaxHeldKeys: -1},
 	} {
 		err := outbox.SubscriberConfig{Pool: &pgxpool.Pool{}, ConsumerGroup: "g", KeyIsolation: k}.Validate()
 		var ce *outbox.ConfigError
@@ -664,7 +663,7 @@ func TestTransactionalParkingNeedsNoSecondBulkheadSlot(t *testing.T) {
 	e.createEffects(t)
 	var fixed atomic.Bool
 	isoConsumer(t, e, isoWays[1], "g", "orders", func(key, _ string) bool { return key == "A" && !fixed.Load() },
-		func(c *outbox.SubscriberConfig) { c.Tuning.MaxConcurrentPartitions = 1 })
+		func(c *outbox.SubscriberConfig) { c.Advanced.MaxConcurrentPartitions = 1 })
 	e.Publish("orders", outboxtest.Keyed("A1", "A", 1, "A"))
 	outboxtest.WaitFor(t, "A held", 10*time.Second, func() bool { return e.Rows("held") == 1 })
 	// A batch of A's messages only: all parked, no handler runs.

@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	"fmt"
+
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/errs"
 )
@@ -19,8 +21,9 @@ import (
 // and admin.Status shows it; admin.Admin.RetryHeldNow and DeadLetterHeld
 // act on a held key.
 //
-// The bounds keep a partition from holding without limit: when holding
-// one more key or message would pass MaxHeldKeys or MaxHeldMessages, the
+// The bound keeps a partition from holding without limit: when holding
+// one more key would pass MaxHeldKeys, or one more message would pass
+// HeldMessagesPerKey messages per allowed key (10,000 by default), the
 // partition blocks on its failing message as it does without isolation,
 // logs it, shows it (PartitionStatus.IsolationFullSince) and counts it
 // (metric partitions_isolation_full), until held keys drain.
@@ -32,42 +35,40 @@ type KeyIsolation struct {
 	// Enabled turns isolation on (off by default: a failing message then
 	// blocks its whole partition until it succeeds or is dead-lettered).
 	Enabled bool
-	// MaxHeldKeys bounds the keys held per partition (default 100);
-	// MaxHeldMessages the messages (default 10,000).
-	MaxHeldKeys     int
-	MaxHeldMessages int
+	// MaxHeldKeys bounds the keys held per partition (default 100), and
+	// with it the messages held: HeldMessagesPerKey per allowed key.
+	MaxHeldKeys int
 }
 
-// Default bounds of KeyIsolation.
-const (
-	DefaultMaxHeldKeys     = 100
-	DefaultMaxHeldMessages = 10_000
-)
+// DefaultMaxHeldKeys is the default KeyIsolation.MaxHeldKeys.
+const DefaultMaxHeldKeys = 100
+
+// HeldMessagesPerKey is how many messages a partition holds back per key
+// KeyIsolation.MaxHeldKeys allows (10,000 with the default bound): the
+// bound on its held messages, whichever keys they belong to.
+const HeldMessagesPerKey = 100
+
+// maxMaxHeldKeys keeps the bound on held messages within an int32.
+const maxMaxHeldKeys = 1 << 31 / HeldMessagesPerKey
 
 func (k *KeyIsolation) setDefaults() {
 	if k.MaxHeldKeys == 0 {
 		k.MaxHeldKeys = DefaultMaxHeldKeys
-	}
-	if k.MaxHeldMessages == 0 {
-		k.MaxHeldMessages = DefaultMaxHeldMessages
 	}
 }
 
 // Validate reports an impossible setting.
 func (k KeyIsolation) Validate() error {
 	k.setDefaults()
-	switch {
-	case k.MaxHeldKeys < 1:
-		return &errs.ConfigError{Field: "KeyIsolation.MaxHeldKeys", Reason: "must be at least 1 (0 for the default)"}
-	case k.MaxHeldMessages < k.MaxHeldKeys:
-		return &errs.ConfigError{Field: "KeyIsolation.MaxHeldMessages", Reason: "must be at least MaxHeldKeys (0 for the default)"}
+	if k.MaxHeldKeys < 1 || k.MaxHeldKeys > maxMaxHeldKeys {
+		return &errs.ConfigError{Field: "KeyIsolation.MaxHeldKeys", Reason: fmt.Sprintf("must be 1..%d (0 for the default, %d)", maxMaxHeldKeys, DefaultMaxHeldKeys)}
 	}
 	return nil
 }
 
 func (k KeyIsolation) delivery() consumer.Isolation {
 	k.setDefaults()
-	return consumer.Isolation{Enabled: k.Enabled, MaxHeldKeys: k.MaxHeldKeys, MaxHeldMessages: k.MaxHeldMessages}
+	return consumer.Isolation{Enabled: k.Enabled, MaxHeldKeys: k.MaxHeldKeys, MaxHeldMessages: k.MaxHeldKeys * HeldMessagesPerKey}
 }
 
 // NotKeySpecific marks err, returned by a BatchHandler, as a failure that is

@@ -21,7 +21,7 @@ func TestDeliveryLogLinesCarryGroupTopicPartitionAndSeq(t *testing.T) {
 	e.SequenceAll()
 	logger := watermill.NewCaptureLogger()
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
-		Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "billing", Tuning: outboxtest.FastTuning(), CloseTimeout: time.Second,
+		Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "billing", Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced(), CloseTimeout: time.Second,
 		DisableSequencer: true, HandlerTimeout: 200 * time.Millisecond,
 	}, logger)
 	if err != nil {

@@ -196,7 +196,7 @@ func TestCursorCommitDurabilityPerStrategy(t *testing.T) {
 		want string
 	}{
 		{"leased relaxed by default", nil, "off"},
-		{"leased with SyncCursorCommits", func(c *outbox.SubscriberConfig) { c.SyncCursorCommits = true }, "on"},
+		{"leased with SyncCursorCommits", func(c *outbox.SubscriberConfig) { c.Advanced.SyncCursorCommits = true }, "on"},
 		{"transactional", func(c *outbox.SubscriberConfig) { c.Strategy = outbox.Transactional }, "on"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

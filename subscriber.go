@@ -12,9 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
@@ -22,10 +20,8 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/notifier"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
-	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/partitioning"
 )
 
 // Strategy says how a Subscriber's handler runs relative to the database.
@@ -53,184 +49,6 @@ func (s Strategy) String() string {
 		return "transactional"
 	}
 	return "Strategy(" + strconv.Itoa(int(s)) + ")"
-}
-
-// SubscriberConfig configures a Subscriber.
-type SubscriberConfig struct {
-	// Schema is the outbox schema (DefaultSchema when empty).
-	Schema string
-	// Pool is the connection pool. Required.
-	Pool *pgxpool.Pool
-	// ConsumerGroup names the group whose cursor this subscriber advances.
-	// Subscribers in one group share the partitions; each group sees every
-	// message. Required: 1 to 200 bytes of UTF-8 without control or format
-	// characters (a *NameError otherwise).
-	ConsumerGroup string
-	// Strategy is Leased (default) or Transactional.
-	Strategy Strategy
-	// Tuning sets batch sizes, pacing, backoff, leases and the bulkhead;
-	// start from a profile (adaptive.Default() when zero).
-	Tuning adaptive.Tuning
-	// StartFromNewest makes a new group start after the messages already
-	// sequenced instead of at the oldest retained one.
-	StartFromNewest bool
-	// Topics, AutoCreateTopics and DefaultPartitions work as in
-	// PublisherConfig: a subscriber may come up before any publisher.
-	Topics            map[string]int
-	AutoCreateTopics  bool
-	DefaultPartitions int
-	// RejectHandler takes rejected (poison) messages out of the stream, e.g.
-	// the dead-letter store. Without one, a message rejected with Reject is
-	// retried like a nacked one (nothing is ever dropped silently), a
-	// message that keeps failing stalls its partition for ever, and the
-	// Subscriber says so when it starts (a warning) and in the admin status;
-	// a handler can still take a message out with RejectTo (which the
-	// deadletter PoisonQueue publisher uses).
-	RejectHandler RejectHandler
-	// MaxAttempts, when > 0, rejects a message delivered that many times
-	// without success (needs RejectHandler). Every failure counts: a Nack,
-	// an error, a HandlerTimeout, a transaction the handler broke, a
-	// missing payload, and a delivery that ended without any outcome
-	// because the consumer process died, was killed or lost its lease while
-	// it was the only delivery in flight in that process. A crash with
-	// several deliveries in flight charges none of them: they are delivered
-	// again one at a time, each alone in its process, until the one that
-	// crashes it is found (docs/failure-modes.md §3).
-	MaxAttempts int
-	// HandlerTimeout bounds how long the Subscriber waits for a handler's
-	// Ack or Nack (or a BatchHandler's return), in both strategies (default
-	// LeaseTTL - RenewInterval, so it ends before the lease can). The
-	// message's context ends then too. A handler that has not answered by
-	// then is abandoned: the delivery counts as a failed attempt
-	// (ErrHandlerTimeout, visible in the status), its late Ack or Nack
-	// changes nothing, and in the Transactional strategy its transaction is
-	// rolled back (its later statements fail). The abandoned handler's
-	// goroutine is the caller's: it ends when the handler returns; at most
-	// one per timed-out delivery, so at most MaxAttempts per message.
-	HandlerTimeout time.Duration
-	// CloseTimeout bounds how long Close waits for in-flight messages to be
-	// acked or nacked (default 5s); unfinished ones are treated as nacked.
-	CloseTimeout time.Duration
-	// DisableSequencer stops the subscriber from running a Sequencer of its
-	// own. Some process must run one; any number may run.
-	DisableSequencer bool
-	// SyncCursorCommits makes the Leased strategy commit each cursor move
-	// with synchronous_commit on. By default a Leased cursor move commits
-	// without waiting for the server's WAL flush (see
-	// lease.Lease.AdvanceRelaxed): after a crash of the PostgreSQL server,
-	// the messages of the last few hundred milliseconds of cursor moves are
-	// delivered again, which the Leased strategy's at-least-once delivery
-	// allows. The Transactional strategy always commits synchronously.
-	SyncCursorCommits bool
-	// Sequencer tunes the Subscriber's own Sequencer; its Schema and Pool
-	// are always the Subscriber's, and its MinPassInterval defaults to
-	// Tuning.SequencerInterval.
-	Sequencer SequencerConfig
-	// MemberID identifies this instance in leases (default: random).
-	MemberID string
-	// KeyIsolation, when Enabled, holds a failing message back with the
-	// later messages of its key instead of blocking the whole partition
-	// (see KeyIsolation).
-	KeyIsolation KeyIsolation
-	// BalanceInterval is how often the instance re-evaluates its share of
-	// the partitions and the paused ones: the latency of a rebalance or a
-	// pause (default 1s; must be below Tuning.LeaseTTL).
-	BalanceInterval time.Duration
-}
-
-// sequencerConfig is the configuration of the Subscriber's own Sequencer.
-func (c SubscriberConfig) sequencerConfig() SequencerConfig {
-	sc := c.Sequencer
-	sc.Schema, sc.Pool = c.Schema, c.Pool
-	if sc.MinPassInterval == 0 {
-		sc.MinPassInterval = c.Tuning.SequencerInterval
-	}
-	return sc
-}
-
-func (c *SubscriberConfig) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = DefaultSchema
-	}
-	if c.Tuning == (adaptive.Tuning{}) {
-		c.Tuning = adaptive.Default()
-	}
-	if c.DefaultPartitions == 0 {
-		c.DefaultPartitions = 1
-	}
-	if c.HandlerTimeout == 0 {
-		c.HandlerTimeout = c.Tuning.LeaseTTL - c.Tuning.RenewInterval
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = 5 * time.Second
-	}
-	if c.MemberID == "" {
-		c.MemberID = watermill.NewShortUUID()
-	}
-	if c.BalanceInterval == 0 {
-		c.BalanceInterval = lease.DefaultBalanceInterval
-	}
-}
-
-// Validate reports the first impossible setting.
-func (c SubscriberConfig) Validate() error {
-	c.setDefaults()
-	if err := names.Schema(c.Schema); err != nil {
-		return err
-	}
-	if err := c.Tuning.Validate(); err != nil {
-		return &errs.ConfigError{Field: "Tuning", Reason: err.Error()}
-	}
-	if c.Pool != nil && !c.DisableSequencer {
-		if err := c.sequencerConfig().Validate(); err != nil {
-			var ce *errs.ConfigError
-			if errors.As(err, &ce) {
-				return &errs.ConfigError{Field: "Sequencer." + ce.Field, Reason: ce.Reason}
-			}
-			return err
-		}
-	}
-	switch {
-	case c.Pool == nil:
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
-	case c.ConsumerGroup == "":
-		return &errs.ConfigError{Field: "ConsumerGroup", Reason: "required"}
-	case names.Group(c.ConsumerGroup) != nil:
-		return names.Group(c.ConsumerGroup) // a *NameError
-	case c.Strategy != Leased && c.Strategy != Transactional:
-		return &errs.ConfigError{Field: "Strategy", Reason: "must be Leased or Transactional"}
-	case c.MaxAttempts < 0:
-		return &errs.ConfigError{Field: "MaxAttempts", Reason: "must be >= 0"}
-	case c.RejectHandler != nil && isNil(c.RejectHandler):
-		return &errs.ConfigError{Field: "RejectHandler", Reason: fmt.Sprintf("is a nil %T: give it a handler (e.g. a deadletter.Store from deadletter.New), or leave the field nil", c.RejectHandler)}
-	case c.MaxAttempts > 0 && c.RejectHandler == nil:
-		return &errs.ConfigError{Field: "MaxAttempts", Reason: "needs a RejectHandler to take exhausted messages out"}
-	case c.HandlerTimeout < 0 || c.HandlerTimeout > c.Tuning.LeaseTTL:
-		return &errs.ConfigError{Field: "HandlerTimeout", Reason: "must be positive and at most Tuning.LeaseTTL"}
-	case c.CloseTimeout < 0:
-		return &errs.ConfigError{Field: "CloseTimeout", Reason: "must be positive"}
-	case len(c.MemberID) > 160 || !pgtext.Storable(c.MemberID):
-		return &errs.ConfigError{Field: "MemberID", Reason: "at most 160 bytes of UTF-8 without NUL (a suffix per subscription is added)"}
-	case c.Tuning.LeaseTTL < 100*time.Millisecond:
-		return &errs.ConfigError{Field: "Tuning.LeaseTTL", Reason: "must be at least 100ms"}
-	case c.BalanceInterval < 0 || c.BalanceInterval >= c.Tuning.LeaseTTL:
-		return &errs.ConfigError{Field: "BalanceInterval", Reason: "must be positive and below Tuning.LeaseTTL"}
-	}
-	if err := c.KeyIsolation.Validate(); err != nil {
-		return err
-	}
-	if err := partitioning.ValidatePartitions(c.DefaultPartitions); err != nil {
-		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
-	}
-	for topic, n := range c.Topics {
-		if err := names.Topic(topic); err != nil {
-			return err
-		}
-		if err := partitioning.ValidatePartitions(n); err != nil {
-			return &errs.ConfigError{Field: "Topics[" + topic + "]", Reason: err.Error()}
-		}
-	}
-	return nil
 }
 
 // Subscriber is a message.Subscriber over the sequenced outbox log. Each
@@ -268,7 +86,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	bulkhead, err := worker.NewBulkhead(cfg.Tuning.MaxConcurrentPartitions)
+	bulkhead, err := worker.NewBulkhead(cfg.Advanced.MaxConcurrentPartitions)
 	if err != nil {
 		return nil, err
 	}
@@ -289,8 +107,8 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		MaxAttempts:       cfg.MaxAttempts,
 		HandlerTimeout:    cfg.HandlerTimeout,
 		CloseTimeout:      cfg.CloseTimeout,
-		SyncCursorCommits: cfg.SyncCursorCommits,
-		Tuning:            cfg.Tuning,
+		SyncCursorCommits: cfg.Advanced.SyncCursorCommits,
+		Tuning:            cfg.settings(),
 		RejectHandler:     cfg.RejectHandler,
 		Isolation:         cfg.KeyIsolation.delivery(),
 		Store:             consumer.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup, ctx, &s.wg),
@@ -311,8 +129,8 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 	return s, nil
 }
 
-// SubscribeInitialize registers topic if needed (AutoCreateTopics or
-// Topics), so that messages published before the first Subscribe are kept
+// SubscribeInitialize registers topic if needed (AutoCreateTopics), so
+// that messages published before the first Subscribe are kept
 // for the group.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if s == nil || s.workers == nil {
@@ -346,16 +164,10 @@ func (s *Subscriber) topic(ctx context.Context, topic string) (int, error) {
 	if ok {
 		return n, nil
 	}
-	want, listed := s.cfg.Topics[topic]
 	n, err := lookupTopic(ctx, s.db, s.cfg.Schema, topic)
 	switch {
-	case err == nil && listed && n != want:
-		return 0, &errs.PartitionMismatchError{Topic: topic, Registered: n, Requested: want}
-	case errors.Is(err, errs.ErrUnknownTopic) && (listed || s.cfg.AutoCreateTopics):
-		if !listed {
-			want = s.cfg.DefaultPartitions
-		}
-		if n, err = registerTopic(ctx, s.db, s.cfg.Schema, topic, want); err != nil {
+	case errors.Is(err, errs.ErrUnknownTopic) && s.cfg.AutoCreateTopics:
+		if n, err = registerTopic(ctx, s.db, s.cfg.Schema, topic, 1); err != nil {
 			return 0, err
 		}
 	case err != nil:
@@ -500,10 +312,10 @@ func (s *Subscriber) prepare(ctx context.Context, topic string, out chan<- *mess
 		Group:           s.cfg.ConsumerGroup,
 		Topic:           topic,
 		Partitions:      partitions,
-		MemberID:        s.cfg.MemberID + "-" + watermill.NewShortUUID(),
+		MemberID:        s.cfg.memberID() + "-" + watermill.NewShortUUID(),
 		TTL:             s.cfg.Tuning.LeaseTTL,
-		RenewInterval:   s.cfg.Tuning.RenewInterval,
-		BalanceInterval: s.cfg.BalanceInterval,
+		RenewInterval:   s.cfg.renewInterval(),
+		BalanceInterval: s.cfg.balanceInterval(),
 		StartFromNewest: s.cfg.StartFromNewest,
 		NoRejectHandler: s.cfg.RejectHandler == nil,
 	}, s.logger)

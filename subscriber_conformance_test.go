@@ -38,7 +38,6 @@ func conformanceTuning() adaptive.Tuning {
 	tu.BackoffBase = 2 * time.Millisecond
 	tu.BackoffMax = 10 * time.Millisecond
 	tu.LeaseTTL = 5 * time.Second
-	tu.RenewInterval = time.Second
 	return tu
 }
 

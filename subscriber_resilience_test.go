@@ -67,17 +67,17 @@ func TestSubscriberSurvivesKilledConnections(t *testing.T) {
 func TestSubscriberConfigValidation(t *testing.T) {
 	pool := pgtest.Pool(t)
 	badTuning := adaptive.Default()
-	badTuning.RenewInterval = badTuning.LeaseTTL
+	badTuning.LeaseTTL = 50 * time.Millisecond
 	cases := map[string]outbox.SubscriberConfig{
 		"no pool":                      {ConsumerGroup: "g"},
 		"no group":                     {Pool: pool},
 		"unknown strategy":             {Pool: pool, ConsumerGroup: "g", Strategy: 7},
 		"max attempts without handler": {Pool: pool, ConsumerGroup: "g", MaxAttempts: 3},
-		"renew not below lease TTL":    {Pool: pool, ConsumerGroup: "g", Tuning: badTuning},
-		"handler timeout past lease":   {Pool: pool, ConsumerGroup: "g", HandlerTimeout: time.Hour},
-		"1025 default partitions":      {Pool: pool, ConsumerGroup: "g", DefaultPartitions: 1025},
-		"member id too long":           {Pool: pool, ConsumerGroup: "g", MemberID: strings.Repeat("m", 161)},
-		"sequencer batch size":         {Pool: pool, ConsumerGroup: "g", Sequencer: outbox.SequencerConfig{BatchSize: -1}},
+		"lease TTL below 100ms":        {Pool: pool, ConsumerGroup: "g", Tuning: badTuning},
+		"handler timeout past lease":   {Pool: pool, ConsumerGroup: "g", Tuning: adaptive.Default(), HandlerTimeout: time.Hour},
+		"negative handler timeout":     {Pool: pool, ConsumerGroup: "g", HandlerTimeout: -time.Second},
+		"negative poll interval":       {Pool: pool, ConsumerGroup: "g", Advanced: outbox.Advanced{PollInterval: -time.Second}},
+		"negative bulkhead":            {Pool: pool, ConsumerGroup: "g", Advanced: outbox.Advanced{MaxConcurrentPartitions: -1}},
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -142,7 +142,7 @@ func consume(ctx context.Context, t *testing.T, sub *outbox.Subscriber, topic, i
 
 func newSub(t *testing.T, e env, group string, tune func(*outbox.SubscriberConfig)) *outbox.Subscriber {
 	t.Helper()
-	cfg := outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: group, Tuning: outboxtest.FastTuning(), CloseTimeout: time.Second}
+	cfg := outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: group, Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced(), CloseTimeout: time.Second}
 	if tune != nil {
 		tune(&cfg)
 	}
@@ -358,7 +358,6 @@ func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
 
 			tune := outboxtest.FastTuning()
 			tune.BatchSize = 64
-			tune.DegradeAfter = 1
 			tune.BackoffBase = 100 * time.Millisecond
 			sub := newSub(t, e, "g", func(c *outbox.SubscriberConfig) {
 				c.Strategy = strategy

@@ -4,176 +4,136 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
 // Names accepted by [Profile].
 const (
-	ProfileDefault        = "default"
-	ProfileLowLatency     = "low-latency"
-	ProfileHighThroughput = "high-throughput"
-	ProfileRelaxed        = "relaxed"
+	ProfileDefault        = tune.NameDefault
+	ProfileLowLatency     = tune.NameLowLatency
+	ProfileHighThroughput = tune.NameHighThroughput
+	ProfileRelaxed        = tune.NameRelaxed
 )
 
-// Tuning bundles the knobs of a subscriber's partition workers. Start from a
-// profile ([Default], [LowLatency], [HighThroughput], [Relaxed]) and adjust
-// fields as needed, then call [Tuning.Validate].
+// minLeaseTTL is the shortest LeaseTTL the lease manager works with.
+const minLeaseTTL = 100 * time.Millisecond
+
+// Tuning is the part of a subscriber's configuration a profile sets. Start
+// from a profile ([Default], [LowLatency], [HighThroughput], [Relaxed]) and
+// change the fields you need, or set only those on a zero Tuning: a zero
+// field takes its profile's value ([Default]'s for a Tuning made by hand),
+// field by field, so setting one field never invalidates the others.
+//
+// A profile also chooses values no field shows: how soon a failing batch
+// shrinks, the ramp of the poll pace while a backlog lasts, and the pace
+// of the subscriber's own sequencer; and the defaults of
+// outbox.SubscriberConfig.Advanced (the idle poll and the bulkhead).
+// docs/operations.md lists every profile's values.
 type Tuning struct {
-	// BatchSize is the number of messages read per batch in Normal state.
-	// Must be >= 1.
+	// BatchSize is the number of messages read per batch (while nothing
+	// fails). Must be >= 1.
 	BatchSize int
-	// DegradeAfter is how many consecutive failed batches shrink the batch
-	// size. Must be >= 1.
-	DegradeAfter int
-	// BackoffBase is the retry delay after the first failed batch. Must be
-	// > 0.
+	// BackoffBase is the retry delay after the first failed batch (or
+	// failed delivery of a held key); it doubles with each further failure
+	// in a row. Must be > 0.
 	BackoffBase time.Duration
-	// BackoffMax caps the retry delay. Must be >= BackoffBase.
+	// BackoffMax caps the retry delay. Must be >= BackoffBase; when only
+	// BackoffBase is set, it is at least BackoffBase.
 	BackoffMax time.Duration
-	// Pacing sets the waits between polls.
-	Pacing Pacing
-	// LeaseTTL is how long a worker's claim on a partition stays valid
-	// without renewal. Must be > 0.
+	// LeaseTTL is how long a partition's lease, and a member's heartbeat,
+	// stay valid without renewal: the fail-over time after a crash. Leases
+	// are renewed every LeaseTTL/5; the subscriber's HandlerTimeout
+	// defaults to 2/3 of it. Must be >= 100ms.
 	LeaseTTL time.Duration
-	// RenewInterval is how often a worker renews its lease. Must be > 0 and
-	// < LeaseTTL.
-	RenewInterval time.Duration
-	// MaxConcurrentPartitions is the bulkhead size: how many partition
-	// workers may query the database at the same time. Must be >= 1.
-	MaxConcurrentPartitions int
-	// SequencerInterval paces the sequencer a subscriber runs while
-	// messages keep coming (its MinPassInterval; 0: the sequencer's
-	// default). Each pass wakes the workers of the partitions it filled,
-	// so this interval sets the batch sizes of a steady stream: shorter
-	// cuts latency, longer cuts the database work per message. Must be
-	// >= 0.
-	SequencerInterval time.Duration
+
+	// profile names the profile the zero fields take their values from
+	// ("": Default).
+	profile string
 }
 
-// Validate returns nil if t is usable, and otherwise a [*ConfigError]
-// describing the first problem found.
+func fromProfile(p tune.Profile) Tuning {
+	t := Tuning{BatchSize: p.BatchSize, BackoffBase: p.BackoffBase, BackoffMax: p.BackoffMax, LeaseTTL: p.LeaseTTL}
+	if p.Name != tune.NameDefault {
+		t.profile = p.Name
+	}
+	return t
+}
+
+// ProfileName returns the name of the profile t was made from, whose
+// values its zero fields take: "default" for a Tuning made by hand.
+func (t Tuning) ProfileName() string {
+	if t.profile == "" {
+		return ProfileDefault
+	}
+	return t.profile
+}
+
+// WithDefaults returns t with each zero field set to its profile's value,
+// as a Subscriber uses it. BackoffBase is at most BackoffMax, and
+// BackoffMax at least BackoffBase, when only the other one is set.
+func (t Tuning) WithDefaults() Tuning {
+	p, _ := tune.Lookup(t.profile)
+	if t.BatchSize == 0 {
+		t.BatchSize = p.BatchSize
+	}
+	if t.BackoffBase == 0 {
+		t.BackoffBase = p.BackoffBase
+		if t.BackoffMax > 0 {
+			t.BackoffBase = min(t.BackoffBase, t.BackoffMax)
+		}
+	}
+	if t.BackoffMax == 0 {
+		t.BackoffMax = max(p.BackoffMax, t.BackoffBase)
+	}
+	if t.LeaseTTL == 0 {
+		t.LeaseTTL = p.LeaseTTL
+	}
+	return t
+}
+
+// Validate returns nil if t, with its defaults, is usable, and otherwise a
+// [*ConfigError] describing the first problem found.
 func (t Tuning) Validate() error {
-	if err := t.ModeConfig().Validate(); err != nil {
-		return err
-	}
-	if err := t.Pacing.validate("Pacing."); err != nil {
-		return err
-	}
+	t = t.WithDefaults()
 	switch {
-	case t.LeaseTTL <= 0:
-		return configErrorf("LeaseTTL", "must be > 0, got %v", t.LeaseTTL)
-	case t.RenewInterval <= 0:
-		return configErrorf("RenewInterval", "must be > 0, got %v", t.RenewInterval)
-	case t.RenewInterval >= t.LeaseTTL:
-		return configErrorf("RenewInterval", "must be < LeaseTTL (%v), got %v", t.LeaseTTL, t.RenewInterval)
-	case t.MaxConcurrentPartitions < 1:
-		return configErrorf("MaxConcurrentPartitions", "must be >= 1, got %d", t.MaxConcurrentPartitions)
-	case t.SequencerInterval < 0:
-		return configErrorf("SequencerInterval", "must be >= 0, got %v", t.SequencerInterval)
+	case t.BatchSize < 1:
+		return configErrorf("BatchSize", "must be >= 1 (0 for the profile's), got %d", t.BatchSize)
+	case t.BackoffBase <= 0:
+		return configErrorf("BackoffBase", "must be > 0 (0 for the profile's), got %v", t.BackoffBase)
+	case t.BackoffMax < t.BackoffBase:
+		return configErrorf("BackoffMax", "must be >= BackoffBase (%v), got %v", t.BackoffBase, t.BackoffMax)
+	case t.LeaseTTL < minLeaseTTL:
+		return configErrorf("LeaseTTL", "must be >= %v (0 for the profile's), got %v", minLeaseTTL, t.LeaseTTL)
 	}
 	return nil
 }
 
-// ModeConfig returns the part of t that configures a [Mode].
-func (t Tuning) ModeConfig() ModeConfig {
-	return ModeConfig{
-		BatchSize:    t.BatchSize,
-		DegradeAfter: t.DegradeAfter,
-		BackoffBase:  t.BackoffBase,
-		BackoffMax:   t.BackoffMax,
-	}
-}
+// Default returns the balanced profile: moderate batches (50), a fast pace
+// while there is a backlog, a one-second safety-net poll while idle and a
+// gentle retry backoff (1 s doubling up to 1 min).
+func Default() Tuning { return fromProfile(tune.Default) }
 
-// Default returns the balanced profile: moderate batches, a fast pace while
-// there is a backlog, a one-second safety-net poll while idle and a gentle
-// retry backoff (1 s doubling up to 1 min).
-func Default() Tuning {
-	return Tuning{
-		BatchSize:    50,
-		DegradeAfter: 2,
-		BackoffBase:  time.Second,
-		BackoffMax:   time.Minute,
-		Pacing: Pacing{
-			MinInterval:    5 * time.Millisecond,
-			ActiveInterval: 50 * time.Millisecond,
-			RampStep:       5 * time.Millisecond,
-			IdleInterval:   time.Second,
-		},
-		LeaseTTL:                30 * time.Second,
-		RenewInterval:           10 * time.Second,
-		MaxConcurrentPartitions: 16,
-		SequencerInterval:       20 * time.Millisecond,
-	}
-}
+// LowLatency returns a profile for real-time delivery (notifications,
+// chat): polls a few milliseconds apart while busy and a 10 ms
+// safety-net poll while idle, so a message is picked up well within 25 ms
+// even without pokes, at the cost of steady polling. Batches stay small
+// (10) and retries start at 100 ms. With the sequencer's notifications
+// (the default), SubscriberConfig.Advanced.PollInterval can be raised to
+// cut idle polling without hurting latency.
+func LowLatency() Tuning { return fromProfile(tune.LowLatency) }
 
-// LowLatency returns a profile for real-time delivery (notifications, chat):
-// polls a few milliseconds apart while busy and a 10 ms safety-net poll while
-// idle, so a message is picked up well within 25 ms even without pokes, at
-// the cost of steady polling. Batches stay small and retries start at
-// 100 ms. With a poke source (e.g. LISTEN/NOTIFY), IdleInterval can be
-// raised to cut idle polling without hurting latency.
-func LowLatency() Tuning {
-	return Tuning{
-		BatchSize:    10,
-		DegradeAfter: 3,
-		BackoffBase:  100 * time.Millisecond,
-		BackoffMax:   10 * time.Second,
-		Pacing: Pacing{
-			MinInterval:    time.Millisecond,
-			ActiveInterval: 2 * time.Millisecond,
-			RampStep:       time.Millisecond,
-			IdleInterval:   10 * time.Millisecond,
-		},
-		LeaseTTL:                30 * time.Second,
-		RenewInterval:           10 * time.Second,
-		MaxConcurrentPartitions: 32,
-		SequencerInterval:       2 * time.Millisecond,
-	}
-}
-
-// HighThroughput returns a profile for bulk transfer (ETL, analytics): large
-// batches, a pace that quickly ramps down to 1 ms while a backlog lasts,
-// longer leases for long batches and a wide bulkhead.
-func HighThroughput() Tuning {
-	return Tuning{
-		BatchSize:    500,
-		DegradeAfter: 2,
-		BackoffBase:  time.Second,
-		BackoffMax:   time.Minute,
-		Pacing: Pacing{
-			MinInterval:    time.Millisecond,
-			ActiveInterval: 20 * time.Millisecond,
-			RampStep:       2 * time.Millisecond,
-			IdleInterval:   time.Second,
-		},
-		LeaseTTL:                60 * time.Second,
-		RenewInterval:           20 * time.Second,
-		MaxConcurrentPartitions: 64,
-		SequencerInterval:       20 * time.Millisecond,
-	}
-}
+// HighThroughput returns a profile for bulk transfer (ETL, analytics):
+// large batches (500), a pace that quickly ramps down to 1 ms while a
+// backlog lasts, longer leases (60 s) for long batches and a wide
+// bulkhead.
+func HighThroughput() Tuning { return fromProfile(tune.HighThroughput) }
 
 // Relaxed returns a profile for background work where latency hardly
 // matters (digests, housekeeping): a slow pace, a 30 s safety-net poll,
 // degradation on the first failure, a long retry backoff (5 s up to 5 min)
 // and a narrow bulkhead that keeps database load low.
-func Relaxed() Tuning {
-	return Tuning{
-		BatchSize:    10,
-		DegradeAfter: 1,
-		BackoffBase:  5 * time.Second,
-		BackoffMax:   5 * time.Minute,
-		Pacing: Pacing{
-			MinInterval:    100 * time.Millisecond,
-			ActiveInterval: 500 * time.Millisecond,
-			RampStep:       50 * time.Millisecond,
-			IdleInterval:   30 * time.Second,
-		},
-		LeaseTTL:                30 * time.Second,
-		RenewInterval:           10 * time.Second,
-		MaxConcurrentPartitions: 4,
-		SequencerInterval:       100 * time.Millisecond,
-	}
-}
+func Relaxed() Tuning { return fromProfile(tune.Relaxed) }
 
 // ProfileNames returns the names [Profile] accepts, in a stable order.
 func ProfileNames() []string {
@@ -184,15 +144,10 @@ func ProfileNames() []string {
 // "low-latency", "high-throughput" or "relaxed" (case and surrounding spaces
 // are ignored). Any other name yields an error matching [ErrUnknownProfile].
 func Profile(name string) (Tuning, error) {
-	switch strings.ToLower(strings.TrimSpace(name)) {
-	case ProfileDefault:
-		return Default(), nil
-	case ProfileLowLatency:
-		return LowLatency(), nil
-	case ProfileHighThroughput:
-		return HighThroughput(), nil
-	case ProfileRelaxed:
-		return Relaxed(), nil
+	if n := strings.ToLower(strings.TrimSpace(name)); n != "" {
+		if p, ok := tune.Lookup(n); ok {
+			return fromProfile(p), nil
+		}
 	}
 	return Tuning{}, fmt.Errorf("%w %q (allowed: %s)", ErrUnknownProfile, name, strings.Join(ProfileNames(), ", "))
 }

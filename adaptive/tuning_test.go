@@ -19,8 +19,11 @@ func TestProfilesAreValid(t *testing.T) {
 			if err := tuning.Validate(); err != nil {
 				t.Fatalf("profile %q is invalid: %v", name, err)
 			}
-			if _, err := adaptive.NewMode(tuning.ModeConfig()); err != nil {
-				t.Fatalf("profile %q cannot build a Mode: %v", name, err)
+			if tuning.ProfileName() != name {
+				t.Fatalf("Profile(%q).ProfileName() = %q", name, tuning.ProfileName())
+			}
+			if tuning.WithDefaults() != tuning {
+				t.Fatalf("profile %q has a zero field: %+v", name, tuning)
 			}
 		})
 	}
@@ -50,7 +53,7 @@ func TestProfileByName(t *testing.T) {
 }
 
 func TestProfileUnknownName(t *testing.T) {
-	for _, name := range []string{"", "fast", "low_latency", "defaults"} {
+	for _, name := range []string{"", "  ", "fast", "low_latency", "defaults"} {
 		_, err := adaptive.Profile(name)
 		if !errors.Is(err, adaptive.ErrUnknownProfile) {
 			t.Fatalf("Profile(%q) error %v does not match ErrUnknownProfile", name, err)
@@ -65,35 +68,62 @@ func TestProfileUnknownName(t *testing.T) {
 
 func TestProfilesDiffer(t *testing.T) {
 	def, ll, ht, rx := adaptive.Default(), adaptive.LowLatency(), adaptive.HighThroughput(), adaptive.Relaxed()
-	if !(ll.Pacing.ActiveInterval < def.Pacing.ActiveInterval && ll.Pacing.IdleInterval < def.Pacing.IdleInterval) {
-		t.Error("low-latency must poll faster than default")
+	if !(ll.BatchSize < def.BatchSize && ll.BackoffBase < def.BackoffBase) {
+		t.Error("low-latency must use smaller batches and retry sooner than default")
 	}
-	if !(ht.BatchSize > def.BatchSize && ht.MaxConcurrentPartitions > def.MaxConcurrentPartitions) {
-		t.Error("high-throughput must use bigger batches and a wider bulkhead than default")
+	if !(ht.BatchSize > def.BatchSize && ht.LeaseTTL > def.LeaseTTL) {
+		t.Error("high-throughput must use bigger batches and longer leases than default")
 	}
-	if !(rx.Pacing.IdleInterval > def.Pacing.IdleInterval && rx.BackoffBase > def.BackoffBase && rx.DegradeAfter == 1) {
-		t.Error("relaxed must poll less, back off longer and degrade at once")
+	if !(rx.BackoffBase > def.BackoffBase && rx.BackoffMax > def.BackoffMax) {
+		t.Error("relaxed must back off longer")
 	}
 }
 
-// The low-latency profile must allow delivery within 25 ms at 1,000 msg/s,
-// even when a partition has just gone idle and no poke arrives: the worst-case
-// wait before the next poll is IdleInterval, and a sustained backlog of
-// 1,000 msg/s must be drained faster than it arrives by a single partition.
-func TestLowLatencyProfileBudget(t *testing.T) {
+// A Tuning made by hand is Default() where it is zero: setting one field
+// leaves the others at the profile's values (it used to take a complete
+// set, and Tuning{BatchSize: 200} failed validation).
+func TestZeroFieldsTakeTheirProfilesValues(t *testing.T) {
+	def := adaptive.Default()
+	if got := (adaptive.Tuning{}).WithDefaults(); got != def {
+		t.Fatalf("Tuning{}.WithDefaults() = %+v, want Default() %+v", got, def)
+	}
+	got := adaptive.Tuning{BatchSize: 200}.WithDefaults()
+	want := def
+	want.BatchSize = 200
+	if got != want {
+		t.Fatalf("Tuning{BatchSize: 200}.WithDefaults() = %+v, want %+v", got, want)
+	}
+	// A profile's zero field takes that profile's value, not Default's.
 	ll := adaptive.LowLatency()
-	const budget = 25 * time.Millisecond
-	const queryAllowance = 10 * time.Millisecond // room for the poll query and handler
-	if worst := ll.Pacing.IdleInterval; worst+queryAllowance > budget {
-		t.Fatalf("idle safety-net poll %v leaves no room for a %v query within %v", worst, queryAllowance, budget)
+	ll.BackoffMax = 0
+	if got := ll.WithDefaults(); got != adaptive.LowLatency() {
+		t.Fatalf("LowLatency() with BackoffMax zeroed: %+v, want LowLatency() %+v", got, adaptive.LowLatency())
 	}
-	if ll.Pacing.ActiveInterval > 5*time.Millisecond || ll.Pacing.MinInterval > 2*time.Millisecond {
-		t.Fatalf("busy pace too slow: active %v, min %v", ll.Pacing.ActiveInterval, ll.Pacing.MinInterval)
+	if ll.ProfileName() != adaptive.ProfileLowLatency || (adaptive.Tuning{}).ProfileName() != adaptive.ProfileDefault {
+		t.Fatalf("ProfileName: %q, %q", ll.ProfileName(), (adaptive.Tuning{}).ProfileName())
 	}
-	// Capacity of one partition at the slowest busy pace (ActiveInterval):
-	perSecond := float64(ll.BatchSize) / ll.Pacing.ActiveInterval.Seconds()
-	if perSecond < 2*1000 {
-		t.Fatalf("one partition drains only %.0f msg/s at the active pace; want at least twice 1000", perSecond)
+}
+
+// Setting any one field, to any value valid on its own, never fails
+// validation: the defaults of the others make room for it.
+func TestSettingOneFieldNeverFailsValidation(t *testing.T) {
+	for name, tu := range map[string]adaptive.Tuning{
+		"BatchSize":              {BatchSize: 1},
+		"big BatchSize":          {BatchSize: 100_000},
+		"BackoffBase":            {BackoffBase: time.Millisecond},
+		"BackoffBase above max":  {BackoffBase: time.Hour},
+		"BackoffMax":             {BackoffMax: time.Hour},
+		"BackoffMax below base":  {BackoffMax: time.Millisecond},
+		"LeaseTTL short":         {LeaseTTL: 100 * time.Millisecond},
+		"LeaseTTL long":          {LeaseTTL: time.Hour},
+		"a profile, BackoffBase": func() adaptive.Tuning { t := adaptive.Relaxed(); t.BackoffMax = 0; t.BackoffBase = time.Hour; return t }(),
+	} {
+		if err := tu.Validate(); err != nil {
+			t.Errorf("%s: %+v: %v", name, tu, err)
+		}
+		if d := tu.WithDefaults(); d.BackoffMax < d.BackoffBase {
+			t.Errorf("%s: BackoffMax %v below BackoffBase %v", name, d.BackoffMax, d.BackoffBase)
+		}
 	}
 }
 
@@ -103,24 +133,12 @@ func TestTuningValidate(t *testing.T) {
 		mutate func(*adaptive.Tuning)
 		field  string
 	}{
-		{"zero batch", func(t *adaptive.Tuning) { t.BatchSize = 0 }, "BatchSize"},
 		{"negative batch", func(t *adaptive.Tuning) { t.BatchSize = -10 }, "BatchSize"},
-		{"zero degrade threshold", func(t *adaptive.Tuning) { t.DegradeAfter = 0 }, "DegradeAfter"},
-		{"zero backoff base", func(t *adaptive.Tuning) { t.BackoffBase = 0 }, "BackoffBase"},
+		{"negative backoff base", func(t *adaptive.Tuning) { t.BackoffBase = -1 }, "BackoffBase"},
 		{"max below base", func(t *adaptive.Tuning) { t.BackoffMax = t.BackoffBase - 1 }, "BackoffMax"},
-		{"negative min interval", func(t *adaptive.Tuning) { t.Pacing.MinInterval = -1 }, "Pacing.MinInterval"},
-		{"min above idle", func(t *adaptive.Tuning) {
-			t.Pacing.MinInterval, t.Pacing.ActiveInterval = 2*t.Pacing.IdleInterval, 2*t.Pacing.IdleInterval
-		}, "Pacing.IdleInterval"},
-		{"active below min", func(t *adaptive.Tuning) { t.Pacing.ActiveInterval = t.Pacing.MinInterval - 1 }, "Pacing.ActiveInterval"},
-		{"zero idle", func(t *adaptive.Tuning) { t.Pacing.IdleInterval = 0 }, "Pacing.IdleInterval"},
-		{"negative ramp", func(t *adaptive.Tuning) { t.Pacing.RampStep = -1 }, "Pacing.RampStep"},
-		{"zero lease", func(t *adaptive.Tuning) { t.LeaseTTL = 0 }, "LeaseTTL"},
-		{"zero renew", func(t *adaptive.Tuning) { t.RenewInterval = 0 }, "RenewInterval"},
-		{"renew equals lease", func(t *adaptive.Tuning) { t.RenewInterval = t.LeaseTTL }, "RenewInterval"},
-		{"renew above lease", func(t *adaptive.Tuning) { t.RenewInterval = 2 * t.LeaseTTL }, "RenewInterval"},
-		{"zero bulkhead", func(t *adaptive.Tuning) { t.MaxConcurrentPartitions = 0 }, "MaxConcurrentPartitions"},
-		{"negative sequencer interval", func(t *adaptive.Tuning) { t.SequencerInterval = -time.Millisecond }, "SequencerInterval"},
+		{"negative max", func(t *adaptive.Tuning) { t.BackoffMax = -1 }, "BackoffMax"},
+		{"negative lease", func(t *adaptive.Tuning) { t.LeaseTTL = -1 }, "LeaseTTL"},
+		{"lease below 100ms", func(t *adaptive.Tuning) { t.LeaseTTL = 99 * time.Millisecond }, "LeaseTTL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,19 +151,27 @@ func TestTuningValidate(t *testing.T) {
 
 func TestConfigErrorMessage(t *testing.T) {
 	tuning := adaptive.Default()
-	tuning.RenewInterval = time.Minute
+	tuning.LeaseTTL = time.Millisecond
 	err := tuning.Validate()
-	const want = "outbox: invalid configuration: RenewInterval: must be < LeaseTTL (30s), got 1m0s" // one ConfigError, one format, module-wide
+	const want = "outbox: invalid configuration: LeaseTTL: must be >= 100ms (0 for the profile's), got 1ms" // one ConfigError, one format, module-wide
 	if err == nil || err.Error() != want {
 		t.Fatalf("error = %v, want %q", err, want)
 	}
 }
 
-func TestTuningModeConfig(t *testing.T) {
-	tuning := adaptive.Relaxed()
-	got := tuning.ModeConfig()
-	want := adaptive.ModeConfig{BatchSize: 10, DegradeAfter: 1, BackoffBase: 5 * time.Second, BackoffMax: 5 * time.Minute}
-	if got != want {
-		t.Fatalf("ModeConfig = %+v, want %+v", got, want)
+func requireConfigError(t *testing.T, err error, field string) {
+	t.Helper()
+	if !errors.Is(err, adaptive.ErrInvalidConfig) {
+		t.Fatalf("error %v does not match ErrInvalidConfig", err)
+	}
+	var ce *adaptive.ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("error %v is not a *ConfigError", err)
+	}
+	if ce.Field != field {
+		t.Fatalf("ConfigError.Field = %q, want %q (error: %v)", ce.Field, field, err)
+	}
+	if ce.Reason == "" {
+		t.Fatal("ConfigError.Reason is empty")
 	}
 }

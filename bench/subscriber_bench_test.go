@@ -52,7 +52,7 @@ var (
 	subPubConns = flag.Int("sub.publishers", 16, "publisher connections of BenchmarkCommitToHandlerLatency (each runs one transaction at a time)")
 
 	// Diagnostics: they change what is measured, to find out what limits it.
-	subNoPacing  = flag.Bool("sub.nopacing", false, "diagnostic: drain with the profile's pacing waits set to zero")
+	subNoPacing  = flag.Bool("sub.nopacing", false, "diagnostic: drain with the pacing waits at 1ns (Advanced.PollInterval, which bounds the busy pace too)")
 	subAsync     = flag.Bool("sub.async", false, "diagnostic: run the subscriber's connections with synchronous_commit=off")
 	subConsumers = flag.Int("sub.consumers", 1, "diagnostic: goroutines reading the Subscribe channel in the drain")
 )
@@ -617,13 +617,11 @@ func runSubscriberDrain(ctx context.Context, e *env, t timer, mode drainMode, n 
 	if err := warmPool(ctx, pool, 20); err != nil {
 		return res, err
 	}
-	tuning := adaptive.HighThroughput()
+	cfg := outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: subGroup, Tuning: adaptive.HighThroughput()}
 	if *subNoPacing {
-		tuning.Pacing.MinInterval, tuning.Pacing.ActiveInterval, tuning.Pacing.RampStep = 0, 0, 0
+		cfg.Advanced.PollInterval = time.Nanosecond
 	}
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
-		Schema: schema, Pool: pool, ConsumerGroup: subGroup, Tuning: tuning,
-	}, nil)
+	sub, err := outbox.NewSubscriber(cfg, nil)
 	if err != nil {
 		return res, err
 	}

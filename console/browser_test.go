@@ -84,7 +84,6 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	var handled atomic.Int64
 	sub := f.b.Subscriber("billing", func(c *outbox.SubscriberConfig) {
 		c.DisableSequencer = true
-		c.BalanceInterval = 200 * time.Millisecond
 	})
 	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
 	if err != nil {

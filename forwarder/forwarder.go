@@ -15,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
@@ -60,9 +59,9 @@ type Config struct {
 	// Subscriber configures the outbox side: Pool (required), Schema,
 	// ConsumerGroup (DefaultConsumerGroup when empty), Tuning (batch size,
 	// backoff, leases), RejectHandler (where poison messages go: without one
-	// they are retried forever), MaxAttempts, and so on. Strategy must be
-	// outbox.Leased (the default): a broker publish cannot join a database
-	// transaction.
+	// they are retried forever), MaxAttempts, and so on. Its HandlerTimeout
+	// bounds one Send. Strategy must be outbox.Leased (the default): a
+	// broker publish cannot join a database transaction.
 	Subscriber outbox.SubscriberConfig
 	// Topics are the outbox topics to forward. Required.
 	Topics []string
@@ -72,10 +71,6 @@ type Config struct {
 	// TargetTopic maps an outbox topic to the topic (Kafka) or subject
 	// (NATS) it is forwarded to. Default: the same name.
 	TargetTopic func(outboxTopic string) string
-	// SendTimeout bounds one Send (default: the Subscriber's HandlerTimeout,
-	// which defaults to Tuning.LeaseTTL - Tuning.RenewInterval, so that a
-	// send ends before the partition's lease can).
-	SendTimeout time.Duration
 	// Middlewares wrap the forwarding of each message as Watermill's
 	// router middleware wraps a handler (the first is the outermost, as
 	// router.AddMiddleware): metrics, tracing, logging, correlation ids,
@@ -99,16 +94,6 @@ func (c *Config) setDefaults() {
 	if c.TargetTopic == nil {
 		c.TargetTopic = func(topic string) string { return topic }
 	}
-	if c.SendTimeout == 0 {
-		c.SendTimeout = c.Subscriber.HandlerTimeout
-	}
-	if c.SendTimeout == 0 {
-		tu := c.Subscriber.Tuning
-		if tu == (adaptive.Tuning{}) {
-			tu = adaptive.Default()
-		}
-		c.SendTimeout = tu.LeaseTTL - tu.RenewInterval
-	}
 }
 
 // Validate reports the first impossible setting.
@@ -124,8 +109,6 @@ func (c Config) Validate() error {
 		return &outbox.ConfigError{Field: "Topics", Reason: "required"}
 	case isNil(c.Target):
 		return &outbox.ConfigError{Field: "Target", Reason: "required"}
-	case c.SendTimeout < 0:
-		return &outbox.ConfigError{Field: "SendTimeout", Reason: "must be positive"}
 	}
 	if t, ok := c.Target.(interface{ keyIsolation() error }); ok && c.Subscriber.KeyIsolation.Enabled {
 		if err := t.keyIsolation(); err != nil {
@@ -306,9 +289,9 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 		if err := checkBatch(batch); err != nil {
 			return 0, err
 		}
+		// ctx ends at the Subscriber's HandlerTimeout: one send is bounded
+		// by it, and ends before the partition's lease can.
 		ctx = withOrigin(ctx, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
-		ctx, cancel := context.WithTimeout(ctx, f.cfg.SendTimeout)
-		defer cancel()
 		span := observe.StartForward(ctx, topic, targetTopic, batch)
 		start := time.Now()
 		var done int
@@ -376,9 +359,10 @@ func messageBytes(msgs []*message.Message) int {
 }
 
 // errorKind classifies a failed send for the metrics: "" (none), "poison"
-// (the broker refused a message for good: rejected), "timeout"
-// (SendTimeout), "partial" (the broker confirmed only part of the batch
-// without saying why) or "broker" (any other error of the target).
+// (the broker refused a message for good: rejected), "timeout" (the
+// Subscriber's HandlerTimeout), "partial" (the broker confirmed only part
+// of the batch without saying why) or "broker" (any other error of the
+// target).
 func errorKind(ctx context.Context, err error) string {
 	switch {
 	case err == nil:

@@ -30,7 +30,7 @@ func TestConfigValidation(t *testing.T) {
 		"no target":       func(c *forwarder.Config) { c.Target = nil },
 		"transactional":   func(c *forwarder.Config) { c.Subscriber.Strategy = outbox.Transactional },
 		"empty mapping":   func(c *forwarder.Config) { c.TargetTopic = func(string) string { return "" } },
-		"negative budget": func(c *forwarder.Config) { c.SendTimeout = -time.Second },
+		"negative budget": func(c *forwarder.Config) { c.Subscriber.HandlerTimeout = -time.Second },
 		"nil middleware":  func(c *forwarder.Config) { c.Middlewares = []message.HandlerMiddleware{nil} },
 	} {
 		c := valid

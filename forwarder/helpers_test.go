@@ -254,6 +254,7 @@ func startForwarder(t *testing.T, e env, pool *pgxpool.Pool, target forwarder.Ta
 			Schema:        e.Schema,
 			Pool:          pool,
 			Tuning:        outboxtest.FastTuning(),
+			Advanced:      outboxtest.FastAdvanced(),
 			RejectHandler: e.deadLetters(),
 			CloseTimeout:  time.Second,
 		},

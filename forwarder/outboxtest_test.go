@@ -29,7 +29,7 @@ func TestOutboxtestRunsTheForwardersHandlerUntilIdle(t *testing.T) {
 		pub.round("orders", 25, nil)
 	}
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber: outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, Tuning: outboxtest.FastTuning(), RejectHandler: e.deadLetters()},
+		Subscriber: outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced(), RejectHandler: e.deadLetters()},
 		Topics:     []string{"orders"},
 		Target:     newKafkaTarget(t, brokers, nil),
 	}, nil)

@@ -110,7 +110,7 @@ func TestForwarderErrorSeriesExistAtZeroFromTheStart(t *testing.T) {
 	}
 	defer m.Disable()
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber:  outbox.SubscriberConfig{Schema: b.Schema, Pool: b.Pool, ConsumerGroup: "fwd", Tuning: outboxtest.FastTuning(), CloseTimeout: time.Second},
+		Subscriber:  outbox.SubscriberConfig{Schema: b.Schema, Pool: b.Pool, ConsumerGroup: "fwd", Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced(), CloseTimeout: time.Second},
 		Topics:      []string{"orders"},
 		TargetTopic: func(topic string) string { return "broker." + topic },
 		Target: forwarder.TargetFunc(func(context.Context, string, []*message.Message) (int, error) {

@@ -175,7 +175,7 @@ func TestEveryMetricMovesWhenItsEventHappens(t *testing.T) {
 	b.SequenceAll()
 	stuck := b.Subscriber("stuck", func(c *outbox.SubscriberConfig) {
 		c.DisableSequencer = true
-		c.Tuning.DegradeAfter, c.Tuning.BackoffBase, c.Tuning.BackoffMax = 1, 5*time.Second, 5*time.Second
+		c.Tuning.BackoffBase, c.Tuning.BackoffMax = 5*time.Second, 5*time.Second
 	})
 	stuckMsgs, err := stuck.Subscribe(ctx, "orders")
 	if err != nil {
@@ -254,7 +254,7 @@ func TestEveryMetricMovesWhenItsEventHappens(t *testing.T) {
 	// Forwarder: a failed send, then records and bytes.
 	var calls atomic.Int32
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber: outbox.SubscriberConfig{Schema: b.Schema, Pool: b.Pool, ConsumerGroup: "fwd", Tuning: outboxtest.FastTuning(), DisableSequencer: true, CloseTimeout: time.Second},
+		Subscriber: outbox.SubscriberConfig{Schema: b.Schema, Pool: b.Pool, ConsumerGroup: "fwd", Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced(), DisableSequencer: true, CloseTimeout: time.Second},
 		Topics:     []string{"orders"},
 		Target: forwarder.TargetFunc(func(_ context.Context, _ string, batch []*message.Message) (int, error) {
 			if calls.Add(1) == 1 {

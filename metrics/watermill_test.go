@@ -52,7 +52,7 @@ func TestWatermillComponentsMetricsWorkOnTheOutbox(t *testing.T) {
 	eventually(t, reg, 2, "wm_subscriber_messages_received_total", "acked", "acked")
 
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber: outbox.SubscriberConfig{Schema: b.Schema, Pool: b.Pool, ConsumerGroup: "fwd", Tuning: outboxtest.FastTuning(), CloseTimeout: time.Second},
+		Subscriber: outbox.SubscriberConfig{Schema: b.Schema, Pool: b.Pool, ConsumerGroup: "fwd", Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced(), CloseTimeout: time.Second},
 		Topics:     []string{"orders"},
 		Target: forwarder.TargetFunc(func(_ context.Context, _ string, batch []*message.Message) (int, error) {
 			return len(batch), nil

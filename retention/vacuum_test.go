@@ -307,10 +307,10 @@ func TestRunAlongsideALiveSubscriber(t *testing.T) {
 
 	tune := adaptive.Default()
 	tune.BatchSize = 50
-	tune.LeaseTTL, tune.RenewInterval = 2*time.Second, 300*time.Millisecond
-	tune.Pacing.IdleInterval = 50 * time.Millisecond
+	tune.LeaseTTL = 2 * time.Second
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
 		Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "g", Tuning: tune, CloseTimeout: time.Second,
+		Advanced: outbox.Advanced{PollInterval: 50 * time.Millisecond},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

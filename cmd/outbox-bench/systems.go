@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/ceiling"
+	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/relay"
 )
 
@@ -256,7 +257,9 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 	sys := &system{kafkaTopic: kafkaTopic}
 	sys.start = func(ctx context.Context) error {
 		var err error
-		if relayPool, err = b.pool(ctx, opts.tuning.MaxConcurrentPartitions+4); err != nil {
+		// The bulkhead (the profile's) plus a few connections.
+		bulkhead, _ := tune.Lookup(opts.tuning.ProfileName())
+		if relayPool, err = b.pool(ctx, bulkhead.MaxConcurrentPartitions+4); err != nil {
 			return err
 		}
 		if target, err = forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, AtLeastOnce: opts.atLeastOnce}); err != nil {

@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 )
@@ -110,8 +109,6 @@ func (d *demo) startForwarder(ctx context.Context, group string, target forwarde
 	if err != nil {
 		return nil, err
 	}
-	tuning := adaptive.Default()
-	tuning.MaxConcurrentPartitions = forwarderPartitions
 	// A message the broker refuses for good goes to the dead-letter store,
 	// in the transaction that moves the cursor past it, and the partition
 	// goes on. MaxAttempts stays 0: a send that fails because the broker
@@ -124,8 +121,10 @@ func (d *demo) startForwarder(ctx context.Context, group string, target forwarde
 		Subscriber: outbox.SubscriberConfig{
 			Pool:          pool,
 			ConsumerGroup: group,
-			Tuning:        tuning,
 			RejectHandler: deadLetters,
+			// Every partition's worker may query at once: the pool has the
+			// connections.
+			Advanced: outbox.Advanced{MaxConcurrentPartitions: forwarderPartitions},
 			// The demo's own Sequencer does the sequencing.
 			DisableSequencer: true,
 		},

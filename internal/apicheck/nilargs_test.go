@@ -462,45 +462,14 @@ var entries = []entry{
 	}},
 
 	// ---- package adaptive
-	{"adaptive.ExponentialBackoff", func(e *env) {
-		e.call("ExponentialBackoff(0, 0, 0)", func() { _ = adaptive.ExponentialBackoff(0, 0, 0) })
-		e.call("ExponentialBackoff(1, 1, -1)", func() { _ = adaptive.ExponentialBackoff(1, 1, -1) })
-	}},
-	{"adaptive.State.String", func(e *env) { e.call("State(0).String", func() { _ = adaptive.State(0).String() }) }},
-	{"adaptive.State.MarshalText", func(e *env) {
-		e.call("State(-1).MarshalText", func() { _, _ = adaptive.State(-1).MarshalText() })
-	}},
-	{"adaptive.ModeConfig.Validate", func(e *env) {
-		e.may("ModeConfig{}.Validate", func() error { return adaptive.ModeConfig{}.Validate() })
-	}},
-	{"adaptive.NewMode", func(e *env) {
-		e.may("NewMode(zero)", func() error { _, err := adaptive.NewMode(adaptive.ModeConfig{}); return err })
-	}},
-	{"adaptive.Mode.Config", func(e *env) { e.call("Mode{}.Config", func() { new(adaptive.Mode).Config() }) }},
-	{"adaptive.Mode.State", func(e *env) { e.call("Mode{}.State", func() { new(adaptive.Mode).State() }) }},
-	{"adaptive.Mode.BatchSize", func(e *env) { e.call("Mode{}.BatchSize", func() { new(adaptive.Mode).BatchSize() }) }},
-	{"adaptive.Mode.ConsecutiveFailures", func(e *env) {
-		e.call("Mode{}.ConsecutiveFailures", func() { new(adaptive.Mode).ConsecutiveFailures() })
-	}},
-	{"adaptive.Mode.ConsecutiveSuccesses", func(e *env) {
-		e.call("Mode{}.ConsecutiveSuccesses", func() { new(adaptive.Mode).ConsecutiveSuccesses() })
-	}},
-	{"adaptive.Mode.Backoff", func(e *env) { e.call("Mode{}.Backoff", func() { new(adaptive.Mode).Backoff() }) }},
-	{"adaptive.Mode.Succeeded", func(e *env) { e.call("Mode{}.Succeeded", func() { new(adaptive.Mode).Succeeded() }) }},
-	{"adaptive.Mode.Failed", func(e *env) { e.call("Mode{}.Failed(0)", func() { new(adaptive.Mode).Failed(0) }) }},
-	{"adaptive.Mode.Rejected", func(e *env) { e.call("Mode{}.Rejected(0)", func() { new(adaptive.Mode).Rejected(0) }) }},
-	{"adaptive.Mode.Status", func(e *env) { e.call("Mode{}.Status", func() { new(adaptive.Mode).Status() }) }},
-	{"adaptive.Pacing.Validate", func(e *env) {
-		e.may("Pacing{}.Validate", func() error { return adaptive.Pacing{}.Validate() })
-	}},
-	{"adaptive.Pacing.ProceedDelay", func(e *env) {
-		e.call("Pacing{}.ProceedDelay(0)", func() { adaptive.Pacing{}.ProceedDelay(0) })
-		e.call("Pacing{}.ProceedDelay(-1)", func() { adaptive.Pacing{}.ProceedDelay(-1) })
-	}},
 	{"adaptive.Tuning.Validate", func(e *env) {
 		e.may("Tuning{}.Validate", func() error { return adaptive.Tuning{}.Validate() })
 	}},
-	{"adaptive.Tuning.ModeConfig", func(e *env) { e.call("Tuning{}.ModeConfig", func() { _ = adaptive.Tuning{}.ModeConfig() }) }},
+	{"adaptive.Tuning.WithDefaults", func(e *env) {
+		e.call("Tuning{}.WithDefaults", func() { _ = adaptive.Tuning{}.WithDefaults() })
+		e.call("Tuning{-1...}.WithDefaults", func() { _ = adaptive.Tuning{BatchSize: -1, BackoffBase: -1, BackoffMax: -1, LeaseTTL: -1}.WithDefaults() })
+	}},
+	{"adaptive.Tuning.ProfileName", func(e *env) { e.call("Tuning{}.ProfileName", func() { _ = adaptive.Tuning{}.ProfileName() }) }},
 	{"adaptive.Default", func(e *env) { e.call("Default", func() { _ = adaptive.Default() }) }},
 	{"adaptive.LowLatency", func(e *env) { e.call("LowLatency", func() { _ = adaptive.LowLatency() }) }},
 	{"adaptive.HighThroughput", func(e *env) { e.call("HighThroughput", func() { _ = adaptive.HighThroughput() }) }},

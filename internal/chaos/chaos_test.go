@@ -350,8 +350,8 @@ func (r *run) setUp() {
 			cfg := ChildConfig{
 				Role: role.role, Name: fmt.Sprintf("%s-%d", role.group, i), DatabaseURL: url, Schema: schema, Topic: topic,
 				Group: role.group, Brokers: brokers, FlakyRate: 0.01, WorkDelay: 4 * time.Millisecond,
-				LeaseTTL: leaseTTL, RenewInterval: 400 * time.Millisecond, BalanceInterval: 300 * time.Millisecond,
-				Seed: r.seed, KafkaTopic: role.kafkaTopic, AtLeastOnce: role.atLeastOnce,
+				LeaseTTL: leaseTTL,
+				Seed:     r.seed, KafkaTopic: role.kafkaTopic, AtLeastOnce: role.atLeastOnce,
 			}
 			if role.role == RoleTransactional || role.role == RoleLeased {
 				cfg.MaxAttempts = maxAttempts

@@ -110,10 +110,11 @@ type ChildConfig struct {
 	// (uniform in [0, WorkDelay)), so that a kill often finds a batch half
 	// handled.
 	WorkDelay time.Duration
-	// LeaseTTL, RenewInterval and BalanceInterval are short, so that
-	// takeovers after a kill are quick.
-	LeaseTTL, RenewInterval, BalanceInterval time.Duration
-	Seed                                     uint64
+	// LeaseTTL is short, so that takeovers after a kill are quick (the
+	// Subscriber renews leases every LeaseTTL/5 and heartbeats every
+	// LeaseTTL/10).
+	LeaseTTL time.Duration
+	Seed     uint64
 }
 
 // ChildEnv returns the environment entry that hands cfg to a child.
@@ -163,17 +164,16 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 	tu := adaptive.Default()
 	tu.BatchSize = 20
 	tu.BackoffBase, tu.BackoffMax = 20*time.Millisecond, 500*time.Millisecond
-	tu.LeaseTTL, tu.RenewInterval = cfg.LeaseTTL, cfg.RenewInterval
-	tu.Pacing.IdleInterval = 200 * time.Millisecond
+	tu.LeaseTTL = cfg.LeaseTTL
 	scfg := outbox.SubscriberConfig{
-		Schema:          cfg.Schema,
-		Pool:            pool,
-		ConsumerGroup:   cfg.Group,
-		Tuning:          tu,
-		RejectHandler:   store,
-		MaxAttempts:     cfg.MaxAttempts,
-		CloseTimeout:    2 * time.Second,
-		BalanceInterval: cfg.BalanceInterval,
+		Schema:        cfg.Schema,
+		Pool:          pool,
+		ConsumerGroup: cfg.Group,
+		Tuning:        tu,
+		RejectHandler: store,
+		MaxAttempts:   cfg.MaxAttempts,
+		CloseTimeout:  2 * time.Second,
+		Advanced:      outbox.Advanced{PollInterval: 200 * time.Millisecond},
 	}
 	switch cfg.Role {
 	case RoleTransactional, RoleLeased:

@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
 
@@ -22,7 +22,7 @@ type Config struct {
 	HandlerTimeout    time.Duration
 	CloseTimeout      time.Duration
 	SyncCursorCommits bool
-	Tuning            adaptive.Tuning
+	Tuning            tune.Settings // the resolved tuning (batch sizing, backoff, pacing)
 	RejectHandler     RejectHandler // nil: rejected messages are retried
 	Isolation         Isolation     // key-level isolation (off when not Enabled)
 

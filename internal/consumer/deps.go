@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
 // A worker sees the rest of the system through three small interfaces: its
@@ -62,11 +62,11 @@ type Lease interface {
 
 // Policy is the adaptive batching policy of a partition: how many messages
 // the next batch takes, how long to back off, and what it learns from each
-// outcome. adaptive.Mode is the implementation.
+// outcome. tune.Mode is the implementation.
 type Policy interface {
 	BatchSize() int
 	Backoff() time.Duration
-	State() adaptive.State
+	State() tune.State
 	// Succeeded: the whole batch was done.
 	Succeeded()
 	// Failed: processed messages were done, then one failed (retry).
@@ -76,7 +76,7 @@ type Policy interface {
 	Rejected(processed int)
 }
 
-var _ Policy = (*adaptive.Mode)(nil)
+var _ Policy = (*tune.Mode)(nil)
 
 // Entry is one sequenced message read from the log.
 type Entry struct {

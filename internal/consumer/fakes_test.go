@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
 
@@ -524,11 +524,8 @@ type rig struct {
 
 // tuning is the Tuning of the unit tests: batches of up to 8, backoff
 // 100 ms doubling to 1 s.
-func tuning() adaptive.Tuning {
-	tu := adaptive.Default()
-	tu.BatchSize = 8
-	tu.BackoffBase, tu.BackoffMax = 100*time.Millisecond, time.Second
-	return tu
+func tuning() tune.Settings {
+	return tune.Default.Settings(8, 100*time.Millisecond, time.Second, tune.Default.PollInterval)
 }
 
 // newRig makes a worker of the store's partition with edit applied to its

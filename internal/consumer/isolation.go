@@ -318,7 +318,7 @@ func (w *Worker) setFull(ctx context.Context, full bool) {
 	if full && !iso.full {
 		w.logger.Error("Key isolation bounds reached: the partition blocks on its failing message as without isolation", nil, watermill.LogFields{
 			"held_keys": len(iso.units), "held_messages": iso.messages, "max_held_keys": iso.cfg.MaxHeldKeys, "max_held_messages": iso.cfg.MaxHeldMessages,
-			"hint": "fix or dead-letter the held keys (admin.DeadLetterHeld), or raise KeyIsolation.MaxHeldKeys / MaxHeldMessages"})
+			"hint": "fix or dead-letter the held keys (admin.DeadLetterHeld), or raise KeyIsolation.MaxHeldKeys"})
 	}
 	iso.full = full
 	if iso.fullShown == full {

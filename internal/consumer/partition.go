@@ -10,11 +10,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
 
@@ -51,7 +51,7 @@ type Worker struct {
 
 // shownState is the adaptive state last written to the cursor row.
 type shownState struct {
-	state adaptive.State
+	state tune.State
 	size  int
 }
 
@@ -64,7 +64,7 @@ func (s span) covers(seq int64) bool { return s.to > 0 && seq >= s.from && seq <
 // NewWorker creates the worker of the partition l leases, delivering to out
 // one message at a time, or to batch when it is not nil (ConsumeBatches).
 func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *message.Message, batch BatchHandler) *Worker {
-	mode, _ := adaptive.NewMode(s.Tuning.ModeConfig()) // validated with the config
+	mode, _ := tune.NewMode(s.Tuning.ModeConfig()) // validated with the config
 	for range min(l.Attempts(), 32) {
 		mode.Failed(0) // keep the backoff level across restarts and moves
 	}

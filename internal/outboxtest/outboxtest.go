@@ -181,26 +181,29 @@ func (b *Bundle) Cursor(group, topic string, partition int) (seq int64, owner st
 	return seq, owner, token
 }
 
-// FastTuning is adaptive.Default with the timings of a test: short leases,
-// backoff and idle waits, batches of 32.
+// FastTuning is adaptive.Default with the timings of a test: short leases
+// and backoff, batches of 32. Use it with FastAdvanced.
 func FastTuning() adaptive.Tuning {
 	tu := adaptive.Default()
 	tu.BatchSize = 32
 	tu.BackoffBase = 20 * time.Millisecond
 	tu.BackoffMax = 200 * time.Millisecond
 	tu.LeaseTTL = 2 * time.Second
-	tu.RenewInterval = 200 * time.Millisecond
-	tu.Pacing.IdleInterval = 50 * time.Millisecond
 	return tu
 }
 
+// FastAdvanced is the Advanced config of a test: a 50 ms idle poll.
+func FastAdvanced() outbox.Advanced {
+	return outbox.Advanced{PollInterval: 50 * time.Millisecond}
+}
+
 // Subscriber starts a Subscriber of group on the bundle's schema, with
-// FastTuning and a CloseTimeout of 1 s, closed when the test ends; edit,
-// when set, changes its config first.
+// FastTuning, FastAdvanced and a CloseTimeout of 1 s, closed when the test
+// ends; edit, when set, changes its config first.
 func (b *Bundle) Subscriber(group string, edit func(*outbox.SubscriberConfig)) *outbox.Subscriber {
 	b.T.Helper()
 	cfg := outbox.SubscriberConfig{
-		Schema: b.Schema, Pool: b.Pool, ConsumerGroup: group, Tuning: FastTuning(), CloseTimeout: time.Second,
+		Schema: b.Schema, Pool: b.Pool, ConsumerGroup: group, Tuning: FastTuning(), Advanced: FastAdvanced(), CloseTimeout: time.Second,
 	}
 	if edit != nil {
 		edit(&cfg)

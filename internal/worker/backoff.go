@@ -3,8 +3,8 @@ package worker
 import (
 	"time"
 
-	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/backoff"
+	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
 // BackoffConfig sets how long the loop waits after Execute fails: Base after
@@ -22,13 +22,13 @@ type BackoffConfig struct {
 // to 1 min.
 var DefaultBackoff = BackoffConfig{Base: time.Second, Max: time.Minute}
 
-// Validate returns nil if c is usable, and otherwise a [*adaptive.ConfigError].
+// Validate returns nil if c is usable, and otherwise a [*tune.ConfigError].
 func (c BackoffConfig) Validate() error {
 	if c.Base <= 0 {
-		return &adaptive.ConfigError{Field: "Backoff.Base", Reason: "must be > 0, got " + c.Base.String()}
+		return &tune.ConfigError{Field: "Backoff.Base", Reason: "must be > 0, got " + c.Base.String()}
 	}
 	if c.Max < c.Base {
-		return &adaptive.ConfigError{Field: "Backoff.Max", Reason: "must be >= Backoff.Base (" + c.Base.String() + "), got " + c.Max.String()}
+		return &tune.ConfigError{Field: "Backoff.Max", Reason: "must be >= Backoff.Base (" + c.Base.String() + "), got " + c.Max.String()}
 	}
 	return nil
 }

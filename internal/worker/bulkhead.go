@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
 // Bulkhead limits how many workers execute at the same time. Share one
@@ -16,10 +16,10 @@ type Bulkhead struct {
 }
 
 // NewBulkhead returns a Bulkhead admitting at most limit concurrent
-// executions, or a [*adaptive.ConfigError] if limit < 1.
+// executions, or a [*tune.ConfigError] if limit < 1.
 func NewBulkhead(limit int) (*Bulkhead, error) {
 	if limit < 1 {
-		return nil, &adaptive.ConfigError{Field: "Bulkhead limit", Reason: fmt.Sprintf("must be >= 1, got %d", limit)}
+		return nil, &tune.ConfigError{Field: "Bulkhead limit", Reason: fmt.Sprintf("must be >= 1, got %d", limit)}
 	}
 	return &Bulkhead{slots: make(chan struct{}, limit)}, nil
 }

@@ -5,7 +5,7 @@
 //
 //   - [Proceed]: work was done and more is likely. Wait the pacing delay
 //     (ActiveInterval after an idle spell, ramping down by RampStep per
-//     further Proceed to MinInterval; see [adaptive.Pacing]) and call again.
+//     further Proceed to MinInterval; see [tune.Pacing]) and call again.
 //   - [Idle]: nothing to do. Wait until the [Poker] is poked or
 //     IdleInterval passes, whichever comes first, and call again.
 //   - [Sleep]: wait exactly the given duration (an explicit backoff chosen by

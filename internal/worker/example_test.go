@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
 
@@ -27,7 +27,7 @@ func ExampleRun() {
 
 	err := worker.Run(ctx, worker.Config{
 		Name:   "example",
-		Pacing: adaptive.Pacing{IdleInterval: time.Second}, // no delay between productive polls
+		Pacing: tune.Pacing{IdleInterval: time.Second}, // no delay between productive polls
 	}, action)
 	fmt.Println("stopped:", err)
 	// Output:
@@ -56,7 +56,7 @@ func ExamplePoker() {
 		return worker.Idle(), nil
 	})
 	// The idle interval is an hour, yet the second poll follows at once.
-	_ = worker.Run(ctx, worker.Config{Poker: poker, Pacing: adaptive.Pacing{IdleInterval: time.Hour}}, action)
+	_ = worker.Run(ctx, worker.Config{Poker: poker, Pacing: tune.Pacing{IdleInterval: time.Hour}}, action)
 	// Output:
 	// poll 1
 	// poll 2

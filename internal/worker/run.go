@@ -8,7 +8,7 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
 // Config configures [Run]. Only Pacing and Backoff have defaults; every
@@ -17,8 +17,8 @@ type Config struct {
 	// Name identifies the worker in [Failure] reports.
 	Name string
 	// Pacing sets the waits after Proceed and Idle. If left zero,
-	// adaptive.Default().Pacing is used.
-	Pacing adaptive.Pacing
+	// tune.Default.Pacing() is used.
+	Pacing tune.Pacing
 	// Backoff sets the waits after failed calls. If left zero,
 	// [DefaultBackoff] is used.
 	Backoff BackoffConfig
@@ -67,8 +67,8 @@ func (e *PanicError) Unwrap() error {
 
 // withDefaults returns c with zero Pacing and Backoff replaced by defaults.
 func (c Config) withDefaults() Config {
-	if c.Pacing == (adaptive.Pacing{}) {
-		c.Pacing = adaptive.Default().Pacing
+	if c.Pacing == (tune.Pacing{}) {
+		c.Pacing = tune.Default.Pacing()
 	}
 	if c.Backoff == (BackoffConfig{}) {
 		c.Backoff = DefaultBackoff
@@ -77,13 +77,13 @@ func (c Config) withDefaults() Config {
 }
 
 // Validate returns nil if c, with defaults applied, is usable, and
-// otherwise a [*adaptive.ConfigError] (matching [adaptive.ErrInvalidConfig]).
+// otherwise a [*tune.ConfigError] (matching [tune.ErrInvalidConfig]).
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	if err := c.Pacing.Validate(); err != nil {
-		var ce *adaptive.ConfigError
+		var ce *tune.ConfigError
 		if errors.As(err, &ce) {
-			return &adaptive.ConfigError{Field: "Pacing." + ce.Field, Reason: ce.Reason}
+			return &tune.ConfigError{Field: "Pacing." + ce.Field, Reason: ce.Reason}
 		}
 		return err
 	}
@@ -92,14 +92,14 @@ func (c Config) Validate() error {
 
 // Run calls action.Execute in a loop, as described in the package
 // documentation, until ctx is cancelled; then it returns nil. It returns an
-// error matching [adaptive.ErrInvalidConfig] at once, without calling
+// error matching [tune.ErrInvalidConfig] at once, without calling
 // Execute, if cfg is invalid or action is nil.
 func Run(ctx context.Context, cfg Config, action Action) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	if action == nil {
-		return &adaptive.ConfigError{Field: "action", Reason: "must not be nil"}
+		return &tune.ConfigError{Field: "action", Reason: "must not be nil"}
 	}
 	l := loop{cfg: cfg.withDefaults(), action: action}
 	l.idleWait = l.cfg.Pacing.IdleInterval

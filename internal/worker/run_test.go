@@ -11,7 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
 
@@ -25,7 +25,7 @@ func TestLongIntervalWorkerReschedulesWhenWorkOverrunsWindow(t *testing.T) {
 		h := newHarness(t)
 		const threshold = 4 * hour
 		work := []time.Duration{2 * hour, 5 * hour, 1 * hour, time.Millisecond}
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: 4 * hour}},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: 4 * hour}},
 			worker.ActionFunc(func(ctx context.Context) (worker.Directive, error) {
 				i := h.mark()
 				d := work[min(i, len(work)-1)]
@@ -47,7 +47,7 @@ func TestPokeWakesIdleWorker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		poker := worker.NewPoker()
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: 5 * hour}, Poker: poker},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: 5 * hour}, Poker: poker},
 			scripted(h, step{dir: worker.Idle()}))
 		time.Sleep(hour)
 		poker.Poke()
@@ -63,7 +63,7 @@ func TestPokesFromManySourcesWakeWorker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		poker := worker.NewPoker()
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: 100 * hour}, Poker: poker},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: 100 * hour}, Poker: poker},
 			scripted(h, step{dir: worker.Idle()}))
 		var sources sync.WaitGroup
 		for i := 1; i <= 3; i++ {
@@ -83,7 +83,7 @@ func TestPokesCoalesce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		poker := worker.NewPoker()
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: hour}, Poker: poker},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: hour}, Poker: poker},
 			scripted(h, step{dir: worker.Idle(), work: 10 * time.Second}))
 		time.Sleep(time.Second) // first call is busy until 10s
 		for range 100 {
@@ -109,7 +109,7 @@ func TestTransientErrorsBackOffThenRecover(t *testing.T) {
 		errTimeout := errors.New("db timeout")
 		h.start(worker.Config{
 			Name:    "flaky",
-			Pacing:  adaptive.Pacing{IdleInterval: hour},
+			Pacing:  tune.Pacing{IdleInterval: hour},
 			Backoff: worker.BackoffConfig{Base: time.Second, Max: hour},
 		}, scripted(h,
 			step{err: errTimeout},              // backoff 1s
@@ -143,7 +143,7 @@ func TestErrorBackoffIsCapped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		h.start(worker.Config{
-			Pacing:  adaptive.Pacing{IdleInterval: hour},
+			Pacing:  tune.Pacing{IdleInterval: hour},
 			Backoff: worker.BackoffConfig{Base: time.Second, Max: 5 * time.Second},
 		}, scripted(h, step{err: errors.New("down")}))
 		time.Sleep(20 * time.Second)
@@ -167,7 +167,7 @@ func TestPacingRampsDownAndResets(t *testing.T) {
 		poker := worker.NewPoker()
 		p, i := worker.Proceed(), worker.Idle()
 		h.start(worker.Config{
-			Pacing: adaptive.Pacing{MinInterval: 10 * ms, ActiveInterval: 50 * ms, RampStep: 10 * ms, IdleInterval: hour},
+			Pacing: tune.Pacing{MinInterval: 10 * ms, ActiveInterval: 50 * ms, RampStep: 10 * ms, IdleInterval: hour},
 			Poker:  poker,
 		}, scripted(h,
 			step{dir: p}, step{dir: p}, step{dir: p}, step{dir: p}, step{dir: p}, step{dir: p}, // 50 40 30 20 10 10
@@ -195,7 +195,7 @@ func TestSleepDirectiveSelfSchedulesAndIgnoresPokes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		poker := worker.NewPoker()
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: 10 * time.Minute}, Poker: poker},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: 10 * time.Minute}, Poker: poker},
 			scripted(h, step{dir: worker.Sleep(hour)}))
 		for range 21 { // a poke every 10 minutes for 3.5 hours
 			time.Sleep(10 * time.Minute)
@@ -211,7 +211,7 @@ func TestPokeDuringSleepIsKeptForNextIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		poker := worker.NewPoker()
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: hour}, Poker: poker},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: hour}, Poker: poker},
 			scripted(h, step{dir: worker.Sleep(time.Minute)}, step{dir: worker.Idle()}))
 		time.Sleep(30 * time.Second)
 		poker.Poke()
@@ -223,7 +223,7 @@ func TestPokeDuringSleepIsKeptForNextIdle(t *testing.T) {
 func TestNonPositiveSleepRunsAgainAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: hour}},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: hour}},
 			scripted(h, step{dir: worker.Sleep(-time.Second)}, step{dir: worker.Sleep(0)}, step{dir: worker.Idle()}))
 		time.Sleep(time.Minute)
 		requireStarts(t, h.stop(), 0, 0, 0)
@@ -243,7 +243,7 @@ func TestPanicIsRecoveredAndWorkerContinues(t *testing.T) {
 		cause := errors.New("segfault in row processor")
 		bad.start(worker.Config{
 			Name: "bad", Bulkhead: bulkhead,
-			Pacing:  adaptive.Pacing{IdleInterval: time.Second},
+			Pacing:  tune.Pacing{IdleInterval: time.Second},
 			Backoff: worker.BackoffConfig{Base: 2 * time.Second, Max: time.Minute},
 		}, worker.ActionFunc(func(ctx context.Context) (worker.Directive, error) {
 			switch bad.mark() {
@@ -254,7 +254,7 @@ func TestPanicIsRecoveredAndWorkerContinues(t *testing.T) {
 			}
 			return worker.Idle(), nil
 		}))
-		good.start(worker.Config{Name: "good", Bulkhead: bulkhead, Pacing: adaptive.Pacing{IdleInterval: time.Second}},
+		good.start(worker.Config{Name: "good", Bulkhead: bulkhead, Pacing: tune.Pacing{IdleInterval: time.Second}},
 			scripted(good, step{dir: worker.Idle()}))
 
 		time.Sleep(10 * time.Second)
@@ -307,7 +307,7 @@ func TestBulkheadLimitsConcurrencyAcrossWorkers(t *testing.T) {
 				Name:     fmt.Sprintf("processor-%d", i),
 				Bulkhead: bulkhead,
 				Poker:    poker,
-				Pacing:   adaptive.Pacing{IdleInterval: hour},
+				Pacing:   tune.Pacing{IdleInterval: hour},
 			}, worker.ActionFunc(func(ctx context.Context) (worker.Directive, error) {
 				h.mark()
 				n := running.Add(1)
@@ -368,7 +368,7 @@ func TestBulkheadLimitsConcurrencyAcrossWorkers(t *testing.T) {
 func TestStopWhileIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: hour}}, scripted(h, step{dir: worker.Idle()}))
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: hour}}, scripted(h, step{dir: worker.Idle()}))
 		time.Sleep(time.Minute)
 		requireStarts(t, h.stop(), 0) // stop() asserts it returns without delay
 	})
@@ -377,7 +377,7 @@ func TestStopWhileIdle(t *testing.T) {
 func TestStopDuringBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: hour}, Backoff: worker.BackoffConfig{Base: hour, Max: hour}},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: hour}, Backoff: worker.BackoffConfig{Base: hour, Max: hour}},
 			scripted(h, step{err: errors.New("x")}))
 		time.Sleep(time.Minute)
 		requireStarts(t, h.stop(), 0)
@@ -387,7 +387,7 @@ func TestStopDuringBackoff(t *testing.T) {
 func TestStopDuringProceedPacing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		h.start(worker.Config{Pacing: adaptive.Pacing{MinInterval: hour, ActiveInterval: hour, IdleInterval: hour}},
+		h.start(worker.Config{Pacing: tune.Pacing{MinInterval: hour, ActiveInterval: hour, IdleInterval: hour}},
 			scripted(h, step{dir: worker.Proceed()}))
 		time.Sleep(time.Minute)
 		requireStarts(t, h.stop(), 0)
@@ -400,7 +400,7 @@ func TestStopDuringExecute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		var sawCancel atomic.Bool
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: hour}},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: hour}},
 			worker.ActionFunc(func(ctx context.Context) (worker.Directive, error) {
 				h.mark()
 				<-ctx.Done()
@@ -427,7 +427,7 @@ func TestStopWhileWaitingForBulkhead(t *testing.T) {
 		}
 		defer release()
 		h := newHarness(t)
-		h.start(worker.Config{Bulkhead: bulkhead, Pacing: adaptive.Pacing{IdleInterval: hour}}, scripted(h, step{dir: worker.Idle()}))
+		h.start(worker.Config{Bulkhead: bulkhead, Pacing: tune.Pacing{IdleInterval: hour}}, scripted(h, step{dir: worker.Idle()}))
 		time.Sleep(time.Minute)
 		requireStarts(t, h.stop()) // never executed
 	})
@@ -450,7 +450,7 @@ func TestRunWithCancelledContextDoesNotExecute(t *testing.T) {
 // (1s doubling).
 func TestZeroConfigUsesDefaults(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		if got := adaptive.Default().Pacing.IdleInterval; got != time.Second {
+		if got := tune.Default.Pacing().IdleInterval; got != time.Second {
 			t.Fatalf("test assumes a 1s default idle interval, got %v", got)
 		}
 		h := newHarness(t)
@@ -470,8 +470,8 @@ func TestRunRejectsInvalidConfig(t *testing.T) {
 		field  string
 	}{
 		{"nil action", worker.Config{}, nil, "action"},
-		{"idle interval missing", worker.Config{Pacing: adaptive.Pacing{ActiveInterval: time.Second}}, idle, "Pacing.IdleInterval"},
-		{"active below min", worker.Config{Pacing: adaptive.Pacing{MinInterval: 2, ActiveInterval: 1, IdleInterval: 3}}, idle, "Pacing.ActiveInterval"},
+		{"idle interval missing", worker.Config{Pacing: tune.Pacing{ActiveInterval: time.Second}}, idle, "Pacing.IdleInterval"},
+		{"active below min", worker.Config{Pacing: tune.Pacing{MinInterval: 2, ActiveInterval: 1, IdleInterval: 3}}, idle, "Pacing.ActiveInterval"},
 		{"backoff base missing", worker.Config{Backoff: worker.BackoffConfig{Max: time.Second}}, idle, "Backoff.Base"},
 		{"backoff max below base", worker.Config{Backoff: worker.BackoffConfig{Base: time.Second, Max: 1}}, idle, "Backoff.Max"},
 	}
@@ -485,9 +485,9 @@ func TestRunRejectsInvalidConfig(t *testing.T) {
 
 func requireConfigError(t *testing.T, err error, field string) {
 	t.Helper()
-	var ce *adaptive.ConfigError
-	if !errors.Is(err, adaptive.ErrInvalidConfig) || !errors.As(err, &ce) {
-		t.Fatalf("error %v is not a *adaptive.ConfigError", err)
+	var ce *tune.ConfigError
+	if !errors.Is(err, tune.ErrInvalidConfig) || !errors.As(err, &ce) {
+		t.Fatalf("error %v is not a *tune.ConfigError", err)
 	}
 	if ce.Field != field || ce.Reason == "" {
 		t.Fatalf("ConfigError = %+v, want field %q with a reason", ce, field)
@@ -526,7 +526,7 @@ func TestIdlePollStretchesWhilePokesExplainTheWork(t *testing.T) {
 		h := newHarness(t)
 		i, p := worker.Idle(), worker.Proceed()
 		h.start(worker.Config{
-			Pacing: adaptive.Pacing{MinInterval: 5 * ms, ActiveInterval: 5 * ms, IdleInterval: 10 * ms},
+			Pacing: tune.Pacing{MinInterval: 5 * ms, ActiveInterval: 5 * ms, IdleInterval: 10 * ms},
 			Poker:  worker.NewPoker(),
 		}, scripted(h,
 			step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i},
@@ -547,7 +547,7 @@ func TestIdlePollKeepsItsIntervalWithoutAPokeSource(t *testing.T) {
 		const ms = time.Millisecond
 		h := newHarness(t)
 		i := worker.Idle()
-		h.start(worker.Config{Pacing: adaptive.Pacing{IdleInterval: 10 * ms}},
+		h.start(worker.Config{Pacing: tune.Pacing{IdleInterval: 10 * ms}},
 			scripted(h, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}))
 		time.Sleep(35 * ms)
 		requireStarts(t, h.stop(), 0, 10*ms, 20*ms, 30*ms)

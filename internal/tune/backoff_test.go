@@ -1,11 +1,11 @@
-package adaptive_test
+package tune_test
 
 import (
 	"math"
 	"testing"
 	"time"
 
-	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
 func TestExponentialBackoff(t *testing.T) {
@@ -35,7 +35,7 @@ func TestExponentialBackoff(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := adaptive.ExponentialBackoff(tt.base, tt.max, tt.failures); got != tt.want {
+			if got := tune.ExponentialBackoff(tt.base, tt.max, tt.failures); got != tt.want {
 				t.Fatalf("ExponentialBackoff(%v, %v, %d) = %v, want %v", tt.base, tt.max, tt.failures, got, tt.want)
 			}
 		})
@@ -45,7 +45,7 @@ func TestExponentialBackoff(t *testing.T) {
 func TestExponentialBackoffIsMonotonic(t *testing.T) {
 	prev := time.Duration(0)
 	for n := 1; n < 200; n++ {
-		got := adaptive.ExponentialBackoff(3*time.Millisecond, 90*time.Minute, n)
+		got := tune.ExponentialBackoff(3*time.Millisecond, 90*time.Minute, n)
 		if got < prev || got > 90*time.Minute || got <= 0 {
 			t.Fatalf("failures=%d: %v after %v", n, got, prev)
 		}
