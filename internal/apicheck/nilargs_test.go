@@ -467,7 +467,9 @@ var entries = []entry{
 	}},
 	{"adaptive.Tuning.WithDefaults", func(e *env) {
 		e.call("Tuning{}.WithDefaults", func() { _ = adaptive.Tuning{}.WithDefaults() })
-		e.call("Tuning{-1...}.WithDefaults", func() { _ = adaptive.Tuning{BatchSize: -1, BackoffBase: -1, BackoffMax: -1, LeaseTTL: -1}.WithDefaults() })
+		e.call("Tuning{-1...}.WithDefaults", func() {
+			_ = adaptive.Tuning{BatchSize: -1, BackoffBase: -1, BackoffMax: -1, LeaseTTL: -1}.WithDefaults()
+		})
 	}},
 	{"adaptive.Tuning.ProfileName", func(e *env) { e.call("Tuning{}.ProfileName", func() { _ = adaptive.Tuning{}.ProfileName() }) }},
 	{"adaptive.Default", func(e *env) { e.call("Default", func() { _ = adaptive.Default() }) }},
