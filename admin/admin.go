@@ -55,20 +55,18 @@ type GroupActiveError struct {
 	Group string
 	// Topic is the topic the deletion was limited to ("": all).
 	Topic string
-	// Members are the live members: those whose heartbeat is within
-	// MemberTimeout, and the owners of unexpired leases, sorted.
+	// Members are the live members: those whose last heartbeat is within
+	// their lease TTL, and the owners of unexpired leases, sorted.
 	Members []string
 	// LeasedPartitions counts partitions with an unexpired lease.
 	LeasedPartitions int
-	// MemberTimeout is Config.MemberTimeout, for the message.
-	MemberTimeout time.Duration
 }
 
 func (e *GroupActiveError) Error() string {
 	return fmt.Sprintf("admin: consumer group %q%s is in use: %d live member(s) %v, %d partition(s) with an unexpired lease. "+
-		"Stop its subscribers first (a member that crashed stops counting %v after its last heartbeat, once its leases expired), "+
+		"Stop its subscribers first (a member that crashed stops counting one lease TTL after its last heartbeat, once its leases expired), "+
 		"or delete it anyway with DeleteGroupOptions.Force",
-		e.Group, topicSuffix(e.Topic), len(e.Members), e.Members, e.LeasedPartitions, e.MemberTimeout)
+		e.Group, topicSuffix(e.Topic), len(e.Members), e.Members, e.LeasedPartitions)
 }
 
 // Is makes errors.Is(err, ErrGroupActive) true.
@@ -95,24 +93,11 @@ type Config struct {
 	Schema string
 	// Pool is the connection pool. Required.
 	Pool *pgxpool.Pool
-	// MemberTimeout is how long after its last heartbeat a group member
-	// still counts as live, for Status and DeleteGroup (default
-	// DefaultMemberTimeout). Members heartbeat every balance interval (1s
-	// by default) and the lease manager counts them live for a lease TTL;
-	// keep it above both. Member rows are removed 10 lease TTLs after their
-	// last heartbeat.
-	MemberTimeout time.Duration
 }
-
-// DefaultMemberTimeout is the default Config.MemberTimeout.
-const DefaultMemberTimeout = 30 * time.Second
 
 func (c *Config) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = names.DefaultSchema
-	}
-	if c.MemberTimeout == 0 {
-		c.MemberTimeout = DefaultMemberTimeout
 	}
 }
 
@@ -125,9 +110,6 @@ func (c Config) Validate() error {
 	}
 	if c.Pool == nil {
 		return &errs.ConfigError{Field: "Pool", Reason: "required"}
-	}
-	if c.MemberTimeout < 0 {
-		return &errs.ConfigError{Field: "MemberTimeout", Reason: "must be positive"}
 	}
 	return nil
 }

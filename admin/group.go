@@ -20,7 +20,7 @@ type DeleteGroupOptions struct {
 	Topic string
 	// Force deletes the group even while it has live members or leases.
 	// Meant for members known to be gone for good (a crashed host whose
-	// heartbeat is not MemberTimeout old yet). A member that is in fact
+	// heartbeat is not a lease TTL old yet). A member that is in fact
 	// still running loses its leases (its workers' next cursor write fails
 	// and they stop) and from then on consumes nothing on the deleted
 	// topics, while it keeps heartbeating (Status lists the group with
@@ -55,7 +55,7 @@ type DeletedGroup struct {
 //
 // A group in use is refused with a *GroupActiveError
 // (errors.Is(err, ErrGroupActive)) that lists its live members: a member
-// whose heartbeat is within Config.MemberTimeout, or the owner of an
+// whose last heartbeat is within its lease TTL, or the owner of an
 // unexpired lease on one of its partitions. Stop its subscribers first,
 // or pass opts.Force. A refusal does not wait for the group's running
 // transactions. A group with nothing to delete in the scope (no cursors
@@ -144,13 +144,12 @@ func (a *Admin) refuseActive(ctx context.Context, q rowQuerier, group, topic str
 		members []string
 		leased  int
 	)
-	err := q.QueryRow(ctx, a.q.CursorsGroupInUse,
-		group, topic, a.cfg.MemberTimeout.Microseconds()).Scan(&members, &leased)
+	err := q.QueryRow(ctx, a.q.CursorsGroupInUse, group, topic).Scan(&members, &leased)
 	if err != nil {
 		return fmt.Errorf("admin: delete group: live members: %w", err)
 	}
 	if len(members) > 0 || leased > 0 {
-		return &GroupActiveError{Group: group, Topic: topic, Members: members, LeasedPartitions: leased, MemberTimeout: a.cfg.MemberTimeout}
+		return &GroupActiveError{Group: group, Topic: topic, Members: members, LeasedPartitions: leased}
 	}
 	return nil
 }

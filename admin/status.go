@@ -109,8 +109,8 @@ type GroupStatus struct {
 	// DeadLetters is the number of pending dead-letter entries.
 	DeadLetters int64 `json:"dead_letters"`
 	// Members are the group's live members on the topic (a heartbeat
-	// within Config.MemberTimeout), by id; none means nobody consumes for
-	// the group now.
+	// within the member's lease TTL), by id; none means nobody consumes
+	// for the group now.
 	Members []MemberStatus `json:"members"`
 	// CannotReject counts the Members without a RejectHandler, and
 	// RetriesForever is set when there is one: a message that keeps failing
@@ -415,7 +415,7 @@ type memberRow struct {
 // members reads the member rows of the selected groups and topics, live
 // or not.
 func (a *Admin) members(ctx context.Context, tx pgx.Tx, f Filter) ([]memberRow, error) {
-	rows, err := tx.Query(ctx, a.q.MembersStatus, f.Group, f.Topic, a.cfg.MemberTimeout.Microseconds())
+	rows, err := tx.Query(ctx, a.q.MembersStatus, f.Group, f.Topic)
 	if err != nil {
 		return nil, err
 	}

@@ -25,8 +25,6 @@ type CollectorConfig struct {
 	Namespace string
 	// CollectInterval: see Config.CollectInterval.
 	CollectInterval time.Duration
-	// MemberTimeout: see Config.MemberTimeout.
-	MemberTimeout time.Duration
 	// QueryTimeout bounds one collection (5 s when 0); a scrape that finds
 	// the database slow gets the last figures and
 	// outbox_collector_errors_total counts the failure.
@@ -72,14 +70,11 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	if cfg.CollectInterval == 0 {
 		cfg.CollectInterval = DefaultCollectInterval
 	}
-	if cfg.MemberTimeout == 0 {
-		cfg.MemberTimeout = 30 * time.Second
-	}
 	if cfg.QueryTimeout == 0 {
 		cfg.QueryTimeout = 5 * time.Second
 	}
-	if cfg.CollectInterval < 0 || cfg.MemberTimeout < 0 || cfg.QueryTimeout < 0 {
-		return nil, &errs.ConfigError{Field: "CollectInterval/MemberTimeout/QueryTimeout", Reason: "must not be negative"}
+	if cfg.CollectInterval < 0 || cfg.QueryTimeout < 0 {
+		return nil, &errs.ConfigError{Field: "CollectInterval/QueryTimeout", Reason: "must not be negative"}
 	}
 	constant := prometheus.Labels{"schema": cfg.Schema}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
@@ -103,7 +98,7 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 		backingOff:     desc("partitions_backing_off", "Partitions waiting out a retry backoff.", gt...),
 		paused:         desc("partitions_paused", "Partitions paused by an operator.", gt...),
 		leases:         desc("leases_held", "Partitions with an unexpired lease.", gt...),
-		members:        desc("live_members", "Members of the consumer group heard from within MemberTimeout.", gt...),
+		members:        desc("live_members", "Members of the consumer group heard from within their lease TTL.", gt...),
 		isolationFull:  desc("partitions_isolation_full", "Partitions blocking as without key isolation because their bounds on held keys or messages are reached.", gt...),
 		heldMessages:   desc("held_messages", "Messages held back behind a failing message of their key (key isolation).", gt...),
 		heldKeys:       desc("held_keys", "Keys held back because their first message fails (key isolation; a keyless message held counts as one).", gt...),
@@ -187,7 +182,7 @@ func (c *Collector) refresh() {
 		}
 		var degraded, backingOff, paused, leases, members, full int32
 		var heldMessages, heldKeys int64
-		rows, err = tx.Query(ctx, c.q.CursorsMetrics, c.cfg.MemberTimeout.Microseconds())
+		rows, err = tx.Query(ctx, c.q.CursorsMetrics)
 		if err != nil {
 			return err
 		}
@@ -217,7 +212,7 @@ func (c *Collector) refresh() {
 		}); err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, c.q.CursorsRetentionHolders, c.cfg.MemberTimeout.Microseconds())
+		rows, err = tx.Query(ctx, c.q.CursorsRetentionHolders)
 		if err != nil {
 			return err
 		}

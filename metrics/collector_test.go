@@ -150,3 +150,25 @@ func mustAdmin(t *testing.T, b *outboxtest.Bundle) *admin.Admin {
 	}
 	return a
 }
+
+// outbox_live_members counts the members heard from within their own
+// lease TTL, as their heartbeats recorded it (it used a MemberTimeout of
+// 30 s, whatever the members' TTL).
+func TestLiveMembersAreThoseWithinTheirOwnTTL(t *testing.T) {
+	b := outboxtest.Setup(t)
+	b.Register("orders", 1)
+	reg := prometheus.NewRegistry()
+	m, err := metrics.Enable(metrics.Config{Registerer: reg, Pool: b.Pool, Schema: b.Schema, CollectInterval: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Disable()
+	b.Exec("INSERT INTO " + b.Schema + ".cursors (group_name, topic, partition) VALUES ('g', 'orders', 0)")
+	b.Exec("INSERT INTO " + b.Schema + `.members (group_name, topic, member_id, heartbeat_at, ttl) VALUES
+		('g', 'orders', 'expired', now() - interval '2 seconds', interval '1 second'),
+		('g', 'orders', 'patient', now() - interval '40 seconds', interval '60 seconds'),
+		('g', 'orders', 'fresh', now(), interval '1 second')`)
+	if v := value(t, reg, "outbox_live_members", "group", "g", "topic", "orders"); v != 2 {
+		t.Fatalf("outbox_live_members = %v, want 2 (patient and fresh)", v)
+	}
+}

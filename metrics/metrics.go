@@ -57,9 +57,6 @@ type Config struct {
 	// (DefaultCollectInterval when 0); scrapes in between get the cached
 	// figures.
 	CollectInterval time.Duration
-	// MemberTimeout is how long a consumer group member counts as live
-	// after its last heartbeat (30 s when 0).
-	MemberTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -72,9 +69,6 @@ func (c *Config) setDefaults() {
 	if c.CollectInterval == 0 {
 		c.CollectInterval = DefaultCollectInterval
 	}
-	if c.MemberTimeout == 0 {
-		c.MemberTimeout = 30 * time.Second
-	}
 }
 
 // Validate reports the first impossible setting as an *outbox.ConfigError
@@ -86,8 +80,6 @@ func (c Config) Validate() error {
 		return &errs.ConfigError{Field: "Registerer", Reason: "required, e.g. prometheus.DefaultRegisterer"}
 	case c.CollectInterval < 0:
 		return &errs.ConfigError{Field: "CollectInterval", Reason: "must not be negative"}
-	case c.MemberTimeout < 0:
-		return &errs.ConfigError{Field: "MemberTimeout", Reason: "must not be negative"}
 	}
 	if c.Pool != nil {
 		return names.Schema(c.Schema)
@@ -198,7 +190,7 @@ func Enable(cfg Config) (*Metrics, error) {
 		m.deliveries, m.handlerDuration, m.batchSize, m.retentionDeleted, m.forwarded, m.forwardedBytes, m.forwardErrors, m.forwardDuration}
 	if cfg.Pool != nil {
 		c, err := NewCollector(CollectorConfig{Pool: cfg.Pool, Schema: cfg.Schema, Namespace: ns,
-			CollectInterval: cfg.CollectInterval, MemberTimeout: cfg.MemberTimeout})
+			CollectInterval: cfg.CollectInterval})
 		if err != nil {
 			return nil, err
 		}

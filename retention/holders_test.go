@@ -158,3 +158,31 @@ func TestVacuumOnceOnADroppedSchema(t *testing.T) {
 		t.Fatalf("VacuumOnce on a dropped schema: %v, want ErrNotMigrated", err)
 	}
 }
+
+// A holder's live members are those heard from within their own lease
+// TTL, as their heartbeats recorded it: a member whose TTL passed is gone,
+// however recent (a MemberTimeout of 30 s counted it live), and one whose
+// long TTL has not passed is live, however old its heartbeat.
+func TestHoldersCountMembersLiveByTheirOwnTTL(t *testing.T) {
+	e := newEnv(t)
+	e.Register("t", 1)
+	e.publish(t, "t", 4, 0)
+	s := e.Schema
+	e.createCursors(t, "expired", "t")
+	e.createCursors(t, "patient", "t")
+	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id, heartbeat_at, ttl) VALUES
+		('expired', 't', 'e-1', now() - interval '2 seconds', interval '1 second'),
+		('patient', 't', 'p-1', now() - interval '40 seconds', interval '60 seconds')`)
+	v := e.vacuum(t, retention.Config{})
+	pass, err := v.VacuumOnce(outboxtest.Ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]int{}
+	for _, h := range pass.HeldBack {
+		live[h.Group] = h.LiveMembers
+	}
+	if len(live) != 2 || live["expired"] != 0 || live["patient"] != 1 {
+		t.Fatalf("live members of the holders %v: want expired 0, patient 1", live)
+	}
+}

@@ -51,7 +51,6 @@ const (
 	DefaultInterval          = 10 * time.Second
 	DefaultChunkSize         = 5000
 	DefaultMaxChunksPerVisit = 20
-	DefaultMemberTimeout     = 30 * time.Second
 )
 
 // Config configures a Vacuum.
@@ -77,12 +76,6 @@ type Config struct {
 	// sequencer's clock, log.sequenced_at), so that a group can be reset
 	// back that far. 0 deletes them as soon as every group is past them.
 	KeepFor time.Duration
-	// MemberTimeout is how long after its last heartbeat a group member
-	// still counts as live (default DefaultMemberTimeout), to tell an
-	// abandoned group that holds retention back from a slow one. Members
-	// heartbeat every balance interval (1s by default); keep it above that
-	// and the subscribers' lease TTL, as admin.Config.MemberTimeout.
-	MemberTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -97,9 +90,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxChunksPerVisit == 0 {
 		c.MaxChunksPerVisit = DefaultMaxChunksPerVisit
-	}
-	if c.MemberTimeout == 0 {
-		c.MemberTimeout = DefaultMemberTimeout
 	}
 }
 
@@ -121,8 +111,6 @@ func (c Config) Validate() error {
 		return &errs.ConfigError{Field: "MaxChunksPerVisit", Reason: fmt.Sprintf("must be at least 1, got %d", c.MaxChunksPerVisit)}
 	case c.KeepFor < 0:
 		return &errs.ConfigError{Field: "KeepFor", Reason: fmt.Sprintf("must not be negative, got %v", c.KeepFor)}
-	case c.MemberTimeout < 0:
-		return &errs.ConfigError{Field: "MemberTimeout", Reason: fmt.Sprintf("must be positive, got %v", c.MemberTimeout)}
 	}
 	return nil
 }
@@ -167,8 +155,8 @@ type Holder struct {
 	// long it has stood there.
 	LastActivity time.Time `json:"last_activity"`
 	// LiveMembers counts its live members on the topic (a heartbeat within
-	// Config.MemberTimeout); 0 means nobody consumes for it, so it will not
-	// move by itself.
+	// the member's lease TTL); 0 means nobody consumes for it, so it will
+	// not move by itself.
 	LiveMembers int `json:"live_members"`
 }
 
@@ -398,7 +386,7 @@ func (v *Vacuum) pass(ctx context.Context) (PassStats, error) {
 // does so without live members (likely abandoned): when it is first seen,
 // and again every rewarnInterval while it lasts.
 func (v *Vacuum) holders(ctx context.Context) ([]Holder, error) {
-	rows, err := v.cfg.Pool.Query(ctx, v.q.CursorsRetentionHolders, v.cfg.MemberTimeout.Microseconds())
+	rows, err := v.cfg.Pool.Query(ctx, v.q.CursorsRetentionHolders)
 	if err != nil {
 		return nil, fmt.Errorf("retention: read holders: %w", err)
 	}

@@ -121,7 +121,6 @@ func TestConfigValidate(t *testing.T) {
 		{retention.Config{Pool: pool, MaxChunksPerVisit: -1}, outbox.ErrInvalidConfig},
 		{retention.Config{Pool: pool, KeepFor: -time.Second}, outbox.ErrInvalidConfig},
 		{retention.Config{Pool: pool, Interval: -time.Second}, outbox.ErrInvalidConfig},
-		{retention.Config{Pool: pool, MemberTimeout: -time.Second}, outbox.ErrInvalidConfig},
 		{retention.Config{Pool: pool}, nil},
 	} {
 		err := tc.cfg.Validate()

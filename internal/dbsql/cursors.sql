@@ -18,17 +18,20 @@ LEFT JOIN {{schema}}.partitions p ON p.topic = $2 AND p.partition = g
 ON CONFLICT (group_name, topic, partition) DO NOTHING;
 
 -- name: CursorsBalance
--- A member's heartbeat, then what it needs to rebalance: the other live
--- members, the number of partitions not paused, and the paused partitions
--- this member holds. $1 group, $2 topic, $3 me, $4 TTL in µs, $5 partitions,
--- $6 whether this member can reject (it has a RejectHandler).
+-- A member's heartbeat, with its TTL (it is live until heartbeat_at +
+-- ttl), then what it needs to rebalance: the other live members (each by
+-- its own TTL), the number of partitions not paused, and the paused
+-- partitions this member holds. $1 group, $2 topic, $3 me, $4 TTL in µs,
+-- $5 partitions, $6 whether this member can reject (it has a
+-- RejectHandler).
 WITH hb AS (
-	INSERT INTO {{schema}}.members (group_name, topic, member_id, heartbeat_at, can_reject) VALUES ($1, $2, $3, now(), $6)
-	ON CONFLICT (group_name, topic, member_id) DO UPDATE SET heartbeat_at = now(), can_reject = $6
+	INSERT INTO {{schema}}.members (group_name, topic, member_id, heartbeat_at, ttl, can_reject)
+	VALUES ($1, $2, $3, now(), $4::int8 * interval '1 microsecond', $6)
+	ON CONFLICT (group_name, topic, member_id) DO UPDATE SET heartbeat_at = now(), ttl = excluded.ttl, can_reject = $6
 )
 SELECT
 	ARRAY(SELECT member_id FROM {{schema}}.members WHERE group_name = $1 AND topic = $2 AND member_id <> $3
-		AND heartbeat_at > now() - $4::int8 * interval '1 microsecond'),
+		AND heartbeat_at + ttl > now()),
 	(SELECT count(*) FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2 AND partition < $5 AND NOT paused),
 	ARRAY(SELECT partition FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2 AND paused AND lease_owner = $3);
 
@@ -214,8 +217,8 @@ GROUP BY c.topic, c.partition;
 -- Retention: per topic and group, the partitions where the group's cursor is
 -- the lowest (of the registered partitions, as for the horizon) and
 -- messages are left after it, how many, the oldest of them, its last cursor
--- change there and its live members; the biggest holder of each topic
--- first. $1 member timeout in µs.
+-- change there and its live members (heard from within their TTL); the
+-- biggest holder of each topic first.
 WITH f AS (
 	SELECT c.group_name, c.topic, c.partition, c.updated_at, {{schema}}.finished_seq(c.group_name, c.topic, c.partition, c.seq) AS seq
 	FROM {{schema}}.cursors c JOIN {{schema}}.topics t ON t.name = c.topic AND c.partition < t.partitions
@@ -236,7 +239,7 @@ WITH f AS (
 )
 SELECT h.topic, h.group_name, h.parts, h.messages, h.oldest, h.last_activity,
 	(SELECT count(*) FROM {{schema}}.members m WHERE m.group_name = h.group_name AND m.topic = h.topic
-		AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')::int4
+		AND m.heartbeat_at + m.ttl > now())::int4
 FROM h
 ORDER BY h.topic, h.messages DESC, h.group_name;
 
@@ -303,13 +306,13 @@ SELECT 1 FROM {{schema}}.cursors
 WHERE group_name = $1 AND ($2 = '' OR topic = $2) ORDER BY topic, partition FOR UPDATE;
 
 -- name: CursorsGroupInUse
--- Admin: the live members of group $1 (topic $2 or '' for all; silent for
--- less than $3 µs, or holding an unexpired lease) and how many partitions
+-- Admin: the live members of group $1 (topic $2 or '' for all; heard from
+-- within their TTL, or holding an unexpired lease) and how many partitions
 -- have an unexpired lease, by the server's clock at the time of the
 -- statement.
 SELECT
 	ARRAY(SELECT member_id FROM {{schema}}.members
-			WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND heartbeat_at > clock_timestamp() - $3::int8 * interval '1 microsecond'
+			WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND heartbeat_at + ttl > clock_timestamp()
 		UNION
 		SELECT lease_owner FROM {{schema}}.cursors
 			WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND lease_owner IS NOT NULL AND lease_expires_at > clock_timestamp()
@@ -374,7 +377,7 @@ ORDER BY c.topic, sum(p.last_seq - c.seq) DESC, c.group_name;
 -- Metrics: per consumer group and topic (registered partitions only), the
 -- messages behind the cursors, the age in seconds of the oldest of them (0
 -- when none), the partitions degraded, backing off and paused, the
--- unexpired leases and the live members (heard from within $1 µs); then
+-- unexpired leases and the live members (heard from within their TTL); then
 -- (key-level isolation) the partitions blocking because their bounds are
 -- reached, the held messages and the held keys. Behind means after the
 -- finished seq: held messages count. One
@@ -394,7 +397,7 @@ SELECT c.group_name, c.topic,
 	count(*) FILTER (WHERE c.paused)::int4,
 	count(*) FILTER (WHERE c.lease_expires_at > now())::int4,
 	(SELECT count(*) FROM {{schema}}.members m WHERE m.group_name = c.group_name AND m.topic = c.topic
-		AND m.heartbeat_at > now() - $1::int8 * interval '1 microsecond')::int4,
+		AND m.heartbeat_at + m.ttl > now())::int4,
 	count(*) FILTER (WHERE c.isolation_full IS NOT NULL)::int4,
 	(SELECT count(*) FROM {{schema}}.held h WHERE h.group_name = c.group_name AND h.topic = c.topic)::int8,
 	(SELECT count(DISTINCT (h.partition, coalesce(h.partition_key, h.seq::text), h.partition_key IS NULL)) FROM {{schema}}.held h

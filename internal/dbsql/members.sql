@@ -1,11 +1,13 @@
 -- members: one row per live member (Subscriber instance) of a consumer
--- group on a topic, with its heartbeat. Heartbeats are written by
--- CursorsBalance (cursors.sql), which reads both tables in one round trip.
+-- group on a topic, with its heartbeat and its lease TTL: a member is live
+-- while heartbeat_at + ttl > now() (0011_member_expiry.sql). Heartbeats
+-- are written by CursorsBalance (cursors.sql), which reads both tables in
+-- one round trip.
 
 -- name: MembersExpire
--- Forgets members silent for longer than $3 µs. $1 group, $2 topic.
+-- Forgets members expired for longer than $3 µs. $1 group, $2 topic.
 DELETE FROM {{schema}}.members WHERE group_name = $1 AND topic = $2
-	AND heartbeat_at < now() - $3::int8 * interval '1 microsecond';
+	AND heartbeat_at + ttl < now() - $3::int8 * interval '1 microsecond';
 
 -- name: MembersLeave
 -- A member leaves the group: $1 group, $2 topic, $3 me.
@@ -24,9 +26,9 @@ DELETE FROM {{schema}}.members WHERE group_name = $1 AND ($2 = '' OR topic = $2)
 
 -- name: MembersStatus
 -- Admin status: the members of group $1 and topic $2 ('' for all), live
--- (heard from within $3 µs) or not.
+-- (heard from within their TTL) or not.
 SELECT group_name, topic, member_id, joined_at, heartbeat_at, can_reject,
-	heartbeat_at > now() - $3::int8 * interval '1 microsecond'
+	heartbeat_at + ttl > now()
 FROM {{schema}}.members
 WHERE ($1 = '' OR group_name = $1) AND ($2 = '' OR topic = $2)
 ORDER BY group_name, topic, member_id;
