@@ -102,7 +102,8 @@ type PublisherConfig struct {
 	Partitioner partitioning.Partitioner
 
 	// MaxPayloadBytes limits the size of one message's payload (default
-	// DefaultMaxPayloadBytes, at most MaxMaxPayloadBytes).
+	// DefaultMaxPayloadBytes, or MaxPublishBytes when that is set lower; at
+	// most MaxMaxPayloadBytes).
 	MaxPayloadBytes int
 
 	// MaxMetadataBytes limits one message's metadata, as stored (JSON;
@@ -111,7 +112,8 @@ type PublisherConfig struct {
 	MaxMetadataBytes int
 
 	// MaxPublishBytes limits what one Publish call carries, payloads and
-	// metadata of all its messages (default DefaultMaxPublishBytes, at most
+	// metadata of all its messages (default DefaultMaxPublishBytes, or
+	// MaxPayloadBytes when that is set higher; at most
 	// MaxMaxPublishBytes). A call over it gets an ErrPublishTooLarge
 	// *LimitError before anything is sent.
 	MaxPublishBytes int
@@ -196,6 +198,9 @@ func (c *PublisherConfig) setDefaults() {
 	}
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+		if c.MaxPublishBytes > 0 {
+			c.MaxPayloadBytes = min(c.MaxPayloadBytes, c.MaxPublishBytes)
+		}
 	}
 	if c.MaxMetadataBytes == 0 {
 		c.MaxMetadataBytes = DefaultMaxMetadataBytes
