@@ -61,8 +61,8 @@ type SequencerConfig struct {
 	// notification per topic per pass, naming the partitions that got new
 	// messages: "topic:0,5,7") after it sequenced messages. Subscribers
 	// then find messages by polling: after a quiet spell an idle partition
-	// polls only once a second (see adaptive.Pacing.IdleInterval), so the
-	// first message after it can wait that long.
+	// polls only once a second (see SubscriberConfig.Advanced.PollInterval),
+	// so the first message after it can wait that long.
 	DisableNotify bool
 }
 

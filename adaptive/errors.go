@@ -17,7 +17,7 @@ var ErrInvalidConfig = errs.ErrInvalidConfig
 var ErrUnknownProfile = errors.New("adaptive: unknown tuning profile")
 
 // ConfigError reports one invalid configuration field (Field, e.g.
-// "BatchSize" or "Pacing.IdleInterval", and Reason: what is wrong and what
+// "BatchSize" or "LeaseTTL", and Reason: what is wrong and what
 // is allowed). It matches [ErrInvalidConfig]. It is outbox.ConfigError.
 type ConfigError = errs.ConfigError
 

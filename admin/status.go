@@ -218,7 +218,8 @@ type PartitionStatus struct {
 	// HeldMessages how many messages they hold. IsolationFullSince, when
 	// set, is since when the partition blocks as it would without
 	// isolation, because holding one more key or message would pass
-	// MaxHeldKeys or MaxHeldMessages.
+	// KeyIsolation.MaxHeldKeys, or outbox.HeldMessagesPerKey messages per
+	// allowed key.
 	ScanSeq            int64      `json:"scan_seq"`
 	HeldKeys           []HeldKey  `json:"held_keys,omitempty"`
 	HeldMessages       int        `json:"held_messages"`
