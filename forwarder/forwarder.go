@@ -289,8 +289,16 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 		if err := checkBatch(batch); err != nil {
 			return 0, err
 		}
-		// ctx ends at the Subscriber's HandlerTimeout: one send is bounded
-		// by it, and ends before the partition's lease can.
+		// One send ends with the batch: at the Subscriber's
+		// HandlerTimeout, which its messages' context carries, so that it
+		// ends before the partition's lease can.
+		if len(batch) > 0 {
+			if deadline, ok := batch[0].Context().Deadline(); ok {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, deadline)
+				defer cancel()
+			}
+		}
 		ctx = withOrigin(ctx, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
 		span := observe.StartForward(ctx, topic, targetTopic, batch)
 		start := time.Now()

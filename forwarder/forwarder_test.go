@@ -128,3 +128,45 @@ func serialized(t forwarder.Target) forwarder.Target {
 		return t.Send(ctx, topic, batch)
 	})
 }
+
+// One Send ends at the Subscriber's HandlerTimeout (it had a SendTimeout of
+// its own, defaulting to it): a target that waits for its context gets a
+// deadline that far after the batch was handed over, and the failed send
+// counts as a timeout.
+func TestASendEndsAtTheHandlerTimeout(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	const timeout = 400 * time.Millisecond
+	type call struct {
+		deadline time.Duration // from the start of Send
+		err      error
+	}
+	calls := make(chan call, 16)
+	target := forwarder.TargetFunc(func(ctx context.Context, _ string, _ []*message.Message) (int, error) {
+		start := time.Now()
+		dl, ok := ctx.Deadline()
+		if !ok {
+			calls <- call{deadline: -1}
+			return 0, errors.New("no deadline")
+		}
+		<-ctx.Done()
+		calls <- call{deadline: dl.Sub(start), err: ctx.Err()}
+		return 0, ctx.Err()
+	})
+	fwd := startForwarder(t, e, nil, target, []string{"orders"}, func(c *forwarder.Config) {
+		c.Subscriber.HandlerTimeout = timeout
+	})
+	newPublisher(t, e).round("orders", 1, nil)
+	select {
+	case c := <-calls:
+		if c.deadline < 0 {
+			t.Fatal("Send's context has no deadline")
+		}
+		if c.deadline > timeout || c.deadline < timeout/2 || !errors.Is(c.err, context.DeadlineExceeded) {
+			t.Fatalf("Send's context ended %v after it started (%v), want within HandlerTimeout %v", c.deadline, c.err, timeout)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no send")
+	}
+	outboxtest.WaitFor(t, "the failed send counted", 10*time.Second, func() bool { return fwd.Stats().Failures >= 1 })
+}
