@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 )
 
 // errPartialConfirm: a target confirmed part of a batch without an error.
@@ -149,8 +149,7 @@ type Forwarder struct {
 	logger watermill.LoggerAdapter
 	sub    *outbox.Subscriber
 
-	mu      sync.Mutex
-	running bool
+	life startstop.Service
 
 	batches   atomic.Int64
 	messages  atomic.Int64
@@ -176,24 +175,24 @@ func NewForwarder(cfg Config, logger watermill.LoggerAdapter) (*Forwarder, error
 		cfg:    cfg,
 		logger: logger.With(watermill.LogFields{"component": "outbox.forwarder", "group": cfg.Subscriber.ConsumerGroup}),
 		sub:    sub,
+		life:   startstop.Service{Name: "forwarder.Forwarder"},
 	}, nil
 }
 
 // Run forwards until ctx ends or the Forwarder is closed, and then returns
-// nil (or the error that kept it from joining the group on a topic). It can
-// be called once.
+// nil (or the error that kept it from joining the group on a topic). It
+// has the lifecycle of the outbox's long-running components
+// (internal/startstop): it runs once; a second Run while it runs is
+// ErrAlreadyRunning, a Run after it stopped ErrClosed.
 func (f *Forwarder) Run(ctx context.Context) error {
 	if f.sub == nil {
 		return errs.NotConstructed("forwarder.Forwarder", "forwarder.NewForwarder")
 	}
-	f.mu.Lock()
-	if f.running {
-		f.mu.Unlock()
-		return fmt.Errorf("%w: forwarder: Run called twice", outbox.ErrAlreadyRunning)
-	}
-	f.running = true
-	f.mu.Unlock()
+	return f.life.Run(ctx, nil, f.run)
+}
 
+// run joins the group on every topic and forwards until ctx ends.
+func (f *Forwarder) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, len(f.cfg.Topics))
@@ -225,14 +224,17 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	return first
 }
 
-// Close stops the Forwarder: in-flight sends finish or are abandoned (their
-// messages are sent again by whoever takes the partitions over), leases are
-// released. Run returns. Close does not close the Target.
+// Close stops the Forwarder and waits until Run has returned: in-flight
+// sends get the Subscriber's CloseTimeout to finish, then are abandoned
+// (their messages are sent again by whoever takes the partitions over);
+// leases are released. Close does not close the Target.
 func (f *Forwarder) Close() error {
 	if f.sub == nil { // a zero Forwarder: nothing runs
 		return nil
 	}
-	return f.sub.Close()
+	err := f.sub.Close()
+	f.life.Close()
+	return err
 }
 
 // Stats counts the Forwarder's work since it started.

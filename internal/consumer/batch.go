@@ -50,7 +50,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 		}
 	}
 	h.handedOut = true
-	done, answered, err := w.callBatch(ctx, msgs)
+	done, answered, err := w.callBatch(ctx, bctx, msgs)
 	switch answered {
 	case batchTimedOut:
 		cancel()
@@ -171,12 +171,14 @@ const (
 	batchGaveUp               // no return within CloseTimeout after the lease ended
 )
 
-// callBatch runs the BatchHandler, turning a panic into an error, and waits
+// callBatch runs the BatchHandler on handlerCtx (which ends at
+// HandlerTimeout, as its messages' contexts do, and carries the
+// Transactional strategy's transaction), turning a panic into an error, and waits
 // for it at most HandlerTimeout (and CloseTimeout once the lease ends). A
 // handler that does not return in time is left running on its own
 // goroutine, which ends when it returns (keeping its share of the
 // process's gate until then); its result is ignored.
-func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, batchAnswer, error) {
+func (w *Worker) callBatch(ctx, handlerCtx context.Context, msgs []*message.Message) (int, batchAnswer, error) {
 	type result struct {
 		done int
 		err  error
@@ -192,7 +194,7 @@ func (w *Worker) callBatch(ctx context.Context, msgs []*message.Message) (int, b
 			ch <- r
 			close(returned)
 		}()
-		done, err := w.batch(ctx, msgs)
+		done, err := w.batch(handlerCtx, msgs)
 		r = result{max(0, min(done, len(msgs))), err}
 	}()
 	timeout := time.NewTimer(w.s.abandonAfter())

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
 )
 
 // ConsumeBatches: the handler gets a batch and says how many are done.
@@ -194,6 +195,26 @@ func TestBatchFailureBehindTheHeadReachesMaxAttempts(t *testing.T) {
 		}
 		if handedBad != 3 {
 			t.Fatalf("bad handed out %d times (%v), want MaxAttempts 3", handedBad, *calls)
+		}
+	})
+}
+
+// A batch handler's context ends at HandlerTimeout, as its messages' do,
+// and carries the Transactional strategy's transaction.
+func TestBatchHandlerContextEndsAtHandlerTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("a")
+		var deadline time.Time
+		var hasTx bool
+		r, _ := batchRig(t, s, transactional, func(ctx context.Context, b []*message.Message) (int, error) {
+			deadline, _ = ctx.Deadline()
+			hasTx = pgexec.BindingFrom(ctx) != nil
+			return len(b), nil
+		})
+		start := time.Now()
+		r.step(nil)
+		if deadline.IsZero() || deadline.Sub(start) != r.cfg.HandlerTimeout || !hasTx {
+			t.Fatalf("handler context: deadline %v after the start, transaction %v; want HandlerTimeout (%v) and the transaction", deadline.Sub(start), hasTx, r.cfg.HandlerTimeout)
 		}
 	})
 }
