@@ -247,13 +247,13 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 // retryHeadInTx is retryHead's delivery for the Transactional strategy: the
 // handler runs in a transaction that releases the held row when it acks.
 func (w *Worker) retryHeadInTx(ctx context.Context, u *heldUnit, e Entry) (bool, error) {
-	sc, err := w.openScope(ctx)
+	sc, err := w.openTxScope(ctx)
 	if err != nil {
 		w.undoHeldCount(ctx, e.Seq)
 		return false, err
 	}
 	defer sc.close(ctx)
-	h := w.handOut(ctx, []Entry{e}, sc.guard, nil)
+	h := w.handOut(ctx, []Entry{e}, sc.g, nil)
 	if h.dbErr != nil {
 		w.undoHeldCount(ctx, e.Seq)
 		return false, h.dbErr
@@ -262,7 +262,7 @@ func (w *Worker) retryHeadInTx(ctx context.Context, u *heldUnit, e Entry) (bool,
 	defer cancel()
 	switch h.outcome {
 	case timedOut, broken, isolate:
-		w.giveUp(ctx, sc, h)
+		sc.giveUp(ctx, w, h)
 		h.outcome, h.via, h.reason = w.answer(&delivery{}, nacked, h.reason)
 		return w.settleHeld(ctx, u, e, h)
 	case stopped:

@@ -192,7 +192,7 @@ func (w *Worker) scan(ctx context.Context) (worker.Directive, error) {
 		return worker.Idle(), err
 	}
 	defer sc.close(ctx)
-	h := w.handle(ctx, b.deliver, sc.guard)
+	h := w.handle(ctx, b.deliver, sc.guard())
 	return w.settle(ctx, sc, b, h)
 }
 

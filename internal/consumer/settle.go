@@ -12,40 +12,70 @@ import (
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
 
-// scope is the transaction a batch is delivered in: the Transactional
-// strategy's (its handlers' writes commit with the cursor), or none (the
-// zero scope: Leased).
-type scope struct {
+// scope is the transaction a batch is delivered and settled in: none for
+// the Leased strategy (leasedScope), the batch's for the Transactional one
+// (txScope), where the handlers' writes commit with the cursor. Both
+// strategies take the one scan path (scan, settle); their scopes differ in
+// what the handlers get and how the outcome is written.
+type scope interface {
+	// guard is the transaction the handlers get (nil: none).
+	guard() *txGuard
+	// giveUp gives the transaction up after its handler timed out, broke
+	// it or did not answer before the lease ended: the handler may still
+	// be using it, or left it unusable. It reports whether there was one.
+	giveUp(ctx context.Context, w *Worker, h handled) bool
+	// commit records the batch's outcome — the cursor moves to done, past
+	// a rejected message, a failure recorded unless the failing message
+	// was held — and picks the next step.
+	commit(ctx context.Context, w *Worker, b batch, h handled, done int64, held bool) (worker.Directive, error)
+	// close ends a transaction that was neither committed nor given up.
+	close(ctx context.Context)
+}
+
+// openScope opens the scope of the Worker's strategy: for Transactional,
+// it begins the batch's transaction.
+func (w *Worker) openScope(ctx context.Context) (scope, error) {
+	if !w.s.Transactional {
+		return leasedScope{}, nil
+	}
+	return w.openTxScope(ctx)
+}
+
+// leasedScope is the Leased strategy's: no transaction around the
+// handlers; the outcome is written in statements of its own.
+type leasedScope struct{}
+
+func (leasedScope) guard() *txGuard                               { return nil }
+func (leasedScope) giveUp(context.Context, *Worker, handled) bool { return false }
+func (leasedScope) close(context.Context)                         {}
+
+// txScope is the Transactional strategy's: the batch's transaction.
+type txScope struct {
 	tx       pgx.Tx
-	guard    *txGuard // what the handlers get; nil: Leased
+	g        *txGuard // the transaction as the handlers get it
 	finished bool     // committed, rolled back or given up
 }
 
-// openScope begins the batch's transaction for the Transactional strategy.
-func (w *Worker) openScope(ctx context.Context) (*scope, error) {
-	if !w.s.Transactional {
-		return &scope{}, nil
-	}
+// openTxScope begins a batch's transaction.
+func (w *Worker) openTxScope(ctx context.Context) (*txScope, error) {
 	tx, err := w.s.Store.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &scope{tx: tx, guard: newTxGuard(tx)}, nil
+	return &txScope{tx: tx, g: newTxGuard(tx)}, nil
 }
 
-// close rolls back a transaction that was neither committed nor given up.
-func (sc *scope) close(ctx context.Context) {
-	if sc.tx != nil && !sc.finished {
+func (sc *txScope) guard() *txGuard { return sc.g }
+
+func (sc *txScope) close(ctx context.Context) {
+	if !sc.finished {
 		sc.finished = true
 		_ = sc.tx.Rollback(context.WithoutCancel(ctx))
 	}
 }
 
-// giveUp gives the transaction up after its handler timed out, broke it or
-// did not answer before the lease ended: the handler may still be using it,
-// or left it unusable. It reports whether there was one to give up.
-func (w *Worker) giveUp(ctx context.Context, sc *scope, h handled) bool {
-	if sc.tx == nil || (h.outcome == stopped && !h.handedOut) {
+func (sc *txScope) giveUp(ctx context.Context, w *Worker, h handled) bool {
+	if h.outcome == stopped && !h.handedOut {
 		return false // (nothing reached a handler: the done prefix commits)
 	}
 	sc.finished = true
@@ -53,7 +83,7 @@ func (w *Worker) giveUp(ctx context.Context, sc *scope, h handled) bool {
 		_ = sc.tx.Rollback(context.WithoutCancel(ctx))
 		return true
 	}
-	sc.guard.abandon(w.s.Background, w.s.Stop, w.s.CloseTimeout, func(err error) {
+	sc.g.abandon(w.s.Background, w.s.Stop, w.s.CloseTimeout, func(err error) {
 		w.logger.Error("Cannot roll back the transaction of a timed-out handler", err, watermill.LogFields{"seq": w.cursor + 1})
 	})
 	return true
@@ -65,8 +95,8 @@ func (w *Worker) giveUp(ctx context.Context, sc *scope, h handled) bool {
 // transaction, a failure is recorded with its backoff; the Transactional
 // strategy does it all in the batch's transaction, which commits, the
 // Leased one in statements of its own.
-func (w *Worker) settle(ctx context.Context, sc *scope, b batch, h handled) (worker.Directive, error) {
-	if h.dbErr != nil && sc.tx != nil {
+func (w *Worker) settle(ctx context.Context, sc scope, b batch, h handled) (worker.Directive, error) {
+	if h.dbErr != nil && sc.guard() != nil {
 		// A database failure (the connection was lost, say) is not the
 		// message's: its delivery does not count.
 		w.undoDelivery(ctx)
@@ -74,7 +104,7 @@ func (w *Worker) settle(ctx context.Context, sc *scope, b batch, h handled) (wor
 	}
 	switch h.outcome {
 	case timedOut, broken, stopped, isolate:
-		if w.giveUp(ctx, sc, h) {
+		if sc.giveUp(ctx, w, h) {
 			return w.failWholeTx(ctx, b.deliver, h)
 		}
 		if h.outcome == isolate { // (Leased: a batch handler timed out)
@@ -89,16 +119,13 @@ func (w *Worker) settle(ctx context.Context, sc *scope, b batch, h handled) (wor
 		done = b.deliver[h.done-1].Seq
 	}
 	done, held := w.holdFailure(ctx, b, h, done)
-	if sc.tx != nil {
-		return w.commitTx(ctx, sc, b, h, done, held)
-	}
-	return w.commitLeased(ctx, b, h, done, held)
+	return sc.commit(ctx, w, b, h, done, held)
 }
 
-// commitLeased settles a Leased batch: a rejection with the cursor move
-// past it in a transaction of its own (a RejectHandler that fails makes it
-// a failure), the cursor move (relaxed), then the failure and its backoff.
-func (w *Worker) commitLeased(ctx context.Context, b batch, h handled, done int64, held bool) (worker.Directive, error) {
+// commit settles a Leased batch: a rejection with the cursor move past it
+// in a transaction of its own (a RejectHandler that fails makes it a
+// failure), the cursor move (relaxed), then the failure and its backoff.
+func (leasedScope) commit(ctx context.Context, w *Worker, b batch, h handled, done int64, held bool) (worker.Directive, error) {
 	if h.outcome == rejected {
 		if err := w.rejectInOwnTx(ctx, b.deliver[h.done], h.reason, h.via, h.last); err != nil {
 			h.outcome, h.reason = nacked, err
@@ -133,10 +160,10 @@ func (w *Worker) commitLeased(ctx context.Context, b batch, h handled, done int6
 	return w.conclude(ctx, h, b.full, delay), nil
 }
 
-// commitTx settles a Transactional batch in its transaction and commits
-// it: the rejection, the cursor move and the failure commit together with
-// the handlers' writes, or none of them.
-func (w *Worker) commitTx(ctx context.Context, sc *scope, b batch, h handled, done int64, held bool) (worker.Directive, error) {
+// commit settles a Transactional batch in its transaction and commits it:
+// the rejection, the cursor move and the failure commit together with the
+// handlers' writes, or none of them.
+func (sc *txScope) commit(ctx context.Context, w *Worker, b batch, h handled, done int64, held bool) (worker.Directive, error) {
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
 	defer w.iso.abandoned() // (after a commit, committed took them)
