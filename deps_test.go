@@ -15,7 +15,7 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 		"github.com/twmb/franz-go/pkg/kfake", "github.com/nats-io/nats-server", "go.uber.org/goleak", "gonum.org/",
 		"github.com/millrace/watermill-outbox/cmd/", "github.com/millrace/watermill-outbox/bench",
 		"github.com/millrace/watermill-outbox/internal/pgtest", "github.com/millrace/watermill-outbox/internal/pgcluster",
-		"github.com/millrace/watermill-outbox/internal/chaos", "github.com/millrace/watermill-outbox/internal/ceiling",
+		"github.com/millrace/watermill-outbox/internal/ceiling",
 		"github.com/millrace/watermill-outbox/internal/outboxtest",
 		"testing", "go.opentelemetry.io/otel/sdk", "github.com/spf13/cobra", "github.com/chromedp/",
 	}
