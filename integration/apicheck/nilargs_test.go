@@ -33,6 +33,7 @@ import (
 	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/jetstream"
 	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/metrics"
 	"github.com/millrace/watermill-outbox/outboxtest"
@@ -51,7 +52,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // function and method of each. cmd/, bench/, _examples/ and internal/ are
 // not library API.
 var libraryPackages = []string{
-	".", "adaptive", "admin", "console", "deadletter", "forwarder", "inbox",
+	".", "adaptive", "admin", "console", "deadletter", "forwarder", "forwarder/jetstream", "inbox",
 	"metrics", "outboxtest", "partitioning", "relay", "retention",
 }
 
@@ -694,25 +695,26 @@ var entries = []entry{
 		e.may("Forwarder.Consumer's handler(nil)", func() error { _, err := h(e.ctx, nil); return err })
 		e.may("Forwarder.Consumer's handler([nil])", func() error { _, err := h(e.ctx, []*message.Message{nil}); return err })
 	}},
-	{"forwarder.JetStreamConfig.Validate", func(e *env) {
-		e.fails("JetStreamConfig{}.Validate", func() error { return forwarder.JetStreamConfig{}.Validate() })
+	// ---- package forwarder/jetstream
+	{"jetstream.Config.Validate", func(e *env) {
+		e.fails("jetstream.Config{}.Validate", func() error { return jetstream.Config{}.Validate() })
 	}},
-	{"forwarder.NewJetStreamTarget", func(e *env) {
-		e.fails("NewJetStreamTarget(zero)", func() error { _, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{}); return err })
+	{"jetstream.NewTarget", func(e *env) {
+		e.fails("jetstream.NewTarget(zero, nil)", func() error { _, err := jetstream.NewTarget(jetstream.Config{}, nil); return err })
 	}},
-	{"forwarder.JetStreamTarget.Close", func(e *env) {
-		e.may("JetStreamTarget{}.Close", func() error { return new(forwarder.JetStreamTarget).Close() })
+	{"jetstream.Target.Close", func(e *env) {
+		e.may("jetstream.Target{}.Close", func() error { return new(jetstream.Target).Close() })
 	}},
-	{"forwarder.JetStreamTarget.JetStream", func(e *env) {
-		e.call("JetStreamTarget{}.JetStream", func() { new(forwarder.JetStreamTarget).JetStream() })
+	{"jetstream.Target.JetStream", func(e *env) {
+		e.call("jetstream.Target{}.JetStream", func() { new(jetstream.Target).JetStream() })
 	}},
-	{"forwarder.JetStreamTarget.Send", func(e *env) {
-		t := must(forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{URL: startNATS(e), AckTimeout: time.Second}))(e)
+	{"jetstream.Target.Send", func(e *env) {
+		t := must(jetstream.NewTarget(jetstream.Config{URL: startNATS(e), AckTimeout: time.Second}, nil))(e)
 		defer t.Close()
-		e.may("JetStreamTarget.Send(orders, nil)", func() error { _, err := t.Send(e.ctx, "orders", nil); return err })
-		e.fails("JetStreamTarget.Send(orders, [nil])", func() error { _, err := t.Send(e.ctx, "orders", []*message.Message{nil}); return err })
-		e.fails("JetStreamTarget{}.Send(orders, [msg])", func() error {
-			_, err := new(forwarder.JetStreamTarget).Send(e.ctx, "orders", []*message.Message{message.NewMessage("u", nil)})
+		e.may("jetstream.Target.Send(orders, nil)", func() error { _, err := t.Send(e.ctx, "orders", nil); return err })
+		e.fails("jetstream.Target.Send(orders, [nil])", func() error { _, err := t.Send(e.ctx, "orders", []*message.Message{nil}); return err })
+		e.fails("jetstream.Target{}.Send(orders, [msg])", func() error {
+			_, err := new(jetstream.Target).Send(e.ctx, "orders", []*message.Message{message.NewMessage("u", nil)})
 			return err
 		})
 	}},

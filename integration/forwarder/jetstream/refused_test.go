@@ -1,24 +1,26 @@
-package forwarder_test
+package jetstream_test
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go/jetstream"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
-// The same for JetStream: a message the stream refuses for what it is (its
-// size, its headers, a JetStream header whose demand the stream cannot
-// meet) is rejected on its first Send, the messages before it are stored
+// A message the stream refuses for what it is (its size, its headers, a
+// JetStream header whose demand the stream cannot meet) is rejected on its first Send, the messages before it are stored
 // once, in order; the rest, sent after, are stored once too (those the
 // first Send had published behind the poison are dropped by the server as
 // duplicates of the same Nats-Msg-Id).
@@ -46,7 +48,7 @@ func TestJetStreamSendRejectsAMessageTheStreamRefusesForGood(t *testing.T) {
 			if name == "headers over 64 KiB" {
 				maxMsgSize = -1
 			}
-			if _, err := js.CreateStream(outboxtest.Ctx(t), jetstream.StreamConfig{Name: stream, Subjects: []string{stream}, MaxMsgSize: maxMsgSize}); err != nil {
+			if _, err := js.CreateStream(outboxtest.Ctx(t), natsjs.StreamConfig{Name: stream, Subjects: []string{stream}, MaxMsgSize: maxMsgSize}); err != nil {
 				t.Fatal(err)
 			}
 			batch := outboxBatch(12, sameKey)
@@ -67,7 +69,7 @@ func TestJetStreamSendRejectsAMessageTheStreamRefusesForGood(t *testing.T) {
 
 // streamPositions returns metadata "i" of every message of stream, in
 // stream order.
-func streamPositions(t *testing.T, js jetstream.JetStream, stream string) []int {
+func streamPositions(t *testing.T, js natsjs.JetStream, stream string) []int {
 	t.Helper()
 	st, err := js.Stream(outboxtest.Ctx(t), stream)
 	if err != nil {
@@ -136,5 +138,55 @@ func TestJetStreamRefusedMessagesAreDeadLetteredOnTheirFirstAttempt(t *testing.T
 	}
 	if st := fwd.Stats(); st.Failures != st.Rejected {
 		t.Fatalf("stats %+v: sends failed for other reasons than the rejections", st)
+	}
+}
+
+// Failure mode 4 of issue 10 on JetStream: a message over the stream's
+// MaxMsgSize is rejected on its first attempt, the messages around it
+// delivered once.
+func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	s := startNATS(t, -1, t.TempDir(), nil)
+	createStream(t, s.ClientURL(), "orders", 16<<10)
+	pub := newPublisher(t, e)
+	big := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		pub.round("orders", 10, func(m *message.Message) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			case "3/key-4", "8/key-7":
+				m.Payload = make([]byte, 20<<10) // over the stream's MaxMsgSize
+				big[m.UUID] = true
+			}
+		})
+	}
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	inner := e.deadLetters()
+	startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, func(c *forwarder.Config) {
+		c.Subscriber.RejectHandler = outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+			mu.Lock()
+			attempts[m.UUID] = m.Attempts
+			mu.Unlock()
+			return inner.HandleReject(ctx, tx, m)
+		})
+		c.Subscriber.Tuning.BatchSize = 64
+		c.Subscriber.Tuning.BackoffBase, c.Subscriber.Tuning.BackoffMax = time.Minute, time.Minute
+	})
+	r := &received{}
+	consumeJetStream(t, s.ClientURL(), "orders", r)
+	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
+		return r.distinct() == pub.count()-len(big) && len(e.deadLettered(t)) == len(big)
+	})
+	dead := e.deadLettered(t)
+	mu.Lock()
+	defer mu.Unlock()
+	for u := range big {
+		if _, ok := dead[u]; !ok || attempts[u] != 1 {
+			t.Fatalf("oversize message %s: dead-lettered %v after %d attempts; want once, on its first attempt", u, ok, attempts[u])
+		}
+	}
+	if dups := r.check(t, pub.snapshot(), dead); dups != 0 {
+		t.Fatalf("%d duplicates", dups)
 	}
 }

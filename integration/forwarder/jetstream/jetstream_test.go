@@ -1,4 +1,4 @@
-package forwarder_test
+package jetstream_test
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/jetstream"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
@@ -55,24 +55,24 @@ func createStream(t *testing.T, url, name string, maxMsgSize int32) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := natsjs.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(outboxtest.Ctx(t), jetstream.StreamConfig{
-		Name: name, Subjects: []string{name}, Storage: jetstream.FileStorage,
+	if _, err := js.CreateStream(outboxtest.Ctx(t), natsjs.StreamConfig{
+		Name: name, Subjects: []string{name}, Storage: natsjs.FileStorage,
 		Duplicates: 2 * time.Minute, MaxMsgSize: maxMsgSize,
 	}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func newJetStreamTarget(t *testing.T, url string) *forwarder.JetStreamTarget {
+func newJetStreamTarget(t *testing.T, url string) *jetstream.Target {
 	t.Helper()
-	target, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{
+	target, err := jetstream.NewTarget(jetstream.Config{
 		URL: url, AckTimeout: 2 * time.Second,
 		Options: []nats.Option{nats.ReconnectWait(100 * time.Millisecond)},
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestJetStreamConfigNeedsNoReconnectBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if _, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{Conn: nc}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := jetstream.NewTarget(jetstream.Config{Conn: nc}, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("connection with a reconnect buffer: %v", err)
 	}
 	nc2, err := nats.Connect(s.ClientURL(), nats.ReconnectBufSize(-1))
@@ -123,10 +123,10 @@ func TestJetStreamConfigNeedsNoReconnectBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc2.Close()
-	if _, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{Conn: nc2}); err != nil {
+	if _, err := jetstream.NewTarget(jetstream.Config{Conn: nc2}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := jetstream.NewTarget(jetstream.Config{}, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("no URL, no Conn: %v", err)
 	}
 }

@@ -1,4 +1,20 @@
-package forwarder
+// Package jetstream is the forwarder's target for NATS JetStream: a
+// forwarder.Forwarder with a jetstream.Target relays outbox messages to
+// JetStream subjects in watermill-nats's message format, each with header
+// Nats-Msg-Id set to the message's stable id, so that the server drops the
+// copies a retry sends within the stream's duplicate window. Importing it
+// links the NATS client and no Kafka client.
+//
+//	target, err := jetstream.NewTarget(jetstream.Config{URL: "nats://nats:4222"}, logger)
+//	defer target.Close()
+//	fwd, err := forwarder.NewForwarder(forwarder.Config{
+//		Subscriber: outbox.SubscriberConfig{Pool: pool, RejectHandler: deadLetters},
+//		Topics:     []string{"orders"},
+//		Target:     target,
+//	}, logger)
+//
+// See docs/forwarder.md.
+package jetstream
 
 import (
 	"context"
@@ -11,14 +27,18 @@ import (
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
 )
 
-// JetStreamConfig configures a JetStreamTarget.
-type JetStreamConfig struct {
+// Target is a forwarder.Target.
+var _ forwarder.Target = (*Target)(nil)
+
+// Config configures a Target.
+type Config struct {
 	// URL of the NATS server(s), comma-separated; the target then owns its
 	// connection. Either URL or Conn is required.
 	URL string
@@ -40,16 +60,11 @@ type JetStreamConfig struct {
 	// NATSMarshaler, so that watermill-nats subscribers read them as usual:
 	// metadata in headers, the UUID in header "_watermill_message_uuid").
 	Marshaler wmnats.Marshaler
-	// Logger (default: none).
-	Logger watermill.LoggerAdapter
 }
 
-func (c *JetStreamConfig) setDefaults() {
+func (c *Config) setDefaults() {
 	if c.Marshaler == nil {
 		c.Marshaler = &wmnats.NATSMarshaler{}
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
 	}
 	if c.AckTimeout == 0 {
 		c.AckTimeout = 10 * time.Second
@@ -57,7 +72,7 @@ func (c *JetStreamConfig) setDefaults() {
 }
 
 // Validate reports the first impossible setting.
-func (c JetStreamConfig) Validate() error {
+func (c Config) Validate() error {
 	switch {
 	case c.AckTimeout < 0:
 		return &outbox.ConfigError{Field: "AckTimeout", Reason: "must be positive"}
@@ -71,7 +86,7 @@ func (c JetStreamConfig) Validate() error {
 	return nil
 }
 
-// JetStreamTarget publishes to NATS JetStream: the messages of a batch are
+// Target publishes to NATS JetStream: the messages of a batch are
 // published asynchronously, in order, each with header Nats-Msg-Id set to
 // the stable id (outbox.MetadataID), and their acknowledgements are awaited
 // together. The server drops a message whose id it stored within the
@@ -91,25 +106,28 @@ func (c JetStreamConfig) Validate() error {
 // after one before it failed; messages published behind one the server
 // refuses may be stored, and when the next Send publishes them again, the
 // server drops them as duplicates.
-type JetStreamTarget struct {
-	cfg    JetStreamConfig
+type Target struct {
+	cfg    Config
 	logger watermill.LoggerAdapter
 	nc     *nats.Conn
 	own    bool
-	js     jetstream.JetStream
+	js     natsjs.JetStream
 
 	closeOnce sync.Once
 }
 
-// NewJetStreamTarget creates a JetStreamTarget. With URL, the connection
-// keeps reconnecting forever; the first connection attempt must succeed
-// unless Options contain nats.RetryOnFailedConnect(true).
-func NewJetStreamTarget(cfg JetStreamConfig) (*JetStreamTarget, error) {
+// NewTarget creates a Target; logger may be nil (no logging). With URL,
+// the connection keeps reconnecting forever; the first connection attempt
+// must succeed unless Options contain nats.RetryOnFailedConnect(true).
+func NewTarget(cfg Config, logger watermill.LoggerAdapter) (*Target, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults()
-	t := &JetStreamTarget{cfg: cfg, logger: cfg.Logger.With(watermill.LogFields{"component": "outbox.forwarder.jetstream"}), nc: cfg.Conn}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	t := &Target{cfg: cfg, logger: logger.With(watermill.LogFields{"component": "outbox.forwarder.jetstream"}), nc: cfg.Conn}
 	if t.nc == nil {
 		opts := append(append([]nats.Option{nats.Name("watermill-outbox-forwarder")}, cfg.Options...),
 			nats.ReconnectBufSize(-1), nats.MaxReconnects(-1))
@@ -119,7 +137,7 @@ func NewJetStreamTarget(cfg JetStreamConfig) (*JetStreamTarget, error) {
 		}
 		t.nc, t.own = nc, true
 	}
-	js, err := jetstream.New(t.nc, jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
+	js, err := natsjs.New(t.nc, natsjs.WithPublishAsyncTimeout(cfg.AckTimeout))
 	if err != nil {
 		if t.own {
 			t.nc.Close()
@@ -131,7 +149,7 @@ func NewJetStreamTarget(cfg JetStreamConfig) (*JetStreamTarget, error) {
 }
 
 // Close closes the connection the target made (not one given in Conn).
-func (t *JetStreamTarget) Close() error {
+func (t *Target) Close() error {
 	t.closeOnce.Do(func() {
 		if t.own {
 			t.nc.Close()
@@ -142,20 +160,20 @@ func (t *JetStreamTarget) Close() error {
 
 // JetStream returns the JetStream handle the target publishes with (to
 // create streams, for instance).
-func (t *JetStreamTarget) JetStream() jetstream.JetStream { return t.js }
+func (t *Target) JetStream() natsjs.JetStream { return t.js }
 
-// Send implements Target.
-func (t *JetStreamTarget) Send(ctx context.Context, subject string, batch []*message.Message) (int, error) {
+// Send implements forwarder.Target.
+func (t *Target) Send(ctx context.Context, subject string, batch []*message.Message) (int, error) {
 	if t.js == nil {
-		return 0, errs.NotConstructed("forwarder.JetStreamTarget", "forwarder.NewJetStreamTarget")
+		return 0, errs.NotConstructed("jetstream.Target", "jetstream.NewTarget")
 	}
 	if err := checkBatch(batch); err != nil {
 		return 0, err
 	}
-	futures := make([]jetstream.PubAckFuture, 0, len(batch))
+	futures := make([]natsjs.PubAckFuture, 0, len(batch))
 	var stopErr error // why publishing stopped before the end of the batch
 	for _, msg := range batch {
-		nm, err := t.cfg.Marshaler.Marshal(subject, Outgoing(msg))
+		nm, err := t.cfg.Marshaler.Marshal(subject, forwarder.Outgoing(msg))
 		if err != nil {
 			stopErr = &permanentError{fmt.Errorf("marshal message %s: %w", msg.UUID, err)}
 			break
@@ -166,7 +184,7 @@ func (t *JetStreamTarget) Send(ctx context.Context, subject string, batch []*mes
 		}
 		// No client-side retries: a retried publish could be stored after
 		// the messages published behind it.
-		f, err := t.js.PublishMsgAsync(nm, jetstream.WithMsgID(id), jetstream.WithRetryAttempts(0))
+		f, err := t.js.PublishMsgAsync(nm, natsjs.WithMsgID(id), natsjs.WithRetryAttempts(0))
 		if err != nil {
 			if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg) {
 				err = &permanentError{err}
@@ -196,7 +214,7 @@ func (t *JetStreamTarget) Send(ctx context.Context, subject string, batch []*mes
 
 // fail reports batch[:i] as done and batch[i] as failed with err; a
 // permanent error rejects batch[i].
-func (t *JetStreamTarget) fail(batch []*message.Message, i int, err error) (int, error) {
+func (t *Target) fail(batch []*message.Message, i int, err error) (int, error) {
 	var perm *permanentError
 	if errors.As(err, &perm) {
 		t.logger.Error("JetStream refuses the message for good: rejecting it", perm.err, watermill.LogFields{"id": batch[i].Metadata.Get(outbox.MetadataID)})
@@ -209,7 +227,7 @@ func (t *JetStreamTarget) fail(batch []*message.Message, i int, err error) (int,
 // means the message can never be stored: the stream judged the message
 // itself (see permanentJetStreamCodes), not its own state or the server's.
 func isPermanentJetStreamError(err error) bool {
-	var apiErr *jetstream.APIError
+	var apiErr *natsjs.APIError
 	return errors.As(err, &apiErr) && permanentJetStreamCodes[apiErr.ErrorCode]
 }
 
@@ -219,13 +237,24 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
+// checkBatch refuses a batch holding a nil message, before anything is
+// sent.
+func checkBatch(batch []*message.Message) error {
+	for i, m := range batch {
+		if m == nil {
+			return &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
+		}
+	}
+	return nil
+}
+
 // permanentJetStreamCodes are nats-server's error codes (server/errors.json)
 // that refuse one message for what it is: its size, or a JetStream header
 // it carries (from metadata, which become headers) whose demand the stream
 // cannot meet, so sending it again can only be refused again. Storage,
 // resource and cluster errors (insufficient resources, store failed, no
 // quorum, "temporarily unavailable") are not here: they pass.
-var permanentJetStreamCodes = map[jetstream.ErrorCode]bool{
+var permanentJetStreamCodes = map[natsjs.ErrorCode]bool{
 	10054: true, // JSStreamMessageExceedsMaximumErr: larger than the stream's MaxMsgSize
 	10097: true, // JSStreamHeaderExceedsMaximumErr: headers larger than 64 KiB
 	10060: true, // JSStreamNotMatchErr: Nats-Expected-Stream names another stream
