@@ -24,12 +24,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/jetstream"
 )
 
 const (
@@ -72,20 +73,20 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	js, _ := jetstream.New(nc)
+	js, _ := natsjs.New(nc)
 	// The stream that stores the subject; Duplicates is the window in which
 	// the server drops a message whose Nats-Msg-Id it already stored.
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: "transfers", Subjects: []string{"transfers"}, Storage: jetstream.FileStorage, Duplicates: 5 * time.Minute,
+	if _, err := js.CreateStream(ctx, natsjs.StreamConfig{
+		Name: "transfers", Subjects: []string{"transfers"}, Storage: natsjs.FileStorage, Duplicates: 5 * time.Minute,
 	}); err != nil {
 		return err
 	}
 	nc.Close()
 	fmt.Printf("NATS with JetStream on %s, stream transfers\n", url)
 
-	target, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{
-		URL: url, Logger: logger, Options: []nats.Option{nats.ReconnectWait(200 * time.Millisecond)},
-	})
+	target, err := jetstream.NewTarget(jetstream.Config{
+		URL: url, Options: []nats.Option{nats.ReconnectWait(200 * time.Millisecond)},
+	}, logger)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/jetstream"
 )
 
 // Consumer groups of the forwarders: each group sees every message of the
@@ -62,9 +63,9 @@ func (d *demo) startForwarding(ctx context.Context) error {
 		return err
 	}
 	d.onClose(func() { _ = kafkaTarget.Close() })
-	natsTarget, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{
-		URL: d.brokers.natsURL, Logger: d.logger, Options: []nats.Option{nats.ReconnectWait(200 * time.Millisecond)},
-	})
+	natsTarget, err := jetstream.NewTarget(jetstream.Config{
+		URL: d.brokers.natsURL, Options: []nats.Option{nats.ReconnectWait(200 * time.Millisecond)},
+	}, d.logger)
 	if err != nil {
 		return err
 	}

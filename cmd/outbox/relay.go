@@ -10,6 +10,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/jetstream"
 	"github.com/millrace/watermill-outbox/relay"
 )
 
@@ -96,7 +97,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 					defer t.Close()
 					target = t
 				} else {
-					t, err := forwarder.NewJetStreamTarget(forwarder.JetStreamConfig{URL: natsURL, Logger: logger})
+					t, err := jetstream.NewTarget(jetstream.Config{URL: natsURL}, logger)
 					if err != nil {
 						return err
 					}
