@@ -6,30 +6,31 @@ import (
 	"testing"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/consoletest"
 )
 
 // The scheme of the Authorization header is case-insensitive and may be
 // followed by more than one space (RFC 9110, section 11.4); a wrong or
 // partial token, or another scheme, is refused.
 func TestTheAuthorizationSchemeIsCaseInsensitive(t *testing.T) {
-	f := newFixture(t, true)
-	csrf := f.csrf(t)
+	f := consoletest.New(t, true)
+	csrf := f.CSRF(t)
 	discard := func(header string) int {
 		t.Helper()
-		id := itoa(f.addDeadLetter(t, outbox.RejectedMessage{}))
-		resp := f.post(t, "/actions/discard", url.Values{"id": {id}, "csrf": {csrf}, "confirm": {"yes"}}, map[string]string{"Authorization": header})
+		id := consoletest.Itoa(f.AddDeadLetter(t, outbox.RejectedMessage{}))
+		resp := f.Post(t, "/actions/discard", url.Values{"id": {id}, "csrf": {csrf}, "confirm": {"yes"}}, map[string]string{"Authorization": header})
 		return resp.StatusCode
 	}
-	for _, h := range []string{"Bearer " + f.token, "bearer " + f.token, "BEARER " + f.token, "bEaReR " + f.token,
-		"Bearer   " + f.token, "bearer " + f.token + "  ", "  Bearer " + f.token,
-		"Basic " + basic("ops", f.token), "basic " + basic("ops", f.token), "BASIC   " + basic("", f.token)} {
+	for _, h := range []string{"Bearer " + f.Token, "bearer " + f.Token, "BEARER " + f.Token, "bEaReR " + f.Token,
+		"Bearer   " + f.Token, "bearer " + f.Token + "  ", "  Bearer " + f.Token,
+		"Basic " + basic("ops", f.Token), "basic " + basic("ops", f.Token), "BASIC   " + basic("", f.Token)} {
 		if code := discard(h); code != http.StatusSeeOther {
 			t.Errorf("Authorization %q: %d, want 303", h, code)
 		}
 	}
-	for _, h := range []string{"", "Bearer", "Bearer ", "bearer nope", "Bearer " + f.token + "x", "Bearer " + f.token[:len(f.token)-1],
-		"Token " + f.token, "Bearer" + f.token, f.token, "Bearer\t" + f.token + "\tx", "Basic " + basic(f.token, "nope"),
-		"Basic !!!", "Digest " + f.token} {
+	for _, h := range []string{"", "Bearer", "Bearer ", "bearer nope", "Bearer " + f.Token + "x", "Bearer " + f.Token[:len(f.Token)-1],
+		"Token " + f.Token, "Bearer" + f.Token, f.Token, "Bearer\t" + f.Token + "\tx", "Basic " + basic(f.Token, "nope"),
+		"Basic !!!", "Digest " + f.Token} {
 		if code := discard(h); code != http.StatusUnauthorized {
 			t.Errorf("Authorization %q: %d, want 401", h, code)
 		}

@@ -5,16 +5,18 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/millrace/watermill-outbox/internal/consoletest"
 )
 
 // The console's static files are served; no directory is listed, and
 // nothing outside static/ is reachable through it.
 func TestStaticFilesAreServedButNoDirectoryIsListed(t *testing.T) {
-	f := newFixture(t, false)
+	f := consoletest.New(t, false)
 	follow := &http.Client{}
 	get := func(path string) (int, string, string) {
 		t.Helper()
-		resp, err := follow.Get(f.srv.URL + path)
+		resp, err := follow.Get(f.Server.URL + path)
 		if err != nil {
 			t.Fatal(err)
 		}

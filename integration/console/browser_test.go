@@ -1,4 +1,4 @@
-package console_test
+package console
 
 import (
 	"context"
@@ -15,8 +15,12 @@ import (
 	"github.com/chromedp/chromedp"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/consoletest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // browser starts a headless Chromium for the test: Debian's chromium
 // package, which .ci/run installs. With authorized, every request carries
@@ -53,12 +57,19 @@ func text(t *testing.T, ctx context.Context, sel string) string {
 	return strings.TrimSpace(s)
 }
 
-// screenshot saves the page to $OUTBOX_CONSOLE_SCREENSHOTS/name.png when
-// that directory is set (how docs/console-*.png were made).
+// screenshot saves the page to $OUTBOX_CONSOLE_SCREENSHOTS/console-name.png
+// when that directory is set, a relative one taken from the repository's
+// root (two levels above this package), so that the command that made
+// docs/console-*.png works from anywhere in the repository:
+//
+//	OUTBOX_CONSOLE_SCREENSHOTS=docs go test -count=1 -run TestConsoleInARealBrowser ./integration/console
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	dir := os.Getenv("OUTBOX_CONSOLE_SCREENSHOTS")
 	if dir == "" {
 		return
+	}
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join("..", "..", dir)
 	}
 	var png []byte
 	if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 100)); err != nil {
@@ -75,14 +86,14 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // renders as text and replays from the page back into the stream; an
 // action without the token is refused.
 func TestConsoleInARealBrowser(t *testing.T) {
-	f := newFixture(t, true)
+	f := consoletest.New(t, true)
 	for i := range 300 {
-		f.b.Publish("orders", outboxtest.Keyed("m"+strconv.Itoa(i), "k"+strconv.Itoa(i%7), i, "payload"))
+		f.B.Publish("orders", outboxtest.Keyed("m"+strconv.Itoa(i), "k"+strconv.Itoa(i%7), i, "payload"))
 	}
-	f.b.SequenceAll()
+	f.B.SequenceAll()
 	gate := make(chan struct{})
 	var handled atomic.Int64
-	sub := f.b.Subscriber("billing", func(c *outbox.SubscriberConfig) {
+	sub := f.B.Subscriber("billing", func(c *outbox.SubscriberConfig) {
 		c.DisableSequencer = true
 	})
 	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
@@ -98,11 +109,11 @@ func TestConsoleInARealBrowser(t *testing.T) {
 		}
 	}()
 	outboxtest.WaitFor(t, "the group's cursors", 30*time.Second, func() bool {
-		return f.b.Int("SELECT count(*) FROM "+f.b.Schema+".cursors WHERE group_name = 'billing'") == 2
+		return f.B.Int("SELECT count(*) FROM "+f.B.Schema+".cursors WHERE group_name = 'billing'") == 2
 	})
 
-	ctx := browser(t, true, f.token)
-	if err := chromedp.Run(ctx, chromedp.Navigate(f.srv.URL+"/groups/orders/billing"), chromedp.WaitVisible("#grid", chromedp.ByQuery)); err != nil {
+	ctx := browser(t, true, f.Token)
+	if err := chromedp.Run(ctx, chromedp.Navigate(f.Server.URL+"/groups/orders/billing"), chromedp.WaitVisible("#grid", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := strconv.Atoi(text(t, ctx, "#lag"))
@@ -124,7 +135,7 @@ func TestConsoleInARealBrowser(t *testing.T) {
 		t.Fatalf("confirmation: %q", q)
 	}
 	screenshot(t, ctx, "confirm")
-	if n := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".cursors WHERE group_name = 'billing' AND paused"); n != 0 {
+	if n := f.B.Int("SELECT count(*) FROM " + f.B.Schema + ".cursors WHERE group_name = 'billing' AND paused"); n != 0 {
 		t.Fatal("pause happened before it was confirmed")
 	}
 	if err := chromedp.Run(ctx, chromedp.Click("#confirm", chromedp.ByQuery), chromedp.WaitVisible("#flash", chromedp.ByQuery)); err != nil {
@@ -151,11 +162,11 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	}
 
 	// The hostile dead letter renders as text, and replays.
-	if err := chromedp.Run(ctx, chromedp.Navigate(f.srv.URL+"/dlq"), chromedp.WaitVisible("#dead-letters", chromedp.ByQuery)); err != nil {
+	if err := chromedp.Run(ctx, chromedp.Navigate(f.Server.URL+"/dlq"), chromedp.WaitVisible("#dead-letters", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
 	screenshot(t, ctx, "dead-letters")
-	if err := chromedp.Run(ctx, chromedp.Click("#entry-"+itoa(f.entry), chromedp.ByQuery), chromedp.WaitVisible("#payload", chromedp.ByQuery)); err != nil {
+	if err := chromedp.Run(ctx, chromedp.Click("#entry-"+consoletest.Itoa(f.Entry), chromedp.ByQuery), chromedp.WaitVisible("#payload", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
 	var pwned bool
@@ -165,11 +176,11 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	if pwned {
 		t.Fatal("the hostile payload executed")
 	}
-	if payload := text(t, ctx, "#payload"); payload != hostile {
-		t.Fatalf("payload shown as %q, want the text %q", payload, hostile)
+	if payload := text(t, ctx, "#payload"); payload != consoletest.Hostile {
+		t.Fatalf("payload shown as %q, want the text %q", payload, consoletest.Hostile)
 	}
 	screenshot(t, ctx, "dead-letter")
-	pendingBefore := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".pending")
+	pendingBefore := f.B.Int("SELECT count(*) FROM " + f.B.Schema + ".pending")
 	if err := chromedp.Run(ctx, chromedp.Click("#replay", chromedp.ByQuery), chromedp.WaitVisible("#confirm", chromedp.ByQuery),
 		chromedp.Click("#confirm", chromedp.ByQuery), chromedp.WaitVisible("#flash", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
@@ -177,13 +188,13 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	if status := text(t, ctx, "#status"); status != "replayed" {
 		t.Fatalf("status after replay: %q", status)
 	}
-	if n := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".pending"); n != pendingBefore+1 {
+	if n := f.B.Int("SELECT count(*) FROM " + f.B.Schema + ".pending"); n != pendingBefore+1 {
 		t.Fatalf("replay put %d messages back in the stream, want 1", n-pendingBefore)
 	}
 
 	// Without the token, an action is refused and changes nothing.
 	anon := browser(t, false, "")
-	if err := chromedp.Run(anon, chromedp.Navigate(f.srv.URL+"/groups/orders/billing"), chromedp.WaitVisible("#grid", chromedp.ByQuery),
+	if err := chromedp.Run(anon, chromedp.Navigate(f.Server.URL+"/groups/orders/billing"), chromedp.WaitVisible("#grid", chromedp.ByQuery),
 		chromedp.Click("#resume-0", chromedp.ByQuery), chromedp.WaitVisible("#confirm", chromedp.ByQuery),
 		chromedp.Click("#confirm", chromedp.ByQuery), chromedp.WaitVisible("#error", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
@@ -193,10 +204,10 @@ func TestConsoleInARealBrowser(t *testing.T) {
 		err := chromedp.Run(anon, chromedp.Text("#error", &e, chromedp.ByQuery))
 		return err == nil && strings.Contains(e, "need the console token")
 	})
-	if n := f.b.Int("SELECT count(*) FROM " + f.b.Schema + ".cursors WHERE group_name = 'billing' AND paused"); n != 2 {
+	if n := f.B.Int("SELECT count(*) FROM " + f.B.Schema + ".cursors WHERE group_name = 'billing' AND paused"); n != 2 {
 		t.Fatalf("an unauthorized resume changed %d partitions", 2-n)
 	}
-	if err := chromedp.Run(ctx, chromedp.Navigate(f.srv.URL+"/"), chromedp.WaitVisible("section.topic", chromedp.ByQuery)); err != nil {
+	if err := chromedp.Run(ctx, chromedp.Navigate(f.Server.URL+"/"), chromedp.WaitVisible("section.topic", chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
 	screenshot(t, ctx, "overview")
