@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	orig "github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 )
 
@@ -52,6 +53,19 @@ func (f TargetFunc) Send(ctx context.Context, topic string, batch []*message.Mes
 		return 0, errs.NilArgument("forwarder.TargetFunc", "adapt a function that sends the batch")
 	}
 	return f(ctx, topic, batch)
+}
+
+// KeyIsolationChecker is implemented by a Target that cannot forward with
+// the Subscriber's key isolation (outbox.KeyIsolation): with isolation, a
+// held message is sent after newer messages of its partition. NewForwarder
+// (Config.Validate) calls CheckKeyIsolation when Subscriber.KeyIsolation is
+// enabled and refuses the config with its error (an *outbox.ConfigError);
+// nil means the target works with isolation as it is configured. The Kafka
+// target (package forwarder/kafka) refuses it for exactly-once delivery,
+// whose takeover reads the partition's last record back and would take a
+// held message for one already written.
+type KeyIsolationChecker interface {
+	CheckKeyIsolation() error
 }
 
 // Config configures a Forwarder.
@@ -110,8 +124,8 @@ func (c Config) Validate() error {
 	case isNil(c.Target):
 		return &outbox.ConfigError{Field: "Target", Reason: "required"}
 	}
-	if t, ok := c.Target.(interface{ keyIsolation() error }); ok && c.Subscriber.KeyIsolation.Enabled {
-		if err := t.keyIsolation(); err != nil {
+	if t, ok := c.Target.(KeyIsolationChecker); ok && c.Subscriber.KeyIsolation.Enabled {
+		if err := t.CheckKeyIsolation(); err != nil {
 			return err
 		}
 	}
@@ -301,7 +315,7 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 				defer cancel()
 			}
 		}
-		ctx = withOrigin(ctx, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
+		ctx = orig.With(ctx, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
 		span := observe.StartForward(ctx, topic, targetTopic, batch)
 		start := time.Now()
 		var done int

@@ -214,11 +214,11 @@ type KafkaTarget struct {
 	noTailRead   bool
 }
 
-// keyIsolation refuses key isolation (outbox.KeyIsolation) with
+// CheckKeyIsolation refuses key isolation (outbox.KeyIsolation) with
 // exactly-once delivery: a held message is sent after newer ones, and the
 // tail read of the next owner (kafka_txn.go) would take it for one already
 // written and skip it.
-func (t *KafkaTarget) keyIsolation() error {
+func (t *KafkaTarget) CheckKeyIsolation() error {
 	if t.cfg.AtLeastOnce {
 		return nil
 	}

@@ -1,0 +1,522 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/kafkaseam"
+	"github.com/millrace/watermill-outbox/internal/origin"
+)
+
+// Exactly-once delivery into Kafka (the default of a Target).
+//
+// Each outbox partition writes through a kgo transactional producer of its
+// own, transactional.id "<prefix>/<schema>/<group>/<topic>/<partition>",
+// one transaction per batch. Two mechanisms, and both are needed:
+//
+//   - Fencing. When a forwarder (re)gains a partition, the producer's
+//     InitProducerId (kgo's ProducerID) bumps the producer epoch: the
+//     broker aborts a transaction the previous owner left open and from
+//     then on refuses every write and commit of the previous owner. A
+//     zombie (an instance frozen past its lease that wakes up and finishes
+//     its batch) can no longer add a record, and what it wrote before is
+//     aborted: invisible to read_committed consumers.
+//   - Reading the tail. A previous owner may have committed its
+//     transaction and died before the outbox cursor moved past the batch;
+//     the cursor then hands the batch out again. So, after fencing, the
+//     target reads the target partitions back with a read_committed kgo
+//     consumer, up to their last stable offset, to the last record of this
+//     outbox partition, and skips the messages whose seq is at or below the
+//     seq it carries (header outbox_id "topic/partition/seq", of the same
+//     topic incarnation). Reading the tail alone would not do: a zombie
+//     could still write after it.
+//
+// With equal partition counts (and the default Key), outbox partition p
+// writes only to Kafka partition p, and the tail read is one short read.
+// With unequal counts a partition's records spread over every Kafka
+// partition, and the tail read scans each of them back until it finds a
+// record of the outbox partition, at most TailScanLimit records each.
+
+// producer is the transactional producer of one outbox partition. Sends
+// of one outbox partition never overlap (the partition's lease), and mu
+// serializes them anyway.
+type producer struct {
+	id     string
+	mu     sync.Mutex
+	client atomic.Pointer[kgo.Client] // read without mu by Close
+
+	// Under mu.
+	retired     bool // out of the target's map: get another
+	ready       bool // fenced and lastSeq known, for topic/incarnation
+	topic       string
+	incarnation string
+	lastSeq     int64 // last outbox seq committed to Kafka
+	lastUsed    time.Time
+}
+
+// retire closes the producer's client; mu is held.
+func (p *producer) retire() {
+	p.retired, p.ready = true, false
+	if cl := p.client.Swap(nil); cl != nil {
+		cl.Close()
+	}
+}
+
+// drop forgets the producer's client after a failure that leaves it in
+// doubt (closed in the background: closing waits for nothing the send
+// needs); the next transaction starts with a new one, fenced and with a
+// tail read. mu is held.
+func (t *Target) drop(p *producer) {
+	p.ready = false
+	if cl := p.client.Swap(nil); cl != nil {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			cl.Close()
+		}()
+	}
+}
+
+// producer returns the producer of transactional id id, locked.
+func (t *Target) producer(id string) (*producer, error) {
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return nil, outbox.ErrClosed
+		}
+		p := t.producers[id]
+		if p == nil {
+			p = &producer{id: id}
+			t.producers[id] = p
+		}
+		t.mu.Unlock()
+		p.mu.Lock()
+		if !p.retired {
+			p.lastUsed = time.Now()
+			return p, nil
+		}
+		p.mu.Unlock() // retired by the idle sweep meanwhile
+	}
+}
+
+// sweepIdle closes the producers that sent nothing for
+// ProducerIdleTimeout, until Close.
+func (t *Target) sweepIdle() {
+	defer t.wg.Done()
+	every := max(time.Second, t.cfg.ProducerIdleTimeout/4)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+		}
+		t.mu.Lock()
+		var idle []*producer
+		for id, p := range t.producers {
+			if !p.mu.TryLock() {
+				continue // sending
+			}
+			if time.Since(p.lastUsed) >= t.cfg.ProducerIdleTimeout {
+				delete(t.producers, id)
+				p.retired = true
+				idle = append(idle, p)
+			} else {
+				p.mu.Unlock()
+			}
+		}
+		t.mu.Unlock()
+		for _, p := range idle {
+			t.logger.Debug("Closing an idle transactional producer", watermill.LogFields{"transactional_id": p.id})
+			p.retire()
+			p.mu.Unlock()
+		}
+	}
+}
+
+// OpenProducers is the number of exactly-once partition producers (kgo
+// clients) the target holds open.
+func (t *Target) OpenProducers() int {
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.producers)
+}
+
+func (t *Target) transactionalID(o origin.Origin) string {
+	parts := []string{t.cfg.TransactionalIDPrefix}
+	if o.Schema != "" || o.Group != "" {
+		parts = append(parts, o.Schema, o.Group)
+	}
+	parts = append(parts, o.Topic, strconv.Itoa(o.Partition))
+	return strings.Join(parts, "/")
+}
+
+// sendExactlyOnce is Send with transactions; see the comment above.
+func (t *Target) sendExactlyOnce(ctx context.Context, admin *kadm.Client, topic string, batch []*message.Message) (int, error) {
+	o, err := origin.Of(ctx, batch, "kafka")
+	if err != nil {
+		return 0, err
+	}
+	p, err := t.producer(t.transactionalID(o))
+	if err != nil {
+		return 0, err
+	}
+	defer p.mu.Unlock()
+	if !p.ready || p.topic != topic || p.incarnation != o.Incarnation {
+		if err := t.initProducer(ctx, admin, p, topic, o); err != nil {
+			if permanentForTopic(err) {
+				return 0, t.reject(batch[0], err)
+			}
+			return 0, err
+		}
+	}
+
+	// Skip what the partition already committed to Kafka.
+	skip := 0
+	for skip < len(batch) {
+		s, _ := origin.Seq(batch[skip], "kafka") // checked by origin.Of
+		if s > p.lastSeq {
+			break
+		}
+		skip++
+	}
+	if skip > 0 {
+		t.logger.Info("Skipping messages Kafka already holds (a previous owner committed them and stopped before the outbox cursor moved)", watermill.LogFields{
+			"transactional_id": p.id, "from": batch[0].Metadata.Get(outbox.MetadataID), "skipped": skip,
+		})
+	}
+	rest := batch[skip:]
+	if len(rest) == 0 {
+		return len(batch), nil
+	}
+	records, bad := t.build(ctx, topic, rest)
+	// Each try is one transaction: aborted, nothing of it is visible. When
+	// the broker refuses a record batch of several records for their size
+	// or one invalid record, the next transactions hold fewer records until
+	// the record to blame is first in line and alone: it is rejected on its
+	// first attempt and the records before it are delivered, within this
+	// Send.
+	sent, limit := 0, len(records)
+	for sent < len(records) {
+		if !p.ready {
+			if err := t.initProducer(ctx, admin, p, topic, o); err != nil {
+				return skip + sent, err
+			}
+			// What the failed transaction left may have been committed
+			// after all (a commit whose answer was lost): the tail says.
+			for sent < len(records) {
+				s, _ := origin.Seq(rest[sent], "kafka")
+				if s > p.lastSeq {
+					break
+				}
+				sent++
+			}
+			if sent == len(records) {
+				break
+			}
+		}
+		end := min(len(records), sent+limit)
+		try := records[sent:end]
+		f, err := t.transact(ctx, p, topic, try)
+		if err == nil {
+			p.lastSeq, _ = origin.Seq(rest[end-1], "kafka")
+			sent = end
+			continue
+		}
+		switch {
+		case f < 0 || ctx.Err() != nil:
+			return skip + sent, err
+		case permanentForTopic(err) && f == 0:
+			return skip + sent, t.reject(rest[sent], err)
+		case permanentForTopic(err):
+			limit = f // deliver the records before it, then it alone
+		case !refusedForItsRecords(err):
+			return skip + sent, err
+		case partitionMates(try, f) == 1 && f == 0:
+			if refusedForSize(err) && !t.compressed {
+				t.noteRefused(topic, try[0].size+recordBatchOverhead)
+			}
+			return skip + sent, t.reject(rest[sent], err)
+		case partitionMates(try, f) == 1:
+			limit = f
+		default:
+			mates := partitionMates(try, f)
+			t.logger.Debug("Kafka refused a record batch: trying fewer records to find the record to blame", watermill.LogFields{
+				"id": rest[sent+f].Metadata.Get(outbox.MetadataID), "records": mates, "err": err.Error(),
+			})
+			limit = f + max(1, mates/2)
+		}
+	}
+	if bad != nil {
+		return skip + len(records), t.reject(rest[len(records)], bad)
+	}
+	return len(batch), nil
+}
+
+// initProducer opens p's client, fences every earlier producer of its
+// transactional id and reads what the outbox partition already committed
+// to topic.
+func (t *Target) initProducer(ctx context.Context, admin *kadm.Client, p *producer, topic string, o origin.Origin) error {
+	t.drop(p)
+	cl, err := kgo.NewClient(t.cfg.clientOptions(t.cfg.transactional(p.id))...)
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	// InitProducerId: from here on, the broker refuses the earlier owners.
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		cl.Close()
+		return fmt.Errorf("kafka: init the transactional producer %s: %w", p.id, err)
+	}
+	last, err := t.tailSeq(ctx, admin, topic, o)
+	if kafkaseam.From(ctx).NoTailRead {
+		last, err = 0, nil
+	}
+	if err != nil {
+		cl.Close()
+		return fmt.Errorf("kafka: read what outbox partition %s/%d already wrote to %s: %w", o.Topic, o.Partition, topic, err)
+	}
+	p.client.Store(cl)
+	p.topic, p.incarnation, p.lastSeq, p.ready = topic, o.Incarnation, last, true
+	t.logger.Debug("Transactional producer ready", watermill.LogFields{"transactional_id": p.id, "last_seq": last})
+	return nil
+}
+
+// transact writes records in one Kafka transaction and commits it. On an
+// error it returns the position in records of the first record kgo failed
+// (-1: the error is not a record's). A transaction that failed before its
+// commit is aborted and the producer goes on; one whose end is in doubt
+// drops the client (the next transaction fences and reads the tail again).
+func (t *Target) transact(ctx context.Context, p *producer, topic string, records []outRecord) (int, error) {
+	cl := p.client.Load()
+	if cl == nil {
+		return -1, outbox.ErrClosed
+	}
+	if err := cl.BeginTransaction(); err != nil {
+		t.drop(p)
+		return -1, fmt.Errorf("kafka: begin a transaction (%s): %w", p.id, err)
+	}
+	errs, finished := produce(ctx, cl, records)
+	if !finished {
+		t.drop(p) // records in flight: this client's transaction is lost
+		return -1, fmt.Errorf("kafka: %s: %w", topic, errs[firstFailed(errs)])
+	}
+	if f := firstFailed(errs); f >= 0 {
+		t.abort(ctx, p, cl)
+		return f, fmt.Errorf("kafka: %s: %w", topic, errs[f])
+	}
+	if hook := kafkaseam.From(ctx).BeforeCommit; hook != nil {
+		hook()
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.drop(p)
+		return -1, fmt.Errorf("kafka: commit the transaction (%s): %w", p.id, err)
+	}
+	return -1, nil
+}
+
+// abort ends a failed transaction at once, so that read_committed
+// consumers are not held up until its timeout. When that fails, the client
+// is dropped: the next InitProducerId aborts the transaction anyway.
+func (t *Target) abort(ctx context.Context, p *producer, cl *kgo.Client) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.logger.Debug("Could not abort the transaction (the next InitProducerId aborts it)", watermill.LogFields{"transactional_id": p.id, "err": err.Error()})
+		t.drop(p)
+	}
+}
+
+// tailSeq returns the seq of the last record outbox partition o committed
+// to topic (0: none found).
+func (t *Target) tailSeq(ctx context.Context, admin *kadm.Client, topic string, o origin.Origin) (int64, error) {
+	starts, err := admin.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("start offsets: %w", err)
+	}
+	// read_committed: the last stable offsets, below which every
+	// transaction has ended.
+	ends, err := admin.ListCommittedOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("last stable offsets: %w", err)
+	}
+	n := len(ends[topic])
+	if n == 0 {
+		return 0, fmt.Errorf("topic %s has no partitions", topic)
+	}
+	scan := make([]int32, 0, n)
+	if o.Partitions == n && t.defaultKey {
+		// Equal counts: keyed records of outbox partition p are on Kafka
+		// partition p (murmur2 in both), keyless ones too (Partitioner).
+		scan = append(scan, int32(o.Partition))
+	} else {
+		for kp := range int32(n) {
+			scan = append(scan, kp)
+		}
+	}
+	var last int64
+	for _, kp := range scan {
+		start, _ := starts.Lookup(topic, kp)
+		end, _ := ends.Lookup(topic, kp)
+		s, err := t.partitionTailSeq(ctx, topic, kp, start.Offset, end.Offset, o)
+		if err != nil {
+			return 0, err
+		}
+		last = max(last, s)
+	}
+	return last, nil
+}
+
+// partitionTailSeq reads Kafka partition kp of topic backwards from its
+// last stable offset end, in windows that double, for the last committed
+// record of o.
+func (t *Target) partitionTailSeq(ctx context.Context, topic string, kp int32, start, end int64, o origin.Origin) (int64, error) {
+	step, scanned := int64(256), int64(0)
+	for end > start {
+		if scanned >= int64(t.cfg.TailScanLimit) {
+			t.logger.Info("No record of the outbox partition in the scanned tail of the Kafka partition: if its last transaction is older, a message may be sent again (same outbox_id)", watermill.LogFields{
+				"topic": topic, "kafka_partition": kp, "outbox_partition": o.Partition, "scanned": scanned,
+			})
+			return 0, nil
+		}
+		from := max(start, end-step)
+		s, err := t.readRange(ctx, topic, kp, from, end, o)
+		if err != nil {
+			return 0, err
+		}
+		if s > 0 {
+			return s, nil
+		}
+		scanned += end - from
+		end, step = from, step*2
+	}
+	return 0, nil
+}
+
+// idleRead is how long a range read waits, once the broker served some of
+// the range, for more before it takes the range as read: read_committed,
+// kgo skips the records of aborted transactions without a trace, so when
+// the range ends with records of an aborted transaction whose marker lies
+// past the last stable offset, nothing shows that the read got there.
+const idleRead = time.Second
+
+// batchesRead counts the record batches a consumer decoded, aborted ones
+// included (kgo.HookFetchBatchRead): the broker is serving the range.
+type batchesRead struct{ n atomic.Int64 }
+
+// OnFetchBatchRead implements kgo.HookFetchBatchRead.
+func (b *batchesRead) OnFetchBatchRead(kgo.BrokerMetadata, string, int32, kgo.FetchBatchMetrics) {
+	b.n.Add(1)
+}
+
+// readRange reads the committed records of [from, end) of partition kp
+// through a read_committed kgo consumer and returns the largest seq of o
+// among them (0: none).
+func (t *Target) readRange(ctx context.Context, topic string, kp int32, from, end int64, o origin.Origin) (int64, error) {
+	read := &batchesRead{}
+	cl, err := kgo.NewClient(t.cfg.clientOptions([]kgo.Opt{
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {kp: kgo.NewOffset().At(from)}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// A transaction ends with its marker: seeing the marker at the
+		// end of the range ends the read.
+		kgo.KeepControlRecords(),
+		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.WithHooks(read),
+	})...)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	var last int64
+	batches, changed := int64(0), time.Now()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, idleRead/4)
+		fetches := cl.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return 0, context.Cause(ctx)
+		}
+		var ferr error
+		fetches.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && ferr == nil {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return 0, fmt.Errorf("read partition %d from offset %d: %w", kp, from, ferr)
+		}
+		done := false
+		fetches.EachRecord(func(r *kgo.Record) {
+			if r.Offset >= end-1 {
+				done = true
+			}
+			if r.Offset >= end || r.Attrs.IsControl() {
+				return
+			}
+			if s := recordSeq(r, o); s > last {
+				last = s
+			}
+		})
+		if done {
+			return last, nil
+		}
+		if n := read.n.Load(); n != batches {
+			batches, changed = n, time.Now()
+		} else if batches > 0 && time.Since(changed) >= idleRead {
+			return last, nil
+		}
+	}
+}
+
+// recordSeq returns the outbox seq of r if it comes from the outbox
+// partition of o (and the same incarnation of its topic), else 0.
+func recordSeq(r *kgo.Record, o origin.Origin) int64 {
+	var id, incarnation string
+	for _, h := range r.Headers {
+		switch h.Key {
+		case outbox.MetadataID:
+			id = string(h.Value)
+		case outbox.MetadataIncarnation:
+			incarnation = string(h.Value)
+		}
+	}
+	if id == "" || (o.Incarnation != "" && incarnation != "" && incarnation != o.Incarnation) {
+		return 0
+	}
+	// "topic/partition/seq", the topic may hold slashes.
+	i := strings.LastIndexByte(id, '/')
+	if i < 0 {
+		return 0
+	}
+	j := strings.LastIndexByte(id[:i], '/')
+	if j < 0 || id[:j] != o.Topic || id[j+1:i] != strconv.Itoa(o.Partition) {
+		return 0
+	}
+	s, err := strconv.ParseInt(id[i+1:], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return s
+}

@@ -1,0 +1,463 @@
+package kafka
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/origin"
+)
+
+// Target publishes outbox batches to Kafka; it implements forwarder.Target.
+// Records are built by the Marshaler, keyed by Config.Key and placed by
+// Partitioner.
+//
+// kgo does the protocol: connections, metadata, batching into one record
+// batch per partition, produce requests, retries of what may be retried,
+// idempotent sequence numbers and, exactly once, the transactions
+// (InitProducerId, AddPartitionsToTxn, EndTxn, the coordinator's moves and
+// CONCURRENT_TRANSACTIONS). The target decides per Send what was delivered
+// and what to do about the rest:
+//
+//   - Send reports as done the messages before the first record that
+//     failed. kgo fails a partition's records after one that failed (it
+//     never stores a later record of a partition after an earlier one
+//     failed), which keeps per-key order through failures. At least once,
+//     records of other partitions behind the failure may have been stored:
+//     they are sent again with the rest (copies, with the same outbox_id
+//     header). Exactly once, a failed Send aborts its transaction: nothing
+//     of it is visible to read_committed consumers.
+//   - Errors that no retry can cure take the message out of the stream with
+//     outbox.Reject: a marshal failure, a record larger than
+//     Config.MaxBatchBytes, an invalid topic name, and the broker's
+//     MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE or INVALID_RECORD for a
+//     record alone in its record batch. When the broker refuses a record
+//     batch of several records with one of these, the same Send sends fewer
+//     records at a time until the record to blame is alone: the records
+//     before it are delivered, it is rejected on its first attempt. Records
+//     the smaller sends already stored are not sent again by this Send.
+//     Without compression, the size of a record the broker refused alone is
+//     remembered per topic for a minute, and records at least that large
+//     are rejected without being sent.
+//   - Everything else (broker down, leader elections, timeouts, not enough
+//     replicas, an unknown topic, a fenced producer) is a transient error,
+//     retried by the forwarder with backoff.
+//
+// Exactly once (the default), each outbox partition has a kgo client of its
+// own (kgo needs one per transactional id); see Config.ProducerIdleTimeout
+// for how many stay open. At least once, one shared client produces for
+// every partition.
+type Target struct {
+	cfg        Config
+	logger     watermill.LoggerAdapter
+	defaultKey bool // cfg.Key is the default: placement follows the outbox
+
+	mu         sync.Mutex
+	closed     bool
+	shared     *kgo.Client // the at-least-once producer; exactly once, admin only
+	admin      *kadm.Client
+	compressed bool
+	producers  map[string]*producer // exactly once, by transactional id
+	refused    map[string]refusedSize
+	stop       chan struct{} // closed by Close: ends the idle sweep
+	wg         sync.WaitGroup
+}
+
+// NewTarget creates a Target. It connects on the first Send, so that a
+// forwarder can start while Kafka is unreachable. logger may be nil (no
+// logs).
+func NewTarget(cfg Config, logger watermill.LoggerAdapter) (*Target, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	defaultKey := cfg.Key == nil
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Target{
+		cfg:        cfg,
+		logger:     logger.With(watermill.LogFields{"component": "outbox.forwarder.kafka"}),
+		defaultKey: defaultKey,
+		producers:  map[string]*producer{},
+		refused:    map[string]refusedSize{},
+		stop:       make(chan struct{}),
+	}, nil
+}
+
+// CheckKeyIsolation implements forwarder.KeyIsolationChecker: exactly-once
+// delivery refuses the Subscriber's key isolation, since a held message
+// would be sent after newer ones and the tail read of the partition's next
+// owner would take it for one already written and skip it.
+func (t *Target) CheckKeyIsolation() error {
+	if t == nil || t.cfg.AtLeastOnce {
+		return nil
+	}
+	return &outbox.ConfigError{Field: "Subscriber.KeyIsolation", Reason: "cannot be combined with exactly-once delivery into Kafka, which needs each partition's messages in seq order; set kafka.Config.AtLeastOnce (consumers then dedup by outbox_id, e.g. with the inbox) or leave isolation off"}
+}
+
+var _ forwarder.Target = (*Target)(nil)
+var _ forwarder.KeyIsolationChecker = (*Target)(nil)
+
+// connect returns the shared client, made on the first call.
+func (t *Target) connect() (*kgo.Client, *kadm.Client, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, nil, outbox.ErrClosed
+	}
+	if t.shared == nil {
+		var extra []kgo.Opt
+		if t.cfg.AtLeastOnce {
+			extra = append(extra, kgo.AllowIdempotentProduceCancellation())
+		}
+		cl, err := kgo.NewClient(t.cfg.clientOptions(extra)...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kafka: %w", err)
+		}
+		t.shared, t.admin = cl, kadm.NewClient(cl)
+		// The broker judges compressed sizes: with compression, a record as
+		// large as one it refused may still fit, and nothing is learned.
+		if codecs, ok := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec); ok && len(codecs) > 0 {
+			t.compressed = codecs[0] != kgo.NoCompression()
+		}
+		if !t.cfg.AtLeastOnce {
+			t.wg.Add(1)
+			go t.sweepIdle()
+		}
+	}
+	return t.shared, t.admin, nil
+}
+
+// Close closes every client of the target: sends in flight fail. It waits
+// until they returned and every client is closed. A second Close does
+// nothing.
+func (t *Target) Close() error {
+	if t == nil || t.stop == nil {
+		return nil
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	close(t.stop)
+	producers := make([]*producer, 0, len(t.producers))
+	for id, p := range t.producers {
+		producers = append(producers, p)
+		delete(t.producers, id)
+	}
+	shared := t.shared
+	t.mu.Unlock()
+	// Closing a client fails what it has in flight, so that the sends
+	// using it return; then wait for them.
+	for _, p := range producers {
+		if cl := p.client.Load(); cl != nil {
+			cl.Close()
+		}
+	}
+	if shared != nil {
+		shared.Close()
+	}
+	for _, p := range producers {
+		p.mu.Lock()
+		p.retire()
+		p.mu.Unlock()
+	}
+	t.wg.Wait()
+	return nil
+}
+
+// Send implements forwarder.Target.
+func (t *Target) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	if t == nil || t.producers == nil {
+		return 0, errs.NotConstructed("kafka.Target", "kafka.NewTarget")
+	}
+	if ctx == nil {
+		return 0, errs.NilArgument("kafka.Target.Send: ctx", "pass a context")
+	}
+	for i, m := range batch {
+		if m == nil {
+			return 0, &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
+		}
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	shared, admin, err := t.connect()
+	if err != nil {
+		return 0, err
+	}
+	if t.cfg.AtLeastOnce {
+		return t.sendAtLeastOnce(ctx, shared, topic, batch)
+	}
+	return t.sendExactlyOnce(ctx, admin, topic, batch)
+}
+
+// outRecord is one message of a batch on its way to Kafka.
+type outRecord struct {
+	index  int // in the batch given to build
+	record *kgo.Record
+	size   int // upper bound of its encoded size in a record batch
+}
+
+// Bounds of the encoded sizes: the record batch header, and what a record
+// adds besides its key, value and headers.
+const (
+	recordBatchOverhead   = 61
+	maximumRecordOverhead = 5*binary.MaxVarintLen32 + binary.MaxVarintLen64 + 1
+)
+
+// build makes the records of batch, up to the first message that cannot
+// be sent (bad says why; nil when every message has its record).
+func (t *Target) build(ctx context.Context, topic string, batch []*message.Message) (records []outRecord, bad error) {
+	refusedAt := 0
+	if !t.compressed {
+		refusedAt = t.refusedAt(topic)
+	}
+	records = make([]outRecord, 0, len(batch))
+	for i, msg := range batch {
+		r, err := t.record(ctx, topic, msg)
+		switch {
+		case err != nil:
+		case r.size+recordBatchOverhead > t.cfg.MaxBatchBytes:
+			err = fmt.Errorf("record of %d bytes is larger than MaxBatchBytes (%d): %w", r.size, t.cfg.MaxBatchBytes, kerr.MessageTooLarge)
+		case refusedAt > 0 && r.size+recordBatchOverhead >= refusedAt:
+			err = fmt.Errorf("record of %d bytes: the broker refused a record of %d bytes as too large (its message.max.bytes) within the last %v: %w",
+				r.size, refusedAt-recordBatchOverhead, refusedFor, kerr.MessageTooLarge)
+		}
+		if err != nil {
+			return records, err
+		}
+		r.index = i
+		records = append(records, r)
+	}
+	return records, nil
+}
+
+func (t *Target) record(ctx context.Context, topic string, msg *message.Message) (outRecord, error) {
+	r, err := t.cfg.Marshaler.Marshal(topic, forwarder.Outgoing(msg))
+	if err != nil {
+		return outRecord{}, fmt.Errorf("marshal message %s: %w", msg.UUID, err)
+	}
+	if r == nil {
+		return outRecord{}, fmt.Errorf("marshal message %s: the Marshaler returned no record", msg.UUID)
+	}
+	r.Topic = topic
+	if key := t.cfg.Key(msg); len(key) > 0 {
+		r.Key = key
+	}
+	if !t.cfg.AtLeastOnce {
+		// The tail read after a takeover finds the partition's last record
+		// by these, whatever the Marshaler writes.
+		r.Headers = ensureHeader(r.Headers, outbox.MetadataID, msg.Metadata.Get(outbox.MetadataID))
+		r.Headers = ensureHeader(r.Headers, outbox.MetadataIncarnation, msg.Metadata.Get(outbox.MetadataIncarnation))
+	}
+	r.Context = withOutboxPartition(ctx, origin.Partition(msg))
+	size := maximumRecordOverhead + len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		size += len(h.Key) + len(h.Value) + 2*binary.MaxVarintLen32
+	}
+	return outRecord{record: r, size: size}, nil
+}
+
+// ensureHeader adds header key with value unless headers hold it (or value
+// is empty).
+func ensureHeader(headers []kgo.RecordHeader, key, value string) []kgo.RecordHeader {
+	if value == "" {
+		return headers
+	}
+	for _, h := range headers {
+		if h.Key == key {
+			return headers
+		}
+	}
+	return append(headers, kgo.RecordHeader{Key: key, Value: []byte(value)})
+}
+
+// produce hands records to cl and waits until kgo finished each of them,
+// or ctx ends. It returns each record's error (nil: stored), and whether
+// every record finished (false: ctx ended first; the unfinished ones have
+// ctx's error and may still be stored).
+func produce(ctx context.Context, cl *kgo.Client, records []outRecord) ([]error, bool) {
+	var mu sync.Mutex
+	errs := make([]error, len(records))
+	finished := make([]bool, len(records))
+	left := len(records)
+	all := make(chan struct{})
+	for i, r := range records {
+		cl.Produce(ctx, r.record, func(_ *kgo.Record, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			errs[i], finished[i] = err, true
+			if left--; left == 0 {
+				close(all)
+			}
+		})
+	}
+	select {
+	case <-all:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	out := make([]error, len(records))
+	for i := range records {
+		out[i] = errs[i]
+		if !finished[i] {
+			out[i] = fmt.Errorf("no answer in time: %w", context.Cause(ctx))
+		}
+	}
+	return out, left == 0
+}
+
+// firstFailed returns the position of the first record of errs that
+// failed, -1 when none did.
+func firstFailed(errs []error) int {
+	for i, err := range errs {
+		if err != nil {
+			return i
+		}
+	}
+	return -1
+}
+
+// partitionMates counts the records of records from f on that went to the
+// Kafka partition of records[f]: the record batch the broker judged with
+// it held at most these.
+func partitionMates(records []outRecord, f int) int {
+	n := 0
+	for _, r := range records[f:] {
+		if r.record.Partition == records[f].record.Partition {
+			n++
+		}
+	}
+	return n
+}
+
+// refusedForItsRecords says whether err is the broker judging a record
+// batch as too large or invalid, for one of its records.
+func refusedForItsRecords(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord)
+}
+
+// refusedForSize says whether err is the broker judging a record batch as
+// too large.
+func refusedForSize(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)
+}
+
+// permanentForTopic says whether err means no message can ever be
+// published to the topic.
+func permanentForTopic(err error) bool {
+	return errors.Is(err, kerr.InvalidTopicException)
+}
+
+func (t *Target) reject(msg *message.Message, cause error) error {
+	if refusedForSize(cause) {
+		cause = fmt.Errorf("record too large: %w", cause)
+	}
+	t.logger.Error("Kafka cannot take the message, ever: rejecting it", cause, watermill.LogFields{"id": msg.Metadata.Get(outbox.MetadataID)})
+	return outbox.Reject(msg, fmt.Errorf("kafka: %w", cause))
+}
+
+// sendAtLeastOnce is Send without transactions.
+func (t *Target) sendAtLeastOnce(ctx context.Context, cl *kgo.Client, topic string, batch []*message.Message) (int, error) {
+	records, bad := t.build(ctx, topic, batch)
+	// limit caps the records of a try once the broker refused a record
+	// batch of several records: one of them is to blame, and halving the
+	// try finds it within this Send, so that it is rejected on its first
+	// attempt while the records before it are delivered.
+	//
+	// stored marks the records stored so far. A refused try may have
+	// stored records of other Kafka partitions behind the refused one:
+	// they are left out of the tries that follow, so that this Send
+	// stores no record twice.
+	stored := make([]bool, len(records))
+	start, limit := 0, 0
+	for start < len(records) {
+		var try []outRecord
+		for _, r := range records[start:] {
+			if !stored[r.index] {
+				try = append(try, r)
+			}
+			if limit > 0 && len(try) == limit {
+				break
+			}
+		}
+		errs, _ := produce(ctx, cl, try)
+		for i, err := range errs {
+			if err == nil {
+				stored[try[i].index] = true
+			}
+		}
+		if f := firstFailed(errs); f >= 0 {
+			i, err := try[f].index, errs[f]
+			switch {
+			case permanentForTopic(err):
+				return i, t.reject(batch[i], err)
+			case refusedForItsRecords(err) && partitionMates(try, f) == 1:
+				if refusedForSize(err) && !t.compressed {
+					t.noteRefused(topic, records[i].size+recordBatchOverhead)
+				}
+				return i, t.reject(batch[i], err)
+			case refusedForItsRecords(err) && ctx.Err() == nil:
+				mates := partitionMates(try, f)
+				t.logger.Debug("Kafka refused a record batch: trying fewer records to find the record to blame", watermill.LogFields{
+					"id": batch[i].Metadata.Get(outbox.MetadataID), "records": mates, "err": err.Error(),
+				})
+				start, limit = i, max(1, mates/2)
+				continue
+			}
+			return i, fmt.Errorf("kafka: %s: %w", topic, err)
+		}
+		for start < len(records) && stored[start] {
+			start++
+		}
+	}
+	if bad != nil {
+		return len(records), t.reject(batch[len(records)], bad)
+	}
+	return len(batch), nil
+}
+
+type refusedSize struct {
+	bytes int
+	at    time.Time
+}
+
+// refusedFor is how long a size the broker refused is remembered.
+const refusedFor = time.Minute
+
+// refusedAt returns the smallest single-record batch size the broker
+// refused for topic recently (0: none).
+func (t *Target) refusedAt(topic string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.refused[topic]
+	if !ok || time.Since(r.at) > refusedFor {
+		return 0
+	}
+	return r.bytes
+}
+
+func (t *Target) noteRefused(topic string, bytes int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if r, ok := t.refused[topic]; !ok || bytes < r.bytes || time.Since(r.at) > refusedFor {
+		t.refused[topic] = refusedSize{bytes: bytes, at: time.Now()}
+	}
+}

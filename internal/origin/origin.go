@@ -1,0 +1,81 @@
+// Package origin says where a batch a forwarder sends comes from in the
+// outbox: what a target needs to name a Kafka transactional producer per
+// outbox partition and to find, in the target topic, what that partition
+// already wrote. The Forwarder (package forwarder) sets it on the send's
+// context (With); targets read it (Of).
+package origin
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	outbox "github.com/millrace/watermill-outbox"
+)
+
+// Origin is where a batch comes from.
+type Origin struct {
+	// Set by the Forwarder (empty when a target is used on its own).
+	Schema, Group string
+	Partitions    int // of the outbox topic; 0 when unknown
+
+	// From the batch's metadata.
+	Topic       string
+	Partition   int
+	Incarnation string
+}
+
+type key struct{}
+
+// With tells the targets the Forwarder's schema, group and the partition
+// count of the outbox topic it is sending.
+func With(ctx context.Context, schema, group string, partitions int) context.Context {
+	return context.WithValue(ctx, key{}, Origin{Schema: schema, Group: group, Partitions: partitions})
+}
+
+// Of returns the origin of batch (not empty): every message must come from
+// the same outbox partition and carry the outbox metadata the Subscriber
+// sets. what names the caller in errors (e.g. "kafka").
+func Of(ctx context.Context, batch []*message.Message, what string) (Origin, error) {
+	o, _ := ctx.Value(key{}).(Origin)
+	first := batch[0]
+	o.Topic = first.Metadata.Get(outbox.MetadataTopic)
+	o.Incarnation = first.Metadata.Get(outbox.MetadataIncarnation)
+	p, err := strconv.Atoi(first.Metadata.Get(outbox.MetadataPartition))
+	if err != nil || o.Topic == "" {
+		return Origin{}, fmt.Errorf("%w: %s: exactly-once delivery needs the outbox metadata (%s, %s, %s) the outbox Subscriber sets; message %s has none: send outbox deliveries, or set Config.AtLeastOnce",
+			outbox.ErrInvalidArgument, what, outbox.MetadataTopic, outbox.MetadataPartition, outbox.MetadataSeq, first.UUID)
+	}
+	o.Partition = p
+	for _, m := range batch {
+		if m.Metadata.Get(outbox.MetadataTopic) != o.Topic || m.Metadata.Get(outbox.MetadataPartition) != first.Metadata.Get(outbox.MetadataPartition) {
+			return Origin{}, fmt.Errorf("%w: %s: a batch mixes outbox partitions (%s and %s/%s): exactly-once delivery sends one outbox partition per batch",
+				outbox.ErrInvalidArgument, what, o.Topic+"/"+strconv.Itoa(p), m.Metadata.Get(outbox.MetadataTopic), m.Metadata.Get(outbox.MetadataPartition))
+		}
+		if _, err := Seq(m, what); err != nil {
+			return Origin{}, err
+		}
+	}
+	return o, nil
+}
+
+// Seq returns the outbox seq of m (metadata outbox.MetadataSeq, positive).
+func Seq(m *message.Message, what string) (int64, error) {
+	s, err := strconv.ParseInt(m.Metadata.Get(outbox.MetadataSeq), 10, 64)
+	if err != nil || s <= 0 {
+		return 0, fmt.Errorf("%w: %s: message %s has no valid %s metadata (%q)", outbox.ErrInvalidArgument, what, m.UUID, outbox.MetadataSeq, m.Metadata.Get(outbox.MetadataSeq))
+	}
+	return s, nil
+}
+
+// Partition returns the outbox partition of m (metadata
+// outbox.MetadataPartition), -1 when it has none.
+func Partition(m *message.Message) int {
+	p, err := strconv.Atoi(m.Metadata.Get(outbox.MetadataPartition))
+	if err != nil || p < 0 {
+		return -1
+	}
+	return p
+}
