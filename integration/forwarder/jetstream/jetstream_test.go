@@ -17,6 +17,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder/jetstream"
+	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
@@ -82,7 +83,7 @@ func newJetStreamTarget(t *testing.T, url string) *jetstream.Target {
 
 // consumeJetStream reads the whole stream of topic with watermill-nats's
 // JetStream subscriber until the test ends.
-func consumeJetStream(t *testing.T, url, topic string, r *received) {
+func consumeJetStream(t *testing.T, url, topic string, r *fwdtest.Received) {
 	t.Helper()
 	sub, err := wmjs.NewSubscriber(wmjs.SubscriberConfig{URL: url, Logger: watermill.NopLogger{}})
 	if err != nil {
@@ -97,7 +98,7 @@ func consumeJetStream(t *testing.T, url, topic string, r *received) {
 	go func() {
 		defer close(done)
 		for m := range msgs {
-			r.add(m, -1)
+			r.Add(m, -1)
 			m.Ack()
 		}
 	}()
@@ -137,38 +138,36 @@ func TestJetStreamConfigNeedsNoReconnectBuffer(t *testing.T) {
 // drops the copies: the consumer gets every message exactly once, in key
 // order.
 func TestJetStreamExactlyOnceInKeyOrderWhenAnInstanceDiesMidBatch(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 8)
 	s := startNATS(t, -1, t.TempDir(), nil)
 	createStream(t, s.ClientURL(), "orders", 0)
 
-	pub := newPublisher(t, e)
+	pub := fwdtest.NewPublisher(t, e)
 	for i := 0; i < 40; i++ {
-		pub.round("orders", 16, func(m *message.Message) { m.Metadata.Set("note", "kept") })
+		pub.Round("orders", 16, func(m *message.Message) { m.Metadata.Set("note", "kept") })
 	}
 	poolA, freezeA, thawA := pgtest.FreezablePool(t)
-	crashing := newCrashingTarget(newJetStreamTarget(t, s.ClientURL()), 100, freezeA)
-	startForwarder(t, e, poolA, crashing, []string{"orders"}, nil)
-	<-crashing.crashed
-	t.Cleanup(func() { thawA(); close(crashing.release) }) // runs before A's Close
-	b := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
+	crashing := fwdtest.NewCrashingTarget(newJetStreamTarget(t, s.ClientURL()), 100, freezeA)
+	fwdtest.StartForwarder(t, e, poolA, crashing, []string{"orders"}, nil)
+	<-crashing.Crashed
+	t.Cleanup(func() { thawA(); close(crashing.Release) }) // runs before A's Close
+	b := fwdtest.StartForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
 
-	r := &received{}
+	r := &fwdtest.Received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
-	outboxtest.WaitFor(t, "every message in JetStream", time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message in JetStream", time.Minute, func() bool { return r.Distinct() == pub.Count() })
 	time.Sleep(300 * time.Millisecond) // a late duplicate would show now
-	if dups := r.check(t, pub.snapshot(), nil); dups != 0 {
+	if dups := r.Check(t, pub.Snapshot(), nil); dups != 0 {
 		t.Fatalf("%d duplicates reached the consumer", dups)
 	}
-	t.Logf("A sent %d messages and half a batch (%d) before dying; B %+v", crashing.sent.Load(), crashing.halfLen.Load(), b.Stats())
-	if crashing.halfLen.Load() == 0 {
+	t.Logf("A sent %d messages and half a batch (%d) before dying; B %+v", crashing.Sent.Load(), crashing.HalfLen.Load(), b.Stats())
+	if crashing.HalfLen.Load() == 0 {
 		t.Fatal("A did not send half a batch")
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, g := range r.msgs {
-		if g.metadata.Get("note") != "kept" || g.metadata.Get(outbox.MetadataAttempt) != "" || g.metadata.Get(nats.MsgIdHdr) != "" {
-			t.Fatalf("metadata %v", g.metadata)
+	for _, g := range r.Messages() {
+		if g.Metadata.Get("note") != "kept" || g.Metadata.Get(outbox.MetadataAttempt) != "" || g.Metadata.Get(nats.MsgIdHdr) != "" {
+			t.Fatalf("metadata %v", g.Metadata)
 		}
 	}
 }
@@ -178,15 +177,15 @@ func TestJetStreamExactlyOnceInKeyOrderWhenAnInstanceDiesMidBatch(t *testing.T) 
 // committed. The forwarder waits and resumes: every message arrives once,
 // in key order.
 func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 4)
 	dir := t.TempDir()
 	s := startNATS(t, -1, dir, nil)
 	port, url := natsPort(s), s.ClientURL()
 	createStream(t, url, "orders", 0)
-	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, url), []string{"orders"}, nil)
+	fwd := fwdtest.StartForwarder(t, e, nil, newJetStreamTarget(t, url), []string{"orders"}, nil)
 
-	pub := newPublisher(t, e)
+	pub := fwdtest.NewPublisher(t, e)
 	stop, publishing := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(publishing)
@@ -195,7 +194,7 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(20 * time.Millisecond):
-				pub.round("orders", 12, nil)
+				pub.Round("orders", 12, nil)
 			}
 		}
 	}()
@@ -209,14 +208,14 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 	time.Sleep(time.Second)
 	close(stop)
 	<-publishing
-	t.Logf("published %d; forwarded %d before the restart, %d failed sends (%s)", pub.count(), before.Messages, before.Failures, before.LastError)
+	t.Logf("published %d; forwarded %d before the restart, %d failed sends (%s)", pub.Count(), before.Messages, before.Failures, before.LastError)
 
-	r := &received{}
+	r := &fwdtest.Received{}
 	consumeJetStream(t, url, "orders", r)
-	outboxtest.WaitFor(t, "every message in JetStream", 2*time.Minute, func() bool { return r.distinct() == pub.count() })
+	outboxtest.WaitFor(t, "every message in JetStream", 2*time.Minute, func() bool { return r.Distinct() == pub.Count() })
 	time.Sleep(300 * time.Millisecond)
-	dups := r.check(t, pub.snapshot(), nil)
-	t.Logf("%d messages arrived, %d duplicates; stats %+v", r.total(), dups, fwd.Stats())
+	dups := r.Check(t, pub.Snapshot(), nil)
+	t.Logf("%d messages arrived, %d duplicates; stats %+v", r.Total(), dups, fwd.Stats())
 	if dups != 0 {
 		t.Fatalf("%d duplicates reached the consumer", dups)
 	}
@@ -225,20 +224,20 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 // Until the stream exists, sends fail (no responders); once it is created,
 // the forwarder catches up.
 func TestJetStreamWaitsForTheStream(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 2)
 	s := startNATS(t, -1, t.TempDir(), nil)
-	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
-	pub := newPublisher(t, e)
+	fwd := fwdtest.StartForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
+	pub := fwdtest.NewPublisher(t, e)
 	for i := 0; i < 10; i++ {
-		pub.round("orders", 5, nil)
+		pub.Round("orders", 5, nil)
 	}
 	outboxtest.WaitFor(t, "failed sends", time.Minute, func() bool { return fwd.Stats().Failures > 2 })
 	createStream(t, s.ClientURL(), "orders", 0)
-	r := &received{}
+	r := &fwdtest.Received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
-	outboxtest.WaitFor(t, "every message in JetStream", time.Minute, func() bool { return r.distinct() == pub.count() })
-	if dups := r.check(t, pub.snapshot(), nil); dups != 0 {
+	outboxtest.WaitFor(t, "every message in JetStream", time.Minute, func() bool { return r.Distinct() == pub.Count() })
+	if dups := r.Check(t, pub.Snapshot(), nil); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
 	t.Logf("stats %+v", fwd.Stats())
@@ -249,15 +248,15 @@ func TestJetStreamWaitsForTheStream(t *testing.T) {
 // one whose metadata key is no valid header name go to the dead-letter
 // table; the stream continues around them, in order.
 func TestJetStreamPoisonMessagesAreDeadLettered(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 4)
 	s := startNATS(t, -1, t.TempDir(), func(o *server.Options) { o.MaxPayload = 64 << 10 })
 	createStream(t, s.ClientURL(), "orders", 16<<10)
 
-	pub := newPublisher(t, e)
+	pub := fwdtest.NewPublisher(t, e)
 	want := map[string]string{} // uuid -> expected reason fragment
 	for i := 0; i < 20; i++ {
-		pub.round("orders", 10, func(m *message.Message) {
+		pub.Round("orders", 10, func(m *message.Message) {
 			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
 			case "5/key-3":
 				m.Payload = make([]byte, 20<<10) // over the stream's MaxMsgSize
@@ -271,19 +270,19 @@ func TestJetStreamPoisonMessagesAreDeadLettered(t *testing.T) {
 			}
 		})
 	}
-	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
-	r := &received{}
+	fwd := fwdtest.StartForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, nil)
+	r := &fwdtest.Received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
 	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
-		return r.distinct() == pub.count()-len(want) && len(e.deadLettered(t)) == len(want)
+		return r.Distinct() == pub.Count()-len(want) && len(e.DeadLettered(t)) == len(want)
 	})
-	dead := e.deadLettered(t)
+	dead := e.DeadLettered(t)
 	for u, reason := range want {
 		if !strings.Contains(dead[u], reason) {
 			t.Fatalf("message %s: dead-letter reason %q, want it to mention %q", u, dead[u], reason)
 		}
 	}
-	if dups := r.check(t, pub.snapshot(), dead); dups != 0 {
+	if dups := r.Check(t, pub.Snapshot(), dead); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
 	t.Logf("dead letters %v; stats %+v", dead, fwd.Stats())

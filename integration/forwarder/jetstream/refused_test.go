@@ -16,6 +16,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
@@ -51,7 +52,7 @@ func TestJetStreamSendRejectsAMessageTheStreamRefusesForGood(t *testing.T) {
 			if _, err := js.CreateStream(outboxtest.Ctx(t), natsjs.StreamConfig{Name: stream, Subjects: []string{stream}, MaxMsgSize: maxMsgSize}); err != nil {
 				t.Fatal(err)
 			}
-			batch := outboxBatch(12, sameKey)
+			batch := fwdtest.OutboxBatch(12, fwdtest.SameKey)
 			const poison = 6
 			c.poison(batch[poison])
 			done, err := target.Send(outboxtest.Ctx(t), stream, batch)
@@ -62,7 +63,7 @@ func TestJetStreamSendRejectsAMessageTheStreamRefusesForGood(t *testing.T) {
 			if done, err := target.Send(outboxtest.Ctx(t), stream, rest); done != len(rest) || err != nil {
 				t.Fatalf("Send of the rest: done %d of %d, %v", done, len(rest), err)
 			}
-			assertPositions(t, "stream", streamPositions(t, js, stream), upTo(0, 12, poison))
+			fwdtest.AssertPositions(t, "stream", streamPositions(t, js, stream), fwdtest.UpTo(0, 12, poison))
 		})
 	}
 }
@@ -95,14 +96,14 @@ func streamPositions(t *testing.T, js natsjs.JetStream, stream string) []int {
 // batches are dead-lettered on their first attempt, the partition never
 // fails a send for them, and the rest arrives once, in key order.
 func TestJetStreamRefusedMessagesAreDeadLetteredOnTheirFirstAttempt(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 2)
 	s := startNATS(t, -1, t.TempDir(), func(o *server.Options) { o.MaxPayload = 256 << 10 })
 	createStream(t, s.ClientURL(), "orders", 0)
-	pub := newPublisher(t, e)
+	pub := fwdtest.NewPublisher(t, e)
 	poison := map[string]bool{}
 	for i := 0; i < 12; i++ {
-		pub.round("orders", 8, func(m *message.Message) {
+		pub.Round("orders", 8, func(m *message.Message) {
 			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
 			case "4/key-2":
 				m.Metadata.Set("Nats-TTL", "soon") // no valid TTL
@@ -116,24 +117,24 @@ func TestJetStreamRefusedMessagesAreDeadLetteredOnTheirFirstAttempt(t *testing.T
 			}
 		})
 	}
-	attempts := &attemptLog{}
-	fwd := startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, func(c *forwarder.Config) {
-		c.Subscriber.RejectHandler = attempts.wrap(e.deadLetters())
+	attempts := &fwdtest.AttemptLog{}
+	fwd := fwdtest.StartForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, func(c *forwarder.Config) {
+		c.Subscriber.RejectHandler = attempts.Wrap(e.DeadLetters())
 		// A failed send would show: it holds the partition for a minute.
 		c.Subscriber.Tuning.BackoffBase, c.Subscriber.Tuning.BackoffMax = time.Minute, time.Minute
 	})
-	r := &received{}
+	r := &fwdtest.Received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
 	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
-		return r.distinct() == pub.count()-len(poison) && len(e.deadLettered(t)) == len(poison)
+		return r.Distinct() == pub.Count()-len(poison) && len(e.DeadLettered(t)) == len(poison)
 	})
-	dead := e.deadLettered(t)
+	dead := e.DeadLettered(t)
 	for u := range poison {
-		if _, ok := dead[u]; !ok || attempts.of(u) != 1 {
-			t.Fatalf("poison %s: dead-lettered %v after %d attempts; want once, on its first attempt (%v)", u, ok, attempts.of(u), dead[u])
+		if _, ok := dead[u]; !ok || attempts.Of(u) != 1 {
+			t.Fatalf("poison %s: dead-lettered %v after %d attempts; want once, on its first attempt (%v)", u, ok, attempts.Of(u), dead[u])
 		}
 	}
-	if dups := r.check(t, pub.snapshot(), dead); dups != 0 {
+	if dups := r.Check(t, pub.Snapshot(), dead); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
 	if st := fwd.Stats(); st.Failures != st.Rejected {
@@ -145,14 +146,14 @@ func TestJetStreamRefusedMessagesAreDeadLetteredOnTheirFirstAttempt(t *testing.T
 // MaxMsgSize is rejected on its first attempt, the messages around it
 // delivered once.
 func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 1)
 	s := startNATS(t, -1, t.TempDir(), nil)
 	createStream(t, s.ClientURL(), "orders", 16<<10)
-	pub := newPublisher(t, e)
+	pub := fwdtest.NewPublisher(t, e)
 	big := map[string]bool{}
 	for i := 0; i < 12; i++ {
-		pub.round("orders", 10, func(m *message.Message) {
+		pub.Round("orders", 10, func(m *message.Message) {
 			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
 			case "3/key-4", "8/key-7":
 				m.Payload = make([]byte, 20<<10) // over the stream's MaxMsgSize
@@ -162,8 +163,8 @@ func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
 	}
 	var mu sync.Mutex
 	attempts := map[string]int{}
-	inner := e.deadLetters()
-	startForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, func(c *forwarder.Config) {
+	inner := e.DeadLetters()
+	fwdtest.StartForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, func(c *forwarder.Config) {
 		c.Subscriber.RejectHandler = outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
 			mu.Lock()
 			attempts[m.UUID] = m.Attempts
@@ -173,12 +174,12 @@ func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
 		c.Subscriber.Tuning.BatchSize = 64
 		c.Subscriber.Tuning.BackoffBase, c.Subscriber.Tuning.BackoffMax = time.Minute, time.Minute
 	})
-	r := &received{}
+	r := &fwdtest.Received{}
 	consumeJetStream(t, s.ClientURL(), "orders", r)
 	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", 30*time.Second, func() bool {
-		return r.distinct() == pub.count()-len(big) && len(e.deadLettered(t)) == len(big)
+		return r.Distinct() == pub.Count()-len(big) && len(e.DeadLettered(t)) == len(big)
 	})
-	dead := e.deadLettered(t)
+	dead := e.DeadLettered(t)
 	mu.Lock()
 	defer mu.Unlock()
 	for u := range big {
@@ -186,7 +187,7 @@ func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
 			t.Fatalf("oversize message %s: dead-lettered %v after %d attempts; want once, on its first attempt", u, ok, attempts[u])
 		}
 	}
-	if dups := r.check(t, pub.snapshot(), dead); dups != 0 {
+	if dups := r.Check(t, pub.Snapshot(), dead); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
 }
