@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
@@ -19,11 +19,12 @@ import (
 func TestForwarderRunsOnceAndCloseWaits(t *testing.T) {
 	e := newEnv(t)
 	e.Register("orders", 1)
-	cluster := newKafka(t, kfake.SeedTopics(1, "orders"))
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
 		Subscriber: outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool},
 		Topics:     []string{"orders"},
-		Target:     newKafkaTarget(t, cluster.ListenAddrs(), nil),
+		Target: forwarder.TargetFunc(func(_ context.Context, _ string, batch []*message.Message) (int, error) {
+			return len(batch), nil
+		}),
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

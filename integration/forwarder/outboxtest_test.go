@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
+	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	apptest "github.com/millrace/watermill-outbox/outboxtest"
 )
@@ -19,19 +19,20 @@ import (
 // order, and no goroutine of the run is left.
 func TestOutboxtestRunsTheForwardersHandlerUntilIdle(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 4)
-	cluster := newKafka(t, kfake.SeedTopics(4, "orders"))
-	brokers := cluster.ListenAddrs()
+	kc := kafkatest.New(t)
+	kt := kc.Topic(t, "orders", 4, nil)
 
-	pub := newPublisher(t, e)
+	pub := fwdtest.NewPublisher(t, e)
 	for i := 0; i < 6; i++ {
-		pub.round("orders", 25, nil)
+		pub.Round("orders", 25, nil)
 	}
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
-		Subscriber: outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced(), RejectHandler: e.deadLetters()},
-		Topics:     []string{"orders"},
-		Target:     newKafkaTarget(t, brokers, nil),
+		Subscriber:  outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced(), RejectHandler: e.DeadLetters()},
+		Topics:      []string{"orders"},
+		Target:      newKafkaTarget(t, kc, false),
+		TargetTopic: func(string) string { return kt },
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -55,19 +56,19 @@ func TestOutboxtestRunsTheForwardersHandlerUntilIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Acked != pub.count() || res.Failed != 0 || res.Rejected != 0 || res.Last != apptest.Idle {
-		t.Fatalf("RunUntilIdle: %+v, want %d acked and idle", res, pub.count())
+	if res.Acked != pub.Count() || res.Failed != 0 || res.Rejected != 0 || res.Last != apptest.Idle {
+		t.Fatalf("RunUntilIdle: %+v, want %d acked and idle", res, pub.Count())
 	}
-	if s := fwd.Stats(); s.Messages != int64(pub.count()) {
-		t.Fatalf("forwarder stats %+v, want %d messages", s, pub.count())
+	if s := fwd.Stats(); s.Messages != int64(pub.Count()) {
+		t.Fatalf("forwarder stats %+v, want %d messages", s, pub.Count())
 	}
 
 	// Reading the broker (read committed) finds every message once, in key
 	// order: they were committed to Kafka before RunUntilIdle returned.
-	got := &received{}
-	consumeKafka(t, brokers, "orders", got)
-	outboxtest.WaitFor(t, "every message read from Kafka", 30*time.Second, func() bool { return got.distinct() == pub.count() })
-	if dups := got.check(t, pub.snapshot(), nil); dups != 0 {
+	got := &fwdtest.Received{}
+	kc.Consume(t, kt, got)
+	outboxtest.WaitFor(t, "every message read from Kafka", 30*time.Second, func() bool { return got.Distinct() == pub.Count() })
+	if dups := got.Check(t, pub.Snapshot(), nil); dups != 0 {
 		t.Fatalf("%d duplicates at the broker", dups)
 	}
 }

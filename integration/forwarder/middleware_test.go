@@ -11,10 +11,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
+	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
@@ -63,10 +64,10 @@ func (o *observer) successes() map[string][]int {
 // arrives on Kafka; Watermill's own Recoverer and CorrelationID work in the
 // chain.
 func TestMiddlewareSeesEveryMessageAndItsChangesArrive(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 4)
-	cluster := newKafka(t, kfake.SeedTopics(4, "orders"))
-	brokers := cluster.ListenAddrs()
+	kc := kafkatest.New(t)
+	kt := kc.Topic(t, "orders", 4, nil)
 	obs := &observer{}
 	stamp := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -75,25 +76,23 @@ func TestMiddlewareSeesEveryMessageAndItsChangesArrive(t *testing.T) {
 			return h(msg)
 		}
 	}
-	fwd := startForwarder(t, e, nil, newKafkaTarget(t, brokers, nil), []string{"orders"}, func(c *forwarder.Config) {
+	fwd := fwdtest.StartForwarder(t, e, nil, newKafkaTarget(t, kc, false), []string{"orders"}, to(kt, func(c *forwarder.Config) {
 		c.Middlewares = []message.HandlerMiddleware{middleware.Recoverer, obs.middleware, stamp}
-	})
-	pub := newPublisher(t, e)
+	}))
+	pub := fwdtest.NewPublisher(t, e)
 	for range 10 {
-		pub.round("orders", 20, nil)
+		pub.Round("orders", 20, nil)
 	}
-	r := &received{}
-	consumeKafka(t, brokers, "orders", r)
-	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
-	r.check(t, pub.snapshot(), nil)
+	r := &fwdtest.Received{}
+	kc.Consume(t, kt, r)
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.Distinct() == pub.Count() })
+	r.Check(t, pub.Snapshot(), nil)
 
-	r.mu.Lock()
-	for _, g := range r.msgs {
-		if g.metadata.Get("stamped") != "by-middleware" || g.metadata.Get(middleware.CorrelationIDMetadataKey) != "corr-"+g.uuid {
-			t.Fatalf("the middleware's metadata did not arrive: %v", g.metadata)
+	for _, g := range r.Messages() {
+		if g.Metadata.Get("stamped") != "by-middleware" || g.Metadata.Get(middleware.CorrelationIDMetadataKey) != "corr-"+g.UUID {
+			t.Fatalf("the middleware's metadata did not arrive: %v", g.Metadata)
 		}
 	}
-	r.mu.Unlock()
 	total := 0
 	for key, ns := range obs.successes() {
 		for i, n := range ns {
@@ -103,21 +102,21 @@ func TestMiddlewareSeesEveryMessageAndItsChangesArrive(t *testing.T) {
 		}
 		total += len(ns)
 	}
-	if total != pub.count() {
-		t.Fatalf("the middleware saw %d successful forwardings of %d messages", total, pub.count())
+	if total != pub.Count() {
+		t.Fatalf("the middleware saw %d successful forwardings of %d messages", total, pub.Count())
 	}
-	if s := fwd.Stats(); s.Messages != int64(pub.count()) {
-		t.Fatalf("stats %+v, want %d messages", s, pub.count())
+	if s := fwd.Stats(); s.Messages != int64(pub.Count()) {
+		t.Fatalf("stats %+v, want %d messages", s, pub.Count())
 	}
 }
 
 // A middleware that fails or panics makes its message a failed delivery:
 // retried, never lost, never overtaken by a later message of its key.
 func TestMiddlewareFailureAndPanicAreRetriedInOrder(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 2)
-	cluster := newKafka(t, kfake.SeedTopics(2, "orders"))
-	brokers := cluster.ListenAddrs()
+	kc := kafkatest.New(t)
+	kt := kc.Topic(t, "orders", 2, nil)
 	var failed, panicked atomic.Int32
 	flaky := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -131,17 +130,17 @@ func TestMiddlewareFailureAndPanicAreRetriedInOrder(t *testing.T) {
 			return h(msg)
 		}
 	}
-	startForwarder(t, e, nil, newKafkaTarget(t, brokers, nil), []string{"orders"}, func(c *forwarder.Config) {
+	fwdtest.StartForwarder(t, e, nil, newKafkaTarget(t, kc, false), []string{"orders"}, to(kt, func(c *forwarder.Config) {
 		c.Middlewares = []message.HandlerMiddleware{flaky}
-	})
-	pub := newPublisher(t, e)
+	}))
+	pub := fwdtest.NewPublisher(t, e)
 	for range 6 {
-		pub.round("orders", 5, nil)
+		pub.Round("orders", 5, nil)
 	}
-	r := &received{}
-	consumeKafka(t, brokers, "orders", r)
-	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
-	r.check(t, pub.snapshot(), nil)
+	r := &fwdtest.Received{}
+	kc.Consume(t, kt, r)
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.Distinct() == pub.Count() })
+	r.Check(t, pub.Snapshot(), nil)
 	if failed.Load() < 3 || panicked.Load() < 2 {
 		t.Fatalf("the failing middleware ran %d times, the panicking one %d: no retry happened", failed.Load(), panicked.Load())
 	}
@@ -177,25 +176,25 @@ func (p *partialTarget) Send(ctx context.Context, topic string, batch []*message
 // With Watermill's Retry middleware, the failed message is sent again on
 // its own (not overtaking anything), and everything arrives in key order.
 func TestMiddlewarePartialSendAndRetry(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 1)
-	cluster := newKafka(t, kfake.SeedTopics(1, "orders"))
-	brokers := cluster.ListenAddrs()
-	pub := newPublisher(t, e)
+	kc := kafkatest.New(t)
+	kt := kc.Topic(t, "orders", 1, nil)
+	pub := fwdtest.NewPublisher(t, e)
 	for range 4 {
-		pub.round("orders", 5, nil) // 20 messages in one partition, before the forwarder starts
+		pub.Round("orders", 5, nil) // 20 messages in one partition, before the forwarder starts
 	}
-	target := &partialTarget{inner: newKafkaTarget(t, brokers, nil), keep: 2}
+	target := &partialTarget{inner: newKafkaTarget(t, kc, false), keep: 2}
 	outer, inner := &observer{}, &observer{}
 	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 10 * time.Millisecond}
-	startForwarder(t, e, nil, target, []string{"orders"}, func(c *forwarder.Config) {
+	fwdtest.StartForwarder(t, e, nil, target, []string{"orders"}, to(kt, func(c *forwarder.Config) {
 		c.Middlewares = []message.HandlerMiddleware{outer.middleware, retry.Middleware, inner.middleware}
 		c.Subscriber.Tuning.BatchSize = 10
-	})
-	r := &received{}
-	consumeKafka(t, brokers, "orders", r)
-	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
-	r.check(t, pub.snapshot(), nil)
+	}))
+	r := &fwdtest.Received{}
+	kc.Consume(t, kt, r)
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.Distinct() == pub.Count() })
+	r.Check(t, pub.Snapshot(), nil)
 	if target.alone.Load() == 0 {
 		t.Fatal("the Retry middleware never sent a message on its own")
 	}
@@ -227,8 +226,8 @@ func TestMiddlewarePartialSendAndRetry(t *testing.T) {
 	// Outside Retry, every message succeeded once, in seq order.
 	outer.mu.Lock()
 	defer outer.mu.Unlock()
-	if len(outer.seen) != pub.count() {
-		t.Fatalf("the outer middleware saw %d outcomes for %d messages", len(outer.seen), pub.count())
+	if len(outer.seen) != pub.Count() {
+		t.Fatalf("the outer middleware saw %d outcomes for %d messages", len(outer.seen), pub.Count())
 	}
 	for i, s := range outer.seen {
 		if s.err != nil {

@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
+	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
@@ -25,11 +26,11 @@ func TestTraceReachesTheKafkaRecordHeaders(t *testing.T) {
 	outbox.ConfigureTracing(tp, nil)
 	t.Cleanup(func() { outbox.ConfigureTracing(nil, nil); _ = tp.Shutdown(context.Background()) })
 
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 1)
-	cluster := newKafka(t, kfake.SeedTopics(1, "orders"))
-	brokers := cluster.ListenAddrs()
-	startForwarder(t, e, nil, newKafkaTarget(t, brokers, nil), []string{"orders"}, nil)
+	kc := kafkatest.New(t)
+	kt := kc.Topic(t, "orders", 1, nil)
+	fwdtest.StartForwarder(t, e, nil, newKafkaTarget(t, kc, false), []string{"orders"}, to(kt, nil))
 
 	ctx, app := tp.Tracer("app").Start(context.Background(), "place order")
 	msg := message.NewMessage("traced", []byte("x"))
@@ -37,12 +38,10 @@ func TestTraceReachesTheKafkaRecordHeaders(t *testing.T) {
 	e.Publish("orders", msg)
 	app.End()
 
-	r := &received{}
-	consumeKafka(t, brokers, "orders", r)
-	outboxtest.WaitFor(t, "the record on Kafka", time.Minute, func() bool { return r.distinct() == 1 })
-	r.mu.Lock()
-	header := r.msgs[0].metadata
-	r.mu.Unlock()
+	r := &fwdtest.Received{}
+	kc.Consume(t, kt, r)
+	outboxtest.WaitFor(t, "the record on Kafka", time.Minute, func() bool { return r.Distinct() == 1 })
+	header := r.Messages()[0].Metadata
 	carrier := propagation.MapCarrier(header)
 	got := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
 	if !got.IsValid() || got.TraceID() != app.SpanContext().TraceID() {
@@ -50,7 +49,7 @@ func TestTraceReachesTheKafkaRecordHeaders(t *testing.T) {
 	}
 	outboxtest.WaitFor(t, "the send span", 30*time.Second, func() bool {
 		for _, s := range rec.Ended() {
-			if s.Name() == "orders send" && len(s.Links()) == 1 && s.Links()[0].SpanContext.TraceID() == app.SpanContext().TraceID() {
+			if s.Name() == kt+" send" && len(s.Links()) == 1 && s.Links()[0].SpanContext.TraceID() == app.SpanContext().TraceID() {
 				return true
 			}
 		}

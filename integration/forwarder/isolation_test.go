@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
+	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
@@ -20,15 +21,15 @@ import (
 // Kafka; a broker that fails every send holds no key: the partition backs
 // off as without isolation. Exactly-once delivery refuses isolation.
 func TestForwarderKeyIsolation(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 1)
-	cluster := newKafka(t, kfake.SeedTopics(1, "orders"))
-	brokers := cluster.ListenAddrs()
+	kc := kafkatest.New(t)
+	kt := kc.Topic(t, "orders", 1, nil)
 
 	_, err := forwarder.NewForwarder(forwarder.Config{
 		Subscriber: outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, KeyIsolation: outbox.KeyIsolation{Enabled: true}},
 		Topics:     []string{"orders"},
-		Target:     newKafkaTarget(t, brokers, nil),
+		Target:     newKafkaTarget(t, kc, false),
 	}, nil)
 	var ce *outbox.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "Subscriber.KeyIsolation" {
@@ -44,28 +45,28 @@ func TestForwarderKeyIsolation(t *testing.T) {
 			return h(msg)
 		}
 	}
-	target := &switchableTarget{inner: newKafkaTargetMode(t, brokers, true, nil), down: &brokerDown}
-	startForwarder(t, e, nil, target, []string{"orders"}, func(c *forwarder.Config) {
+	target := &switchableTarget{inner: newKafkaTarget(t, kc, true), down: &brokerDown}
+	fwdtest.StartForwarder(t, e, nil, target, []string{"orders"}, to(kt, func(c *forwarder.Config) {
 		c.Subscriber.KeyIsolation.Enabled = true
 		c.Middlewares = []message.HandlerMiddleware{blocked}
-	})
-	pub := newPublisher(t, e)
+	}))
+	pub := fwdtest.NewPublisher(t, e)
 	for range 5 {
-		pub.round("orders", 4, nil)
+		pub.Round("orders", 4, nil)
 	}
-	r := &received{}
-	consumeKafka(t, brokers, "orders", r)
-	outboxtest.WaitFor(t, "keys 1-3 on Kafka while key-0 is held", time.Minute, func() bool { return r.distinct() == 15 })
+	r := &fwdtest.Received{}
+	kc.Consume(t, kt, r)
+	outboxtest.WaitFor(t, "keys 1-3 on Kafka while key-0 is held", time.Minute, func() bool { return r.Distinct() == 15 })
 	// (A batch reaches Kafka before the scan moves past it with the rows it
 	// parks, in one commit: the last of key-0's rows may come a moment later.)
 	outboxtest.WaitFor(t, "key-0's 5 messages held", 10*time.Second, func() bool { return e.Rows("held") == 5 })
-	if n := r.distinct(); n != 15 {
+	if n := r.Distinct(); n != 15 {
 		t.Fatalf("%d messages on Kafka while key-0 is held, want 15", n)
 	}
 
 	// The broker fails every send: the partition blocks, no key is held.
 	brokerDown.Store(true)
-	pub.round("orders", 4, nil)
+	pub.Round("orders", 4, nil)
 	outboxtest.WaitFor(t, "the failing sends counted on the cursor", 30*time.Second, func() bool {
 		return e.Int("SELECT attempts FROM "+e.Schema+".cursors WHERE topic = 'orders'") >= 2
 	})
@@ -74,8 +75,8 @@ func TestForwarderKeyIsolation(t *testing.T) {
 	}
 	brokerDown.Store(false)
 	fixed.Store(true)
-	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.distinct() == pub.count() })
-	r.check(t, pub.snapshot(), nil)
+	outboxtest.WaitFor(t, "every message on Kafka", time.Minute, func() bool { return r.Distinct() == pub.Count() })
+	r.Check(t, pub.Snapshot(), nil)
 	outboxtest.WaitFor(t, "nothing held", 10*time.Second, func() bool { return e.Rows("held") == 0 })
 }
 

@@ -10,11 +10,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
+	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
@@ -22,10 +23,11 @@ import (
 // forwarder: 16 publishers, each paced at 100 transactions of one message
 // per second (1,600 msg/s in all, 3 s), write 4,800 keyed messages (1,000
 // keys, 16 partitions, 200 B) into the outbox while a forwarder relays them
-// to an in-process Kafka broker whose message.max.bytes (64 KiB) refuses 1%
-// of them (100 KiB). It reports the largest lag seen (messages committed
-// but not yet forwarded or dead-lettered, sampled every 10 ms) and the
-// drain time (from the last commit until the lag is 0), with and without
+// to a Kafka topic (the in-process kfake broker, or the cluster of
+// OUTBOX_TEST_KAFKA_BROKERS: see kafkatest) whose max.message.bytes (64
+// KiB) refuses 1% of them (100 KiB). It reports the largest lag seen
+// (messages committed but not yet forwarded or dead-lettered, sampled every
+// 10 ms) and the drain time (from the last commit until the lag is 0), with and without
 // poison, side by side: run with -benchtime=1x.
 func BenchmarkForwarderPoison(b *testing.B) {
 	for _, poison := range []int{0, 1} {
@@ -51,14 +53,9 @@ func runPoisonLoad(b *testing.B, poisonPercent int) (maxLag int64, drain time.Du
 	bundle := outboxtest.Setup(b)
 	bundle.Register("orders", partitions)
 	pool, schema := bundle.Pool, bundle.Schema
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "orders"),
-		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(64 << 10)}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cluster.Close()
-	sc := forwarder.DefaultSaramaConfig()
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: cluster.ListenAddrs(), Sarama: sc})
+	kc := kafkatest.New(b)
+	kt := kc.Topic(b, "orders", partitions, map[string]string{"max.message.bytes": strconv.Itoa(64 << 10)})
+	target, err := kafka.NewTarget(kafka.Config{Brokers: kc.Brokers}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -70,8 +67,9 @@ func runPoisonLoad(b *testing.B, poisonPercent int) (maxLag int64, drain time.Du
 				rejected.Store(m.UUID, true)
 				return nil
 			})},
-		Topics: []string{"orders"},
-		Target: target,
+		Topics:      []string{"orders"},
+		Target:      target,
+		TargetTopic: func(string) string { return kt },
 	}, nil)
 	if err != nil {
 		b.Fatal(err)
