@@ -7,7 +7,7 @@
 //	    adapter, inside the transaction) behind Watermill's
 //	    components/forwarder, which relays to watermill-kafka's publisher;
 //	(c) this project: the transactional outbox.Publisher, the Sequencer and
-//	    forwarder.Forwarder with a KafkaTarget (exactly once, its default);
+//	    forwarder.Forwarder with a kafka.Target (exactly once, its default);
 //	(b') peer-tuned, not run unless named in -systems: (b) with
 //	    watermill-sql's queue schema adapter, DeleteOnAck, batches of
 //	    1,000 and a 10 ms poll;
@@ -16,7 +16,7 @@
 //	    transaction, 100 workers producing each job to Kafka with
 //	    watermill-kafka's publisher (see setupRiver for its settings);
 //	(c') outbox-alo, not run unless named in -systems: (c) with the
-//	    KafkaTarget at least once (no Kafka transactions), for the cost of
+//	    kafka.Target at least once (no Kafka transactions), for the cost of
 //	    exactly-once delivery;
 //	(e) outbox-wal, not run unless named in -systems: (c) in the log-based
 //	    mode: the Publisher in outbox.ModeWAL writes into the WAL only and

@@ -28,7 +28,7 @@ const (
 	sysPeerTuned = "peer-tuned"
 	sysOutbox    = "outbox"
 	// sysOutboxALO is (c) with exactly-once delivery into Kafka turned
-	// off (forwarder.KafkaConfig.AtLeastOnce): what the Kafka
+	// off (kafka.Config.AtLeastOnce): what the Kafka
 	// transactions cost.
 	sysOutboxALO = "outbox-alo"
 	// sysOutboxWAL is (c) in the log-based mode (outbox.ModeWAL and a

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	wforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -16,6 +16,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/internal/ceiling"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/relay"
@@ -209,9 +210,9 @@ func (b *bench) setupPeer(ctx context.Context, schema, kafkaTopic string, broker
 // newKafkaPublisher is the Kafka producer of the peers: watermill-kafka's
 // publisher (a sarama SyncProducer), keyed by the partition key.
 func newKafkaPublisher(brokers []string) (message.Publisher, error) {
-	return kafka.NewPublisher(kafka.PublisherConfig{
+	return wmkafka.NewPublisher(wmkafka.PublisherConfig{
 		Brokers: brokers,
-		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
 			return msg.Metadata.Get(outbox.PartitionKeyMetadata), nil
 		}),
 	}, watermill.NopLogger{})
@@ -221,7 +222,7 @@ func newKafkaPublisher(brokers []string) (message.Publisher, error) {
 // with opts.partitions partitions, and a long-lived context-bound
 // outbox.Publisher (NOTIFY on unless -outbox-notify=false). The relay, once
 // started: a forwarder.Forwarder (its Subscriber runs the Sequencer, the
-// default) with a KafkaTarget (DefaultSaramaConfig) and opts.tuning, on a
+// default) with a kafka.Target (its defaults) and opts.tuning, on a
 // pool of its own as in cmd/outbox-demo.
 func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brokers []string, opts outboxOptions) (*system, error) {
 	admin, err := b.pool(ctx, 2)
@@ -248,7 +249,7 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 	}
 	var (
 		relayPool *pgxpool.Pool
-		target    *forwarder.KafkaTarget
+		target    *kafka.Target
 		fwd       *forwarder.Forwarder
 		done      chan error
 		walRelay  *relay.Relay
@@ -262,7 +263,7 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 		if relayPool, err = b.pool(ctx, bulkhead.MaxConcurrentPartitions+4); err != nil {
 			return err
 		}
-		if target, err = forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, AtLeastOnce: opts.atLeastOnce}); err != nil {
+		if target, err = kafka.NewTarget(kafka.Config{Brokers: brokers, AtLeastOnce: opts.atLeastOnce}, nil); err != nil {
 			return err
 		}
 		fwd, err = forwarder.NewForwarder(forwarder.Config{

@@ -11,6 +11,7 @@ import (
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/forwarder/jetstream"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 )
 
 // Consumer groups of the forwarders: each group sees every message of the
@@ -58,7 +59,7 @@ func (d *demo) startForwarding(ctx context.Context) error {
 	if err := d.startSequencer(); err != nil {
 		return err
 	}
-	kafkaTarget, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: d.brokers.kafkaAddrs, Logger: d.logger})
+	kafkaTarget, err := kafka.NewTarget(kafka.Config{Brokers: d.brokers.kafkaAddrs}, d.logger)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/forwarder/jetstream"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/relay"
 )
 
@@ -90,7 +91,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			if len(topics) > 0 {
 				var target forwarder.Target
 				if len(kafkaBrokers) > 0 {
-					t, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: kafkaBrokers, Logger: logger, AtLeastOnce: atLeastOnce})
+					t, err := kafka.NewTarget(kafka.Config{Brokers: kafkaBrokers, AtLeastOnce: atLeastOnce}, logger)
 					if err != nil {
 						return err
 					}
