@@ -21,7 +21,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -29,6 +29,7 @@ import (
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/inbox"
 )
 
@@ -98,9 +99,9 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sc := kafka.DefaultSaramaSubscriberConfig()
+	sc := wmkafka.DefaultSaramaSubscriberConfig()
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{},
+	sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{Brokers: brokers, Unmarshaler: wmkafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: sc, ConsumerGroup: "ledger"}, logger)
 	if err != nil {
 		return err
@@ -147,7 +148,7 @@ func run(ctx context.Context) error {
 func forwardAll(ctx context.Context, brokers []string, db *exampledb.DB, group string, logger watermill.LoggerAdapter) error {
 	// AtLeastOnce: two forwarder groups of one outbox into one Kafka
 	// topic would otherwise recognise each other's records and skip them.
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, AtLeastOnce: true, Logger: logger})
+	target, err := kafka.NewTarget(kafka.Config{Brokers: brokers, AtLeastOnce: true}, logger)
 	if err != nil {
 		return err
 	}

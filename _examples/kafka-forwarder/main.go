@@ -18,7 +18,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -27,6 +27,7 @@ import (
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 )
 
 const (
@@ -67,7 +68,7 @@ func run(ctx context.Context) error {
 	// "shop.orders". A record Kafka refuses for good (too large, say) goes
 	// to the dead-letter store; MaxAttempts stays 0, so that failed sends
 	// during a broker outage never dead-letter a healthy message.
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, Logger: logger})
+	target, err := kafka.NewTarget(kafka.Config{Brokers: brokers}, logger)
 	if err != nil {
 		return err
 	}
@@ -102,12 +103,12 @@ func run(ctx context.Context) error {
 	fmt.Printf("placed %d orders of %d customers\n", orders, customers)
 
 	// A Watermill application reading the Kafka topic.
-	sc := kafka.DefaultSaramaSubscriberConfig()
+	sc := wmkafka.DefaultSaramaSubscriberConfig()
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	// The forwarder writes in Kafka transactions (exactly once): read what
 	// they committed only.
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc}, logger)
+	sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{Brokers: brokers, Unmarshaler: wmkafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc}, logger)
 	if err != nil {
 		return err
 	}
@@ -142,8 +143,8 @@ func run(ctx context.Context) error {
 			return fmt.Errorf("%s: order %d arrived after order %d", ev.Customer, ev.OrderID, last[ev.Customer])
 		}
 		last[ev.Customer] = ev.OrderID
-		kafkaPartition, _ := kafka.MessagePartitionFromCtx(m.Context())
-		key, _ := kafka.MessageKeyFromCtx(m.Context())
+		kafkaPartition, _ := wmkafka.MessagePartitionFromCtx(m.Context())
+		key, _ := wmkafka.MessageKeyFromCtx(m.Context())
 		if p := m.Metadata.Get(outbox.MetadataPartition); p != strconv.Itoa(int(kafkaPartition)) || string(key) != ev.Customer {
 			return fmt.Errorf("order %d: outbox partition %s, Kafka partition %d, key %q", ev.OrderID, p, kafkaPartition, key)
 		}

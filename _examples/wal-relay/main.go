@@ -23,7 +23,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -32,6 +32,7 @@ import (
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/relay"
 )
 
@@ -99,7 +100,7 @@ func run(ctx context.Context) error {
 	}
 	defer cluster.Close()
 	brokers := cluster.ListenAddrs()
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers, Logger: logger})
+	target, err := kafka.NewTarget(kafka.Config{Brokers: brokers}, logger)
 	if err != nil {
 		return err
 	}
@@ -125,10 +126,10 @@ func run(ctx context.Context) error {
 
 	// A Watermill application reading the Kafka topic (read_committed: the
 	// forwarder writes in Kafka transactions).
-	sc := kafka.DefaultSaramaSubscriberConfig()
+	sc := wmkafka.DefaultSaramaSubscriberConfig()
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc}, logger)
+	sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{Brokers: brokers, Unmarshaler: wmkafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc}, logger)
 	if err != nil {
 		return err
 	}
