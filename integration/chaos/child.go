@@ -13,15 +13,17 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/inbox"
 )
 
@@ -268,13 +270,15 @@ func runSubscriber(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberC
 }
 
 func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberConfig, logger watermill.LoggerAdapter) error {
-	sc := forwarder.DefaultSaramaConfig()
-	sc.ClientID = cfg.Name
-	sc.Net.DialTimeout = time.Second
-	sc.Net.ReadTimeout = 2 * time.Second
-	sc.Net.WriteTimeout = 2 * time.Second
-	sc.Metadata.Retry.Backoff = 100 * time.Millisecond
-	target, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: cfg.Brokers, Sarama: sc, Logger: logger, AtLeastOnce: cfg.AtLeastOnce})
+	target, err := kafka.NewTarget(kafka.Config{
+		Brokers: cfg.Brokers, AtLeastOnce: cfg.AtLeastOnce,
+		ClientOptions: []kgo.Opt{
+			kgo.ClientID(cfg.Name),
+			kgo.DialTimeout(time.Second),
+			kgo.RequestTimeoutOverhead(2 * time.Second),
+			kgo.RetryBackoffFn(func(int) time.Duration { return 100 * time.Millisecond }),
+		},
+	}, logger)
 	if err != nil {
 		return err
 	}
@@ -322,7 +326,7 @@ func runInbox(ctx context.Context, cfg ChildConfig, pool *pgxpool.Pool, logger w
 	if err != nil {
 		return err
 	}
-	sc := kafka.DefaultSaramaSubscriberConfig()
+	sc := wmkafka.DefaultSaramaSubscriberConfig()
 	sc.ClientID = cfg.Name
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
@@ -331,8 +335,8 @@ func runInbox(ctx context.Context, cfg ChildConfig, pool *pgxpool.Pool, logger w
 	sc.Consumer.Group.Rebalance.Timeout = 6 * time.Second
 	sc.Consumer.Offsets.AutoCommit.Interval = 500 * time.Millisecond
 	sc.Net.DialTimeout = time.Second
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: cfg.Brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc,
+	sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{
+		Brokers: cfg.Brokers, Unmarshaler: wmkafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc,
 		ConsumerGroup: cfg.Group, ReconnectRetrySleep: 200 * time.Millisecond,
 	}, logger)
 	if err != nil {

@@ -13,13 +13,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 )
 
 // recorder keeps what the publishers tried to publish, and what became of
@@ -334,84 +335,109 @@ func (r *run) inject(pub *outbox.Publisher) {
 
 // readKafka reads every committed record of topic (isolation level
 // read_committed, as consumers of an exactly-once forwarder must read),
-// partition after partition, each in offset order, up to the high
-// watermarks.
+// partition by partition, each in offset order, up to the last stable
+// offsets, with franz-go's kgo.
 func readKafka(ctx context.Context, brokers []string, topic string) ([]Delivery, error) {
-	cfg := sarama.NewConfig()
-	cfg.ClientID = "chaos-verifier"
-	cfg.Consumer.Return.Errors = true
-	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
-	client, err := sarama.NewClient(brokers, cfg)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("chaos-verifier"))
 	if err != nil {
 		return nil, err
 	}
-	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
+	defer cl.Close()
+	admin := kadm.NewClient(cl)
+	starts, err := admin.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start offsets: %w", err)
+	}
+	ends, err := admin.ListCommittedOffsets(ctx, topic) // the last stable offsets
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("end offsets: %w", err)
+	}
+	from := map[int32]kgo.Offset{}
+	until := map[int32]int64{}
+	var order []int32
+	ends.Each(func(o kadm.ListedOffset) {
+		if s, _ := starts.Lookup(topic, o.Partition); o.Offset > s.Offset {
+			from[o.Partition] = kgo.NewOffset().At(s.Offset)
+			until[o.Partition] = o.Offset
+			order = append(order, o.Partition)
+		}
+	})
+	sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
+	if len(from) == 0 {
+		return nil, nil
+	}
+	consumer, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.ClientID("chaos-verifier"),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(), // a transaction's last offset is its marker: seeing it ends the partition
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)
 	if err != nil {
 		return nil, err
 	}
 	defer consumer.Close()
-	parts, err := client.Partitions(topic)
-	if err != nil {
-		return nil, err
-	}
-	// The partitions are read at once: the end of one is known only by
-	// waiting (its last offsets may be transaction markers, which a
-	// consumer never sees).
-	got := make([][]Delivery, len(parts))
-	errs := make([]error, len(parts))
-	var wg sync.WaitGroup
-	for i, p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got[i], errs[i] = readKafkaPartition(ctx, client, consumer, topic, p)
-		}()
-	}
-	wg.Wait()
-	var out []Delivery
-	for i := range parts {
-		if errs[i] != nil {
-			return nil, errs[i]
+	got := map[int32][]Delivery{}
+	done := map[int32]bool{}
+	idle := time.Now()
+	for len(done) < len(from) {
+		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		fetches := consumer.PollFetches(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		out = append(out, got[i]...)
+		var ferr error
+		fetches.EachError(func(_ string, p int32, err error) {
+			if ferr == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				ferr = fmt.Errorf("partition %d: %w", p, err)
+			}
+		})
+		if ferr != nil {
+			return nil, ferr
+		}
+		progress := false
+		fetches.EachRecord(func(r *kgo.Record) {
+			progress = true
+			if done[r.Partition] || r.Offset >= until[r.Partition] {
+				done[r.Partition] = true
+				return
+			}
+			if r.Offset == until[r.Partition]-1 {
+				done[r.Partition] = true
+			}
+			if r.Attrs.IsControl() {
+				return
+			}
+			d := Delivery{Key: string(r.Key), Payload: string(r.Value)}
+			for _, h := range r.Headers {
+				switch h.Key {
+				case kafka.UUIDHeaderKey:
+					d.UUID = string(h.Value)
+				case outbox.MetadataID:
+					d.OutboxID = string(h.Value)
+				}
+			}
+			got[r.Partition] = append(got[r.Partition], d)
+		})
+		if progress {
+			idle = time.Now()
+		} else if time.Since(idle) > 3*time.Second {
+			// What is left below the last stable offset are records of
+			// aborted transactions whose markers lie beyond it.
+			break
+		}
+	}
+	var out []Delivery
+	for _, p := range order {
+		out = append(out, got[p]...)
 	}
 	return out, nil
-}
-
-func readKafkaPartition(ctx context.Context, client sarama.Client, consumer sarama.Consumer, topic string, p int32) ([]Delivery, error) {
-	hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-	if err != nil {
-		return nil, fmt.Errorf("partition %d: %w", p, err)
-	}
-	if hwm == 0 {
-		return nil, nil
-	}
-	pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-	if err != nil {
-		return nil, fmt.Errorf("partition %d: %w", p, err)
-	}
-	defer pc.Close()
-	var out []Delivery
-	for {
-		select {
-		case cm := <-pc.Messages():
-			wm, err := kafka.DefaultMarshaler{}.Unmarshal(cm)
-			if err != nil {
-				return nil, fmt.Errorf("partition %d offset %d: %w", p, cm.Offset, err)
-			}
-			out = append(out, Delivery{OutboxID: wm.Metadata.Get(outbox.MetadataID), UUID: wm.UUID, Key: string(cm.Key), Payload: string(wm.Payload)})
-			if cm.Offset >= hwm-1 {
-				return out, nil
-			}
-		case err := <-pc.Errors():
-			return nil, fmt.Errorf("partition %d: %w", p, err)
-		case <-time.After(3 * time.Second):
-			// What is left below the high watermark are transaction
-			// markers and aborted records.
-			return out, nil
-		case <-ctx.Done():
-			return nil, fmt.Errorf("partition %d: %w", p, ctx.Err())
-		}
-	}
 }
