@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
@@ -34,6 +35,7 @@ import (
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/forwarder/jetstream"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/metrics"
 	"github.com/millrace/watermill-outbox/outboxtest"
@@ -52,7 +54,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // function and method of each. cmd/, bench/, _examples/ and internal/ are
 // not library API.
 var libraryPackages = []string{
-	".", "adaptive", "admin", "console", "deadletter", "forwarder", "forwarder/jetstream", "inbox",
+	".", "adaptive", "admin", "console", "deadletter", "forwarder", "forwarder/jetstream", "forwarder/kafka", "inbox",
 	"metrics", "outboxtest", "partitioning", "relay", "retention",
 }
 
@@ -753,6 +755,59 @@ var entries = []entry{
 	}},
 	{"forwarder.Murmur2Partitioner.RequiresConsistency", func(e *env) {
 		e.call("Murmur2Partitioner{}.RequiresConsistency", func() { new(forwarder.Murmur2Partitioner).RequiresConsistency() })
+	}},
+	// ---- package forwarder/kafka
+	{"kafka.Config.Validate", func(e *env) {
+		e.fails("kafka.Config{}.Validate", func() error { return kafka.Config{}.Validate() })
+		e.fails("kafka.Config{Brokers: [\"\"]}.Validate", func() error { return kafka.Config{Brokers: []string{""}}.Validate() })
+		e.fails("kafka.Config{ClientOptions: [nil]}.Validate", func() error {
+			return kafka.Config{Brokers: []string{"localhost:9092"}, ClientOptions: []kgo.Opt{nil}}.Validate()
+		})
+	}},
+	{"kafka.NewTarget", func(e *env) {
+		e.fails("kafka.NewTarget(zero, nil)", func() error { _, err := kafka.NewTarget(kafka.Config{}, nil); return err })
+	}},
+	{"kafka.Target.Close", func(e *env) {
+		e.may("kafka.Target{}.Close", func() error { return new(kafka.Target).Close() })
+		e.may("(*kafka.Target)(nil).Close", func() error { return (*kafka.Target)(nil).Close() })
+	}},
+	{"kafka.Target.Send", func(e *env) {
+		for _, atLeastOnce := range []bool{false, true} {
+			t := must(kafka.NewTarget(kafka.Config{Brokers: startKafka(e), AtLeastOnce: atLeastOnce, ClientOptions: []kgo.Opt{kgo.DialTimeout(time.Second)}}, nil))(e)
+			e.may("kafka.Target.Send(orders, nil)", func() error { _, err := t.Send(e.ctx, "orders", nil); return err })
+			e.fails("kafka.Target.Send(orders, [nil])", func() error { _, err := t.Send(e.ctx, "orders", []*message.Message{nil}); return err })
+			send := func() error {
+				_, err := t.Send(e.ctx, "orders", []*message.Message{message.NewMessage("u", nil)})
+				return err
+			}
+			if atLeastOnce {
+				e.may("kafka.Target{AtLeastOnce}.Send(orders, [msg])", send)
+			} else {
+				// Exactly once needs the outbox metadata a forwarder's batches carry.
+				e.fails("kafka.Target.Send(orders, [msg without outbox metadata])", send)
+			}
+			e.may("kafka.Target.Close", t.Close)
+		}
+		e.fails("kafka.Target{}.Send(orders, [msg])", func() error {
+			_, err := new(kafka.Target).Send(e.ctx, "orders", []*message.Message{message.NewMessage("u", nil)})
+			return err
+		})
+	}},
+	{"kafka.Target.CheckKeyIsolation", func(e *env) {
+		e.may("kafka.Target{}.CheckKeyIsolation", func() error { return new(kafka.Target).CheckKeyIsolation() })
+		e.may("(*kafka.Target)(nil).CheckKeyIsolation", func() error { return (*kafka.Target)(nil).CheckKeyIsolation() })
+	}},
+	{"kafka.Target.OpenProducers", func(e *env) {
+		e.call("kafka.Target{}.OpenProducers", func() { new(kafka.Target).OpenProducers() })
+		e.call("(*kafka.Target)(nil).OpenProducers", func() { (*kafka.Target)(nil).OpenProducers() })
+	}},
+	{"kafka.Partitioner", func(e *env) { e.call("kafka.Partitioner()", func() { kafka.Partitioner() }) }},
+	{"kafka.DefaultMarshaler.Marshal", func(e *env) {
+		e.fails("kafka.DefaultMarshaler.Marshal(orders, nil)", func() error { _, err := kafka.DefaultMarshaler{}.Marshal("orders", nil); return err })
+		e.may("kafka.DefaultMarshaler.Marshal(\"\", msg)", func() error {
+			_, err := kafka.DefaultMarshaler{}.Marshal("", message.NewMessage("", nil))
+			return err
+		})
 	}},
 	{"forwarder.PartitionKey", func(e *env) { e.call("PartitionKey(nil)", func() { forwarder.PartitionKey(nil) }) }},
 	{"forwarder.Outgoing", func(e *env) { e.call("Outgoing(nil)", func() { forwarder.Outgoing(nil) }) }},
