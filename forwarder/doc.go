@@ -1,7 +1,10 @@
 // Package forwarder relays the messages of a PostgreSQL outbox to a
-// message broker: Kafka (through sarama, with watermill-kafka's record
-// format), NATS JetStream (with watermill-nats's message format), or any
-// Watermill message.Publisher.
+// message broker: Kafka (the target of package forwarder/kafka, on
+// franz-go, with watermill-kafka's record format), NATS JetStream (package
+// forwarder/jetstream, with watermill-nats's message format), or any
+// Watermill message.Publisher (PublisherTarget). Each broker's target is a
+// package of its own, so that an application links only the client of the
+// broker it forwards to.
 //
 // A Forwarder reads outbox topics as a consumer group (outbox.Subscriber's
 // ConsumeBatches): any number of instances share the partitions, each
@@ -18,12 +21,12 @@
 //   - per-key order carries over: messages with the same partition key share
 //     an outbox partition, are sent in seq order and, on Kafka, share a
 //     partition again (murmur2, like Kafka's own partitioner);
-//   - into Kafka, exactly once by default: a KafkaTarget writes each batch
-//     in a Kafka transaction of a transactional producer per outbox
+//   - into Kafka, exactly once by default: the Kafka target writes each
+//     batch in a Kafka transaction of a transactional producer per outbox
 //     partition (a new owner fences the previous one, zombies included) and,
 //     on taking a partition over, reads back what it already wrote and skips
-//     it; consumers read with isolation level read_committed (see
-//     KafkaConfig.AtLeastOnce);
+//     it; consumers read with isolation level read_committed (see the
+//     AtLeastOnce field of package forwarder/kafka's Config);
 //   - elsewhere, messages can be duplicated (at-least-once): what was sent
 //     but not confirmed, or confirmed after the forwarder's lease ended, is
 //     sent again. Every copy carries the same stable id, outbox.MetadataID
@@ -35,7 +38,7 @@
 // A broker outage only stalls the forwarder: failed sends are retried with
 // backoff (the outbox.Subscriber's Tuning) until the broker is back.
 //
-//	target, _ := forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: brokers})
+//	target, _ := kafka.NewTarget(kafka.Config{Brokers: brokers}, logger) // package forwarder/kafka
 //	defer target.Close()
 //	fwd, _ := forwarder.NewForwarder(forwarder.Config{
 //		Subscriber: outbox.SubscriberConfig{Pool: pool, RejectHandler: deadLetters},

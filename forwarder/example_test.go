@@ -16,7 +16,8 @@ import (
 // Forward an outbox topic through Watermill handler middleware: here a
 // logging one, but metrics, tracing, correlation-id and Recoverer
 // middleware plug in the same way. The target prints what it would send to
-// the broker (use forwarder.NewKafkaTarget or NewJetStreamTarget).
+// the broker (use kafka.NewTarget or jetstream.NewTarget, of packages
+// forwarder/kafka and forwarder/jetstream).
 func ExampleConfig_middlewares() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))

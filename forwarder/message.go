@@ -53,7 +53,7 @@ func checkBatch(batch []*message.Message) error {
 }
 
 // isNil reports a nil interface value, or one that holds a nil pointer,
-// function, map, slice or channel (a TargetFunc(nil), a (*KafkaTarget)(nil)).
+// function, map, slice or channel (a TargetFunc(nil), a nil *kafka.Target).
 func isNil(v any) bool {
 	if v == nil {
 		return true
