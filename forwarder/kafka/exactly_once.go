@@ -401,7 +401,7 @@ func (t *Target) partitionTailSeq(ctx context.Context, topic string, kp int32, s
 			})
 			return 0, nil
 		}
-		from := max(start, end-step)
+		from := max(start, end-min(step, int64(t.cfg.TailScanLimit)-scanned))
 		s, err := t.readRange(ctx, topic, kp, from, end, o)
 		if err != nil {
 			return 0, err

@@ -2,7 +2,13 @@ package kafka_test
 
 import (
 	"errors"
+	"sort"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -10,9 +16,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
 
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/kafkaseam"
+	"github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
@@ -28,10 +37,24 @@ import (
 // (Reading the tail alone would not help here: when B read it, A's
 // records were not committed, and A's commit came after.)
 func TestZombieIsFencedByTheNextOwner(t *testing.T) {
+	for _, proto := range protocols {
+		t.Run(proto.name, func(t *testing.T) { testZombieIsFencedByTheNextOwner(t, proto.opts) })
+	}
+}
+
+// protocols are the request versions the exactly-once tests run with: the
+// newest both sides know (KIP-890: a produce request adds its partition to
+// the transaction), and Kafka 3.6's (AddPartitionsToTxn).
+var protocols = []struct {
+	name string
+	opts []kgo.Opt
+}{{"current protocol", nil}, {"Kafka 3.6 protocol", []kgo.Opt{kgo.MaxVersions(kversion.V3_6_0())}}}
+
+func testZombieIsFencedByTheNextOwner(t *testing.T, opts []kgo.Opt) {
 	c := kafkatest.New(t)
 	topic := c.Topic(t, "orders", 1, nil)
-	a := newTarget(t, c, false)
-	b := newTarget(t, c, false)
+	a := newTarget(t, c, false, opts...)
+	b := newTarget(t, c, false, opts...)
 	frozen, wake := make(chan struct{}), make(chan struct{})
 	zombie := kafkaseam.With(outboxtest.Ctx(t), kafkaseam.Seams{BeforeCommit: func() {
 		close(frozen)
@@ -107,10 +130,7 @@ func TestCommittedBatchIsNotSentAgainByTheNextOwner(t *testing.T) {
 // transaction; with Kafka 3.6's (the client limited to its request
 // versions), AddPartitionsToTxn does, and is retried too.
 func TestTransactionWaitsForABusyCoordinator(t *testing.T) {
-	for _, proto := range []struct {
-		name string
-		opts []kgo.Opt
-	}{{"current protocol", nil}, {"Kafka 3.6 protocol", []kgo.Opt{kgo.MaxVersions(kversion.V3_6_0())}}} {
+	for _, proto := range protocols {
 		t.Run(proto.name, func(t *testing.T) {
 			c, cluster := kafkatest.NewFake(t, "a real coordinator is busy, loading or moved only at moments a test cannot choose; kfake injects those answers")
 			topic := c.Topic(t, "orders", 1, nil)
@@ -141,6 +161,75 @@ func TestTransactionWaitsForABusyCoordinator(t *testing.T) {
 				}
 			}
 			fwdtest.AssertPositions(t, "committed records", positions(kafkaLog(t, c, topic)), fwdtest.UpTo(0, 10))
+		})
+	}
+}
+
+// partitionBatch returns n messages of outbox partition p of topic
+// "orders" with consecutive seqs from first, keys spread over many Kafka
+// partitions, metadata "i" = i.
+func partitionBatch(p int, first int64, n int) []*message.Message {
+	batch := make([]*message.Message, n)
+	for i := range batch {
+		seq := first + int64(i)
+		m := message.NewMessage(watermill.NewUUID(), []byte("payload "+strconv.Itoa(i)))
+		m.Metadata.Set(outbox.MetadataID, outbox.StableID("orders", p, seq))
+		m.Metadata.Set(outbox.MetadataTopic, "orders")
+		m.Metadata.Set(outbox.MetadataPartition, strconv.Itoa(p))
+		m.Metadata.Set(outbox.MetadataSeq, strconv.FormatInt(seq, 10))
+		m.Metadata.Set(outbox.MetadataPartitionKey, "p"+strconv.Itoa(p)+"-key-"+strconv.Itoa(i))
+		m.Metadata.Set("i", strconv.Itoa(i))
+		batch[i] = m
+	}
+	return batch
+}
+
+// With unequal partition counts (8 outbox partitions onto 3 Kafka
+// partitions) an outbox partition's records spread over every Kafka
+// partition, and other outbox partitions write behind them. A committed
+// the first half of a batch of outbox partition 0 and died; partitions 1
+// to 7 wrote 20 records each since. B's tail read scans each Kafka
+// partition back past their records to partition 0's last one and skips
+// the half: no copies. With TailScanLimit below what the others wrote,
+// the tail read gives up before it gets there (and logs it): B sends the
+// half again, the limit docs/forwarder.md states.
+func TestCommittedBatchIsNotSentAgainWithUnequalPartitionCounts(t *testing.T) {
+	for _, limit := range []int{0, 10} {
+		t.Run("TailScanLimit "+strconv.Itoa(limit), func(t *testing.T) {
+			c := kafkatest.New(t)
+			topic := c.Topic(t, "orders", 3, nil)
+			// As a Forwarder says it: the outbox topic has 8 partitions.
+			ctx := origin.With(outboxtest.Ctx(t), "schema", "group", 8)
+			a := newTarget(t, c, false)
+			batch := partitionBatch(0, 1, 12)
+			if done, err := a.Send(ctx, topic, batch[:6]); done != 6 || err != nil {
+				t.Fatalf("A: done %d, %v", done, err)
+			}
+			others := newTarget(t, c, false)
+			for p := 1; p < 8; p++ {
+				if done, err := others.Send(ctx, topic, partitionBatch(p, 1, 20)); done != 20 || err != nil {
+					t.Fatalf("partition %d: done %d, %v", p, done, err)
+				}
+			}
+			// A dies here; B gets the whole batch from the cursor.
+			b := newTargetWith(t, kafka.Config{Brokers: c.Brokers, TailScanLimit: limit})
+			if done, err := b.Send(ctx, topic, batch); done != len(batch) || err != nil {
+				t.Fatalf("B: done %d of %d, %v", done, len(batch), err)
+			}
+			var got []int
+			for _, r := range c.ReadCommitted(t, topic) {
+				if strings.HasPrefix(kafkatest.Header(r, outbox.MetadataID), "orders/0/") {
+					got = append(got, atoi(kafkatest.Header(r, "i")))
+				}
+			}
+			sort.Ints(got)
+			if limit == 0 {
+				fwdtest.AssertPositions(t, "records of outbox partition 0", got, fwdtest.UpTo(0, 12))
+				return
+			}
+			want := append(fwdtest.UpTo(0, 12), fwdtest.UpTo(0, 6)...)
+			sort.Ints(want)
+			fwdtest.AssertPositions(t, "records of outbox partition 0 past the TailScanLimit", got, want)
 		})
 	}
 }

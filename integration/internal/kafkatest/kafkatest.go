@@ -19,6 +19,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,11 +200,13 @@ func (c *Cluster) read(t testing.TB, topic string, committed bool) []*kgo.Record
 	if len(from) == 0 {
 		return nil
 	}
+	read := &batchesRead{}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
 		kgo.KeepControlRecords(), // a transaction's last offset is its marker: seeing it ends the read
 		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.WithHooks(read),
 	}
 	if committed {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
@@ -215,22 +218,20 @@ func (c *Cluster) read(t testing.TB, topic string, committed bool) []*kgo.Record
 	defer cl.Close()
 	byPartition := map[int32][]*kgo.Record{}
 	done := map[int32]bool{}
-	idle := time.Now()
+	batches, changed := int64(0), time.Now()
 	for len(done) < len(from) {
-		pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		pctx, pcancel := context.WithTimeout(ctx, 250*time.Millisecond)
 		fetches := cl.PollFetches(pctx)
 		pcancel()
 		if ctx.Err() != nil {
 			t.Fatalf("reading %s: %v", topic, ctx.Err())
 		}
-		got := false
 		fetches.EachError(func(_ string, p int32, err error) {
 			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 				t.Fatalf("reading %s/%d: %v", topic, p, err)
 			}
 		})
 		fetches.EachRecord(func(r *kgo.Record) {
-			got = true
 			if r.Offset >= until[r.Partition] {
 				done[r.Partition] = true
 				return
@@ -242,12 +243,12 @@ func (c *Cluster) read(t testing.TB, topic string, committed bool) []*kgo.Record
 				byPartition[r.Partition] = append(byPartition[r.Partition], r)
 			}
 		})
-		if got {
-			idle = time.Now()
-		} else if time.Since(idle) > 2*time.Second {
-			// The last offsets below the end hold records of aborted
-			// transactions whose markers lie beyond it: nothing more to
-			// read.
+		// Read_committed, the records of aborted transactions are skipped
+		// without a trace: once the broker served batches and serves no
+		// more, only such records can be left below the end.
+		if n := read.n.Load(); n != batches {
+			batches, changed = n, time.Now()
+		} else if batches > 0 && time.Since(changed) > 2*time.Second {
 			break
 		}
 	}
@@ -309,4 +310,13 @@ func (c *Cluster) Consume(t *testing.T, topic string, r *fwdtest.Received) {
 		_ = sub.Close()
 		<-done
 	})
+}
+
+// batchesRead counts the record batches a consumer decoded, aborted ones
+// included.
+type batchesRead struct{ n atomic.Int64 }
+
+// OnFetchBatchRead implements kgo.HookFetchBatchRead.
+func (b *batchesRead) OnFetchBatchRead(kgo.BrokerMetadata, string, int32, kgo.FetchBatchMetrics) {
+	b.n.Add(1)
 }
