@@ -275,6 +275,12 @@ func (t *Target) sendExactlyOnce(ctx context.Context, admin *kadm.Client, topic 
 // to topic.
 func (t *Target) initProducer(ctx context.Context, admin *kadm.Client, p *producer, topic string, o origin.Origin) error {
 	t.drop(p)
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return outbox.ErrClosed
+	}
 	cl, err := kgo.NewClient(t.cfg.clientOptions(t.cfg.transactional(p.id))...)
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)

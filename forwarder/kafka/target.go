@@ -165,7 +165,7 @@ func (t *Target) Close() error {
 	// Closing a client fails what it has in flight, so that the sends
 	// using it return; then wait for them.
 	for _, p := range producers {
-		if cl := p.client.Load(); cl != nil {
+		if cl := p.client.Swap(nil); cl != nil {
 			cl.Close()
 		}
 	}
@@ -197,6 +197,12 @@ func (t *Target) Send(ctx context.Context, topic string, batch []*message.Messag
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	if topic == "" {
+		return 0, fmt.Errorf("%w: kafka.Target.Send: empty topic", outbox.ErrInvalidArgument)
+	}
+	if err := checkTopic(topic); err != nil {
+		return 0, t.reject(batch[0], err)
+	}
 	shared, admin, err := t.connect()
 	if err != nil {
 		return 0, err
@@ -205,6 +211,21 @@ func (t *Target) Send(ctx context.Context, topic string, batch []*message.Messag
 		return t.sendAtLeastOnce(ctx, shared, topic, batch)
 	}
 	return t.sendExactlyOnce(ctx, admin, topic, batch)
+}
+
+// checkTopic refuses a topic name Kafka refuses: empty, "." or "..",
+// longer than 249 characters, or with a character other than ASCII
+// letters, digits, '.', '_' and '-' (as the broker's INVALID_TOPIC_EXCEPTION).
+func checkTopic(topic string) error {
+	if topic == "." || topic == ".." || len(topic) > 249 {
+		return fmt.Errorf("topic %q: %w", topic, kerr.InvalidTopicException)
+	}
+	for _, c := range topic {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic %q: %w", topic, kerr.InvalidTopicException)
+		}
+	}
+	return nil
 }
 
 // outRecord is one message of a batch on its way to Kafka.

@@ -297,3 +297,17 @@ func TestSendStoresNoRecordTwiceWhileIsolating(t *testing.T) {
 		})
 	}
 }
+
+// A topic name Kafka refuses (INVALID_TOPIC_EXCEPTION) can never take a
+// message: the first message is rejected, in both modes.
+func TestSendRejectsForAnInvalidTopicName(t *testing.T) {
+	for _, atLeastOnce := range []bool{false, true} {
+		c := kafkatest.New(t)
+		target := newTarget(t, c, atLeastOnce)
+		batch := fwdtest.OutboxBatch(3, fwdtest.SameKey)
+		done, err := target.Send(outboxtest.Ctx(t), "not a valid topic name!", batch)
+		if done != 0 || !errors.Is(err, outbox.ErrPoison) || !errors.Is(err, kerr.InvalidTopicException) {
+			t.Fatalf("at least once %v: Send: done %d, %v; want 0 and a rejection for INVALID_TOPIC_EXCEPTION", atLeastOnce, done, err)
+		}
+	}
+}
