@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -719,42 +718,6 @@ var entries = []entry{
 			_, err := new(jetstream.Target).Send(e.ctx, "orders", []*message.Message{message.NewMessage("u", nil)})
 			return err
 		})
-	}},
-	{"forwarder.DefaultSaramaConfig", func(e *env) { e.call("DefaultSaramaConfig", func() { forwarder.DefaultSaramaConfig() }) }},
-	{"forwarder.KafkaConfig.Validate", func(e *env) {
-		e.fails("KafkaConfig{}.Validate", func() error { return forwarder.KafkaConfig{}.Validate() })
-	}},
-	{"forwarder.NewKafkaTarget", func(e *env) {
-		e.fails("NewKafkaTarget(zero)", func() error { _, err := forwarder.NewKafkaTarget(forwarder.KafkaConfig{}); return err })
-	}},
-	{"forwarder.KafkaTarget.Close", func(e *env) {
-		e.may("KafkaTarget{}.Close", func() error { return new(forwarder.KafkaTarget).Close() })
-	}},
-	{"forwarder.KafkaTarget.Send", func(e *env) {
-		sc := forwarder.DefaultSaramaConfig()
-		sc.Net.DialTimeout, sc.Net.ReadTimeout, sc.Net.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
-		t := must(forwarder.NewKafkaTarget(forwarder.KafkaConfig{Brokers: startKafka(e), Sarama: sc}))(e)
-		defer t.Close()
-		e.may("KafkaTarget.Send(orders, nil)", func() error { _, err := t.Send(e.ctx, "orders", nil); return err })
-		e.fails("KafkaTarget.Send(orders, [nil])", func() error { _, err := t.Send(e.ctx, "orders", []*message.Message{nil}); return err })
-		e.fails("KafkaTarget{}.Send(orders, [msg])", func() error {
-			_, err := new(forwarder.KafkaTarget).Send(e.ctx, "orders", []*message.Message{message.NewMessage("u", nil)})
-			return err
-		})
-	}},
-	{"forwarder.NewMurmur2Partitioner", func(e *env) { e.call("NewMurmur2Partitioner(\"\")", func() { forwarder.NewMurmur2Partitioner("") }) }},
-	{"forwarder.Murmur2Partitioner.Partition", func(e *env) {
-		p := forwarder.NewMurmur2Partitioner("orders").(*forwarder.Murmur2Partitioner)
-		e.fails("Murmur2Partitioner.Partition(nil, 0)", func() error { _, err := p.Partition(nil, 0); return err })
-		e.fails("Murmur2Partitioner.Partition(nil, 1)", func() error { _, err := p.Partition(nil, 1); return err })
-		e.fails("Murmur2Partitioner.Partition(&{}, 0)", func() error { _, err := p.Partition(&sarama.ProducerMessage{}, 0); return err })
-		e.may("Murmur2Partitioner{}.Partition(&{}, 1)", func() error {
-			_, err := new(forwarder.Murmur2Partitioner).Partition(&sarama.ProducerMessage{}, 1)
-			return err
-		})
-	}},
-	{"forwarder.Murmur2Partitioner.RequiresConsistency", func(e *env) {
-		e.call("Murmur2Partitioner{}.RequiresConsistency", func() { new(forwarder.Murmur2Partitioner).RequiresConsistency() })
 	}},
 	// ---- package forwarder/kafka
 	{"kafka.Config.Validate", func(e *env) {
