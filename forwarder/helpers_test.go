@@ -2,11 +2,9 @@ package forwarder_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,12 +172,6 @@ func (r *received) distinct() int {
 	return len(r.uuids)
 }
 
-func (r *received) total() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.msgs)
-}
-
 // check verifies what arrived against what was published (minus the
 // rejected uuids): every message arrived; per key, first arrivals follow
 // publish order; every message carries its stable id, and every copy of an
@@ -280,53 +272,4 @@ func startForwarder(t *testing.T, e env, pool *pgxpool.Pool, target forwarder.Ta
 		})
 	})
 	return fwd
-}
-
-// crashingTarget passes batches to inner until, after `after` messages, it
-// "crashes" in the middle of a batch: it sends the first half of that batch,
-// freezes the instance's database pool (no more lease renewals) and blocks
-// every send until released. Another instance must take over.
-type crashingTarget struct {
-	inner   forwarder.Target
-	after   int64
-	freeze  func()
-	sent    atomic.Int64
-	crashed chan struct{}
-	release chan struct{}
-	once    sync.Once
-	halfLen atomic.Int64
-}
-
-func newCrashingTarget(inner forwarder.Target, after int64, freeze func()) *crashingTarget {
-	return &crashingTarget{inner: inner, after: after, freeze: freeze, crashed: make(chan struct{}), release: make(chan struct{})}
-}
-
-var errCrashed = errors.New("instance crashed")
-
-func (c *crashingTarget) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
-	select {
-	case <-c.crashed:
-		<-c.release
-		return 0, errCrashed
-	default:
-	}
-	if c.sent.Load() >= c.after && len(batch) >= 4 {
-		crashNow := false
-		c.once.Do(func() { crashNow = true })
-		if crashNow {
-			half := batch[:len(batch)/2]
-			if done, err := c.inner.Send(ctx, topic, half); err == nil {
-				c.halfLen.Store(int64(done))
-			}
-			c.freeze()
-			close(c.crashed)
-			<-c.release
-			return 0, errCrashed
-		}
-		<-c.release
-		return 0, errCrashed
-	}
-	done, err := c.inner.Send(ctx, topic, batch)
-	c.sent.Add(int64(done))
-	return done, err
 }
