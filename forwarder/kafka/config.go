@@ -24,6 +24,7 @@ package kafka
 
 import (
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -184,7 +185,7 @@ func (c Config) Validate() error {
 	if !c.AtLeastOnce {
 		extra = c.transactional(c.TransactionalIDPrefix)
 	}
-	cl, err := kgo.NewClient(c.clientOptions(extra)...)
+	cl, err := newClient(c.clientOptions(extra))
 	if err != nil {
 		return &outbox.ConfigError{Field: "ClientOptions", Reason: err.Error()}
 	}
@@ -222,3 +223,15 @@ func (c *Config) transactional(id string) []kgo.Opt {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// newClientMu serializes the making of clients: kgo.NewClient writes into
+// the codec slice of a kgo.ProducerBatchCompression option, which the
+// ClientOptions share between every client of a target (and every target
+// made from one Config).
+var newClientMu sync.Mutex
+
+func newClient(opts []kgo.Opt) (*kgo.Client, error) {
+	newClientMu.Lock()
+	defer newClientMu.Unlock()
+	return kgo.NewClient(opts...)
+}

@@ -281,7 +281,7 @@ func (t *Target) initProducer(ctx context.Context, admin *kadm.Client, p *produc
 	if closed {
 		return outbox.ErrClosed
 	}
-	cl, err := kgo.NewClient(t.cfg.clientOptions(t.cfg.transactional(p.id))...)
+	cl, err := newClient(t.cfg.clientOptions(t.cfg.transactional(p.id)))
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
 	}
@@ -442,7 +442,7 @@ func (b *batchesRead) OnFetchBatchRead(kgo.BrokerMetadata, string, int32, kgo.Fe
 // among them (0: none).
 func (t *Target) readRange(ctx context.Context, topic string, kp int32, from, end int64, o origin.Origin) (int64, error) {
 	read := &batchesRead{}
-	cl, err := kgo.NewClient(t.cfg.clientOptions([]kgo.Opt{
+	cl, err := newClient(t.cfg.clientOptions([]kgo.Opt{
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {kp: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// A transaction ends with its marker: seeing the marker at the
@@ -450,7 +450,7 @@ func (t *Target) readRange(ctx context.Context, topic string, kp int32, from, en
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.WithHooks(read),
-	})...)
+	}))
 	if err != nil {
 		return 0, err
 	}

@@ -123,7 +123,7 @@ func (t *Target) connect() (*kgo.Client, *kadm.Client, error) {
 		if t.cfg.AtLeastOnce {
 			extra = append(extra, kgo.AllowIdempotentProduceCancellation())
 		}
-		cl, err := kgo.NewClient(t.cfg.clientOptions(extra)...)
+		cl, err := newClient(t.cfg.clientOptions(extra))
 		if err != nil {
 			return nil, nil, fmt.Errorf("kafka: %w", err)
 		}
@@ -314,6 +314,9 @@ func ensureHeader(headers []kgo.RecordHeader, key, value string) []kgo.RecordHea
 // every record finished (false: ctx ended first; the unfinished ones have
 // ctx's error and may still be stored).
 func produce(ctx context.Context, cl *kgo.Client, records []outRecord) ([]error, bool) {
+	if len(records) == 0 {
+		return nil, true
+	}
 	var mu sync.Mutex
 	errs := make([]error, len(records))
 	finished := make([]bool, len(records))
