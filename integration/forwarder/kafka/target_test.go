@@ -512,3 +512,56 @@ func TestRecordOverMaxBatchBytesIsDeadLettered(t *testing.T) {
 	}
 	r.Check(t, pub.Snapshot(), dead)
 }
+
+// Close fails the sends in flight, waits until they returned and every
+// client of the target is closed (no kgo goroutine left), and is
+// idempotent; a Send after it is ErrClosed.
+func TestCloseWaitsForTheSendsAndClosesEveryClient(t *testing.T) {
+	for _, atLeastOnce := range []bool{false, true} {
+		c := kafkatest.New(t)
+		topic := c.Topic(t, "orders", 1, nil)
+		before, _ := stackCounts()
+		outage := kafkatest.NewOutage(t)
+		target, err := kafka.NewTarget(kafka.Config{Brokers: c.Brokers, AtLeastOnce: atLeastOnce, ClientOptions: []kgo.Opt{outage.Dialer()}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One partition's client open, then Kafka unreachable: the next
+		// send hangs until Close.
+		if done, err := target.Send(outboxtest.Ctx(t), topic, fwdtest.OutboxBatch(3, fwdtest.SameKey)); done != 3 || err != nil {
+			t.Fatalf("Send: done %d, %v", done, err)
+		}
+		outage.Break()
+		sent := make(chan error, 1)
+		go func() {
+			_, err := target.Send(outboxtest.Ctx(t), topic, fwdtest.OutboxBatch(3, fwdtest.SameKey))
+			sent <- err
+		}()
+		time.Sleep(500 * time.Millisecond)
+		start := time.Now()
+		if err := target.Close(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-sent:
+			if err == nil {
+				t.Fatal("the send in flight succeeded with Kafka unreachable")
+			}
+		case <-time.After(time.Second): // the goroutine's own step after Send returned
+			t.Fatal("Close returned before the send in flight")
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("Close took %v", d)
+		}
+		if err := target.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+		if _, err := target.Send(outboxtest.Ctx(t), topic, fwdtest.OutboxBatch(1, fwdtest.SameKey)); !errors.Is(err, outbox.ErrClosed) {
+			t.Fatalf("Send after Close: %v, want ErrClosed", err)
+		}
+		outboxtest.WaitFor(t, "no kgo goroutine of the target left", 10*time.Second, func() bool {
+			after, _ := stackCounts()
+			return after <= before
+		})
+	}
+}
