@@ -2,11 +2,12 @@ package chaos
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -19,10 +20,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/inbox"
+	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 )
 
@@ -70,7 +72,9 @@ func (c childSpec) topic() string {
 // scenario is what a chaos run runs and breaks.
 type scenario struct {
 	children []childSpec
-	// kafkaTopics are the Kafka topics and their partition counts.
+	// kafkaTopics are the Kafka topics and their partition counts, by the
+	// names the children use here (each run creates them under names of
+	// its own: run.kafkaTopics).
 	kafkaTopics map[string]int
 	// Every killMin to killMax a child is SIGKILLed.
 	killMin, killMax time.Duration
@@ -214,10 +218,18 @@ type run struct {
 
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool
-	gate    *Gate
-	kafka   *kfake.Cluster
-	procs   []*Proc
-	rec     *recorder
+	// kafka is kfake or the cluster of OUTBOX_TEST_KAFKA_BROKERS; the
+	// children reach it only through brokerProxies, which the broker
+	// outages break.
+	kafka         *kafkatest.Cluster
+	brokerProxies *kafkatest.ProxyMap
+	// runID makes the run's Kafka names its own: the topics (kafkaTopics,
+	// scenario name → created name), the exactly-once forwarders'
+	// transactional ids and the inbox consumers' consumer groups.
+	runID       string
+	kafkaTopics map[string]string
+	procs       []*Proc
+	rec         *recorder
 
 	pgRestarts atomic.Int32
 	outages    atomic.Int32
@@ -249,9 +261,6 @@ func newRun(t *testing.T, seed uint64, dur time.Duration, selftest bool, sc scen
 		}
 		if r.pool != nil {
 			r.pool.Close()
-		}
-		if r.kafka != nil {
-			r.kafka.Close()
 		}
 		if r.cluster != nil {
 			r.cluster.Stop()
@@ -328,34 +337,12 @@ func (r *run) setUp() {
 		t.Fatal(err)
 	}
 
-	// Kafka, behind a gate the broker outages close.
-	opts := []kfake.Opt{kfake.NumBrokers(1)}
-	for name, n := range r.sc.kafkaTopics {
-		opts = append(opts, kfake.SeedTopics(int32(n), name))
-	}
-	r.kafka, err = kfake.NewCluster(append(opts,
-		kfake.ListenFn(func(network, address string) (net.Listener, error) {
-			g, err := Listen(network, address)
-			r.gate = g
-			return g, err
-		}))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	brokers := r.kafka.ListenAddrs()
+	r.setUpKafka()
 
 	// The children.
 	for _, role := range r.sc.children {
 		for i := 1; i <= role.count; i++ {
-			cfg := ChildConfig{
-				Role: role.role, Name: fmt.Sprintf("%s-%d", role.group, i), DatabaseURL: url, Schema: schema, Topic: topic,
-				Group: role.group, Brokers: brokers, FlakyRate: 0.01, WorkDelay: 4 * time.Millisecond,
-				LeaseTTL: leaseTTL,
-				Seed:     r.seed, KafkaTopic: role.kafkaTopic, AtLeastOnce: role.atLeastOnce,
-			}
-			if role.role == RoleTransactional || role.role == RoleLeased {
-				cfg.MaxAttempts = maxAttempts
-			}
+			cfg := r.childConfig(role, i, url)
 			env, err := ChildEnv(cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -369,6 +356,89 @@ func (r *run) setUp() {
 		}
 	}
 }
+
+// childConfig is the configuration of the i-th child (from 1) of role, on
+// the database of url: the forwarders and inbox consumers with the run's
+// Kafka topics, transactional ids and consumer groups, dialing the brokers
+// through the run's proxies.
+func (r *run) childConfig(role childSpec, i int, url string) ChildConfig {
+	cfg := ChildConfig{
+		Role: role.role, Name: fmt.Sprintf("%s-%d", role.group, i), DatabaseURL: url, Schema: schema, Topic: topic,
+		Group: role.group, FlakyRate: 0.01, WorkDelay: 4 * time.Millisecond, LeaseTTL: leaseTTL,
+		Seed: r.seed, AtLeastOnce: role.atLeastOnce,
+	}
+	switch role.role {
+	case RoleTransactional, RoleLeased:
+		cfg.MaxAttempts = maxAttempts
+		return cfg
+	case RoleForwarder:
+		cfg.TransactionalIDPrefix = r.transactionalIDPrefix()
+	case RoleInbox:
+		cfg.KafkaGroup = r.kafkaGroup(role.group)
+	}
+	cfg.Brokers, cfg.BrokerMap = r.kafka.Brokers, r.brokerProxies.Addrs()
+	cfg.KafkaTopic = r.kafkaTopics[role.topic()]
+	return cfg
+}
+
+// setUpKafka gives the run its Kafka cluster, the same way on kfake (CI) and
+// on the real cluster of OUTBOX_TEST_KAFKA_BROKERS: the scenario's topics
+// under names of the run's own (deleted when the test ends), a breakable
+// proxy in front of every broker address, seed or advertised (the children
+// dial the brokers only through them, so that the broker outages cut them
+// off), and the inbox consumers' consumer groups deleted when the test
+// ends.
+func (r *run) setUpKafka() {
+	t := r.t
+	id := make([]byte, 4)
+	_, _ = crand.Read(id)
+	r.runID = hex.EncodeToString(id)
+	r.kafka = kafkatest.New(t)
+	r.kafkaTopics = map[string]string{}
+	for name, n := range r.sc.kafkaTopics {
+		r.kafkaTopics[name] = r.kafka.Topic(t, name, n, nil)
+	}
+	r.brokerProxies = kafkatest.NewProxyMap(t, r.kafka)
+	where := "kfake"
+	if kafkatest.Real() {
+		where = kafkatest.BrokersEnv + "=" + strings.Join(r.kafka.Brokers, ",")
+	}
+	t.Logf("Kafka: %s, run %s, topics %v, the children dial the brokers through the proxies %v",
+		where, r.runID, r.kafkaTopics, r.brokerProxies.Addrs())
+	var groups []string
+	for _, c := range r.sc.children {
+		if c.role == RoleInbox {
+			groups = append(groups, r.kafkaGroup(c.group))
+		}
+	}
+	// Cleanups run last first: this one before the topics and the
+	// proxies go.
+	t.Cleanup(func() {
+		for _, p := range r.procs {
+			p.Kill()
+		}
+		if len(groups) == 0 {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		resp, err := r.kafka.Admin().DeleteGroups(ctx, groups...)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
+			t.Logf("delete the consumer groups %v: %v", groups, err)
+		}
+	})
+}
+
+// transactionalIDPrefix is the run's exactly-once forwarders'
+// kafka.Config.TransactionalIDPrefix.
+func (r *run) transactionalIDPrefix() string { return "chaos-" + r.runID }
+
+// kafkaGroup is the Kafka consumer group of the run's inbox consumers of
+// group.
+func (r *run) kafkaGroup(group string) string { return group + "-" + r.runID }
 
 // chaos publishes for the run's duration while it kills children, restarts
 // the server and cuts the broker off; it returns when all of that stopped
@@ -440,10 +510,9 @@ func (r *run) chaos() {
 				return
 			}
 			t.Logf("%6.1fs: Kafka broker outage (%v)", time.Since(r.started).Seconds(), down)
-			if err := r.gate.Outage(r.ctx, down); err != nil {
-				t.Errorf("broker outage: %v", err)
-				return
-			}
+			r.brokerProxies.Break()
+			sleep(r.ctx, down)
+			r.brokerProxies.Restore()
 			r.outages.Add(1)
 		}()
 	}
@@ -846,7 +915,7 @@ func (r *run) collect() Input {
 	for _, name := range kafkaOrder {
 		s := kafkaTopics[name]
 		var err error
-		if s.Deliveries, err = readKafka(ctx, r.kafka.ListenAddrs(), name); err != nil {
+		if s.Deliveries, err = readKafka(ctx, r.kafka.Brokers, r.kafkaTopics[name]); err != nil {
 			t.Fatalf("reading Kafka topic %s back: %v", name, err)
 		}
 		if s.ExactlyOnce {

@@ -25,6 +25,7 @@ import (
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/inbox"
+	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 )
 
 // EnvChild names the environment variable that makes the test binary run
@@ -96,8 +97,21 @@ type ChildConfig struct {
 	Schema      string
 	Topic       string
 	Group       string
-	// Brokers are the Kafka brokers of a forwarder or an inbox consumer.
+	// Brokers are the Kafka seed brokers of a forwarder or an inbox
+	// consumer.
 	Brokers []string
+	// BrokerMap maps each broker address (the seeds and every address the
+	// brokers advertise) to the breakable proxy the child dials instead
+	// (kafkatest.ProxyMap's Addrs): the test's broker outages break the
+	// proxies. Empty: the brokers are dialed directly.
+	BrokerMap map[string]string
+	// TransactionalIDPrefix is an exactly-once forwarder's
+	// kafka.Config.TransactionalIDPrefix, unique per run so that runs
+	// against one cluster never fence each other (default: the target's).
+	TransactionalIDPrefix string
+	// KafkaGroup is an inbox consumer's Kafka consumer group, unique per
+	// run (default: Group).
+	KafkaGroup string
 	// KafkaTopic is the topic a forwarder writes to (default: Topic) or an
 	// inbox consumer reads.
 	KafkaTopic string
@@ -271,13 +285,8 @@ func runSubscriber(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberC
 
 func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberConfig, logger watermill.LoggerAdapter) error {
 	target, err := kafka.NewTarget(kafka.Config{
-		Brokers: cfg.Brokers, AtLeastOnce: cfg.AtLeastOnce,
-		ClientOptions: []kgo.Opt{
-			kgo.ClientID(cfg.Name),
-			kgo.DialTimeout(time.Second),
-			kgo.RequestTimeoutOverhead(2 * time.Second),
-			kgo.RetryBackoffFn(func(int) time.Duration { return 100 * time.Millisecond }),
-		},
+		Brokers: cfg.Brokers, AtLeastOnce: cfg.AtLeastOnce, TransactionalIDPrefix: cfg.TransactionalIDPrefix,
+		ClientOptions: forwarderClientOptions(cfg, logger),
 	}, logger)
 	if err != nil {
 		return err
@@ -315,7 +324,7 @@ func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberCo
 	}
 }
 
-// runInbox consumes cfg.KafkaTopic as Kafka consumer group cfg.Group
+// runInbox consumes cfg.KafkaTopic as Kafka consumer group cfg.KafkaGroup
 // through watermill-kafka and a Router with the inbox middleware (inbox
 // consumer cfg.Group); the handler records each message in the results
 // table in the inbox's transaction, after up to WorkDelay, so that a kill
@@ -326,18 +335,14 @@ func runInbox(ctx context.Context, cfg ChildConfig, pool *pgxpool.Pool, logger w
 	if err != nil {
 		return err
 	}
-	sc := wmkafka.DefaultSaramaSubscriberConfig()
-	sc.ClientID = cfg.Name
-	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
-	sc.Consumer.IsolationLevel = sarama.ReadCommitted
-	sc.Consumer.Group.Session.Timeout = 6 * time.Second
-	sc.Consumer.Group.Heartbeat.Interval = time.Second
-	sc.Consumer.Group.Rebalance.Timeout = 6 * time.Second
-	sc.Consumer.Offsets.AutoCommit.Interval = 500 * time.Millisecond
-	sc.Net.DialTimeout = time.Second
+	sc := inboxSaramaConfig(cfg, logger)
+	group := cfg.KafkaGroup
+	if group == "" {
+		group = cfg.Group
+	}
 	sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{
 		Brokers: cfg.Brokers, Unmarshaler: wmkafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc,
-		ConsumerGroup: cfg.Group, ReconnectRetrySleep: 200 * time.Millisecond,
+		ConsumerGroup: group, ReconnectRetrySleep: 200 * time.Millisecond,
 	}, logger)
 	if err != nil {
 		return err
@@ -382,5 +387,55 @@ func runInbox(ctx context.Context, cfg ChildConfig, pool *pgxpool.Pool, logger w
 		_ = router.Close()
 		<-done
 		return nil
+	}
+}
+
+// forwarderClientOptions are the franz-go options of a forwarder child's
+// target (every client it makes): through cfg.BrokerMap when there is one.
+func forwarderClientOptions(cfg ChildConfig, logger watermill.LoggerAdapter) []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.ClientID(cfg.Name),
+		kgo.DialTimeout(time.Second),
+		kgo.RequestTimeoutOverhead(2 * time.Second),
+		kgo.RetryBackoffFn(func(int) time.Duration { return 100 * time.Millisecond }),
+	}
+	if d := brokerDialer(cfg, logger); d != nil {
+		opts = append(opts, d.Option())
+	}
+	return opts
+}
+
+// inboxSaramaConfig is the sarama configuration of an inbox child's
+// watermill-kafka subscriber: through cfg.BrokerMap when there is one.
+func inboxSaramaConfig(cfg ChildConfig, logger watermill.LoggerAdapter) *sarama.Config {
+	sc := wmkafka.DefaultSaramaSubscriberConfig()
+	sc.ClientID = cfg.Name
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
+	sc.Consumer.Group.Session.Timeout = 6 * time.Second
+	sc.Consumer.Group.Heartbeat.Interval = time.Second
+	sc.Consumer.Group.Rebalance.Timeout = 6 * time.Second
+	sc.Consumer.Offsets.AutoCommit.Interval = 500 * time.Millisecond
+	sc.Net.DialTimeout = time.Second
+	if d := brokerDialer(cfg, logger); d != nil {
+		d.ConfigureSarama(sc)
+	}
+	return sc
+}
+
+// brokerDialer dials the brokers through cfg.BrokerMap (nil without one,
+// a dial timeout of a second); an address the map lacks is refused and
+// logged once.
+func brokerDialer(cfg ChildConfig, logger watermill.LoggerAdapter) *kafkatest.MapDialer {
+	if len(cfg.BrokerMap) == 0 {
+		return nil
+	}
+	return &kafkatest.MapDialer{
+		Addrs:   cfg.BrokerMap,
+		Timeout: time.Second,
+		OnUnmapped: func(addr string) {
+			logger.Error("A broker address has no proxy: not dialed (a broker that joined the cluster after the run started?)",
+				kafkatest.ErrUnmapped, watermill.LogFields{"addr": addr})
+		},
 	}
 }

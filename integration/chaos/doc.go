@@ -1,7 +1,6 @@
 // Package chaos is the outbox's chaos test (TestChaos) and what it is made
-// of: a verifier (Verify), a listener that can go through an outage (Gate,
-// for the Kafka broker), child processes that are killed and started again
-// (Proc) and the roles they play (RunChild).
+// of: a verifier (Verify), child processes that are killed and started
+// again (Proc) and the roles they play (RunChild).
 //
 // TestChaos runs the whole system for a while and breaks it on purpose:
 //
@@ -12,21 +11,21 @@
 //   - subscriber processes of two consumer groups (Transactional and
 //     Leased) record every delivery in a results table and reject poison
 //     into the dead-letter store; forwarder processes relay the topic to
-//     Kafka (kfake, in the test process, behind a Gate);
+//     Kafka (kfake in the test process, or a real cluster: see below);
 //   - those processes are SIGKILLed at random and started again, or frozen
 //     (SIGSTOP) for longer than their leases and woken up as zombies; the
-//     PostgreSQL server is restarted in immediate mode (a crash); the broker
-//     goes away for a few seconds.
+//     PostgreSQL server is restarted in immediate mode (a crash); the
+//     brokers go away for a few seconds.
 //
 // Then it lets the system drain and reads everything back — the outbox
 // log, both groups' results and dead letters, the Kafka topic — and Verify
 // fails the run on any lost, phantom or per-key reordered message, and on
 // any duplicate without the same outbox_id.
 //
-//	go test ./internal/chaos -run TestChaos -v                             # the CI size, about a minute (-short: 15 s of chaos)
-//	go test ./internal/chaos -run TestChaos -v -chaos.duration=10m -timeout=30m
-//	go test ./internal/chaos -run TestChaos -v -chaos.seed=42              # the same schedule again
-//	go test ./internal/chaos -run TestChaos -v -chaos.selftest             # inject one fault of each kind: must be caught
+//	go test ./integration/chaos -run TestChaos -v                             # the CI size, about a minute (-short: 15 s of chaos)
+//	go test ./integration/chaos -run TestChaos -v -chaos.duration=10m -timeout=30m
+//	go test ./integration/chaos -run TestChaos -v -chaos.seed=42              # the same schedule again
+//	go test ./integration/chaos -run TestChaos -v -chaos.selftest             # inject one fault of each kind: must be caught
 //
 // -chaos.rate sets the publishers' pace (messages per second), -chaos.keep
 // keeps the logs of a passing run (a failing run always keeps them: the
@@ -47,7 +46,47 @@
 // test fails if the storm had fewer than 20 forwarder SIGKILLs or 3
 // forwarder freezes.
 //
-//	go test ./internal/chaos -run TestChaosKafka -v
+//	go test ./integration/chaos -run TestChaosKafka -v
+//
+// # Kafka: kfake or a real cluster
+//
+// The Kafka of a run is franz-go's in-process kfake broker (CI), or, with
+// OUTBOX_TEST_KAFKA_BROKERS=host:9092[,host2:9092], that real cluster
+// (kafkatest.New); both go through the same code:
+//
+//   - each run creates its topics (the scenario's partition counts: 8, and
+//     5 for the unequal one) under names of its own (a random suffix) and
+//     deletes them when it ends; the exactly-once forwarders'
+//     transactional ids ("chaos-<run>/…") and the inbox consumers' Kafka
+//     consumer groups ("chaos-inbox-<run>", deleted at the end) are the
+//     run's own too, so two runs against one cluster, at once or one after
+//     the other, never fence or share each other;
+//   - the test process runs a breakable TCP proxy per broker address — the
+//     seeds and every address the brokers advertise in their metadata
+//     (kafkatest.ProxyMap) — and hands the children the map (advertised
+//     address → proxy, ChildConfig.BrokerMap); the forwarders dial every
+//     connection through it (kgo.Dialer), the inbox consumers too
+//     (sarama's Net.Proxy, through watermill-kafka), and an address
+//     missing from it is refused, not dialed. A broker outage breaks every
+//     proxy: to the children the whole cluster is gone, while it keeps its
+//     state. TestChildClientsDialThroughBrokerProxies proves the children's
+//     clients reach the advertised addresses only through the map;
+//   - the verifier reads the topics back directly, read_committed.
+//
+// A real cluster must allow transactions (transaction.state.log
+// replication and min.insync.replicas its broker count can meet; a single
+// broker needs transaction.state.log.replication.factor=1 and
+// transaction.state.log.min.isr=1), give the test's principal the right to
+// create and delete topics, write transactionally (transactional ids
+// "chaos-*"), read, and join, commit and delete consumer groups
+// ("chaos-inbox-*"), and advertise listeners the test's machine can reach
+// (the proxies dial them; inside Docker, an advertised listener such as
+// localhost:9092 published to the host). A broker that joins the cluster
+// during a run has no proxy: the children cannot use it. The connections
+// are plaintext (as in kafkatest). A run against a remote cluster is
+// slower: give it time (-timeout=20m):
+//
+//	OUTBOX_TEST_KAFKA_BROKERS=localhost:9092 go test ./integration/chaos -run 'TestChaosKafka|TestChildClientsDialThroughBrokerProxies' -v -timeout=20m
 //
 // The test binary runs itself as the child processes (TestChaosChild, with
 // the role in the environment variable EnvChild).
