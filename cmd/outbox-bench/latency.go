@@ -44,7 +44,12 @@ type latencyResult struct {
 	Latency             latencyStats `json:"latency"`
 	CPUSeconds          float64      `json:"cpu_s"`
 	CPUMicrosPerMessage float64      `json:"cpu_us_per_msg"`
-	PeakRSSBytes        int64        `json:"peak_rss_bytes"`
+	// ProcessMicrosPerMessage and PostgresMicrosPerMessage split
+	// CPUMicrosPerMessage: this process (publishers, relay, the in-process
+	// Kafka broker and consumer) and the PostgreSQL server.
+	ProcessMicrosPerMessage  float64 `json:"process_cpu_us_per_msg"`
+	PostgresMicrosPerMessage float64 `json:"postgres_cpu_us_per_msg"`
+	PeakRSSBytes             int64   `json:"peak_rss_bytes"`
 	// CDF is the latency distribution, for latency.png.
 	CDF        []cdfPoint  `json:"cdf"`
 	Statements []statement `json:"top_statements,omitempty"`
@@ -205,12 +210,14 @@ func (r *latencyResult) finish(c0, c1 cpuSample, cons *consumer, l *load, comple
 	r.CDF = cdf(lat)
 	r.CPUSeconds = c1.total() - c0.total()
 	r.CPUMicrosPerMessage = r.CPUSeconds * 1e6 / float64(r.Messages)
+	r.ProcessMicrosPerMessage = (c1.process - c0.process).Seconds() * 1e6 / float64(r.Messages)
+	r.PostgresMicrosPerMessage = (c1.server - c0.server).Seconds() * 1e6 / float64(r.Messages)
 	r.PeakRSSBytes = peakRSS()
 }
 
 func (r *latencyResult) summary() string {
-	s := fmt.Sprintf("%d of %d received (%d duplicates), offered %.0f msg/s; latency p50 %.1f ms, p90 %.1f, p99 %.1f, p99.9 %.1f, max %.1f; CPU %.1f µs/msg",
-		r.Received, r.Messages, r.Duplicates, r.AchievedRate, r.Latency.P50Ms, r.Latency.P90Ms, r.Latency.P99Ms, r.Latency.P999Ms, r.Latency.MaxMs, r.CPUMicrosPerMessage)
+	s := fmt.Sprintf("%d of %d received (%d duplicates), offered %.0f msg/s; latency p50 %.1f ms, p90 %.1f, p99 %.1f, p99.9 %.1f, max %.1f; CPU %.1f µs/msg (process %.1f + PostgreSQL %.1f)",
+		r.Received, r.Messages, r.Duplicates, r.AchievedRate, r.Latency.P50Ms, r.Latency.P90Ms, r.Latency.P99Ms, r.Latency.P999Ms, r.Latency.MaxMs, r.CPUMicrosPerMessage, r.ProcessMicrosPerMessage, r.PostgresMicrosPerMessage)
 	if !r.KeptSchedule {
 		s += fmt.Sprintf("; the publishers did not keep the schedule (lag p99 %.0f ms, max %.0f ms)", r.LagP99Ms, r.LagMaxMs)
 	}

@@ -26,7 +26,7 @@
 // It starts a throwaway durable PostgreSQL cluster (fsync and
 // synchronous_commit on, pg_stat_statements loaded when available) and, per
 // measured run, a fresh in-process Kafka broker (franz-go's kfake), and runs
-// up to four phases (-phases):
+// up to five phases (-phases):
 //
 //   - compare: first (a) and (c) publish alone, alternately, -publish-rounds
 //     times per -per-tx value (at most 20,000 transactions each), reported
@@ -54,6 +54,9 @@
 //     -growth-rate msg/s, for latency without a queue; (ii)
 //     -growth-messages messages for each partition
 //     count of -growth-partitions.
+//   - idle: (b) and (c) (with adaptive.Default() and LowLatency()) with
+//     the relay running and nothing published, for -idle-duration: the CPU
+//     per second of the process and of the PostgreSQL server.
 //   - isolation, not run unless named: key-level isolation of the
 //     Subscriber (outbox.KeyIsolation). -isolation-rate msg/s for 20 s over
 //     -keys keys in up to 4 partitions, 1% of the keys failing from 5 s for
@@ -63,7 +66,7 @@
 //
 // Flags:
 //
-//	-phases compare,latency,growth   phases to run
+//	-phases compare,latency,growth,idle   phases to run
 //	-systems ceiling,peer,outbox     systems of the compare phase (also: peer-tuned, river, outbox-alo, outbox-wal)
 //	-messages 200000                 messages per system and -per-tx value (compare)
 //	-per-tx 100,1                    messages per transaction (compare)
@@ -74,6 +77,7 @@
 //	-outbox-notify=true              (c): the Publisher's NOTIFY wakes the Sequencer
 //	-latency-loads 1000,10000        offered loads, msg/s
 //	-latency-duration 20s            how long each load is offered
+//	-idle-duration 20s               how long each system idles (idle)
 //	-latency-publishers 8            publishers (connections) of the latency phase
 //	-growth-history 1000000          messages of the history run
 //	-growth-max-backlog 0            history: publishers wait while more than this many are undelivered (0: unpaced)
@@ -126,6 +130,7 @@ const (
 	phaseGrowth  = "growth"
 	// phaseIsolation is not run unless named in -phases.
 	phaseIsolation = "isolation"
+	phaseIdle      = "idle"
 )
 
 // maxTracked bounds the messages of a latency or growth run: each has its
@@ -152,6 +157,7 @@ type config struct {
 	cpuProfile        string
 	latencyLoads      []int
 	latencyDuration   time.Duration
+	idleDuration      time.Duration
 	latencyPublishers int
 
 	growthHistory    int
@@ -226,7 +232,7 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var phases, systems, perTx, loads, partitions string
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
-	fs.StringVar(&phases, "phases", "compare,latency,growth", "phases to run: compare, latency, growth, isolation (comma-separated)")
+	fs.StringVar(&phases, "phases", "compare,latency,growth,idle", "phases to run: compare, latency, growth, idle, isolation (comma-separated)")
 	fs.IntVar(&cfg.isolationRate, "isolation-rate", 5000, "isolation: offered load in msg/s")
 	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, peer-tuned, river, outbox, outbox-alo, outbox-wal (comma-separated)")
 	fs.IntVar(&cfg.messages, "messages", 200000, "compare: messages per system and per -per-tx value")
@@ -240,6 +246,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&cfg.outboxNotify, "outbox-notify", true, "(c): the Publisher sends NOTIFY to wake the Sequencer (its default); false leaves the Sequencer to its poll interval")
 	fs.StringVar(&loads, "latency-loads", "1000,10000", "latency: offered loads in msg/s (comma-separated)")
 	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 20*time.Second, "latency: how long each load is offered")
+	fs.DurationVar(&cfg.idleDuration, "idle-duration", 20*time.Second, "idle: how long each system's idle CPU is measured")
 	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
 	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
@@ -257,7 +264,7 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
-	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation); err != nil {
+	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation, phaseIdle); err != nil {
 		return cfg, err
 	}
 	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysPeerTuned, sysRiver, sysOutbox, sysOutboxALO, sysOutboxWAL); err != nil {
@@ -277,6 +284,7 @@ func parseFlags(args []string) (config, error) {
 		cfg.maxDrain = 20 * time.Second
 		cfg.latencyLoads = []int{200, 1000}
 		cfg.latencyDuration = 2 * time.Second
+		cfg.idleDuration = 2 * time.Second
 		cfg.growthHistory = 20000
 		cfg.growthRate = min(cfg.growthRate, 10000)
 		cfg.publishRounds = min(cfg.publishRounds, 2)
@@ -294,8 +302,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("-payload must not be negative")
 	case c.partitions < 1 || c.partitions > 1024:
 		return fmt.Errorf("-partitions must be 1..1024")
-	case c.maxDrain <= 0 || c.latencyDuration <= 0:
-		return fmt.Errorf("-max-drain and -latency-duration must be positive")
+	case c.maxDrain <= 0 || c.latencyDuration <= 0 || c.idleDuration <= 0:
+		return fmt.Errorf("-max-drain, -latency-duration and -idle-duration must be positive")
 	case c.latencyDuration > time.Hour:
 		return fmt.Errorf("-latency-duration must be at most 1h")
 	case c.growthHistory < 10:

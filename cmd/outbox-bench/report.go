@@ -27,6 +27,7 @@ type results struct {
 	Latency          []*latencyResult   `json:"latency"`
 	Growth           *growthResult      `json:"growth,omitempty"`
 	Isolation        []*isolationResult `json:"isolation,omitempty"`
+	Idle             []*idleResult      `json:"idle,omitempty"`
 	Targets          []target           `json:"targets"`
 }
 
@@ -377,6 +378,7 @@ func (res *results) markdown() string {
 		res.growthMarkdown(&sb)
 	}
 	res.isolationMarkdown(&sb)
+	res.idleMarkdown(&sb)
 	if len(res.Targets) > 0 {
 		sb.WriteString("## Targets\n\n")
 		if res.Config["smoke"] == true {
@@ -456,7 +458,7 @@ func (res *results) latencyMarkdown(sb *strings.Builder) {
 	fmt.Fprintf(sb, "## Latency: commit→broker at a fixed offered load\n\n")
 	fmt.Fprintf(sb, "Open loop, %v per load, %v publishers, %v partitions; max(1, load/1000) messages per transaction. Latency: from COMMIT returning to the record arriving at a franz-go consumer of the Kafka topic. (c) runs with adaptive.LowLatency(); target: p99 ≤ 25 ms for (c) at 1,000 msg/s.\n\n",
 		res.Config["latency_duration"], res.Config["latency_publishers"], res.Config["partitions"])
-	sb.WriteString("| system | offered msg/s | msg/tx | achieved msg/s | received | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | p99 ≤ 25 ms | drain after last commit s | CPU µs/msg |\n")
+	sb.WriteString("| system | offered msg/s | msg/tx | achieved msg/s | received | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | p99 ≤ 25 ms | drain after last commit s | CPU µs/msg (process + PostgreSQL) |\n")
 	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n")
 	for _, l := range res.Latency {
 		achieved := fmt.Sprintf("%.0f", l.AchievedRate)
@@ -468,9 +470,9 @@ func (res *results) latencyMarkdown(sb *strings.Builder) {
 			received = fmt.Sprintf("%d of %d (incomplete)", l.Received, l.Messages)
 		}
 		label := l.label()
-		fmt.Fprintf(sb, "| %s | %d | %d | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.2f | %.1f |\n",
+		fmt.Fprintf(sb, "| %s | %d | %d | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.2f | %s |\n",
 			label, l.OfferedRate, l.PerTx, achieved, received, l.Latency.P50Ms, l.Latency.P90Ms, l.Latency.P99Ms,
-			l.Latency.P999Ms, l.Latency.MaxMs, yesNo(l.Complete && l.Latency.P99Ms <= 25), l.DrainSeconds, l.CPUMicrosPerMessage)
+			l.Latency.P999Ms, l.Latency.MaxMs, yesNo(l.Complete && l.Latency.P99Ms <= 25), l.DrainSeconds, cpuSplit(l.CPUMicrosPerMessage, l.ProcessMicrosPerMessage, l.PostgresMicrosPerMessage))
 	}
 	sb.WriteString("\n")
 }
@@ -564,4 +566,14 @@ func (r *latencyResult) label() string {
 		return systemLabel[r.System]
 	}
 	return systemLabel[r.System] + ", " + r.Tuning
+}
+
+// cpuSplit renders a CPU figure with its split between this process and
+// PostgreSQL ("1420.8 (610.2 + 810.6)"), or alone when the results predate
+// the split.
+func cpuSplit(total, process, postgres float64) string {
+	if process == 0 && postgres == 0 {
+		return fmt.Sprintf("%.1f", total)
+	}
+	return fmt.Sprintf("%.1f (%.1f + %.1f)", total, process, postgres)
 }

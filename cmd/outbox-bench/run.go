@@ -132,6 +132,11 @@ func (b *bench) runPhases(ctx context.Context, res *results) error {
 			return fmt.Errorf("isolation: %w", err)
 		}
 	}
+	if b.cfg.has(phaseIdle) {
+		if err := b.idlePhase(ctx, res); err != nil {
+			return fmt.Errorf("idle: %w", err)
+		}
+	}
 	return nil
 }
 
