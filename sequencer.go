@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/backoff"
@@ -355,70 +356,108 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 			observe.Current().SequencerPass(n, time.Since(started), ages)
 		}
 	}()
-	tx, err := s.cfg.Pool.Begin(ctx)
+	// Two round trips for a pass that moves messages (three when the
+	// partitions it may lock hold nothing): BEGIN goes in one pipeline with
+	// the statement that locks the partitions, COMMIT in one with the
+	// statement that moves their messages. The move must be a statement of
+	// its own, after the lock: its snapshot then sees every pass that
+	// committed in those partitions before their locks were ours.
+	conn, err := s.cfg.Pool.Acquire(ctx)
 	if err != nil {
-		return 0, false, fmt.Errorf("outbox: sequencer: begin: %w", err)
+		return 0, false, fmt.Errorf("outbox: sequencer: acquire a connection: %w", err)
 	}
+	defer conn.Release()
+	open := false // a transaction of ours may be open on conn
 	defer func() {
-		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+		if err != nil && open {
+			// A connection left in a transaction is closed by the pool on
+			// Release; a rollback keeps it.
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
 		}
 	}()
-	rows, err := tx.Query(ctx, s.q.PartitionsLockPending, s.cfg.MaxPartitionsPerPass, s.cfg.BatchSize)
-	if err != nil {
-		return 0, false, fmt.Errorf("outbox: sequencer: lock partitions: %w", err)
-	}
 	var topics []string
 	var parts []int32
-	for rows.Next() {
-		var t string
-		var p int32
-		if err := rows.Scan(&t, &p); err != nil {
-			rows.Close()
-			return 0, false, err
-		}
-		topics = append(topics, t)
-		parts = append(parts, p)
+	open = true
+	lock := &pgx.Batch{}
+	lock.Queue("begin")
+	lock.Queue(s.q.PartitionsLockPending, s.cfg.MaxPartitionsPerPass, s.cfg.BatchSize)
+	br := conn.SendBatch(ctx, lock)
+	if _, err = br.Exec(); err != nil {
+		_ = br.Close()
+		return 0, false, fmt.Errorf("outbox: sequencer: begin: %w", err)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	rows, err := br.Query()
+	if err == nil {
+		for rows.Next() {
+			var t string
+			var p int32
+			if err = rows.Scan(&t, &p); err != nil {
+				break
+			}
+			topics = append(topics, t)
+			parts = append(parts, p)
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return 0, false, fmt.Errorf("outbox: sequencer: lock partitions: %w", err)
 	}
 	if len(topics) == 0 {
-		return 0, false, tx.Commit(ctx)
+		if _, err = conn.Exec(ctx, "commit"); err != nil {
+			return 0, false, fmt.Errorf("outbox: sequencer: commit: %w", err)
+		}
+		open = false
+		return 0, false, nil
 	}
 	var channel *string // NULL: no notification
 	if !s.cfg.DisableNotify {
 		channel = &s.notifyChannel
 	}
-	rows, err = tx.Query(ctx, s.q.PendingSequence, topics, parts, s.cfg.BatchSize, channel, traced.Limit, traced.Fields)
+	move := &pgx.Batch{}
+	move.Queue(s.q.PendingSequence, topics, parts, s.cfg.BatchSize, channel, traced.Limit, traced.Fields)
+	move.Queue("commit")
+	br = conn.SendBatch(ctx, move)
+	rows, err = br.Query()
+	if err == nil {
+		for rows.Next() {
+			var topic string
+			var sum, maxPerPartition int64
+			var oldest float64
+			var tracedHere int64
+			var carriers []string
+			if err = rows.Scan(&topic, &sum, &maxPerPartition, nil, &oldest, &tracedHere, &carriers); err != nil {
+				break
+			}
+			n += int(sum)
+			traced.Traced += tracedHere
+			traced.Carriers = append(traced.Carriers, carriers...)
+			if ages != nil {
+				ages[topic] = time.Duration(oldest * float64(time.Second))
+			}
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
 	if err != nil {
+		_ = br.Close()
 		return 0, false, fmt.Errorf("outbox: sequencer: move: %w", err)
 	}
-	for rows.Next() {
-		var topic string
-		var sum, maxPerPartition int64
-		var oldest float64
-		var tracedHere int64
-		var carriers []string
-		if err := rows.Scan(&topic, &sum, &maxPerPartition, nil, &oldest, &tracedHere, &carriers); err != nil {
-			rows.Close()
-			return 0, false, err
-		}
-		n += int(sum)
-		traced.Traced += tracedHere
-		traced.Carriers = append(traced.Carriers, carriers...)
-		if ages != nil {
-			ages[topic] = time.Duration(oldest * float64(time.Second))
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, false, fmt.Errorf("outbox: sequencer: move: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
+	if _, err = br.Exec(); err != nil {
+		_ = br.Close()
 		return 0, false, fmt.Errorf("outbox: sequencer: commit: %w", err)
 	}
+	if err = br.Close(); err != nil {
+		return 0, false, fmt.Errorf("outbox: sequencer: commit: %w", err)
+	}
+	open = false
 	if n > 0 {
 		s.sequenced.Add(int64(n))
 		s.passes.Add(1)
