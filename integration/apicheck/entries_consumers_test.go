@@ -1,0 +1,230 @@
+package apicheck_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/inbox"
+	"github.com/millrace/watermill-outbox/metrics"
+	"github.com/millrace/watermill-outbox/outboxtest"
+	"github.com/millrace/watermill-outbox/partitioning"
+	"github.com/millrace/watermill-outbox/relay"
+	"github.com/millrace/watermill-outbox/retention"
+)
+
+// consumersEntries sweep inbox, metrics, outboxtest, partitioning, relay and retention.
+var consumersEntries = []entry{
+	// ---- package inbox
+	{"inbox.StaleError.Error", func(e *env) { e.call("StaleError{}.Error", func() { _ = new(inbox.StaleError).Error() }) }},
+	{"inbox.StaleError.Is", func(e *env) { e.call("StaleError{}.Is(nil)", func() { _ = new(inbox.StaleError).Is(nil) }) }},
+	{"inbox.New", func(e *env) {
+		e.fails("inbox.New(zero)", func() error { _, err := inbox.New(inbox.Config{}); return err })
+	}},
+	{"inbox.Migrate", func(e *env) {
+		e.fails("inbox.Migrate(nil pool)", func() error { return inbox.Migrate(e.ctx, nil, "") })
+	}},
+	{"inbox.Inbox.Stats", func(e *env) { e.call("Inbox{}.Stats", func() { new(inbox.Inbox).Stats() }) }},
+	{"inbox.Inbox.Process", func(e *env) {
+		schema := e.schema + "_inbox"
+		if err := inbox.Migrate(e.ctx, e.pool, schema); err != nil {
+			e.t.Fatal(err)
+		}
+		in := must(inbox.New(inbox.Config{Pool: e.pool, Schema: schema, Consumer: "c"}))(e)
+		pass := must(inbox.New(inbox.Config{Pool: e.pool, Schema: schema, Consumer: "c", WithoutPosition: inbox.PassThrough}))(e)
+		fn := func(context.Context, pgx.Tx) error { return nil }
+		msg := message.NewMessage("u", nil)
+		for _, c := range []struct {
+			name string
+			in   *inbox.Inbox
+		}{{"Inbox", in}, {"Inbox(PassThrough)", pass}, {"Inbox{}", new(inbox.Inbox)}} {
+			name, in := c.name, c.in
+			e.fails(name+".Process(nil, nil, nil)", func() error { _, err := in.Process(e.ctx, nil, nil, nil); return err })
+			tx := must(e.pool.Begin(e.ctx))(e)
+			e.fails(name+".Process(tx, nil, fn)", func() error { _, err := in.Process(e.ctx, tx, nil, fn); return err })
+			e.fails(name+".Process(tx, msg, nil)", func() error { _, err := in.Process(e.ctx, tx, msg, nil); return err })
+			_ = tx.Rollback(e.ctx)
+		}
+	}},
+	{"inbox.Inbox.Middleware", func(e *env) {
+		in := must(inbox.New(inbox.Config{Pool: e.pool, Schema: e.schema + "_inbox", Consumer: "c"}))(e)
+		noPool := must(inbox.New(inbox.Config{Consumer: "c"}))(e)
+		h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+		for name, in := range map[string]*inbox.Inbox{"Inbox": in, "Inbox(no Pool)": noPool, "Inbox{}": new(inbox.Inbox)} {
+			e.fails(name+".Middleware(nil)(msg)", func() error { _, err := in.Middleware(nil)(message.NewMessage("u", nil)); return err })
+			e.fails(name+".Middleware(h)(nil)", func() error { _, err := in.Middleware(h)(nil); return err })
+		}
+	}},
+
+	// ---- package metrics
+	{"metrics.NewCollector", func(e *env) {
+		e.fails("NewCollector(zero)", func() error { _, err := metrics.NewCollector(metrics.CollectorConfig{}); return err })
+	}},
+	{"metrics.Collector.Describe", func(e *env) {
+		c := must(metrics.NewCollector(metrics.CollectorConfig{Pool: e.pool, Schema: e.schema}))(e)
+		e.call("Collector.Describe(nil)", func() { c.Describe(nil) })
+		e.call("Collector{}.Describe(ch)", func() {
+			ch := make(chan *prometheus.Desc, 1000)
+			new(metrics.Collector).Describe(ch)
+		})
+	}},
+	{"metrics.Collector.Collect", func(e *env) {
+		c := must(metrics.NewCollector(metrics.CollectorConfig{Pool: e.pool, Schema: e.schema}))(e)
+		e.call("Collector.Collect(nil)", func() { c.Collect(nil) })
+		e.call("Collector{}.Collect(ch)", func() {
+			ch := make(chan prometheus.Metric, 1000)
+			new(metrics.Collector).Collect(ch)
+		})
+	}},
+	{"metrics.Config.Validate", func(e *env) {
+		e.may("metrics.Config{}.Validate", func() error { return metrics.Config{}.Validate() })
+	}},
+	{"metrics.Enable", func(e *env) {
+		var m *metrics.Metrics
+		e.may("metrics.Enable(Registerer: new registry)", func() error {
+			var err error
+			m, err = metrics.Enable(metrics.Config{Registerer: prometheus.NewRegistry()})
+			return err
+		})
+		if m != nil {
+			e.call("Metrics.Disable", func() { m.Disable() })
+		}
+	}},
+	{"metrics.Metrics.Disable", func(e *env) {
+		e.call("Metrics{}.Disable", func() { new(metrics.Metrics).Disable() })
+	}},
+
+	// ---- package outboxtest
+	{"outboxtest.InSchema", func(e *env) { e.call("InSchema(\"\")", func() { outboxtest.InSchema("") }) }},
+	{"outboxtest.Key", func(e *env) { e.call("Key(\"\")", func() { outboxtest.Key("") }) }},
+	{"outboxtest.UUID", func(e *env) { e.call("UUID(\"\")", func() { outboxtest.UUID("") }) }},
+	{"outboxtest.Metadata", func(e *env) { e.call("Metadata(\"\", \"\")", func() { outboxtest.Metadata("", "") }) }},
+	{"outboxtest.Payload", func(e *env) { requireWith(e, "Payload(\"\", nil)", outboxtest.Payload("", nil)) }},
+	{"outboxtest.PayloadEquals", func(e *env) { requireWith(e, "PayloadEquals(nil)", outboxtest.PayloadEquals(nil)) }},
+	{"outboxtest.JSON", func(e *env) { requireWith(e, "JSON(nil)", outboxtest.JSON(nil)) }},
+	{"outboxtest.Where", func(e *env) { requireWith(e, "Where(\"\", nil)", outboxtest.Where("", nil)) }},
+	{"outboxtest.Times", func(e *env) { requireWith(e, "Times(-1)", outboxtest.Times(-1)) }},
+	{"outboxtest.RequirePublished", func(e *env) {
+		for _, db := range []any{nil, (*pgxpool.Pool)(nil), (*sql.DB)(nil), e.pool} {
+			e.call(fmt.Sprintf("RequirePublished(%T, \"\", nil)", db), func() { outboxtest.RequirePublished(&fakeTB{}, db, "", nil) })
+		}
+	}},
+	{"outboxtest.RequirePublishedTx", func(e *env) {
+		for _, tx := range []any{nil, pgx.Tx(nil), (*sql.Tx)(nil)} {
+			e.call(fmt.Sprintf("RequirePublishedTx(%T, \"\", nil)", tx), func() { outboxtest.RequirePublishedTx(&fakeTB{}, tx, "", nil) })
+		}
+	}},
+	{"outboxtest.RequireNotPublished", func(e *env) {
+		for _, db := range []any{nil, (*pgxpool.Pool)(nil), e.pool} {
+			e.call(fmt.Sprintf("RequireNotPublished(%T, \"\", nil)", db), func() { outboxtest.RequireNotPublished(&fakeTB{}, db, "", nil) })
+		}
+	}},
+	{"outboxtest.Result.Handled", func(e *env) { e.call("Result{}.Handled", func() { _ = outboxtest.Result{}.Handled() }) }},
+	{"outboxtest.NewRunner", func(e *env) {
+		e.fails("NewRunner(zero, \"\", nil)", func() error { _, err := outboxtest.NewRunner(e.ctx, outbox.SubscriberConfig{}, "", nil); return err })
+		e.fails("NewRunner(zero, orders, h)", func() error {
+			_, err := outboxtest.NewRunner(e.ctx, outbox.SubscriberConfig{}, "orders", handler)
+			return err
+		})
+	}},
+	{"outboxtest.NewBatchRunner", func(e *env) {
+		e.fails("NewBatchRunner(zero, \"\", nil)", func() error {
+			_, err := outboxtest.NewBatchRunner(e.ctx, outbox.SubscriberConfig{}, "", nil)
+			return err
+		})
+	}},
+	{"outboxtest.Runner.Tick", func(e *env) {
+		e.fails("Runner{}.Tick", func() error { _, err := new(outboxtest.Runner).Tick(e.ctx); return err })
+	}},
+	{"outboxtest.Runner.RunUntilIdle", func(e *env) {
+		e.fails("Runner{}.RunUntilIdle", func() error { _, err := new(outboxtest.Runner).RunUntilIdle(e.ctx); return err })
+	}},
+	{"outboxtest.Runner.Close", func(e *env) {
+		e.may("Runner{}.Close", func() error { return new(outboxtest.Runner).Close() })
+	}},
+	{"outboxtest.RunUntilIdle", func(e *env) {
+		e.fails("RunUntilIdle(zero, \"\", nil)", func() error { _, err := outboxtest.RunUntilIdle(e.ctx, outbox.SubscriberConfig{}, "", nil); return err })
+		e.fails("RunUntilIdle(cfg, orders, nil)", func() error { _, err := outboxtest.RunUntilIdle(e.ctx, subCfg(e), "orders", nil); return err })
+	}},
+	{"outboxtest.Schema", func(e *env) {
+		e.call("Schema(t, nil pool)", func() { outboxtest.Schema(&fakeTB{}, (*pgxpool.Pool)(nil)) })
+		e.call("Schema(t, nil *sql.DB)", func() { outboxtest.Schema(&fakeTB{}, (*sql.DB)(nil)) })
+	}},
+
+	// ---- package partitioning
+	{"partitioning.Murmur2.Partition", func(e *env) {
+		e.fails("Murmur2{}.Partition(\"\", 0)", func() error { _, err := partitioning.Murmur2{}.Partition("", 0); return err })
+	}},
+	{"partitioning.Murmur2Hash", func(e *env) { e.call("Murmur2Hash(nil)", func() { partitioning.Murmur2Hash(nil) }) }},
+	{"partitioning.PartitionCountError.Error", func(e *env) {
+		e.call("PartitionCountError{}.Error", func() { _ = new(partitioning.PartitionCountError).Error() })
+	}},
+	{"partitioning.PartitionCountError.Is", func(e *env) {
+		e.call("PartitionCountError{}.Is(nil)", func() { _ = new(partitioning.PartitionCountError).Is(nil) })
+	}},
+	{"partitioning.ValidatePartitions", func(e *env) {
+		e.fails("ValidatePartitions(0)", func() error { return partitioning.ValidatePartitions(0) })
+	}},
+	{"partitioning.PartitionerFunc.Partition", func(e *env) {
+		e.fails("PartitionerFunc(nil).Partition(\"\", 1)", func() error { _, err := partitioning.PartitionerFunc(nil).Partition("", 1); return err })
+	}},
+	{"partitioning.Default", func(e *env) { e.call("Default", func() { partitioning.Default() }) }},
+
+	// ---- package relay
+	{"relay.Config.Validate", func(e *env) {
+		e.fails("relay.Config{}.Validate", func() error { return relay.Config{}.Validate() })
+	}},
+	{"relay.DefaultInstance", func(e *env) { e.call("DefaultInstance", func() { relay.DefaultInstance() }) }},
+	{"relay.SlotInUseError.Error", func(e *env) { e.call("SlotInUseError{}.Error", func() { _ = new(relay.SlotInUseError).Error() }) }},
+	{"relay.SlotInUseError.Is", func(e *env) { e.call("SlotInUseError{}.Is(nil)", func() { _ = new(relay.SlotInUseError).Is(nil) }) }},
+	{"relay.Slot", func(e *env) { e.call("Slot(\"\")", func() { _ = relay.Slot("") }) }},
+	{"relay.New", func(e *env) {
+		e.fails("relay.New(zero, nil)", func() error { _, err := relay.New(relay.Config{}, nil); return err })
+	}},
+	{"relay.Relay.Stats", func(e *env) { e.call("Relay{}.Stats", func() { new(relay.Relay).Stats() }) }},
+	{"relay.Relay.Run", func(e *env) {
+		e.fails("Relay{}.Run", func() error { return new(relay.Relay).Run(e.done) })
+	}},
+	{"relay.Relay.Close", func(e *env) { e.may("Relay{}.Close", func() error { return new(relay.Relay).Close() }) }},
+	{"relay.Prerequisites", func(e *env) {
+		e.fails("relay.Prerequisites(nil)", func() error { return relay.Prerequisites(e.ctx, nil) })
+	}},
+	{"relay.CreateSlot", func(e *env) {
+		e.fails("relay.CreateSlot(nil, \"\")", func() error { return relay.CreateSlot(e.ctx, nil, "") })
+	}},
+	{"relay.DropSlot", func(e *env) {
+		e.fails("relay.DropSlot(nil, \"\")", func() error { return relay.DropSlot(e.ctx, nil, "", false) })
+	}},
+	{"relay.StatusOf", func(e *env) {
+		e.fails("relay.StatusOf(nil, \"\")", func() error { _, err := relay.StatusOf(e.ctx, nil, ""); return err })
+	}},
+	{"relay.Relay.Status", func(e *env) {
+		r := must(relay.New(relay.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
+		e.may("Relay.Status", func() error { _, err := r.Status(e.ctx); return err })
+		e.fails("Relay{}.Status", func() error { _, err := new(relay.Relay).Status(e.ctx); return err })
+	}},
+
+	// ---- package retention
+	{"retention.Config.Validate", func(e *env) {
+		e.fails("retention.Config{}.Validate", func() error { return retention.Config{}.Validate() })
+	}},
+	{"retention.NewVacuum", func(e *env) {
+		e.fails("NewVacuum(zero, nil)", func() error { _, err := retention.NewVacuum(retention.Config{}, nil); return err })
+	}},
+	{"retention.Vacuum.Stats", func(e *env) { e.call("Vacuum{}.Stats", func() { new(retention.Vacuum).Stats() }) }},
+	{"retention.Vacuum.Run", func(e *env) {
+		v := must(retention.NewVacuum(retention.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
+		e.may("Vacuum.Run(ended ctx)", func() error { return v.Run(e.done) })
+		e.fails("Vacuum{}.Run", func() error { return new(retention.Vacuum).Run(e.done) })
+	}},
+	{"retention.Vacuum.Close", func(e *env) { e.may("Vacuum{}.Close", func() error { return new(retention.Vacuum).Close() }) }},
+	{"retention.Vacuum.VacuumOnce", func(e *env) {
+		e.fails("Vacuum{}.VacuumOnce", func() error { _, err := new(retention.Vacuum).VacuumOnce(e.ctx); return err })
+	}},
+}
