@@ -117,10 +117,10 @@ func Default() Tuning { return fromProfile(tune.Default) }
 // LowLatency returns a profile for real-time delivery (notifications,
 // chat): polls a few milliseconds apart while busy and a 10 ms
 // safety-net poll while idle, so a message is picked up well within 25 ms
-// even without pokes, at the cost of steady polling. Batches stay small
-// (10) and retries start at 100 ms. With the sequencer's notifications
-// (the default), SubscriberConfig.Advanced.PollInterval can be raised to
-// cut idle polling without hurting latency.
+// even without pokes. With the sequencer's notifications (the default),
+// the poll of an idle partition stretches, doubling, to 1 s, so idling
+// costs what it costs with Default; without them it stays at 10 ms.
+// Batches stay small (10) and retries start at 100 ms.
 func LowLatency() Tuning { return fromProfile(tune.LowLatency) }
 
 // HighThroughput returns a profile for bulk transfer (ETL, analytics):

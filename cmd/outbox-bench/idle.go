@@ -23,6 +23,8 @@ type idleResult struct {
 	// idles alike for every system) and of the PostgreSQL server.
 	ProcessMillisPerSecond  float64 `json:"process_cpu_ms_per_s"`
 	PostgresMillisPerSecond float64 `json:"postgres_cpu_ms_per_s"`
+	// Statements are what the idle relay ran (pg_stat_statements).
+	Statements []statement `json:"top_statements,omitempty"`
 }
 
 // total is the CPU of both, in ms per second.
@@ -101,6 +103,7 @@ func (b *bench) runIdle(ctx context.Context, name, tuningLabel, schema, topic st
 		ProcessMillisPerSecond:  (c1.process - c0.process).Seconds() * 1e3 / secs,
 		PostgresMillisPerSecond: (c1.server - c0.server).Seconds() * 1e3 / secs,
 	}
+	r.Statements = b.topStatements(ctx)
 	logf("idle %s: %.1f ms CPU per second (process %.1f + PostgreSQL %.1f) over %.0f s",
 		r.label(), r.total(), r.ProcessMillisPerSecond, r.PostgresMillisPerSecond, secs)
 	return r, nil
