@@ -12,11 +12,12 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
 func TestConfigValidation(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	target := forwarder.TargetFunc(func(context.Context, string, []*message.Message) (int, error) { return 0, nil })
 	valid := forwarder.Config{Subscriber: outbox.SubscriberConfig{Pool: e.Pool}, Topics: []string{"orders"}, Target: target}
 	if err := valid.Validate(); err != nil {
@@ -75,7 +76,7 @@ func (p *flakyPublisher) Close() error { return nil }
 // Any Watermill publisher can be the target: here Go channels, with
 // transient failures after part of a batch and a message refused for good.
 func TestPublisherTarget(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 4)
 	gc := gochannel.NewGoChannel(gochannel.Config{Persistent: true, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{}) // in order
 	defer gc.Close()
@@ -83,17 +84,17 @@ func TestPublisherTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &received{}
+	r := &fwdtest.Received{}
 	go func() {
 		for m := range msgs {
-			r.add(m, -1)
+			r.Add(m, -1)
 			m.Ack()
 		}
 	}()
-	pub := newPublisher(t, e)
+	pub := fwdtest.NewPublisher(t, e)
 	var bad string
 	for i := 0; i < 20; i++ {
-		pub.round("orders", 8, func(m *message.Message) {
+		pub.Round("orders", 8, func(m *message.Message) {
 			if m.Metadata.Get("n") == "11" && m.Metadata.Get(outbox.PartitionKeyMetadata) == "key-5" {
 				m.Metadata.Set("fail", "yes")
 				bad = m.UUID
@@ -102,17 +103,17 @@ func TestPublisherTarget(t *testing.T) {
 	}
 	// One publisher call at a time (flakyPublisher is not concurrency-safe).
 	target := forwarder.NewPublisherTarget(&flakyPublisher{inner: gc}, func(err error) bool { return errors.Is(err, errPermanent) })
-	fwd := startForwarder(t, e, nil, serialized(target), []string{"orders"}, func(c *forwarder.Config) {
+	fwd := fwdtest.StartForwarder(t, e, nil, serialized(target), []string{"orders"}, func(c *forwarder.Config) {
 		c.TargetTopic = func(topic string) string { return topic + ".out" }
 	})
 	outboxtest.WaitFor(t, "every message forwarded or dead-lettered", time.Minute, func() bool {
-		return r.distinct() == pub.count()-1 && len(e.deadLettered(t)) == 1
+		return r.Distinct() == pub.Count()-1 && len(e.DeadLettered(t)) == 1
 	})
-	dead := e.deadLettered(t)
+	dead := e.DeadLettered(t)
 	if dead[bad] == "" {
 		t.Fatalf("dead letters %v, want %s", dead, bad)
 	}
-	dups := r.check(t, pub.snapshot(), dead)
+	dups := r.Check(t, pub.Snapshot(), dead)
 	st := fwd.Stats()
 	t.Logf("%d duplicates; stats %+v", dups, st)
 	if st.Rejected != 1 || st.Failures < 2 {
@@ -134,7 +135,7 @@ func serialized(t forwarder.Target) forwarder.Target {
 // deadline that far after the batch was handed over, and the failed send
 // counts as a timeout.
 func TestASendEndsAtTheHandlerTimeout(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 1)
 	const timeout = 400 * time.Millisecond
 	type call struct {
@@ -153,10 +154,10 @@ func TestASendEndsAtTheHandlerTimeout(t *testing.T) {
 		calls <- call{deadline: dl.Sub(start), err: ctx.Err()}
 		return 0, ctx.Err()
 	})
-	fwd := startForwarder(t, e, nil, target, []string{"orders"}, func(c *forwarder.Config) {
+	fwd := fwdtest.StartForwarder(t, e, nil, target, []string{"orders"}, func(c *forwarder.Config) {
 		c.Subscriber.HandlerTimeout = timeout
 	})
-	newPublisher(t, e).round("orders", 1, nil)
+	fwdtest.NewPublisher(t, e).Round("orders", 1, nil)
 	select {
 	case c := <-calls:
 		if c.deadline < 0 {

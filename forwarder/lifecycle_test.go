@@ -10,6 +10,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
@@ -17,7 +18,7 @@ import (
 // Run once (a second Run while it runs is ErrAlreadyRunning, a Run after
 // it stopped is ErrClosed), and Close waits until Run has returned.
 func TestForwarderRunsOnceAndCloseWaits(t *testing.T) {
-	e := newEnv(t)
+	e := fwdtest.NewEnv(t)
 	e.Register("orders", 1)
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
 		Subscriber: outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool},

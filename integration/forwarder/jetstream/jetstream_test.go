@@ -17,7 +17,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder/jetstream"
-	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
+	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )

@@ -31,7 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/integration/internal/fwdtest"
+	"github.com/millrace/watermill-outbox/internal/fwdtest"
 )
 
 // BrokersEnv names the environment variable that points the tests at a
