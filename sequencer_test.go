@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/backoff/backofftest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/internal/startstop/startstoptest"
 )
 
 // stressResult is what the publishing goroutines know for sure.
@@ -307,45 +308,13 @@ func TestSequencerRunsOnceAndCloseWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := closedFirst.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := closedFirst.Run(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrClosed) {
-		t.Fatalf("Run after Close: %v, want ErrClosed", err)
-	}
+	startstoptest.CloseThenRun(t, closedFirst)
 
 	s, err := outbox.NewSequencer(cfg, nil) // listening too: its notifier subscription must end with it
 	if err != nil {
 		t.Fatal(err)
 	}
-	results := make(chan error, 2)
-	for range 2 {
-		go func() { results <- s.Run(context.Background()) }()
-	}
-	select {
-	case err := <-results:
-		if !errors.Is(err, outbox.ErrAlreadyRunning) {
-			t.Fatalf("one of two Runs: %v, want ErrAlreadyRunning", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("neither of two Runs returned ErrAlreadyRunning")
-	}
-	for range 2 {
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case err := <-results:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	default:
-		t.Fatal("Close returned before Run")
-	}
-	if err := s.Run(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrClosed) {
-		t.Fatalf("Run after it stopped: %v, want ErrClosed", err)
-	}
+	startstoptest.RunTwiceThenClose(t, s)
 	pool.Close()
 	goleak.VerifyNone(t, ignore)
 }

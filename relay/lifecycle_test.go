@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/backoff/backofftest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/startstop/startstoptest"
 	"github.com/millrace/watermill-outbox/partitioning"
 	"github.com/millrace/watermill-outbox/relay"
 )
@@ -42,45 +42,13 @@ func TestRelayRunsOnceAndCloseWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := closedFirst.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := closedFirst.Run(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrClosed) {
-		t.Fatalf("Run after Close: %v, want ErrClosed", err)
-	}
+	startstoptest.CloseThenRun(t, closedFirst)
 
 	r, err := relay.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	results := make(chan error, 2)
-	for range 2 {
-		go func() { results <- r.Run(context.Background()) }()
-	}
-	select {
-	case err := <-results:
-		if !errors.Is(err, outbox.ErrAlreadyRunning) {
-			t.Fatalf("one of two Runs: %v, want ErrAlreadyRunning", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("neither of two Runs returned ErrAlreadyRunning")
-	}
-	for range 2 {
-		if err := r.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case err := <-results:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	default:
-		t.Fatal("Close returned before Run")
-	}
-	if err := r.Run(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrClosed) {
-		t.Fatalf("Run after it stopped: %v, want ErrClosed", err)
-	}
+	startstoptest.RunTwiceThenClose(t, r)
 	pool.Close()
 	goleak.VerifyNone(t, ignore)
 }

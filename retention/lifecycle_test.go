@@ -13,6 +13,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/backoff/backofftest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/startstop/startstoptest"
 	"github.com/millrace/watermill-outbox/retention"
 )
 
@@ -53,34 +54,7 @@ func TestVacuumRunsOnceAndCloseWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	results := make(chan error, 2)
-	for range 2 {
-		go func() { results <- v.Run(context.Background()) }()
-	}
-	select {
-	case err := <-results:
-		if !errors.Is(err, outbox.ErrAlreadyRunning) {
-			t.Fatalf("one of two Runs: %v, want ErrAlreadyRunning", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("neither of two Runs returned ErrAlreadyRunning")
-	}
-	for range 2 {
-		if err := v.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case err := <-results:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	default:
-		t.Fatal("Close returned before Run")
-	}
-	if err := v.Run(outboxtest.Ctx(t)); !errors.Is(err, outbox.ErrClosed) {
-		t.Fatalf("Run after Close: %v, want ErrClosed", err)
-	}
+	startstoptest.RunTwiceThenClose(t, v)
 	pool.Close()
 	goleak.VerifyNone(t, ignore)
 }
