@@ -181,7 +181,8 @@ func finish(t *testing.T, commit bool, commitFn, rollbackFn func() error) {
 	}
 }
 
-// queryCounter counts the statements a pgx connection sends.
+// queryCounter counts the round trips a pgx connection makes: each
+// statement sent alone and each pipeline (pgx batch) is one.
 type queryCounter struct{ n atomic.Int64 }
 
 func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -189,10 +190,17 @@ func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 	return ctx
 }
 func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *queryCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *queryCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *queryCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
-	e := newEnv(t)
-	e.Register("orders", 1)
+// countingPool is a pool of the test database whose round trips counter
+// counts.
+func countingPool(t *testing.T) (*pgxpool.Pool, *queryCounter) {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +211,14 @@ func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
+	return pool, counter
+}
+
+func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	pool, counter := countingPool(t)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -497,17 +497,7 @@ func TestSchemaCheckNeedsNoSecondConnection(t *testing.T) {
 func TestSchemaCheckIsCachedAcrossTxPublishers(t *testing.T) {
 	e := newEnv(t)
 	e.Register("orders", 1)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	counter := &queryCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(outboxtest.Ctx(t), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, counter := countingPool(t)
 	publishOnce := func() {
 		tx, err := pool.Begin(outboxtest.Ctx(t))
 		if err != nil {

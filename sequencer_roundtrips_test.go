@@ -1,34 +1,13 @@
 package outbox_test
 
 import (
-	"context"
-	"sync/atomic"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
-
-// roundTrips counts what a pool sends to the server: each statement sent
-// alone and each pipeline (pgx batch) is one round trip.
-type roundTrips struct{ n atomic.Int64 }
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // A sequencer pass is what a message pays on its way between publish and
 // delivery, at light load once per message or two: it takes two round
@@ -38,17 +17,7 @@ func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 func TestSequencerPassTakesTwoRoundTrips(t *testing.T) {
 	e := newEnv(t)
 	e.Register("trips", 4)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	trips := &roundTrips{}
-	cfg.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(outboxtest.Ctx(t), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, trips := countingPool(t)
 	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: pool, DisableListen: true}, nil)
 	if err != nil {
 		t.Fatal(err)
