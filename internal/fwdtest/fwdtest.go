@@ -131,6 +131,27 @@ func (p *Publisher) Round(topic string, keys int, edit func(*message.Message)) {
 	}
 }
 
+// Keep publishes a Round of keys messages to topic every interval until
+// the returned stop is called; stop returns once the last Round is done.
+func (p *Publisher) Keep(topic string, keys int, interval time.Duration) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(interval):
+				p.Round(topic, keys, nil)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
+}
+
 // Count is the number of messages published.
 func (p *Publisher) Count() int {
 	p.mu.Lock()

@@ -186,18 +186,7 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 	fwd := fwdtest.StartForwarder(t, e, nil, newJetStreamTarget(t, url), []string{"orders"}, nil)
 
 	pub := fwdtest.NewPublisher(t, e)
-	stop, publishing := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(publishing)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-				pub.Round("orders", 12, nil)
-			}
-		}
-	}()
+	stop := pub.Keep("orders", 12, 20*time.Millisecond)
 	outboxtest.WaitFor(t, "a part of the stream forwarded", time.Minute, func() bool { return fwd.Stats().Messages > 300 })
 	s.Shutdown()
 	s.WaitForShutdown()
@@ -206,8 +195,7 @@ func TestJetStreamServerDownAndBackMidStream(t *testing.T) {
 	before := fwd.Stats()
 	startNATS(t, port, dir, nil) // stopped by the test's cleanup
 	time.Sleep(time.Second)
-	close(stop)
-	<-publishing
+	stop()
 	t.Logf("published %d; forwarded %d before the restart, %d failed sends (%s)", pub.Count(), before.Messages, before.Failures, before.LastError)
 
 	r := &fwdtest.Received{}

@@ -271,19 +271,7 @@ func TestBrokerDownAndBackMidStream(t *testing.T) {
 			})
 
 			pub := fwdtest.NewPublisher(t, e)
-			stop := make(chan struct{})
-			publishing := make(chan struct{})
-			go func() {
-				defer close(publishing)
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(20 * time.Millisecond):
-						pub.Round("orders", 12, nil)
-					}
-				}
-			}()
+			stop := pub.Keep("orders", 12, 20*time.Millisecond)
 			outboxtest.WaitFor(t, "a part of the stream forwarded", time.Minute, func() bool { return fwd.Stats().Messages > 300 })
 			outage.Break()
 			outboxtest.WaitFor(t, "failed sends while Kafka is down", time.Minute, func() bool { return fwd.Stats().Failures > 3 })
@@ -291,8 +279,7 @@ func TestBrokerDownAndBackMidStream(t *testing.T) {
 			before := fwd.Stats()
 			outage.Restore()
 			time.Sleep(time.Second)
-			close(stop)
-			<-publishing
+			stop()
 			t.Logf("published %d; forwarded %d before the outage ended, %d failed sends (%s)", pub.Count(), before.Messages, before.Failures, before.LastError)
 
 			r := &fwdtest.Received{}
