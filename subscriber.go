@@ -62,7 +62,8 @@ type Subscriber struct {
 	logger watermill.LoggerAdapter
 	db     pgexec.DB
 
-	workers   *consumer.Config // what the partition workers share
+	store     *consumer.PGStore // the group's statements (workers.Store)
+	workers   *consumer.Config  // what the partition workers share
 	sequencer *Sequencer
 
 	ctx    context.Context // cancelled by Close
@@ -101,6 +102,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		pokers: map[string]map[int]map[*worker.Poker]struct{}{},
 		topics: map[string]int{},
 	}
+	s.store = consumer.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup, ctx, &s.wg)
 	s.workers = &consumer.Config{
 		Group:             cfg.ConsumerGroup,
 		Transactional:     cfg.Strategy == Transactional,
@@ -111,7 +113,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		Tuning:            cfg.settings(),
 		RejectHandler:     cfg.RejectHandler,
 		Isolation:         cfg.KeyIsolation.delivery(),
-		Store:             consumer.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup, ctx, &s.wg),
+		Store:             s.store,
 		Careful:           &consumer.Careful{},
 		Bulkhead:          bulkhead,
 		Logger:            s.logger,
@@ -318,6 +320,7 @@ func (s *Subscriber) prepare(ctx context.Context, topic string, out chan<- *mess
 		BalanceInterval: s.cfg.balanceInterval(),
 		StartFromNewest: s.cfg.StartFromNewest,
 		NoRejectHandler: s.cfg.RejectHandler == nil,
+		Relaxed:         s.store.Relaxed(),
 	}, s.logger)
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/pgcombine"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
@@ -19,12 +20,16 @@ import (
 // PGStore is the Store on PostgreSQL: the statements of internal/dbsql
 // (log.sql, transaction.sql, held.sql, cursors.sql) for one consumer group.
 type PGStore struct {
-	pool   *pgxpool.Pool
-	db     pgexec.DB
-	q      *dbsql.Queries
-	schema string
-	group  string
-	marker *Marker
+	pool *pgxpool.Pool
+	db   pgexec.DB
+	// relaxed runs the counted reads (and, through the lease manager, the
+	// relaxed cursor moves): the workers a sequencer pass wakes together
+	// share round trips (internal/pgcombine).
+	relaxed *pgcombine.Combiner
+	q       *dbsql.Queries
+	schema  string
+	group   string
+	marker  *Marker
 }
 
 var _ Store = (*PGStore)(nil)
@@ -34,9 +39,14 @@ var _ Store = (*PGStore)(nil)
 // counted in background.
 func NewStore(pool *pgxpool.Pool, schema, group string, stop context.Context, background *sync.WaitGroup) *PGStore {
 	db, _ := pgexec.FromDB(pool) // a *pgxpool.Pool always adapts
-	return &PGStore{pool: pool, db: db, q: dbsql.For(schema), schema: schema, group: group,
+	return &PGStore{pool: pool, db: db, relaxed: pgcombine.New(pool), q: dbsql.For(schema), schema: schema, group: group,
 		marker: newMarker(pool, schema, group, stop, background)}
 }
+
+// Relaxed is what the statements that commit without waiting for their WAL
+// flush run on: give it to the lease manager (lease.Config.Relaxed) so that
+// cursor moves share round trips with the counted reads.
+func (s *PGStore) Relaxed() pgexec.Querier { return s.relaxed }
 
 // Read implements Store.
 func (s *PGStore) Read(ctx context.Context, topic string, partition int, cursor int64, limit int, fence Lease, wholeBatch, solo bool) ([]Entry, *int32, error) {
@@ -45,7 +55,7 @@ func (s *PGStore) Read(ctx context.Context, topic string, partition int, cursor 
 	if fence == nil {
 		rows, err = s.db.Query(ctx, s.q.LogRead, topic, partition, cursor, limit)
 	} else {
-		rows, err = s.db.Query(ctx, s.q.LogReadCounting, s.group, topic, partition, cursor, fence.Owner(), fence.Token(), limit, wholeBatch, solo)
+		rows, err = s.relaxed.Query(ctx, s.q.LogReadCounting, s.group, topic, partition, cursor, fence.Owner(), fence.Token(), limit, wholeBatch, solo)
 	}
 	if err != nil {
 		return nil, nil, schemacheck.Wrap(err, s.schema)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -60,6 +61,11 @@ type Config struct {
 	// the admin status can warn that the group retries a poison message
 	// for ever.
 	NoRejectHandler bool
+	// Relaxed runs the cursor moves that commit without waiting for their
+	// WAL flush (Lease.AdvanceRelaxed), when set: the Subscriber gives the
+	// pgcombine.Combiner its partitions' counted reads go through, so that
+	// workers woken together share round trips. Default: Pool.
+	Relaxed pgexec.Querier
 }
 
 func (c *Config) setDefaults() {

@@ -176,7 +176,7 @@ func (l *Lease) advance(ctx context.Context, q pgexec.Querier, sql string, seq i
 // again. Use it where delivery is at least once anyway; the fencing is as
 // for Advance.
 func (l *Lease) AdvanceRelaxed(ctx context.Context, seq int64) error {
-	return l.advance(ctx, l.m.pool, l.m.q.CursorsAdvanceRelaxed, seq)
+	return l.advance(ctx, l.m.relaxed, l.m.q.CursorsAdvanceRelaxed, seq)
 }
 
 // RecordFailure counts a failed attempt at the partition's next message and

@@ -23,9 +23,10 @@ import (
 // long-running component (internal/startstop); or drive it with Step and
 // Stop.
 type Manager struct {
-	cfg    Config
-	logger watermill.LoggerAdapter
-	pool   pgexec.DB
+	cfg     Config
+	logger  watermill.LoggerAdapter
+	pool    pgexec.DB
+	relaxed pgexec.Querier // Config.Relaxed, or pool
 
 	q *dbsql.Queries // the statements, for cfg.Schema
 
@@ -58,10 +59,14 @@ func NewManager(cfg Config, logger watermill.LoggerAdapter) (*Manager, error) {
 			"component": "outbox.lease", "schema": cfg.Schema,
 			"group": cfg.Group, "topic": cfg.Topic, "member": cfg.MemberID,
 		}),
-		pool:   pool,
-		wake:   make(chan struct{}, 1),
-		leases: make(map[int]*Lease),
-		q:      dbsql.For(cfg.Schema),
+		pool:    pool,
+		relaxed: cfg.Relaxed,
+		wake:    make(chan struct{}, 1),
+		leases:  make(map[int]*Lease),
+		q:       dbsql.For(cfg.Schema),
+	}
+	if m.relaxed == nil {
+		m.relaxed = pool
 	}
 	m.life.Name = "lease.Manager"
 	return m, nil
