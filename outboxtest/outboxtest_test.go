@@ -144,6 +144,13 @@ func TestFailureMessagesListWhatWasPublished(t *testing.T) {
 		t.Errorf("Times mismatch: %q", f.msg)
 	}
 
+	// Times(1) with nothing matching lists what the topic holds.
+	f = &fakeTB{}
+	outboxtest.RequirePublished(f, pool, "orders", in, outboxtest.Key("c-9"), outboxtest.Times(1))
+	if !f.failed || !strings.Contains(f.msg, `no message of topic "orders" matches key "c-9", want 1`) || !strings.Contains(f.msg, "topic holds 2 message(s)") || !strings.Contains(f.msg, `uuid "order-2"`) {
+		t.Errorf("Times(1) without a match: %q", f.msg)
+	}
+
 	f = &fakeTB{}
 	outboxtest.RequireNotPublished(f, pool, "orders", in, outboxtest.JSON(map[string]any{"customer": "c-1"}))
 	if !f.failed || !strings.Contains(f.msg, `1 messages of topic "orders" match JSON containing {"customer":"c-1"}, want none`) || !strings.Contains(f.msg, `uuid "order-1"`) || strings.Contains(f.msg, `uuid "order-2"`) {
@@ -160,6 +167,48 @@ func TestFailureMessagesListWhatWasPublished(t *testing.T) {
 	outboxtest.RequirePublished(f, "not a database", "orders", in)
 	if !f.failed || !strings.Contains(f.msg, "want a pool, *sql.DB or transaction, got string") {
 		t.Errorf("bad handle: %q", f.msg)
+	}
+}
+
+// Sequenced matches only what a sequencer numbered: a committed message
+// that waits in pending fails it, and the failure says that no sequencer
+// ran; once sequenced, it passes.
+func TestSequencedFailsUntilASequencerRan(t *testing.T) {
+	pool, schema := env(t)
+	in := outboxtest.InSchema(schema)
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishTx(t, tx, schema, order(1, "c-1"), order(2, "c-2"))
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequirePublished(t, pool, "orders", in, outboxtest.Key("c-1")) // committed: enough without Sequenced
+
+	for _, times := range []outboxtest.Match{in, outboxtest.Times(1)} { // at least one; exactly one
+		f := &fakeTB{}
+		outboxtest.RequirePublished(f, pool, "orders", in, outboxtest.Key("c-1"), outboxtest.Sequenced(), times)
+		if !f.failed {
+			t.Fatal("Sequenced passed for a message no sequencer has numbered")
+		}
+		for _, want := range []string{`matches key "c-1" and sequenced`, `1 message(s) match all but "sequenced"`, "waiting for a sequencer that has not run", "topic holds 2 message(s)"} {
+			if !strings.Contains(f.msg, want) {
+				t.Errorf("failure message lacks %q:\n%s", want, f.msg)
+			}
+		}
+	}
+
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: schema, Pool: pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seq.SequenceAll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := outboxtest.RequirePublished(t, pool, "orders", in, outboxtest.Key("c-1"), outboxtest.Sequenced(), outboxtest.Times(1))
+	if got[0].UUID != "order-1" || got[0].Seq == 0 {
+		t.Fatalf("sequenced: %+v", got)
 	}
 }
 

@@ -56,9 +56,10 @@ type Published struct {
 type Match func(*query)
 
 type query struct {
-	schema string
-	preds  []predicate
-	times  int // -1: at least one
+	schema    string
+	preds     []predicate
+	times     int  // -1: at least one
+	sequenced bool // only messages the sequencer (or relay) has numbered
 }
 
 type predicate struct {
@@ -130,6 +131,17 @@ func JSON(subset any) Match {
 // Where matches messages ok accepts; desc says what it checks.
 func Where(desc string, ok func(Published) bool) Match { return where(desc, ok) }
 
+// Sequenced matches only messages that have been sequenced: numbered in
+// their partition (Seq > 0) by a Sequencer (table mode) or appended by a
+// relay (log-based mode), so that a consumer can read them. Without it a
+// committed message waiting in pending matches too: publishing worked, but
+// a service that runs no sequencer (every Subscriber with
+// DisableSequencer, no outbox.Sequencer or `outbox relay`) passes its
+// tests and never delivers. Use it where a test runs the delivery side
+// (a Runner, a Subscriber) or the whole service; when it fails because
+// matching messages still wait, the failure says so.
+func Sequenced() Match { return func(q *query) { q.sequenced = true } }
+
 // Times makes RequirePublished want exactly n matching messages (default:
 // at least one).
 func Times(n int) Match { return func(q *query) { q.times = n } }
@@ -192,17 +204,23 @@ func require(t testing.TB, db any, topic string, want bool, match []Match) []Pub
 		t.Fatalf("outboxtest: read topic %q: %v", topic, err)
 		return nil
 	}
-	var got []Published
+	var got, waiting []Published
 	for _, p := range all {
-		if q.matches(p) {
+		switch {
+		case !q.matches(p):
+		case q.sequenced && p.Seq == 0:
+			waiting = append(waiting, p)
+		default:
 			got = append(got, p)
 		}
 	}
 	switch {
 	case want && q.times < 0 && len(got) == 0:
-		t.Fatalf("outboxtest: no message of topic %q matches %s;\n%s", topic, q.describe(), list(all, "topic holds"))
+		t.Fatalf("outboxtest: no message of topic %q matches %s;%s\n%s", topic, q.describe(), q.unsequenced(waiting), list(all, "topic holds"))
+	case want && q.times >= 0 && len(got) != q.times && len(got) == 0:
+		t.Fatalf("outboxtest: no message of topic %q matches %s, want %d;%s\n%s", topic, q.describe(), q.times, q.unsequenced(waiting), list(all, "topic holds"))
 	case want && q.times >= 0 && len(got) != q.times:
-		t.Fatalf("outboxtest: %d messages of topic %q match %s, want %d;\n%s", len(got), topic, q.describe(), q.times, list(got, "matching"))
+		t.Fatalf("outboxtest: %d messages of topic %q match %s, want %d;%s\n%s", len(got), topic, q.describe(), q.times, q.unsequenced(waiting), list(got, "matching"))
 	case !want && len(got) > 0:
 		t.Fatalf("outboxtest: %d messages of topic %q match %s, want none;\n%s", len(got), topic, q.describe(), list(got, "matching"))
 	}
@@ -219,14 +237,26 @@ func (q query) matches(p Published) bool {
 }
 
 func (q query) describe() string {
-	if len(q.preds) == 0 {
+	parts := make([]string, 0, len(q.preds)+1)
+	for _, p := range q.preds {
+		parts = append(parts, p.desc)
+	}
+	if q.sequenced {
+		parts = append(parts, "sequenced")
+	}
+	if len(parts) == 0 {
 		return "anything"
 	}
-	parts := make([]string, len(q.preds))
-	for i, p := range q.preds {
-		parts[i] = p.desc
-	}
 	return strings.Join(parts, " and ")
+}
+
+// unsequenced explains, for a failure, the matching messages left out
+// because no sequencer has numbered them yet.
+func (q query) unsequenced(waiting []Published) string {
+	if len(waiting) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" %d message(s) match all but \"sequenced\": committed, and waiting for a sequencer that has not run (is one running: a Subscriber without DisableSequencer, an outbox.Sequencer, `outbox relay`; in ModeWAL, a relay?)", len(waiting))
 }
 
 // list renders up to maxListed messages for a failure message.

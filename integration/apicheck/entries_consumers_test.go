@@ -110,6 +110,7 @@ var consumersEntries = []entry{
 	{"outboxtest.JSON", func(e *env) { requireWith(e, "JSON(nil)", outboxtest.JSON(nil)) }},
 	{"outboxtest.Where", func(e *env) { requireWith(e, "Where(\"\", nil)", outboxtest.Where("", nil)) }},
 	{"outboxtest.Times", func(e *env) { requireWith(e, "Times(-1)", outboxtest.Times(-1)) }},
+	{"outboxtest.Sequenced", func(e *env) { requireWith(e, "Sequenced()", outboxtest.Sequenced()) }},
 	{"outboxtest.RequirePublished", func(e *env) {
 		for _, db := range []any{nil, (*pgxpool.Pool)(nil), (*sql.DB)(nil), e.pool} {
 			e.call(fmt.Sprintf("RequirePublished(%T, \"\", nil)", db), func() { outboxtest.RequirePublished(&fakeTB{}, db, "", nil) })
