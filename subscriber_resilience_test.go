@@ -109,3 +109,44 @@ func TestSubscriberConfigValidation(t *testing.T) {
 		t.Fatalf("subscribe after close: %v", err)
 	}
 }
+
+// Closing the Subscriber leaves a handler holding a message CloseTimeout to
+// answer: the message's context does not end with Close (a handler's own
+// database call on it still runs), and an Ack within that time moves the
+// cursor, so the next start does not deliver the message again.
+func TestCloseLeavesTheHandlerCloseTimeoutToAnswer(t *testing.T) {
+	e := newEnv(t)
+	e.Register("closing", 1)
+	publishKeyed(t, e, "closing", 1, 1)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "g", CloseTimeout: 5 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "closing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := <-msgs
+	closed := make(chan error, 1)
+	go func() { closed <- sub.Close() }()
+	time.Sleep(300 * time.Millisecond) // Close has begun and waits for the answer
+	if err := m.Context().Err(); err != nil {
+		t.Fatalf("the message's context ended when Close began: %v", err)
+	}
+	var one int
+	if err := e.Pool.QueryRow(m.Context(), "SELECT 1").Scan(&one); err != nil {
+		t.Fatalf("a handler's database call on the message's context: %v", err)
+	}
+	m.Ack()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return after the Ack")
+	}
+	if seq := e.Int("SELECT seq FROM " + e.Schema + ".cursors WHERE group_name = 'g' AND topic = 'closing'"); seq != 1 {
+		t.Fatalf("cursor at %d after an Ack within CloseTimeout, want 1", seq)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"syscall"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,7 +19,7 @@ import (
 // watermill-nats's JetStream subscriber; the server drops the copies a
 // retry sends within the stream's duplicate window.
 func ExampleNewTarget() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := watermill.NewStdLogger(false, false)
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))

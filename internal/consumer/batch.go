@@ -26,12 +26,14 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 	start := time.Now()
 	defer func() { w.observeBatch(deliveries, h, time.Since(start)) }()
 	// One context for the whole batch: one deadline, and the transaction
-	// (Transactional), ended when the batch is done.
+	// (Transactional), ended when the batch is done. The worker's stop does
+	// not end it: a send in flight gets CloseTimeout to finish (callBatch),
+	// then this context ends as handleBatch returns.
 	bctx := ctx
 	if tx != nil {
 		bctx = pgexec.WithTx(ctx, pgx.Tx(tx))
 	}
-	bctx, cancel := context.WithTimeout(bctx, w.s.HandlerTimeout)
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(bctx), w.s.HandlerTimeout)
 	defer cancel()
 	for i, e := range entries {
 		attempt := 1

@@ -281,12 +281,14 @@ func (w *Worker) answer(d *delivery, got outcome, reason error) (outcome, Reject
 // newMessage builds the Watermill message for a log entry, with the
 // outbox metadata and a context that carries the delivery handle (and the
 // transaction, for the Transactional strategy) and ends at HandlerTimeout.
-// cancel ends the context.
+// cancel ends the context. The worker's stop (Close, the Run context,
+// the lease ending) does not end it: the handler gets CloseTimeout to
+// answer, and its context ends when the worker gives up waiting (handled).
 func (w *Worker) newMessage(ctx context.Context, e Entry, tx *txGuard, attempt int) (*message.Message, *delivery, context.CancelFunc) {
 	if tx != nil {
 		ctx = pgexec.WithTx(ctx, pgx.Tx(tx))
 	}
-	ctx, cancel := context.WithTimeout(ctx, w.s.HandlerTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.s.HandlerTimeout)
 	msg, d := w.buildMessage(ctx, e, attempt)
 	return msg, d, cancel
 }
