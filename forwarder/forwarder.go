@@ -68,6 +68,20 @@ type KeyIsolationChecker interface {
 	CheckKeyIsolation() error
 }
 
+// TopicChecker is implemented by a Target that can check, when the
+// Forwarder starts, that a destination exists and fits the outbox topic
+// forwarded into it. Run calls CheckTopic for every outbox topic, with the
+// destination (Config.TargetTopic) and the outbox topic's partition count
+// (0 when it is not registered yet), before it forwards anything; an error
+// stops Run with it. A target that cannot tell (its broker is unreachable)
+// returns nil and says so in its log: the forwarder starts, and its sends
+// are retried. The Kafka target (package forwarder/kafka) refuses a topic
+// that does not exist (or creates it, kafka.Config.CreateTopics) and warns
+// when its partition count differs from the outbox topic's.
+type TopicChecker interface {
+	CheckTopic(ctx context.Context, topic string, outboxPartitions int) error
+}
+
 // Config configures a Forwarder.
 type Config struct {
 	// Subscriber configures the outbox side: Pool (required), Schema,
@@ -209,17 +223,26 @@ func (f *Forwarder) Run(ctx context.Context) error {
 func (f *Forwarder) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The targets name a Kafka transactional producer per outbox partition
+	// and look for its records by the partition count; 0 (unknown, e.g.
+	// the topic is not registered yet) makes them look everywhere. Every
+	// destination is checked before anything is forwarded.
+	partitions := make(map[string]int, len(f.cfg.Topics))
+	for _, topic := range f.cfg.Topics {
+		n, err := outbox.TopicPartitions(ctx, f.cfg.Subscriber.Pool, f.cfg.Subscriber.Schema, topic)
+		if err != nil {
+			n = 0
+		}
+		partitions[topic] = n
+		if c, ok := f.cfg.Target.(TopicChecker); ok {
+			if err := c.CheckTopic(ctx, f.cfg.TargetTopic(topic), n); err != nil {
+				return fmt.Errorf("forwarder: topic %s: %w", topic, err)
+			}
+		}
+	}
 	errs := make(chan error, len(f.cfg.Topics))
 	for _, topic := range f.cfg.Topics {
-		// The targets name a Kafka transactional producer per outbox
-		// partition and look for its records by the partition count; 0
-		// (unknown, e.g. the topic is not registered yet) makes them look
-		// everywhere.
-		partitions, err := outbox.TopicPartitions(ctx, f.cfg.Subscriber.Pool, f.cfg.Subscriber.Schema, topic)
-		if err != nil {
-			partitions = 0
-		}
-		h := f.handler(topic, f.cfg.TargetTopic(topic), partitions)
+		h := f.handler(topic, f.cfg.TargetTopic(topic), partitions[topic])
 		go func() {
 			err := f.sub.ConsumeBatches(ctx, topic, h)
 			if err != nil {

@@ -121,6 +121,13 @@ type Config struct {
 	// DefaultProducerIdleTimeout. It bounds the clients of an instance by
 	// the outbox partitions it sent to within the timeout.
 	ProducerIdleTimeout time.Duration
+	// CreateTopics lets the forwarder create a destination topic that does
+	// not exist when it starts (Target.CheckTopic), with as many partitions
+	// as its outbox topic and the brokers' default replication factor.
+	// Off by default: a missing topic stops Forwarder.Run with
+	// ErrUnknownTopic, saying what to create, rather than retrying sends
+	// for ever.
+	CreateTopics bool
 }
 
 func (c *Config) setDefaults() {

@@ -1,6 +1,7 @@
 package apicheck_test
 
 import (
+	"context"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -120,6 +121,16 @@ var forwarderEntries = []entry{
 	{"kafka.Target.CheckKeyIsolation", func(e *env) {
 		e.may("kafka.Target{}.CheckKeyIsolation", func() error { return new(kafka.Target).CheckKeyIsolation() })
 		e.may("(*kafka.Target)(nil).CheckKeyIsolation", func() error { return (*kafka.Target)(nil).CheckKeyIsolation() })
+	}},
+	{"kafka.Target.CheckTopic", func(e *env) {
+		e.fails("kafka.Target{}.CheckTopic", func() error { return new(kafka.Target).CheckTopic(e.ctx, "orders", 1) })
+		e.fails("(*kafka.Target)(nil).CheckTopic", func() error { return (*kafka.Target)(nil).CheckTopic(e.ctx, "orders", 1) })
+		t := must(kafka.NewTarget(kafka.Config{Brokers: startKafka(e), ClientOptions: []kgo.Opt{kgo.DialTimeout(time.Second)}}, nil))(e)
+		var noCtx context.Context
+		e.fails("kafka.Target.CheckTopic(nil ctx)", func() error { return t.CheckTopic(noCtx, "orders", 1) })
+		e.may("kafka.Target.CheckTopic(\"\", 0)", func() error { return t.CheckTopic(e.ctx, "", 0) })
+		e.may("kafka.Target.CheckTopic(orders, -1)", func() error { return t.CheckTopic(e.ctx, "orders", -1) })
+		e.may("kafka.Target.Close", t.Close)
 	}},
 	{"kafka.Target.OpenProducers", func(e *env) {
 		e.call("kafka.Target{}.OpenProducers", func() { new(kafka.Target).OpenProducers() })

@@ -1,0 +1,97 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/warnlog"
+)
+
+// ErrUnknownTopic is what CheckTopic (so Forwarder.Run) returns, wrapped
+// with the topic and what to do, for a destination topic that does not
+// exist while Config.CreateTopics is off.
+var ErrUnknownTopic = errors.New("kafka: the topic does not exist")
+
+// topicCheckTimeout bounds CheckTopic's requests: an unreachable cluster
+// must not keep a forwarder from starting.
+const topicCheckTimeout = 10 * time.Second
+
+var _ forwarder.TopicChecker = (*Target)(nil)
+
+// CheckTopic implements forwarder.TopicChecker; the Forwarder calls it
+// for every outbox topic as it starts. A topic that does not exist is
+// ErrUnknownTopic (sends to it would only be retried), or is created with
+// outboxPartitions partitions (1 when unknown) and the brokers' default
+// replication factor when Config.CreateTopics is set. A topic whose
+// partition count differs from the outbox topic's is forwarded (each
+// record goes to the Kafka partition of its key, which keeps the order per
+// key) with a warning: exactly-once takeovers then read further back to
+// find what the partition's previous owner wrote (Config.TailScanLimit),
+// where equal counts read only the last record. A cluster it cannot reach
+// or ask is logged and not an error: the forwarder starts and its sends
+// are retried.
+func (t *Target) CheckTopic(ctx context.Context, topic string, outboxPartitions int) error {
+	if t == nil || t.producers == nil {
+		return errs.NotConstructed("kafka.Target", "kafka.NewTarget")
+	}
+	if ctx == nil {
+		return errs.NilArgument("kafka.Target.CheckTopic", "pass a context")
+	}
+	_, admin, err := t.connect()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, topicCheckTimeout)
+	defer cancel()
+	fields := watermill.LogFields{"topic": topic, "outbox_partitions": outboxPartitions}
+	details, err := admin.ListTopics(ctx, topic)
+	if err != nil {
+		t.logger.Info("Cannot check the Kafka topic at start: the forwarder starts, and its sends are retried", fields.Add(watermill.LogFields{"err": err.Error()}))
+		return nil
+	}
+	d, found := details[topic]
+	if !found || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+		return t.createTopic(ctx, topic, outboxPartitions, fields)
+	}
+	if d.Err != nil {
+		t.logger.Info("Cannot check the Kafka topic at start: the forwarder starts, and its sends are retried", fields.Add(watermill.LogFields{"err": d.Err.Error()}))
+		return nil
+	}
+	if n := len(d.Partitions); outboxPartitions > 0 && n != outboxPartitions {
+		warnlog.Warn("The Kafka topic's partition count differs from the outbox topic's: records go to the partition of their key (order per key holds), but an exactly-once takeover reads further back than with equal counts; give both topics the same count where you can",
+			fields.Add(watermill.LogFields{"kafka_partitions": n}), t.logger)
+	}
+	return nil
+}
+
+// createTopic creates topic when Config.CreateTopics allows it.
+func (t *Target) createTopic(ctx context.Context, topic string, outboxPartitions int, fields watermill.LogFields) error {
+	partitions := max(outboxPartitions, 1)
+	if !t.cfg.CreateTopics {
+		return fmt.Errorf("%w: %q: create it with %d partitions (as many as the outbox topic; e.g. kafka-topics.sh --create --topic %s --partitions %d), or set kafka.Config.CreateTopics to let the forwarder create it",
+			ErrUnknownTopic, topic, partitions, topic, partitions)
+	}
+	_, admin, err := t.connect()
+	if err != nil {
+		return err
+	}
+	resp, err := admin.CreateTopic(ctx, int32(partitions), -1, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	switch {
+	case err == nil:
+		t.logger.Info("Created the Kafka topic", fields.Add(watermill.LogFields{"kafka_partitions": partitions}))
+	case errors.Is(err, kerr.TopicAlreadyExists): // another instance was first
+	default:
+		return fmt.Errorf("kafka: create topic %q with %d partitions (kafka.Config.CreateTopics): %w", topic, partitions, err)
+	}
+	return nil
+}
