@@ -6,7 +6,9 @@
 // no group consumes keeps everything. With KeepFor, consumed rows younger
 // than that stay, for replays (admin.ResetCursor). Deletes run in bounded
 // chunks, each its own short transaction, and only partitions whose cursors
-// moved since the last visit are visited.
+// moved since the last visit are visited. Each pass also deletes the dead
+// letters that were dealt with (replayed or discarded) a while ago
+// (Config.DeadLettersKeepFor, a week by default); pending ones stay.
 //
 // A group that subscribes later (without StartFromNewest) starts at the
 // oldest message still retained, and a cursor reset (package admin) can go
@@ -51,6 +53,11 @@ const (
 	DefaultInterval          = 10 * time.Second
 	DefaultChunkSize         = 5000
 	DefaultMaxChunksPerVisit = 20
+	// DefaultDeadLettersKeepFor is the default Config.DeadLettersKeepFor:
+	// a week to look back at what was replayed or discarded.
+	DefaultDeadLettersKeepFor = 7 * 24 * time.Hour
+	// Forever, as Config.DeadLettersKeepFor, keeps every dead letter.
+	Forever time.Duration = -1
 )
 
 // Config configures a Vacuum.
@@ -76,6 +83,12 @@ type Config struct {
 	// sequencer's clock, log.sequenced_at), so that a group can be reset
 	// back that far. 0 deletes them as soon as every group is past them.
 	KeepFor time.Duration
+	// DeadLettersKeepFor deletes the dead letters that were dealt with
+	// (replayed or discarded, package deadletter) once their last change
+	// is this old, at most ChunkSize per pass, so that the table does not
+	// grow for ever; pending ones are never deleted. Default
+	// DefaultDeadLettersKeepFor; Forever keeps them all.
+	DeadLettersKeepFor time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -90,6 +103,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxChunksPerVisit == 0 {
 		c.MaxChunksPerVisit = DefaultMaxChunksPerVisit
+	}
+	if c.DeadLettersKeepFor == 0 {
+		c.DeadLettersKeepFor = DefaultDeadLettersKeepFor
 	}
 }
 
@@ -111,6 +127,8 @@ func (c Config) Validate() error {
 		return &errs.ConfigError{Field: "MaxChunksPerVisit", Reason: fmt.Sprintf("must be at least 1, got %d", c.MaxChunksPerVisit)}
 	case c.KeepFor < 0:
 		return &errs.ConfigError{Field: "KeepFor", Reason: fmt.Sprintf("must not be negative, got %v", c.KeepFor)}
+	case c.DeadLettersKeepFor < 0 && c.DeadLettersKeepFor != Forever:
+		return &errs.ConfigError{Field: "DeadLettersKeepFor", Reason: fmt.Sprintf("must be positive, or retention.Forever to keep every dead letter; got %v", c.DeadLettersKeepFor)}
 	}
 	return nil
 }
@@ -124,8 +142,11 @@ type PassStats struct {
 	// Deleted is how many log rows the pass deleted.
 	Deleted int64 `json:"deleted"`
 	// More reports work left for the next pass (a partition hit
-	// MaxChunksPerVisit).
+	// MaxChunksPerVisit, or ChunkSize dead letters were deleted).
 	More bool `json:"more"`
+	// DeadLetters is how many dead letters dealt with long enough ago
+	// (Config.DeadLettersKeepFor) the pass deleted.
+	DeadLetters int64 `json:"dead_letters"`
 	// HeldBack lists the groups that hold retention back, as the pass
 	// left them: per topic, every group whose cursor is the lowest of all
 	// groups in a partition with messages left after it, the one keeping
@@ -162,9 +183,10 @@ type Holder struct {
 
 // Stats are running totals of a Vacuum.
 type Stats struct {
-	Passes  int64 // passes run
-	Visits  int64 // partition visits
-	Deleted int64 // log rows deleted
+	Passes      int64 // passes run
+	Visits      int64 // partition visits
+	Deleted     int64 // log rows deleted
+	DeadLetters int64 // dead letters deleted (Config.DeadLettersKeepFor)
 }
 
 type partitionKey struct {
@@ -202,7 +224,7 @@ type Vacuum struct {
 	passMu sync.Mutex // one pass at a time
 	state  map[partitionKey]*partitionState
 
-	passes, visits, deleted atomic.Int64
+	passes, visits, deleted, deadLetters atomic.Int64
 
 	life startstop.Service
 }
@@ -233,7 +255,7 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 
 // Stats returns the running totals.
 func (v *Vacuum) Stats() Stats {
-	return Stats{Passes: v.passes.Load(), Visits: v.visits.Load(), Deleted: v.deleted.Load()}
+	return Stats{Passes: v.passes.Load(), Visits: v.visits.Load(), Deleted: v.deleted.Load(), DeadLetters: v.deadLetters.Load()}
 }
 
 // Run vacuums until ctx ends or Close is called, then returns nil. A
@@ -286,7 +308,7 @@ func (v *Vacuum) run(ctx context.Context) error {
 			wait = v.cfg.Interval
 		}
 		if err == nil {
-			v.logger.Debug("Vacuum pass", watermill.LogFields{"visited": stats.Visited, "deleted": stats.Deleted, "more": stats.More,
+			v.logger.Debug("Vacuum pass", watermill.LogFields{"visited": stats.Visited, "deleted": stats.Deleted, "dead_letters": stats.DeadLetters, "more": stats.More,
 				"held_back": heldBackSummary(stats.HeldBack)})
 		}
 		if !backoff.Sleep(ctx, wait) {
@@ -373,6 +395,15 @@ func (v *Vacuum) pass(ctx context.Context) (PassStats, error) {
 			return stats, err
 		}
 		stats.More = stats.More || more
+	}
+	if v.cfg.DeadLettersKeepFor != Forever {
+		var n int64
+		if err := v.cfg.Pool.QueryRow(ctx, v.q.DeadLettersPurgeResolved, v.cfg.DeadLettersKeepFor.Microseconds(), v.cfg.ChunkSize).Scan(&n); err != nil {
+			return stats, fmt.Errorf("retention: delete old dead letters: %w", err)
+		}
+		stats.DeadLetters = n
+		v.deadLetters.Add(n)
+		stats.More = stats.More || n == int64(v.cfg.ChunkSize)
 	}
 	holders, err := v.holders(ctx)
 	if err != nil {

@@ -120,6 +120,7 @@ type Queries struct {
 	DeadLettersMarkReplayed   string
 	DeadLettersDiscard        string
 	DeadLettersPurge          string
+	DeadLettersPurgeResolved  string
 	DeadLettersDeleteGroup    string
 	DeadLettersMetrics        string
 

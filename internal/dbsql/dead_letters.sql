@@ -96,3 +96,16 @@ DELETE FROM {{schema}}.dead_letters WHERE group_name = $1 AND ($2 = '' OR topic 
 -- name: DeadLettersMetrics
 -- Metrics: the entries per group, topic and status.
 SELECT group_name, topic, status, count(*)::int8 FROM {{schema}}.dead_letters GROUP BY group_name, topic, status;
+
+-- name: DeadLettersPurgeResolved
+-- Retention: deletes up to $2 entries dealt with (replayed or discarded)
+-- whose last change is older than $1 (a duration in µs, by the server's
+-- clock); pending entries are never deleted here. Returns how many.
+WITH d AS (
+	DELETE FROM {{schema}}.dead_letters WHERE id = ANY(ARRAY(
+		SELECT id FROM {{schema}}.dead_letters
+		WHERE status IN ('replayed', 'discarded') AND updated_at < now() - $1::int8 * interval '1 microsecond'
+		ORDER BY id LIMIT $2))
+	RETURNING 1
+)
+SELECT count(*) FROM d;
