@@ -36,16 +36,24 @@ type SubscriberConfig struct {
 	// takes its profile's value. The profile also chooses the defaults of
 	// Advanced and how the workers pace themselves (see package adaptive).
 	Tuning adaptive.Tuning
-	// RejectHandler takes rejected (poison) messages out of the stream, e.g.
-	// the dead-letter store. Without one, a message rejected with Reject is
-	// retried like a nacked one (nothing is ever dropped silently), a
-	// message that keeps failing stalls its partition for ever, and the
-	// Subscriber says so when it starts (a warning) and in the admin status;
-	// a handler can still take a message out with RejectTo (which the
-	// deadletter PoisonQueue publisher uses).
+	// RejectHandler takes rejected (poison) messages out of the stream.
+	// Default: the schema's own dead-letter table, written as
+	// deadletter.Store writes it (list, replay and discard them with
+	// package deadletter, the CLI's dlq commands or the console). Set it to
+	// send them elsewhere, e.g. a deadletter.Store with other settings or a
+	// poison queue.
 	RejectHandler RejectHandler
-	// MaxAttempts, when > 0, rejects a message delivered that many times
-	// without success (needs RejectHandler). Every failure counts: a Nack,
+	// MaxAttempts takes a message out of the stream (RejectHandler) once it
+	// was delivered that many times without success. Default
+	// DefaultMaxAttempts (10: with Default()'s backoff, 1 s doubling to
+	// 1 min, about four minutes of retries, long enough to ride out a
+	// restart of what the handler calls, short enough that one bad message
+	// does not stall its partition for long); RetryForever never takes a
+	// message out for its failures (a handler can still Reject it), and
+	// the partition waits as long as it fails. The Forwarder defaults to
+	// RetryForever: its targets reject what no retry can cure on the first
+	// attempt, and a broker outage must not dead-letter healthy messages.
+	// Every failure counts: a Nack,
 	// an error, a HandlerTimeout, a transaction the handler broke, a
 	// missing payload, and a delivery that ended without any outcome
 	// because the consumer process died, was killed or lost its lease while
@@ -125,6 +133,13 @@ type Advanced struct {
 	SyncCursorCommits bool
 }
 
+// DefaultMaxAttempts is the default SubscriberConfig.MaxAttempts.
+const DefaultMaxAttempts = 10
+
+// RetryForever is the SubscriberConfig.MaxAttempts that never takes a
+// message out of the stream for its failures.
+const RetryForever = -1
+
 // DefaultCloseTimeout is the default SubscriberConfig.CloseTimeout.
 const DefaultCloseTimeout = 5 * time.Second
 
@@ -150,6 +165,12 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.RejectHandler == nil {
+		c.RejectHandler = schemaDeadLetters{pool: c.Pool, schema: c.Schema}
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	c.KeyIsolation.setDefaults()
 	p := c.profile()
@@ -184,12 +205,10 @@ func (c SubscriberConfig) Validate() error {
 		return names.Group(c.ConsumerGroup) // a *NameError
 	case c.Strategy != Leased && c.Strategy != Transactional:
 		return &errs.ConfigError{Field: "Strategy", Reason: "must be Leased or Transactional"}
-	case c.MaxAttempts < 0:
-		return &errs.ConfigError{Field: "MaxAttempts", Reason: "must be >= 0"}
+	case c.MaxAttempts < RetryForever:
+		return &errs.ConfigError{Field: "MaxAttempts", Reason: "must be positive, or RetryForever (0: DefaultMaxAttempts)"}
 	case c.RejectHandler != nil && isNil(c.RejectHandler):
-		return &errs.ConfigError{Field: "RejectHandler", Reason: fmt.Sprintf("is a nil %T: give it a handler (e.g. a deadletter.Store from deadletter.New), or leave the field nil", c.RejectHandler)}
-	case c.MaxAttempts > 0 && c.RejectHandler == nil:
-		return &errs.ConfigError{Field: "MaxAttempts", Reason: "needs a RejectHandler to take exhausted messages out"}
+		return &errs.ConfigError{Field: "RejectHandler", Reason: fmt.Sprintf("is a nil %T: give it a handler (e.g. a deadletter.Store from deadletter.New), or leave the field nil for the schema's dead-letter table", c.RejectHandler)}
 	case c.HandlerTimeout < 0 || c.HandlerTimeout > c.Tuning.LeaseTTL:
 		return &errs.ConfigError{Field: "HandlerTimeout", Reason: fmt.Sprintf("must be positive and at most Tuning.LeaseTTL (%v): raise the lease TTL, or leave it zero to derive it (3/2 of HandlerTimeout)", c.Tuning.LeaseTTL)}
 	case c.CloseTimeout < 0:

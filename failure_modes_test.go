@@ -440,9 +440,9 @@ func TestCrashingConsumerChild(t *testing.T) {
 	_ = sub.Close()
 }
 
-// Failure mode 5: wiring the dead-letter handler once, where the message
-// is rejected, is enough; a Subscriber that can never take a message out
-// says so when it starts, and in its member row (for the status).
+// Failure mode 5: a handler named where the message is rejected
+// (RejectTo) takes it, not the Subscriber's default (the schema's
+// dead-letter table); the member row says the group can reject.
 func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
 	e := newEnv(t)
 	e.Register("orders", 1)
@@ -472,12 +472,15 @@ func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
 	if got := rejected(); len(got) != 1 || got[0].UUID != "m2" || got[0].Reason.Error() != "bad payload" {
 		t.Fatalf("rejected %+v, want m2 with its reason", got)
 	}
-	if !logs.has("Subscriber has no RejectHandler") {
-		t.Fatalf("no warning about the missing RejectHandler; logged: %v", logs.warnings())
+	if n := e.Int("SELECT count(*) FROM " + e.Schema + ".dead_letters"); n != 0 {
+		t.Fatalf("%d entries in the default dead-letter table, want none: RejectTo named the handler", n)
+	}
+	if w := logs.warnings(); len(w) != 0 {
+		t.Fatalf("warnings logged: %v", w)
 	}
 	var canReject bool
-	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT bool_and(can_reject) FROM "+e.Schema+".members WHERE group_name = 'g'").Scan(&canReject); err != nil || canReject {
-		t.Fatalf("members.can_reject = %v (%v), want false", canReject, err)
+	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT bool_and(can_reject) FROM "+e.Schema+".members WHERE group_name = 'g'").Scan(&canReject); err != nil || !canReject {
+		t.Fatalf("members.can_reject = %v (%v), want true", canReject, err)
 	}
 	if err := outbox.Reject(nil, errors.New("x")); !errors.Is(err, outbox.ErrInvalidMessage) {
 		t.Fatalf("Reject(nil) = %v, want ErrInvalidMessage", err)
@@ -503,15 +506,6 @@ func (w *warnCapture) warnings() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]string(nil), w.msgs...)
-}
-
-func (w *warnCapture) has(prefix string) bool {
-	for _, m := range w.warnings() {
-		if strings.HasPrefix(m, prefix) {
-			return true
-		}
-	}
-	return false
 }
 
 // Failure mode 7: the backoff is kept on the cursor row and honoured by the

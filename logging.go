@@ -1,8 +1,6 @@
 package outbox
 
 import (
-	"github.com/ThreeDotsLabs/watermill"
-
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 )
 
@@ -11,7 +9,3 @@ import (
 // (a configuration that can stall a partition, for example) through Warn
 // when the logger has it, and at Error level otherwise.
 type WarnLogger = warnlog.Logger
-
-func warn(logger watermill.LoggerAdapter, msg string, fields watermill.LogFields) {
-	warnlog.Warn(msg, fields, logger)
-}

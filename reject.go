@@ -1,9 +1,16 @@
 package outbox
 
 import (
+	"context"
+
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/consumer"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
 // Reject marks msg, a message delivered by a Subscriber, as poison because of
@@ -46,3 +53,27 @@ type RejectHandlerFunc = consumer.RejectHandlerFunc
 // IsDelivered reports whether msg was delivered by a Subscriber (so Reject
 // on it reaches the Subscriber).
 func IsDelivered(msg *message.Message) bool { return consumer.IsDelivered(msg) }
+
+// schemaDeadLetters is the default RejectHandler: the dead-letter table of
+// the Subscriber's own schema, written in the rejecting transaction as
+// deadletter.Store writes it.
+type schemaDeadLetters struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+// HandleReject implements RejectHandler.
+func (d schemaDeadLetters) HandleReject(ctx context.Context, tx pgx.Tx, m RejectedMessage) error {
+	if tx == nil {
+		return ErrNilTx
+	}
+	q, err := pgexec.FromTx(tx)
+	if err != nil {
+		return err
+	}
+	if err := schemacheck.Check(ctx, d.pool, q, d.schema); err != nil {
+		return err
+	}
+	_, err = consumer.InsertDeadLetter(ctx, tx, dbsql.For(d.schema), m, consumer.DefaultMaxReasonBytes)
+	return schemacheck.Wrap(err, d.schema)
+}

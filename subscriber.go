@@ -106,7 +106,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 	s.workers = &consumer.Config{
 		Group:             cfg.ConsumerGroup,
 		Transactional:     cfg.Strategy == Transactional,
-		MaxAttempts:       cfg.MaxAttempts,
+		MaxAttempts:       max(cfg.MaxAttempts, 0), // RetryForever: 0, never exhausted
 		HandlerTimeout:    cfg.HandlerTimeout,
 		CloseTimeout:      cfg.CloseTimeout,
 		SyncCursorCommits: cfg.Advanced.SyncCursorCommits,
@@ -260,11 +260,6 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 	s.mu.Unlock()
 	if first {
 		s.startBackground()
-		if s.cfg.RejectHandler == nil {
-			warn(s.logger, "Subscriber has no RejectHandler: a message that keeps failing is retried for ever and stalls its partition. "+
-				"Set SubscriberConfig.RejectHandler (e.g. a deadletter.Store) and MaxAttempts, or reject from the handler with outbox.RejectTo / the PoisonQueue middleware with deadletter.Store.PoisonPublisher",
-				watermill.LogFields{"max_attempts": s.cfg.MaxAttempts})
-		}
 	}
 
 	done := make(chan struct{})
@@ -319,7 +314,6 @@ func (s *Subscriber) prepare(ctx context.Context, topic string, out chan<- *mess
 		RenewInterval:   s.cfg.renewInterval(),
 		BalanceInterval: s.cfg.balanceInterval(),
 		StartFromNewest: s.cfg.StartFromNewest,
-		NoRejectHandler: s.cfg.RejectHandler == nil,
 		Relaxed:         s.store.Relaxed(),
 	}, s.logger)
 	if err != nil {

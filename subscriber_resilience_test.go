@@ -69,15 +69,15 @@ func TestSubscriberConfigValidation(t *testing.T) {
 	badTuning := adaptive.Default()
 	badTuning.LeaseTTL = 50 * time.Millisecond
 	cases := map[string]outbox.SubscriberConfig{
-		"no pool":                      {ConsumerGroup: "g"},
-		"no group":                     {Pool: pool},
-		"unknown strategy":             {Pool: pool, ConsumerGroup: "g", Strategy: 7},
-		"max attempts without handler": {Pool: pool, ConsumerGroup: "g", MaxAttempts: 3},
-		"lease TTL below 100ms":        {Pool: pool, ConsumerGroup: "g", Tuning: badTuning},
-		"handler timeout past lease":   {Pool: pool, ConsumerGroup: "g", Tuning: adaptive.Default(), HandlerTimeout: time.Hour},
-		"negative handler timeout":     {Pool: pool, ConsumerGroup: "g", HandlerTimeout: -time.Second},
-		"negative poll interval":       {Pool: pool, ConsumerGroup: "g", Advanced: outbox.Advanced{PollInterval: -time.Second}},
-		"negative bulkhead":            {Pool: pool, ConsumerGroup: "g", Advanced: outbox.Advanced{MaxConcurrentPartitions: -1}},
+		"no pool":                         {ConsumerGroup: "g"},
+		"no group":                        {Pool: pool},
+		"unknown strategy":                {Pool: pool, ConsumerGroup: "g", Strategy: 7},
+		"max attempts below RetryForever": {Pool: pool, ConsumerGroup: "g", MaxAttempts: -2},
+		"lease TTL below 100ms":           {Pool: pool, ConsumerGroup: "g", Tuning: badTuning},
+		"handler timeout past lease":      {Pool: pool, ConsumerGroup: "g", Tuning: adaptive.Default(), HandlerTimeout: time.Hour},
+		"negative handler timeout":        {Pool: pool, ConsumerGroup: "g", HandlerTimeout: -time.Second},
+		"negative poll interval":          {Pool: pool, ConsumerGroup: "g", Advanced: outbox.Advanced{PollInterval: -time.Second}},
+		"negative bulkhead":               {Pool: pool, ConsumerGroup: "g", Advanced: outbox.Advanced{MaxConcurrentPartitions: -1}},
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -2,7 +2,6 @@ package deadletter
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -11,17 +10,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
-	"github.com/millrace/watermill-outbox/internal/pgtext"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
 // DefaultMaxReasonBytes is the default of Config.MaxReasonBytes.
-const DefaultMaxReasonBytes = 4096
+const DefaultMaxReasonBytes = consumer.DefaultMaxReasonBytes
 
 // Config configures a Store.
 type Config struct {
@@ -218,39 +217,8 @@ type querier interface {
 }
 
 func (s *Store) insert(ctx context.Context, q querier, m outbox.RejectedMessage) (bool, error) {
-	var partition, seq any
-	if m.Seq > 0 {
-		partition, seq = int32(m.Partition), m.Seq
-	}
-	metadata, err := encodeMetadata(m.Metadata)
-	if err != nil {
-		return false, err
-	}
-	reason := "rejected"
-	if m.Reason != nil {
-		reason = m.Reason.Error()
-	}
-	var key any
-	if m.PartitionKey != "" {
-		key = pgtext.Clean(m.PartitionKey, 0)
-	}
-	payload := m.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
-	rows, err := q.Query(ctx, s.q.DeadLettersInsert,
-		pgtext.Clean(m.Group, 0), pgtext.Clean(m.Topic, 0), partition, seq, pgtext.Clean(m.UUID, 0), key, metadata,
-		payload, pgtext.Clean(reason, s.cfg.MaxReasonBytes), max(m.Attempts, 0), timeOrNil(m.FirstFailure), timeOrNil(m.LastFailure))
-	if err != nil {
-		return false, s.wrap(fmt.Errorf("deadletter: store message %s: %w", m.UUID, err))
-	}
-	defer rows.Close()
-	inserted := rows.Next()
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return false, s.wrap(fmt.Errorf("deadletter: store message %s: %w", m.UUID, err))
-	}
-	return inserted, nil
+	inserted, err := consumer.InsertDeadLetter(ctx, q, s.q, m, s.cfg.MaxReasonBytes)
+	return inserted, s.wrap(err)
 }
 
 func timeOrNil(t time.Time) any {
@@ -258,18 +226,4 @@ func timeOrNil(t time.Time) any {
 		return nil
 	}
 	return t
-}
-
-// encodeMetadata turns metadata into a JSON object jsonb accepts: text is
-// made valid UTF-8 without NUL (jsonb cannot hold \u0000).
-func encodeMetadata(md map[string]string) (string, error) {
-	clean := make(map[string]string, len(md))
-	for k, v := range md {
-		clean[pgtext.Clean(k, 0)] = pgtext.Clean(v, 0)
-	}
-	b, err := json.Marshal(clean)
-	if err != nil {
-		return "", fmt.Errorf("deadletter: encode metadata: %w", err)
-	}
-	return string(b), nil
 }

@@ -86,8 +86,11 @@ type TopicChecker interface {
 type Config struct {
 	// Subscriber configures the outbox side: Pool (required), Schema,
 	// ConsumerGroup (DefaultConsumerGroup when empty), Tuning (batch size,
-	// backoff, leases), RejectHandler (where poison messages go: without one
-	// they are retried forever), MaxAttempts, and so on. Its HandlerTimeout
+	// backoff, leases), RejectHandler (where poison messages go: the
+	// schema's dead-letter table unless set), MaxAttempts (default
+	// outbox.RetryForever here: the targets reject what no retry can cure
+	// on the first attempt, and a broker outage must not dead-letter
+	// healthy messages out of their order), and so on. Its HandlerTimeout
 	// bounds one Send. Strategy must be outbox.Leased (the default): a
 	// broker publish cannot join a database transaction.
 	Subscriber outbox.SubscriberConfig
@@ -118,6 +121,12 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.Subscriber.ConsumerGroup == "" {
 		c.Subscriber.ConsumerGroup = DefaultConsumerGroup
+	}
+	if c.Subscriber.MaxAttempts == 0 {
+		// A target rejects what no retry can cure on its first attempt;
+		// what fails otherwise is the broker (down, leaders moving), and
+		// an outage must not take healthy messages out of their order.
+		c.Subscriber.MaxAttempts = outbox.RetryForever
 	}
 	if c.TargetTopic == nil {
 		c.TargetTopic = func(topic string) string { return topic }
