@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -438,74 +437,6 @@ func TestCrashingConsumerChild(t *testing.T) {
 	}()
 	outboxtest.WaitFor(t, "the cursor past every message", 50*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
 	_ = sub.Close()
-}
-
-// Failure mode 5: a handler named where the message is rejected
-// (RejectTo) takes it, not the Subscriber's default (the schema's
-// dead-letter table); the member row says the group can reject.
-func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
-	e := newEnv(t)
-	e.Register("orders", 1)
-	publishPayloads(t, e, "orders", "ok", "poison", "ok")
-	rejects, rejected := rejectLog(t, e)
-	logs := &warnCapture{}
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "g", Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced()}, logs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for m := range msgs {
-			if string(m.Payload) == "poison" {
-				_ = outbox.RejectTo(m, errors.New("bad payload"), rejects)
-				m.Nack()
-				continue
-			}
-			m.Ack()
-		}
-	}()
-	outboxtest.WaitFor(t, "the cursor past every message", 30*time.Second, func() bool { return e.cursor(t, "g", "orders").seq == 3 })
-	if got := rejected(); len(got) != 1 || got[0].UUID != "m2" || got[0].Reason.Error() != "bad payload" {
-		t.Fatalf("rejected %+v, want m2 with its reason", got)
-	}
-	if n := e.Int("SELECT count(*) FROM " + e.Schema + ".dead_letters"); n != 0 {
-		t.Fatalf("%d entries in the default dead-letter table, want none: RejectTo named the handler", n)
-	}
-	if w := logs.warnings(); len(w) != 0 {
-		t.Fatalf("warnings logged: %v", w)
-	}
-	var canReject bool
-	if err := e.Pool.QueryRow(outboxtest.Ctx(t), "SELECT bool_and(can_reject) FROM "+e.Schema+".members WHERE group_name = 'g'").Scan(&canReject); err != nil || !canReject {
-		t.Fatalf("members.can_reject = %v (%v), want true", canReject, err)
-	}
-	if err := outbox.Reject(nil, errors.New("x")); !errors.Is(err, outbox.ErrInvalidMessage) {
-		t.Fatalf("Reject(nil) = %v, want ErrInvalidMessage", err)
-	}
-}
-
-// warnCapture records warnings (it implements outbox.WarnLogger).
-type warnCapture struct {
-	watermill.NopLogger
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (w *warnCapture) Warn(msg string, _ watermill.LogFields) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.msgs = append(w.msgs, msg)
-}
-
-func (w *warnCapture) With(watermill.LogFields) watermill.LoggerAdapter { return w }
-
-func (w *warnCapture) warnings() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]string(nil), w.msgs...)
 }
 
 // Failure mode 7: the backoff is kept on the cursor row and honoured by the
