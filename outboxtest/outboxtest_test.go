@@ -66,6 +66,19 @@ func publishTx(t *testing.T, tx pgx.Tx, schema string, msgs ...*message.Message)
 	}
 }
 
+// publishCommitted publishes msgs in a transaction of their own.
+func publishCommitted(t *testing.T, pool *pgxpool.Pool, schema string, msgs ...*message.Message) {
+	t.Helper()
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishTx(t, tx, schema, msgs...)
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // RequirePublishedTx sees the test's own uncommitted messages,
 // RequirePublished through the pool only committed ones, pending or
 // sequenced; every kind of match narrows, and Times counts.
@@ -119,14 +132,7 @@ func TestRequirePublishedSeesWhatEachHandleSees(t *testing.T) {
 func TestFailureMessagesListWhatWasPublished(t *testing.T) {
 	pool, schema := env(t)
 	in := outboxtest.InSchema(schema)
-	tx, err := pool.Begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	publishTx(t, tx, schema, order(1, "c-1"), order(2, "c-2"))
-	if err := tx.Commit(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	publishCommitted(t, pool, schema, order(1, "c-1"), order(2, "c-2"))
 
 	f := &fakeTB{}
 	if got := outboxtest.RequirePublished(f, pool, "orders", in, outboxtest.Key("c-9")); got != nil || !f.failed {
@@ -176,14 +182,7 @@ func TestFailureMessagesListWhatWasPublished(t *testing.T) {
 func TestSequencedFailsUntilASequencerRan(t *testing.T) {
 	pool, schema := env(t)
 	in := outboxtest.InSchema(schema)
-	tx, err := pool.Begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	publishTx(t, tx, schema, order(1, "c-1"), order(2, "c-2"))
-	if err := tx.Commit(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	publishCommitted(t, pool, schema, order(1, "c-1"), order(2, "c-2"))
 	outboxtest.RequirePublished(t, pool, "orders", in, outboxtest.Key("c-1")) // committed: enough without Sequenced
 
 	for _, times := range []outboxtest.Match{in, outboxtest.Times(1)} { // at least one; exactly one
