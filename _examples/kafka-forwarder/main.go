@@ -66,8 +66,9 @@ func run(ctx context.Context) error {
 
 	// The forwarder: the outbox topic "orders" goes to Kafka topic
 	// "shop.orders". A record Kafka refuses for good (too large, say) goes
-	// to the dead-letter store; MaxAttempts stays 0, so that failed sends
-	// during a broker outage never dead-letter a healthy message.
+	// to the dead-letter store; MaxAttempts stays at the forwarder's
+	// default (outbox.RetryForever), so that failed sends during a broker
+	// outage never dead-letter a healthy message.
 	target, err := kafka.NewTarget(kafka.Config{Brokers: brokers}, logger)
 	if err != nil {
 		return err

@@ -92,8 +92,9 @@ func run(ctx context.Context) error {
 	}
 	defer target.Close()
 	// A message JetStream refuses for good goes to the dead-letter store;
-	// MaxAttempts stays 0, so that the sends that fail while NATS is down
-	// never dead-letter a healthy message.
+	// MaxAttempts stays at the forwarder's default (outbox.RetryForever),
+	// so that the sends that fail while NATS is down never dead-letter a
+	// healthy message.
 	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: db.Pool}, logger)
 	if err != nil {
 		return err

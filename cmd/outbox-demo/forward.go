@@ -113,8 +113,9 @@ func (d *demo) startForwarder(ctx context.Context, group string, target forwarde
 	}
 	// A message the broker refuses for good goes to the dead-letter store,
 	// in the transaction that moves the cursor past it, and the partition
-	// goes on. MaxAttempts stays 0: a send that fails because the broker
-	// is down is retried until it is back, never dead-lettered.
+	// goes on. MaxAttempts stays at the forwarder's default
+	// (outbox.RetryForever): a send that fails because the broker is down
+	// is retried until it is back, never dead-lettered.
 	deadLetters, err := deadletter.NewStore(deadletter.Config{Pool: pool}, d.logger)
 	if err != nil {
 		return nil, err

@@ -33,8 +33,9 @@ func (a *app) relayCommand() *cobra.Command {
 		Short: "Run a standalone sequencer, and a forwarder to Kafka or NATS JetStream",
 		Long: `relay runs until interrupted: a sequencer for the schema (give committed messages their seq), with --wal the
 relay of the log-based mode (messages published in ModeWAL, read from the schema's slot), and, with
---topic and --kafka or --nats, a forwarder of those topics to the broker, as consumer group --group. Poison messages
-go to the dead-letter store after --max-attempts. Run as many relays as you like: they share the work.
+--topic and --kafka or --nats, a forwarder of those topics to the broker, as consumer group --group. A message the
+broker refuses for good goes to the dead-letter store at once; failed sends (the broker down) are retried until it is
+back, unless --max-attempts says how many. Run as many relays as you like: they share the work.
 
 Kafka is written exactly once (Kafka transactions; consumers must read read_committed) unless --at-least-once.`,
 		Example: `  outbox relay
@@ -145,7 +146,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 	cmd.Flags().StringSliceVar(&kafkaBrokers, "kafka", nil, "Kafka brokers to forward to")
 	cmd.Flags().StringVar(&natsURL, "nats", "", "NATS server to forward to (JetStream)")
 	cmd.Flags().StringVar(&group, "group", forwarder.DefaultConsumerGroup, "consumer group of the forwarder")
-	cmd.Flags().IntVar(&maxAttempts, "max-attempts", 10, "deliveries of a message before it goes to the dead-letter store")
+	cmd.Flags().IntVar(&maxAttempts, "max-attempts", 0, "failed sends of a message before it goes to the dead-letter store; 0 (the default) retries sends for ever, since they fail when the broker is down, and what the broker refuses for good is dead-lettered at once")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	cmd.Flags().BoolVar(&wal, "wal", false, "also relay the messages published in ModeWAL from the schema's slot (outbox wal create-slot); one streams, the others wait")
 	cmd.Flags().DurationVar(&takeover, "takeover-timeout", relay.DefaultTakeoverTimeout, "with --wal: how long a relay that stopped answering keeps the slot and its append before a standby takes over")
