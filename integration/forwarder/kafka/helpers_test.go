@@ -13,6 +13,13 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// deliveryModes are the Kafka target's two delivery modes, for the tests
+// that run in both.
+var deliveryModes = []struct {
+	name        string
+	atLeastOnce bool
+}{{"exactly-once", false}, {"at-least-once", true}}
+
 // newTarget returns a Target on c's brokers, exactly once or at least
 // once, with extra client options; it is closed when the test ends.
 func newTarget(t *testing.T, c *kafkatest.Cluster, atLeastOnce bool, opts ...kgo.Opt) *kafka.Target {

@@ -35,10 +35,7 @@ func smallTopic(t *testing.T, c *kafkatest.Cluster, partitions int) string {
 }
 
 func TestSendDeliversThePrefixAndRejectsTheOversizeRecord(t *testing.T) {
-	for _, mode := range []struct {
-		name        string
-		atLeastOnce bool
-	}{{"exactly-once", false}, {"at-least-once", true}} {
+	for _, mode := range deliveryModes {
 		for _, poison := range []int{0, 7, 19} {
 			t.Run(mode.name+"/at "+strconv.Itoa(poison), func(t *testing.T) {
 				c := kafkatest.New(t)
@@ -242,10 +239,7 @@ func varint(b []byte) (int64, int) {
 // starts behind it, sends them again: duplicates with the same outbox_id,
 // as for any partly failed batch.)
 func TestSendStoresNoRecordTwiceWhileIsolating(t *testing.T) {
-	for _, mode := range []struct {
-		name        string
-		atLeastOnce bool
-	}{{"exactly-once", false}, {"at-least-once", true}} {
+	for _, mode := range deliveryModes {
 		t.Run(mode.name, func(t *testing.T) {
 			c := kafkatest.New(t)
 			topic := smallTopic(t, c, 3)

@@ -256,10 +256,7 @@ func mustAtoi(t *testing.T, s string) int64 {
 // resumes; nothing is lost, per-key order holds, and, exactly once, no
 // message arrives twice.
 func TestBrokerDownAndBackMidStream(t *testing.T) {
-	for _, mode := range []struct {
-		name        string
-		atLeastOnce bool
-	}{{"exactly-once", false}, {"at-least-once", true}} {
+	for _, mode := range deliveryModes {
 		t.Run(mode.name, func(t *testing.T) {
 			e := fwdtest.NewEnv(t)
 			e.Register("orders", 4)
@@ -308,10 +305,7 @@ func TestBrokerDownAndBackMidStream(t *testing.T) {
 // injected failure fails its send, as a failure that outlasts kgo's
 // retries does.
 func TestTransientProduceErrors(t *testing.T) {
-	for _, mode := range []struct {
-		name        string
-		atLeastOnce bool
-	}{{"exactly-once", false}, {"at-least-once", true}} {
+	for _, mode := range deliveryModes {
 		t.Run(mode.name, func(t *testing.T) { testTransientProduceErrors(t, mode.atLeastOnce) })
 	}
 }
@@ -373,10 +367,7 @@ func testTransientProduceErrors(t *testing.T, atLeastOnce bool) {
 // half again (copies with the same outbox_id); exactly once (the
 // default), it reads the half back from Kafka and skips it.
 func TestInstanceKilledMidBatch(t *testing.T) {
-	for _, mode := range []struct {
-		name        string
-		atLeastOnce bool
-	}{{"exactly-once", false}, {"at-least-once", true}} {
+	for _, mode := range deliveryModes {
 		t.Run(mode.name, func(t *testing.T) {
 			e := fwdtest.NewEnv(t)
 			e.Register("orders", 8)
