@@ -53,9 +53,9 @@ type SubscriberConfig struct {
 	// the partition waits as long as it fails. The Forwarder defaults to
 	// RetryForever: its targets reject what no retry can cure on the first
 	// attempt, and a broker outage must not dead-letter healthy messages.
-	// Every failure counts: a Nack,
-	// an error, a HandlerTimeout, a transaction the handler broke, a
-	// missing payload, and a delivery that ended without any outcome
+	// Every failure counts: a Nack, an error, a HandlerTimeout, a
+	// transaction the handler broke, a missing payload, and a delivery
+	// that ended without any outcome
 	// because the consumer process died, was killed or lost its lease while
 	// it was the only delivery in flight in that process. A crash with
 	// several deliveries in flight charges none of them: they are delivered

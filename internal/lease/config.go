@@ -56,11 +56,6 @@ type Config struct {
 	// current last seq, skipping the existing messages, instead of at 0.
 	// Existing cursors never move.
 	StartFromNewest bool
-	// NoRejectHandler records in the member's row that this member cannot
-	// take a message out of the stream (it has no RejectHandler), so that
-	// the admin status can warn that the group retries a poison message
-	// for ever.
-	NoRejectHandler bool
 	// Relaxed runs the cursor moves that commit without waiting for their
 	// WAL flush (Lease.AdvanceRelaxed), when set: the Subscriber gives the
 	// pgcombine.Combiner its partitions' counted reads go through, so that

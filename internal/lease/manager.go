@@ -189,7 +189,7 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 	)
 	opCtx, cancel := m.opContext(ctx)
 	err := pgexec.QueryRow(opCtx, m.pool, m.q.CursorsBalance,
-		[]any{m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, m.cfg.TTL.Microseconds(), m.cfg.Partitions, !m.cfg.NoRejectHandler},
+		[]any{m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, m.cfg.TTL.Microseconds(), m.cfg.Partitions, true}, // can_reject: every Subscriber has a RejectHandler (older releases wrote false without one)
 		&others, &active, &paused)
 	cancel()
 	if err != nil {
