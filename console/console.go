@@ -28,6 +28,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -92,6 +93,13 @@ type Config struct {
 	// names the hosts it is reached under. Behind a reverse proxy, name
 	// the host the proxy passes on.
 	AllowedHosts []string
+	// HistoryWindow is how far back the group page's charts of lag and
+	// throughput go (default 10 min, DefaultHistoryWindow), HistoryInterval
+	// the time between two samples (default 5 s, DefaultHistoryInterval).
+	// The console samples a group while its page is open (or its status or
+	// history API is read), never on its own: idle, it costs nothing.
+	HistoryWindow   time.Duration
+	HistoryInterval time.Duration
 }
 
 // Validate reports the first impossible setting.
@@ -116,20 +124,21 @@ func (c Config) Validate() error {
 	if _, err := hostRules(c.AllowedHosts); err != nil {
 		return err
 	}
-	return nil
+	return c.validateHistory()
 }
 
 // Console is the web console; it is an http.Handler.
 type Console struct {
-	cfg    Config
-	logger watermill.LoggerAdapter
-	admin  *admin.Admin
-	store  *deadletter.Store
-	pages  map[string]*template.Template
-	mux    *http.ServeMux
-	hosts  []hostRule
-	static fs.FS
-	secret []byte // CSRF tokens and flash messages are HMACs under it
+	cfg     Config
+	logger  watermill.LoggerAdapter
+	admin   *admin.Admin
+	store   *deadletter.Store
+	pages   map[string]*template.Template
+	mux     *http.ServeMux
+	hosts   []hostRule
+	static  fs.FS
+	secret  []byte   // CSRF tokens and flash messages are HMACs under it
+	history *history // the samples the charts draw
 }
 
 // New creates a Console.
@@ -146,6 +155,7 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 	if cfg.RefreshInterval == 0 {
 		cfg.RefreshInterval = time.Second
 	}
+	cfg.HistoryWindow, cfg.HistoryInterval = cmp.Or(cfg.HistoryWindow, DefaultHistoryWindow), cmp.Or(cfg.HistoryInterval, DefaultHistoryInterval)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
@@ -161,7 +171,8 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, logger: logger, admin: adm, store: store, pages: map[string]*template.Template{}, hosts: hosts, secret: make([]byte, 32)}
+	c := &Console{cfg: cfg, logger: logger, admin: adm, store: store, pages: map[string]*template.Template{}, hosts: hosts, secret: make([]byte, 32),
+		history: newHistory(cfg.HistoryWindow, cfg.HistoryInterval, cfg.RefreshInterval)}
 	if _, err := rand.Read(c.secret); err != nil {
 		return nil, err
 	}
@@ -175,9 +186,10 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 		"rfc3339":  func(t time.Time) string { return t.Format(time.RFC3339) },
 		"pathPart": url.PathEscape,
 		"bytes":    humanBytes,
+		"state":    stateOf,
 	}
 	for _, page := range []string{"overview", "group", "dlq", "entry", "message", "confirm"} {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/charts.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, err
 		}
@@ -189,6 +201,7 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Console, error) {
 	mux.HandleFunc("GET /{$}", c.overview)
 	mux.HandleFunc("GET /groups/{topic}/{group}", c.group)
 	mux.HandleFunc("GET /api/status", c.apiStatus)
+	mux.HandleFunc("GET /api/history", c.apiHistory)
 	mux.HandleFunc("GET /dlq", c.dlq)
 	mux.HandleFunc("GET /dlq/{id}", c.entry)
 	mux.HandleFunc("GET /dlq/{id}/payload", c.payload)
@@ -278,6 +291,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
+	c.history.record(rep, time.Now())
 	c.render(w, r, "overview", http.StatusOK, view{Title: "Overview", Data: rep})
 }
 
@@ -294,10 +308,11 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
+	c.history.record(rep, time.Now())
 	for _, t := range rep.Topics {
 		for _, g := range t.Groups {
 			if g.Group == group {
-				c.render(w, r, "group", http.StatusOK, view{Title: short(100, group) + " on " + short(100, topic), Data: g, TopicFilter: topic, GroupFilter: group})
+				c.render(w, r, "group", http.StatusOK, view{Title: short(100, group) + " on " + short(100, topic), Data: c.groupPage(topic, g), TopicFilter: topic, GroupFilter: group})
 				return
 			}
 		}
@@ -322,6 +337,7 @@ func (c *Console) apiStatus(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
 		return
 	}
+	c.history.record(rep, time.Now())
 	_ = json.NewEncoder(w).Encode(rep)
 }
 
