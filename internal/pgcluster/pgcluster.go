@@ -1,6 +1,13 @@
 // Package pgcluster starts and stops throwaway PostgreSQL clusters from the
-// server binaries installed on the machine. Tests, benchmarks and demos use it
+// server binaries installed on the machine, or from binaries fetched before
+// into the user's cache (see FindBinDir). Tests, benchmarks and demos use it
 // so that they need no database set up beforehand.
+//
+// Fetching is not done here: the fetcher (module
+// github.com/millrace/watermill-outbox/pgtemp) depends on
+// github.com/fergusstrange/embedded-postgres, which the library module must
+// not require. This package only knows the cache's layout (CacheDir), so
+// that the library's own tests find what a fetch put there.
 //
 // A cluster lives in a fresh temporary directory, listens on 127.0.0.1 and a
 // free port only, and is removed by Stop. When the current process runs as
@@ -36,7 +43,7 @@ import (
 
 // ErrNoServerBinaries is returned when no PostgreSQL server binaries
 // (initdb, pg_ctl, postgres) can be found.
-var ErrNoServerBinaries = errors.New("pgcluster: PostgreSQL server binaries (initdb, postgres) not found; install them (Debian: apt-get install postgresql) or set PG_BINDIR")
+var ErrNoServerBinaries = errors.New("pgcluster: PostgreSQL server binaries (initdb, postgres) not found, neither installed nor in the cache; install them (Debian: apt-get install postgresql), set PG_BINDIR, or let the tests fetch them (module github.com/millrace/watermill-outbox/pgtemp)")
 
 // Options tune a throwaway cluster.
 type Options struct {
@@ -48,6 +55,14 @@ type Options struct {
 	Settings map[string]string
 	// Log receives the server's log output; nil discards it.
 	Log func(line string)
+	// BinDir is the directory of the initdb and postgres to run. Empty:
+	// FindBinDir's.
+	BinDir string
+	// Movable says that BinDir's parent is a tree that works wherever it
+	// is (bin, lib and share together, as fetched binaries are), so that
+	// as root it may be copied where the postgres user can reach it. Trees
+	// in CacheDir are taken to be.
+	Movable bool
 }
 
 // Cluster is a running throwaway PostgreSQL server.
@@ -76,9 +91,13 @@ type Cluster struct {
 // The returned cluster must be stopped with Stop; Start also arranges for
 // the cluster to be stopped when the process receives SIGINT or SIGTERM.
 func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
-	bindir, err := findBinDir()
-	if err != nil {
-		return nil, err
+	bindir := opts.BinDir
+	if bindir == "" {
+		if bindir, err = FindBinDir(); err != nil {
+			return nil, err
+		}
+	} else if !hasServer(bindir) {
+		return nil, fmt.Errorf("%w: no initdb and postgres in %s", ErrNoServerBinaries, bindir)
 	}
 	dir, err := os.MkdirTemp("", "outbox-pg-")
 	if err != nil {
@@ -99,9 +118,12 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
 			return nil, fmt.Errorf("pgcluster: chown %s: %w", dir, err)
 		}
+		if c.bindir, err = runnableAs(ctx, bindir, cred, opts.Movable); err != nil {
+			return nil, err
+		}
 	}
 	data := filepath.Join(dir, "data")
-	initdb := exec.CommandContext(ctx, filepath.Join(bindir, "initdb"),
+	initdb := exec.CommandContext(ctx, filepath.Join(c.bindir, "initdb"),
 		"--pgdata="+data, "--username=postgres", "--auth=trust", "--encoding=UTF8",
 		"--locale=C", "--no-sync", "--no-instructions")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
@@ -444,32 +466,6 @@ func stopOnSignal(c *Cluster) func() {
 		delete(signalClusters, c)
 		signalMu.Unlock()
 	}
-}
-
-func findBinDir() (string, error) {
-	var candidates []string
-	if d := os.Getenv("PG_BINDIR"); d != "" {
-		candidates = append(candidates, d)
-	}
-	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		candidates = append(candidates, strings.TrimSpace(string(out)))
-	}
-	if versions, _ := filepath.Glob("/usr/lib/postgresql/*/bin"); len(versions) > 0 {
-		sort.Sort(sort.Reverse(sort.StringSlice(versions)))
-		candidates = append(candidates, versions...)
-	}
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			candidates = append(candidates, filepath.Dir(real))
-		}
-		candidates = append(candidates, filepath.Dir(p))
-	}
-	for _, d := range candidates {
-		if isExec(filepath.Join(d, "initdb")) && isExec(filepath.Join(d, "postgres")) {
-			return d, nil
-		}
-	}
-	return "", ErrNoServerBinaries
 }
 
 func isExec(path string) bool {
