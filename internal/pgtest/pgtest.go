@@ -5,15 +5,32 @@
 // Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// Where no PostgreSQL server binaries are installed or cached, StartCluster
+// (and so Main) fetches them into the cache first, as package pgtemp does
+// for applications and for the demo: by running pgtemp's fetch-postgres
+// command from the workspace (go run, in the pgtemp directory next to this
+// module's go.work). It cannot call pgtemp: pgtemp is a module of its own
+// that requires github.com/fergusstrange/embedded-postgres, and the library
+// module must not require it, lest every application's module graph
+// inherit it; a package of the library module (this one included) cannot
+// import another module's package without its go.mod requiring that module.
+// Outside the workspace (a copy of the module alone) the command is not
+// there, and the tests fail as before, saying what to install.
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,9 +74,7 @@ func run(m *testing.M, opts pgcluster.Options) int {
 		os.Setenv(EnvExampleURL, url)
 		return m.Run()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	cluster, err := pgcluster.Start(ctx, opts)
-	cancel()
+	cluster, err := StartCluster(context.Background(), opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest:", err)
 		return 1
@@ -70,6 +85,59 @@ func run(m *testing.M, opts pgcluster.Options) int {
 	// DATABASE_URL, so that the code they show has no test helper in it.
 	os.Setenv(EnvExampleURL, databaseURL)
 	return m.Run()
+}
+
+// StartCluster starts a throwaway cluster (pgcluster.Start), fetching
+// server binaries first when none are installed or cached (see the package
+// documentation). It allows two minutes for the start, and ten for a fetch.
+func StartCluster(ctx context.Context, opts pgcluster.Options) (*pgcluster.Cluster, error) {
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	cluster, err := pgcluster.Start(sctx, opts)
+	cancel()
+	if !errors.Is(err, pgcluster.ErrNoServerBinaries) || opts.BinDir != "" {
+		return cluster, err
+	}
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	bindir, ferr := fetchFromWorkspace(fctx)
+	cancel()
+	if ferr != nil {
+		return nil, fmt.Errorf("%w; fetching them failed too: %v", err, ferr)
+	}
+	opts.BinDir, opts.Movable = bindir, true
+	sctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return pgcluster.Start(sctx, opts)
+}
+
+// fetchFromWorkspace runs pgtemp's fetch-postgres command (go run, in the
+// pgtemp module of the workspace this package's tests run in) and returns
+// the bin directory it prints. Its one progress line goes to standard
+// error.
+func fetchFromWorkspace(ctx context.Context) (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, "pgtemp", "cmd", "fetch-postgres")); err == nil {
+				break
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("pgtest: no workspace (go.work) with pgtemp/cmd/fetch-postgres above the working directory, to fetch PostgreSQL with")
+		}
+		dir = parent
+	}
+	cmd := exec.CommandContext(ctx, "go", "run", "./cmd/fetch-postgres")
+	cmd.Dir = filepath.Join(dir, "pgtemp")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("pgtest: go run ./cmd/fetch-postgres in %s: %w", cmd.Dir, err)
+	}
+	return strings.TrimSpace(out.String()), nil
 }
 
 // URL is the connection string of the test database. It fails the test when
