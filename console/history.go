@@ -52,12 +52,22 @@ type sample struct {
 	// (GroupStatus.MaxLagSeconds).
 	Lag        int64   `json:"lag"`
 	LagSeconds float64 `json:"lag_seconds"`
-	// Throughput is the messages the group finished per second since the
-	// previous sample: how far its cursors moved. Nil when that is not
-	// known: the first sample, the first after a gap, or a cursor moved
-	// back (a reset).
+	// Throughput is the messages the group finished per second: how far
+	// its cursors moved, over the last 5 s (throughputSpan; or since the
+	// previous sample, if that is longer ago), so that cursors committed
+	// in batches do not draw spikes. Nil when it is not known: the first
+	// sample, the first after a gap, or a cursor moved back (a reset).
 	Throughput *float64 `json:"throughput"`
+
+	// run numbers the stretches of samples without a gap or a reset, done
+	// counts the messages finished since its start: the throughput is
+	// their difference between two samples of a run.
+	run  int
+	done int64
 }
+
+// throughputSpan is the time the throughput is averaged over, at least.
+const throughputSpan = 5 * time.Second
 
 // seriesKey names one history: a consumer group on a topic.
 type seriesKey struct{ topic, group string }
@@ -164,27 +174,36 @@ func (h *history) record(rep admin.Report, now time.Time) {
 }
 
 // add appends the sample of g read at at to s, with the throughput from
-// how far its cursors moved since the previous sample.
+// how far its cursors moved.
 func (h *history) add(s *series, at time.Time, g admin.GroupStatus) {
 	cursors := make(map[int]int64, len(g.Partitions))
 	for _, p := range g.Partitions {
 		cursors[p.Partition] = p.Cursor
 	}
 	v := sample{At: at, Lag: g.Lag, LagSeconds: g.MaxLagSeconds}
-	if prev, ok := s.last(); ok && at.After(prev.At) && at.Sub(prev.At) <= h.gap {
-		v.Throughput = throughput(s.cursors, cursors, at.Sub(prev.At))
+	prev, ok := s.last()
+	moved, known := finished(s.cursors, cursors)
+	switch {
+	case !ok:
+	case !known || !at.After(prev.At) || at.Sub(prev.At) > h.gap:
+		v.run = prev.run + 1 // a new run: the throughput is not known yet
+	default:
+		v.run, v.done = prev.run, prev.done+moved
+		from := s.runStart(v.run, at, max(throughputSpan, h.interval))
+		rate := float64(v.done-from.done) / at.Sub(from.At).Seconds()
+		v.Throughput = &rate
 	}
 	s.push(v)
 	s.cursors = cursors
 }
 
-// throughput is the messages finished per second over elapsed: how far the
-// cursors moved from prev to cur, over the partitions both have. Nil when
-// a cursor moved back (a reset: the movement says nothing about work
-// done) or no time passed.
-func throughput(prev, cur map[int]int64, elapsed time.Duration) *float64 {
-	if elapsed <= 0 || prev == nil {
-		return nil
+// finished is how many messages the cursors say were finished from prev
+// to cur, over the partitions both have. Not known (false) without a
+// previous sample or when a cursor moved back (a reset: the movement says
+// nothing about work done).
+func finished(prev, cur map[int]int64) (int64, bool) {
+	if prev == nil {
+		return 0, false
 	}
 	var moved int64
 	for p, c := range cur {
@@ -193,12 +212,25 @@ func throughput(prev, cur map[int]int64, elapsed time.Duration) *float64 {
 			continue
 		}
 		if c < was {
-			return nil
+			return 0, false
 		}
 		moved += c - was
 	}
-	rate := float64(moved) / elapsed.Seconds()
-	return &rate
+	return moved, true
+}
+
+// runStart is the sample of run the throughput at at is measured from:
+// the oldest within span before at, or the newest if none is.
+func (s *series) runStart(run int, at time.Time, span time.Duration) sample {
+	from, _ := s.last()
+	for i := s.n - 2; i >= 0; i-- {
+		v := s.ring[(s.start+i)%len(s.ring)]
+		if v.run != run || at.Sub(v.At) > span {
+			break
+		}
+		from = v
+	}
+	return from
 }
 
 // samples returns the group's samples of the last window (up to its newest

@@ -21,9 +21,9 @@ func report(at time.Time, lag int64, lagSeconds float64, cursors ...int64) admin
 
 var billing = seriesKey{"orders", "billing"}
 
-// The throughput is how far the cursors moved between two samples over
-// the database time between them; it is not known for the first sample,
-// after a gap nobody sampled, or when a cursor went back (a reset).
+// The throughput is how far the cursors moved over the database time
+// between two samples; it is not known for the first sample, after a gap
+// nobody sampled, or when a cursor went back (a reset).
 func TestThroughputFromCursorMoves(t *testing.T) {
 	h := newHistory(time.Minute, time.Second, time.Second)
 	t0, now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Now()
@@ -37,7 +37,7 @@ func TestThroughputFromCursorMoves(t *testing.T) {
 	if !ok || len(got) != 6 {
 		t.Fatalf("%d samples (%v), want 6", len(got), ok)
 	}
-	want := []*float64{nil, ptr(10), nil, ptr(0), ptr(2), nil}
+	want := []*float64{nil, ptr(10), nil, ptr(0), ptr(1), nil} // 2 messages in the 2 s since the reset
 	for i, s := range got {
 		switch {
 		case (s.Throughput == nil) != (want[i] == nil):
@@ -48,6 +48,40 @@ func TestThroughputFromCursorMoves(t *testing.T) {
 	}
 	if got[1].Lag != 80 || got[1].LagSeconds != 2.5 || !got[1].At.Equal(t0.Add(2*time.Second)) {
 		t.Errorf("sample 1 = %+v, want lag 80, 2.5 s, at the report's time", got[1])
+	}
+}
+
+// Cursors committed in batches do not draw spikes: the throughput is
+// averaged over the last 5 s (throughputSpan), or one interval when that
+// is longer.
+func TestThroughputIsAveragedOverTheSpan(t *testing.T) {
+	for _, tc := range []struct {
+		interval time.Duration
+		batch    int64 // committed at the 4th and 8th sample
+		want     []float64
+	}{
+		// 10 in 1 s at t = 4 s and 8 s: 2.5/s at 4 s (since t = 0), then
+		// over 5 s; never a spike of 10/s.
+		{time.Second, 10, []float64{0, 0, 0, 2.5, 2, 2, 2, 4, 2, 2}},
+		// Samples further apart than the span: since the previous one.
+		{10 * time.Second, 40, []float64{0, 0, 0, 4, 0, 0, 0, 4, 0, 0}},
+	} {
+		h := newHistory(10*time.Minute, tc.interval, time.Second)
+		t0, now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Now()
+		cursor := int64(0)
+		for i := range 11 {
+			if i == 4 || i == 8 {
+				cursor += tc.batch
+			}
+			d := time.Duration(i) * tc.interval
+			h.record(report(t0.Add(d), 0, 0, cursor), now.Add(d))
+		}
+		got, _ := h.samples(billing)
+		for i, s := range got[1:] {
+			if s.Throughput == nil || *s.Throughput != tc.want[i] {
+				t.Errorf("interval %s, sample %d: throughput %v, want %v", tc.interval, i+1, deref(s.Throughput), tc.want[i])
+			}
+		}
 	}
 }
 
