@@ -98,6 +98,7 @@
             if (g.group !== grid.dataset.group) return;
             document.getElementById("lag").textContent = g.lag;
             document.getElementById("maxlag").textContent = g.max_lag_seconds.toFixed(1);
+            document.getElementById("members").textContent = (g.members || []).length;
             var counts = {};
             (g.partitions || []).forEach(function (p) {
               var row = document.getElementById("p" + p.partition);
