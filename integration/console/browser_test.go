@@ -15,6 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
@@ -87,7 +88,7 @@ func text(t *testing.T, ctx context.Context, sel string) string {
 // root (two levels above this package), so that the command that made
 // docs/console-*.png works from anywhere in the repository:
 //
-//	OUTBOX_CONSOLE_SCREENSHOTS=docs go test -count=1 -run TestConsoleInARealBrowser ./integration/console
+//	OUTBOX_CONSOLE_SCREENSHOTS=docs go test -count=1 -run 'TestConsoleInARealBrowser|TestChartsAndGridMoveInARealBrowser' ./integration/console
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	dir := os.Getenv("OUTBOX_CONSOLE_SCREENSHOTS")
 	if dir == "" {
@@ -111,7 +112,9 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // renders as text and replays from the page back into the stream; an
 // action without the token is refused.
 func TestConsoleInARealBrowser(t *testing.T) {
-	f := consoletest.New(t, true)
+	// Samples every 250 ms, so that the grid's screenshot shows the charts
+	// of the few seconds it waits.
+	f := consoletest.NewWith(t, true, "", func(c *console.Config) { c.HistoryInterval, c.HistoryWindow = 250*time.Millisecond, time.Minute })
 	for i := range 300 {
 		f.B.Publish("orders", outboxtest.Keyed("m"+strconv.Itoa(i), "k"+strconv.Itoa(i%7), i, "payload"))
 	}

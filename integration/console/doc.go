@@ -1,5 +1,6 @@
 // Package console holds the web console's tests that drive a real headless
-// Chromium through chromedp: the live partition grid, pausing and replaying
+// Chromium through chromedp: the live partition grid and its colours by
+// state, the charts of lag and throughput moving, pausing and replaying
 // from the page, a hostile payload shown as text, long values that keep the
 // pages within the window, and ways back that stay on the console. They use
 // the fixture of the console package's own tests (internal/consoletest) and
