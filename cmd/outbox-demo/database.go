@@ -5,12 +5,14 @@ import (
 	"fmt"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgcluster"
+	"github.com/millrace/watermill-outbox/pgtemp"
 )
 
 // startDatabase starts a throwaway PostgreSQL server and connects to it.
+// Without PostgreSQL installed, pgtemp fetches the server binaries once
+// into the user's cache, saying so in one line.
 func (d *demo) startDatabase(ctx context.Context) error {
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+	cluster, err := pgtemp.Start(ctx, pgtemp.Options{})
 	if err != nil {
 		return err
 	}

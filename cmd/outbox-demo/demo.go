@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgcluster"
+	"github.com/millrace/watermill-outbox/pgtemp"
 )
 
 // demo is the state shared by the stages. Each stage registers what it
@@ -22,7 +22,7 @@ type demo struct {
 	out    io.Writer
 	logger watermill.LoggerAdapter
 
-	cluster   *pgcluster.Cluster
+	cluster   *pgtemp.Server
 	pool      *pgxpool.Pool // publishers, sequencer, checks
 	sequencer *outbox.Sequencer
 	brokers   brokers    // Kafka and NATS
