@@ -1,5 +1,7 @@
 // Package exampledb gives the examples a database with no setup: a
 // throwaway PostgreSQL server (removed on exit) with the outbox migrated.
+// Without PostgreSQL installed, package pgtemp fetches the server binaries
+// once into the user's cache.
 package exampledb
 
 import (
@@ -12,29 +14,29 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgcluster"
+	"github.com/millrace/watermill-outbox/pgtemp"
 )
 
 // DB is a running throwaway database.
 type DB struct {
 	Pool    *pgxpool.Pool
-	cluster *pgcluster.Cluster
+	cluster *pgtemp.Server
 }
 
 // Start starts the server, connects and migrates the outbox schema. It
-// needs the PostgreSQL server binaries (Debian: apt-get install postgresql).
+// uses the PostgreSQL installed, or fetches one (see package pgtemp).
 func Start(ctx context.Context) (*DB, error) {
-	return start(ctx, pgcluster.Options{})
+	return start(ctx, pgtemp.Options{})
 }
 
 // StartLogical is Start with wal_level = logical, as the log-based mode
 // (outbox.ModeWAL and package relay) needs.
 func StartLogical(ctx context.Context) (*DB, error) {
-	return start(ctx, pgcluster.Options{Settings: map[string]string{"wal_level": "logical"}})
+	return start(ctx, pgtemp.Options{Settings: map[string]string{"wal_level": "logical"}})
 }
 
-func start(ctx context.Context, opts pgcluster.Options) (*DB, error) {
-	cluster, err := pgcluster.Start(ctx, opts)
+func start(ctx context.Context, opts pgtemp.Options) (*DB, error) {
+	cluster, err := pgtemp.Start(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
