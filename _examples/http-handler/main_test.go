@@ -2,8 +2,9 @@ package main
 
 // How an application tests an HTTP handler that publishes through the
 // outbox: call it, then assert what its transaction published (or did not)
-// with package outboxtest. Each test gets its own outbox schema on the test
-// database (outboxtest.Schema), so tests can run in parallel.
+// with package outboxtest. Each test gets its own outbox schema on a
+// throwaway PostgreSQL (pgtemp.Schema), so tests can run in parallel.
+// docs/testing.md shows this code (testingdoc_test.go checks that it does).
 //
 //	go test ./_examples/http-handler
 
@@ -12,34 +13,22 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/outboxtest"
+	"github.com/millrace/watermill-outbox/pgtemp"
 )
 
-// TestMain starts a throwaway PostgreSQL (an application points its tests
-// at its own test database instead).
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtemp.Main(m) } // one throwaway PostgreSQL for the package's tests, removed after them
 
-// testDB returns a pool whose search_path is a fresh outbox schema holding
-// the application's table too.
 func testDB(t *testing.T) (*pgxpool.Pool, string) {
-	schema := outboxtest.Schema(t, pgtest.Pool(t))
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE orders (id integer PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL)`); err != nil {
+	pool, schema := pgtemp.Schema(t) // a schema of its own, outbox migrated, as the pool's search_path; dropped when t ends
+	_, err := pool.Exec(context.Background(), `CREATE TABLE orders (id integer PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL)`)
+	if err != nil { // the application's own tables go in the test's schema too
 		t.Fatal(err)
 	}
 	return pool, schema
@@ -60,13 +49,19 @@ func TestPlacingAnOrderPublishesItsEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := orderHandler{pool: pool, pub: pub}
+	rec := httptest.NewRecorder()
 
-	if code := post(t, h, `{"id":42,"customer":"ada","total_cents":1999}`); code != http.StatusCreated {
-		t.Fatalf("status %d", code)
-	}
-	// The event is there, for order 42, keyed by its customer; once.
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/orders", strings.NewReader(`{"id":42,"customer":"ada","total_cents":1999}`)))
+
 	got := outboxtest.RequirePublished(t, pool, "orders", outboxtest.InSchema(schema),
-		outboxtest.Key("ada"), outboxtest.JSON(map[string]any{"id": 42, "total_cents": 1999}), outboxtest.Times(1))
+		outboxtest.Key("ada"),                                          // partition key
+		outboxtest.Metadata("type", "OrderPlaced"),                     // a metadata value
+		outboxtest.JSON(map[string]any{"id": 42, "total_cents": 1999}), // payload JSON containing these fields
+		outboxtest.Times(1))                                            // exactly one (default: at least one)
+
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("status %d", rec.Code)
+	}
 	if got[0].Seq != 0 {
 		t.Fatalf("no sequencer runs in this test, yet the event has seq %d", got[0].Seq)
 	}

@@ -4,6 +4,8 @@ package main
 // reads, run the pipeline until nothing is left (outboxtest.RunUntilIdle:
 // the sequencer, the group's leases and cursors, the handler called right
 // here), then look at the read model. No sleeps, no goroutine left.
+// docs/testing.md shows this code (../http-handler/testingdoc_test.go
+// checks that it does).
 //
 //	go test ./_examples/read-model
 
@@ -18,24 +20,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/outboxtest"
+	"github.com/millrace/watermill-outbox/pgtemp"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtemp.Main(m) }
 
 func testDB(t *testing.T) (*pgxpool.Pool, string) {
-	schema := outboxtest.Schema(t, pgtest.Pool(t))
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, schema := pgtemp.Schema(t)
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE customer_totals (customer text PRIMARY KEY, orders integer NOT NULL, total_cents bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +69,8 @@ func TestOrdersAddUpInTheCustomerTotals(t *testing.T) {
 	// The consumer's own config, as in startConsumer, and its handler.
 	res, err := outboxtest.RunUntilIdle(ctx, outbox.SubscriberConfig{
 		Schema: schema, Pool: pool, ConsumerGroup: "customer-totals", Strategy: outbox.Transactional,
-	}, "orders", handle)
+	}, "orders", handle) // handle: func(*message.Message) error, your handler
+	// res.Acked == 3, res.Last == outboxtest.Idle: now look at the read model
 	if err != nil {
 		t.Fatal(err)
 	}
