@@ -92,6 +92,18 @@ func (t Tuning) WithDefaults() Tuning {
 	return t
 }
 
+// AppendInterval returns the pace of the profile t was made from for
+// the steps that bring messages into the log: the Subscriber's own
+// sequencer's pass interval, and the one to give a log-based mode relay
+// (relay.Config.MinAppendInterval) whose topics are read with t, so that
+// both publishing modes take a stream of commits in steps of the same
+// size: 20 ms for Default and HighThroughput, 2 ms for LowLatency,
+// 100 ms for Relaxed.
+func (t Tuning) AppendInterval() time.Duration {
+	p, _ := tune.Lookup(t.profile)
+	return p.SequencerInterval
+}
+
 // Validate returns nil if t, with its defaults, is usable, and otherwise a
 // [*ConfigError] describing the first problem found.
 func (t Tuning) Validate() error {

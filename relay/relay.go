@@ -49,6 +49,10 @@ const (
 	DefaultWarnRetainedWAL = 1 << 30 // 1 GiB
 	DefaultStatusInterval  = 10 * time.Second
 	DefaultTakeoverTimeout = 30 * time.Second
+	// DefaultMinAppendInterval is the Default tuning profile's sequencer
+	// pace (adaptive.Default), so that both publishing modes take a stream
+	// of commits in the same size of steps.
+	DefaultMinAppendInterval = 20 * time.Millisecond
 )
 
 // Config configures a Relay.
@@ -64,6 +68,17 @@ type Config struct {
 	// DefaultMaxBatch). Whole source transactions are appended, so one
 	// larger than MaxBatch is appended alone.
 	MaxBatch int
+	// MinAppendInterval paces a busy relay (default
+	// DefaultMinAppendInterval; negative: no floor), as
+	// SequencerConfig.MinPassInterval paces the table mode's sequencer: an
+	// append follows the previous one no sooner than this after it started,
+	// and takes every transaction decoded meanwhile (up to MaxBatch), so
+	// a stream of small commits is appended, and wakes Subscribers, in
+	// steps of everything committed over the interval rather than once per
+	// commit, each step costing a read, a cursor move and a send per
+	// partition it touches. A commit after an idle stretch is appended at
+	// once. Smaller values trade CPU per message for latency under load.
+	MinAppendInterval time.Duration
 	// StandbyRetry is how often a standby tries to take the slot (default
 	// DefaultStandbyRetry).
 	StandbyRetry time.Duration
@@ -118,6 +133,9 @@ func (c *Config) setDefaults() {
 	if c.MaxBatch == 0 {
 		c.MaxBatch = DefaultMaxBatch
 	}
+	if c.MinAppendInterval == 0 {
+		c.MinAppendInterval = DefaultMinAppendInterval
+	}
 	if c.StandbyRetry == 0 {
 		c.StandbyRetry = DefaultStandbyRetry
 	}
@@ -169,6 +187,7 @@ func Slot(schema string) string { return dbsql.WALName(schema) }
 type Stats struct {
 	Appended     int64 // messages appended to the log
 	Transactions int64 // source transactions appended
+	Appends      int64 // database transactions that appended them (see MinAppendInterval)
 	Skipped      int64 // records that could not be decoded, logged and skipped
 	Active       bool  // this relay streams the slot now (false: standby or stopped)
 	// Failures counts the streams and appends that failed and were retried
@@ -189,9 +208,9 @@ type Relay struct {
 	slot   string
 	prefix string
 
-	appended, transactions, skipped, failures atomic.Int64
-	active                                    atomic.Bool
-	lastError                                 atomic.Pointer[string]
+	appended, transactions, appends, skipped, failures atomic.Int64
+	active                                             atomic.Bool
+	lastError                                          atomic.Pointer[string]
 
 	life startstop.Service
 }
@@ -221,7 +240,7 @@ func (r *Relay) Stats() Stats {
 	if r == nil {
 		return Stats{}
 	}
-	st := Stats{Appended: r.appended.Load(), Transactions: r.transactions.Load(), Skipped: r.skipped.Load(), Active: r.active.Load(), Failures: r.failures.Load()}
+	st := Stats{Appended: r.appended.Load(), Transactions: r.transactions.Load(), Appends: r.appends.Load(), Skipped: r.skipped.Load(), Active: r.active.Load(), Failures: r.failures.Load()}
 	if e := r.lastError.Load(); e != nil {
 		st.LastError = *e
 	}

@@ -31,10 +31,13 @@ import (
 	"github.com/millrace/watermill-outbox/relay"
 )
 
-// The tests run on a throwaway cluster with wal_level = logical.
+// The tests run on a throwaway cluster with wal_level = logical. Its
+// commits do not wait for the WAL to be flushed, and the WAL writer
+// flushes every 10 ms (not 200), so the slot streams each commit about
+// as soon as a durable server would.
 func TestMain(m *testing.M) {
 	pgtest.MainWith(m, pgcluster.Options{Settings: map[string]string{
-		"wal_level": "logical", "max_replication_slots": "40", "max_wal_senders": "40",
+		"wal_level": "logical", "max_replication_slots": "40", "max_wal_senders": "40", "wal_writer_delay": "10ms",
 	}})
 }
 

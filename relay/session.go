@@ -127,10 +127,16 @@ func (s *session) raiseConfirmed(l pgrepl.LSN) {
 }
 
 // appendLoop appends what the reader decoded: it waits for a transaction,
-// takes every one already waiting up to MaxBatch messages, and appends them
-// in one database transaction.
+// then, paced by MinAppendInterval, takes every one decoded until the
+// interval since the previous append's start is over (up to MaxBatch
+// messages), and appends them in one database transaction.
 func (s *session) appendLoop(ctx context.Context) error {
-	var batch []txn
+	var (
+		batch    []txn
+		lastFrom time.Time // when the previous append started
+	)
+	pace := time.NewTimer(time.Hour)
+	pace.Stop()
 	for {
 		batch = batch[:0]
 		select {
@@ -143,8 +149,26 @@ func (s *session) appendLoop(ctx context.Context) error {
 			batch = append(batch, t)
 		}
 		n := len(batch[0].msgs)
+		var due <-chan time.Time // nil: take only what is waiting
+		if wait := time.Until(lastFrom.Add(s.r.cfg.MinAppendInterval)); wait > 0 {
+			pace.Reset(wait)
+			due = pace.C
+		}
 	more:
 		for n < s.r.cfg.MaxBatch {
+			if due == nil {
+				select {
+				case t, ok := <-s.txns:
+					if !ok {
+						break more
+					}
+					batch = append(batch, t)
+					n += len(t.msgs)
+					continue
+				default:
+					break more
+				}
+			}
 			select {
 			case t, ok := <-s.txns:
 				if !ok {
@@ -152,10 +176,14 @@ func (s *session) appendLoop(ctx context.Context) error {
 				}
 				batch = append(batch, t)
 				n += len(t.msgs)
-			default:
-				break more
+			case <-due:
+				due = nil
+			case <-ctx.Done():
+				return nil
 			}
 		}
+		pace.Stop() // since Go 1.23 no stale tick is left to drain
+		lastFrom = time.Now()
 		if err := s.append(ctx, batch, n); err != nil {
 			return err
 		}
@@ -311,6 +339,7 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 func (s *session) count(batch []txn, n int, started time.Time, oldest map[string]time.Duration) {
 	s.r.appended.Add(int64(n))
 	s.r.transactions.Add(int64(len(batch)))
+	s.r.appends.Add(1)
 	observe.Current().SequencerPass(n, time.Since(started), oldest)
 }
 

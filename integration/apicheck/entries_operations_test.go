@@ -28,6 +28,9 @@ var operationsEntries = []entry{
 		})
 	}},
 	{"adaptive.Tuning.ProfileName", func(e *env) { e.call("Tuning{}.ProfileName", func() { _ = adaptive.Tuning{}.ProfileName() }) }},
+	{"adaptive.Tuning.AppendInterval", func(e *env) {
+		e.call("Tuning{}.AppendInterval", func() { _ = adaptive.Tuning{}.AppendInterval() })
+	}},
 	{"adaptive.Default", func(e *env) { e.call("Default", func() { _ = adaptive.Default() }) }},
 	{"adaptive.LowLatency", func(e *env) { e.call("LowLatency", func() { _ = adaptive.LowLatency() }) }},
 	{"adaptive.HighThroughput", func(e *env) { e.call("HighThroughput", func() { _ = adaptive.HighThroughput() }) }},
