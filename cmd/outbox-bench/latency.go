@@ -83,7 +83,7 @@ func latencyTxs(msgPerSec int, d time.Duration) int {
 func (b *bench) latencyPhase(ctx context.Context, res *results) error {
 	type run struct {
 		name          string
-		defaultTuning bool // (c) with adaptive.Default() instead of LowLatency()
+		defaultTuning bool // (c) or (e) with adaptive.Default() instead of LowLatency()
 	}
 	runs := []run{{name: sysPeer}}
 	for _, peer := range []string{sysPeerTuned, sysRiver} {
@@ -92,10 +92,11 @@ func (b *bench) latencyPhase(ctx context.Context, res *results) error {
 		}
 	}
 	runs = append(runs, run{name: sysOutbox}, run{name: sysOutbox, defaultTuning: true})
-	for _, c := range []string{sysOutboxALO, sysOutboxWAL} {
-		if slices.Contains(b.cfg.systems, c) {
-			runs = append(runs, run{name: c})
-		}
+	if slices.Contains(b.cfg.systems, sysOutboxALO) {
+		runs = append(runs, run{name: sysOutboxALO})
+	}
+	if slices.Contains(b.cfg.systems, sysOutboxWAL) {
+		runs = append(runs, run{name: sysOutboxWAL}, run{name: sysOutboxWAL, defaultTuning: true})
 	}
 	for _, load := range b.cfg.latencyLoads {
 		for _, r := range runs {

@@ -90,6 +90,7 @@
 //	-cpuprofile FILE                 a CPU profile of the whole run (go tool pprof)
 //	-smoke                           tiny sizes, all phases well under 90 s; for CI
 //	-rewrite                         measure nothing; render -out's outputs again from its results.json
+//	-medians d1,d2,d3                measure nothing; write -out/medians.md, each target's median over those runs
 //
 //	go run ./cmd/outbox-bench                      # everything, full sizes
 //	go run ./cmd/outbox-bench -smoke               # tiny sizes, for CI
@@ -152,6 +153,8 @@ type config struct {
 	smoke      bool
 	// outboxNotify leaves the outbox Publisher's NOTIFY on (the default).
 	outboxNotify bool
+	// relayPace is (e)'s relay.Config.MinAppendInterval (0: its default).
+	relayPace time.Duration
 
 	isolationRate     int
 	cpuProfile        string
@@ -165,6 +168,7 @@ type config struct {
 	growthRate       int
 	publishRounds    int
 	rewrite          bool
+	medians          string
 	growthPartitions []int
 	growthMessages   int
 }
@@ -188,9 +192,12 @@ func main() {
 		}
 		defer stop()
 	}
-	if cfg.rewrite {
+	switch {
+	case cfg.medians != "":
+		err = medians(strings.Split(cfg.medians, ","), cfg.out)
+	case cfg.rewrite:
 		err = rewrite(cfg.out)
-	} else {
+	default:
 		err = run(context.Background(), cfg)
 	}
 	if err != nil {
@@ -244,12 +251,14 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.maxDrain, "max-drain", 15*time.Minute, "give up waiting for a run's messages at the broker after this long (the result is then marked incomplete)")
 	fs.StringVar(&cfg.out, "out", "outbox-bench-results", "directory for results.json, results.md, statements.md and the PNGs")
 	fs.BoolVar(&cfg.outboxNotify, "outbox-notify", true, "(c): the Publisher sends NOTIFY to wake the Sequencer (its default); false leaves the Sequencer to its poll interval")
+	fs.DurationVar(&cfg.relayPace, "relay-pace", 0, "(e): the relay's MinAppendInterval (0: the forwarder's profile's, adaptive.Tuning.AppendInterval; negative: no floor)")
 	fs.StringVar(&loads, "latency-loads", "1000,10000", "latency: offered loads in msg/s (comma-separated)")
 	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 20*time.Second, "latency: how long each load is offered")
 	fs.DurationVar(&cfg.idleDuration, "idle-duration", 20*time.Second, "idle: how long each system's idle CPU is measured")
 	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
 	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	fs.StringVar(&cfg.medians, "medians", "", "measure nothing: write -out/medians.md, the median of every target over the runs whose -out directories are listed (comma-separated)")
 	fs.BoolVar(&cfg.rewrite, "rewrite", false, "measure nothing: render results.md, statements.md and the PNGs of -out again from its results.json")
 	fs.IntVar(&cfg.publishRounds, "publish-rounds", 5, "compare: rounds of publish-only runs of (a) and (c), interleaved, reported as medians (0: none)")
 	fs.IntVar(&cfg.growthRate, "growth-rate", 20000, "growth: offered load (msg/s) of the second, paced history run, which shows latency as the history grows (0: no paced run)")

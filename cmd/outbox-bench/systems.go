@@ -285,7 +285,13 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 		done = make(chan error, 1)
 		go func() { done <- fwd.Run(context.Background()) }()
 		if opts.wal {
-			if walRelay, err = relay.New(relay.Config{Schema: schema, Pool: relayPool}, nil); err != nil {
+			// The relay at the pace that matches the forwarder's profile,
+			// as the table mode's sequencer is (unless -relay-pace).
+			pace := b.cfg.relayPace
+			if pace == 0 {
+				pace = opts.tuning.AppendInterval()
+			}
+			if walRelay, err = relay.New(relay.Config{Schema: schema, Pool: relayPool, MinAppendInterval: pace}, nil); err != nil {
 				return err
 			}
 			walDone = make(chan error, 1)

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// medians writes out/medians.md: every target of the runs in dirs (each
+// a -out directory with its results.json), with each run's measured
+// value, the median, and whether the median meets the goal. A target
+// without a Limit is met by the median when most runs met it.
+func medians(dirs []string, out string) error {
+	if len(dirs) == 0 {
+		return fmt.Errorf("-medians: no directories")
+	}
+	type row struct {
+		goal     string
+		values   []float64
+		met      int
+		limit    float64
+		atMost   bool
+		hasLimit bool
+	}
+	var (
+		order []string
+		rows  = map[string]*row{}
+		runs  []string
+	)
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+		if err != nil {
+			return err
+		}
+		var res results
+		if err := json.Unmarshal(b, &res); err != nil {
+			return fmt.Errorf("%s: %w", dir, err)
+		}
+		runs = append(runs, fmt.Sprintf("- `%s`: started %s, load average %s", dir, res.Started, res.Machine.LoadAvg))
+		for _, t := range res.Targets {
+			r := rows[t.Name]
+			if r == nil {
+				r = &row{goal: t.Goal, limit: t.Limit, atMost: t.AtMost, hasLimit: t.Limit != 0}
+				rows[t.Name] = r
+				order = append(order, t.Name)
+			}
+			r.values = append(r.values, t.Measured)
+			if t.Met {
+				r.met++
+			}
+		}
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "# Targets over %d runs\n\nThe median of each target over the runs below (a target missing from a run is left out of its median).\n\n", len(dirs))
+	sb.WriteString(strings.Join(runs, "\n"))
+	sb.WriteString("\n\n| target | runs | median | goal | met by the median |\n|---|---|---:|---|---|\n")
+	for _, name := range order {
+		r := rows[name]
+		m := median(r.values)
+		met := r.met*2 > len(r.values)
+		if r.hasLimit {
+			met = m <= r.limit
+			if !r.atMost {
+				met = m >= r.limit
+			}
+			if strings.HasPrefix(r.goal, "<") {
+				met = m < r.limit
+			}
+		}
+		vals := make([]string, len(r.values))
+		for i, v := range r.values {
+			vals[i] = fmt.Sprintf("%.2f", v)
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %.2f | %s | %s |\n", name, strings.Join(vals, " / "), m, r.goal, yesNo(met))
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(out, "medians.md"), []byte(sb.String()), 0o644)
+}
