@@ -1,10 +1,15 @@
 package pgcluster
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // fakeTree makes dir/bin with executable initdb and postgres (or only
@@ -83,5 +88,44 @@ func TestVersionLess(t *testing.T) {
 		if versionLess(c.a, c.b) != c.less {
 			t.Errorf("versionLess(%s, %s) = %v", c.a, c.b, !c.less)
 		}
+	}
+}
+
+// As root on a machine without a "postgres" user (Go only, in a container),
+// the server runs as "nobody".
+func TestAsRootWithoutAPostgresUserTheServerRunsAsNobody(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("runs as root only")
+	}
+	bindir, err := FindBinDir()
+	if err != nil {
+		t.Skip(err)
+	}
+	saved := serverUsers
+	serverUsers = []string{"no-such-user-here", "nobody"}
+	defer func() { serverUsers = saved }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Options{BinDir: bindir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	conn, err := pgx.Connect(ctx, c.URL(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var one int
+	if err := conn.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(c.dir, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody, _ := postgresCredential()
+	if uid := st.Sys().(*syscall.Stat_t).Uid; uid != nobody.Uid {
+		t.Fatalf("the data directory belongs to uid %d, want nobody's %d", uid, nobody.Uid)
 	}
 }

@@ -11,8 +11,8 @@
 //
 // A cluster lives in a fresh temporary directory, listens on 127.0.0.1 and a
 // free port only, and is removed by Stop. When the current process runs as
-// root, the server runs as the "postgres" user, because PostgreSQL refuses to
-// run as root.
+// root, the server runs as the "postgres" user (or "nobody" where there is
+// none), because PostgreSQL refuses to run as root.
 //
 // Restart stops the server (fast, or immediate: a crash as far as the data
 // is concerned) and starts it again on the same data directory and port, for
@@ -473,14 +473,25 @@ func isExec(path string) bool {
 	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
 }
 
+// serverUsers are the users a server started by root runs as, the first
+// that exists: "postgres", which Debian's package creates, else "nobody",
+// which every Linux has, so that root on a machine with Go only (a
+// container) runs fetched binaries too.
+var serverUsers = []string{"postgres", "nobody"}
+
 func postgresCredential() (*syscall.Credential, error) {
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("pgcluster: running as root needs a 'postgres' user to run the server as (it refuses root): %w", err)
+	var errs []error
+	for _, name := range serverUsers {
+		u, err := user.Lookup(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+	return nil, fmt.Errorf("pgcluster: running as root needs a user to run the server as (it refuses root), one of %v: %w", serverUsers, errors.Join(errs...))
 }
 
 func freePort() (int, error) {
