@@ -56,7 +56,7 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 		"github.com/millrace/watermill-outbox/internal/ceiling",
 		"github.com/millrace/watermill-outbox/internal/outboxtest", "github.com/millrace/watermill-outbox/internal/fwdtest", "github.com/millrace/watermill-outbox/internal/consoletest",
 		"testing", "go.opentelemetry.io/otel/sdk", "github.com/spf13/cobra", "github.com/chromedp/",
-		"github.com/riverqueue/",
+		"github.com/riverqueue/", "github.com/millrace/watermill-outbox/pgtemp", "github.com/fergusstrange/",
 	}
 	for _, pkg := range libraryPackages {
 		for dep := range strings.Lines(goList(t, ".", "list", "-deps", pkg)) {
@@ -98,9 +98,9 @@ func TestLibraryPackageListIsComplete(t *testing.T) {
 // A program that imports the root package and forwarder/kafka inherits,
 // through the library's go.mod, none of the tools' dependencies: the
 // benchmark's River and gonum, the console test's chromedp, the test
-// brokers kfake and nats-server, the CLI's cobra. They live in modules of
-// their own (cmd, _examples, integration), so they are not in the
-// program's module graph at all.
+// brokers kfake and nats-server, the CLI's cobra, the tests' embedded-postgres.
+// They live in modules of their own (cmd, _examples, integration, pgtemp), so
+// they are not in the program's module graph at all.
 func TestAnApplicationsModuleGraphHoldsNoToolDependencies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("resolves a module graph: not in -short")
@@ -134,7 +134,8 @@ func main() {
 	graph := goList(t, app, "mod", "graph")
 	for _, f := range []string{
 		"github.com/riverqueue/", "gonum.org/", "github.com/chromedp/", "github.com/twmb/franz-go/pkg/kfake",
-		"github.com/nats-io/nats-server", "github.com/spf13/cobra",
+		"github.com/nats-io/nats-server", "github.com/spf13/cobra", "github.com/fergusstrange/embedded-postgres",
+		"github.com/millrace/watermill-outbox/pgtemp",
 	} {
 		for line := range strings.Lines(graph) {
 			if strings.Contains(line, f) {
