@@ -1,9 +1,11 @@
 // Package console is the outbox's web console: an http.Handler to mount in
 // an application (or run with `outbox serve`) that shows topics, consumer
 // groups and a live partition grid (head, cursor, lag, lease, paused,
-// degraded, backoff, last error), browses dead letters, and, when enabled,
-// pauses, resumes and resets partitions and replays or discards dead
-// letters.
+// degraded, backoff, last error; tiles coloured by state), charts of each
+// group's lag and throughput over the last minutes (inline SVG, sampled
+// only while someone looks: Config.HistoryWindow), browses dead letters,
+// and, when enabled, pauses, resumes and resets partitions and replays or
+// discards dead letters.
 //
 //	c, err := console.New(console.Config{Pool: pool}, logger)
 //	http.Handle("/outbox/", http.StripPrefix("/outbox", c))
