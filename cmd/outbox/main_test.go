@@ -269,8 +269,8 @@ func TestEveryCommandHasHelpAndExamples(t *testing.T) {
 	}
 }
 
-// relay sequences what is committed until interrupted, and refuses a
-// forwarder without a broker or topics.
+// relay sequences what is committed until interrupted, with retention on
+// by default, and refuses a forwarder without a broker or topics.
 func TestRelaySequencesUntilInterrupted(t *testing.T) {
 	b := outboxtest.Setup(t)
 	b.Register("orders", 1)
@@ -297,6 +297,13 @@ func TestRelaySequencesUntilInterrupted(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay did not stop when interrupted")
+	}
+	// The pipeline: a sequencer and, by default, retention.
+	if !strings.Contains(errOut.String(), "(sequencer, retention)") {
+		t.Fatalf("relay's start line does not say it runs retention: %s", errOut.String())
+	}
+	if code, _, e := c.run("", "relay", "--keep-for", "-1s"); code != exitUsage || !strings.Contains(e, "--keep-for -1s: must not be negative") {
+		t.Fatalf("relay --keep-for -1s: exit %d, %s", code, e)
 	}
 	if code, _, e := c.run("", "relay", "--kafka", "localhost:9092"); code != exitUsage || !strings.Contains(e, "--topic") {
 		t.Fatalf("relay --kafka without --topic: exit %d, %s", code, e)

@@ -8,11 +8,12 @@ import (
 	"github.com/spf13/cobra"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/forwarder/jetstream"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
+	"github.com/millrace/watermill-outbox/pipeline"
 	"github.com/millrace/watermill-outbox/relay"
+	"github.com/millrace/watermill-outbox/retention"
 )
 
 func (a *app) relayCommand() *cobra.Command {
@@ -27,13 +28,17 @@ func (a *app) relayCommand() *cobra.Command {
 		wal          bool
 		takeover     time.Duration
 		instance     string
+		keepFor      time.Duration
+		noRetention  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
-		Short: "Run a standalone sequencer, and a forwarder to Kafka or NATS JetStream",
-		Long: `relay runs until interrupted: a sequencer for the schema (give committed messages their seq), with --wal the
-relay of the log-based mode (messages published in ModeWAL, read from the schema's slot), and, with
---topic and --kafka or --nats, a forwarder of those topics to the broker, as consumer group --group. A message the
+		Short: "Run a sequencer, retention, and a forwarder to Kafka or NATS JetStream (a pipeline)",
+		Long: `relay runs until interrupted (SIGTERM or Ctrl-C; sends in flight finish first): the schema's pipeline
+(package pipeline), that is a sequencer (give committed messages their seq), with --wal the relay of the log-based
+mode (messages published in ModeWAL, read from the schema's slot), a retention vacuum (consumed log rows deleted once
+every group is past them, or after --keep-for; dealt-with dead letters after a week; --no-retention for none) and,
+with --topic and --kafka or --nats, a forwarder of those topics to the broker, as consumer group --group. A message the
 broker refuses for good goes to the dead-letter store at once; failed sends (the broker down) are retried until it is
 back, unless --max-attempts says how many. Run as many relays as you like: they share the work.
 
@@ -66,28 +71,10 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 				return err
 			}
 			logger := a.logger(verbose) // escapes what it logs
-			seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: a.schemaName(), Pool: pool}, logger)
-			if err != nil {
-				return err
-			}
-			errs := make(chan error, 3)
-			go func() { errs <- seq.Run(ctx) }()
-			running := 1
+			cfg := pipeline.Config{Schema: a.schemaName(), Pool: pool, DisableRetention: noRetention,
+				Retention: retention.Config{KeepFor: keepFor}}
 			if wal {
-				rel, err := relay.New(relay.Config{Schema: a.schemaName(), Pool: pool, TakeoverTimeout: takeover, Instance: instance}, logger)
-				var bad *outbox.ConfigError
-				if errors.As(err, &bad) && bad.Field == "TakeoverTimeout" {
-					return usagef("--takeover-timeout %s %s", takeover, bad.Reason)
-				}
-				if errors.As(err, &bad) && bad.Field == "Instance" {
-					return usagef("--instance: %s", bad.Reason)
-				}
-				if err != nil {
-					return err
-				}
-				defer rel.Close()
-				go func() { errs <- rel.Run(ctx) }()
-				running++
+				cfg.WAL = &relay.Config{TakeoverTimeout: takeover, Instance: instance}
 			}
 			if len(topics) > 0 {
 				var target forwarder.Target
@@ -106,22 +93,23 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 					defer t.Close()
 					target = t
 				}
-				store, err := deadletter.NewStore(deadletter.Config{Schema: a.schemaName(), Pool: pool}, logger)
-				if err != nil {
-					return err
+				cfg.Forward = forwarder.Config{
+					Subscriber: outbox.SubscriberConfig{ConsumerGroup: group, MaxAttempts: maxAttempts},
+					Topics:     topics,
+					Target:     target,
 				}
-				fwd, err := forwarder.NewForwarder(forwarder.Config{
-					Subscriber: outbox.SubscriberConfig{Schema: a.schemaName(), Pool: pool, ConsumerGroup: group,
-						RejectHandler: store, MaxAttempts: maxAttempts, DisableSequencer: true},
-					Topics: topics,
-					Target: target,
-				}, logger)
-				if err != nil {
-					return err
-				}
-				defer fwd.Close()
-				go func() { errs <- fwd.Run(ctx) }()
-				running++
+			}
+			p, err := pipeline.New(cfg, logger)
+			var bad *outbox.ConfigError
+			switch {
+			case errors.As(err, &bad) && bad.Field == "WAL.TakeoverTimeout":
+				return usagef("--takeover-timeout %s %s", takeover, bad.Reason)
+			case errors.As(err, &bad) && bad.Field == "WAL.Instance":
+				return usagef("--instance: %s", bad.Reason)
+			case errors.As(err, &bad) && bad.Field == "Retention.KeepFor":
+				return usagef("--keep-for %s: %s", keepFor, bad.Reason)
+			case err != nil:
+				return err
 			}
 			mode := "sequencer"
 			if wal {
@@ -131,15 +119,12 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 				}
 				mode = "sequencer, WAL relay of slot " + relay.Slot(a.schemaName()) + " as instance " + name
 			}
-			a.note("relay running on schema %s (%s%s); interrupt to stop", a.schemaName(), mode, forwarding(topics, kafkaBrokers, natsURL))
-			var first error
-			for range running {
-				if err := <-errs; err != nil && !errors.Is(err, ctx.Err()) && first == nil {
-					first = err
-				}
+			a.note("relay running on schema %s (%s%s%s); interrupt to stop", a.schemaName(), mode, forwarding(topics, kafkaBrokers, natsURL), retaining(noRetention, keepFor))
+			err = p.Run(ctx)
+			if errors.Is(err, ctx.Err()) {
+				err = nil
 			}
-			_ = seq.Close()
-			return first
+			return err
 		},
 	}
 	cmd.Flags().StringSliceVar(&topics, "topic", nil, "outbox topics to forward (repeat or comma-separate)")
@@ -152,7 +137,19 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 	cmd.Flags().DurationVar(&takeover, "takeover-timeout", relay.DefaultTakeoverTimeout, "with --wal: how long a relay that stopped answering keeps the slot and its append before a standby takes over")
 	cmd.Flags().StringVar(&instance, "instance", "", "with --wal: this relay's name in pg_stat_activity and in status, which show the relay streaming the slot (default host:pid)")
 	cmd.Flags().BoolVar(&atLeastOnce, "at-least-once", false, "write Kafka without transactions (copies possible, each with the same outbox_id)")
+	cmd.Flags().DurationVar(&keepFor, "keep-for", 0, "retention: keep consumed log rows this long, for replays (outbox reset-cursor); 0 deletes them once every group is past them")
+	cmd.Flags().BoolVar(&noRetention, "no-retention", false, "run no retention vacuum (the log and the dealt-with dead letters then grow until something else deletes them)")
 	return cmd
+}
+
+func retaining(off bool, keepFor time.Duration) string {
+	switch {
+	case off:
+		return ", no retention"
+	case keepFor > 0:
+		return ", retention keeping consumed rows " + keepFor.String()
+	}
+	return ", retention"
 }
 
 func forwarding(topics, kafkaBrokers []string, natsURL string) string {

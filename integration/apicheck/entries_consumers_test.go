@@ -11,15 +11,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/metrics"
 	"github.com/millrace/watermill-outbox/outboxtest"
 	"github.com/millrace/watermill-outbox/partitioning"
+	"github.com/millrace/watermill-outbox/pipeline"
 	"github.com/millrace/watermill-outbox/relay"
 	"github.com/millrace/watermill-outbox/retention"
 )
 
-// consumersEntries sweep inbox, metrics, outboxtest, partitioning, relay and retention.
+// consumersEntries sweep inbox, metrics, outboxtest, partitioning, pipeline, relay and retention.
 var consumersEntries = []entry{
 	// ---- package inbox
 	{"inbox.StaleError.Error", func(e *env) { e.call("StaleError{}.Error", func() { _ = new(inbox.StaleError).Error() }) }},
@@ -227,5 +229,32 @@ var consumersEntries = []entry{
 	{"retention.Vacuum.Close", func(e *env) { e.may("Vacuum{}.Close", func() error { return new(retention.Vacuum).Close() }) }},
 	{"retention.Vacuum.VacuumOnce", func(e *env) {
 		e.fails("Vacuum{}.VacuumOnce", func() error { _, err := new(retention.Vacuum).VacuumOnce(e.ctx); return err })
+	}},
+	{"pipeline.Config.Validate", func(e *env) {
+		e.fails("pipeline.Config{}.Validate", func() error { return pipeline.Config{}.Validate() })
+		e.fails("pipeline.Config{Pool, Forward: {Topics: [orders]}}.Validate (nil Target)", func() error {
+			return pipeline.Config{Pool: e.pool, Schema: e.schema, Forward: forwarder.Config{Topics: []string{"orders"}}}.Validate()
+		})
+	}},
+	{"pipeline.New", func(e *env) {
+		e.fails("pipeline.New(zero, nil)", func() error { _, err := pipeline.New(pipeline.Config{}, nil); return err })
+	}},
+	{"pipeline.Pipeline.Run", func(e *env) {
+		p := must(pipeline.New(pipeline.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
+		e.may("Pipeline.Run(ended ctx)", func() error { return p.Run(e.done) })
+		e.fails("Pipeline.Run(nil ctx)", func() error {
+			q := must(pipeline.New(pipeline.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
+			return q.Run(nil) //nolint:staticcheck // nil on purpose
+		})
+		e.fails("Pipeline{}.Run", func() error { return new(pipeline.Pipeline).Run(e.done) })
+		e.fails("(*Pipeline)(nil).Run", func() error { return (*pipeline.Pipeline)(nil).Run(e.done) })
+	}},
+	{"pipeline.Pipeline.Close", func(e *env) {
+		e.may("Pipeline{}.Close", func() error { return new(pipeline.Pipeline).Close() })
+		e.may("(*Pipeline)(nil).Close", func() error { return (*pipeline.Pipeline)(nil).Close() })
+	}},
+	{"pipeline.Pipeline.Stats", func(e *env) {
+		e.call("Pipeline{}.Stats", func() { new(pipeline.Pipeline).Stats() })
+		e.call("(*Pipeline)(nil).Stats", func() { (*pipeline.Pipeline)(nil).Stats() })
 	}},
 }

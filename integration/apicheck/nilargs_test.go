@@ -45,7 +45,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // not library API.
 var libraryPackages = []string{
 	".", "adaptive", "admin", "console", "deadletter", "forwarder", "forwarder/jetstream", "forwarder/kafka", "inbox",
-	"metrics", "outboxtest", "partitioning", "relay", "retention",
+	"metrics", "outboxtest", "partitioning", "pipeline", "relay", "retention",
 }
 
 // An entry calls one exported function or method (its name as
