@@ -256,7 +256,7 @@ func TestProfileTableMatchesTheProfiles(t *testing.T) {
 		"busy pace: shortest wait between full batches":              func(p tune.Profile) any { return p.MinInterval },
 		"busy pace: wait after the first full batch":                 func(p tune.Profile) any { return p.ActiveInterval },
 		"busy pace: ramp step per further full batch":                func(p tune.Profile) any { return p.RampStep },
-		"pace of the subscriber's own sequencer (`MinPassInterval`)": func(p tune.Profile) any { return p.SequencerInterval },
+		"pace of the subscriber's own sequencer (`MinPassInterval`), and the one to give a log-based relay (`Tuning.AppendInterval()`)": func(p tune.Profile) any { return p.SequencerInterval },
 	}
 	b, err := os.ReadFile("docs/operations.md")
 	if err != nil {
