@@ -20,7 +20,29 @@ import (
 	"github.com/millrace/watermill-outbox/pgtemp/internal/mavenrepo"
 )
 
-func TestMain(m *testing.M) { Main(m) }
+func TestMain(m *testing.M) {
+	// embedded-postgres leaves a log file in the temporary directory at
+	// each fetch (embedded_postgres_log*); remove this run's, and the jar.
+	logs := func() map[string]bool {
+		names, _ := filepath.Glob(filepath.Join(os.TempDir(), "embedded_postgres_log*"))
+		set := map[string]bool{}
+		for _, n := range names {
+			set[n] = true
+		}
+		return set
+	}
+	before := logs()
+	code := run(m)
+	for n := range logs() {
+		if !before[n] {
+			_ = os.Remove(n)
+		}
+	}
+	if jarOnce.path != "" {
+		_ = os.RemoveAll(filepath.Dir(jarOnce.path))
+	}
+	os.Exit(code)
+}
 
 // The version the stand-in repository serves the installed PostgreSQL as
 // (not DefaultVersion: the test must not depend on what that is).
