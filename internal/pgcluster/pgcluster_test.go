@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 // An immediate restart keeps the data directory and the port: what was
@@ -17,7 +18,7 @@ import (
 func TestRestartImmediateKeepsCommittedDataAndPort(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"synchronous_commit": "on"}})
+	c, err := pgtest.StartCluster(ctx, pgcluster.Options{Settings: map[string]string{"synchronous_commit": "on"}})
 	if errors.Is(err, pgcluster.ErrNoServerBinaries) {
 		t.Skip(err)
 	}
