@@ -81,17 +81,6 @@ func start(t *testing.T, p *pipeline.Pipeline) {
 	})
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // What one pipeline gives a service with nothing wired by hand: messages
 // sequenced and forwarded in order per key, a message the broker refuses
 // dead-lettered into the schema's table, the forwarded rows deleted by
@@ -128,7 +117,7 @@ func TestPipelineForwardsDeadLettersVacuumsAndCounts(t *testing.T) {
 	}
 	b.Publish("orders", msgs...)
 
-	waitFor(t, "every healthy message at the broker", func() bool { return br.count("shop.orders") == keys*perKey-1 })
+	outboxtest.WaitFor(t, "every healthy message at the broker", 30*time.Second, func() bool { return br.count("shop.orders") == keys*perKey-1 })
 	last := map[string]int{}
 	for _, m := range br.got["shop.orders"] {
 		key := m.Metadata.Get(outbox.PartitionKeyMetadata)
@@ -138,10 +127,10 @@ func TestPipelineForwardsDeadLettersVacuumsAndCounts(t *testing.T) {
 		}
 		last[key] = n
 	}
-	waitFor(t, "the poison message in the schema's dead_letters", func() bool {
+	outboxtest.WaitFor(t, "the poison message in the schema's dead_letters", 30*time.Second, func() bool {
 		return b.Int("SELECT count(*) FROM "+b.Schema+".dead_letters WHERE uuid = 'm-0-10'") == 1
 	})
-	waitFor(t, "retention to delete the forwarded rows", func() bool {
+	outboxtest.WaitFor(t, "retention to delete the forwarded rows", 30*time.Second, func() bool {
 		return b.Int("SELECT count(*) FROM "+b.Schema+".log") == 0
 	})
 
@@ -194,7 +183,7 @@ func TestPipelineRelaysTheLogBasedMode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the WAL-mode messages at the broker", func() bool { return br.count("orders") == 10 })
+	outboxtest.WaitFor(t, "the WAL-mode messages at the broker", 30*time.Second, func() bool { return br.count("orders") == 10 })
 	if st := p.Stats(); st.Relay.Appended != 10 {
 		t.Errorf("Relay.Appended = %d, want 10", st.Relay.Appended)
 	}
@@ -249,7 +238,7 @@ func TestPipelineStopsCleanly(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- p.Run(ctx) }()
 			b.PublishN("orders", 10, "s-")
-			waitFor(t, "the messages at the broker", func() bool { return br.count("orders") == 10 })
+			outboxtest.WaitFor(t, "the messages at the broker", 30*time.Second, func() bool { return br.count("orders") == 10 })
 			if how == "context" {
 				cancel()
 			} else if err := p.Close(); err != nil {

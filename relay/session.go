@@ -149,38 +149,38 @@ func (s *session) appendLoop(ctx context.Context) error {
 			batch = append(batch, t)
 		}
 		n := len(batch[0].msgs)
-		var due <-chan time.Time // nil: take only what is waiting
+		var due <-chan time.Time
 		if wait := time.Until(lastFrom.Add(s.r.cfg.MinAppendInterval)); wait > 0 {
 			pace.Reset(wait)
 			due = pace.C
 		}
 	more:
 		for n < s.r.cfg.MaxBatch {
-			if due == nil {
+			var (
+				t  txn
+				ok bool
+			)
+			if due == nil { // take only what is waiting
 				select {
-				case t, ok := <-s.txns:
-					if !ok {
-						break more
-					}
-					batch = append(batch, t)
-					n += len(t.msgs)
-					continue
+				case t, ok = <-s.txns:
 				default:
 					break more
 				}
-			}
-			select {
-			case t, ok := <-s.txns:
-				if !ok {
-					break more
+			} else { // wait for more until the pace is due
+				select {
+				case t, ok = <-s.txns:
+				case <-due:
+					due = nil
+					continue
+				case <-ctx.Done():
+					return nil
 				}
-				batch = append(batch, t)
-				n += len(t.msgs)
-			case <-due:
-				due = nil
-			case <-ctx.Done():
-				return nil
 			}
+			if !ok {
+				break more
+			}
+			batch = append(batch, t)
+			n += len(t.msgs)
 		}
 		pace.Stop() // since Go 1.23 no stale tick is left to drain
 		lastFrom = time.Now()
