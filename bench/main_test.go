@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/internal/procstat"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
@@ -68,7 +69,7 @@ func run(m *testing.M) int {
 		return m.Run()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{
+	cluster, err := pgtest.StartCluster(ctx, pgcluster.Options{
 		Durable: true,
 		// Room for a whole benchmark run between the explicit CHECKPOINTs
 		// taken before each measured phase, so that no checkpoint (and no

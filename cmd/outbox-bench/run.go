@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/procstat"
+	"github.com/millrace/watermill-outbox/pgtemp"
 )
 
 // Systems, in the order they run.
@@ -165,10 +167,20 @@ func startCluster(ctx context.Context) (*pgcluster.Cluster, bool, error) {
 		"max_replication_slots": "64",
 		"max_wal_senders":       "64",
 	}
+	// The PostgreSQL installed, else binaries cached or fetched once
+	// (package pgtemp).
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	bindir, err := pgtemp.BinDir(fctx, pgtemp.FetchOptions{})
+	cancel()
+	if err != nil {
+		return nil, false, err
+	}
+	cache, _ := pgcluster.CacheDir()
+	fetched := cache != "" && strings.HasPrefix(bindir, cache+string(filepath.Separator)) // a tree that works wherever it is
 	start := func() (*pgcluster.Cluster, error) {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		return pgcluster.Start(sctx, pgcluster.Options{Durable: true, Settings: settings})
+		return pgcluster.Start(sctx, pgcluster.Options{Durable: true, Settings: settings, BinDir: bindir, Movable: fetched})
 	}
 	cluster, err := start()
 	if err == nil || errors.Is(err, pgcluster.ErrNoServerBinaries) {

@@ -25,6 +25,7 @@ import (
 	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
+	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
 var (
@@ -285,7 +286,7 @@ func (r *run) setUp() {
 	}
 	t.Cleanup(func() { _ = pgLog.Close() })
 	var pgLogMu sync.Mutex
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{
+	cluster, err := pgtest.StartCluster(ctx, pgcluster.Options{
 		// Acknowledged commits must survive the immediate restarts: with
 		// synchronous_commit off they need not, and a "lost" message
 		// would be the server's doing. fsync may stay off: the operating
@@ -297,9 +298,6 @@ func (r *run) setUp() {
 			fmt.Fprintln(pgLog, line)
 		},
 	})
-	if errors.Is(err, pgcluster.ErrNoServerBinaries) {
-		t.Skip(err)
-	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -277,7 +277,7 @@ func Attach(t testing.TB, pool *pgxpool.Pool, schema string) *Bundle {
 func OwnCluster(t testing.TB, settings map[string]string, schema string) (*Bundle, *pgcluster.Cluster) {
 	t.Helper()
 	ctx := Ctx(t)
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{Settings: settings})
+	cluster, err := pgtest.StartCluster(ctx, pgcluster.Options{Settings: settings})
 	if err != nil {
 		t.Fatal(err)
 	}
