@@ -5,12 +5,29 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 )
 
+// runSpecific matches the parts of a target's name that differ from run to
+// run: which peer was the best, and its figure.
+var runSpecific = regexp.MustCompile(`best peer (?:peer-tuned|peer|river)\b|best peer's \([^)]*\)`)
+
+// stableName is a target's name without what differs from run to run, so
+// that the same target of several runs is one row.
+func stableName(name string) string {
+	return runSpecific.ReplaceAllStringFunc(name, func(m string) string {
+		if strings.HasPrefix(m, "best peer's") {
+			return "best peer's"
+		}
+		return "best peer"
+	})
+}
+
 // medians writes out/medians.md: every target of the runs in dirs (each
 // a -out directory with its results.json), with each run's measured
-// value, the median, and whether the median meets the goal. A target
+// value, the median, and whether the median meets the goal. The best peer
+// may differ from run to run; each run's target is against its own. A target
 // without a Limit is met by the median when most runs met it.
 func medians(dirs []string, out string) error {
 	if len(dirs) == 0 {
@@ -40,11 +57,12 @@ func medians(dirs []string, out string) error {
 		}
 		runs = append(runs, fmt.Sprintf("- `%s`: started %s, load average %s", dir, res.Started, res.Machine.LoadAvg))
 		for _, t := range res.Targets {
-			r := rows[t.Name]
+			name := stableName(t.Name)
+			r := rows[name]
 			if r == nil {
 				r = &row{goal: t.Goal, limit: t.Limit, atMost: t.AtMost, hasLimit: t.Limit != 0}
-				rows[t.Name] = r
-				order = append(order, t.Name)
+				rows[name] = r
+				order = append(order, name)
 			}
 			r.values = append(r.values, t.Measured)
 			if t.Met {
