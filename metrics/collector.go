@@ -219,8 +219,10 @@ func (c *Collector) refresh() {
 		var (
 			parts            []int32
 			oldest, activity time.Time
+			heartbeat        *time.Time     // the vacuum's, for its join grace
+			ttl              *time.Duration // likewise
 		)
-		if _, err = pgx.ForEachRow(rows, []any{&topic, &group, &parts, &n, &oldest, &activity, &members}, func() error {
+		if _, err = pgx.ForEachRow(rows, []any{&topic, &group, &parts, &n, &oldest, &activity, &members, &heartbeat, &ttl}, func() error {
 			gauge(c.retentionHeld, float64(n), topic, group)
 			return nil
 		}); err != nil {

@@ -52,8 +52,8 @@ func TestHeldBackNamesTheGroupsAndWarnsAboutAnAbandonedOne(t *testing.T) {
 	e.Exec(`UPDATE ` + s + `.cursors SET seq = CASE partition WHEN 0 THEN 1 ELSE 5 END, updated_at = now() - interval '3 days'
 		WHERE group_name = 'gone'`)
 	e.Exec(`UPDATE ` + s + `.cursors SET seq = CASE partition WHEN 0 THEN 5 ELSE 2 END WHERE group_name = 'slow'`)
-	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id, heartbeat_at) VALUES
-		('slow', 't', 'slow-1', now()), ('gone', 't', 'gone-1', now() - interval '3 days')`)
+	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id, heartbeat_at, ttl) VALUES
+		('slow', 't', 'slow-1', now(), interval '30 seconds'), ('gone', 't', 'gone-1', now() - interval '3 days', interval '300 milliseconds')`)
 	e.Exec(`UPDATE ` + s + `.log SET sequenced_at = now() - interval '1 hour' WHERE topic = 't' AND partition = 0 AND seq = 2`)
 
 	logger := &warnLogger{CaptureLoggerAdapter: watermill.NewCaptureLogger()}
@@ -62,6 +62,7 @@ func TestHeldBackNamesTheGroupsAndWarnsAboutAnAbandonedOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = v.Close() })
+	time.Sleep(400 * time.Millisecond) // past gone's join grace (its members' TTL) since the vacuum started
 	pass, err := v.VacuumOnce(outboxtest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -105,6 +106,7 @@ func TestHeldBackNamesTheGroupsAndWarnsAboutAnAbandonedOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = v2.Close() })
+	time.Sleep(400 * time.Millisecond)
 	if _, err := v2.VacuumOnce(outboxtest.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -184,5 +186,53 @@ func TestHoldersCountMembersLiveByTheirOwnTTL(t *testing.T) {
 	}
 	if len(live) != 2 || live["expired"] != 0 || live["patient"] != 1 {
 		t.Fatalf("live members of the holders %v: want expired 0, patient 1", live)
+	}
+}
+
+// A group whose subscribers are still starting holds retention back without
+// live members for a moment; the vacuum does not call it abandoned until it
+// has shown no sign of life (a cursor change, a heartbeat, or the vacuum's
+// own start, for subscribers started with it) for longer than its members'
+// TTL, or the lease's default TTL when no member ever joined.
+func TestAGroupStillJoiningIsNotCalledAbandoned(t *testing.T) {
+	e := newEnv(t)
+	e.Register("t", 1)
+	e.publish(t, "t", 4, 0)
+	s := e.Schema
+	// starting: its cursor rows were just made (a subscriber joining),
+	// no member row yet. restarted: idle for a day, a member TTL of 300 ms,
+	// its subscriber starting with this vacuum.
+	e.createCursors(t, "starting", "t")
+	e.createCursors(t, "restarted", "t")
+	e.Exec(`UPDATE ` + s + `.cursors SET updated_at = now() - interval '1 day' WHERE group_name = 'restarted'`)
+	e.Exec(`INSERT INTO ` + s + `.members (group_name, topic, member_id, heartbeat_at, ttl) VALUES
+		('restarted', 't', 'r-1', now() - interval '1 day', interval '300 milliseconds')`)
+	logger := &warnLogger{CaptureLoggerAdapter: watermill.NewCaptureLogger()}
+	v, err := retention.NewVacuum(retention.Config{Schema: s, Pool: e.Pool}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = v.Close() })
+
+	pass, err := v.VacuumOnce(outboxtest.Ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pass.HeldBack) != 2 {
+		t.Fatalf("held back %+v, want starting and restarted (reported, whatever their state)", pass.HeldBack)
+	}
+	if w := logger.warnings(); len(w) != 0 {
+		t.Fatalf("warned %+v at start-up, while both groups may still be joining", w)
+	}
+
+	// Past restarted's grace (300 ms since the vacuum started) it is gone;
+	// starting, touched just now and with no member row, has 30 s.
+	time.Sleep(400 * time.Millisecond)
+	if _, err := v.VacuumOnce(outboxtest.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	w := logger.warnings()
+	if len(w) != 1 || w[0].Fields["group"] != "restarted" {
+		t.Fatalf("warnings %+v, want one about restarted only", w)
 	}
 }

@@ -18,7 +18,10 @@
 // after its cursor stay, and the log grows. Every pass reports the groups
 // that hold retention back (PassStats.HeldBack: topic, group, partitions,
 // how far behind, since when) and Run logs them; a group that does so with
-// no live member is likely abandoned and is logged at warning level.
+// no live member, and no sign of life for longer than its members' TTL
+// (30 s without any member row; counted from the vacuum's start at the
+// earliest, so that subscribers starting with it may join), is likely
+// abandoned and is logged at warning level.
 // admin.DeleteGroup removes it, and the next pass frees what only it kept.
 //
 // Every entry point refuses a schema that was never migrated
@@ -220,6 +223,9 @@ type Vacuum struct {
 	q *dbsql.Queries // the statements, for cfg.Schema
 	// When each abandoned holder (topic, group) was last warned about.
 	warnedHolders map[string]time.Time
+	// started is when NewVacuum made it: the subscribers started with it
+	// are given their join grace from then (gone).
+	started time.Time
 
 	passMu sync.Mutex // one pass at a time
 	state  map[partitionKey]*partitionState
@@ -247,6 +253,7 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 		state:      map[partitionKey]*partitionState{},
 
 		warnedHolders: map[string]time.Time{},
+		started:       time.Now(),
 		q:             dbsql.For(cfg.Schema),
 	}
 	v.life.Name = "retention.Vacuum"
@@ -422,13 +429,19 @@ func (v *Vacuum) holders(ctx context.Context) ([]Holder, error) {
 		return nil, fmt.Errorf("retention: read holders: %w", err)
 	}
 	defer rows.Close()
-	var out []Holder
+	var (
+		out        []Holder
+		heartbeats []*time.Time     // the newest heartbeat of each holder's members, live or not
+		ttls       []*time.Duration // their longest TTL
+	)
 	for rows.Next() {
 		var (
-			h     Holder
-			parts []int32
+			h         Holder
+			parts     []int32
+			heartbeat *time.Time
+			ttl       *time.Duration
 		)
-		if err := rows.Scan(&h.Topic, &h.Group, &parts, &h.Messages, &h.OldestAt, &h.LastActivity, &h.LiveMembers); err != nil {
+		if err := rows.Scan(&h.Topic, &h.Group, &parts, &h.Messages, &h.OldestAt, &h.LastActivity, &h.LiveMembers, &heartbeat, &ttl); err != nil {
 			return nil, fmt.Errorf("retention: read holders: %w", err)
 		}
 		h.Partitions = make([]int, len(parts))
@@ -436,14 +449,15 @@ func (v *Vacuum) holders(ctx context.Context) ([]Holder, error) {
 			h.Partitions[i] = int(p)
 		}
 		out = append(out, h)
+		heartbeats, ttls = append(heartbeats, heartbeat), append(ttls, ttl)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("retention: read holders: %w", err)
 	}
 	now := time.Now()
 	warned := map[string]time.Time{}
-	for _, h := range out {
-		if h.LiveMembers > 0 {
+	for i, h := range out {
+		if h.LiveMembers > 0 || !v.gone(now, h, heartbeats[i], ttls[i]) {
 			continue
 		}
 		key := h.Topic + "\x00" + h.Group
@@ -460,6 +474,33 @@ func (v *Vacuum) holders(ctx context.Context) ([]Holder, error) {
 	}
 	v.warnedHolders = warned
 	return out, nil
+}
+
+// joinGrace is how long a group without live members may still be joining
+// when none of its members ever heartbeated: the lease's default member
+// TTL (a member's row says its own).
+const joinGrace = 30 * time.Second
+
+// gone reports whether holder h, with no live members, has shown no sign
+// of life for longer than a member may take to join: its grace is the
+// longest TTL of its members (joinGrace without any), and its last sign
+// of life the latest of its last cursor change, its newest heartbeat and
+// this vacuum's start (subscribers started with it are joining too). A
+// group whose subscribers are starting touches its cursors and writes its
+// member rows within that time, so it is not called abandoned meanwhile.
+func (v *Vacuum) gone(now time.Time, h Holder, heartbeat *time.Time, ttl *time.Duration) bool {
+	grace := joinGrace
+	if ttl != nil && *ttl > 0 {
+		grace = *ttl
+	}
+	last := h.LastActivity
+	if heartbeat != nil && heartbeat.After(last) {
+		last = *heartbeat
+	}
+	if v.started.After(last) {
+		last = v.started
+	}
+	return now.Sub(last) >= grace
 }
 
 // heldBackSummary describes holders for a log line: "topic/group: N

@@ -217,8 +217,10 @@ GROUP BY c.topic, c.partition;
 -- Retention: per topic and group, the partitions where the group's cursor is
 -- the lowest (of the registered partitions, as for the horizon) and
 -- messages are left after it, how many, the oldest of them, its last cursor
--- change there and its live members (heard from within their TTL); the
--- biggest holder of each topic first.
+-- change there, its live members (heard from within their TTL), and the
+-- newest heartbeat and the longest TTL of its members, live or not (NULL
+-- without any), which tell one still joining from one gone; the biggest
+-- holder of each topic first.
 WITH f AS (
 	SELECT c.group_name, c.topic, c.partition, c.updated_at, {{schema}}.finished_seq(c.group_name, c.topic, c.partition, c.seq) AS seq
 	FROM {{schema}}.cursors c JOIN {{schema}}.topics t ON t.name = c.topic AND c.partition < t.partitions
@@ -239,8 +241,13 @@ WITH f AS (
 )
 SELECT h.topic, h.group_name, h.parts, h.messages, h.oldest, h.last_activity,
 	(SELECT count(*) FROM {{schema}}.members m WHERE m.group_name = h.group_name AND m.topic = h.topic
-		AND m.heartbeat_at + m.ttl > now())::int4
+		AND m.heartbeat_at + m.ttl > now())::int4,
+	m.heartbeat_at, m.ttl
 FROM h
+LEFT JOIN LATERAL (
+	SELECT max(m.heartbeat_at) AS heartbeat_at, max(m.ttl) AS ttl FROM {{schema}}.members m
+	WHERE m.group_name = h.group_name AND m.topic = h.topic
+) m ON true
 ORDER BY h.topic, h.messages DESC, h.group_name;
 
 -- name: CursorsPause
