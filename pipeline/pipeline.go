@@ -2,14 +2,15 @@
 // broker, for one outbox schema, as one component: the Sequencer (gap-free
 // seq in commit order), optionally the log-based mode's relay, a Forwarder
 // of a set of topics to a Target (Kafka, NATS JetStream) with the schema's
-// dead letters, a retention Vacuum (on by default) and, when asked,
-// Prometheus metrics. It is what `outbox relay` runs, for an application
-// that would rather run it in its own process.
+// dead letters, and a retention Vacuum (on by default). It is what `outbox
+// relay` runs, for an application that would rather run it in its own
+// process. Its metrics are package metrics' (metrics.Enable, once per
+// process), which this package does not link, so that an application
+// without Prometheus does not link it either.
 //
 //	p, err := pipeline.New(pipeline.Config{
 //		Pool:    pool,
 //		Forward: forwarder.Config{Topics: []string{"orders"}, Target: target},
-//		Metrics: prometheus.DefaultRegisterer,
 //	}, logger)
 //	...
 //	err = p.Run(ctx) // until ctx ends (SIGTERM) or p.Close()
@@ -38,14 +39,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/startstop"
-	"github.com/millrace/watermill-outbox/metrics"
 	"github.com/millrace/watermill-outbox/relay"
 	"github.com/millrace/watermill-outbox/retention"
 )
@@ -80,10 +79,6 @@ type Config struct {
 	// DisableRetention runs no Vacuum: the log and the dead letters then
 	// grow until something else deletes them.
 	DisableRetention bool
-	// Metrics, when set, registers the outbox's Prometheus metrics there
-	// while Run runs (metrics.Enable with this schema's database gauges),
-	// e.g. prometheus.DefaultRegisterer. Nil: none.
-	Metrics prometheus.Registerer
 }
 
 // withSchema fills the nested configurations' Schema and Pool with the
@@ -249,13 +244,6 @@ func (p *Pipeline) Run(ctx context.Context) error {
 }
 
 func (p *Pipeline) run(ctx context.Context) error {
-	if p.cfg.Metrics != nil {
-		m, err := metrics.Enable(metrics.Config{Registerer: p.cfg.Metrics, Pool: p.cfg.Pool, Schema: p.cfg.Schema})
-		if err != nil {
-			return fmt.Errorf("pipeline: metrics: %w", err)
-		}
-		defer m.Disable()
-	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var (

@@ -49,6 +49,7 @@ import (
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
+	"github.com/millrace/watermill-outbox/metrics"
 	"github.com/millrace/watermill-outbox/pipeline"
 )
 
@@ -100,11 +101,15 @@ func serve(ctx context.Context, pool *pgxpool.Pool, kafkaBrokers []string, ln ne
 		return err
 	}
 	defer target.Close()
-	relay, err := pipeline.New(pipeline.Config{Pool: pool, Metrics: prometheus.DefaultRegisterer,
-		Forward: forwarder.Config{Topics: []string{"orders"}, Target: target}}, logger)
+	relay, err := pipeline.New(pipeline.Config{Pool: pool, Forward: forwarder.Config{Topics: []string{"orders"}, Target: target}}, logger)
 	if err != nil {
 		return err
 	}
+	m, err := metrics.Enable(metrics.Config{Registerer: prometheus.DefaultRegisterer, Pool: pool})
+	if err != nil {
+		return err
+	}
+	defer m.Disable()
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{DB: pool}, logger)
 	if err != nil {
 		return err
