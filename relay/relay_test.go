@@ -6,14 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
@@ -245,49 +240,6 @@ func checkLogMaybe(t *testing.T, rows []logged, committed, maybe map[string]stri
 	}
 }
 
-// A PostgreSQL crash (immediate shutdown, twice) while publishers write
-// and the relay streams: the relay reconnects, the slot (whose confirmed
-// position is persisted at checkpoints, so it may be behind) sends
-// transactions again, and the position written with the rows skips them.
-// Every committed message is in the log once, 1..n per partition, in key
-// order; a transaction whose COMMIT got no answer is there once or not at
-// all.
-func TestRelaySurvivesPostgreSQLCrashes(t *testing.T) {
-	ctx := outboxtest.Ctx(t)
-	b, cluster := outboxtest.OwnCluster(t, map[string]string{
-		"synchronous_commit": "on", "wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4",
-	}, "relay_crash")
-	pool, schema := b.Pool, b.Schema
-	b.Register("orders", 3)
-	if err := relay.CreateSlot(ctx, pool, schema); err != nil {
-		t.Fatal(err)
-	}
-	r := startRelay(t, pool, schema, nil, nil)
-	pub := walPublisher(t, b)
-
-	p := startPublishers(t, pub, 3, 5, true)
-	for range 2 {
-		time.Sleep(time.Second)
-		if err := cluster.Restart(ctx, pgcluster.RestartOptions{Mode: pgcluster.Immediate, Down: 300 * time.Millisecond}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(time.Second)
-	committed, maybe, order := p.finish()
-
-	waitFor(t, "every committed message in the log", func() bool {
-		var n int64
-		err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".log WHERE uuid = ANY($1)", keys(committed)).Scan(&n)
-		return err == nil && n == int64(len(committed))
-	})
-	time.Sleep(300 * time.Millisecond) // room for a late duplicate
-	checkLogMaybe(t, readLog(t, b, "orders"), committed, maybe, order)
-	t.Logf("%d committed, %d with an unanswered COMMIT, %d restarts; relay %+v", len(committed), len(maybe), cluster.Restarts(), r.Stats())
-	if cluster.Restarts() != 2 || len(committed) == 0 {
-		t.Fatalf("%d restarts, %d committed: the test proved nothing", cluster.Restarts(), len(committed))
-	}
-}
-
 func keys(m map[string]string) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -406,178 +358,6 @@ func TestRelayAppendsCommittedMessagesGapFreeInCommitOrder(t *testing.T) {
 	}
 }
 
-// The relay is SIGKILLed at random points while publishers write; every
-// restart resumes from the position written with the last append, so the
-// log ends as 1..n per partition with each committed message once.
-func TestRelayKilledAtRandomPointsNumbersEveryMessageOnce(t *testing.T) {
-	if os.Getenv("OUTBOX_RELAY_CHILD") != "" {
-		t.Skip("running as the child")
-	}
-	b := setup(t, "orders", 3)
-	// Every other relay never confirms a position to the server, so the
-	// next one reads again all that was appended since and must skip it.
-	start := func(neverConfirm bool) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestRelayChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "OUTBOX_RELAY_CHILD=1", pgtest.EnvDatabaseURL+"="+pgtest.DatabaseURL(), "OUTBOX_RELAY_SCHEMA="+b.Schema,
-			fmt.Sprintf("OUTBOX_RELAY_NEVER_CONFIRM=%v", neverConfirm))
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
-	}
-
-	p := startPublishers(t, walPublisher(t, b), 4, 20, false)
-	kills := 0
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	for i := range 12 {
-		cmd := start(i%2 == 1)
-		time.Sleep(time.Duration(100+rng.IntN(500)) * time.Millisecond)
-		if err := cmd.Process.Kill(); err != nil { // SIGKILL: mid-append, mid-read, anywhere
-			t.Fatal(err)
-		}
-		_ = cmd.Wait()
-		kills++
-	}
-	committed, _, order := p.finish()
-	if t.Failed() {
-		return
-	}
-	appendedBefore := b.Int("SELECT count(*) FROM " + b.Schema + ".log")
-	// A last relay, in this process, takes over (the killed one's walsender
-	// may hold the slot a moment: it waits as a standby) and catches up.
-	startRelay(t, b.Pool, b.Schema, nil, nil)
-	waitLog(t, b, "orders", int64(len(committed)))
-	checkLog(t, readLog(t, b, "orders"), committed, order)
-	t.Logf("%d messages, %d SIGKILLs, %d appended before the last relay", len(committed), kills, appendedBefore)
-	if appendedBefore == 0 {
-		t.Fatal("the killed relays appended nothing: the kills did not land mid-stream")
-	}
-}
-
-// TestRelayChild is the relay process of
-// TestRelayKilledAtRandomPointsNumbersEveryMessageOnce.
-func TestRelayChild(t *testing.T) {
-	if os.Getenv("OUTBOX_RELAY_CHILD") == "" {
-		t.Skip("only runs as the child of TestRelayKilledAtRandomPointsNumbersEveryMessageOnce")
-	}
-	relay.NeverConfirm(os.Getenv("OUTBOX_RELAY_NEVER_CONFIRM") == "true")
-	cfg := relay.Config{Schema: os.Getenv("OUTBOX_RELAY_SCHEMA"), Pool: pgtest.Pool(t), StandbyRetry: 20 * time.Millisecond, MaxBatch: 50}
-	if d := os.Getenv("OUTBOX_RELAY_TAKEOVER"); d != "" {
-		var err error
-		if cfg.TakeoverTimeout, err = time.ParseDuration(d); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if at := os.Getenv("OUTBOX_RELAY_PAUSE_AT"); at != "" {
-		var once sync.Once
-		relay.PauseAt(func(point string) {
-			if point == at {
-				once.Do(func() {
-					// Frozen until SIGCONT. The stop reaches every thread
-					// within milliseconds, not at once: this goroutine waits
-					// so that the append cannot move on meanwhile.
-					_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-					time.Sleep(500 * time.Millisecond)
-				})
-			}
-		})
-	}
-	r, err := relay.New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// A relay frozen in the middle of an append (SIGSTOP: a long GC pause, a
-// frozen VM) holds the slot and, with its open transaction, the relays
-// row. Within TakeoverTimeout the server ends its stream, its append is
-// ended (idle in transaction, or mid-COPY by the next holder) and rolls
-// back, and a standby takes over. Woken up, the frozen relay is a zombie
-// that appends nothing: the log stays 1..n per partition, each message
-// once.
-func TestFrozenRelayIsTakenOverAndFencedWhenItWakes(t *testing.T) {
-	for _, point := range []string{"advanced", "copy"} {
-		t.Run(point, func(t *testing.T) {
-			b := setup(t, "orders", 2)
-			const takeover = 2 * time.Second
-			child := exec.Command(os.Args[0], "-test.run=^TestRelayChild$", "-test.count=1")
-			child.Env = append(os.Environ(), "OUTBOX_RELAY_CHILD=1", pgtest.EnvDatabaseURL+"="+pgtest.DatabaseURL(),
-				"OUTBOX_RELAY_SCHEMA="+b.Schema, "OUTBOX_RELAY_PAUSE_AT="+point, "OUTBOX_RELAY_TAKEOVER="+takeover.String())
-			if err := child.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = child.Process.Kill()
-				_ = child.Wait()
-			})
-			waitFor(t, "the child relay to stream", func() bool {
-				st, err := relay.StatusOf(outboxtest.Ctx(t), b.Pool, b.Schema)
-				return err == nil && st.Active
-			})
-
-			pub := walPublisher(t, b)
-			committed, order := map[string]string{}, map[string]int{}
-			// The first transaction is large enough (about 200 KB) that the
-			// freeze halfway through its COPY comes after pgx has sent the
-			// COPY and its first 64 KiB: the server is inside the COPY.
-			payload := bytes.Repeat([]byte("p"), 200)
-			publish := func(round, n int) {
-				var msgs []*message.Message
-				for i := range n {
-					key := fmt.Sprintf("key-%d", i%4)
-					m := message.NewMessage(fmt.Sprintf("r%d-%d", round, i), payload)
-					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
-					msgs = append(msgs, m)
-					committed[m.UUID] = key
-					order[m.UUID] = len(order) + 1
-				}
-				if err := pub.Publish("orders", msgs...); err != nil {
-					t.Fatal(err)
-				}
-			}
-			publish(1, 1000)
-			waitFor(t, "the child to freeze in its append at "+point, func() bool {
-				stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child.Process.Pid))
-				// state is the field after the command name's closing parenthesis
-				return err == nil && bytes.Contains(stat, []byte(") T "))
-			})
-			frozen := time.Now()
-			if n := b.Int("SELECT count(*) FROM " + b.Schema + ".log"); n != 0 {
-				t.Fatalf("the frozen relay's append is visible: %d messages in the log", n)
-			}
-
-			logs := &captureLogger{}
-			standby := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.TakeoverTimeout = takeover }, logs)
-			waitLog(t, b, "orders", 1000)
-			took := time.Since(frozen)
-			t.Logf("frozen at %s: the standby appended %s later", point, took.Round(time.Millisecond))
-			if took > 10*takeover {
-				t.Fatalf("the standby took %s to take over from a relay frozen at %s (TakeoverTimeout %s)", took, point, takeover)
-			}
-			if point == "copy" && !logs.has("stopped answering held the slot's append") {
-				t.Fatalf("the standby did not end the frozen relay's append session; logged: %v", logs.lines())
-			}
-
-			// The zombie wakes up: its stream and its append are gone.
-			if err := child.Process.Signal(syscall.SIGCONT); err != nil {
-				t.Fatal(err)
-			}
-			publish(2, 10)
-			waitLog(t, b, "orders", 1010)
-			publish(3, 10)
-			waitLog(t, b, "orders", 1020)
-			time.Sleep(300 * time.Millisecond) // room for a late duplicate
-			checkLog(t, readLog(t, b, "orders"), committed, order)
-			if got := standby.Stats().Appended; got != 1020 {
-				t.Fatalf("the standby appended %d messages, want all 1020 (the frozen append must have rolled back)", got)
-			}
-		})
-	}
-}
-
 // A transaction whose partition is not registered (its row deleted by
 // hand, as a dropped topic would leave it) is not half-appended, by the
 // one-statement append of small batches and by the COPY of large ones: the
@@ -632,43 +412,6 @@ func TestUnregisteredPartitionAppendsNothingAndSaysWhich(t *testing.T) {
 	}
 }
 
-// Two relays: one streams, the other waits; when the first stops, the
-// standby takes over and later messages reach the log.
-func TestStandbyTakesOverWhenTheActiveRelayStops(t *testing.T) {
-	b := setup(t, "orders", 2)
-	first, err := relay.New(relay.Config{Schema: b.Schema, Pool: b.Pool, StandbyRetry: 50 * time.Millisecond}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	firstDone := make(chan error, 1)
-	go func() { firstDone <- first.Run(context.Background()) }()
-	waitFor(t, "the first relay to stream", func() bool { return first.Stats().Active })
-	second := startRelay(t, b.Pool, b.Schema, nil, nil)
-	pub := walPublisher(t, b)
-	if err := pub.Publish("orders", message.NewMessage("a", []byte("1"))); err != nil {
-		t.Fatal(err)
-	}
-	waitLog(t, b, "orders", 1)
-	time.Sleep(200 * time.Millisecond) // several standby retries
-	if second.Stats().Active || first.Stats().Appended != 1 {
-		t.Fatalf("first %+v, second %+v: want the first streaming alone", first.Stats(), second.Stats())
-	}
-	if err := first.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-firstDone; err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the standby to take over", func() bool { return second.Stats().Active })
-	if err := pub.Publish("orders", message.NewMessage("b", []byte("2"))); err != nil {
-		t.Fatal(err)
-	}
-	waitLog(t, b, "orders", 2)
-	if second.Stats().Appended != 1 {
-		t.Fatalf("the standby appended %d messages, want 1 (the first one was appended before)", second.Stats().Appended)
-	}
-}
-
 // A relay restarted where the slot still points before what was appended
 // (it never confirmed) reads those transactions again and skips them: the
 // position written with each append decides, not the slot's.
@@ -716,149 +459,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// The slot's retained WAL is visible while no relay runs, the relay warns
-// past WarnRetainedWAL, and once it has appended, the confirmed position
-// covers what it appended; DropSlot refuses while a relay streams.
-func TestSlotStatusRetainedWALAndDrop(t *testing.T) {
-	b := setup(t, "orders", 1)
-	st, err := relay.StatusOf(outboxtest.Ctx(t), b.Pool, b.Schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.Exists || st.Active || st.Slot != relay.Slot(b.Schema) {
-		t.Fatalf("status after CreateSlot: %+v", st)
-	}
-	pub := walPublisher(t, b)
-	var msgs []*message.Message
-	for i := range 500 {
-		msgs = append(msgs, message.NewMessage(fmt.Sprint(i), make([]byte, 2000)))
-	}
-	if err := pub.Publish("orders", msgs...); err != nil {
-		t.Fatal(err)
-	}
-	st, err = relay.StatusOf(outboxtest.Ctx(t), b.Pool, b.Schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.RetainedWALBytes < 500*2000 {
-		t.Fatalf("retained WAL %d bytes after 1 MB published with no relay, want at least that", st.RetainedWALBytes)
-	}
-	// The operators' status says the same.
-	adm, err := admin.New(admin.Config{Schema: b.Schema, Pool: b.Pool}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := adm.Status(outboxtest.Ctx(t), admin.Filter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w := rep.WALSlot; w == nil || w.Active || w.Slot != st.Slot || w.RetainedWALBytes < 500*2000 {
-		t.Fatalf("admin status of the slot with no relay: %+v", rep.WALSlot)
-	}
-	// And the console's overview, in words an operator acts on.
-	page := consoleOverview(t, b)
-	for _, want := range []string{"Replication slot <b>" + st.Slot + "</b>", "no relay streams it", "of WAL retained", `class="warn"`} {
-		if !strings.Contains(page, want) {
-			t.Fatalf("console overview lacks %q:\n%s", want, page)
-		}
-	}
-
-	logs := &captureLogger{}
-	r := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.WarnRetainedWAL = 1000 }, logs)
-	waitLog(t, b, "orders", 500)
-	if !logs.has("keeps more WAL than WarnRetainedWAL") {
-		t.Fatalf("no warning about the retained WAL; logged: %v", logs.lines())
-	}
-	st, err = r.Status(outboxtest.Ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.Active || st.AppendedLSN == 0 {
-		t.Fatalf("status while streaming: %+v", st)
-	}
-	if rep, err = adm.Status(outboxtest.Ctx(t), admin.Filter{}); err != nil || rep.WALSlot == nil || !rep.WALSlot.Active {
-		t.Fatalf("admin status of the slot while a relay streams: %+v, %v", rep.WALSlot, err)
-	}
-	if page := consoleOverview(t, b); !strings.Contains(page, "a relay streams it") || strings.Contains(page, "no relay streams it") {
-		t.Fatalf("console overview while a relay streams:\n%s", page)
-	}
-	waitFor(t, "the confirmed position to pass the last append", func() bool {
-		st, err = r.Status(outboxtest.Ctx(t))
-		return err == nil && st.ConfirmedLSN > st.AppendedLSN
-	})
-	for _, force := range []bool{false, true} {
-		if err := relay.DropSlot(outboxtest.Ctx(t), b.Pool, b.Schema, force); !errors.Is(err, relay.ErrSlotActive) {
-			t.Fatalf("DropSlot (force %v) while a relay streams: %v, want ErrSlotActive", force, err)
-		}
-	}
-}
-
-// A server without wal_level = logical, a role without the replication
-// privilege and a missing slot each get their typed error, saying what to
-// change, from CreateSlot and from Run.
-func TestPrerequisitesGetTypedErrors(t *testing.T) {
-	b := outboxtest.Setup(t)
-	ctx := outboxtest.Ctx(t)
-
-	// A missing slot.
-	r, err := relay.New(relay.Config{Schema: b.Schema, Pool: b.Pool}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Run(ctx); !errors.Is(err, relay.ErrNoSlot) || !strings.Contains(err.Error(), "CreateSlot") {
-		t.Fatalf("Run without a slot: %v, want ErrNoSlot naming CreateSlot", err)
-	}
-
-	// A role without REPLICATION.
-	role := "norepl_" + b.Schema
-	b.Exec("CREATE ROLE " + role + " LOGIN")
-	b.Exec("GRANT USAGE ON SCHEMA " + b.Schema + " TO " + role)
-	t.Cleanup(func() {
-		_, _ = b.Pool.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = b.Pool.Exec(context.Background(), "DROP ROLE "+role)
-	})
-	cfg := b.Pool.Config().Copy()
-	cfg.ConnConfig.User = role
-	weak, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer weak.Close()
-	if err := relay.CreateSlot(ctx, weak, b.Schema); !errors.Is(err, relay.ErrReplicationPrivilege) || !strings.Contains(err.Error(), "ALTER ROLE") {
-		t.Fatalf("CreateSlot as a role without REPLICATION: %v, want ErrReplicationPrivilege", err)
-	}
-
-	// A server with wal_level = replica (its default).
-	plain, _ := outboxtest.OwnCluster(t, nil, "plain")
-	if err := relay.CreateSlot(ctx, plain.Pool, "plain"); !errors.Is(err, relay.ErrWALLevel) || !strings.Contains(err.Error(), "wal_level = logical") {
-		t.Fatalf("CreateSlot with wal_level = replica: %v, want ErrWALLevel", err)
-	}
-}
-
-func TestConfigValidate(t *testing.T) {
-	for _, tc := range []struct {
-		cfg  relay.Config
-		want error
-	}{
-		{relay.Config{}, outbox.ErrInvalidConfig},
-		{relay.Config{Pool: &pgxpool.Pool{}, Schema: "Bad-Name"}, outbox.ErrInvalidName},
-		{relay.Config{Pool: &pgxpool.Pool{}, MaxBatch: -1}, outbox.ErrInvalidConfig},
-		{relay.Config{Pool: &pgxpool.Pool{}, StandbyRetry: -time.Second}, outbox.ErrInvalidConfig},
-		{relay.Config{Pool: &pgxpool.Pool{}, Instance: strings.Repeat("x", relay.MaxInstanceLen+1)}, outbox.ErrInvalidConfig},
-		{relay.Config{Pool: &pgxpool.Pool{}, Instance: "relay\x1b[2J"}, outbox.ErrInvalidConfig},
-		{relay.Config{Pool: &pgxpool.Pool{}, Instance: "réplica"}, outbox.ErrInvalidConfig},
-		{relay.Config{Pool: &pgxpool.Pool{}, Instance: strings.Repeat("x", relay.MaxInstanceLen)}, nil},
-		{relay.Config{Pool: &pgxpool.Pool{}}, nil},
-	} {
-		if err := tc.cfg.Validate(); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
-			t.Errorf("%+v: %v, want %v", tc.cfg, err, tc.want)
-		}
-	}
-	if _, err := outbox.NewPublisher(outbox.PublisherConfig{Mode: 7}, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
-		t.Errorf("Publisher Mode 7: %v, want ErrInvalidConfig", err)
 	}
 }
 

@@ -269,3 +269,80 @@ func TestDropSlotWithAPoolOfOne(t *testing.T) {
 		}
 	}
 }
+
+// The slot's retained WAL is visible while no relay runs, the relay warns
+// past WarnRetainedWAL, and once it has appended, the confirmed position
+// covers what it appended; DropSlot refuses while a relay streams.
+func TestSlotStatusRetainedWALAndDrop(t *testing.T) {
+	b := setup(t, "orders", 1)
+	st, err := relay.StatusOf(outboxtest.Ctx(t), b.Pool, b.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Exists || st.Active || st.Slot != relay.Slot(b.Schema) {
+		t.Fatalf("status after CreateSlot: %+v", st)
+	}
+	pub := walPublisher(t, b)
+	var msgs []*message.Message
+	for i := range 500 {
+		msgs = append(msgs, message.NewMessage(fmt.Sprint(i), make([]byte, 2000)))
+	}
+	if err := pub.Publish("orders", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	st, err = relay.StatusOf(outboxtest.Ctx(t), b.Pool, b.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.RetainedWALBytes < 500*2000 {
+		t.Fatalf("retained WAL %d bytes after 1 MB published with no relay, want at least that", st.RetainedWALBytes)
+	}
+	// The operators' status says the same.
+	adm, err := admin.New(admin.Config{Schema: b.Schema, Pool: b.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := adm.Status(outboxtest.Ctx(t), admin.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := rep.WALSlot; w == nil || w.Active || w.Slot != st.Slot || w.RetainedWALBytes < 500*2000 {
+		t.Fatalf("admin status of the slot with no relay: %+v", rep.WALSlot)
+	}
+	// And the console's overview, in words an operator acts on.
+	page := consoleOverview(t, b)
+	for _, want := range []string{"Replication slot <b>" + st.Slot + "</b>", "no relay streams it", "of WAL retained", `class="warn"`} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("console overview lacks %q:\n%s", want, page)
+		}
+	}
+
+	logs := &captureLogger{}
+	r := startRelay(t, b.Pool, b.Schema, func(c *relay.Config) { c.WarnRetainedWAL = 1000 }, logs)
+	waitLog(t, b, "orders", 500)
+	if !logs.has("keeps more WAL than WarnRetainedWAL") {
+		t.Fatalf("no warning about the retained WAL; logged: %v", logs.lines())
+	}
+	st, err = r.Status(outboxtest.Ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Active || st.AppendedLSN == 0 {
+		t.Fatalf("status while streaming: %+v", st)
+	}
+	if rep, err = adm.Status(outboxtest.Ctx(t), admin.Filter{}); err != nil || rep.WALSlot == nil || !rep.WALSlot.Active {
+		t.Fatalf("admin status of the slot while a relay streams: %+v, %v", rep.WALSlot, err)
+	}
+	if page := consoleOverview(t, b); !strings.Contains(page, "a relay streams it") || strings.Contains(page, "no relay streams it") {
+		t.Fatalf("console overview while a relay streams:\n%s", page)
+	}
+	waitFor(t, "the confirmed position to pass the last append", func() bool {
+		st, err = r.Status(outboxtest.Ctx(t))
+		return err == nil && st.ConfirmedLSN > st.AppendedLSN
+	})
+	for _, force := range []bool{false, true} {
+		if err := relay.DropSlot(outboxtest.Ctx(t), b.Pool, b.Schema, force); !errors.Is(err, relay.ErrSlotActive) {
+			t.Fatalf("DropSlot (force %v) while a relay streams: %v, want ErrSlotActive", force, err)
+		}
+	}
+}
