@@ -374,8 +374,11 @@ func TestOperatorRetriesOrDeadLettersAHeldKey(t *testing.T) {
 			return nil
 		})
 	})
-	outboxtest.WaitFor(t, "B done, A held", 10*time.Second, func() bool {
-		return len(e.effectsOf(t, "B")) == 3 && len(heldStatus(t, e, "g", "orders").HeldKeys) == 1
+	outboxtest.WaitFor(t, "B done, all 3 of A held", 10*time.Second, func() bool {
+		// (The worker holds A's later messages as it reaches them: the
+		// key is held from its first, and holds 3 once B is past.)
+		held := heldStatus(t, e, "g", "orders").HeldKeys
+		return len(e.effectsOf(t, "B")) == 3 && len(held) == 1 && held[0].Messages == 3
 	})
 	a, err := admin.New(admin.Config{Schema: e.Schema, Pool: e.Pool}, nil)
 	if err != nil {
