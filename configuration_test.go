@@ -246,16 +246,16 @@ func TestPublisherLimitsFollowEachOther(t *testing.T) {
 // internal/tune holds them.
 func TestProfileTableMatchesTheProfiles(t *testing.T) {
 	rows := map[string]func(tune.Profile) any{
-		"`Tuning.BatchSize`":                                         func(p tune.Profile) any { return p.BatchSize },
-		"`Tuning.BackoffBase`":                                       func(p tune.Profile) any { return p.BackoffBase },
-		"`Tuning.BackoffMax`":                                        func(p tune.Profile) any { return p.BackoffMax },
-		"`Tuning.LeaseTTL`":                                          func(p tune.Profile) any { return p.LeaseTTL },
-		"`Advanced.PollInterval`":                                    func(p tune.Profile) any { return p.PollInterval },
-		"`Advanced.MaxConcurrentPartitions`":                         func(p tune.Profile) any { return p.MaxConcurrentPartitions },
-		"failed batches in a row before the batch shrinks":           func(p tune.Profile) any { return p.DegradeAfter },
-		"busy pace: shortest wait between full batches":              func(p tune.Profile) any { return p.MinInterval },
-		"busy pace: wait after the first full batch":                 func(p tune.Profile) any { return p.ActiveInterval },
-		"busy pace: ramp step per further full batch":                func(p tune.Profile) any { return p.RampStep },
+		"`Tuning.BatchSize`":                               func(p tune.Profile) any { return p.BatchSize },
+		"`Tuning.BackoffBase`":                             func(p tune.Profile) any { return p.BackoffBase },
+		"`Tuning.BackoffMax`":                              func(p tune.Profile) any { return p.BackoffMax },
+		"`Tuning.LeaseTTL`":                                func(p tune.Profile) any { return p.LeaseTTL },
+		"`Advanced.PollInterval`":                          func(p tune.Profile) any { return p.PollInterval },
+		"`Advanced.MaxConcurrentPartitions`":               func(p tune.Profile) any { return p.MaxConcurrentPartitions },
+		"failed batches in a row before the batch shrinks": func(p tune.Profile) any { return p.DegradeAfter },
+		"busy pace: shortest wait between full batches":    func(p tune.Profile) any { return p.MinInterval },
+		"busy pace: wait after the first full batch":       func(p tune.Profile) any { return p.ActiveInterval },
+		"busy pace: ramp step per further full batch":      func(p tune.Profile) any { return p.RampStep },
 		"pace of the subscriber's own sequencer (`MinPassInterval`), and the one to give a log-based relay (`Tuning.AppendInterval()`)": func(p tune.Profile) any { return p.SequencerInterval },
 	}
 	b, err := os.ReadFile("docs/operations.md")
