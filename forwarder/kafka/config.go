@@ -81,12 +81,12 @@ type Config struct {
 	// key makes the record keyless.
 	Key func(msg *message.Message) []byte
 
-	// AtLeastOnce turns exactly-once delivery off: one shared idempotent
-	// kgo producer, no transactions; copies are then possible after a
-	// crash or a takeover, each with the same outbox_id header. Turn it off
-	// for clusters that do not allow transactions (ACLs) or consumers that
-	// cannot read committed. Every forwarder of a group must use the same
-	// mode.
+	// AtLeastOnce turns exactly-once delivery off: an idempotent kgo
+	// producer per outbox partition, no transactions; copies are then
+	// possible after a crash or a takeover, each with the same outbox_id
+	// header. Turn it off for clusters that do not allow transactions
+	// (ACLs) or consumers that cannot read committed. Every forwarder of a
+	// group must use the same mode.
 	AtLeastOnce bool
 	// TransactionalIDPrefix starts the transactional.id of each outbox
 	// partition's producer: "<prefix>/<schema>/<group>/<topic>/<partition>"
@@ -114,10 +114,10 @@ type Config struct {
 	// topic's max.message.bytes). A record larger than it is rejected
 	// (outbox.Reject) without being sent.
 	MaxBatchBytes int
-	// ProducerIdleTimeout closes an exactly-once partition producer (a kgo
-	// client, its connections and goroutines) that sent nothing for this
-	// long: the partition went to another instance, or it is quiet; its
-	// next batch opens a new one (fencing and a tail read again). Default
+	// ProducerIdleTimeout closes a partition producer (a kgo client, its
+	// connections and goroutines) that sent nothing for this long: the
+	// partition went to another instance, or it is quiet; its next batch
+	// opens a new one (exactly once: fencing and a tail read again). Default
 	// DefaultProducerIdleTimeout. It bounds the clients of an instance by
 	// the outbox partitions it sent to within the timeout.
 	ProducerIdleTimeout time.Duration

@@ -32,9 +32,11 @@ import (
 // and what to do about the rest:
 //
 //   - Send reports as done the messages before the first record that
-//     failed. kgo fails a partition's records after one that failed (it
-//     never stores a later record of a partition after an earlier one
-//     failed), which keeps per-key order through failures. At least once,
+//     failed. kgo fails a partition's records after one that failed, and
+//     a Send hands kgo all the records of a try before any is sent (a
+//     transaction, or a manual flush at least once), so no later record of
+//     a partition is stored after an earlier one failed: per-key order
+//     holds through failures. At least once,
 //     records of other partitions behind the failure may have been stored:
 //     they are sent again with the rest (copies, with the same outbox_id
 //     header). Exactly once, a failed Send aborts its transaction: nothing
@@ -55,10 +57,10 @@ import (
 //     replicas, an unknown topic, a fenced producer) is a transient error,
 //     retried by the forwarder with backoff.
 //
-// Exactly once (the default), each outbox partition has a kgo client of its
-// own (kgo needs one per transactional id); see Config.ProducerIdleTimeout
-// for how many stay open. At least once, one shared client produces for
-// every partition.
+// Each outbox partition has a kgo client of its own, in both modes (kgo
+// needs one per transactional id; at_least_once.go says why at least once
+// needs one too); see Config.ProducerIdleTimeout for how many stay open.
+// One more client, shared, checks and creates topics.
 type Target struct {
 	cfg        Config
 	logger     watermill.LoggerAdapter
@@ -66,7 +68,7 @@ type Target struct {
 
 	mu         sync.Mutex
 	closed     bool
-	shared     *kgo.Client // the at-least-once producer; exactly once, admin only
+	shared     *kgo.Client // admin only: topics and the tail read's metadata
 	admin      *kadm.Client
 	compressed bool
 	producers  map[string]*producer // exactly once, by transactional id
@@ -119,11 +121,7 @@ func (t *Target) connect() (*kgo.Client, *kadm.Client, error) {
 		return nil, nil, outbox.ErrClosed
 	}
 	if t.shared == nil {
-		var extra []kgo.Opt
-		if t.cfg.AtLeastOnce {
-			extra = append(extra, kgo.AllowIdempotentProduceCancellation())
-		}
-		cl, err := newClient(t.cfg.clientOptions(extra))
+		cl, err := newClient(t.cfg.clientOptions(nil))
 		if err != nil {
 			return nil, nil, fmt.Errorf("kafka: %w", err)
 		}
@@ -133,10 +131,8 @@ func (t *Target) connect() (*kgo.Client, *kadm.Client, error) {
 		if codecs, ok := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec); ok && len(codecs) > 0 {
 			t.compressed = codecs[0] != kgo.NoCompression()
 		}
-		if !t.cfg.AtLeastOnce {
-			t.wg.Add(1)
-			go t.sweepIdle()
-		}
+		t.wg.Add(1)
+		go t.sweepIdle()
 	}
 	return t.shared, t.admin, nil
 }
@@ -203,12 +199,12 @@ func (t *Target) Send(ctx context.Context, topic string, batch []*message.Messag
 	if err := checkTopic(topic); err != nil {
 		return 0, t.reject(batch[0], err)
 	}
-	shared, admin, err := t.connect()
+	_, admin, err := t.connect()
 	if err != nil {
 		return 0, err
 	}
 	if t.cfg.AtLeastOnce {
-		return t.sendAtLeastOnce(ctx, shared, topic, batch)
+		return t.sendAtLeastOnce(ctx, topic, batch)
 	}
 	return t.sendExactlyOnce(ctx, admin, topic, batch)
 }
@@ -312,8 +308,9 @@ func ensureHeader(headers []kgo.RecordHeader, key, value string) []kgo.RecordHea
 // produce hands records to cl and waits until kgo finished each of them,
 // or ctx ends. It returns each record's error (nil: stored), and whether
 // every record finished (false: ctx ended first; the unfinished ones have
-// ctx's error and may still be stored).
-func produce(ctx context.Context, cl *kgo.Client, records []outRecord) ([]error, bool) {
+// ctx's error and may still be stored). With flush, cl flushes manually
+// (kgo.ManualFlushing): produce flushes once every record is handed over.
+func produce(ctx context.Context, cl *kgo.Client, records []outRecord, flush bool) ([]error, bool) {
 	if len(records) == 0 {
 		return nil, true
 	}
@@ -331,6 +328,9 @@ func produce(ctx context.Context, cl *kgo.Client, records []outRecord) ([]error,
 				close(all)
 			}
 		})
+	}
+	if flush {
+		_ = cl.Flush(ctx) // ends with ctx; the records' errors tell the rest
 	}
 	select {
 	case <-all:
@@ -396,66 +396,6 @@ func (t *Target) reject(msg *message.Message, cause error) error {
 	}
 	t.logger.Error("Kafka cannot take the message, ever: rejecting it", cause, watermill.LogFields{"id": msg.Metadata.Get(outbox.MetadataID)})
 	return outbox.Reject(msg, fmt.Errorf("kafka: %w", cause))
-}
-
-// sendAtLeastOnce is Send without transactions.
-func (t *Target) sendAtLeastOnce(ctx context.Context, cl *kgo.Client, topic string, batch []*message.Message) (int, error) {
-	records, bad := t.build(ctx, topic, batch)
-	// limit caps the records of a try once the broker refused a record
-	// batch of several records: one of them is to blame, and halving the
-	// try finds it within this Send, so that it is rejected on its first
-	// attempt while the records before it are delivered.
-	//
-	// stored marks the records stored so far. A refused try may have
-	// stored records of other Kafka partitions behind the refused one:
-	// they are left out of the tries that follow, so that this Send
-	// stores no record twice.
-	stored := make([]bool, len(records))
-	start, limit := 0, 0
-	for start < len(records) {
-		var try []outRecord
-		for _, r := range records[start:] {
-			if !stored[r.index] {
-				try = append(try, r)
-			}
-			if limit > 0 && len(try) == limit {
-				break
-			}
-		}
-		errs, _ := produce(ctx, cl, try)
-		for i, err := range errs {
-			if err == nil {
-				stored[try[i].index] = true
-			}
-		}
-		if f := firstFailed(errs); f >= 0 {
-			i, err := try[f].index, errs[f]
-			switch {
-			case permanentForTopic(err):
-				return i, t.reject(batch[i], err)
-			case refusedForItsRecords(err) && partitionMates(try, f) == 1:
-				if refusedForSize(err) && !t.compressed {
-					t.noteRefused(topic, records[i].size+recordBatchOverhead)
-				}
-				return i, t.reject(batch[i], err)
-			case refusedForItsRecords(err) && ctx.Err() == nil:
-				mates := partitionMates(try, f)
-				t.logger.Debug("Kafka refused a record batch: trying fewer records to find the record to blame", watermill.LogFields{
-					"id": batch[i].Metadata.Get(outbox.MetadataID), "records": mates, "err": err.Error(),
-				})
-				start, limit = i, max(1, mates/2)
-				continue
-			}
-			return i, fmt.Errorf("kafka: %s: %w", topic, err)
-		}
-		for start < len(records) && stored[start] {
-			start++
-		}
-	}
-	if bad != nil {
-		return len(records), t.reject(batch[len(records)], bad)
-	}
-	return len(batch), nil
 }
 
 type refusedSize struct {

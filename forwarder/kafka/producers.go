@@ -1,0 +1,129 @@
+package kafka
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	outbox "github.com/millrace/watermill-outbox"
+)
+
+// A Target sends each outbox partition's batches through a kgo client of
+// that partition's own, in both delivery modes (exactly_once.go and
+// at_least_once.go say why). The clients are made on a partition's first
+// Send and closed after Config.ProducerIdleTimeout without one.
+
+// producer is the kgo client of one outbox partition: transactional
+// exactly once, idempotent and flushed by hand at least once. Sends of one
+// outbox partition never overlap (the partition's lease), and mu
+// serializes them anyway.
+type producer struct {
+	id     string
+	mu     sync.Mutex
+	client atomic.Pointer[kgo.Client] // read without mu by Close
+
+	// Under mu.
+	retired     bool // out of the target's map: get another
+	ready       bool // exactly once: fenced and lastSeq known, for topic/incarnation
+	topic       string
+	incarnation string
+	lastSeq     int64 // last outbox seq committed to Kafka
+	lastUsed    time.Time
+}
+
+// retire closes the producer's client; mu is held.
+func (p *producer) retire() {
+	p.retired, p.ready = true, false
+	if cl := p.client.Swap(nil); cl != nil {
+		cl.Close()
+	}
+}
+
+// drop forgets the producer's client after a failure that leaves it in
+// doubt (closed in the background: closing waits for nothing the send
+// needs); the next transaction starts with a new one, fenced and with a
+// tail read. mu is held.
+func (t *Target) drop(p *producer) {
+	p.ready = false
+	if cl := p.client.Swap(nil); cl != nil {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			cl.Close()
+		}()
+	}
+}
+
+// producer returns the producer of transactional id id, locked.
+func (t *Target) producer(id string) (*producer, error) {
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return nil, outbox.ErrClosed
+		}
+		p := t.producers[id]
+		if p == nil {
+			p = &producer{id: id}
+			t.producers[id] = p
+		}
+		t.mu.Unlock()
+		p.mu.Lock()
+		if !p.retired {
+			p.lastUsed = time.Now()
+			return p, nil
+		}
+		p.mu.Unlock() // retired by the idle sweep meanwhile
+	}
+}
+
+// sweepIdle closes the producers that sent nothing for
+// ProducerIdleTimeout, until Close.
+func (t *Target) sweepIdle() {
+	defer t.wg.Done()
+	every := max(time.Second, t.cfg.ProducerIdleTimeout/4)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+		}
+		t.mu.Lock()
+		var idle []*producer
+		for id, p := range t.producers {
+			if !p.mu.TryLock() {
+				continue // sending
+			}
+			if time.Since(p.lastUsed) >= t.cfg.ProducerIdleTimeout {
+				delete(t.producers, id)
+				p.retired = true
+				idle = append(idle, p)
+			} else {
+				p.mu.Unlock()
+			}
+		}
+		t.mu.Unlock()
+		for _, p := range idle {
+			t.logger.Debug("Closing an idle partition producer", watermill.LogFields{"producer": p.id})
+			p.retire()
+			p.mu.Unlock()
+		}
+	}
+}
+
+// OpenProducers is the number of partition producers (kgo clients, one
+// per outbox partition sent for within Config.ProducerIdleTimeout, in
+// either delivery mode) the target holds open.
+func (t *Target) OpenProducers() int {
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.producers)
+}
