@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 
@@ -75,5 +76,46 @@ func TestUnmigratedSchemaHasVersionZero(t *testing.T) {
 	pool := pgtest.Pool(t)
 	if v, err := outbox.CurrentSchemaVersion(outboxtest.Ctx(t), pool, pgtest.Schema(t)); err != nil || v != 0 {
 		t.Fatalf("version = %d, %v; want 0", v, err)
+	}
+}
+
+// Migrate gives the tables that churn their storage parameters
+// (0012_churn.sql): prompt, unthrottled vacuums for the queue and the
+// small tables updated all the time, room for HOT updates in the latter,
+// and earlier vacuums after retention for log and bodies.
+func TestMigrateSetsTheChurningTablesStorageParameters(t *testing.T) {
+	e := outboxtest.Setup(t)
+	rows, err := e.Pool.Query(outboxtest.Ctx(t), `SELECT c.relname, coalesce(c.reloptions, '{}')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind = 'r'`, e.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for rows.Next() {
+		var name string
+		var opts []string
+		if err := rows.Scan(&name, &opts); err != nil {
+			t.Fatal(err)
+		}
+		got[name] = opts
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	prompt := []string{"autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000", "autovacuum_vacuum_cost_delay=0"}
+	want := map[string][]string{
+		"pending":    prompt,
+		"partitions": append([]string{"fillfactor=50"}, prompt...),
+		"cursors":    append([]string{"fillfactor=50"}, prompt...),
+		"members":    append([]string{"fillfactor=50"}, prompt...),
+		"relays":     append([]string{"fillfactor=50"}, prompt...),
+		"log":        {"autovacuum_vacuum_scale_factor=0.02"},
+		"bodies":     {"autovacuum_vacuum_scale_factor=0.02"},
+	}
+	for table, opts := range want {
+		if !slices.Equal(got[table], opts) {
+			t.Errorf("%s.%s: reloptions %v; want %v", e.Schema, table, got[table], opts)
+		}
 	}
 }
