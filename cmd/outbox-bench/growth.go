@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync/atomic"
@@ -229,6 +230,11 @@ type trackedSpec struct {
 	// rate, when positive, paces the publishers at rate msg/s (maxBacklog
 	// is then ignored).
 	rate int
+	// perTx and publishers: messages per transaction and publisher
+	// goroutines (0: growthPerTx and growthPublishers).
+	perTx, publishers int
+	// keepFor is the retention Vacuum's KeepFor (0: its default).
+	keepFor time.Duration
 	// tick is called every 100 ms (and once before publishing starts);
 	// end once after the last message arrived. Without tick, progress is
 	// logged every 2 s.
@@ -257,29 +263,30 @@ func (b *bench) runTracked(ctx context.Context, spec trackedSpec) (*growthRun, e
 	if err := sys.start(ctx); err != nil {
 		return nil, fmt.Errorf("start the relay: %w", err)
 	}
+	perTx, publishers := cmp.Or(spec.perTx, growthPerTx), cmp.Or(spec.publishers, growthPublishers)
 	var vac *retention.Vacuum
 	if spec.vacuum {
-		v, stop, err := b.startVacuum(ctx, schema)
+		v, stop, err := b.startVacuum(ctx, schema, spec.keepFor)
 		if err != nil {
 			return nil, err
 		}
 		defer stop()
 		vac = v
 	}
-	pool, err := b.warmPool(ctx, growthPublishers)
+	pool, err := b.warmPool(ctx, publishers)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
 
-	txs := (spec.messages + growthPerTx - 1) / growthPerTx
-	r := &growthRun{Partitions: spec.partitions, Messages: txs * growthPerTx, PerTx: growthPerTx, Publishers: growthPublishers}
+	txs := (spec.messages + perTx - 1) / perTx
+	r := &growthRun{Partitions: spec.partitions, Messages: txs * perTx, PerTx: perTx, Publishers: publishers}
 	commits := make([]atomic.Int64, r.Messages)
 	prefault(commits)
 	if err := b.beforeRun(ctx); err != nil {
 		return nil, err
 	}
-	logf("%s: %d messages into %d partitions, %d per transaction, %d publishers%s%s", spec.label, r.Messages, spec.partitions, growthPerTx, growthPublishers,
+	logf("%s: %d messages into %d partitions, %d per transaction, %d publishers%s%s", spec.label, r.Messages, spec.partitions, perTx, publishers,
 		map[bool]string{true: ", retention Vacuum every " + vacuumInterval.String(), false: ""}[spec.vacuum],
 		map[bool]string{true: fmt.Sprintf(", at most %d undelivered", spec.maxBacklog), false: ""}[spec.maxBacklog > 0])
 
@@ -290,7 +297,7 @@ func (b *bench) runTracked(ctx context.Context, spec trackedSpec) (*growthRun, e
 		return nil, err
 	}
 	defer cons.Close()
-	l := &load{sys: sys, pool: pool, perTx: growthPerTx, workers: growthPublishers, t0: t0, tag: true, commits: commits}
+	l := &load{sys: sys, pool: pool, perTx: perTx, workers: publishers, t0: t0, tag: true, commits: commits}
 	tr := &tracked{t0: t0, schema: schema, messages: r.Messages, load: l, cons: cons, vacuum: vac}
 	if spec.tick != nil {
 		spec.tick(tr, t0)
@@ -298,7 +305,7 @@ func (b *bench) runTracked(ctx context.Context, spec trackedSpec) (*growthRun, e
 	pubDone := make(chan error, 1)
 	jobs := unpaced(ctx, txs, backlogHold(l, cons, spec.maxBacklog))
 	if spec.rate > 0 {
-		jobs = paced(ctx, t0, t0, txs, float64(spec.rate)/growthPerTx)
+		jobs = paced(ctx, t0, t0, txs, float64(spec.rate)/float64(perTx))
 	}
 	go func() { pubDone <- b.publish(ctx, l, jobs) }()
 	lastLog := t0
@@ -343,14 +350,14 @@ func backlogHold(l *load, cons *consumer, maxBacklog int) func(context.Context) 
 	}
 }
 
-// startVacuum runs a retention Vacuum on schema (interval vacuumInterval)
-// with a pool of its own; stop stops it.
-func (b *bench) startVacuum(ctx context.Context, schema string) (vac *retention.Vacuum, stop func(), err error) {
+// startVacuum runs a retention Vacuum on schema (interval vacuumInterval,
+// KeepFor keepFor, 0: its default) with a pool of its own; stop stops it.
+func (b *bench) startVacuum(ctx context.Context, schema string, keepFor time.Duration) (vac *retention.Vacuum, stop func(), err error) {
 	pool, err := b.pool(ctx, 2)
 	if err != nil {
 		return nil, nil, err
 	}
-	if vac, err = retention.NewVacuum(retention.Config{Schema: schema, Pool: pool, Interval: vacuumInterval}, nil); err != nil {
+	if vac, err = retention.NewVacuum(retention.Config{Schema: schema, Pool: pool, Interval: vacuumInterval, KeepFor: keepFor}, nil); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}

@@ -57,6 +57,11 @@
 //   - idle: (b) and (c) (with adaptive.Default() and LowLatency()) with
 //     the relay running and nothing published, for -idle-duration: the CPU
 //     per second of the process and of the PostgreSQL server.
+//   - soak, not run unless named: (c) at a steady -soak-rate msg/s for
+//     -soak-duration with retention on (soak.go), a sample every
+//     -soak-interval (latency, CPU per message, memory, goroutines,
+//     connections, every outbox table's rows and size), each fitted to a
+//     line after a warm-up and judged flat, bounded or growing.
 //   - isolation, not run unless named: key-level isolation of the
 //     Subscriber (outbox.KeyIsolation). -isolation-rate msg/s for 20 s over
 //     -keys keys in up to 4 partitions, 1% of the keys failing from 5 s for
@@ -85,6 +90,7 @@
 //	-growth-partitions 1,4,16,64     partition counts of the partitions sweep
 //	-growth-messages 200000          messages per partition count
 //	-isolation-rate 5000             offered msg/s of the isolation phase
+//	-soak-duration 1h  -soak-rate 1000  -soak-interval 30s  -soak-keep-for 1m  -soak-naptime 1m
 //	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
 //	-out outbox-bench-results        output directory
 //	-cpuprofile FILE                 a CPU profile of the whole run (go tool pprof)
@@ -97,13 +103,14 @@
 //	go run ./cmd/outbox-bench -phases latency -latency-loads 1000
 //	go run ./cmd/outbox-bench -phases compare -systems outbox,outbox-alo -per-tx 100 -publish-rounds 0
 //	go run ./cmd/outbox-bench -phases isolation
+//	go run ./cmd/outbox-bench -phases soak -soak-duration 1h -soak-rate 1000
 //
 // Results go to -out: results.json (every figure, samples, latency CDFs,
 // growth points, top statements), results.md (the tables), throughput.png
 // (compare: rate at the broker over time, steady and drain), latency.png
 // (commit→broker latency CDF), growth.png (history and partition curves)
-// and statements.md (pg_stat_statements' top statements per run of (b) and
-// (c)). Progress goes to stdout. See docs/comparison.md.
+// statements.md (pg_stat_statements' top statements per run of (b) and
+// (c)) and, after a soak, soak.png (every sampled metric over time). Progress goes to stdout. See docs/comparison.md.
 //
 // The exit status is 1 when a run did not get all its messages to the
 // broker within -max-drain (after the outputs are written), 2 for bad flags.
@@ -132,6 +139,8 @@ const (
 	// phaseIsolation is not run unless named in -phases.
 	phaseIsolation = "isolation"
 	phaseIdle      = "idle"
+	// phaseSoak is not run unless named in -phases.
+	phaseSoak = "soak"
 )
 
 // maxTracked bounds the messages of a latency or growth run: each has its
@@ -171,6 +180,12 @@ type config struct {
 	medians          string
 	growthPartitions []int
 	growthMessages   int
+
+	soakDuration time.Duration
+	soakRate     int
+	soakInterval time.Duration
+	soakKeepFor  time.Duration
+	soakNaptime  time.Duration
 }
 
 func (c *config) has(phase string) bool { return slices.Contains(c.phases, phase) }
@@ -239,7 +254,12 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var phases, systems, perTx, loads, partitions string
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
-	fs.StringVar(&phases, "phases", "compare,latency,growth,idle", "phases to run: compare, latency, growth, idle, isolation (comma-separated)")
+	fs.StringVar(&phases, "phases", "compare,latency,growth,idle", "phases to run: compare, latency, growth, idle, isolation, soak (comma-separated)")
+	fs.DurationVar(&cfg.soakDuration, "soak-duration", time.Hour, "soak: how long the steady load runs")
+	fs.IntVar(&cfg.soakRate, "soak-rate", 1000, "soak: offered load in msg/s (max(1, rate/1000) per transaction)")
+	fs.DurationVar(&cfg.soakInterval, "soak-interval", 30*time.Second, "soak: time between samples")
+	fs.DurationVar(&cfg.soakKeepFor, "soak-keep-for", time.Minute, "soak: the retention Vacuum's KeepFor")
+	fs.DurationVar(&cfg.soakNaptime, "soak-naptime", time.Minute, "soak: the server's autovacuum_naptime during the soak (PostgreSQL's default is 1 min; the other phases run at 5 s)")
 	fs.IntVar(&cfg.isolationRate, "isolation-rate", 5000, "isolation: offered load in msg/s")
 	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, peer-tuned, river, outbox, outbox-alo, outbox-wal (comma-separated)")
 	fs.IntVar(&cfg.messages, "messages", 200000, "compare: messages per system and per -per-tx value")
@@ -273,7 +293,7 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
-	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation, phaseIdle); err != nil {
+	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation, phaseIdle, phaseSoak); err != nil {
 		return cfg, err
 	}
 	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysPeerTuned, sysRiver, sysOutbox, sysOutboxALO, sysOutboxWAL); err != nil {
@@ -299,6 +319,9 @@ func parseFlags(args []string) (config, error) {
 		cfg.publishRounds = min(cfg.publishRounds, 2)
 		cfg.growthPartitions = []int{1, 4}
 		cfg.growthMessages = 5000
+		cfg.soakDuration = 12 * time.Second
+		cfg.soakInterval = time.Second
+		cfg.soakRate = min(cfg.soakRate, 500)
 	}
 	return cfg, cfg.validate()
 }
@@ -329,6 +352,14 @@ func (c *config) validate() error {
 		return fmt.Errorf("-growth-max-backlog must not be negative")
 	case c.out == "":
 		return fmt.Errorf("-out must not be empty")
+	case c.soakInterval < 100*time.Millisecond || c.soakDuration < 6*c.soakInterval:
+		return fmt.Errorf("-soak-interval must be at least 100ms and -soak-duration at least 6 intervals (a trend needs samples)")
+	case c.soakRate < 1 || c.soakRate > 100_000:
+		return fmt.Errorf("-soak-rate must be 1..100000")
+	case c.soakKeepFor < 0 || c.soakNaptime < time.Second:
+		return fmt.Errorf("-soak-keep-for must not be negative and -soak-naptime must be at least 1s")
+	case int64(c.soakRate)*int64(c.soakDuration/time.Second) > maxTracked:
+		return fmt.Errorf("-soak-rate × -soak-duration is more than %d messages", maxTracked)
 	}
 	for _, l := range c.latencyLoads {
 		// The commit and receive times are kept per message.

@@ -28,6 +28,7 @@ type results struct {
 	Growth           *growthResult      `json:"growth,omitempty"`
 	Isolation        []*isolationResult `json:"isolation,omitempty"`
 	Idle             []*idleResult      `json:"idle,omitempty"`
+	Soak             *soakResult        `json:"soak,omitempty"`
 	Targets          []target           `json:"targets"`
 }
 
@@ -114,6 +115,8 @@ func jsonConfig(c config) map[string]any {
 		"latency_duration": c.latencyDuration.String(), "latency_publishers": c.latencyPublishers,
 		"growth_history": c.growthHistory, "growth_max_backlog": c.growthMaxBacklog, "growth_rate": c.growthRate, "publish_rounds": c.publishRounds,
 		"growth_partitions": c.growthPartitions, "growth_messages": c.growthMessages, "isolation_rate": c.isolationRate,
+		"soak_duration": c.soakDuration.String(), "soak_rate": c.soakRate, "soak_interval": c.soakInterval.String(),
+		"soak_keep_for": c.soakKeepFor.String(), "soak_naptime": c.soakNaptime.String(),
 	}
 }
 
@@ -350,7 +353,11 @@ func (res *results) write(dir string) error {
 		{"throughput.png", func() (image.Image, error) { return throughputImage(res.Runs) }},
 		{"latency.png", func() (image.Image, error) { return latencyImage(res.Latency) }},
 		{"growth.png", func() (image.Image, error) { return growthImage(res.Growth) }},
+		{"soak.png", func() (image.Image, error) { return soakImage(res.Soak) }},
 	} {
+		if png.name == "soak.png" && res.Soak == nil {
+			continue
+		}
 		img, err := png.draw()
 		errs = append(errs, writePNG(filepath.Join(dir, png.name), img, err))
 	}
@@ -386,6 +393,7 @@ func (res *results) markdown() string {
 	}
 	res.isolationMarkdown(&sb)
 	res.idleMarkdown(&sb)
+	res.soakMarkdown(&sb)
 	if len(res.Targets) > 0 {
 		sb.WriteString("## Targets\n\n")
 		if res.Config["smoke"] == true {

@@ -100,7 +100,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	fmt.Println()
 	fmt.Print(res.markdown())
-	logf("wrote %s/results.json, results.md, statements.md, throughput.png, latency.png and growth.png in %.0f s", cfg.out, res.Seconds)
+	logf("wrote %s/results.json, results.md, statements.md and the PNGs in %.0f s", cfg.out, res.Seconds)
 	if phaseErr != nil {
 		return phaseErr
 	}
@@ -137,6 +137,11 @@ func (b *bench) runPhases(ctx context.Context, res *results) error {
 	if b.cfg.has(phaseIdle) {
 		if err := b.idlePhase(ctx, res); err != nil {
 			return fmt.Errorf("idle: %w", err)
+		}
+	}
+	if b.cfg.has(phaseSoak) {
+		if err := b.soakPhase(ctx, res); err != nil {
+			return fmt.Errorf("soak: %w", err)
 		}
 	}
 	return nil
