@@ -235,6 +235,9 @@ type trackedSpec struct {
 	perTx, publishers int
 	// keepFor is the retention Vacuum's KeepFor (0: its default).
 	keepFor time.Duration
+	// prepare, when not nil, runs once the schema is migrated, before
+	// anything starts.
+	prepare func(ctx context.Context, schema string) error
 	// tick is called every 100 ms (and once before publishing starts);
 	// end once after the last message arrived. Without tick, progress is
 	// logged every 2 s.
@@ -260,6 +263,11 @@ func (b *bench) runTracked(ctx context.Context, spec trackedSpec) (*growthRun, e
 	}
 	defer kb.Close()
 	defer sys.stop()
+	if spec.prepare != nil {
+		if err := spec.prepare(ctx, schema); err != nil {
+			return nil, err
+		}
+	}
 	if err := sys.start(ctx); err != nil {
 		return nil, fmt.Errorf("start the relay: %w", err)
 	}

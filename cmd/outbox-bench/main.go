@@ -91,6 +91,7 @@
 //	-growth-messages 200000          messages per partition count
 //	-isolation-rate 5000             offered msg/s of the isolation phase
 //	-soak-duration 1h  -soak-rate 1000  -soak-interval 30s  -soak-keep-for 1m  -soak-naptime 1m
+//	-soak-table-defaults             soak on PostgreSQL's storage parameters, not Migrate's (to compare)
 //	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
 //	-out outbox-bench-results        output directory
 //	-cpuprofile FILE                 a CPU profile of the whole run (go tool pprof)
@@ -186,6 +187,8 @@ type config struct {
 	soakInterval time.Duration
 	soakKeepFor  time.Duration
 	soakNaptime  time.Duration
+	// soakTableDefaults undoes Migrate's storage parameters, to compare.
+	soakTableDefaults bool
 }
 
 func (c *config) has(phase string) bool { return slices.Contains(c.phases, phase) }
@@ -259,6 +262,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.soakRate, "soak-rate", 1000, "soak: offered load in msg/s (max(1, rate/1000) per transaction)")
 	fs.DurationVar(&cfg.soakInterval, "soak-interval", 30*time.Second, "soak: time between samples")
 	fs.DurationVar(&cfg.soakKeepFor, "soak-keep-for", time.Minute, "soak: the retention Vacuum's KeepFor")
+	fs.BoolVar(&cfg.soakTableDefaults, "soak-table-defaults", false, "soak: run the tables on PostgreSQL's storage parameters instead of those Migrate sets, to compare")
 	fs.DurationVar(&cfg.soakNaptime, "soak-naptime", time.Minute, "soak: the server's autovacuum_naptime during the soak (PostgreSQL's default is 1 min; the other phases run at 5 s)")
 	fs.IntVar(&cfg.isolationRate, "isolation-rate", 5000, "isolation: offered load in msg/s")
 	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, peer-tuned, river, outbox, outbox-alo, outbox-wal (comma-separated)")

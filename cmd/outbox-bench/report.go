@@ -116,7 +116,7 @@ func jsonConfig(c config) map[string]any {
 		"growth_history": c.growthHistory, "growth_max_backlog": c.growthMaxBacklog, "growth_rate": c.growthRate, "publish_rounds": c.publishRounds,
 		"growth_partitions": c.growthPartitions, "growth_messages": c.growthMessages, "isolation_rate": c.isolationRate,
 		"soak_duration": c.soakDuration.String(), "soak_rate": c.soakRate, "soak_interval": c.soakInterval.String(),
-		"soak_keep_for": c.soakKeepFor.String(), "soak_naptime": c.soakNaptime.String(),
+		"soak_keep_for": c.soakKeepFor.String(), "soak_naptime": c.soakNaptime.String(), "soak_table_defaults": c.soakTableDefaults,
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The soak phase (-phases soak, not run unless named): (c) with
@@ -32,6 +34,9 @@ type soakResult struct {
 	WarmupSeconds  float64 `json:"warmup_s"`
 	KeepForSeconds float64 `json:"keep_for_s"`
 	Naptime        string  `json:"autovacuum_naptime"`
+	// TableDefaults: the tables ran on PostgreSQL's storage parameters,
+	// not those Migrate sets (-soak-table-defaults, for comparison).
+	TableDefaults bool `json:"table_defaults,omitempty"`
 	// Run holds the whole run's figures (delivered, duplicates, latency).
 	Run     *growthRun   `json:"run,omitempty"`
 	Samples []soakSample `json:"samples"`
@@ -75,7 +80,7 @@ func (b *bench) soakPhase(ctx context.Context, res *results) error {
 		Rate: cfg.soakRate, PerTx: perTx, Publishers: cfg.latencyPublishers, Partitions: cfg.partitions,
 		DurationSeconds: cfg.soakDuration.Seconds(), IntervalSeconds: cfg.soakInterval.Seconds(),
 		WarmupSeconds:  soakWarmup(cfg.soakDuration).Seconds(),
-		KeepForSeconds: cfg.soakKeepFor.Seconds(), Naptime: cfg.soakNaptime.String(),
+		KeepForSeconds: cfg.soakKeepFor.Seconds(), Naptime: cfg.soakNaptime.String(), TableDefaults: cfg.soakTableDefaults,
 	}
 	res.Soak = s
 	restore, err := b.setNaptime(ctx, cfg.soakNaptime)
@@ -95,8 +100,14 @@ func (b *bench) soakPhase(ctx context.Context, res *results) error {
 		publishers: cfg.latencyPublishers,
 		vacuum:     true,
 		keepFor:    cfg.soakKeepFor,
-		tick:       rec.tick,
-		end:        rec.end,
+		prepare: func(ctx context.Context, schema string) error {
+			if !cfg.soakTableDefaults {
+				return nil
+			}
+			return b.resetStorageParameters(ctx, schema)
+		},
+		tick: rec.tick,
+		end:  rec.end,
 	})
 	s.Run = r
 	s.Trends = s.trends()
@@ -143,6 +154,38 @@ func (b *bench) setNaptime(ctx context.Context, d time.Duration) (restore func()
 			logf("warning: could not set autovacuum_naptime back: %v", err)
 		}
 	}, nil
+}
+
+// resetStorageParameters puts schema's tables back on PostgreSQL's
+// storage parameters (and so the server's autovacuum settings), undoing
+// what Migrate set (0012_churn.sql), for a soak to compare against.
+func (b *bench) resetStorageParameters(ctx context.Context, schema string) error {
+	rows, err := b.admin.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind = 'r' AND c.reloptions IS NOT NULL`, schema)
+	if err != nil {
+		return err
+	}
+	var tables []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			rows.Close()
+			return err
+		}
+		tables = append(tables, t)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, t := range tables {
+		stmt := "ALTER TABLE " + pgx.Identifier{schema, t}.Sanitize() + ` RESET (fillfactor, autovacuum_vacuum_scale_factor,
+			autovacuum_vacuum_threshold, autovacuum_vacuum_cost_delay)`
+		if _, err := b.admin.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("reset the storage parameters of %s: %w", t, err)
+		}
+	}
+	logf("soak: the tables run on PostgreSQL's storage parameters (%d reset)", len(tables))
+	return nil
 }
 
 // soakRecorder takes the soak's samples.

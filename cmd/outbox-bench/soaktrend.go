@@ -193,6 +193,9 @@ func (res *results) soakMarkdown(sb *strings.Builder) {
 		"metric's resolution), **bounded** when it moved but is flat over the second half, **growing** otherwise. "+
 		"CPU of this process includes the in-process Kafka broker and the consumer.\n\n",
 		s.Partitions, s.PerTx, s.Publishers, fmtSeconds(s.KeepForSeconds), vacuumInterval, s.Naptime, fmtSeconds(s.IntervalSeconds), fmtSeconds(s.WarmupSeconds))
+	if s.TableDefaults {
+		sb.WriteString("**The tables ran on PostgreSQL's storage parameters** (`-soak-table-defaults`), not on those `Migrate` sets.\n\n")
+	}
 	if r := s.Run; r != nil {
 		fmt.Fprintf(sb, "Delivered %d of %d (%d duplicates)%s; commit→broker over the run p50 %.1f ms, p99 %.1f ms; CPU %.0f µs/msg; peak RSS %d MiB.\n\n",
 			r.Delivered, r.Messages, r.Duplicates, map[bool]string{true: "", false: ", **incomplete**"}[r.Complete],
