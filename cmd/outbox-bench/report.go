@@ -571,6 +571,9 @@ func (res *results) statementsMarkdown() string {
 			table(fmt.Sprintf("growth, %d partitions", r.Partitions), r.Statements)
 		}
 	}
+	if s := res.Soak; s != nil && s.Run != nil {
+		table(fmt.Sprintf("soak at %d msg/s for %s (the whole run; results.md has the top statements' mean per sample)", s.Rate, fmtSeconds(s.DurationSeconds)), s.Run.Statements)
+	}
 	return sb.String()
 }
 

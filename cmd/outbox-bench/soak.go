@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,7 +63,23 @@ type soakSample struct {
 	Connections    int           `json:"connections"`
 	VacuumDeleted  int64         `json:"vacuum_deleted"`
 	Tables         []tableSample `json:"tables"`
+	// Statements are the soakStatementsN statements that took the most
+	// execution time in the interval (pg_stat_statements, when loaded).
+	Statements []windowStatement `json:"statements,omitempty"`
 }
+
+// windowStatement is a statement's calls and mean execution time within
+// one sample's interval.
+type windowStatement struct {
+	Query  string  `json:"query"`
+	Calls  int64   `json:"calls"`
+	MeanMs float64 `json:"mean_ms"`
+	// TotalMs is the execution time of its calls in the interval.
+	TotalMs float64 `json:"total_ms"`
+}
+
+// soakStatementsN is how many statements a soak sample keeps.
+const soakStatementsN = 6
 
 // tableSample is one table of the outbox schema (pg_stat_user_tables'
 // estimates of live and dead rows; size with indexes and TOAST).
@@ -199,6 +217,13 @@ type soakRecorder struct {
 	prevAt        time.Time
 	prevDelivered int64
 	prevCPU       cpuSample
+	prevStmts     map[int64]stmtTotals // by queryid
+}
+
+// stmtTotals are pg_stat_statements' cumulative figures of a statement.
+type stmtTotals struct {
+	calls   int64
+	totalMs float64
 }
 
 func (r *soakRecorder) tick(tr *tracked, now time.Time) {
@@ -207,6 +232,7 @@ func (r *soakRecorder) tick(tr *tracked, now time.Time) {
 	}
 	if r.prevAt.IsZero() {
 		r.prevAt, r.prevCPU = now, readCPU(r.b.postmaster)
+		r.prevStmts, _ = r.statementTotals()
 		return
 	}
 	if now.Sub(r.prevAt) >= r.every {
@@ -260,6 +286,7 @@ func (r *soakRecorder) sample(tr *tracked, now time.Time) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	r.windowStatements(&s)
 	r.prevAt, r.prevDelivered, r.prevCPU = now, delivered, cpu
 	r.res.Samples = append(r.res.Samples, s)
 	pending := tableSample{}
@@ -272,4 +299,51 @@ func (r *soakRecorder) sample(tr *tracked, now time.Time) error {
 		s.Seconds, s.WindowRate, s.P50Ms, s.P99Ms, s.ProcessMicros, s.PostgresMicros, s.RSSBytes>>20, s.Goroutines, s.Connections,
 		pending.LiveRows, pending.DeadRows, float64(pending.Bytes)/(1<<20))
 	return nil
+}
+
+// statementTotals reads pg_stat_statements' totals of the database and
+// the statements' texts (nil without pg_stat_statements).
+func (r *soakRecorder) statementTotals() (map[int64]stmtTotals, map[int64]string) {
+	if !r.b.pgss {
+		return nil, nil
+	}
+	rows, err := r.b.admin.Query(r.ctx, `SELECT queryid, calls, total_exec_time, query FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query NOT LIKE '%pg_stat_statements%'`)
+	if err != nil {
+		logf("warning: reading pg_stat_statements: %v", err)
+		return nil, nil
+	}
+	defer rows.Close()
+	totals, queries := map[int64]stmtTotals{}, map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var t stmtTotals
+		var q string
+		if err := rows.Scan(&id, &t.calls, &t.totalMs, &q); err != nil {
+			logf("warning: reading pg_stat_statements: %v", err)
+			return nil, nil
+		}
+		totals[id], queries[id] = t, q
+	}
+	return totals, queries
+}
+
+// windowStatements puts into s the statements that took the most time
+// since the previous sample.
+func (r *soakRecorder) windowStatements(s *soakSample) {
+	totals, queries := r.statementTotals()
+	if totals == nil {
+		return
+	}
+	for id, t := range totals {
+		prev := r.prevStmts[id]
+		calls, ms := t.calls-prev.calls, t.totalMs-prev.totalMs
+		if calls <= 0 || ms <= 0 {
+			continue
+		}
+		s.Statements = append(s.Statements, windowStatement{Query: squeeze(queries[id], 100), Calls: calls, TotalMs: ms, MeanMs: ms / float64(calls)})
+	}
+	slices.SortFunc(s.Statements, func(a, b windowStatement) int { return cmp.Compare(b.TotalMs, a.TotalMs) })
+	s.Statements = s.Statements[:min(len(s.Statements), soakStatementsN)]
+	r.prevStmts = totals
 }

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"image"
 	"image/color"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -57,6 +60,16 @@ func (s *soakResult) metrics() []soakMetric {
 		{"goroutines", "", 2, func(x soakSample) (float64, bool) { return float64(x.Goroutines), true }},
 		{"client connections", "", 1, func(x soakSample) (float64, bool) { return float64(x.Connections), true }},
 	}
+	for _, q := range s.topStatements() {
+		ms = append(ms, soakMetric{"mean time of `" + squeeze(q, 60) + "`", "ms", 0.05, func(x soakSample) (float64, bool) {
+			for _, st := range x.Statements {
+				if st.Query == q {
+					return st.MeanMs, true
+				}
+			}
+			return 0, false
+		}})
+	}
 	for _, name := range s.tableNames() {
 		table := func(x soakSample) (tableSample, bool) {
 			for _, t := range x.Tables {
@@ -82,6 +95,20 @@ func (s *soakResult) metrics() []soakMetric {
 		)
 	}
 	return ms
+}
+
+// topStatements are the 3 statements with the most execution time over
+// the samples (those in a sample's top list).
+func (s *soakResult) topStatements() []string {
+	total := map[string]float64{}
+	for _, x := range s.Samples {
+		for _, st := range x.Statements {
+			total[st.Query] += st.TotalMs
+		}
+	}
+	qs := slices.Collect(maps.Keys(total))
+	slices.SortFunc(qs, func(a, b string) int { return cmp.Or(cmp.Compare(total[b], total[a]), strings.Compare(a, b)) })
+	return qs[:min(3, len(qs))]
 }
 
 // tableNames are the tables of the samples, in the order first seen.
