@@ -263,7 +263,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.soakInterval, "soak-interval", 30*time.Second, "soak: time between samples")
 	fs.DurationVar(&cfg.soakKeepFor, "soak-keep-for", time.Minute, "soak: the retention Vacuum's KeepFor")
 	fs.BoolVar(&cfg.soakTableDefaults, "soak-table-defaults", false, "soak: run the tables on PostgreSQL's storage parameters instead of those Migrate sets, to compare")
-	fs.DurationVar(&cfg.soakNaptime, "soak-naptime", time.Minute, "soak: the server's autovacuum_naptime during the soak (PostgreSQL's default is 1 min; the other phases run at 5 s)")
+	fs.DurationVar(&cfg.soakNaptime, "soak-naptime", time.Minute, "soak: the server's autovacuum_naptime when the soak runs alone (PostgreSQL's default is 1 min; the other phases run at 5 s)")
 	fs.IntVar(&cfg.isolationRate, "isolation-rate", 5000, "isolation: offered load in msg/s")
 	fs.StringVar(&systems, "systems", "ceiling,peer,outbox", "systems of the compare phase: ceiling, peer, peer-tuned, river, outbox, outbox-alo, outbox-wal (comma-separated)")
 	fs.IntVar(&cfg.messages, "messages", 200000, "compare: messages per system and per -per-tx value")

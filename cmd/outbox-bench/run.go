@@ -62,7 +62,11 @@ func run(ctx context.Context, cfg config) error {
 	machine := describeMachine()
 	logf("machine: %s", machine.String())
 
-	cluster, pgss, err := startCluster(ctx)
+	naptime := 5 * time.Second
+	if slices.Equal(cfg.phases, []string{phaseSoak}) {
+		naptime = cfg.soakNaptime
+	}
+	cluster, pgss, err := startCluster(ctx, naptime)
 	if err != nil {
 		return err
 	}
@@ -151,18 +155,20 @@ func (b *bench) runPhases(ctx context.Context, res *results) error {
 // preloaded (tracking nested statements too); when the server does not
 // start that way, it warns and starts one without. The bool reports whether
 // the library is loaded.
-func startCluster(ctx context.Context) (*pgcluster.Cluster, bool, error) {
-	logf("starting a durable PostgreSQL cluster (fsync, synchronous_commit, full_page_writes on; autovacuum_naptime 5s)")
+//
+// Autovacuum visits each database every naptime: 5 s for every phase but
+// a soak run alone (-soak-naptime), so that the space of deleted rows is
+// reused within a run of a minute or two, as it would be over the hours
+// of a service (docs/operations.md asks for aggressive autovacuum on the
+// outbox tables); it applies to every system alike. A soak runs for hours
+// and shows what the server's own setting gives.
+func startCluster(ctx context.Context, naptime time.Duration) (*pgcluster.Cluster, bool, error) {
+	logf("starting a durable PostgreSQL cluster (fsync, synchronous_commit, full_page_writes on; autovacuum_naptime %v)", naptime)
 	settings := map[string]string{
 		// Room for a whole run between the CHECKPOINTs taken before each
 		// measured run.
-		"max_wal_size": "16GB",
-		// Autovacuum visits each database every 5 s instead of every
-		// minute, so that the space of deleted rows is reused within a
-		// run of a minute or two, as it would be over the hours of a
-		// service (docs/operations.md asks for aggressive autovacuum on the
-		// outbox tables). It applies to every system alike.
-		"autovacuum_naptime":       "5s",
+		"max_wal_size":             "16GB",
+		"autovacuum_naptime":       fmt.Sprintf("%ds", max(1, int(naptime.Seconds()))),
 		"shared_preload_libraries": "pg_stat_statements",
 		"pg_stat_statements.track": "all",
 		// The log-based mode (e) needs logical decoding; every system runs

@@ -14,9 +14,9 @@ import (
 // The soak phase (-phases soak, not run unless named): (c) with
 // adaptive.Default() and the retention Vacuum on (KeepFor -soak-keep-for),
 // publishing a steady -soak-rate msg/s (max(1, rate/1000) per transaction,
-// -latency-publishers publishers) for -soak-duration, on the server's
-// autovacuum_naptime set to -soak-naptime (PostgreSQL's default, 1 min,
-// unless told: the other phases run at 5 s). Every -soak-interval it takes
+// -latency-publishers publishers) for -soak-duration, on a server whose
+// autovacuum_naptime is -soak-naptime (PostgreSQL's default, 1 min, unless
+// told) when the soak runs alone, the other phases' 5 s otherwise. Every -soak-interval it takes
 // a sample: commit→broker p50/p99 and CPU per message (this process, which
 // holds the Kafka broker too, and the PostgreSQL server) of the messages
 // that arrived in the interval, RSS, Go heap, goroutines, the database's
@@ -98,14 +98,17 @@ func (b *bench) soakPhase(ctx context.Context, res *results) error {
 		Rate: cfg.soakRate, PerTx: perTx, Publishers: cfg.latencyPublishers, Partitions: cfg.partitions,
 		DurationSeconds: cfg.soakDuration.Seconds(), IntervalSeconds: cfg.soakInterval.Seconds(),
 		WarmupSeconds:  soakWarmup(cfg.soakDuration).Seconds(),
-		KeepForSeconds: cfg.soakKeepFor.Seconds(), Naptime: cfg.soakNaptime.String(), TableDefaults: cfg.soakTableDefaults,
+		KeepForSeconds: cfg.soakKeepFor.Seconds(), TableDefaults: cfg.soakTableDefaults,
 	}
 	res.Soak = s
-	restore, err := b.setNaptime(ctx, cfg.soakNaptime)
+	naptime, err := b.naptime(ctx)
 	if err != nil {
 		return err
 	}
-	defer restore()
+	s.Naptime = naptime
+	if !slices.Equal(cfg.phases, []string{phaseSoak}) {
+		logf("soak: autovacuum_naptime is %s, the other phases'; run -phases soak alone for -soak-naptime", naptime)
+	}
 	rec := &soakRecorder{b: b, ctx: ctx, res: s, every: cfg.soakInterval}
 	messages := int(float64(cfg.soakRate) * cfg.soakDuration.Seconds())
 	r, err := b.runTracked(ctx, trackedSpec{
@@ -143,35 +146,12 @@ func (b *bench) soakPhase(ctx context.Context, res *results) error {
 // fill then).
 func soakWarmup(d time.Duration) time.Duration { return min(d/10, 5*time.Minute) }
 
-// setNaptime sets the server's autovacuum_naptime for the soak; restore
-// sets it back.
-func (b *bench) setNaptime(ctx context.Context, d time.Duration) (restore func(), err error) {
-	var before string
-	if err := b.admin.QueryRow(ctx, "SHOW autovacuum_naptime").Scan(&before); err != nil {
-		return nil, err
-	}
-	// set sets the naptime to seconds, or back to the server's
-	// configuration when seconds is 0.
-	set := func(seconds int) error {
-		stmt := "ALTER SYSTEM RESET autovacuum_naptime"
-		if seconds > 0 {
-			stmt = fmt.Sprintf("ALTER SYSTEM SET autovacuum_naptime = '%ds'", seconds)
-		}
-		if _, err := b.admin.Exec(ctx, stmt); err != nil {
-			return err
-		}
-		_, err := b.admin.Exec(ctx, "SELECT pg_reload_conf()")
-		return err
-	}
-	if err := set(max(1, int(d.Seconds()))); err != nil {
-		return nil, fmt.Errorf("set autovacuum_naptime: %w", err)
-	}
-	logf("soak: autovacuum_naptime %s (was %s)", d, before)
-	return func() {
-		if err := set(0); err != nil {
-			logf("warning: could not set autovacuum_naptime back: %v", err)
-		}
-	}, nil
+// naptime is the server's autovacuum_naptime: -soak-naptime when the soak
+// runs alone, else the other phases' 5 s (startCluster).
+func (b *bench) naptime(ctx context.Context) (string, error) {
+	var v string
+	err := b.admin.QueryRow(ctx, "SHOW autovacuum_naptime").Scan(&v)
+	return v, err
 }
 
 // resetStorageParameters puts schema's tables back on PostgreSQL's
