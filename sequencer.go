@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/notifier"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/queuevacuum"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 )
@@ -131,6 +132,9 @@ type Sequencer struct {
 	sequenced atomic.Int64
 	passes    atomic.Int64
 
+	// compact vacuums pending every queuevacuum.Every rows Run moved.
+	compact *queuevacuum.Vacuumer
+
 	db pgexec.DB // cfg.Pool adapted, for the schema check
 
 	life startstop.Service
@@ -155,6 +159,7 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 	seq.life.Name = "outbox.Sequencer"
 	seq.db, _ = pgexec.FromDB(cfg.Pool) // a *pgxpool.Pool, checked by Validate
 	seq.q = dbsql.For(cfg.Schema)
+	seq.compact = queuevacuum.New(cfg.Pool, cfg.Schema, seq.logger)
 	return seq, nil
 }
 
@@ -162,11 +167,19 @@ func NewSequencer(cfg SequencerConfig, logger watermill.LoggerAdapter) (*Sequenc
 type SequencerStats struct {
 	Sequenced int64 // messages given a seq
 	Passes    int64 // passes that sequenced at least one message
+	// PendingVacuums counts the VACUUMs of the pending table Run ran: one
+	// every 10,000 messages it moved, so that the queue stays small
+	// whatever autovacuum's pace (docs/postgresql.md, Running for months).
+	PendingVacuums int64
 }
 
 // Stats returns the running totals.
 func (s *Sequencer) Stats() SequencerStats {
-	return SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load()}
+	st := SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load()}
+	if s.compact != nil {
+		st.PendingVacuums = s.compact.Vacuums()
+	}
+	return st
 }
 
 // Run sequences until ctx is cancelled or Close is called, and returns nil
@@ -203,6 +216,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 		defer sub.Unlisten()
 	}
 
+	defer s.compact.Wait()
 	var failures backoff.Streak // backoff.Default
 	// followUp is the wait before the next unprompted pass after work was
 	// found: MinPassInterval after a productive pass, doubling with every
@@ -221,6 +235,9 @@ func (s *Sequencer) run(ctx context.Context) error {
 		)
 		if prompted || s.anyPending(ctx) {
 			n, more, err = s.Pass(ctx)
+		}
+		if n > 0 {
+			s.compact.Moved(ctx, n)
 		}
 		if ctx.Err() != nil {
 			return nil

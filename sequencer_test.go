@@ -384,3 +384,30 @@ func TestSequencerRunsAfterAFailedStart(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// A running sequencer vacuums pending itself every 10,000 messages it
+// moved (internal/queuevacuum), so that the queue's dead rows do not wait
+// for autovacuum's next visit; autovacuum is off for the table here.
+func TestSequencerVacuumsPendingAsItGoes(t *testing.T) {
+	e := outboxtest.Setup(t)
+	e.Register("orders", 4)
+	e.Exec("ALTER TABLE " + e.Schema + ".pending SET (autovacuum_enabled = false)")
+	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, PollInterval: 10 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(outboxtest.Ctx(t))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	for range 3 {
+		e.PublishN("orders", 4000, "m")
+	}
+	outboxtest.WaitFor(t, "12,000 messages sequenced", time.Minute, func() bool { return s.Stats().Sequenced == 12000 })
+	outboxtest.WaitFor(t, "a vacuum of pending", 30*time.Second, func() bool { return s.Stats().PendingVacuums >= 1 })
+}

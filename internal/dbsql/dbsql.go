@@ -54,6 +54,8 @@ type Queries struct {
 	PendingSequence        string
 	PendingMetrics         string
 	PendingAny             string
+	PendingCanVacuum       string
+	PendingVacuum          string
 
 	// log.sql
 	LogRead         string

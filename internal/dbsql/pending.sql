@@ -125,3 +125,21 @@ GROUP BY 1;
 -- pending: a sequential scan would step over every dead row a busy table
 -- has not vacuumed yet (10 ms a call was measured).
 SELECT EXISTS (SELECT 1 FROM {{schema}}.pending ORDER BY id LIMIT 1);
+
+-- name: PendingCanVacuum
+-- Whether the current role may VACUUM pending ($1 the schema): its owner,
+-- a member of the owner's role, or a superuser. Another role's VACUUM
+-- skips the table with a warning the driver does not show, so the
+-- sequencer asks first and otherwise leaves pending to autovacuum.
+SELECT coalesce(bool_or(pg_has_role(c.relowner, 'MEMBER')), false)
+	OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = 'pending';
+
+-- name: PendingVacuum
+-- The sequencer's own vacuum of pending, every PendingVacuumEvery rows it
+-- moved (queuevacuum): the table then holds at most about that many dead
+-- rows whatever autovacuum's pace. SKIP_LOCKED: when another instance's
+-- sequencer (or autovacuum) is vacuuming it already, this one does not
+-- wait. Not in a transaction, which VACUUM refuses.
+VACUUM (SKIP_LOCKED) {{schema}}.pending;
