@@ -331,6 +331,14 @@ func TestServe(t *testing.T) {
 	if code, _, e := c.run("", "serve", "--enable-actions"); code != exitUsage || !strings.Contains(e, "token") {
 		t.Fatalf("serve --enable-actions without a token: exit %d, %s", code, e)
 	}
+	if code, _, e := c.run("", "serve", "--history-window", "5s", "--history-interval", "5s"); code != exitUsage || !strings.Contains(e, "--history-window") || !strings.Contains(e, "fewer than two samples") {
+		t.Fatalf("serve with a history window of one sample: exit %d, %s", code, e)
+	}
+	b.Register("orders", 1)
+	sub := b.Subscriber("charts", nil)
+	if _, err := sub.Subscribe(outboxtest.Ctx(t), "orders"); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var errOut syncBuffer
@@ -341,7 +349,8 @@ func TestServe(t *testing.T) {
 			}
 			return ""
 		}
-		done <- execute(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--schema", b.Schema}, strings.NewReader(""), &bytes.Buffer{}, &errOut, env)
+		done <- execute(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--schema", b.Schema, "--history-window", "1h", "--history-interval", "30s"},
+			strings.NewReader(""), &bytes.Buffer{}, &errOut, env)
 	}()
 	var addr string
 	outboxtest.WaitFor(t, "the console to listen", 30*time.Second, func() bool {
@@ -359,6 +368,20 @@ func TestServe(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "outbox console") {
 		t.Fatalf("GET /: %d\n%s", resp.StatusCode, body)
+	}
+	// The history flags reach the console: its charts span an hour, a sample every 30 s.
+	resp, err = http.Get(addr + "api/history?topic=orders&group=charts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var history struct {
+		Window   float64 `json:"window_seconds"`
+		Interval float64 `json:"interval_seconds"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&history)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || history.Window != 3600 || history.Interval != 30 {
+		t.Fatalf("GET /api/history: %d, %v, %+v; want a window of 3600 s and an interval of 30 s", resp.StatusCode, err, history)
 	}
 	cancel()
 	if code := <-done; code != exitOK {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,6 +21,7 @@ func (a *app) serveCommand() *cobra.Command {
 		enableActions bool
 		token         string
 		allowedHosts  []string
+		history       console.Config // HistoryWindow and HistoryInterval
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -31,7 +33,8 @@ It answers only to localhost, 127.0.0.1, [::1] and its --listen address (421 Mis
 headers, against DNS rebinding): name each other host it is reached under with --allowed-host.`,
 		Example: `  outbox serve
   OUTBOX_CONSOLE_TOKEN=$(openssl rand -hex 16) outbox serve --listen 127.0.0.1:8080 --enable-actions
-  outbox serve --listen 0.0.0.0:8080 --allowed-host ops.example.com`,
+  outbox serve --listen 0.0.0.0:8080 --allowed-host ops.example.com
+  outbox serve --history-window 1h --history-interval 30s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -46,11 +49,15 @@ headers, against DNS rebinding): name each other host it is reached under with -
 				return err
 			}
 			c, err := console.New(console.Config{Pool: pool, Schema: a.schemaName(), EnableActions: enableActions, Token: token,
-				AllowedHosts: append(console.ListenHosts(listen), allowedHosts...)},
+				AllowedHosts:  append(console.ListenHosts(listen), allowedHosts...),
+				HistoryWindow: history.HistoryWindow, HistoryInterval: history.HistoryInterval},
 				a.logger(false))
 			var bad *outbox.ConfigError
-			if errors.As(err, &bad) && bad.Field == "AllowedHosts" {
+			switch {
+			case errors.As(err, &bad) && bad.Field == "AllowedHosts":
 				return usagef("--allowed-host %s", bad.Reason)
+			case errors.As(err, &bad) && strings.HasPrefix(bad.Field, "History"):
+				return usagef("--history-window and --history-interval: %s %s", bad.Field, bad.Reason)
 			}
 			if err != nil {
 				return err
@@ -85,5 +92,7 @@ headers, against DNS rebinding): name each other host it is reached under with -
 	cmd.Flags().BoolVar(&enableActions, "enable-actions", false, "allow pause, resume, reset, replay and discard")
 	cmd.Flags().StringVar(&token, "token", "", "token required for actions (default $OUTBOX_CONSOLE_TOKEN)")
 	cmd.Flags().StringArrayVar(&allowedHosts, "allowed-host", nil, "another host the console answers to, as NAME or NAME:PORT (repeatable)")
+	cmd.Flags().DurationVar(&history.HistoryWindow, "history-window", console.DefaultHistoryWindow, "how far back the group page's charts of lag and throughput go")
+	cmd.Flags().DurationVar(&history.HistoryInterval, "history-interval", console.DefaultHistoryInterval, "time between two samples of those charts (taken only while a page is open)")
 	return cmd
 }
