@@ -103,13 +103,16 @@ func TestMigrateSetsTheChurningTablesStorageParameters(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	prompt := []string{"autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000", "autovacuum_vacuum_cost_delay=0"}
+	prompt := func(threshold string) []string {
+		return []string{"autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=" + threshold, "autovacuum_vacuum_cost_delay=0"}
+	}
+	hot := append([]string{"fillfactor=50"}, prompt("100")...)
 	want := map[string][]string{
-		"pending":    prompt,
-		"partitions": append([]string{"fillfactor=50"}, prompt...),
-		"cursors":    append([]string{"fillfactor=50"}, prompt...),
-		"members":    append([]string{"fillfactor=50"}, prompt...),
-		"relays":     append([]string{"fillfactor=50"}, prompt...),
+		"pending":    prompt("1000"),
+		"partitions": hot,
+		"cursors":    hot,
+		"members":    hot,
+		"relays":     hot,
 		"log":        {"autovacuum_vacuum_scale_factor=0.02"},
 		"bodies":     {"autovacuum_vacuum_scale_factor=0.02"},
 	}

@@ -137,9 +137,15 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = 'pending';
 
 -- name: PendingVacuum
--- The sequencer's own vacuum of pending, every PendingVacuumEvery rows it
--- moved (queuevacuum): the table then holds at most about that many dead
--- rows whatever autovacuum's pace. SKIP_LOCKED: when another instance's
--- sequencer (or autovacuum) is vacuuming it already, this one does not
--- wait. Not in a transaction, which VACUUM refuses.
-VACUUM (SKIP_LOCKED) {{schema}}.pending;
+-- The sequencer's own vacuum, every queuevacuum.Every rows it moved: of
+-- pending, so that it holds at most about that many dead rows whatever
+-- autovacuum's pace, and of the two small tables updated all the time,
+-- partitions (by the sequencer) and cursors (by the consumers), whose
+-- updates are HOT as long as their pages have room: pruning frees that room
+-- but does not tell the free space map, so the few updates that find a page
+-- full go to a new page at the end of the table, which grows a few pages a
+-- minute until a vacuum records the space (their dead rows, pruned, rarely
+-- reach autovacuum's threshold). SKIP_LOCKED: a table another instance's
+-- sequencer or autovacuum is vacuuming already is skipped, not waited for.
+-- Not in a transaction, which VACUUM refuses.
+VACUUM (SKIP_LOCKED) {{schema}}.pending, {{schema}}.partitions, {{schema}}.cursors;

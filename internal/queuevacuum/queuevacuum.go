@@ -12,8 +12,11 @@
 // then holds about Every dead rows at most, at any rate. A vacuum of a table
 // that small takes milliseconds and runs beside the passes, not in them.
 //
-// VACUUM needs the table's owner (or a superuser); a sequencer whose role
-// is neither says so once and leaves pending to autovacuum.
+// The same VACUUM takes the two small tables updated all the time,
+// partitions and cursors (dbsql's PendingVacuum says why their HOT updates
+// still need it). VACUUM needs the tables' owner (or a superuser); a
+// sequencer whose role is neither says so once and leaves them to
+// autovacuum.
 package queuevacuum
 
 import (
@@ -35,7 +38,8 @@ const (
 	MinGap = time.Second
 )
 
-// Vacuumer vacuums one schema's pending table for one sequencer. Moved is
+// Vacuumer vacuums one schema's pending table (with partitions and
+// cursors) for one sequencer. Moved is
 // called by one goroutine (the sequencer's loop); Wait waits for the vacuum
 // in flight.
 type Vacuumer struct {

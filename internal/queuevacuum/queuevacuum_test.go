@@ -75,6 +75,16 @@ func TestVacuumsPendingOnceEveryRowsMoved(t *testing.T) {
 		t.Fatalf("after 3,000 rows: %d vacuums; want 1", n)
 	}
 	outboxtest.WaitFor(t, "pending's dead rows to be gone", 10*time.Second, func() bool { return deadRows(t, pool, schema) == 0 })
+	// The small tables updated all the time go with it.
+	for _, table := range []string{"partitions", "cursors"} {
+		outboxtest.WaitFor(t, table+" vacuumed", 10*time.Second, func() bool {
+			var n int64
+			if err := pool.QueryRow(ctx, `SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`, schema, table).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n >= 1
+		})
+	}
 
 	v.Moved(ctx, 5000) // due by rows, but within MinGap of the last
 	v.Wait()
