@@ -21,6 +21,9 @@ type trend struct {
 	First float64 `json:"first"`
 	Last  float64 `json:"last"`
 	Mean  float64 `json:"mean"`
+	// Max is the largest sample after the warm-up: the bound of a
+	// sawtooth (dead rows between two vacuums).
+	Max float64 `json:"max"`
 	// SlopePerHour is the fitted line's slope.
 	SlopePerHour float64 `json:"slope_per_hour"`
 	// Noise is the samples' standard deviation around the line.
@@ -44,7 +47,7 @@ const (
 type soakMetric struct {
 	name, unit string
 	// resolution: a change smaller than this is no change (a connection,
-	// a goroutine, half a MiB, a hundred rows).
+	// a goroutine, 0.1 MiB, a hundred rows).
 	resolution float64
 	value      func(s soakSample) (float64, bool)
 }
@@ -80,7 +83,7 @@ func (s *soakResult) metrics() []soakMetric {
 			return tableSample{}, false
 		}
 		ms = append(ms,
-			soakMetric{name + ": size on disk", "MiB", 0.5, func(x soakSample) (float64, bool) {
+			soakMetric{name + ": size on disk", "MiB", 0.1, func(x soakSample) (float64, bool) {
 				t, ok := table(x)
 				return mib(t.Bytes), ok
 			}},
@@ -151,7 +154,7 @@ func judge(metric, unit string, resolution float64, xs, ys []float64) trend {
 		return t
 	}
 	k := min(5, len(ys)/3)
-	t.First, t.Last, t.Mean = mean(ys[:k]), mean(ys[len(ys)-k:]), mean(ys)
+	t.First, t.Last, t.Mean, t.Max = mean(ys[:k]), mean(ys[len(ys)-k:]), mean(ys), slices.Max(ys)
 	slope, noise := fitLine(xs, ys)
 	t.SlopePerHour, t.Noise = slope, noise
 	tolerance := func(noise, mean float64) float64 { return max(noise, 0.05*math.Abs(mean), resolution) }
@@ -228,13 +231,13 @@ func (res *results) soakMarkdown(sb *strings.Builder) {
 			r.Delivered, r.Messages, r.Duplicates, map[bool]string{true: "", false: ", **incomplete**"}[r.Complete],
 			r.Latency.P50Ms, r.Latency.P99Ms, r.CPUMicrosPerMessage, r.PeakRSSBytes>>20)
 	}
-	sb.WriteString("| metric | first | last | slope per hour | noise (σ) | verdict |\n|---|---|---|---|---|---|\n")
+	sb.WriteString("| metric | first | last | max | slope per hour | noise (σ) | verdict |\n|---|---|---|---|---|---|---|\n")
 	for _, t := range s.Trends {
 		unit := ""
 		if t.Unit != "" {
 			unit = " " + t.Unit
 		}
-		fmt.Fprintf(sb, "| %s | %s%s | %s%s | %+.2f%s/h | %s | %s |\n", t.Metric, fmtNum2(t.First), unit, fmtNum2(t.Last), unit, t.SlopePerHour, unit, fmtNum2(t.Noise), t.Verdict)
+		fmt.Fprintf(sb, "| %s | %s%s | %s%s | %s%s | %+.2f%s/h | %s | %s |\n", t.Metric, fmtNum2(t.First), unit, fmtNum2(t.Last), unit, fmtNum2(t.Max), unit, t.SlopePerHour, unit, fmtNum2(t.Noise), t.Verdict)
 	}
 	sb.WriteString("\n| s | msg/s | p50 ms | p99 ms | CPU µs/msg (process + PostgreSQL) | RSS MiB | goroutines | connections | pending MiB (live/dead rows) | log MiB (live rows) |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	step := max(1, len(s.Samples)/20)

@@ -73,7 +73,7 @@ func TestSoakRendersTrendsAfterTheWarmup(t *testing.T) {
 	md := res.markdown()
 	for _, want := range []string{
 		"## Soak: 1000 msg/s for 1h, retention on",
-		"| pending: size on disk | 1.00 MiB | 1.00 MiB | +0.00 MiB/h | 0.00 | flat |",
+		"| pending: size on disk | 1.00 MiB | 1.00 MiB | 1.00 MiB | +0.00 MiB/h | 0.00 | flat |",
 		"| 3600 | 0 | 0.0 | 20.0 |",
 	} {
 		if !strings.Contains(md, want) {
