@@ -332,8 +332,43 @@ func soakImage(s *soakResult) (image.Image, error) {
 		dead = append(dead, line(name, col, func(x soakSample) float64 { return float64(x.table(name).DeadRows) }))
 	}
 	charts = append(charts,
-		seriesChart(title+"outbox tables' size on disk (with indexes)", xunit, "MiB", sizes, legendTopLeft),
-		seriesChart(title+"outbox tables' dead rows (pg_stat_user_tables)", xunit, "rows", dead, legendTopLeft),
+		logChart(seriesChart(title+"outbox tables' size on disk (with indexes; log scale)", xunit, "MiB", sizes, legendTopLeft)),
+		logChart(seriesChart(title+"outbox tables' dead rows (pg_stat_user_tables; log scale, 0 left out)", xunit, "rows", dead, legendTopLeft)),
 	)
+	// The x axis ends where the soak did.
+	for i := range charts {
+		charts[i].x = linAxisTo(s.DurationSeconds/60, xunit)
+	}
 	return drawCharts(charts, "no soak")
+}
+
+// logChart puts c's y axis on a log scale, over its positive values (the
+// others left out), so that tables of kilobytes and of megabytes show side
+// by side.
+func logChart(c chart) chart {
+	lo, hi := math.Inf(1), 0.0
+	for i := range c.series {
+		pts := c.series[i].pts[:0:0]
+		for _, p := range c.series[i].pts {
+			if p.y > 0 {
+				pts = append(pts, p)
+				lo, hi = math.Min(lo, p.y), math.Max(hi, p.y)
+			}
+		}
+		c.series[i].pts = pts
+	}
+	if hi > 0 {
+		c.y = logAxis(lo, hi, c.y.unit)
+	}
+	return c
+}
+
+// linAxisTo is 0 … top, with five ticks.
+func linAxisTo(top float64, unit string) axis {
+	top = math.Max(top, 1e-9)
+	a := axis{max: top, unit: unit}
+	for k := 0; k <= 4; k++ {
+		a.ticks = append(a.ticks, top*float64(k)/4)
+	}
+	return a
 }
