@@ -44,8 +44,8 @@ func (p *producer) retire() {
 
 // drop forgets the producer's client after a failure that leaves it in
 // doubt (closed in the background: closing waits for nothing the send
-// needs); the next transaction starts with a new one, fenced and with a
-// tail read. mu is held.
+// needs); the next Send starts on a new one (exactly once: fenced, and
+// with a tail read). mu is held.
 func (t *Target) drop(p *producer) {
 	p.ready = false
 	if cl := p.client.Swap(nil); cl != nil {
