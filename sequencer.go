@@ -169,7 +169,7 @@ type SequencerStats struct {
 	Passes    int64 // passes that sequenced at least one message
 	// PendingVacuums counts the VACUUMs of the pending table Run ran: one
 	// every 10,000 messages it moved, so that the queue stays small
-	// whatever autovacuum's pace (docs/postgresql.md, Running for months).
+	// whatever autovacuum's pace (docs/postgresql.md, The tables that churn).
 	PendingVacuums int64
 }
 

@@ -21,7 +21,8 @@ func (a *app) serveCommand() *cobra.Command {
 		enableActions bool
 		token         string
 		allowedHosts  []string
-		history       console.Config // HistoryWindow and HistoryInterval
+		historyWindow time.Duration
+		historyEvery  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -50,7 +51,7 @@ headers, against DNS rebinding): name each other host it is reached under with -
 			}
 			c, err := console.New(console.Config{Pool: pool, Schema: a.schemaName(), EnableActions: enableActions, Token: token,
 				AllowedHosts:  append(console.ListenHosts(listen), allowedHosts...),
-				HistoryWindow: history.HistoryWindow, HistoryInterval: history.HistoryInterval},
+				HistoryWindow: historyWindow, HistoryInterval: historyEvery},
 				a.logger(false))
 			var bad *outbox.ConfigError
 			switch {
@@ -92,7 +93,7 @@ headers, against DNS rebinding): name each other host it is reached under with -
 	cmd.Flags().BoolVar(&enableActions, "enable-actions", false, "allow pause, resume, reset, replay and discard")
 	cmd.Flags().StringVar(&token, "token", "", "token required for actions (default $OUTBOX_CONSOLE_TOKEN)")
 	cmd.Flags().StringArrayVar(&allowedHosts, "allowed-host", nil, "another host the console answers to, as NAME or NAME:PORT (repeatable)")
-	cmd.Flags().DurationVar(&history.HistoryWindow, "history-window", console.DefaultHistoryWindow, "how far back the group page's charts of lag and throughput go")
-	cmd.Flags().DurationVar(&history.HistoryInterval, "history-interval", console.DefaultHistoryInterval, "time between two samples of those charts (taken only while a page is open)")
+	cmd.Flags().DurationVar(&historyWindow, "history-window", console.DefaultHistoryWindow, "how far back the group page's charts of lag and throughput go")
+	cmd.Flags().DurationVar(&historyEvery, "history-interval", console.DefaultHistoryInterval, "time between two samples of those charts (taken only while a page is open)")
 	return cmd
 }

@@ -39,9 +39,8 @@ const (
 )
 
 // Vacuumer vacuums one schema's pending table (with partitions and
-// cursors) for one sequencer. Moved is
-// called by one goroutine (the sequencer's loop); Wait waits for the vacuum
-// in flight.
+// cursors) for one sequencer. Moved is called by one goroutine (the
+// sequencer's loop); Wait waits for the vacuum in flight.
 type Vacuumer struct {
 	pool   *pgxpool.Pool
 	schema string
@@ -117,7 +116,7 @@ func (v *Vacuumer) vacuum(ctx context.Context) {
 		if !ok {
 			allowed = -1
 			v.logger.Info("The sequencer's role does not own the pending table, so it leaves its vacuuming to autovacuum; "+
-				"see docs/postgresql.md, Running for months", nil)
+				"see docs/postgresql.md, The tables that churn", nil)
 		}
 		v.mu.Lock()
 		v.allowed = allowed
