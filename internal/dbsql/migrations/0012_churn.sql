@@ -1,5 +1,5 @@
 -- Storage parameters for the tables that churn, so that they stay small on
--- disk at any rate, for months (docs/operations.md, "Running for months").
+-- disk at any rate, for months (docs/postgresql.md, "The tables that churn").
 --
 -- pending is a queue: every message is inserted by a publisher and deleted
 -- by the sequencer a few milliseconds later, so it holds a few live rows
