@@ -27,6 +27,13 @@ const (
 	MetadataIncarnation = consumer.MetadataIncarnation
 )
 
+// MetadataSource names the source (the database) a forwarded message was
+// read from, when the Forwarder has one (forwarder.Config.Source, every
+// source of a pipeline.Fleet). It is set by the forwarder, not the
+// Subscriber: two databases number their messages alike, so across
+// sources a message is told apart by (MetadataSource, MetadataID).
+const MetadataSource = "outbox_source"
+
 // StableID returns the stable id of the message at seq in partition of topic.
 func StableID(topic string, partition int, seq int64) string {
 	return consumer.StableID(topic, partition, seq)

@@ -96,6 +96,19 @@ type Config struct {
 	Subscriber outbox.SubscriberConfig
 	// Topics are the outbox topics to forward. Required.
 	Topics []string
+	// Source names the database this Forwarder reads, when several
+	// databases forward into one broker (a sharded application; see
+	// pipeline.Fleet, which sets it): ASCII letters, digits, '.', '_' and
+	// '-'. Every message forwarded then carries it in metadata
+	// outbox.MetadataSource (a Kafka header, a NATS header), because two
+	// databases number their messages alike; the Kafka target puts it in
+	// its transactional ids and reads back only its own records, the
+	// JetStream target in its message ids, and the metrics label the
+	// forwarder's series with it. Empty (the default) for one database:
+	// no header, and the ids of earlier releases. Naming the source of a
+	// running deployment changes its transactional ids: stop its
+	// forwarders first (docs/sharding.md, "Naming a source").
+	Source string
 	// Target publishes the batches. Required. The Forwarder does not close
 	// it.
 	Target Target
@@ -149,6 +162,11 @@ func (c Config) Validate() error {
 	}
 	if t, ok := c.Target.(KeyIsolationChecker); ok && c.Subscriber.KeyIsolation.Enabled {
 		if err := t.CheckKeyIsolation(); err != nil {
+			return err
+		}
+	}
+	if c.Source != "" {
+		if err := names.Source(c.Source); err != nil {
 			return err
 		}
 	}
@@ -210,10 +228,19 @@ func NewForwarder(cfg Config, logger watermill.LoggerAdapter) (*Forwarder, error
 	}
 	return &Forwarder{
 		cfg:    cfg,
-		logger: logger.With(watermill.LogFields{"component": "outbox.forwarder", "group": cfg.Subscriber.ConsumerGroup}),
+		logger: logger.With(forwarderFields(cfg)),
 		sub:    sub,
 		life:   startstop.Service{Name: "forwarder.Forwarder"},
 	}, nil
+}
+
+// forwarderFields are the log fields of a Forwarder's lines.
+func forwarderFields(cfg Config) watermill.LogFields {
+	fields := watermill.LogFields{"component": "outbox.forwarder", "group": cfg.Subscriber.ConsumerGroup}
+	if cfg.Source != "" {
+		fields["source"] = cfg.Source
+	}
+	return fields
 }
 
 // Run forwards until ctx ends or the Forwarder is closed, and then returns
@@ -331,7 +358,7 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 		schema = outbox.DefaultSchema
 	}
 	if observe.Enabled() {
-		observe.Current().Forwarding(targetTopic) // its error series exist at 0 before the first send
+		observe.Current().Forwarding(f.cfg.Source, targetTopic) // its error series exist at 0 before the first send
 	}
 	return func(ctx context.Context, batch []*message.Message) (int, error) {
 		if err := checkBatch(batch); err != nil {
@@ -347,7 +374,17 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 				defer cancel()
 			}
 		}
-		ctx = orig.With(ctx, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
+		// The source is the forwarder's to say: a value the message
+		// brought along (it was forwarded into this outbox from another)
+		// would make the targets take it for another source's.
+		for _, m := range batch {
+			if f.cfg.Source != "" {
+				m.Metadata.Set(outbox.MetadataSource, f.cfg.Source)
+			} else {
+				delete(m.Metadata, outbox.MetadataSource)
+			}
+		}
+		ctx = orig.With(ctx, f.cfg.Source, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
 		span := observe.StartForward(ctx, topic, targetTopic, batch)
 		start := time.Now()
 		var done int
@@ -364,7 +401,7 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 		}
 		span.EndWith(err, attribute.Int("messaging.outbox.confirmed", done))
 		if observe.Enabled() {
-			observe.Current().Forwarded(targetTopic, done, messageBytes(batch[:done]), time.Since(start), errorKind(ctx, err))
+			observe.Current().Forwarded(f.cfg.Source, targetTopic, done, messageBytes(batch[:done]), time.Since(start), errorKind(ctx, err))
 		}
 		f.messages.Add(int64(done))
 		if done == len(batch) {

@@ -104,12 +104,14 @@ type Metrics struct {
 	retentionDeleted                         *prometheus.CounterVec
 	forwarded, forwardedBytes, forwardErrors *prometheus.CounterVec
 	forwardDuration                          *prometheus.HistogramVec
+	sourceUp                                 *prometheus.GaugeVec
 
 	// The per group and topic series of the delivery path, resolved once:
 	// label lookups cost more than the increments.
 	groupsMu sync.RWMutex
 	groups   map[groupTopic]*groupSeries
-	// forwardTopics are the forwarder topics whose series exist.
+	// forwardTopics are the forwarder sources and topics whose series
+	// exist.
 	forwardTopics sync.Map
 }
 
@@ -181,13 +183,15 @@ func Enable(cfg Config) (*Metrics, error) {
 		handlerDuration:  histogram("handler_duration_seconds", "Duration of handler calls (one message, or a whole batch for ConsumeBatches).", latency, "group", "topic"),
 		batchSize:        histogram("batch_size", "Messages per batch read by partition workers.", prometheus.ExponentialBuckets(1, 2, 12), "group", "topic"),
 		retentionDeleted: counter("retention_deleted_rows_total", "Log rows deleted by the retention vacuum.", "topic"),
-		forwarded:        counter("forwarder_records_total", "Messages the broker confirmed, per target topic.", "topic"),
-		forwardedBytes:   counter("forwarder_bytes_total", "Bytes (payload and headers) the broker confirmed, per target topic.", "topic"),
-		forwardErrors:    counter("forwarder_errors_total", "Failed forwarder sends by kind: poison, timeout, partial, broker.", "topic", "kind"),
-		forwardDuration:  histogram("forwarder_send_duration_seconds", "Duration of forwarder sends, per target topic.", latency, "topic"),
+		forwarded:        counter("forwarder_records_total", "Messages the broker confirmed, per source (database; empty unless named) and target topic.", "source", "topic"),
+		forwardedBytes:   counter("forwarder_bytes_total", "Bytes (payload and headers) the broker confirmed, per source and target topic.", "source", "topic"),
+		forwardErrors:    counter("forwarder_errors_total", "Failed forwarder sends by kind: poison, timeout, partial, broker.", "source", "topic", "kind"),
+		forwardDuration:  histogram("forwarder_send_duration_seconds", "Duration of forwarder sends, per source and target topic.", latency, "source", "topic"),
+		sourceUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "source_up",
+			Help: "1 when a pipeline.Fleet reached the source's database at its last check, 0 when it did not (its partitions are not forwarded meanwhile)."}, []string{"source"}),
 	}
 	m.collectors = []prometheus.Collector{m.published, m.publishedBytes, m.passes, m.passRows, m.passDuration, m.sequencingDelay,
-		m.deliveries, m.handlerDuration, m.batchSize, m.retentionDeleted, m.forwarded, m.forwardedBytes, m.forwardErrors, m.forwardDuration}
+		m.deliveries, m.handlerDuration, m.batchSize, m.retentionDeleted, m.forwarded, m.forwardedBytes, m.forwardErrors, m.forwardDuration, m.sourceUp}
 	if cfg.Pool != nil {
 		c, err := NewCollector(CollectorConfig{Pool: cfg.Pool, Schema: cfg.Schema, Namespace: ns,
 			CollectInterval: cfg.CollectInterval})
@@ -271,24 +275,38 @@ func (o observer) RetentionDeleted(topic string, rows int64) {
 // increase sees the first error.
 var forwardErrorKinds = []string{"poison", "timeout", "partial", "broker"}
 
-func (o observer) Forwarding(topic string) {
-	if _, seen := o.m.forwardTopics.LoadOrStore(topic, true); seen {
+func (o observer) Forwarding(source, topic string) {
+	if _, seen := o.m.forwardTopics.LoadOrStore([2]string{source, topic}, true); seen {
 		return
 	}
-	o.m.forwarded.WithLabelValues(topic)
-	o.m.forwardedBytes.WithLabelValues(topic)
-	o.m.forwardDuration.WithLabelValues(topic)
+	o.m.forwarded.WithLabelValues(source, topic)
+	o.m.forwardedBytes.WithLabelValues(source, topic)
+	o.m.forwardDuration.WithLabelValues(source, topic)
 	for _, kind := range forwardErrorKinds {
-		o.m.forwardErrors.WithLabelValues(topic, kind)
+		o.m.forwardErrors.WithLabelValues(source, topic, kind)
 	}
 }
 
-func (o observer) Forwarded(topic string, sent, bytes int, took time.Duration, errKind string) {
-	o.Forwarding(topic) // enabled after the forwarder started
-	o.m.forwarded.WithLabelValues(topic).Add(float64(sent))
-	o.m.forwardedBytes.WithLabelValues(topic).Add(float64(bytes))
-	o.m.forwardDuration.WithLabelValues(topic).Observe(took.Seconds())
+func (o observer) Forwarded(source, topic string, sent, bytes int, took time.Duration, errKind string) {
+	o.Forwarding(source, topic) // enabled after the forwarder started
+	o.m.forwarded.WithLabelValues(source, topic).Add(float64(sent))
+	o.m.forwardedBytes.WithLabelValues(source, topic).Add(float64(bytes))
+	o.m.forwardDuration.WithLabelValues(source, topic).Observe(took.Seconds())
 	if errKind != "" {
-		o.m.forwardErrors.WithLabelValues(topic, errKind).Inc()
+		o.m.forwardErrors.WithLabelValues(source, topic, errKind).Inc()
 	}
+}
+
+func (o observer) SourceUp(source string, up bool) {
+	v := 0.0
+	if up {
+		v = 1
+	}
+	o.m.sourceUp.WithLabelValues(source).Set(v)
+}
+
+// SourceRemoved deletes the source's up gauge; its forwarder counters stay
+// (a counter that vanished would read as a reset to rate()).
+func (o observer) SourceRemoved(source string) {
+	o.m.sourceUp.DeleteLabelValues(source)
 }

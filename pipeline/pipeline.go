@@ -57,6 +57,10 @@ type Config struct {
 	Schema string
 	// Pool is the database. Required.
 	Pool *pgxpool.Pool
+	// Source names the database when several forward into one broker
+	// (forwarder.Config.Source; a Fleet sets it for each of its sources).
+	// Empty for one database.
+	Source string
 	// Forward configures the Forwarder: Topics and Target are required
 	// to forward anything; without Topics the pipeline runs no forwarder
 	// (a sequencer, relay and vacuum only, like `outbox relay` without
@@ -101,6 +105,10 @@ func (c *Config) withSchema() error {
 		return err
 	}
 	c.Forward.Subscriber.DisableSequencer = true
+	if c.Forward.Source != "" && c.Forward.Source != c.Source {
+		return &errs.ConfigError{Field: "Forward.Source", Reason: fmt.Sprintf("%q, not the pipeline's source %q: leave it empty", c.Forward.Source, c.Source)}
+	}
+	c.Forward.Source = c.Source
 	if err := set("Sequencer", &c.Sequencer.Schema, &c.Sequencer.Pool); err != nil {
 		return err
 	}

@@ -86,9 +86,25 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// msgID is the Nats-Msg-Id of msg: its stable id, after its source when the
+// forwarder has one (two databases number their messages alike, and the
+// server would drop one source's message as a copy of another's); the
+// UUID of a message that is not an outbox delivery.
+func msgID(msg *message.Message) string {
+	id := msg.Metadata.Get(outbox.MetadataID)
+	if id == "" {
+		return msg.UUID
+	}
+	if source := msg.Metadata.Get(outbox.MetadataSource); source != "" {
+		return source + ":" + id
+	}
+	return id
+}
+
 // Target publishes to NATS JetStream: the messages of a batch are
 // published asynchronously, in order, each with header Nats-Msg-Id set to
-// the stable id (outbox.MetadataID), and their acknowledgements are awaited
+// the stable id (outbox.MetadataID; "<source>:<id>" from a forwarder with
+// a source), and their acknowledgements are awaited
 // together. The server drops a message whose id it stored within the
 // stream's duplicate window (Duplicates, 2 minutes by default), so the
 // copies a retry sends again never reach consumers.
@@ -178,10 +194,7 @@ func (t *Target) Send(ctx context.Context, subject string, batch []*message.Mess
 			stopErr = &permanentError{fmt.Errorf("marshal message %s: %w", msg.UUID, err)}
 			break
 		}
-		id := msg.Metadata.Get(outbox.MetadataID)
-		if id == "" {
-			id = msg.UUID
-		}
+		id := msgID(msg)
 		// No client-side retries: a retried publish could be stored after
 		// the messages published behind it.
 		f, err := t.js.PublishMsgAsync(nm, natsjs.WithMsgID(id), natsjs.WithRetryAttempts(0))

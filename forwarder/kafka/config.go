@@ -12,7 +12,8 @@
 //
 // Exactly once (the default): every outbox partition writes through a kgo
 // transactional producer of its own (transactional.id
-// "<prefix>/<schema>/<group>/<topic>/<partition>"), one Kafka transaction
+// "<prefix>/<schema>/<group>/<topic>/<partition>", with the forwarder's
+// source after the prefix when it has one), one Kafka transaction
 // per batch. When an instance (re)gains a partition, the producer's
 // InitProducerId fences every earlier owner of it (a zombie included), and
 // a read_committed read of the target partition's tail finds the last
@@ -91,9 +92,14 @@ type Config struct {
 	// TransactionalIDPrefix starts the transactional.id of each outbox
 	// partition's producer: "<prefix>/<schema>/<group>/<topic>/<partition>"
 	// (schema and group are left out when the target is used without a
-	// Forwarder). Default DefaultTransactionalIDPrefix. Two outbox databases
-	// whose forwarders write to one Kafka cluster with equal schema, group
-	// and topic names must use different prefixes, or they fence each other.
+	// Forwarder), "<prefix>/source=<source>/<schema>/…" for a Forwarder
+	// with a source (forwarder.Config.Source). Default
+	// DefaultTransactionalIDPrefix. Two outbox databases whose forwarders
+	// write to one Kafka cluster must name their sources (a
+	// pipeline.Fleet does): with equal schema, group and topic names they
+	// would fence each other, and each would take the other's records for
+	// its own when it reads the tail back. A different prefix alone
+	// avoids the first, not the second.
 	TransactionalIDPrefix string
 	// TransactionTimeout is the transaction.timeout.ms of the producers
 	// (default DefaultTransactionTimeout, at least a second; at most the

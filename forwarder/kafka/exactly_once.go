@@ -22,8 +22,10 @@ import (
 // Exactly-once delivery into Kafka (the default of a Target).
 //
 // Each outbox partition writes through a kgo transactional producer of its
-// own, transactional.id "<prefix>/<schema>/<group>/<topic>/<partition>",
-// one transaction per batch. Two mechanisms, and both are needed:
+// own, transactional.id "<prefix>/<schema>/<group>/<topic>/<partition>"
+// ("<prefix>/source=<source>/<schema>/…" for a forwarder with a source:
+// two databases have the same schemas, groups, topics and partitions), one
+// transaction per batch. Two mechanisms, and both are needed:
 //
 //   - Fencing. When a forwarder (re)gains a partition, the producer's
 //     InitProducerId (kgo's ProducerID) bumps the producer epoch: the
@@ -39,8 +41,9 @@ import (
 //     consumer, up to their last stable offset, to the last record of this
 //     outbox partition, and skips the messages whose seq is at or below the
 //     seq it carries (header outbox_id "topic/partition/seq", of the same
-//     topic incarnation). Reading the tail alone would not do: a zombie
-//     could still write after it.
+//     topic incarnation and the same source, header outbox_source).
+//     Reading the tail alone would not do: a zombie could still write
+//     after it.
 //
 // With equal partition counts (and the default Key), outbox partition p
 // writes only to Kafka partition p, and the tail read is one short read.
@@ -50,6 +53,9 @@ import (
 
 func (t *Target) transactionalID(o origin.Origin) string {
 	parts := []string{t.cfg.TransactionalIDPrefix}
+	if o.Source != "" {
+		parts = append(parts, "source="+o.Source)
+	}
 	if o.Schema != "" || o.Group != "" {
 		parts = append(parts, o.Schema, o.Group)
 	}
@@ -386,18 +392,22 @@ func (t *Target) readRange(ctx context.Context, topic string, kp int32, from, en
 }
 
 // recordSeq returns the outbox seq of r if it comes from the outbox
-// partition of o (and the same incarnation of its topic), else 0.
+// partition of o (of the same source, and the same incarnation of its
+// topic), else 0. A record without a source header comes from a forwarder
+// without one.
 func recordSeq(r *kgo.Record, o origin.Origin) int64 {
-	var id, incarnation string
+	var id, incarnation, source string
 	for _, h := range r.Headers {
 		switch h.Key {
 		case outbox.MetadataID:
 			id = string(h.Value)
 		case outbox.MetadataIncarnation:
 			incarnation = string(h.Value)
+		case outbox.MetadataSource:
+			source = string(h.Value)
 		}
 	}
-	if id == "" || (o.Incarnation != "" && incarnation != "" && incarnation != o.Incarnation) {
+	if id == "" || source != o.Source || (o.Incarnation != "" && incarnation != "" && incarnation != o.Incarnation) {
 		return 0
 	}
 	// "topic/partition/seq", the topic may hold slashes.

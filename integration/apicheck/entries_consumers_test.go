@@ -258,4 +258,51 @@ var consumersEntries = []entry{
 		e.call("Pipeline{}.Stats", func() { new(pipeline.Pipeline).Stats() })
 		e.call("(*Pipeline)(nil).Stats", func() { (*pipeline.Pipeline)(nil).Stats() })
 	}},
+	{"pipeline.FleetConfig.Validate", func(e *env) {
+		e.may("pipeline.FleetConfig{}.Validate", func() error { return pipeline.FleetConfig{}.Validate() })
+		e.fails("pipeline.FleetConfig{Sources: [{}]}.Validate", func() error {
+			return pipeline.FleetConfig{Sources: []pipeline.Source{{}}}.Validate()
+		})
+		e.fails("pipeline.FleetConfig{Sources: [{Name: eu}]}.Validate (nil Pool)", func() error {
+			return pipeline.FleetConfig{Sources: []pipeline.Source{{Name: "eu"}}}.Validate()
+		})
+	}},
+	{"pipeline.NewFleet", func(e *env) {
+		e.fails("pipeline.NewFleet({Sources: [{Name: eu}]}, nil)", func() error {
+			_, err := pipeline.NewFleet(pipeline.FleetConfig{Sources: []pipeline.Source{{Name: "eu"}}}, nil)
+			return err
+		})
+	}},
+	{"pipeline.Fleet.Run", func(e *env) {
+		f := must(pipeline.NewFleet(pipeline.FleetConfig{}, nil))(e)
+		e.may("Fleet.Run(ended ctx)", func() error { return f.Run(e.done) })
+		e.fails("Fleet.Run(nil ctx)", func() error {
+			g := must(pipeline.NewFleet(pipeline.FleetConfig{}, nil))(e)
+			var noCtx context.Context
+			return g.Run(noCtx)
+		})
+		e.fails("Fleet{}.Run", func() error { return new(pipeline.Fleet).Run(e.done) })
+		e.fails("(*Fleet)(nil).Run", func() error { return (*pipeline.Fleet)(nil).Run(e.done) })
+	}},
+	{"pipeline.Fleet.Add", func(e *env) {
+		f := must(pipeline.NewFleet(pipeline.FleetConfig{}, nil))(e)
+		e.fails("Fleet.Add(zero Source)", func() error { return f.Add(pipeline.Source{}) })
+		e.fails("Fleet.Add({Name: eu}) (nil Pool)", func() error { return f.Add(pipeline.Source{Name: "eu"}) })
+		e.fails("Fleet{}.Add", func() error { return new(pipeline.Fleet).Add(pipeline.Source{Name: "eu", Pool: e.pool}) })
+		e.fails("(*Fleet)(nil).Add", func() error { return (*pipeline.Fleet)(nil).Add(pipeline.Source{}) })
+	}},
+	{"pipeline.Fleet.Remove", func(e *env) {
+		f := must(pipeline.NewFleet(pipeline.FleetConfig{}, nil))(e)
+		e.fails("Fleet.Remove(\"\")", func() error { return f.Remove("") })
+		e.fails("Fleet{}.Remove", func() error { return new(pipeline.Fleet).Remove("eu") })
+		e.fails("(*Fleet)(nil).Remove", func() error { return (*pipeline.Fleet)(nil).Remove("") })
+	}},
+	{"pipeline.Fleet.Status", func(e *env) {
+		e.call("Fleet{}.Status", func() { new(pipeline.Fleet).Status() })
+		e.call("(*Fleet)(nil).Status", func() { (*pipeline.Fleet)(nil).Status() })
+	}},
+	{"pipeline.Fleet.Close", func(e *env) {
+		e.may("Fleet{}.Close", func() error { return new(pipeline.Fleet).Close() })
+		e.may("(*Fleet)(nil).Close", func() error { return (*pipeline.Fleet)(nil).Close() })
+	}},
 }

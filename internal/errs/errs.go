@@ -116,7 +116,7 @@ func (e *NotMigratedError) Unwrap() error { return e.Cause }
 
 // NameError reports an invalid schema, topic or consumer group name.
 type NameError struct {
-	Kind   string // "schema", "topic" or "group"
+	Kind   string // "schema", "topic", "group" or "source"
 	Name   string
 	Reason string
 }

@@ -78,6 +78,32 @@ func Topic(name string) error {
 	return nil
 }
 
+// MaxSourceLen is the longest source name, in bytes.
+const MaxSourceLen = 64
+
+// Source validates the name of a source (one database a forwarder reads,
+// pipeline.Fleet): 1 to 64 bytes of ASCII letters, digits, '.', '_' and
+// '-'. It goes into Kafka transactional ids, record headers, NATS message
+// ids and metric labels as it is, so it holds nothing any of them would
+// have to escape, and no '/' or '=' (the separators of a transactional
+// id).
+func Source(name string) error {
+	bad := func(reason string) error { return &errs.NameError{Kind: "source", Name: name, Reason: reason} }
+	switch {
+	case name == "":
+		return bad("empty")
+	case len(name) > MaxSourceLen:
+		return bad(fmt.Sprintf("longer than %d bytes", MaxSourceLen))
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return bad("use ASCII letters, digits, '.', '_' and '-', e.g. the shard's name")
+		}
+	}
+	return nil
+}
+
 // MaxGroupLen is the longest consumer group name, in bytes.
 const MaxGroupLen = 200
 

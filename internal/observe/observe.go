@@ -50,14 +50,19 @@ type Observer interface {
 	// RetentionDeleted: the retention vacuum deleted rows messages of
 	// topic from the log.
 	RetentionDeleted(topic string, rows int64)
-	// Forwarding: a forwarder is about to send to topic (the broker's
-	// topic or subject), so that its series can exist before the first
-	// send.
-	Forwarding(topic string)
-	// Forwarded: the forwarder sent a batch of topic to the broker: sent
-	// messages and bytes confirmed in took; errKind is "" on success, else
-	// the kind of the failure (see forwarder).
-	Forwarded(topic string, sent, bytes int, took time.Duration, errKind string)
+	// Forwarding: a forwarder of source (its database; "" unless it has
+	// a name) is about to send to topic (the broker's topic or subject),
+	// so that its series can exist before the first send.
+	Forwarding(source, topic string)
+	// Forwarded: the forwarder of source sent a batch of topic to the
+	// broker: sent messages and bytes confirmed in took; errKind is "" on
+	// success, else the kind of the failure (see forwarder).
+	Forwarded(source, topic string, sent, bytes int, took time.Duration, errKind string)
+	// SourceUp: a pipeline.Fleet checked the database of source, and
+	// reached it (up) or not.
+	SourceUp(source string, up bool)
+	// SourceRemoved: source left its pipeline.Fleet; its series go.
+	SourceRemoved(source string)
 }
 
 // Nop is an Observer that does nothing.
@@ -69,8 +74,10 @@ func (Nop) Delivered(string, string, Outcome, int, time.Duration)      {}
 func (Nop) Crashed(string, string, int)                                {}
 func (Nop) Batch(string, string, int)                                  {}
 func (Nop) RetentionDeleted(string, int64)                             {}
-func (Nop) Forwarding(string)                                          {}
-func (Nop) Forwarded(string, int, int, time.Duration, string)          {}
+func (Nop) Forwarding(string, string)                                  {}
+func (Nop) Forwarded(string, string, int, int, time.Duration, string)  {}
+func (Nop) SourceUp(string, bool)                                      {}
+func (Nop) SourceRemoved(string)                                       {}
 
 // fanout reports each event to several observers, in the order they were
 // added.
@@ -112,15 +119,27 @@ func (f fanout) RetentionDeleted(topic string, rows int64) {
 	}
 }
 
-func (f fanout) Forwarding(topic string) {
+func (f fanout) Forwarding(source, topic string) {
 	for _, o := range f {
-		o.Forwarding(topic)
+		o.Forwarding(source, topic)
 	}
 }
 
-func (f fanout) Forwarded(topic string, sent, bytes int, took time.Duration, errKind string) {
+func (f fanout) Forwarded(source, topic string, sent, bytes int, took time.Duration, errKind string) {
 	for _, o := range f {
-		o.Forwarded(topic, sent, bytes, took, errKind)
+		o.Forwarded(source, topic, sent, bytes, took, errKind)
+	}
+}
+
+func (f fanout) SourceUp(source string, up bool) {
+	for _, o := range f {
+		o.SourceUp(source, up)
+	}
+}
+
+func (f fanout) SourceRemoved(source string) {
+	for _, o := range f {
+		o.SourceRemoved(source)
 	}
 }
 

@@ -18,7 +18,9 @@ import (
 // Origin is where a batch comes from.
 type Origin struct {
 	// Set by the Forwarder (empty when a target is used on its own).
-	Schema, Group string
+	// Source is the Forwarder's source (its database), empty unless it
+	// has one.
+	Source, Schema, Group string
 	Partitions    int // of the outbox topic; 0 when unknown
 
 	// From the batch's metadata.
@@ -29,10 +31,10 @@ type Origin struct {
 
 type key struct{}
 
-// With tells the targets the Forwarder's schema, group and the partition
-// count of the outbox topic it is sending.
-func With(ctx context.Context, schema, group string, partitions int) context.Context {
-	return context.WithValue(ctx, key{}, Origin{Schema: schema, Group: group, Partitions: partitions})
+// With tells the targets the Forwarder's source, schema, group and the
+// partition count of the outbox topic it is sending.
+func With(ctx context.Context, source, schema, group string, partitions int) context.Context {
+	return context.WithValue(ctx, key{}, Origin{Source: source, Schema: schema, Group: group, Partitions: partitions})
 }
 
 // Of returns the origin of batch (not empty): every message must come from

@@ -21,12 +21,12 @@ func delivered(topic, partition, seq string) *message.Message {
 }
 
 func TestOfReadsTheBatchAndWhatTheForwarderSaid(t *testing.T) {
-	ctx := origin.With(context.Background(), "s", "g", 8)
+	ctx := origin.With(context.Background(), "eu", "s", "g", 8)
 	o, err := origin.Of(ctx, []*message.Message{delivered("orders", "3", "7"), delivered("orders", "3", "8")}, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := origin.Origin{Schema: "s", Group: "g", Partitions: 8, Topic: "orders", Partition: 3, Incarnation: "inc"}
+	want := origin.Origin{Source: "eu", Schema: "s", Group: "g", Partitions: 8, Topic: "orders", Partition: 3, Incarnation: "inc"}
 	if o != want {
 		t.Fatalf("%+v, want %+v", o, want)
 	}

@@ -292,3 +292,20 @@ func OwnCluster(t testing.TB, settings map[string]string, schema string) (*Bundl
 	}
 	return Attach(t, pool, schema), cluster
 }
+
+// Shard is a bundle on a database of its own on the test server (dropped
+// when the test ends) with schema migrated: one shard of a sharded
+// application, whose outbox schema is named as every other shard's.
+func Shard(t testing.TB, schema string) *Bundle {
+	t.Helper()
+	ctx := Ctx(t)
+	pool, err := pgxpool.New(ctx, pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := outbox.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	return Attach(t, pool, schema)
+}

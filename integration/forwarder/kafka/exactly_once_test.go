@@ -199,7 +199,7 @@ func TestCommittedBatchIsNotSentAgainWithUnequalPartitionCounts(t *testing.T) {
 			c := kafkatest.New(t)
 			topic := c.Topic(t, "orders", 3, nil)
 			// As a Forwarder says it: the outbox topic has 8 partitions.
-			ctx := origin.With(outboxtest.Ctx(t), "schema", "group", 8)
+			ctx := origin.With(outboxtest.Ctx(t), "", "schema", "group", 8)
 			a := newTarget(t, c, false)
 			batch := partitionBatch(0, 1, 12)
 			if done, err := a.Send(ctx, topic, batch[:6]); done != 6 || err != nil {

@@ -1,0 +1,122 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
+	"github.com/millrace/watermill-outbox/internal/fwdtest"
+	"github.com/millrace/watermill-outbox/internal/kafkaseam"
+	"github.com/millrace/watermill-outbox/internal/origin"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+)
+
+// Two databases of a sharded application number their messages alike:
+// the same schema, consumer group, topic and partition, seqs from 1. Sent
+// exactly once into one Kafka topic as named sources, neither fences the
+// other's producer, and neither takes the other's records for its own
+// when it reads the tail back.
+
+// fromSource returns batch as source's forwarder sends it: seqs from
+// first (as its database numbered them), metadata outbox_source set.
+func fromSource(source string, first int64, batch []*message.Message) []*message.Message {
+	for i, m := range batch {
+		seq := first + int64(i)
+		m.Metadata.Set(outbox.MetadataSeq, strconv.FormatInt(seq, 10))
+		m.Metadata.Set(outbox.MetadataID, outbox.StableID("orders", 0, seq))
+		m.Metadata.Set(outbox.MetadataSource, source)
+		m.Metadata.Set("source", source)
+	}
+	return batch
+}
+
+// sourceCtx is the context a Forwarder of source gives its target.
+func sourceCtx(t *testing.T, source string) context.Context {
+	return origin.With(outboxtest.Ctx(t), source, "shop_outbox", "outbox-forwarder", 1)
+}
+
+// bySource counts the committed records of topic by source, each id once,
+// and fails the test on a record sent twice.
+func bySource(t *testing.T, c *kafkatest.Cluster, topic string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	seen := map[string]bool{}
+	for _, r := range c.ReadCommitted(t, topic) {
+		src := kafkatest.Header(r, outbox.MetadataSource)
+		if src != kafkatest.Header(r, "source") {
+			t.Fatalf("record %s of source %q carries outbox_source %q", kafkatest.Header(r, outbox.MetadataID), kafkatest.Header(r, "source"), src)
+		}
+		id := src + "|" + kafkatest.Header(r, outbox.MetadataID)
+		if seen[id] {
+			t.Fatalf("record %s twice", id)
+		}
+		seen[id] = true
+		out[src]++
+	}
+	return out
+}
+
+// A source that starts after another wrote seqs 1-10 still writes its own
+// 1-5 (its tail read finds none of its records), and a takeover of it skips
+// what it wrote (its tail read finds its own).
+func TestEachSourceReadsBackOnlyItsOwnRecords(t *testing.T) {
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "orders", 1, nil)
+	eu := fromSource("eu", 1, fwdtest.OutboxBatch(10, fwdtest.SameKey))
+	if done, err := newTarget(t, c, false).Send(sourceCtx(t, "eu"), topic, eu); done != 10 || err != nil {
+		t.Fatalf("eu: %d of 10, %v", done, err)
+	}
+	us := fromSource("us", 1, fwdtest.OutboxBatch(5, fwdtest.SameKey))
+	if done, err := newTarget(t, c, false).Send(sourceCtx(t, "us"), topic, us); done != 5 || err != nil {
+		t.Fatalf("us: %d of 5, %v", done, err)
+	}
+	if got := bySource(t, c, topic); got["eu"] != 10 || got["us"] != 5 {
+		t.Fatalf("records by source: %v, want eu 10, us 5", got)
+	}
+	// us's partition changes hands before its cursor moved: the new owner
+	// gets the batch again and finds it in the tail, as its own.
+	again := fromSource("us", 1, fwdtest.OutboxBatch(5, fwdtest.SameKey))
+	if done, err := newTarget(t, c, false).Send(sourceCtx(t, "us"), topic, again); done != 5 || err != nil {
+		t.Fatalf("us after a takeover: %d of 5, %v", done, err)
+	}
+	if got := bySource(t, c, topic); got["eu"] != 10 || got["us"] != 5 {
+		t.Fatalf("records by source after us's takeover: %v, want eu 10, us 5", got)
+	}
+}
+
+// eu's transaction is open when us (another process) starts sending the
+// same schema, group, topic and partition: us's InitProducerId must not
+// fence eu, whose commit goes through.
+func TestSourcesDoNotFenceEachOther(t *testing.T) {
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "orders", 1, nil)
+	frozen, wake := make(chan struct{}), make(chan struct{})
+	paused := kafkaseam.With(sourceCtx(t, "eu"), kafkaseam.Seams{BeforeCommit: func() {
+		close(frozen)
+		<-wake
+	}})
+	euDone := make(chan error, 1)
+	go func() {
+		done, err := newTarget(t, c, false).Send(paused, topic, fromSource("eu", 1, fwdtest.OutboxBatch(10, fwdtest.SameKey)))
+		if err == nil && done != 10 {
+			err = errors.New("partial send without an error")
+		}
+		euDone <- err
+	}()
+	<-frozen
+	if done, err := newTarget(t, c, false).Send(sourceCtx(t, "us"), topic, fromSource("us", 1, fwdtest.OutboxBatch(5, fwdtest.SameKey))); done != 5 || err != nil {
+		t.Fatalf("us: %d of 5, %v", done, err)
+	}
+	close(wake)
+	if err := <-euDone; err != nil {
+		t.Fatalf("eu's commit after us started: %v (fenced by another source?)", err)
+	}
+	if got := bySource(t, c, topic); got["eu"] != 10 || got["us"] != 5 {
+		t.Fatalf("records by source: %v, want eu 10, us 5", got)
+	}
+}
