@@ -21,7 +21,7 @@ type Origin struct {
 	// Source is the Forwarder's source (its database), empty unless it
 	// has one.
 	Source, Schema, Group string
-	Partitions    int // of the outbox topic; 0 when unknown
+	Partitions            int // of the outbox topic; 0 when unknown
 
 	// From the batch's metadata.
 	Topic       string
