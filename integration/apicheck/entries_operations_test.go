@@ -113,6 +113,8 @@ var operationsEntries = []entry{
 	{"admin.PartitionStatus.LagAge", func(e *env) {
 		e.call("PartitionStatus{}.LagAge", func() { admin.PartitionStatus{}.LagAge() })
 	}},
+	{"admin.Report.Summary", func(e *env) { e.call("Report{}.Summary", func() { _ = admin.Report{}.Summary() }) }},
+	{"admin.Summary.Plus", func(e *env) { e.call("Summary{}.Plus(Summary{})", func() { _ = admin.Summary{}.Plus(admin.Summary{}) }) }},
 	{"admin.Admin.Status", func(e *env) {
 		a := must(admin.New(admin.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
 		e.may("Admin.Status(Filter{})", func() error { _, err := a.Status(e.ctx, admin.Filter{}); return err })
