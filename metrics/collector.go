@@ -21,6 +21,12 @@ type CollectorConfig struct {
 	// Schema is the outbox schema (DefaultSchema when empty); every gauge
 	// carries it as the label "schema".
 	Schema string
+	// Source, when set, names the database (a source of a
+	// pipeline.Fleet): every gauge then carries it as the label "source",
+	// so that one registry holds a collector per database. Collectors
+	// with and without a source cannot share a registry (their label
+	// names differ).
+	Source string
 	// Namespace prefixes the metric names (DefaultNamespace when empty).
 	Namespace string
 	// CollectInterval: see Config.CollectInterval.
@@ -77,6 +83,12 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 		return nil, &errs.ConfigError{Field: "CollectInterval/QueryTimeout", Reason: "must not be negative"}
 	}
 	constant := prometheus.Labels{"schema": cfg.Schema}
+	if cfg.Source != "" {
+		if err := names.Source(cfg.Source); err != nil {
+			return nil, err
+		}
+		constant["source"] = cfg.Source
+	}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(cfg.Namespace, "", name), help, labels, constant)
 	}

@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -170,5 +171,36 @@ func TestLiveMembersAreThoseWithinTheirOwnTTL(t *testing.T) {
 		('g', 'orders', 'fresh', now(), interval '1 second')`)
 	if v := value(t, reg, "outbox_live_members", "group", "g", "topic", "orders"); v != 2 {
 		t.Fatalf("outbox_live_members = %v, want 2 (patient and fresh)", v)
+	}
+}
+
+// Two databases with the same schema on one registry: each collector's
+// gauges carry its source (without it, registering the second fails as a
+// duplicate of the first).
+func TestCollectorsOfSeveralSourcesShareARegistry(t *testing.T) {
+	const schema = "shop_outbox"
+	eu, us := outboxtest.Shard(t, schema), outboxtest.Shard(t, schema)
+	eu.Register("orders", 2)
+	us.Register("orders", 2)
+	eu.PublishN("orders", 3, "eu")
+	us.PublishN("orders", 5, "us")
+	reg := prometheus.NewRegistry()
+	for name, b := range map[string]*outboxtest.Bundle{"eu": eu, "us": us} {
+		c, err := metrics.NewCollector(metrics.CollectorConfig{Pool: b.Pool, Schema: schema, Source: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := reg.Register(c); err != nil {
+			t.Fatalf("register the collector of %s: %v", name, err)
+		}
+	}
+	if v := value(t, reg, "outbox_pending_messages", "source", "eu", "topic", "orders"); v != 3 {
+		t.Errorf("eu's pending = %v, want 3", v)
+	}
+	if v := value(t, reg, "outbox_pending_messages", "source", "us", "topic", "orders"); v != 5 {
+		t.Errorf("us's pending = %v, want 5", v)
+	}
+	if _, err := metrics.NewCollector(metrics.CollectorConfig{Pool: eu.Pool, Source: "eu/1"}); !errors.Is(err, outbox.ErrInvalidName) {
+		t.Errorf("a source name with a slash: %v, want ErrInvalidName", err)
 	}
 }
