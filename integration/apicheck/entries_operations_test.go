@@ -114,7 +114,9 @@ var operationsEntries = []entry{
 		e.call("PartitionStatus{}.LagAge", func() { admin.PartitionStatus{}.LagAge() })
 	}},
 	{"admin.Report.Summary", func(e *env) { e.call("Report{}.Summary", func() { _ = admin.Report{}.Summary() }) }},
-	{"admin.Summary.Plus", func(e *env) { e.call("Summary{}.Plus(Summary{})", func() { _ = admin.Summary{}.Plus(admin.Summary{}) }) }},
+	{"admin.Summary.Plus", func(e *env) {
+		e.call("Summary{}.Plus(Summary{})", func() { _ = admin.Summary{}.Plus(admin.Summary{}) })
+	}},
 	{"admin.Admin.Status", func(e *env) {
 		a := must(admin.New(admin.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
 		e.may("Admin.Status(Filter{})", func() error { _, err := a.Status(e.ctx, admin.Filter{}); return err })
@@ -139,6 +141,27 @@ var operationsEntries = []entry{
 		e.call("Console.ServeHTTP(w, nil)", func() { c.ServeHTTP(httptest.NewRecorder(), nil) })
 		e.call("Console.ServeHTTP(nil, req)", func() { c.ServeHTTP(nil, req) })
 		e.call("Console{}.ServeHTTP(w, req)", func() { new(console.Console).ServeHTTP(httptest.NewRecorder(), req) })
+	}},
+	{"console.SourcesConfig.Validate", func(e *env) {
+		e.fails("console.SourcesConfig{}.Validate", func() error { return console.SourcesConfig{}.Validate() })
+		e.fails("SourcesConfig{Sources: [zero]}.Validate", func() error {
+			return console.SourcesConfig{Sources: []console.Source{{}}}.Validate()
+		})
+	}},
+	{"console.NewSources", func(e *env) {
+		e.fails("console.NewSources(zero, nil)", func() error { _, err := console.NewSources(console.SourcesConfig{}, nil); return err })
+		e.fails("console.NewSources([zero], nil)", func() error {
+			_, err := console.NewSources(console.SourcesConfig{Sources: []console.Source{{}}}, nil)
+			return err
+		})
+	}},
+	{"console.Sources.ServeHTTP", func(e *env) {
+		s := must(console.NewSources(console.SourcesConfig{Sources: []console.Source{{Name: "a", Pool: e.pool, Schema: e.schema}}}, nil))(e)
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		e.call("Sources.ServeHTTP(nil, nil)", func() { s.ServeHTTP(nil, nil) })
+		e.call("Sources.ServeHTTP(w, nil)", func() { s.ServeHTTP(httptest.NewRecorder(), nil) })
+		e.call("Sources.ServeHTTP(nil, req)", func() { s.ServeHTTP(nil, req) })
+		e.call("Sources{}.ServeHTTP(w, req)", func() { new(console.Sources).ServeHTTP(httptest.NewRecorder(), req) })
 	}},
 
 	// ---- package deadletter
