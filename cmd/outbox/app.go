@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/termsafe"
+	"github.com/millrace/watermill-outbox/metrics"
 )
 
 // app is one run of the command: its flags, streams and the pool it opens
@@ -29,41 +30,72 @@ type app struct {
 
 	databaseURL, schema, output string
 
-	pool *pgxpool.Pool
+	// Several databases (sources.go): --config, --source-env, --source.
+	configPath string
+	sourceEnvs []string
+	sourceName string
+	readConfig func(string) ([]byte, error) // tests; os.ReadFile when nil
+	file       fileConfig
+	sources    []sourceSpec
+	chosen     *sourceSpec // the one source a command acts on, if any
+
+	pool       *pgxpool.Pool
+	pools      []*pgxpool.Pool           // the sources'
+	collectors []metrics.CollectorConfig // relay --metrics-listen: the databases it reads
 }
 
 func (a *app) close() {
 	if a.pool != nil {
 		a.pool.Close()
 	}
+	for _, p := range a.pools {
+		p.Close()
+	}
 }
 
-// schemaName is the outbox schema of the run.
+// schemaName is the outbox schema of the run: the chosen source's, or
+// --schema.
 func (a *app) schemaName() string {
-	if a.schema == "" {
+	switch {
+	case a.chosen != nil:
+		return a.chosen.Schema
+	case a.schema == "":
 		return outbox.DefaultSchema
 	}
 	return a.schema
 }
 
-// connect opens the pool on first use.
+// connect opens the pool on first use: of the chosen source, or of
+// --database-url (DATABASE_URL).
 func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if a.pool != nil {
 		return a.pool, nil
+	}
+	if _, _, err := a.selected(); err != nil {
+		return nil, err
 	}
 	url := a.databaseURL
 	if url == "" {
 		url = a.getenv("DATABASE_URL")
 	}
+	if a.chosen != nil {
+		url = a.getenv(a.chosen.DatabaseURLEnv)
+	}
 	if url == "" {
-		return nil, usagef("no database: pass --database-url or set DATABASE_URL (e.g. postgres://user@localhost:5432/app)")
+		return nil, usagef("no database: pass --database-url or set DATABASE_URL (e.g. postgres://user@localhost:5432/app), or configure sources (--config)")
 	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
+		if a.chosen != nil { // the error may quote the connection string
+			return nil, usagef("source %s: $%s is not a PostgreSQL connection string", a.chosen.Name, a.chosen.DatabaseURLEnv)
+		}
 		return nil, usagef("--database-url: %v", err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		if a.chosen != nil {
+			return nil, fmt.Errorf("cannot reach the database of source %s: %w", a.chosen.Name, err)
+		}
 		return nil, fmt.Errorf("cannot reach the database: %w", err)
 	}
 	a.pool = pool

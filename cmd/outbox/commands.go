@@ -21,13 +21,17 @@ func (a *app) migrateCommand() *cobra.Command {
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox tables",
 		Long: `migrate creates the outbox schema and tables, or upgrades them to this release's schema version.
-It is idempotent and safe to run from several places at once. --dry-run prints the SQL it would run.`,
+It is idempotent and safe to run from several places at once. --dry-run prints the SQL it would run.
+With several sources (--config), it migrates every one (or the one of --source).`,
 		Example: `  outbox migrate
   outbox migrate --dry-run
   outbox migrate status`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if a.multiSource() && !dryRun {
+				return a.migrateSources(ctx)
+			}
 			pool, err := a.connect(ctx)
 			if err != nil {
 				return err

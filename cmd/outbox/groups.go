@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -29,33 +30,60 @@ letters. --watch refreshes it.`,
   outbox status -o json | jq '.topics[].groups[] | {group, lag}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.multiSource() {
+				return a.watch(cmd.Context(), watch, func() error {
+					rep, err := a.statusSources(cmd.Context(), f)
+					a.clearScreen(watch)
+					if perr := a.print(rep, func(w *termsafe.Writer) { sourcesTable(w, rep) }); perr != nil {
+						return perr
+					}
+					if err != nil && watch > 0 {
+						a.note("%v", err) // a source down stays on the screen
+						return nil
+					}
+					return err
+				})
+			}
 			adm, err := a.admin(cmd.Context())
 			if err != nil {
 				return err
 			}
-			for {
+			return a.watch(cmd.Context(), watch, func() error {
 				rep, err := adm.Status(cmd.Context(), f)
 				if err != nil {
 					return err
 				}
-				if watch > 0 && a.output == "table" {
-					fmt.Fprint(a.stdout, "\033[H\033[2J")
-				}
-				if err := a.print(rep, func(w *termsafe.Writer) { statusTable(w, rep) }); err != nil || watch <= 0 {
-					return err
-				}
-				select {
-				case <-cmd.Context().Done():
-					return nil
-				case <-time.After(watch):
-				}
-			}
+				a.clearScreen(watch)
+				return a.print(rep, func(w *termsafe.Writer) { statusTable(w, rep) })
+			})
 		},
 	}
 	cmd.Flags().StringVar(&f.Group, "group", "", "only this consumer group")
 	cmd.Flags().StringVar(&f.Topic, "topic", "", "only this topic")
 	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every interval (e.g. 2s) until interrupted")
 	return cmd
+}
+
+// clearScreen clears the terminal before a table of --watch.
+func (a *app) clearScreen(every time.Duration) {
+	if every > 0 && a.output == "table" {
+		fmt.Fprint(a.stdout, "\033[H\033[2J")
+	}
+}
+
+// watch calls show once, or with every > 0 every interval until ctx ends
+// or show fails.
+func (a *app) watch(ctx context.Context, every time.Duration, show func() error) error {
+	for {
+		if err := show(); err != nil || every <= 0 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(every):
+		}
+	}
 }
 
 func statusTable(w *termsafe.Writer, rep admin.Report) {

@@ -83,21 +83,37 @@ func (a *app) rootCommand() *cobra.Command {
 dead letters, retention, and a standalone relay.
 
 The database comes from --database-url or DATABASE_URL (a PostgreSQL connection string);
---schema names the outbox schema (default watermill_outbox).`,
+--schema names the outbox schema (default watermill_outbox).
+
+Several databases (the shards of a sharded application) are sources: --config FILE lists them (and
+relay's settings), or --source-env NAME=ENV_VAR names each; their connection strings stay in the
+environment and are never printed. status, migrate, relay and serve act on every source; the other
+commands on one, named with --source NAME.`,
 		Example: `  export DATABASE_URL=postgres://app@localhost:5432/app
   outbox migrate
   outbox status --group billing
   outbox pause --group billing --topic orders --partition 3
-  outbox dlq list --group billing -o json`,
+  outbox dlq list --group billing -o json
+  outbox status --config relay.yaml
+  outbox pause --config relay.yaml --source eu --group billing --topic orders`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection string (default $DATABASE_URL)")
 	root.PersistentFlags().StringVar(&a.schema, "schema", "", "outbox schema (default watermill_outbox)")
 	root.PersistentFlags().StringVarP(&a.output, "output", "o", "table", "output format: table or json")
+	root.PersistentFlags().StringVar(&a.configPath, "config", "", "YAML file naming several databases (sources) and, for relay, its settings; connection strings come from the environment")
+	root.PersistentFlags().StringArrayVar(&a.sourceEnvs, "source-env", nil, "a source as NAME=ENV_VAR, the environment variable holding its connection string (repeatable)")
+	root.PersistentFlags().StringVar(&a.sourceName, "source", "", "with several sources: the one a command acts on")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if a.output != "table" && a.output != "json" {
 			return usagef("--output must be table or json, got %q", a.output)
+		}
+		if err := a.loadSources(); err != nil {
+			return err
+		}
+		if s, ok, err := a.selected(); ok && err == nil {
+			a.chosen = &s
 		}
 		return nil
 	}

@@ -1,16 +1,20 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/spf13/cobra"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/forwarder/jetstream"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
+	"github.com/millrace/watermill-outbox/metrics"
 	"github.com/millrace/watermill-outbox/pipeline"
 	"github.com/millrace/watermill-outbox/relay"
 	"github.com/millrace/watermill-outbox/retention"
@@ -18,18 +22,19 @@ import (
 
 func (a *app) relayCommand() *cobra.Command {
 	var (
-		kafkaBrokers []string
-		natsURL      string
-		topics       []string
-		group        string
-		maxAttempts  int
-		verbose      bool
-		atLeastOnce  bool
-		wal          bool
-		takeover     time.Duration
-		instance     string
-		keepFor      time.Duration
-		noRetention  bool
+		kafkaBrokers  []string
+		natsURL       string
+		topics        []string
+		group         string
+		maxAttempts   int
+		verbose       bool
+		atLeastOnce   bool
+		wal           bool
+		takeover      time.Duration
+		instance      string
+		keepFor       time.Duration
+		noRetention   bool
+		metricsListen string
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -42,15 +47,22 @@ with --topic and --kafka or --nats, a forwarder of those topics to the broker, a
 broker refuses for good goes to the dead-letter store at once; failed sends (the broker down) are retried until it is
 back, unless --max-attempts says how many. Run as many relays as you like: they share the work.
 
-Kafka is written exactly once (Kafka transactions; consumers must read read_committed) unless --at-least-once.`,
+Kafka is written exactly once (Kafka transactions; consumers must read read_committed) unless --at-least-once.
+
+With several sources (--config relay.yaml, or --source-env NAME=ENV_VAR for each), one relay runs a pipeline per
+source database (package pipeline's Fleet): every message forwarded carries header outbox_source, a source whose
+database is down is retried on its own while the others go on, and --metrics-listen exports outbox_source_up per
+source. Settings under relay: in the file (topics, kafka, nats, group, at_least_once) apply unless a flag is given.`,
 		Example: `  outbox relay
   outbox relay --topic orders --topic invoices --kafka broker1:9092,broker2:9092
   outbox relay --topic orders --nats nats://localhost:4222
   outbox relay --wal --takeover-timeout 10s --topic orders --kafka broker1:9092
-  outbox relay --wal --instance relay-a`,
+  outbox relay --wal --instance relay-a
+  outbox relay --config relay.yaml --metrics-listen 127.0.0.1:9464`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			a.relayFromFile(cmd, &topics, &kafkaBrokers, &natsURL, &group, &atLeastOnce)
 			if (len(kafkaBrokers) > 0) == (natsURL != "") && len(topics) > 0 {
 				return usagef("forwarding --topic needs exactly one of --kafka and --nats")
 			}
@@ -66,13 +78,8 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 			if cmd.Flags().Changed("instance") && !wal {
 				return usagef("--instance applies to --wal only")
 			}
-			pool, err := a.connect(ctx)
-			if err != nil {
-				return err
-			}
 			logger := a.logger(verbose) // escapes what it logs
-			cfg := pipeline.Config{Schema: a.schemaName(), Pool: pool, DisableRetention: noRetention,
-				Retention: retention.Config{KeepFor: keepFor}}
+			cfg := pipeline.Config{DisableRetention: noRetention, Retention: retention.Config{KeepFor: keepFor}}
 			if wal {
 				cfg.WAL = &relay.Config{TakeoverTimeout: takeover, Instance: instance}
 			}
@@ -99,17 +106,30 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 					Target:     target,
 				}
 			}
-			p, err := pipeline.New(cfg, logger)
+			var run func(context.Context) error
+			var err error
+			if len(a.sources) > 0 && (a.multiSource() || a.sourceName == "") {
+				run, err = a.relaySources(ctx, cfg, logger)
+			} else {
+				run, err = a.relayOne(ctx, cfg, logger)
+			}
 			var bad *outbox.ConfigError
 			switch {
-			case errors.As(err, &bad) && bad.Field == "WAL.TakeoverTimeout":
+			case errors.As(err, &bad) && strings.HasSuffix(bad.Field, "WAL.TakeoverTimeout"):
 				return usagef("--takeover-timeout %s %s", takeover, bad.Reason)
-			case errors.As(err, &bad) && bad.Field == "WAL.Instance":
+			case errors.As(err, &bad) && strings.HasSuffix(bad.Field, "WAL.Instance"):
 				return usagef("--instance: %s", bad.Reason)
-			case errors.As(err, &bad) && bad.Field == "Retention.KeepFor":
+			case errors.As(err, &bad) && strings.HasSuffix(bad.Field, "Retention.KeepFor"):
 				return usagef("--keep-for %s: %s", keepFor, bad.Reason)
 			case err != nil:
 				return err
+			}
+			if metricsListen != "" {
+				stop, err := a.serveMetrics(metricsListen)
+				if err != nil {
+					return err
+				}
+				defer stop()
 			}
 			mode := "sequencer"
 			if wal {
@@ -119,8 +139,12 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 				}
 				mode = "sequencer, WAL relay of slot " + relay.Slot(a.schemaName()) + " as instance " + name
 			}
-			a.note("relay running on schema %s (%s%s%s); interrupt to stop", a.schemaName(), mode, forwarding(topics, kafkaBrokers, natsURL), retaining(noRetention, keepFor))
-			err = p.Run(ctx)
+			where := "schema " + a.schemaName()
+			if len(a.sources) > 0 && (a.multiSource() || a.sourceName == "") {
+				where = fmt.Sprintf("%d sources (%s)", len(a.sources), strings.Join(a.sourceNames(), ", "))
+			}
+			a.note("relay running on %s (%s%s%s); interrupt to stop", where, mode, forwarding(topics, kafkaBrokers, natsURL), retaining(noRetention, keepFor))
+			err = run(ctx)
 			if errors.Is(err, ctx.Err()) {
 				err = nil
 			}
@@ -138,6 +162,7 @@ Kafka is written exactly once (Kafka transactions; consumers must read read_comm
 	cmd.Flags().StringVar(&instance, "instance", "", "with --wal: this relay's name in pg_stat_activity and in status, which show the relay streaming the slot (default host:pid)")
 	cmd.Flags().BoolVar(&atLeastOnce, "at-least-once", false, "write Kafka without transactions (copies possible, each with the same outbox_id)")
 	cmd.Flags().DurationVar(&keepFor, "keep-for", 0, "retention: keep consumed log rows this long, for replays (outbox reset-cursor); 0 deletes them once every group is past them")
+	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9464, path /metrics): the relay's, and each source's database figures")
 	cmd.Flags().BoolVar(&noRetention, "no-retention", false, "run no retention vacuum (the log and the dealt-with dead letters then grow until something else deletes them)")
 	return cmd
 }
@@ -160,4 +185,67 @@ func forwarding(topics, kafkaBrokers []string, natsURL string) string {
 		return ", forwarding " + strings.Join(topics, ",") + " to Kafka " + strings.Join(kafkaBrokers, ",")
 	}
 	return ", forwarding " + strings.Join(topics, ",") + " to NATS " + natsURL
+}
+
+// relayFromFile fills the relay's settings from the --config file's relay
+// section, for each flag not given on the command line.
+func (a *app) relayFromFile(cmd *cobra.Command, topics, kafkaBrokers *[]string, natsURL, group *string, atLeastOnce *bool) {
+	f := a.file.Relay
+	changed := cmd.Flags().Changed
+	if !changed("topic") && len(f.Topics) > 0 {
+		*topics = f.Topics
+	}
+	if !changed("kafka") && len(f.Kafka) > 0 {
+		*kafkaBrokers = f.Kafka
+	}
+	if !changed("nats") && f.NATS != "" {
+		*natsURL = f.NATS
+	}
+	if !changed("group") && f.Group != "" {
+		*group = f.Group
+	}
+	if !changed("at-least-once") && f.AtLeastOnce {
+		*atLeastOnce = true
+	}
+}
+
+// relayOne makes the pipeline of one database: --database-url, or the one
+// source chosen (whose name its messages then carry, as when a fleet
+// relays it).
+func (a *app) relayOne(ctx context.Context, cfg pipeline.Config, logger watermill.LoggerAdapter) (func(context.Context) error, error) {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Schema, cfg.Pool = a.schemaName(), pool
+	collector := metrics.CollectorConfig{Pool: pool, Schema: a.schemaName()}
+	if a.chosen != nil {
+		cfg.Source, collector.Source = a.chosen.Name, a.chosen.Name
+	}
+	p, err := pipeline.New(cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	a.collectors = append(a.collectors, collector)
+	return p.Run, nil
+}
+
+// relaySources makes the fleet of every configured source: a pipeline per
+// database. A source that does not answer at the start is retried by the
+// fleet, like one that goes away later.
+func (a *app) relaySources(ctx context.Context, cfg pipeline.Config, logger watermill.LoggerAdapter) (func(context.Context) error, error) {
+	fc := pipeline.FleetConfig{Pipeline: cfg}
+	for _, s := range a.sources {
+		pool, err := a.openSource(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		fc.Sources = append(fc.Sources, pipeline.Source{Name: s.Name, Pool: pool, Schema: s.Schema})
+		a.collectors = append(a.collectors, metrics.CollectorConfig{Pool: pool, Schema: s.Schema, Source: s.Name})
+	}
+	f, err := pipeline.NewFleet(fc, logger)
+	if err != nil {
+		return nil, err
+	}
+	return f.Run, nil
 }

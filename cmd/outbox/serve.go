@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	outbox "github.com/millrace/watermill-outbox"
@@ -31,11 +32,14 @@ func (a *app) serveCommand() *cobra.Command {
 It listens on 127.0.0.1 by default. It is read-only unless --enable-actions, and actions then need the token
 (--token or OUTBOX_CONSOLE_TOKEN), sent as "Authorization: Bearer <token>" or as the password of basic auth.
 It answers only to localhost, 127.0.0.1, [::1] and its --listen address (421 Misdirected Request for other Host
-headers, against DNS rebinding): name each other host it is reached under with --allowed-host.`,
+headers, against DNS rebinding): name each other host it is reached under with --allowed-host.
+With several sources (--config), its first page shows every source side by side with a total, and each source's
+console is under /sources/NAME/.`,
 		Example: `  outbox serve
   OUTBOX_CONSOLE_TOKEN=$(openssl rand -hex 16) outbox serve --listen 127.0.0.1:8080 --enable-actions
   outbox serve --listen 0.0.0.0:8080 --allowed-host ops.example.com
-  outbox serve --history-window 1h --history-interval 30s`,
+  outbox serve --history-window 1h --history-interval 30s
+  outbox serve --config relay.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -45,19 +49,26 @@ headers, against DNS rebinding): name each other host it is reached under with -
 			if enableActions && token == "" {
 				return usagef("--enable-actions needs a token: --token or OUTBOX_CONSOLE_TOKEN")
 			}
-			pool, err := a.connect(ctx)
-			if err != nil {
-				return err
-			}
-			c, err := console.New(console.Config{Pool: pool, Schema: a.schemaName(), EnableActions: enableActions, Token: token,
+			cfg := console.Config{EnableActions: enableActions, Token: token,
 				AllowedHosts:  append(console.ListenHosts(listen), allowedHosts...),
-				HistoryWindow: historyWindow, HistoryInterval: historyEvery},
-				a.logger(false))
+				HistoryWindow: historyWindow, HistoryInterval: historyEvery}
+			var c http.Handler
+			var err error
+			if a.multiSource() {
+				c, err = a.sourcesConsole(ctx, cfg)
+			} else {
+				var pool *pgxpool.Pool
+				if pool, err = a.connect(ctx); err != nil {
+					return err
+				}
+				cfg.Pool, cfg.Schema = pool, a.schemaName()
+				c, err = console.New(cfg, a.logger(false))
+			}
 			var bad *outbox.ConfigError
 			switch {
-			case errors.As(err, &bad) && bad.Field == "AllowedHosts":
+			case errors.As(err, &bad) && strings.TrimPrefix(bad.Field, "Console.") == "AllowedHosts":
 				return usagef("--allowed-host %s", bad.Reason)
-			case errors.As(err, &bad) && strings.HasPrefix(bad.Field, "History"):
+			case errors.As(err, &bad) && strings.HasPrefix(strings.TrimPrefix(bad.Field, "Console."), "History"):
 				return usagef("--history-window and --history-interval: %s %s", bad.Field, bad.Reason)
 			}
 			if err != nil {
@@ -96,4 +107,18 @@ headers, against DNS rebinding): name each other host it is reached under with -
 	cmd.Flags().DurationVar(&historyWindow, "history-window", console.DefaultHistoryWindow, "how far back the group page's charts of lag and throughput go")
 	cmd.Flags().DurationVar(&historyEvery, "history-interval", console.DefaultHistoryInterval, "time between two samples of those charts (taken only while a page is open)")
 	return cmd
+}
+
+// sourcesConsole is the console of every configured source: a page of
+// them side by side, and each one's console under /sources/NAME/.
+func (a *app) sourcesConsole(ctx context.Context, cfg console.Config) (http.Handler, error) {
+	sc := console.SourcesConfig{Console: cfg}
+	for _, s := range a.sources {
+		pool, err := a.openSource(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		sc.Sources = append(sc.Sources, console.Source{Name: s.Name, Pool: pool, Schema: s.Schema})
+	}
+	return console.NewSources(sc, a.logger(false))
 }
