@@ -26,6 +26,7 @@ import (
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
+	"github.com/millrace/watermill-outbox/pipeline"
 )
 
 // EnvChild names the environment variable that makes the test binary run
@@ -44,6 +45,9 @@ const (
 	RoleLeased = "leased"
 	// RoleForwarder is a Forwarder to Kafka.
 	RoleForwarder = "forwarder"
+	// RoleFleet is a pipeline.Fleet over several databases (ChildConfig's
+	// Sources), forwarding each one's topic to Kafka exactly once.
+	RoleFleet = "fleet"
 	// RoleInbox is a Watermill Router reading a Kafka topic as a Kafka
 	// consumer group, with the inbox middleware: it records each message
 	// it handles in the results table, in the inbox's transaction.
@@ -117,6 +121,9 @@ type ChildConfig struct {
 	KafkaTopic string
 	// AtLeastOnce turns a forwarder's exactly-once delivery off.
 	AtLeastOnce bool
+	// Sources are a fleet's databases, by source name (DatabaseURL is
+	// then unused).
+	Sources map[string]string
 	// MaxAttempts is the Subscriber's MaxAttempts.
 	MaxAttempts int
 	// FlakyRate is the share of deliveries a subscriber nacks on purpose
@@ -162,6 +169,9 @@ var ErrEndedByItself = errors.New("chaos: the subscription ended by itself")
 // retries starting while the database is unreachable.
 func RunChild(ctx context.Context, cfg ChildConfig) error {
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"child": cfg.Name})
+	if cfg.Role == RoleFleet {
+		return runFleet(ctx, cfg, logger)
+	}
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return err
@@ -322,6 +332,61 @@ func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberCo
 			return err
 		}
 	}
+}
+
+// runFleet runs a pipeline.Fleet over cfg.Sources (each database's
+// sequencer, forwarder and retention) into cfg.KafkaTopic, exactly once.
+// A database that is down, at the start or later, is the fleet's to
+// retry: the process never exits for it.
+func runFleet(ctx context.Context, cfg ChildConfig, logger watermill.LoggerAdapter) error {
+	target, err := kafka.NewTarget(kafka.Config{
+		Brokers: cfg.Brokers, TransactionalIDPrefix: cfg.TransactionalIDPrefix,
+		ClientOptions: forwarderClientOptions(cfg, logger),
+	}, logger)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	tu := adaptive.Default()
+	tu.BatchSize = 20
+	tu.BackoffBase, tu.BackoffMax = 20*time.Millisecond, 500*time.Millisecond
+	tu.LeaseTTL = cfg.LeaseTTL
+	fc := pipeline.FleetConfig{
+		Pipeline: pipeline.Config{Forward: forwarder.Config{
+			Subscriber: outbox.SubscriberConfig{ConsumerGroup: cfg.Group, Tuning: tu, CloseTimeout: 2 * time.Second,
+				Advanced: outbox.Advanced{PollInterval: 200 * time.Millisecond}},
+			Topics:      []string{cfg.Topic},
+			Target:      target,
+			TargetTopic: func(string) string { return cfg.KafkaTopic },
+		}},
+		CheckInterval:  500 * time.Millisecond,
+		RestartBackoff: time.Second,
+	}
+	for name, url := range cfg.Sources {
+		pcfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			return err
+		}
+		pcfg.MaxConns = 12
+		pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		fc.Sources = append(fc.Sources, pipeline.Source{Name: name, Pool: pool, Schema: cfg.Schema})
+	}
+	fleet, err := pipeline.NewFleet(fc, logger)
+	if err != nil {
+		return err
+	}
+	if err := fleet.Run(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		return ErrEndedByItself
+	}
+	return nil
 }
 
 // runInbox consumes cfg.KafkaTopic as Kafka consumer group cfg.KafkaGroup

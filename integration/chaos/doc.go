@@ -48,6 +48,16 @@
 //
 //	go test ./integration/chaos -run TestChaosKafka -v
 //
+// TestChaosSources runs one relay fleet over several databases: three
+// PostgreSQL servers whose shards have the same schema, topic, incarnation
+// and consumer group (so the same outbox ids), two fleet processes
+// (pipeline.Fleet, RoleFleet) SIGKILLed and frozen past their leases, one
+// server crashed; the Kafka topic must hold every committed message of
+// every source once, in key order, each under the outbox_source of the
+// database it was committed in (about 30 s).
+//
+//	go test ./integration/chaos -run TestChaosSources -v
+//
 // # Kafka: kfake or a real cluster
 //
 // The Kafka of a run is franz-go's in-process kfake broker (CI), or, with
