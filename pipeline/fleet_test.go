@@ -244,3 +244,43 @@ func TestFleetRefusesBadSources(t *testing.T) {
 		t.Errorf("Run of a nil Fleet: %v", err)
 	}
 }
+
+// A source removed right after it was added, again and again while its
+// database is being published to, leaves no lease behind: its partitions
+// are free for the next pipeline at once, not after the lease TTL. Before,
+// a lease acquired as the pipeline stopped (the statement ran, its answer
+// was cancelled) or whose row was locked at release stayed taken.
+func TestFleetRemoveRightAfterAddLeavesNoLease(t *testing.T) {
+	const schema = "shop_outbox"
+	eu := outboxtest.Shard(t, schema)
+	eu.Register("orders", 4)
+	f, err := pipeline.NewFleet(pipeline.FleetConfig{
+		Pipeline: pipeline.Config{Forward: forwarder.Config{Topics: []string{"orders"}, Target: newBroker()}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startFleet(t, f)
+	ctx, stop := context.WithCancel(context.Background())
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		pub := eu.Publisher(nil)
+		for i := 0; ctx.Err() == nil; i++ {
+			_ = pub.Publish("orders", outboxtest.Keyed(fmt.Sprintf("m-%d", i), fmt.Sprintf("k%d", i%7), i, "eu"))
+		}
+	}()
+	defer func() { stop(); <-published }()
+	for i := range 40 {
+		if err := f.Add(pipeline.Source{Name: "eu", Pool: eu.Pool, Schema: schema}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(i) * time.Millisecond)
+		if err := f.Remove("eu"); err != nil {
+			t.Fatal(err)
+		}
+		if n := eu.Int("SELECT count(*) FROM " + schema + ".cursors WHERE lease_owner IS NOT NULL AND lease_expires_at > now()"); n > 0 {
+			t.Fatalf("round %d: %d leases held after Remove returned", i, n)
+		}
+	}
+}

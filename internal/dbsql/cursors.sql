@@ -113,13 +113,25 @@ WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
 -- name: CursorsRelease
 -- Gives leases back. $1 group, $2 topic, $3 me, $4 partitions, $5 tokens.
 -- Fenced by owner and token. A row locked by a transaction is skipped, not
--- waited for: that lease is left to expire.
+-- waited for; the partitions released are returned, and CursorsStillHeld
+-- tells a skipped lease (released again later) from one lost meanwhile.
 UPDATE {{schema}}.cursors c SET lease_owner = NULL, lease_expires_at = NULL
 WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
 	SELECT partition FROM {{schema}}.cursors
 	WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
 		AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
-	FOR UPDATE SKIP LOCKED);
+	FOR UPDATE SKIP LOCKED)
+RETURNING c.partition;
+
+-- name: CursorsStillHeld
+-- Of the leases given ($4 partitions, $5 tokens), those member $3 still
+-- holds unexpired in group $1 and topic $2: after CursorsRelease skipped
+-- their rows (locked by a transaction), to be released again. A plain read:
+-- it waits for no lock.
+SELECT partition FROM {{schema}}.cursors
+WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
+	AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
+	AND lease_expires_at > now();
 
 -- name: CursorsAdvance
 -- Moves the cursor to seq $6, the last message finished, fenced by the

@@ -84,6 +84,7 @@ type Queries struct {
 	CursorsAcquire            string
 	CursorsRenew              string
 	CursorsRelease            string
+	CursorsStillHeld          string
 	CursorsAdvance            string
 	CursorsAdvanceRelaxed     string
 	CursorsRetry              string

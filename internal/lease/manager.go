@@ -244,6 +244,14 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 	if len(got) == 0 {
 		return
 	}
+	if ctx.Err() != nil {
+		// Stopping: leases the statement took as the stop came are not
+		// handed to workers; shutdown gives them back at once.
+		for _, l := range got {
+			l.Done()
+		}
+		return
+	}
 	parts := make([]int, len(got))
 	for i, l := range got {
 		parts[i] = l.partition
@@ -275,7 +283,12 @@ func share(active int, me string, others []string) int {
 
 func (m *Manager) acquire(ctx context.Context, need int, exclude []int32) []*Lease {
 	sent := time.Now()
-	opCtx, cancel := m.opContext(ctx)
+	// Not cancelled with ctx: the statement commits on its own, so one
+	// cancelled after the server ran it would leave its leases taken and
+	// unknown here, held by nobody until they expire (a Subscriber
+	// closed as it started, a source removed from a pipeline.Fleet). It
+	// finishes, bounded by TTL/2, and a stopping caller gives them back.
+	opCtx, cancel := m.opContext(context.WithoutCancel(ctx))
 	defer cancel()
 	rows, err := m.pool.Query(opCtx, m.q.CursorsAcquire, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID,
 		m.cfg.Partitions, exclude, m.cfg.TTL.Microseconds(), need)
@@ -444,22 +457,88 @@ func (m *Manager) releaseFinished(ctx context.Context) {
 	}
 	opCtx, cancel := m.opContext(ctx)
 	defer cancel()
-	if _, err := m.pool.Exec(opCtx, m.q.CursorsRelease, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens); err != nil {
+	released, err := m.release(opCtx, parts, tokens)
+	if err != nil {
 		// Kept in stateReleasing and retried; meanwhile they expire.
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot release leases", err, watermill.LogFields{"partitions": parts})
 		}
 		return
 	}
+	var done, again []int32
 	m.mu.Lock()
 	for _, l := range ls {
+		if !released[int32(l.partition)] {
+			again = append(again, int32(l.partition))
+			continue
+		}
+		done = append(done, int32(l.partition))
 		if m.leases[l.partition] == l {
 			delete(m.leases, l.partition)
 		}
 	}
 	m.mu.Unlock()
-	m.logger.Info("Released leases", watermill.LogFields{"partitions": parts})
+	if len(done) > 0 {
+		m.logger.Info("Released leases", watermill.LogFields{"partitions": done})
+	}
+	if len(again) > 0 {
+		m.logger.Debug("Lease rows locked by a transaction: released again shortly", watermill.LogFields{"partitions": again})
+	}
 }
+
+// release gives back the leases of parts (with their tokens) and returns
+// the partitions that are no longer this member's: released now, or
+// lost before (another member's, or expired). A partition missing from
+// the result is still held, its row locked by a transaction when the
+// release came (a statement of its worker finishing): it is released
+// again, rather than left to hold the partition until it expires.
+func (m *Manager) release(ctx context.Context, parts []int32, tokens []int64) (map[int32]bool, error) {
+	freed, err := m.partitions(ctx, m.q.CursorsRelease, parts, tokens)
+	if err != nil {
+		return nil, err
+	}
+	gone := make(map[int32]bool, len(parts))
+	for _, p := range parts {
+		gone[p] = true
+	}
+	if len(freed) == len(parts) {
+		return gone, nil
+	}
+	held, err := m.partitions(ctx, m.q.CursorsStillHeld, parts, tokens)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range held {
+		if !slices.Contains(freed, p) {
+			delete(gone, p)
+		}
+	}
+	return gone, nil
+}
+
+// partitions runs stmt (CursorsRelease, CursorsStillHeld) on this
+// member's leases of parts and tokens and returns the partitions it
+// returned.
+func (m *Manager) partitions(ctx context.Context, stmt string, parts []int32, tokens []int64) ([]int32, error) {
+	rows, err := m.pool.Query(ctx, stmt, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int32
+	for rows.Next() {
+		var p int32
+		if err := rows.Scan(&p); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// releaseRetry is how soon shutdown tries again a release that found its
+// row locked.
+const releaseRetry = 50 * time.Millisecond
 
 // shutdown ends every lease, waits up to TTL for the workers, releases the
 // leases and removes the member.
@@ -479,6 +558,10 @@ func (m *Manager) shutdown(parent context.Context) {
 	defer deadline.Stop()
 	renew := time.NewTicker(m.cfg.RenewInterval)
 	defer renew.Stop()
+	// A release whose row was locked is tried again soon: its partition
+	// must not wait out the lease.
+	retry := time.NewTicker(releaseRetry)
+	defer retry.Stop()
 wait:
 	for {
 		m.releaseFinished(ctx)
@@ -490,6 +573,7 @@ wait:
 		}
 		select {
 		case <-m.wake:
+		case <-retry.C:
 		case <-renew.C:
 			m.renew(ctx)
 		case <-deadline.C:
