@@ -157,6 +157,9 @@ const (
 	// SourceRestarting: the pipeline stopped with an error (LastError) and
 	// is started again after a backoff.
 	SourceRestarting SourceState = "restarting"
+	// SourceStopped: the pipeline was stopped (the Fleet closed, or the
+	// source is being removed).
+	SourceStopped SourceState = "stopped"
 )
 
 // SourceStatus is what a Fleet knows of one source.
@@ -188,6 +191,7 @@ type Fleet struct {
 
 	mu      sync.Mutex
 	ctx     context.Context // of the Run under way; nil before
+	stopped bool            // Run has stopped (or is stopping) its sources
 	sources map[string]*fleetSource
 }
 
@@ -203,6 +207,7 @@ type fleetSource struct {
 	lastErr  string
 	restarts int
 	pipeline *Pipeline
+	removing bool // under the Fleet's mu
 
 	cancel context.CancelFunc
 	done   chan struct{} // closed when its goroutines have returned
@@ -256,6 +261,7 @@ func (f *Fleet) run(ctx context.Context) error {
 	f.mu.Unlock()
 	<-ctx.Done()
 	f.mu.Lock()
+	f.stopped = true
 	running := make([]*fleetSource, 0, len(f.sources))
 	for _, s := range f.sources {
 		running = append(running, s)
@@ -293,6 +299,11 @@ func (s *fleetSource) stop() {
 // supervise runs s's pipeline until ctx ends, starting it again after a
 // backoff when it stops with an error.
 func (f *Fleet) supervise(ctx context.Context, s *fleetSource) {
+	defer func() {
+		s.mu.Lock()
+		s.set(SourceStopped)
+		s.mu.Unlock()
+	}()
 	failures := 0
 	for ctx.Err() == nil {
 		p, err := New(f.cfg.pipelineFor(s.src), s.logger)
@@ -401,11 +412,15 @@ func (f *Fleet) Add(s Source) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.life.Closed() {
-		return fmt.Errorf("%w: pipeline.Fleet.Add after Close", errs.ErrClosed)
+	if f.life.Closed() || f.stopped {
+		return fmt.Errorf("%w: pipeline.Fleet.Add after the Fleet stopped", errs.ErrClosed)
 	}
-	if _, ok := f.sources[s.Name]; ok {
-		return &errs.ConfigError{Field: "Source.Name", Reason: fmt.Sprintf("the fleet has a source %q already: Remove it first", s.Name)}
+	if old, ok := f.sources[s.Name]; ok {
+		reason := fmt.Sprintf("the fleet has a source %q already: Remove it first", s.Name)
+		if old.removing {
+			reason = fmt.Sprintf("source %q is being removed: Add it again once Remove has returned", s.Name)
+		}
+		return &errs.ConfigError{Field: "Source.Name", Reason: reason}
 	}
 	fs := f.newSource(s)
 	f.sources[s.Name] = fs
@@ -426,14 +441,21 @@ func (f *Fleet) Remove(name string) error {
 	}
 	f.mu.Lock()
 	s, ok := f.sources[name]
+	removing := ok && s.removing
 	if ok {
-		delete(f.sources, name)
+		s.removing = true // kept until stopped: an Add of the name waits for it
 	}
 	f.mu.Unlock()
-	if !ok {
+	switch {
+	case !ok:
 		return &errs.ConfigError{Field: "name", Reason: fmt.Sprintf("the fleet has no source %q", name)}
+	case removing:
+		return &errs.ConfigError{Field: "name", Reason: fmt.Sprintf("source %q is being removed already", name)}
 	}
 	s.stop()
+	f.mu.Lock()
+	delete(f.sources, name)
+	f.mu.Unlock()
 	f.logger.Info("Source removed", watermill.LogFields{"source": name})
 	return nil
 }

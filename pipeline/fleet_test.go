@@ -284,3 +284,31 @@ func TestFleetRemoveRightAfterAddLeavesNoLease(t *testing.T) {
 		}
 	}
 }
+
+// Once Run has returned (its context ended), every source shows stopped
+// and Add says the Fleet stopped rather than adding a source nothing runs.
+func TestFleetAfterRunReturned(t *testing.T) {
+	eu := outboxtest.Shard(t, "shop_outbox")
+	eu.Register("orders", 2)
+	f, err := pipeline.NewFleet(pipeline.FleetConfig{
+		Sources:  []pipeline.Source{{Name: "eu", Pool: eu.Pool, Schema: "shop_outbox"}},
+		Pipeline: pipeline.Config{Forward: forwarder.Config{Topics: []string{"orders"}, Target: newBroker()}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	outboxtest.WaitFor(t, "eu running", 10*time.Second, func() bool { return f.Status()[0].State == pipeline.SourceRunning })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if st := f.Status(); st[0].State != pipeline.SourceStopped {
+		t.Fatalf("Status after Run returned: %+v, want stopped", st)
+	}
+	if err := f.Add(pipeline.Source{Name: "us", Pool: eu.Pool}); !errors.Is(err, outbox.ErrClosed) {
+		t.Fatalf("Add after Run returned: %v, want ErrClosed", err)
+	}
+}
