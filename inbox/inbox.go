@@ -1,8 +1,10 @@
 // Package inbox gives consumers of outbox messages exactly-once effects in
 // their own PostgreSQL database: a handler's writes commit in one
-// transaction with a high-water mark per (consumer, source topic, source
-// partition), and a message at or below the mark is dropped as a
-// duplicate. It works for messages from the outbox Subscriber, from Kafka
+// transaction with a high-water mark per (consumer, source database,
+// source topic, source partition), and a message at or below the mark is
+// dropped as a duplicate. The source database is the message's
+// outbox.MetadataSource, set by forwarders of several databases
+// (pipeline.Fleet): their messages are numbered alike. It works for messages from the outbox Subscriber, from Kafka
 // (watermill-kafka) and from NATS (watermill-nats) alike, because every
 // outbox message carries its position: MetadataTopic, MetadataPartition,
 // MetadataSeq and MetadataIncarnation, gap-free and ordered per partition.
@@ -142,7 +144,15 @@ func Migrate(ctx context.Context, db *pgxpool.Pool, schema string) error {
 		if _, err := tx.Exec(ctx, q.CatalogCreateSchema); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, q.InboxCreateTable)
+		if _, err := tx.Exec(ctx, q.InboxCreateTable); err != nil {
+			return err
+		}
+		// A table of a release before sources: its marks get source ''.
+		var hasSource bool
+		if err := tx.QueryRow(ctx, q.InboxHasSource).Scan(&hasSource); err != nil || hasSource {
+			return err
+		}
+		_, err := tx.Exec(ctx, q.InboxAddSource)
 		return err
 	})
 }
@@ -158,8 +168,11 @@ func (in *Inbox) Stats() Stats {
 	return Stats{Processed: in.processed.Load(), Duplicates: in.duplicates.Load()}
 }
 
-// position is a message's place in the outbox.
+// position is a message's place in the outbox: in a source (its
+// database, outbox.MetadataSource; '' from a forwarder without one), a
+// topic's partition, a seq.
 type position struct {
+	source      string
 	topic       string
 	partition   int
 	seq         int64
@@ -173,6 +186,7 @@ func positionOf(msg *message.Message) (position, bool) {
 	if p.topic == "" {
 		return p, false
 	}
+	p.source = msg.Metadata.Get(outbox.MetadataSource)
 	if p.partition, err = strconv.Atoi(msg.Metadata.Get(outbox.MetadataPartition)); err != nil {
 		return p, false
 	}
@@ -216,11 +230,11 @@ func (in *Inbox) Process(ctx context.Context, tx pgx.Tx, msg *message.Message, f
 		return false, fmt.Errorf("%w: message %s", ErrNoPosition, msg.UUID)
 	}
 	c := in.cfg.Consumer
-	if _, err := tx.Exec(ctx, in.q.InboxEnsure, c, p.topic, p.partition); err != nil {
+	if _, err := tx.Exec(ctx, in.q.InboxEnsure, c, p.topic, p.partition, p.source); err != nil {
 		return false, in.schemaErr(err)
 	}
 	var incarnation, seq int64
-	if err := tx.QueryRow(ctx, in.q.InboxLock, c, p.topic, p.partition).Scan(&incarnation, &seq); err != nil {
+	if err := tx.QueryRow(ctx, in.q.InboxLock, c, p.topic, p.partition, p.source).Scan(&incarnation, &seq); err != nil {
 		return false, in.schemaErr(err)
 	}
 	switch {
@@ -233,7 +247,7 @@ func (in *Inbox) Process(ctx context.Context, tx pgx.Tx, msg *message.Message, f
 	if err := fn(ctx, tx); err != nil {
 		return false, err
 	}
-	if _, err := tx.Exec(ctx, in.q.InboxAdvance, c, p.topic, p.partition, p.incarnation, p.seq); err != nil {
+	if _, err := tx.Exec(ctx, in.q.InboxAdvance, c, p.topic, p.partition, p.incarnation, p.seq, p.source); err != nil {
 		return false, in.schemaErr(err)
 	}
 	in.processed.Add(1)

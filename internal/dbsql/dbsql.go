@@ -139,6 +139,8 @@ type Queries struct {
 
 	// inbox_marks.sql
 	InboxCreateTable string
+	InboxHasSource   string
+	InboxAddSource   string
 	InboxEnsure      string
 	InboxLock        string
 	InboxAdvance     string
