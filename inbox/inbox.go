@@ -169,7 +169,7 @@ func (in *Inbox) Stats() Stats {
 }
 
 // position is a message's place in the outbox: in a source (its
-// database, outbox.MetadataSource; '' from a forwarder without one), a
+// database, outbox.MetadataSource; ” from a forwarder without one), a
 // topic's partition, a seq.
 type position struct {
 	source      string

@@ -42,7 +42,7 @@ func TestEachSourceHasItsOwnMark(t *testing.T) {
 }
 
 // A table of a release before sources is upgraded by Migrate: its marks
-// become those of source '' and go on dropping duplicates.
+// become those of source ” and go on dropping duplicates.
 func TestMigrateUpgradesATableWithoutSources(t *testing.T) {
 	b := outboxtest.Setup(t)
 	schema := b.Schema + "_inbox"

@@ -62,6 +62,11 @@
 //     -soak-interval (latency, CPU per message, memory, goroutines,
 //     connections, every outbox table's rows and size), each fitted to a
 //     line after a warm-up and judged flat, bounded or growing.
+//   - sources, not run unless named: one pipeline.Fleet over 1, 2 and 3
+//     databases (-sources-counts), -messages in all in transactions of
+//     -sources-per-tx: end-to-end msg/s, CPU per message, connections; then
+//     a fleet over -sources-idle (50) databases, idle and with
+//     -sources-trickle msg/s into each (sources.go).
 //   - isolation, not run unless named: key-level isolation of the
 //     Subscriber (outbox.KeyIsolation). -isolation-rate msg/s for 20 s over
 //     -keys keys in up to 4 partitions, 1% of the keys failing from 5 s for
@@ -105,6 +110,7 @@
 //	go run ./cmd/outbox-bench -phases compare -systems outbox,outbox-alo -per-tx 100 -publish-rounds 0
 //	go run ./cmd/outbox-bench -phases isolation
 //	go run ./cmd/outbox-bench -phases soak -soak-duration 1h -soak-rate 1000
+//	go run ./cmd/outbox-bench -phases sources
 //
 // Results go to -out: results.json (every figure, samples, latency CDFs,
 // growth points, top statements), results.md (the tables), throughput.png
@@ -142,6 +148,8 @@ const (
 	phaseIdle      = "idle"
 	// phaseSoak is not run unless named in -phases.
 	phaseSoak = "soak"
+	// phaseSources is not run unless named in -phases.
+	phaseSources = "sources"
 )
 
 // maxTracked bounds the messages of a latency or growth run: each has its
@@ -189,6 +197,11 @@ type config struct {
 	soakNaptime  time.Duration
 	// soakTableDefaults undoes Migrate's storage parameters, to compare.
 	soakTableDefaults bool
+
+	sourcesCounts  []int
+	sourcesPerTx   int
+	sourcesIdle    int
+	sourcesTrickle float64
 }
 
 func (c *config) has(phase string) bool { return slices.Contains(c.phases, phase) }
@@ -258,9 +271,13 @@ func rewrite(dir string) error {
 // sizes (not -phases, -systems or -out).
 func parseFlags(args []string) (config, error) {
 	var cfg config
-	var phases, systems, perTx, loads, partitions string
+	var phases, systems, perTx, loads, partitions, sourceCounts string
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
-	fs.StringVar(&phases, "phases", "compare,latency,growth,idle", "phases to run: compare, latency, growth, idle, isolation, soak (comma-separated)")
+	fs.StringVar(&phases, "phases", "compare,latency,growth,idle", "phases to run: compare, latency, growth, idle, isolation, soak, sources (comma-separated)")
+	fs.StringVar(&sourceCounts, "sources-counts", "1,2,3", "sources: the numbers of databases of the throughput runs")
+	fs.IntVar(&cfg.sourcesPerTx, "sources-per-tx", 10, "sources: messages per transaction of the throughput runs")
+	fs.IntVar(&cfg.sourcesIdle, "sources-idle", 50, "sources: databases of the many-sources run (idle, then a trickle); 0: none")
+	fs.Float64Var(&cfg.sourcesTrickle, "sources-trickle", 1, "sources: msg/s into each database of the many-sources run after its idle measurement; 0: none")
 	fs.DurationVar(&cfg.soakDuration, "soak-duration", time.Hour, "soak: how long the steady load runs")
 	fs.IntVar(&cfg.soakRate, "soak-rate", 1000, "soak: offered load in msg/s (max(1, rate/1000) per transaction)")
 	fs.DurationVar(&cfg.soakInterval, "soak-interval", 30*time.Second, "soak: time between samples")
@@ -300,7 +317,7 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
-	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation, phaseIdle, phaseSoak); err != nil {
+	if cfg.phases, err = parseNames("-phases", phases, phaseCompare, phaseLatency, phaseGrowth, phaseIsolation, phaseIdle, phaseSoak, phaseSources); err != nil {
 		return cfg, err
 	}
 	if cfg.systems, err = parseNames("-systems", systems, sysCeiling, sysPeer, sysPeerTuned, sysRiver, sysOutbox, sysOutboxALO, sysOutboxWAL); err != nil {
@@ -315,6 +332,9 @@ func parseFlags(args []string) (config, error) {
 	if cfg.growthPartitions, err = parseInts("-growth-partitions", partitions, 1, 1024); err != nil {
 		return cfg, err
 	}
+	if cfg.sourcesCounts, err = parseInts("-sources-counts", sourceCounts, 1, 64); err != nil {
+		return cfg, err
+	}
 	if cfg.smoke {
 		cfg.messages = 2000
 		cfg.maxDrain = 20 * time.Second
@@ -326,6 +346,7 @@ func parseFlags(args []string) (config, error) {
 		cfg.publishRounds = min(cfg.publishRounds, 2)
 		cfg.growthPartitions = []int{1, 4}
 		cfg.growthMessages = 5000
+		cfg.sourcesIdle = min(cfg.sourcesIdle, 5)
 		cfg.soakDuration = 12 * time.Second
 		cfg.soakInterval = time.Second
 		cfg.soakRate = min(cfg.soakRate, 500)

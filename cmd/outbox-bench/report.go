@@ -29,6 +29,7 @@ type results struct {
 	Isolation        []*isolationResult `json:"isolation,omitempty"`
 	Idle             []*idleResult      `json:"idle,omitempty"`
 	Soak             *soakResult        `json:"soak,omitempty"`
+	Sources          *sourcesResult     `json:"sources,omitempty"`
 	Targets          []target           `json:"targets"`
 }
 
@@ -394,6 +395,7 @@ func (res *results) markdown() string {
 	res.isolationMarkdown(&sb)
 	res.idleMarkdown(&sb)
 	res.soakMarkdown(&sb)
+	res.sourcesMarkdown(&sb)
 	if len(res.Targets) > 0 {
 		sb.WriteString("## Targets\n\n")
 		if res.Config["smoke"] == true {

@@ -148,6 +148,11 @@ func (b *bench) runPhases(ctx context.Context, res *results) error {
 			return fmt.Errorf("soak: %w", err)
 		}
 	}
+	if b.cfg.has(phaseSources) {
+		if err := b.sourcesPhase(ctx, res); err != nil {
+			return fmt.Errorf("sources: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -177,6 +182,9 @@ func startCluster(ctx context.Context, naptime time.Duration) (*pgcluster.Cluste
 		"wal_level":             "logical",
 		"max_replication_slots": "64",
 		"max_wal_senders":       "64",
+		// The sources phase's many-sources run: a fleet's connections to
+		// 50 databases.
+		"max_connections": "400",
 	}
 	// The PostgreSQL installed, else binaries cached or fetched once
 	// (package pgtemp).
