@@ -63,8 +63,9 @@
 //     connections, every outbox table's rows and size), each fitted to a
 //     line after a warm-up and judged flat, bounded or growing.
 //   - sources, not run unless named: one pipeline.Fleet over 1, 2 and 3
-//     databases (-sources-counts), -messages in all in transactions of
-//     -sources-per-tx: end-to-end msg/s, CPU per message, connections; then
+//     databases (-sources-counts), -messages in all (or the same per
+//     source) in transactions of -sources-per-tx from -sources-publishers:
+//     end-to-end msg/s, CPU per message, connections; then
 //     a fleet over -sources-idle (50) databases, idle and with
 //     -sources-trickle msg/s into each (sources.go).
 //   - isolation, not run unless named: key-level isolation of the
@@ -198,10 +199,11 @@ type config struct {
 	// soakTableDefaults undoes Migrate's storage parameters, to compare.
 	soakTableDefaults bool
 
-	sourcesCounts  []int
-	sourcesPerTx   int
-	sourcesIdle    int
-	sourcesTrickle float64
+	sourcesCounts     []int
+	sourcesPerTx      int
+	sourcesPublishers int
+	sourcesIdle       int
+	sourcesTrickle    float64
 }
 
 func (c *config) has(phase string) bool { return slices.Contains(c.phases, phase) }
@@ -276,6 +278,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&phases, "phases", "compare,latency,growth,idle", "phases to run: compare, latency, growth, idle, isolation, soak, sources (comma-separated)")
 	fs.StringVar(&sourceCounts, "sources-counts", "1,2,3", "sources: the numbers of databases of the throughput runs")
 	fs.IntVar(&cfg.sourcesPerTx, "sources-per-tx", 10, "sources: messages per transaction of the throughput runs")
+	fs.IntVar(&cfg.sourcesPublishers, "sources-publishers", 6, "sources: publishers of the throughput runs, split among the sources (6: 6, 3+3, 2+2+2)")
 	fs.IntVar(&cfg.sourcesIdle, "sources-idle", 50, "sources: databases of the many-sources run (idle, then a trickle); 0: none")
 	fs.Float64Var(&cfg.sourcesTrickle, "sources-trickle", 1, "sources: msg/s into each database of the many-sources run after its idle measurement; 0: none")
 	fs.DurationVar(&cfg.soakDuration, "soak-duration", time.Hour, "soak: how long the steady load runs")

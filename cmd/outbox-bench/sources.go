@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -41,6 +42,10 @@ import (
 
 // sourcesRun is one throughput run of the sources phase.
 type sourcesRun struct {
+	// Load is "same total" (the messages and publishers of the phase
+	// split among the sources) or "same per source" (each source the
+	// load of one source of the largest count).
+	Load       string  `json:"load"`
 	Sources    int     `json:"sources"`
 	Messages   int     `json:"messages"`
 	PerTx      int     `json:"per_tx"`
@@ -55,7 +60,18 @@ type sourcesRun struct {
 	// Connections are the client connections to the sources' databases
 	// at the end (relay and publishers).
 	Connections int `json:"connections"`
+	// MessagesPerSend is the mean batch of the forwarders (messages per
+	// Kafka transaction), RowsPerPass the mean sequencer pass: what the
+	// per-message CPU is amortized over.
+	MessagesPerSend float64 `json:"messages_per_send"`
+	RowsPerPass     float64 `json:"rows_per_pass"`
 }
+
+// Loads of the sources phase's throughput runs.
+const (
+	loadTotal     = "same total"
+	loadPerSource = "same per source"
+)
 
 // sourcesIdle is the many-sources run of the sources phase.
 type sourcesIdle struct {
@@ -207,15 +223,29 @@ func (b *bench) connections(ctx context.Context, prefix string) int {
 	return n
 }
 
-// sourcesPhase runs the throughput runs and the many-sources run.
+// sourcesPhase runs the throughput runs and the many-sources run: for each
+// count, the same total load split among the sources, and the same load
+// per source (that of one source of the largest count: the largest
+// count's run is both, and runs once).
 func (b *bench) sourcesPhase(ctx context.Context, res *results) error {
 	res.Sources = &sourcesResult{}
-	for _, n := range b.cfg.sourcesCounts {
-		r, err := b.runSources(ctx, n)
-		if err != nil {
-			return fmt.Errorf("%d sources: %w", n, err)
+	most := slices.Max(b.cfg.sourcesCounts)
+	pubs := b.cfg.sourcesPublishers
+	for _, load := range []string{loadTotal, loadPerSource} {
+		for _, n := range b.cfg.sourcesCounts {
+			each, workers := b.cfg.messages/n, max(1, pubs/n)
+			if load == loadPerSource {
+				if n == most {
+					continue // the same run as the total's
+				}
+				each, workers = b.cfg.messages/most, max(1, pubs/most)
+			}
+			r, err := b.runSources(ctx, load, n, each, workers)
+			if err != nil {
+				return fmt.Errorf("%d sources, %s: %w", n, load, err)
+			}
+			res.Sources.Runs = append(res.Sources.Runs, r)
 		}
-		res.Sources.Runs = append(res.Sources.Runs, r)
 	}
 	if b.cfg.sourcesIdle > 0 {
 		r, err := b.runManySources(ctx, b.cfg.sourcesIdle)
@@ -227,17 +257,18 @@ func (b *bench) sourcesPhase(ctx context.Context, res *results) error {
 	return nil
 }
 
-// runSources is one throughput run over n sources.
-func (b *bench) runSources(ctx context.Context, n int) (*sourcesRun, error) {
+// runSources is one throughput run over n sources: each gets perSource
+// messages from workers publishers.
+func (b *bench) runSources(ctx context.Context, loadName string, n, perSource, workers int) (*sourcesRun, error) {
 	cfg := b.cfg
-	prefix := fmt.Sprintf("src%d", n)
-	kafkaTopic := fmt.Sprintf("sources-%d", n)
+	tag := map[string]string{loadTotal: "t", loadPerSource: "e"}[loadName]
+	prefix := fmt.Sprintf("src%s%d", tag, n)
+	kafkaTopic := fmt.Sprintf("sources-%s-%d", tag, n)
 	kb, err := newBroker(cfg.partitions, false, kafkaTopic)
 	if err != nil {
 		return nil, err
 	}
 	defer kb.Close()
-	workers := max(1, cfg.publishers/n)
 	bulkhead, _ := tune.Lookup(adaptive.Default().ProfileName())
 	f, err := b.createSources(ctx, prefix, n, cfg.partitions, bulkhead.MaxConcurrentPartitions+4, workers)
 	defer b.dropSources(f)
@@ -256,10 +287,10 @@ func (b *bench) runSources(ctx context.Context, n int) (*sourcesRun, error) {
 		return nil, err
 	}
 	perTx := cfg.sourcesPerTx
-	txs := max(1, cfg.messages/perTx/n) // per source
-	r := &sourcesRun{Sources: n, Messages: txs * perTx * n, PerTx: perTx, Publishers: workers * n}
-	logf("sources %d: publishing %d messages (%d per database) in transactions of %d, %d publishers per database, the fleet running",
-		n, r.Messages, txs*perTx, perTx, workers)
+	txs := max(1, perSource/perTx) // per source
+	r := &sourcesRun{Load: loadName, Sources: n, Messages: txs * perTx * n, PerTx: perTx, Publishers: workers * n}
+	logf("sources %d, %s: publishing %d messages (%d per database) in transactions of %d, %d publishers per database, the fleet running",
+		n, loadName, r.Messages, txs*perTx, perTx, workers)
 	cpu0, t0 := readCPU(b.postmaster), time.Now()
 	pubDone := make(chan error, 1)
 	go func() {
@@ -310,8 +341,16 @@ func (b *bench) runSources(ctx context.Context, n int) (*sourcesRun, error) {
 	r.ProcessMicrosPerMessage = (cpu1.process - cpu0.process).Seconds() * 1e6 / float64(max(1, at))
 	r.PostgresMicrosPerMessage = (cpu1.server - cpu0.server).Seconds() * 1e6 / float64(max(1, at))
 	r.Connections = b.connections(ctx, prefix)
-	logf("sources %d: %d at the broker in %.2f s: %.0f msg/s end to end; CPU per message %.0f µs (process %.0f, PostgreSQL %.0f); %d connections",
-		n, at, r.Seconds, r.Rate, r.ProcessMicrosPerMessage+r.PostgresMicrosPerMessage, r.ProcessMicrosPerMessage, r.PostgresMicrosPerMessage, r.Connections)
+	var sends, sent, passes, rows int64
+	for _, st := range f.fleet.Status() {
+		sends, sent = sends+st.Stats.Forwarder.Batches, sent+st.Stats.Forwarder.Messages
+		passes, rows = passes+st.Stats.Sequencer.Passes, rows+st.Stats.Sequencer.Sequenced
+	}
+	r.MessagesPerSend = float64(sent) / float64(max(1, sends))
+	r.RowsPerPass = float64(rows) / float64(max(1, passes))
+	logf("sources %d, %s: %d at the broker in %.2f s: %.0f msg/s end to end; CPU per message %.0f µs (process %.0f, PostgreSQL %.0f); %d connections; %.1f messages per Kafka transaction, %.1f per sequencer pass",
+		n, loadName, at, r.Seconds, r.Rate, r.ProcessMicrosPerMessage+r.PostgresMicrosPerMessage, r.ProcessMicrosPerMessage, r.PostgresMicrosPerMessage,
+		r.Connections, r.MessagesPerSend, r.RowsPerPass)
 	return r, nil
 }
 
@@ -441,12 +480,13 @@ func (res *results) sourcesMarkdown(sb *strings.Builder) {
 		return
 	}
 	fmt.Fprintf(sb, "## Sources: one fleet over several databases\n\n")
-	fmt.Fprintf(sb, "A `pipeline.Fleet` over N databases of the one PostgreSQL server (each with the topic in %v partitions), exactly once into one Kafka topic; the same number of messages in all, an equal share published into each database. CPU per message: this process (publishers, fleet, in-process broker) + PostgreSQL.\n\n", res.Config["partitions"])
+	fmt.Fprintf(sb, "A `pipeline.Fleet` over N databases of the one PostgreSQL server (each with the topic in %v partitions), exactly once into one Kafka topic. *Same total*: the messages and publishers split among the sources; *same per source*: each source the load of one source of the largest count (whose run is both). CPU per message: this process (publishers, fleet, in-process broker) + PostgreSQL.\n\n", res.Config["partitions"])
 	if len(s.Runs) > 0 {
-		sb.WriteString("| sources | messages | msg/tx | publishers | msg/s end to end | CPU µs/msg (process + PostgreSQL) | connections | complete |\n|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		sb.WriteString("| load | sources | messages | msg/tx | publishers | msg/s end to end | CPU µs/msg (process + PostgreSQL) | msg per Kafka tx | rows per sequencer pass | connections | complete |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, r := range s.Runs {
-			fmt.Fprintf(sb, "| %d | %d | %d | %d | %.0f | %.0f (%.0f + %.0f) | %d | %v |\n", r.Sources, r.Messages, r.PerTx, r.Publishers, r.Rate,
-				r.ProcessMicrosPerMessage+r.PostgresMicrosPerMessage, r.ProcessMicrosPerMessage, r.PostgresMicrosPerMessage, r.Connections, r.Complete)
+			fmt.Fprintf(sb, "| %s | %d | %d | %d | %d | %.0f | %.0f (%.0f + %.0f) | %.1f | %.1f | %d | %v |\n", r.Load, r.Sources, r.Messages, r.PerTx, r.Publishers, r.Rate,
+				r.ProcessMicrosPerMessage+r.PostgresMicrosPerMessage, r.ProcessMicrosPerMessage, r.PostgresMicrosPerMessage,
+				r.MessagesPerSend, r.RowsPerPass, r.Connections, r.Complete)
 		}
 		sb.WriteString("\n")
 	}
