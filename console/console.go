@@ -141,6 +141,9 @@ type Console struct {
 	static  fs.FS
 	secret  []byte   // CSRF tokens and flash messages are HMACs under it
 	history *history // the samples the charts draw
+	// source and home: the source this console shows and the path of
+	// the sources page, for a console mounted by NewSources ("" else).
+	source, home string
 }
 
 // New creates a Console.
@@ -260,10 +263,12 @@ type view struct {
 	NextCursor   string
 	Base         string // the mount prefix
 	Path         string // this page, for the actions' way back (localTarget)
+	Source, Home string // a source's console (NewSources): its name and the sources page
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, page string, status int, v view) {
 	v.Schema, v.ActionsOn, v.CSRF, v.Base, v.Path = c.cfg.Schema, c.cfg.EnableActions, c.csrfToken(), c.cfg.Prefix, localTarget(r.URL.RequestURI())
+	v.Source, v.Home = c.source, c.home
 	v.Refresh = int(c.cfg.RefreshInterval / time.Millisecond)
 	if q := r.URL.Query(); q.Get("flash") != "" && hmac.Equal([]byte(q.Get("flash_mac")), []byte(c.mac("flash", q.Get("flash")))) {
 		v.Flash = q.Get("flash") // only the console's own: a link cannot put words on its pages

@@ -68,9 +68,6 @@ func (c SourcesConfig) Validate() error {
 		if err := names.Source(s.Name); err != nil {
 			return err
 		}
-		if s.Name == "." || s.Name == ".." { // valid for names.Source, but not a segment of a path
-			return &errs.NameError{Kind: "source", Name: s.Name, Reason: "the console serves a source under /sources/<name>/, and . and .. are not names there"}
-		}
 		if seen[s.Name] {
 			return &errs.ConfigError{Field: fmt.Sprintf("Sources[%d].Name", i), Reason: fmt.Sprintf("source %s is named twice: names are unique", s.Name)}
 		}
@@ -151,6 +148,7 @@ func NewSources(cfg SourcesConfig, logger watermill.LoggerAdapter) (*Sources, er
 		if err != nil {
 			return nil, fmt.Errorf("console of source %s: %w", src.Name, err)
 		}
+		c.source, c.home = src.Name, cfg.Console.Prefix+"/"
 		s.sources = append(s.sources, mounted{name: src.Name, schema: c.cfg.Schema, console: c})
 		if !slices.Contains(schemas, c.cfg.Schema) {
 			schemas = append(schemas, c.cfg.Schema)

@@ -227,9 +227,13 @@ func TestSourcesServesEachSourcesConsole(t *testing.T) {
 			t.Fatalf("prefix %q: %d links on eu's overview", prefix, len(hrefs))
 		}
 		for _, h := range hrefs {
-			if !strings.HasPrefix(h[1], base+"/") {
-				t.Errorf("prefix %q: a link of eu's console leaves it: %s", prefix, h[1])
+			if !strings.HasPrefix(h[1], base+"/") && h[1] != prefix+"/" {
+				t.Errorf("prefix %q: a link of eu's console leaves it (other than to all sources): %s", prefix, h[1])
 			}
+		}
+		// Which source it is, and the way back to all of them.
+		if !strings.Contains(page, `source <b id="source">eu</b>`) || !strings.Contains(page, `<a href="`+prefix+`/" id="all-sources">All sources</a>`) {
+			t.Errorf("prefix %q: eu's console does not name its source or link back to all sources:\n%s", prefix, page)
 		}
 		if resp, page := fetch(t, srv, http.MethodGet, base+"/groups/orders-eu/billing", ""); resp.StatusCode != http.StatusOK || !strings.Contains(page, `id="grid"`) {
 			t.Errorf("prefix %q: eu's group page: %d", prefix, resp.StatusCode)

@@ -43,16 +43,17 @@ import (
 // sourcesRun is one throughput run of the sources phase.
 type sourcesRun struct {
 	// Load is "same total" (the messages and publishers of the phase
-	// split among the sources) or "same per source" (each source the
-	// load of one source of the largest count).
-	Load       string  `json:"load"`
-	Sources    int     `json:"sources"`
-	Messages   int     `json:"messages"`
-	PerTx      int     `json:"per_tx"`
-	Publishers int     `json:"publishers"`
-	Seconds    float64 `json:"seconds"`
-	Rate       float64 `json:"msg_per_s"`
-	Complete   bool    `json:"complete"`
+	// split among the sources, as fast as they go) or "same per source"
+	// (each source offered OfferedPerSource msg/s).
+	Load             string  `json:"load"`
+	OfferedPerSource float64 `json:"offered_msg_per_s_per_source,omitempty"`
+	Sources          int     `json:"sources"`
+	Messages         int     `json:"messages"`
+	PerTx            int     `json:"per_tx"`
+	Publishers       int     `json:"publishers"`
+	Seconds          float64 `json:"seconds"`
+	Rate             float64 `json:"msg_per_s"`
+	Complete         bool    `json:"complete"`
 	// CPU per message, µs, of this process (publishers, relay, broker)
 	// and of the PostgreSQL server.
 	ProcessMicrosPerMessage  float64 `json:"process_cpu_us_per_msg"`
@@ -224,23 +225,20 @@ func (b *bench) connections(ctx context.Context, prefix string) int {
 }
 
 // sourcesPhase runs the throughput runs and the many-sources run: for each
-// count, the same total load split among the sources, and the same load
-// per source (that of one source of the largest count: the largest
-// count's run is both, and runs once).
+// count, the same total load split among the sources (unpaced), and the
+// same load per source (-sources-rate msg/s offered to each for
+// -sources-seconds).
 func (b *bench) sourcesPhase(ctx context.Context, res *results) error {
 	res.Sources = &sourcesResult{}
-	most := slices.Max(b.cfg.sourcesCounts)
 	pubs := b.cfg.sourcesPublishers
 	for _, load := range []string{loadTotal, loadPerSource} {
 		for _, n := range b.cfg.sourcesCounts {
-			each, workers := b.cfg.messages/n, max(1, pubs/n)
+			each, workers, rate := b.cfg.messages/n, max(1, pubs/n), 0.0
 			if load == loadPerSource {
-				if n == most {
-					continue // the same run as the total's
-				}
-				each, workers = b.cfg.messages/most, max(1, pubs/most)
+				rate = b.cfg.sourcesRate
+				each, workers = int(rate*b.cfg.sourcesSeconds.Seconds()), max(1, pubs/slices.Max(b.cfg.sourcesCounts))
 			}
-			r, err := b.runSources(ctx, load, n, each, workers)
+			r, err := b.runSources(ctx, load, n, each, workers, rate)
 			if err != nil {
 				return fmt.Errorf("%d sources, %s: %w", n, load, err)
 			}
@@ -258,8 +256,9 @@ func (b *bench) sourcesPhase(ctx context.Context, res *results) error {
 }
 
 // runSources is one throughput run over n sources: each gets perSource
-// messages from workers publishers.
-func (b *bench) runSources(ctx context.Context, loadName string, n, perSource, workers int) (*sourcesRun, error) {
+// messages from workers publishers, at rate msg/s (0: as fast as they
+// go).
+func (b *bench) runSources(ctx context.Context, loadName string, n, perSource, workers int, rate float64) (*sourcesRun, error) {
 	cfg := b.cfg
 	tag := map[string]string{loadTotal: "t", loadPerSource: "e"}[loadName]
 	prefix := fmt.Sprintf("src%s%d", tag, n)
@@ -288,7 +287,7 @@ func (b *bench) runSources(ctx context.Context, loadName string, n, perSource, w
 	}
 	perTx := cfg.sourcesPerTx
 	txs := max(1, perSource/perTx) // per source
-	r := &sourcesRun{Load: loadName, Sources: n, Messages: txs * perTx * n, PerTx: perTx, Publishers: workers * n}
+	r := &sourcesRun{Load: loadName, OfferedPerSource: rate, Sources: n, Messages: txs * perTx * n, PerTx: perTx, Publishers: workers * n}
 	logf("sources %d, %s: publishing %d messages (%d per database) in transactions of %d, %d publishers per database, the fleet running",
 		n, loadName, r.Messages, txs*perTx, perTx, workers)
 	cpu0, t0 := readCPU(b.postmaster), time.Now()
@@ -298,7 +297,11 @@ func (b *bench) runSources(ctx context.Context, loadName string, n, perSource, w
 		var wg sync.WaitGroup
 		for i := range n {
 			l := &load{sys: &system{publish: contextPublish(f.pub)}, pool: f.pubs[i], perTx: perTx, workers: workers, t0: t0}
-			wg.Go(func() { errs <- b.publish(ctx, l, unpaced(ctx, txs, nil)) })
+			jobs := unpaced(ctx, txs, nil)
+			if rate > 0 {
+				jobs = paced(ctx, t0, t0, txs, rate/float64(perTx))
+			}
+			wg.Go(func() { errs <- b.publish(ctx, l, jobs) })
 		}
 		wg.Wait()
 		close(errs)
@@ -480,11 +483,15 @@ func (res *results) sourcesMarkdown(sb *strings.Builder) {
 		return
 	}
 	fmt.Fprintf(sb, "## Sources: one fleet over several databases\n\n")
-	fmt.Fprintf(sb, "A `pipeline.Fleet` over N databases of the one PostgreSQL server (each with the topic in %v partitions), exactly once into one Kafka topic. *Same total*: the messages and publishers split among the sources; *same per source*: each source the load of one source of the largest count (whose run is both). CPU per message: this process (publishers, fleet, in-process broker) + PostgreSQL.\n\n", res.Config["partitions"])
+	fmt.Fprintf(sb, "A `pipeline.Fleet` over N databases of the one PostgreSQL server (each with the topic in %v partitions), exactly once into one Kafka topic. *Same total*: the messages and publishers split among the sources, published as fast as they go; *same per source*: each source offered the same rate (column *offered*), paced. CPU per message: this process (publishers, fleet, in-process broker) + PostgreSQL.\n\n", res.Config["partitions"])
 	if len(s.Runs) > 0 {
-		sb.WriteString("| load | sources | messages | msg/tx | publishers | msg/s end to end | CPU µs/msg (process + PostgreSQL) | msg per Kafka tx | rows per sequencer pass | connections | complete |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		sb.WriteString("| load | sources | offered msg/s per source | messages | msg/tx | publishers | msg/s end to end | CPU µs/msg (process + PostgreSQL) | msg per Kafka tx | rows per sequencer pass | connections | complete |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, r := range s.Runs {
-			fmt.Fprintf(sb, "| %s | %d | %d | %d | %d | %.0f | %.0f (%.0f + %.0f) | %.1f | %.1f | %d | %v |\n", r.Load, r.Sources, r.Messages, r.PerTx, r.Publishers, r.Rate,
+			offered := "as fast as it goes"
+			if r.OfferedPerSource > 0 {
+				offered = fmt.Sprintf("%.0f", r.OfferedPerSource)
+			}
+			fmt.Fprintf(sb, "| %s | %d | %s | %d | %d | %d | %.0f | %.0f (%.0f + %.0f) | %.1f | %.1f | %d | %v |\n", r.Load, r.Sources, offered, r.Messages, r.PerTx, r.Publishers, r.Rate,
 				r.ProcessMicrosPerMessage+r.PostgresMicrosPerMessage, r.ProcessMicrosPerMessage, r.PostgresMicrosPerMessage,
 				r.MessagesPerSend, r.RowsPerPass, r.Connections, r.Complete)
 		}

@@ -94,6 +94,8 @@ func Source(name string) error {
 		return bad("empty")
 	case len(name) > MaxSourceLen:
 		return bad(fmt.Sprintf("longer than %d bytes", MaxSourceLen))
+	case name == "." || name == "..":
+		return bad("reserved (a path segment where the console shows the source)")
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]

@@ -47,7 +47,7 @@ func TestSourceAcceptsShardNamesAndRefusesSeparators(t *testing.T) {
 			t.Errorf("Source(%q) = %v", name, err)
 		}
 	}
-	for _, name := range []string{"", strings.Repeat("s", MaxSourceLen+1), "a/b", "a=b", "eu west", "eu\x1b[2J", "é"} {
+	for _, name := range []string{"", strings.Repeat("s", MaxSourceLen+1), "a/b", "a=b", "eu west", "eu\x1b[2J", "é", ".", ".."} {
 		var ne *errs.NameError
 		if err := Source(name); !errors.As(err, &ne) || ne.Kind != "source" || !errors.Is(err, errs.ErrInvalidName) {
 			t.Errorf("Source(%q) = %v, want a *NameError of kind source", name, err)
