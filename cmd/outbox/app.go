@@ -34,21 +34,20 @@ type app struct {
 	configPath string
 	sourceEnvs []string
 	sourceName string
-	readConfig func(string) ([]byte, error) // tests; os.ReadFile when nil
 	file       fileConfig
 	sources    []sourceSpec
 	chosen     *sourceSpec // the one source a command acts on, if any
 
-	pool       *pgxpool.Pool
-	pools      []*pgxpool.Pool           // the sources'
-	collectors []metrics.CollectorConfig // relay --metrics-listen: the databases it reads
+	pool        *pgxpool.Pool
+	sourcePools map[string]*pgxpool.Pool  // by source name
+	collectors  []metrics.CollectorConfig // relay --metrics-listen: the databases it reads
 }
 
 func (a *app) close() {
 	if a.pool != nil {
 		a.pool.Close()
 	}
-	for _, p := range a.pools {
+	for _, p := range a.sourcePools {
 		p.Close()
 	}
 }

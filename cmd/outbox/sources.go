@@ -66,7 +66,7 @@ type relayFile struct {
 // a.file, and checks them and --source: called before every command.
 func (a *app) loadSources() error {
 	if a.configPath != "" {
-		data, err := a.readFile(a.configPath)
+		data, err := os.ReadFile(a.configPath)
 		if err != nil {
 			return usagef("--config: %v", err)
 		}
@@ -119,14 +119,6 @@ func (a *app) loadSources() error {
 	return nil
 }
 
-// readFile reads the --config file.
-func (a *app) readFile(path string) ([]byte, error) {
-	if a.readConfig != nil {
-		return a.readConfig(path)
-	}
-	return os.ReadFile(path)
-}
-
 func (a *app) source(name string) (sourceSpec, bool) {
 	i := slices.IndexFunc(a.sources, func(s sourceSpec) bool { return s.Name == name })
 	if i < 0 {
@@ -162,10 +154,14 @@ func (a *app) selected() (sourceSpec, bool, error) {
 	return sourceSpec{}, false, usagef("%d sources are configured (%s): this command acts on one, name it with --source NAME", len(a.sources), strings.Join(a.sourceNames(), ", "))
 }
 
-// openSource opens a pool on s's database, without waiting for it to
-// answer (a relay starts while a source is down). Its connection string
-// is never part of an error: it may hold a password.
+// openSource opens a pool on s's database on first use, without waiting
+// for it to answer (a relay starts while a source is down), and returns
+// it again after (status --watch asks every interval). Its connection
+// string is never part of an error: it may hold a password.
 func (a *app) openSource(ctx context.Context, s sourceSpec) (*pgxpool.Pool, error) {
+	if p := a.sourcePools[s.Name]; p != nil {
+		return p, nil
+	}
 	cfg, err := pgxpool.ParseConfig(a.getenv(s.DatabaseURLEnv))
 	if err != nil {
 		return nil, usagef("source %s: $%s is not a PostgreSQL connection string (postgres://user@host:5432/db or key=value pairs)", s.Name, s.DatabaseURLEnv)
@@ -174,7 +170,10 @@ func (a *app) openSource(ctx context.Context, s sourceSpec) (*pgxpool.Pool, erro
 	if err != nil {
 		return nil, fmt.Errorf("source %s: %w", s.Name, err)
 	}
-	a.pools = append(a.pools, pool)
+	if a.sourcePools == nil {
+		a.sourcePools = map[string]*pgxpool.Pool{}
+	}
+	a.sourcePools[s.Name] = pool
 	return pool, nil
 }
 

@@ -275,3 +275,32 @@ func TestServeShowsEverySource(t *testing.T) {
 		t.Fatalf("serve exited %d: %s", code, errOut.String())
 	}
 }
+
+// status --watch over several sources reads them again every interval on
+// the pools it opened first: connections stay as they are (before, each
+// round opened new pools, never closed until the command ended).
+func TestStatusWatchOverSourcesReusesItsPools(t *testing.T) {
+	s := newShards(t, "eu", "us")
+	for env, url := range s.env {
+		sep := "?"
+		if strings.Contains(url, "?") {
+			sep = "&"
+		}
+		s.env[env] = url + sep + "application_name=outbox-watch-test"
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := s.runCtx(ctx, "status", "--config", s.config, "--watch", "50ms")
+		done <- code
+	}()
+	time.Sleep(1500 * time.Millisecond) // about 30 rounds
+	n := s.db["eu"].Int("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-watch-test'")
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("status --watch exited %d", code)
+	}
+	if n == 0 || n > 8 {
+		t.Fatalf("%d connections of status --watch to the server after 30 rounds over 2 sources; want a pool's worth per source", n)
+	}
+}
