@@ -108,7 +108,7 @@ func run(ctx context.Context) error {
 	charged := map[int]int{}     // payment id -> successful handler runs
 	attempts := map[int]int{}    // payment id -> handler runs
 	poisoned := map[int]string{} // payment id -> reason
-	router.AddNoPublisherHandler("charge", "payments", paymentsSub, func(msg *message.Message) error {
+	router.AddConsumerHandler("charge", "payments", paymentsSub, func(msg *message.Message) error {
 		var p payment
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
 			return err
@@ -125,7 +125,7 @@ func run(ctx context.Context) error {
 		charged[p.ID]++
 		return nil
 	})
-	router.AddNoPublisherHandler("report", "payments.poison", poisonSub, func(msg *message.Message) error {
+	router.AddConsumerHandler("report", "payments.poison", poisonSub, func(msg *message.Message) error {
 		var p payment
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
 			return err

@@ -64,7 +64,7 @@
 //     line after a warm-up and judged flat, bounded or growing.
 //   - sources, not run unless named: one pipeline.Fleet over 1, 2 and 3
 //     databases (-sources-counts), -messages in all as fast as they go,
-//     and -sources-rate msg/s into each for -sources-seconds, in
+//     and -sources-rate msg/s into each for -sources-duration, in
 //     transactions of -sources-per-tx from -sources-publishers:
 //     end-to-end msg/s, CPU per message, connections; then
 //     a fleet over -sources-idle (50) databases, idle and with
@@ -204,7 +204,7 @@ type config struct {
 	sourcesPerTx      int
 	sourcesPublishers int
 	sourcesRate       float64
-	sourcesSeconds    time.Duration
+	sourcesDuration   time.Duration
 	sourcesIdle       int
 	sourcesTrickle    float64
 }
@@ -282,7 +282,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&sourceCounts, "sources-counts", "1,2,3", "sources: the numbers of databases of the throughput runs")
 	fs.IntVar(&cfg.sourcesPerTx, "sources-per-tx", 10, "sources: messages per transaction of the throughput runs")
 	fs.Float64Var(&cfg.sourcesRate, "sources-rate", 2000, "sources: msg/s offered to each source in the same-per-source runs")
-	fs.DurationVar(&cfg.sourcesSeconds, "sources-seconds", 10*time.Second, "sources: how long the same-per-source runs publish")
+	fs.DurationVar(&cfg.sourcesDuration, "sources-duration", 10*time.Second, "sources: how long the same-per-source runs publish")
 	fs.IntVar(&cfg.sourcesPublishers, "sources-publishers", 6, "sources: publishers of the throughput runs, split among the sources (6: 6, 3+3, 2+2+2)")
 	fs.IntVar(&cfg.sourcesIdle, "sources-idle", 50, "sources: databases of the many-sources run (idle, then a trickle); 0: none")
 	fs.Float64Var(&cfg.sourcesTrickle, "sources-trickle", 1, "sources: msg/s into each database of the many-sources run after its idle measurement; 0: none")
@@ -355,7 +355,7 @@ func parseFlags(args []string) (config, error) {
 		cfg.growthPartitions = []int{1, 4}
 		cfg.growthMessages = 5000
 		cfg.sourcesIdle = min(cfg.sourcesIdle, 5)
-		cfg.sourcesSeconds = time.Second
+		cfg.sourcesDuration = time.Second
 		cfg.soakDuration = 12 * time.Second
 		cfg.soakInterval = time.Second
 		cfg.soakRate = min(cfg.soakRate, 500)

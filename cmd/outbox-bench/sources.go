@@ -227,7 +227,7 @@ func (b *bench) connections(ctx context.Context, prefix string) int {
 // sourcesPhase runs the throughput runs and the many-sources run: for each
 // count, the same total load split among the sources (unpaced), and the
 // same load per source (-sources-rate msg/s offered to each for
-// -sources-seconds).
+// -sources-duration).
 func (b *bench) sourcesPhase(ctx context.Context, res *results) error {
 	res.Sources = &sourcesResult{}
 	pubs := b.cfg.sourcesPublishers
@@ -236,7 +236,7 @@ func (b *bench) sourcesPhase(ctx context.Context, res *results) error {
 			each, workers, rate := b.cfg.messages/n, max(1, pubs/n), 0.0
 			if load == loadPerSource {
 				rate = b.cfg.sourcesRate
-				each, workers = int(rate*b.cfg.sourcesSeconds.Seconds()), max(1, pubs/slices.Max(b.cfg.sourcesCounts))
+				each, workers = int(rate*b.cfg.sourcesDuration.Seconds()), max(1, pubs/slices.Max(b.cfg.sourcesCounts))
 			}
 			r, err := b.runSources(ctx, load, n, each, workers, rate)
 			if err != nil {
