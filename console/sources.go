@@ -190,11 +190,7 @@ func (s *Sources) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; frame-ancestors 'none'; form-action 'self'")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("Referrer-Policy", "same-origin")
+	securityHeaders(w)
 	if !s.sources[0].console.hostAllowed(r) { // every source's console answers to the template's AllowedHosts
 		misdirected(w, r)
 		return

@@ -69,6 +69,36 @@ func (s *shards) runCtx(ctx context.Context, args ...string) (int, string, strin
 	return code, out.String(), errOut.String()
 }
 
+// start runs a long-running command (relay, serve) with the shards'
+// environment until stop, which interrupts it and returns its exit code;
+// its stderr can be read meanwhile. It fails the test when the command
+// prints a connection string or does not stop.
+func (s *shards) start(args ...string) (stderr *syncBuffer, stop func() int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	stderr = &syncBuffer{}
+	go func() {
+		done <- execute(ctx, args, strings.NewReader(""), io.Discard, stderr, func(k string) string { return s.env[k] })
+	}()
+	s.t.Cleanup(cancel)
+	return stderr, func() int {
+		s.t.Helper()
+		cancel()
+		select {
+		case code := <-done:
+			for _, url := range s.env {
+				if strings.Contains(stderr.String(), url) {
+					s.t.Fatalf("outbox %s printed a connection string: %s", args[0], stderr.String())
+				}
+			}
+			return code
+		case <-time.After(30 * time.Second):
+			s.t.Fatalf("outbox %s did not stop when interrupted", args[0])
+			return -1
+		}
+	}
+}
+
 func (s *shards) run(args ...string) (int, string, string) {
 	s.t.Helper()
 	return s.runCtx(outboxtest.Ctx(s.t), args...)
@@ -183,14 +213,7 @@ func TestRelayRunsEverySourceAndExportsTheirMetrics(t *testing.T) {
 	s := newShards(t, "eu", "us")
 	s.db["eu"].PublishN("orders", 3, "eu")
 	s.db["us"].PublishN("orders", 4, "us")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan int, 1)
-	errOut := &syncBuffer{}
-	go func() {
-		done <- execute(ctx, []string{"relay", "--config", s.config, "--metrics-listen", "127.0.0.1:0"}, strings.NewReader(""), io.Discard, errOut,
-			func(k string) string { return s.env[k] })
-	}()
+	errOut, stop := s.start("relay", "--config", s.config, "--metrics-listen", "127.0.0.1:0")
 	outboxtest.WaitFor(t, "both sources sequenced", 30*time.Second, func() bool {
 		return s.db["eu"].Rows("log") == 3 && s.db["us"].Rows("log") == 4
 	})
@@ -202,19 +225,8 @@ func TestRelayRunsEverySourceAndExportsTheirMetrics(t *testing.T) {
 	if !strings.Contains(page, `outbox_collector_up{schema="shop_outbox",source="us"} 1`) {
 		t.Errorf("no collector of us on the metrics page:\n%s", page)
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK || !strings.Contains(errOut.String(), "relay running on 2 sources (eu, us)") {
-			t.Fatalf("relay exited %d: %s", code, errOut.String())
-		}
-		for _, url := range s.env {
-			if strings.Contains(errOut.String(), url) {
-				t.Fatalf("relay printed a connection string: %s", errOut.String())
-			}
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay did not stop when interrupted")
+	if code := stop(); code != exitOK || !strings.Contains(errOut.String(), "relay running on 2 sources (eu, us)") {
+		t.Fatalf("relay exited %d: %s", code, errOut.String())
 	}
 }
 
@@ -240,14 +252,7 @@ func TestServeShowsEverySource(t *testing.T) {
 	s := newShards(t, "eu", "us")
 	s.db["eu"].PublishN("orders", 3, "eu")
 	s.db["us"].PublishN("orders", 4, "us")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan int, 1)
-	errOut := &syncBuffer{}
-	go func() {
-		done <- execute(ctx, []string{"serve", "--config", s.config, "--listen", "127.0.0.1:0"}, strings.NewReader(""), io.Discard, errOut,
-			func(k string) string { return s.env[k] })
-	}()
+	errOut, stop := s.start("serve", "--config", s.config, "--listen", "127.0.0.1:0")
 	var body string
 	outboxtest.WaitFor(t, "the sources page", 30*time.Second, func() bool {
 		m := regexp.MustCompile(`console on (http://\S+/)`).FindStringSubmatch(errOut.String())
@@ -270,8 +275,7 @@ func TestServeShowsEverySource(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &page); err != nil || len(page.Sources) != 2 || page.Sources[0].Name != "eu" || page.Total.Pending != 7 {
 		t.Fatalf("/api/sources: %v\n%s", err, body)
 	}
-	cancel()
-	if code := <-done; code != exitOK {
+	if code := stop(); code != exitOK {
 		t.Fatalf("serve exited %d: %s", code, errOut.String())
 	}
 }
@@ -288,16 +292,10 @@ func TestStatusWatchOverSourcesReusesItsPools(t *testing.T) {
 		}
 		s.env[env] = url + sep + "application_name=outbox-watch-test"
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	go func() {
-		code, _, _ := s.runCtx(ctx, "status", "--config", s.config, "--watch", "50ms")
-		done <- code
-	}()
+	_, stop := s.start("status", "--config", s.config, "--watch", "50ms")
 	time.Sleep(1500 * time.Millisecond) // about 30 rounds
 	n := s.db["eu"].Int("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-watch-test'")
-	cancel()
-	if code := <-done; code != exitOK {
+	if code := stop(); code != exitOK {
 		t.Fatalf("status --watch exited %d", code)
 	}
 	if n == 0 || n > 8 {

@@ -172,13 +172,7 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 	if cfg.Role == RoleFleet {
 		return runFleet(ctx, cfg, logger)
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	pcfg.MaxConns = 12
-	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, err := childPool(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
@@ -187,10 +181,7 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 	if err != nil {
 		return err
 	}
-	tu := adaptive.Default()
-	tu.BatchSize = 20
-	tu.BackoffBase, tu.BackoffMax = 20*time.Millisecond, 500*time.Millisecond
-	tu.LeaseTTL = cfg.LeaseTTL
+	tu := childTuning(cfg)
 	scfg := outbox.SubscriberConfig{
 		Schema:        cfg.Schema,
 		Pool:          pool,
@@ -213,6 +204,28 @@ func RunChild(ctx context.Context, cfg ChildConfig) error {
 		return runInbox(ctx, cfg, pool, logger)
 	}
 	return fmt.Errorf("chaos: unknown role %q", cfg.Role)
+}
+
+// childPool is a child's pool on the database of url: a dead server is
+// noticed within 2 s.
+func childPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns = 12
+	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	return pgxpool.NewWithConfig(ctx, pcfg)
+}
+
+// childTuning is every child's adaptive tuning: short backoffs and
+// cfg.LeaseTTL, so that a storm's takeovers are quick.
+func childTuning(cfg ChildConfig) adaptive.Tuning {
+	tu := adaptive.Default()
+	tu.BatchSize = 20
+	tu.BackoffBase, tu.BackoffMax = 20*time.Millisecond, 500*time.Millisecond
+	tu.LeaseTTL = cfg.LeaseTTL
+	return tu
 }
 
 // retry runs start until it succeeds or ctx ends.
@@ -347,10 +360,7 @@ func runFleet(ctx context.Context, cfg ChildConfig, logger watermill.LoggerAdapt
 		return err
 	}
 	defer target.Close()
-	tu := adaptive.Default()
-	tu.BatchSize = 20
-	tu.BackoffBase, tu.BackoffMax = 20*time.Millisecond, 500*time.Millisecond
-	tu.LeaseTTL = cfg.LeaseTTL
+	tu := childTuning(cfg)
 	fc := pipeline.FleetConfig{
 		Pipeline: pipeline.Config{Forward: forwarder.Config{
 			Subscriber: outbox.SubscriberConfig{ConsumerGroup: cfg.Group, Tuning: tu, CloseTimeout: 2 * time.Second,
@@ -363,13 +373,7 @@ func runFleet(ctx context.Context, cfg ChildConfig, logger watermill.LoggerAdapt
 		RestartBackoff: time.Second,
 	}
 	for name, url := range cfg.Sources {
-		pcfg, err := pgxpool.ParseConfig(url)
-		if err != nil {
-			return err
-		}
-		pcfg.MaxConns = 12
-		pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
-		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		pool, err := childPool(ctx, url)
 		if err != nil {
 			return err
 		}
