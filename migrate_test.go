@@ -115,6 +115,7 @@ func TestMigrateSetsTheChurningTablesStorageParameters(t *testing.T) {
 		"relays":     hot,
 		"log":        {"autovacuum_vacuum_scale_factor=0.02"},
 		"bodies":     {"autovacuum_vacuum_scale_factor=0.02"},
+		"dedup_keys": {"autovacuum_vacuum_scale_factor=0.02"},
 	}
 	for table, opts := range want {
 		if !slices.Equal(got[table], opts) {

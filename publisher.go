@@ -137,6 +137,16 @@ type PublisherConfig struct {
 	// Mode is where messages are written: ModeTable (the default) or
 	// ModeWAL. See PublishMode.
 	Mode PublishMode
+
+	// DedupWindow is how long a message's dedup key (DedupKey) keeps
+	// later messages of its topic with the same key from being stored,
+	// from its publish on (default DefaultDedupWindow, 24 hours; at least
+	// 1µs). The window is fixed when the key is claimed: a Publisher with
+	// another window changes only the keys it claims afterwards.
+	DedupWindow time.Duration
+
+	// DedupWindows overrides DedupWindow per topic (each at least 1µs).
+	DedupWindows map[string]time.Duration
 }
 
 // PublishMode says where a Publisher writes messages. Both modes keep the
@@ -209,6 +219,9 @@ func (c *PublisherConfig) setDefaults() {
 	if c.NotifyInterval == 0 {
 		c.NotifyInterval = DefaultNotifyInterval
 	}
+	if c.DedupWindow == 0 {
+		c.DedupWindow = DefaultDedupWindow
+	}
 }
 
 // Validate reports the first impossible setting as a *ConfigError (or a
@@ -240,6 +253,9 @@ func (c PublisherConfig) Validate() error {
 		if err := partitioning.ValidatePartitions(n); err != nil {
 			return &errs.ConfigError{Field: "Topics[" + topic + "]", Reason: err.Error()}
 		}
+	}
+	if err := validateDedupWindows(c); err != nil {
+		return err
 	}
 	if c.OwnTransaction && c.DB == nil {
 		return &errs.ConfigError{Field: "OwnTransaction", Reason: "needs DB to open transactions"}
@@ -348,6 +364,8 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 }
 
 // Publish writes msgs to topic in the caller's transaction. See Publisher.
+// A message whose dedup key (DedupKey) is taken is left out, and
+// Deduplicated(msg) reports it; Publish returns nil for it.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed.Load() {
 		return errs.ErrPublisherClosed
@@ -374,14 +392,24 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return schemacheck.Wrap(err, p.cfg.Schema)
 	}
+	dedup, err := planDedup(msgs) // nil without dedup keys: the statements below as ever
+	if err != nil {
+		return err
+	}
 	span := observe.StartPublish(topic, msgs) // traceparent into the metadata, before it is encoded
 	batch, err := p.encode(topic, ts, msgs)
 	if err != nil {
 		span.End(err)
 		return err
 	}
-	sql, args := p.statement(topic, batch)
-	if _, err := q.Exec(ctx, sql, args...); err != nil {
+	stored := len(msgs)
+	if dedup == nil {
+		sql, args := p.statement(topic, batch)
+		_, err = q.Exec(ctx, sql, args...)
+	} else {
+		stored, err = p.publishDedup(ctx, q, topic, msgs, batch, dedup)
+	}
+	if err != nil {
 		if werr := p.walRefusal(err, topic, len(msgs)); werr != nil {
 			err = werr
 		} else {
@@ -391,7 +419,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return err
 	}
 	span.End(nil)
-	observe.Current().Published(topic, len(msgs), batch.bytes)
+	observe.Current().Published(topic, stored, batch.bytes)
 	return nil
 }
 
@@ -399,11 +427,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 func (p *Publisher) statement(topic string, batch encodedBatch) (string, []any) {
 	n := len(batch.uuids)
 	if p.cfg.Mode == ModeWAL {
-		records := make([][]byte, n)
-		for i := range records {
-			records[i] = walrecord.Append(make([]byte, 0, walrecord.Size(topic, batch.keys[i], batch.uuids[i], batch.metadata[i], batch.payloads[i])),
-				batch.partitions[i], topic, batch.keys[i], batch.uuids[i], batch.metadata[i], batch.payloads[i])
-		}
+		records := walRecords(topic, batch)
 		if n == 1 {
 			return p.emitOneSQL, []any{p.walSlot, p.walPrefix, records[0]}
 		}
@@ -419,6 +443,16 @@ func (p *Publisher) statement(topic string, batch encodedBatch) (string, []any) 
 		sql, args = notifySQL, append(args, p.channel)
 	}
 	return sql, args
+}
+
+// walRecords encodes batch as the log-based mode's records.
+func walRecords(topic string, batch encodedBatch) [][]byte {
+	records := make([][]byte, len(batch.uuids))
+	for i := range records {
+		records[i] = walrecord.Append(make([]byte, 0, walrecord.Size(topic, batch.keys[i], batch.uuids[i], batch.metadata[i], batch.payloads[i])),
+			batch.partitions[i], topic, batch.keys[i], batch.uuids[i], batch.metadata[i], batch.payloads[i])
+	}
+	return records
 }
 
 // walRefusal turns the refusals of the statement that writes into the WAL

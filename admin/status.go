@@ -64,8 +64,12 @@ type TopicStatus struct {
 	// keeps every message above the lowest cursor of any group, so an
 	// abandoned group holds retention for ever: delete it with DeleteGroup.
 	// It is worked out over every group, whatever Filter.Group.
-	RetentionHeldBy string        `json:"retention_held_by,omitempty"`
-	Groups          []GroupStatus `json:"groups"`
+	RetentionHeldBy string `json:"retention_held_by,omitempty"`
+	// DedupKeys counts the topic's dedup keys (outbox.DedupKey) whose
+	// window is not over, up to DedupKeysCountLimit (at the limit: that
+	// many or more).
+	DedupKeys int64         `json:"dedup_keys"`
+	Groups    []GroupStatus `json:"groups"`
 }
 
 // MemberStatus is a live member of a consumer group on a topic.
@@ -300,6 +304,9 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 		}
 		addHolders(rep.Topics, holders)
 		if err := a.addUnsequenced(ctx, tx, rep.Topics); err != nil {
+			return err
+		}
+		if err := a.addDedupKeys(ctx, tx, f, rep.Topics); err != nil {
 			return err
 		}
 		rep.WALSlot, err = a.walSlot(ctx, tx)

@@ -8,7 +8,9 @@
 // chunks, each its own short transaction, and only partitions whose cursors
 // moved since the last visit are visited. Each pass also deletes the dead
 // letters that were dealt with (replayed or discarded) a while ago
-// (Config.DeadLettersKeepFor, a week by default); pending ones stay.
+// (Config.DeadLettersKeepFor, a week by default); pending ones stay. And it
+// deletes the dedup keys (outbox.DedupKey) whose window is over, which no
+// publish would find taken any more.
 //
 // A group that subscribes later (without StartFromNewest) starts at the
 // oldest message still retained, and a cursor reset (package admin) can go
@@ -150,6 +152,10 @@ type PassStats struct {
 	// DeadLetters is how many dead letters dealt with long enough ago
 	// (Config.DeadLettersKeepFor) the pass deleted.
 	DeadLetters int64 `json:"dead_letters"`
+	// DedupKeys is how many dedup keys whose window was over the pass
+	// deleted: at most MaxChunksPerVisit chunks of ChunkSize (More is set
+	// when it deleted that many).
+	DedupKeys int64 `json:"dedup_keys"`
 	// HeldBack lists the groups that hold retention back, as the pass
 	// left them: per topic, every group whose cursor is the lowest of all
 	// groups in a partition with messages left after it, the one keeping
@@ -190,6 +196,7 @@ type Stats struct {
 	Visits      int64 // partition visits
 	Deleted     int64 // log rows deleted
 	DeadLetters int64 // dead letters deleted (Config.DeadLettersKeepFor)
+	DedupKeys   int64 // expired dedup keys deleted
 }
 
 type partitionKey struct {
@@ -230,7 +237,7 @@ type Vacuum struct {
 	passMu sync.Mutex // one pass at a time
 	state  map[partitionKey]*partitionState
 
-	passes, visits, deleted, deadLetters atomic.Int64
+	passes, visits, deleted, deadLetters, dedupKeys atomic.Int64
 
 	life startstop.Service
 }
@@ -262,7 +269,7 @@ func NewVacuum(cfg Config, logger watermill.LoggerAdapter) (*Vacuum, error) {
 
 // Stats returns the running totals.
 func (v *Vacuum) Stats() Stats {
-	return Stats{Passes: v.passes.Load(), Visits: v.visits.Load(), Deleted: v.deleted.Load(), DeadLetters: v.deadLetters.Load()}
+	return Stats{Passes: v.passes.Load(), Visits: v.visits.Load(), Deleted: v.deleted.Load(), DeadLetters: v.deadLetters.Load(), DedupKeys: v.dedupKeys.Load()}
 }
 
 // Run vacuums until ctx ends or Close is called, then returns nil. A
@@ -315,7 +322,8 @@ func (v *Vacuum) run(ctx context.Context) error {
 			wait = v.cfg.Interval
 		}
 		if err == nil {
-			v.logger.Debug("Vacuum pass", watermill.LogFields{"visited": stats.Visited, "deleted": stats.Deleted, "dead_letters": stats.DeadLetters, "more": stats.More,
+			v.logger.Debug("Vacuum pass", watermill.LogFields{"visited": stats.Visited, "deleted": stats.Deleted, "dead_letters": stats.DeadLetters,
+				"dedup_keys": stats.DedupKeys, "more": stats.More,
 				"held_back": heldBackSummary(stats.HeldBack)})
 		}
 		if !backoff.Sleep(ctx, wait) {
@@ -335,7 +343,8 @@ func (v *Vacuum) Close() error {
 
 // VacuumOnce runs one pass: it reads every partition's horizon and deletes,
 // in partitions whose horizon moved since their last visit (or that have
-// work left), the rows at or below it, in chunks, then reads who holds
+// work left), the rows at or below it, in chunks, deletes the old dead
+// letters dealt with and the expired dedup keys, then reads who holds
 // retention back (PassStats.HeldBack) and warns about abandoned holders
 // (see Run). It returns what it did; on an error, the work done so far
 // stays done. A schema never migrated is outbox.ErrNotMigrated, one
@@ -412,6 +421,13 @@ func (v *Vacuum) pass(ctx context.Context) (PassStats, error) {
 		v.deadLetters.Add(n)
 		stats.More = stats.More || n == int64(v.cfg.ChunkSize)
 	}
+	n, more, err := v.purgeDedupKeys(ctx)
+	stats.DedupKeys = n
+	v.dedupKeys.Add(n)
+	if err != nil {
+		return stats, err
+	}
+	stats.More = stats.More || more
 	holders, err := v.holders(ctx)
 	if err != nil {
 		return stats, err

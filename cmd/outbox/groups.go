@@ -97,8 +97,14 @@ func statusTable(w *termsafe.Writer, rep admin.Report) {
 	}
 	for _, t := range rep.Topics {
 		held := ""
+		if t.DedupKeys > 0 {
+			held = fmt.Sprintf(", %d dedup keys", t.DedupKeys)
+			if t.DedupKeys >= admin.DedupKeysCountLimit {
+				held = fmt.Sprintf(", %d+ dedup keys", t.DedupKeys)
+			}
+		}
 		if t.RetentionHeldBy != "" {
-			held = ", retention held by " + t.RetentionHeldBy
+			held += ", retention held by " + t.RetentionHeldBy
 		}
 		w.Printf("\ntopic %s: %d partitions, %d sequenced, %d pending%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, held)
 		for _, g := range t.Groups {

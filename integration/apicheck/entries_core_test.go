@@ -45,6 +45,17 @@ var coreEntries = []entry{
 		})
 	}},
 	{"outbox.IsDelivered", func(e *env) { e.call("IsDelivered(nil)", func() { outbox.IsDelivered(nil) }) }},
+	{"outbox.DedupKey", func(e *env) {
+		e.fails("DedupKey(nil, k)", func() error { return outbox.DedupKey(nil, "k") })
+		e.fails("DedupKey(msg, \"\")", func() error { return outbox.DedupKey(message.NewMessage("u", nil), "") })
+		e.fails("DedupKey(msg, NUL)", func() error { return outbox.DedupKey(message.NewMessage("u", nil), "a\x00") })
+		e.fails("DedupKey(msg, invalid UTF-8)", func() error { return outbox.DedupKey(message.NewMessage("u", nil), "\xff") })
+		e.may("DedupKey(Message{}, k)", func() error { return outbox.DedupKey(&message.Message{}, "k") })
+	}},
+	{"outbox.Deduplicated", func(e *env) {
+		e.call("Deduplicated(nil)", func() { outbox.Deduplicated(nil) })
+		e.call("Deduplicated(Message{})", func() { outbox.Deduplicated(&message.Message{}) })
+	}},
 	{"outbox.KeyIsolation.Validate", func(e *env) {
 		e.may("KeyIsolation{}.Validate", func() error { return outbox.KeyIsolation{}.Validate() })
 	}},

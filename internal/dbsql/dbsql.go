@@ -1,8 +1,9 @@
 // Package dbsql holds every SQL statement of the outbox: one .sql file per
 // table (topics.sql, partitions.sql, pending.sql, log.sql, cursors.sql,
-// members.sql, dead_letters.sql, plus catalog.sql for the schema's own
-// bookkeeping) and the migrations that create those tables. No other package
-// writes SQL; they run the statements of [For] with bind parameters.
+// members.sql, dead_letters.sql, dedup_keys.sql, plus catalog.sql for the
+// schema's own bookkeeping) and the migrations that create those tables.
+// No other package writes SQL; they run the statements of [For] with bind
+// parameters.
 //
 // A statement lives in the file of the table it writes, or, for a read, of
 // the table it reads first; a reader finds every statement that moves a
@@ -147,6 +148,12 @@ type Queries struct {
 
 	// published.sql
 	PublishedOfTopic string
+
+	// dedup_keys.sql
+	DedupKeysInsertPending string
+	DedupKeysEmit          string
+	DedupKeysPurgeExpired  string
+	DedupKeysStatus        string
 
 	// wal.sql
 	WALEmit              string
