@@ -47,6 +47,9 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		if !pgtext.Storable(key) {
 			return b, &errs.MessageError{UUID: m.UUID, Reason: "partition key must be valid UTF-8 without NUL bytes"}
 		}
+		if err := checkTombstone(m, key); err != nil {
+			return b, err
+		}
 		var part int
 		if key == "" {
 			part = int(ts.next.Add(1)-1) % ts.partitions

@@ -60,6 +60,30 @@ type Config struct {
 	// NATSMarshaler, so that watermill-nats subscribers read them as usual:
 	// metadata in headers, the UUID in header "_watermill_message_uuid").
 	Marshaler wmnats.Marshaler
+	// KeySubjects publishes each message to a subject of its key:
+	// "<subject>.<partition key>" (a stream must cover "<subject>.>"), so
+	// that a stream with one message per subject (MaxMsgsPerSubject 1, or
+	// a KV bucket: subject "$KV.<bucket>") keeps each key's latest message,
+	// and a tombstone (outbox.Tombstone) purges its key: it is published
+	// with headers Nats-Rollup "sub" and KV-Operation "PURGE", which make
+	// the server remove every earlier message of the subject (the stream
+	// must allow rollups, AllowRollup; else the server refuses the
+	// tombstone, which is rejected). A message without a key, or whose key
+	// is no subject ('*', '>', spaces, an empty token), is rejected. Off by
+	// default: the subject is the target topic, and a tombstone is
+	// published as a message with an empty body and header
+	// outbox_tombstone, removing nothing (docs/forwarder.md, "Tombstones").
+	KeySubjects bool
+	// CloudEvents sends each message as a CloudEvent 1.0 of the NATS
+	// protocol binding (forwarder.CloudEvents; off by default). Binary
+	// mode: the body is the data, each attribute a header "ce-<name>"
+	// (ce-specversion, ce-id, ce-source, ce-type, ce-time, ce-subject =
+	// the partition key, ce-datacontenttype), values percent-encoded as
+	// the binding requires, next to the Marshaler's headers. Structured
+	// mode: the body is the event in the JSON event format, header
+	// Content-Type "application/cloudevents+json". A tombstone goes in
+	// binary mode in both.
+	CloudEvents forwarder.CloudEvents
 }
 
 func (c *Config) setDefaults() {
@@ -83,7 +107,7 @@ func (c Config) Validate() error {
 	case c.Conn != nil && c.Conn.Opts.ReconnectBufSize != -1:
 		return &outbox.ConfigError{Field: "Conn", Reason: "must be made with nats.ReconnectBufSize(-1), or a reconnect can reorder messages"}
 	}
-	return nil
+	return c.CloudEvents.Validate()
 }
 
 // msgID is the Nats-Msg-Id of msg: its stable id, after its source when the
@@ -112,8 +136,10 @@ func msgID(msg *message.Message) string {
 // The subject is the target topic; a stream must cover it (the target
 // creates no streams). A message refused for what it is (larger than the
 // server's max_payload or the stream's MaxMsgSize, headers over 64 KiB, a
-// metadata key that is no valid header name, or a JetStream header from its
-// metadata whose demand the stream cannot meet, such as
+// metadata key that is no valid header name, a tombstone or key the target
+// cannot publish as asked or a message it cannot make a CloudEvent of
+// (tombstone.go, cloudevents.go; *outbox.MessageError), or a JetStream
+// header from its metadata whose demand the stream cannot meet, such as
 // Nats-Expected-Stream or Nats-TTL: docs/forwarder.md has the list) is
 // taken out of the stream with outbox.Reject on its first attempt, the
 // messages before it delivered by the same Send; other failures (no
@@ -192,6 +218,10 @@ func (t *Target) Send(ctx context.Context, subject string, batch []*message.Mess
 		nm, err := t.cfg.Marshaler.Marshal(subject, forwarder.Outgoing(msg))
 		if err != nil {
 			stopErr = &permanentError{fmt.Errorf("marshal message %s: %w", msg.UUID, err)}
+			break
+		}
+		if err := t.shape(nm, subject, msg); err != nil {
+			stopErr = &permanentError{err}
 			break
 		}
 		id := msgID(msg)

@@ -81,6 +81,18 @@ type Config struct {
 	// was published to the outbox with (forwarder.PartitionKey). An empty
 	// key makes the record keyless.
 	Key func(msg *message.Message) []byte
+	// CloudEvents sends each message as a CloudEvent 1.0 of the Kafka
+	// protocol binding (forwarder.CloudEvents; off by default). Binary
+	// mode: the record's value is the data, the attributes are headers
+	// ce_specversion, ce_id, ce_source, ce_type, ce_time, ce_subject (the
+	// record key) and content-type (datacontenttype), next to the
+	// Marshaler's headers. Structured mode: the value is the event in the
+	// JSON event format, header content-type
+	// "application/cloudevents+json", the Marshaler's headers kept. In
+	// both, the outbox_* headers stay (the exactly-once tail read finds
+	// the records by them) and a tombstone goes in binary mode: a record
+	// with a null value and the ce_ headers.
+	CloudEvents forwarder.CloudEvents
 
 	// AtLeastOnce turns exactly-once delivery off: an idempotent kgo
 	// producer per outbox partition, no transactions; copies are then
@@ -181,6 +193,9 @@ func (c Config) Validate() error {
 		return &outbox.ConfigError{Field: "MaxBatchBytes", Reason: "must be between 512 bytes and 1 GiB"}
 	case c.ProducerIdleTimeout < 0:
 		return &outbox.ConfigError{Field: "ProducerIdleTimeout", Reason: "must be positive"}
+	}
+	if err := c.CloudEvents.Validate(); err != nil {
+		return err
 	}
 	for i, b := range c.Brokers {
 		if b == "" {

@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/tombstone"
 )
 
 // UUIDHeaderKey is the record header that carries the Watermill message
@@ -26,6 +27,13 @@ type Marshaler interface {
 // UUIDHeaderKey, then every metadata entry as a header, the payload as
 // value. A message with metadata named UUIDHeaderKey is refused (the error
 // wraps outbox.ErrInvalidArgument), as watermill-kafka refuses it.
+//
+// A tombstone (outbox.Tombstone) gets a null value (Value nil), which a
+// compacted topic takes as the deletion of the record's key; a tombstone
+// with a payload, or with a mark other than outbox.Tombstone's, is refused
+// (*outbox.MessageError). Any other message gets a non-null value, empty
+// when its payload is: only a tombstone deletes its key. (watermill-kafka
+// writes a null value for a nil payload.)
 type DefaultMarshaler struct{}
 
 // Marshal implements Marshaler.
@@ -41,5 +49,13 @@ func (DefaultMarshaler) Marshal(topic string, msg *message.Message) (*kgo.Record
 	for key, value := range msg.Metadata {
 		headers = append(headers, kgo.RecordHeader{Key: key, Value: []byte(value)})
 	}
-	return &kgo.Record{Topic: topic, Value: msg.Payload, Headers: headers}, nil
+	value := msg.Payload
+	if tomb, err := tombstone.Of(msg); err != nil {
+		return nil, err
+	} else if tomb {
+		value = nil
+	} else if value == nil {
+		value = []byte{}
+	}
+	return &kgo.Record{Topic: topic, Value: value, Headers: headers}, nil
 }

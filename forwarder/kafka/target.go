@@ -42,7 +42,9 @@ import (
 //     header). Exactly once, a failed Send aborts its transaction: nothing
 //     of it is visible to read_committed consumers.
 //   - Errors that no retry can cure take the message out of the stream with
-//     outbox.Reject: a marshal failure, a record larger than
+//     outbox.Reject: a marshal failure, a tombstone the target cannot send
+//     as one or a message it cannot make a CloudEvent of (tombstone.go,
+//     cloudevents.go; *outbox.MessageError), a record larger than
 //     Config.MaxBatchBytes, an invalid topic name, and the broker's
 //     MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE or INVALID_RECORD for a
 //     record alone in its record batch. When the broker refuses a record
@@ -276,6 +278,15 @@ func (t *Target) record(ctx context.Context, topic string, msg *message.Message)
 	r.Topic = topic
 	if key := t.cfg.Key(msg); len(key) > 0 {
 		r.Key = key
+	}
+	tomb, err := tombstoneRecord(msg, r)
+	if err != nil {
+		return outRecord{}, err
+	}
+	if t.cfg.CloudEvents.Mode != forwarder.CloudEventsOff {
+		if err := cloudEvent(t.cfg.CloudEvents, r, msg, tomb); err != nil {
+			return outRecord{}, err
+		}
 	}
 	if !t.cfg.AtLeastOnce {
 		// The tail read after a takeover finds the partition's last record

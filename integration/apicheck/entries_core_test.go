@@ -45,6 +45,15 @@ var coreEntries = []entry{
 		})
 	}},
 	{"outbox.IsDelivered", func(e *env) { e.call("IsDelivered(nil)", func() { outbox.IsDelivered(nil) }) }},
+	{"outbox.Tombstone", func(e *env) {
+		e.fails("Tombstone(nil)", func() error { return outbox.Tombstone(nil) })
+		e.fails("Tombstone(msg with a payload)", func() error { return outbox.Tombstone(message.NewMessage("u", []byte("x"))) })
+		e.may("Tombstone(&Message{})", func() error { return outbox.Tombstone(&message.Message{}) })
+	}},
+	{"outbox.IsTombstone", func(e *env) {
+		e.call("IsTombstone(nil)", func() { outbox.IsTombstone(nil) })
+		e.call("IsTombstone(&Message{})", func() { outbox.IsTombstone(&message.Message{}) })
+	}},
 	{"outbox.DedupKey", func(e *env) {
 		e.fails("DedupKey(nil, k)", func() error { return outbox.DedupKey(nil, "k") })
 		e.fails("DedupKey(msg, \"\")", func() error { return outbox.DedupKey(message.NewMessage("u", nil), "") })

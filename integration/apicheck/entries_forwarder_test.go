@@ -31,6 +31,15 @@ var forwarderEntries = []entry{
 			return forwarder.Config{Subscriber: subCfg(e), Topics: []string{"orders"}, Target: sendTarget, Middlewares: []message.HandlerMiddleware{nil}}.Validate()
 		})
 	}},
+	{"forwarder.CloudEvents.Validate", func(e *env) {
+		e.may("forwarder.CloudEvents{}.Validate", func() error { return forwarder.CloudEvents{}.Validate() })
+		e.fails("forwarder.CloudEvents{Mode: binary}.Validate", func() error {
+			return forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary}.Validate()
+		})
+		e.may("forwarder.CloudEvents{Mode: binary, Source, Type: nil}.Validate", func() error {
+			return forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", Type: nil}.Validate()
+		})
+	}},
 	{"forwarder.NewForwarder", func(e *env) {
 		e.fails("NewForwarder(zero, nil)", func() error { _, err := forwarder.NewForwarder(forwarder.Config{}, nil); return err })
 		e.fails("NewForwarder(Middlewares: [nil])", func() error {

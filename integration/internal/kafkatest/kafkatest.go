@@ -96,6 +96,19 @@ func newAdmin(t testing.TB, brokers []string) *kadm.Client {
 // Admin is an admin client of the cluster (closed when the test ends).
 func (c *Cluster) Admin() *kadm.Client { return c.admin }
 
+// Compact runs log compaction now on kfake's topics with
+// cleanup.policy=compact (kfake keeps the last record batch of a
+// partition, as Kafka keeps the active segment) and reports true. A real
+// cluster compacts on its own schedule: there it does nothing and reports
+// false.
+func (c *Cluster) Compact() bool {
+	if c.fake == nil {
+		return false
+	}
+	c.fake.Compact()
+	return true
+}
+
 // Topic creates a topic named base plus a unique suffix with partitions
 // partitions and the topic configs configs (e.g. "max.message.bytes"),
 // deletes it when the test ends, and returns its name.

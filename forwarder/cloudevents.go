@@ -1,0 +1,149 @@
+package forwarder
+
+import (
+	"fmt"
+	"mime"
+	"net/url"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	outbox "github.com/millrace/watermill-outbox"
+)
+
+// CloudEventsMode says whether, and in which content mode of the
+// CloudEvents protocol bindings, a target sends messages as CloudEvents.
+type CloudEventsMode int
+
+// The content modes of CloudEvents.Mode.
+const (
+	// CloudEventsOff (the zero value): messages are sent as they are.
+	CloudEventsOff CloudEventsMode = iota
+	// CloudEventsBinary: the payload is the event's data, the attributes
+	// are headers (Kafka "ce_id", "content-type"…; NATS "ce-id",
+	// "ce-datacontenttype"…) next to the message's metadata headers.
+	CloudEventsBinary
+	// CloudEventsStructured: the body is the event in the JSON event
+	// format (attributes and data), with header content-type
+	// "application/cloudevents+json"; the metadata headers stay.
+	CloudEventsStructured
+)
+
+// Defaults of CloudEvents.
+const (
+	// DefaultCloudEventsTypeMetadata is the metadata key an event's type is
+	// read from when CloudEvents.Type is nil.
+	DefaultCloudEventsTypeMetadata = "ce_type"
+	// DefaultCloudEventsTimeMetadata is the metadata key an event's time is
+	// read from (RFC 3339) when the message has it.
+	DefaultCloudEventsTimeMetadata = "ce_time"
+)
+
+// CloudEvents makes a target (kafka.Config.CloudEvents,
+// jetstream.Config.CloudEvents) send each message as a CloudEvent 1.0 of
+// the broker's protocol binding (Kafka, NATS), readable by the CloudEvents
+// SDKs. The zero value sends messages as they are. The attributes:
+//
+//   - id: the stable outbox id (outbox.MetadataID, "topic/partition/seq";
+//     "<source>:<id>" from a forwarder with a Source; the UUID of a message
+//     that is no outbox delivery): the same on every copy, so that
+//     consumers drop copies by (source, id);
+//   - source: Source;
+//   - type: Type(msg), or the message's metadata TypeMetadata;
+//   - time: the message's metadata TimeMetadata (RFC 3339) when the
+//     publisher set it, else the time the target builds the event;
+//   - subject: the message's key (the Kafka record key, the partition key
+//     on NATS), left out when it has none;
+//   - datacontenttype: DataContentType, left out when empty;
+//   - data: the payload.
+//
+// A message the target cannot make an event of is rejected (outbox.Reject)
+// with a *outbox.MessageError: no type, a TimeMetadata that is no RFC 3339
+// time, or metadata the binding would read as an attribute (a key starting
+// with the binding's header prefix, "ce_" on Kafka and "ce-" on NATS,
+// other than TypeMetadata and TimeMetadata, or "content-type"). The outbox
+// metadata (outbox_id, outbox_incarnation, outbox_source…) stay headers in
+// both modes: the Kafka target's exactly-once tail read finds its records
+// by them. A tombstone (outbox.Tombstone) is sent in binary mode in both
+// modes: the bindings define no structured tombstone (docs/forwarder.md,
+// "CloudEvents").
+type CloudEvents struct {
+	// Mode is CloudEventsBinary or CloudEventsStructured; CloudEventsOff
+	// (the default) turns the other fields off.
+	Mode CloudEventsMode
+	// Source is the source attribute of every event: a URI-reference naming
+	// the producer ("/shop/orders", "urn:shop:orders",
+	// "https://shop.example/orders"). Required with a Mode.
+	Source string
+	// Type returns the type attribute of msg's event
+	// ("com.example.order.placed"); "" rejects the message. Default: the
+	// message's metadata TypeMetadata.
+	Type func(msg *message.Message) string
+	// TypeMetadata is the metadata key of the type when Type is nil.
+	// Default DefaultCloudEventsTypeMetadata.
+	TypeMetadata string
+	// TimeMetadata is the metadata key of an event's time, an RFC 3339
+	// time the publisher may set (e.g. when the business event happened);
+	// without it, the time is the send's. Default
+	// DefaultCloudEventsTimeMetadata.
+	TimeMetadata string
+	// DataContentType is the datacontenttype attribute of every event
+	// ("application/json"); empty: left out. In structured mode a JSON
+	// media type (application/json, text/json, …+json) puts a payload that
+	// is valid JSON into "data" as it is; any other payload goes into
+	// "data_base64".
+	DataContentType string
+}
+
+// Validate reports the first impossible setting as an *outbox.ConfigError
+// (Field "CloudEvents.…").
+func (c CloudEvents) Validate() error {
+	switch c.Mode {
+	case CloudEventsOff:
+		if c.Source != "" || c.Type != nil || c.TypeMetadata != "" || c.TimeMetadata != "" || c.DataContentType != "" {
+			return &outbox.ConfigError{Field: "CloudEvents.Mode", Reason: "is CloudEventsOff while other CloudEvents fields are set: set CloudEventsBinary or CloudEventsStructured"}
+		}
+		return nil
+	case CloudEventsBinary, CloudEventsStructured:
+	default:
+		return &outbox.ConfigError{Field: "CloudEvents.Mode", Reason: fmt.Sprintf("%d is no mode: CloudEventsOff, CloudEventsBinary or CloudEventsStructured", c.Mode)}
+	}
+	if c.Source == "" {
+		return &outbox.ConfigError{Field: "CloudEvents.Source", Reason: "required with a Mode: a URI-reference naming the producer, e.g. /shop/orders"}
+	}
+	if !headerSafe(c.Source) {
+		return &outbox.ConfigError{Field: "CloudEvents.Source", Reason: fmt.Sprintf("%q holds spaces or control characters: it is a URI-reference", c.Source)}
+	}
+	if _, err := url.Parse(c.Source); err != nil {
+		return &outbox.ConfigError{Field: "CloudEvents.Source", Reason: fmt.Sprintf("%q is no URI-reference: %v", c.Source, err)}
+	}
+	if c.Type != nil && c.TypeMetadata != "" {
+		return &outbox.ConfigError{Field: "CloudEvents.TypeMetadata", Reason: "set Type or TypeMetadata, not both"}
+	}
+	for field, key := range map[string]string{"TypeMetadata": c.TypeMetadata, "TimeMetadata": c.TimeMetadata} {
+		if key != "" && !headerSafe(key) {
+			return &outbox.ConfigError{Field: "CloudEvents." + field, Reason: fmt.Sprintf("%q is no metadata key: spaces or control characters", key)}
+		}
+	}
+	if c.DataContentType != "" {
+		mt, _, err := mime.ParseMediaType(c.DataContentType)
+		if err != nil || !strings.Contains(mt, "/") || !headerSafe(strings.ReplaceAll(c.DataContentType, " ", "")) {
+			return &outbox.ConfigError{Field: "CloudEvents.DataContentType", Reason: fmt.Sprintf("%q is no media type (RFC 2046), e.g. application/json", c.DataContentType)}
+		}
+	}
+	return nil
+}
+
+// headerSafe reports a non-empty string without spaces or control
+// characters.
+func headerSafe(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r <= ' ' || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
