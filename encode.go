@@ -40,6 +40,9 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		if !pgtext.Storable(m.UUID) {
 			return b, &errs.MessageError{UUID: strconv.Quote(m.UUID), Reason: "UUID must be valid UTF-8 without NUL bytes"}
 		}
+		if err := checkDelay(m); err != nil {
+			return b, err
+		}
 		key, err := p.cfg.PartitionKeyFunc(topic, m)
 		if err != nil {
 			return b, fmt.Errorf("outbox: partition key of message %s: %w", m.UUID, err)

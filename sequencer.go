@@ -66,6 +66,11 @@ type SequencerConfig struct {
 	// polls only once a second (see SubscriberConfig.Advanced.PollInterval),
 	// so the first message after it can wait that long.
 	DisableNotify bool
+	// Clock is the time delayed messages (DeliverAt) are held against:
+	// one is sequenced once Clock() reaches its time (default time.Now).
+	// Tests set it to move time on (outboxtest.Runner.Advance) rather
+	// than wait.
+	Clock func() time.Time
 }
 
 func (c *SequencerConfig) setDefaults() {
@@ -83,6 +88,9 @@ func (c *SequencerConfig) setDefaults() {
 	}
 	if c.Debounce == 0 {
 		c.Debounce = time.Millisecond
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
 	}
 	if c.MinPassInterval == 0 {
 		c.MinPassInterval = 20 * time.Millisecond
@@ -225,7 +233,8 @@ func (s *Sequencer) run(ctx context.Context) error {
 	minGap := max(s.cfg.MinPassInterval, 0)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	prompted := true // the first pass, and passes after a notification or a full pass
+	var nextDue time.Time // the earliest delayed message's time, as last read (zero: none)
+	prompted := true      // the first pass, and passes after a notification or a full pass
 	for {
 		started := time.Now()
 		var (
@@ -233,7 +242,13 @@ func (s *Sequencer) run(ctx context.Context) error {
 			more bool
 			err  error
 		)
-		if prompted || s.anyPending(ctx) {
+		checked := !prompted // anyPending tells nextDue
+		if !prompted {
+			var any bool
+			any, nextDue = s.anyPending(ctx)
+			prompted = any
+		}
+		if prompted {
 			n, more, err = s.Pass(ctx)
 		}
 		if n > 0 {
@@ -267,6 +282,16 @@ func (s *Sequencer) run(ctx context.Context) error {
 			prompted = n > 0 // (a productive pass that took its whole gap)
 			continue
 		}
+		// A delayed message wakes the sequencer when it is due, not at
+		// the next poll. After a prompted pass that moved nothing (a new
+		// delayed message, say) the earliest due time is read afresh;
+		// after a productive one the follow-up check reads it soon.
+		if !checked && n == 0 && err == nil {
+			_, nextDue = s.anyPending(ctx)
+		}
+		if !nextDue.IsZero() {
+			wait = min(wait, max(nextDue.Sub(s.cfg.Clock()), time.Millisecond))
+		}
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -298,13 +323,18 @@ func (s *Sequencer) run(ctx context.Context) error {
 // anyPending tells an unprompted pass (a follow-up or the safety-net
 // poll, which usually find nothing) whether a pass is worth its three
 // round trips: one statement, outside any transaction. On an error it says
-// yes, and the pass reports the error.
-func (s *Sequencer) anyPending(ctx context.Context) bool {
+// yes, and the pass reports the error. It also returns when the earliest
+// delayed message is due (zero: none is waiting).
+func (s *Sequencer) anyPending(ctx context.Context) (bool, time.Time) {
 	var any bool
-	if err := s.cfg.Pool.QueryRow(ctx, s.q.PendingAny).Scan(&any); err != nil {
-		return true
+	var next *time.Time
+	if err := s.cfg.Pool.QueryRow(ctx, s.q.PendingAny, s.cfg.Clock()).Scan(&any, &next); err != nil {
+		return true, time.Time{}
 	}
-	return any
+	if next == nil {
+		return any, time.Time{}
+	}
+	return any, *next
 }
 
 func (s *Sequencer) wake() {
@@ -397,7 +427,8 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 	open = true
 	lock := &pgx.Batch{}
 	lock.Queue("begin")
-	lock.Queue(s.q.PartitionsLockPending, s.cfg.MaxPartitionsPerPass, s.cfg.BatchSize)
+	now := s.cfg.Clock()
+	lock.Queue(s.q.PartitionsLockPending, s.cfg.MaxPartitionsPerPass, s.cfg.BatchSize, now)
 	br := conn.SendBatch(ctx, lock)
 	if _, err = br.Exec(); err != nil {
 		_ = br.Close()
@@ -437,7 +468,7 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 		channel = &s.notifyChannel
 	}
 	move := &pgx.Batch{}
-	move.Queue(s.q.PendingSequence, topics, parts, s.cfg.BatchSize, channel, traced.Limit, traced.Fields)
+	move.Queue(s.q.PendingSequence, topics, parts, s.cfg.BatchSize, channel, traced.Limit, traced.Fields, now)
 	move.Queue("commit")
 	br = conn.SendBatch(ctx, move)
 	rows, err = br.Query()

@@ -57,6 +57,12 @@ type TopicStatus struct {
 	// for the sequencer.
 	Sequenced   int64 `json:"sequenced"`
 	Unsequenced int64 `json:"unsequenced"`
+	// Delayed counts the Unsequenced messages published with a delivery
+	// time (outbox.DeliverAt) that has not come; NextDueAt is the earliest
+	// such time (nil when none). They, and the later messages of their
+	// keys that wait behind them, are not counted in the groups' Lag.
+	Delayed   int64      `json:"delayed"`
+	NextDueAt *time.Time `json:"next_due_at,omitempty"`
 	// RetentionHeldBy is the group that holds the retention vacuum back
 	// most on this topic ("" when none does): of the groups whose cursor is
 	// the lowest in a partition with messages left after it, the one with
@@ -324,30 +330,40 @@ func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 // addUnsequenced adds each topic's committed messages that wait for the
 // sequencer to the Lag of its groups with cursors, and the oldest one's age
 // to their MaxLagSeconds: without a sequencer they pile up there while the
-// partitions show no lag.
+// partitions show no lag. Delayed messages whose time has not come, and
+// the later messages of their keys, are not late: they are left out, and
+// the topic's Delayed and NextDueAt say how many and until when.
 func (a *Admin) addUnsequenced(ctx context.Context, tx pgx.Tx, topics []TopicStatus) error {
 	rows, err := tx.Query(ctx, a.q.PendingMetrics)
 	if err != nil {
 		return err
 	}
-	oldest := map[string]float64{}
+	type waiting struct {
+		ready, delayed int64
+		age            float64
+		next           *time.Time
+	}
+	byTopic := map[string]waiting{}
 	var (
-		topic string
-		n     int64
-		age   float64
+		topic              string
+		n, delayed, notYet int64
+		age                float64
+		next               *time.Time
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&topic, &n, &age}, func() error {
-		oldest[topic] = age
+	if _, err := pgx.ForEachRow(rows, []any{&topic, &n, &age, &delayed, &notYet, &next}, func() error {
+		byTopic[topic] = waiting{ready: n - notYet, delayed: delayed, age: age, next: next}
 		return nil
 	}); err != nil {
 		return err
 	}
 	for ti := range topics {
 		t := &topics[ti]
+		w := byTopic[t.Topic]
+		t.Delayed, t.NextDueAt = w.delayed, w.next
 		for gi := range t.Groups {
 			if g := &t.Groups[gi]; len(g.Partitions) > 0 {
-				g.Lag += t.Unsequenced
-				g.MaxLagSeconds = max(g.MaxLagSeconds, oldest[t.Topic])
+				g.Lag += w.ready
+				g.MaxLagSeconds = max(g.MaxLagSeconds, w.age)
 			}
 		}
 	}

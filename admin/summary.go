@@ -11,6 +11,8 @@ type Summary struct {
 	// Unsequenced, summed).
 	Sequenced int64 `json:"sequenced"`
 	Pending   int64 `json:"pending"`
+	// Delayed of the Pending wait for their time (outbox.DeliverAt).
+	Delayed int64 `json:"delayed"`
 	// Lag sums every group's Lag on every topic: the deliveries owed (a
 	// message two groups have yet to handle counts twice).
 	// MaxLagSeconds is the largest MaxLagSeconds of any group.
@@ -33,6 +35,7 @@ func (r Report) Summary() Summary {
 		s.Partitions += t.Partitions
 		s.Sequenced += t.Sequenced
 		s.Pending += t.Unsequenced
+		s.Delayed += t.Delayed
 		for _, g := range t.Groups {
 			s.Lag += g.Lag
 			s.MaxLagSeconds = max(s.MaxLagSeconds, g.MaxLagSeconds)
@@ -51,7 +54,7 @@ func (r Report) Summary() Summary {
 func (s Summary) Plus(o Summary) Summary {
 	return Summary{
 		Topics: s.Topics + o.Topics, Partitions: s.Partitions + o.Partitions,
-		Sequenced: s.Sequenced + o.Sequenced, Pending: s.Pending + o.Pending,
+		Sequenced: s.Sequenced + o.Sequenced, Pending: s.Pending + o.Pending, Delayed: s.Delayed + o.Delayed,
 		Lag: s.Lag + o.Lag, MaxLagSeconds: max(s.MaxLagSeconds, o.MaxLagSeconds),
 		Leased: s.Leased + o.Leased, Paused: s.Paused + o.Paused, Failing: s.Failing + o.Failing,
 		BackingOff: s.BackingOff + o.BackingOff, DeadLetters: s.DeadLetters + o.DeadLetters,

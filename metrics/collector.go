@@ -46,7 +46,7 @@ type Collector struct {
 	q   *dbsql.Queries
 
 	pending, pendingAge, lag, lagSeconds, degraded, backingOff, paused, leases, members *prometheus.Desc
-	isolationFull, heldMessages, heldKeys                                               *prometheus.Desc
+	isolationFull, heldMessages, heldKeys, delayed                                      *prometheus.Desc
 	deadLetters, retentionHeld, up, collectSeconds, errorsTotal                         *prometheus.Desc
 	slotRetained, slotActive                                                            *prometheus.Desc
 
@@ -95,7 +95,7 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	gt := []string{"group", "topic"}
 	const (
 		lagHelp = "Messages the consumer group has not finished: behind its cursors, and committed but not yet sequenced " +
-			"(outbox_pending_messages of the topic, which every group has yet to handle)."
+			"(outbox_pending_messages of the topic, which every group has yet to handle, but for delayed messages whose time has not come and those of their keys behind them)."
 		lagSecondsHelp = "Age of the oldest message the consumer group has not finished, one committed but not yet sequenced " +
 			"included (0 when none): how late it is."
 	)
@@ -103,7 +103,8 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 		cfg:            cfg,
 		q:              dbsql.For(cfg.Schema),
 		pending:        desc("pending_messages", "Messages committed but not yet sequenced (0 for a registered topic with none).", "topic"),
-		pendingAge:     desc("pending_oldest_age_seconds", "Age of the oldest message waiting for the sequencer (0 when none): grows when no sequencer runs.", "topic"),
+		pendingAge:     desc("pending_oldest_age_seconds", "Age of the oldest message waiting for the sequencer that could be sequenced now, a delayed one counted from its time (0 when none): grows when no sequencer runs.", "topic"),
+		delayed:        desc("delayed_messages", "Messages published with a delivery time (outbox.DeliverAt) that has not come: part of outbox_pending_messages, not of the lag.", "topic"),
 		lag:            desc("lag_messages", lagHelp, gt...),
 		lagSeconds:     desc("lag_seconds", lagSecondsHelp, gt...),
 		degraded:       desc("partitions_degraded", "Partitions whose adaptive batching is degraded (isolating a failing message).", gt...),
@@ -129,7 +130,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	if ch == nil || c.q == nil { // nowhere to send, or a zero Collector (not made by NewCollector): nothing to describe
 		return
 	}
-	for _, d := range []*prometheus.Desc{c.pending, c.pendingAge, c.lag, c.lagSeconds, c.degraded, c.backingOff, c.paused,
+	for _, d := range []*prometheus.Desc{c.pending, c.pendingAge, c.delayed, c.lag, c.lagSeconds, c.degraded, c.backingOff, c.paused,
 		c.leases, c.members, c.isolationFull, c.heldMessages, c.heldKeys, c.deadLetters, c.retentionHeld, c.slotRetained, c.slotActive, c.up, c.collectSeconds, c.errorsTotal} {
 		ch <- d
 	}
@@ -174,20 +175,23 @@ func (c *Collector) refresh() {
 		}
 		var (
 			topic, group, status string
-			n                    int64
+			n, delayed, notYet   int64
 			age                  float64
+			nextDue              *time.Time
 		)
 		// Committed but not sequenced: every group of the topic has them
-		// to handle, so they count in its lag too.
+		// to handle, so they count in its lag too; not those that wait for
+		// their time (delayed, and the later messages of their keys).
 		type waiting struct {
 			n   int64
 			age float64
 		}
 		pending := map[string]waiting{}
-		if _, err := pgx.ForEachRow(rows, []any{&topic, &n, &age}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&topic, &n, &age, &delayed, &notYet, &nextDue}, func() error {
 			gauge(c.pending, float64(n), topic)
 			gauge(c.pendingAge, age, topic)
-			pending[topic] = waiting{n, age}
+			gauge(c.delayed, float64(delayed), topic)
+			pending[topic] = waiting{n - notYet, age}
 			return nil
 		}); err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -524,5 +525,43 @@ func TestRequireRefusesNilMatchesAndUnmigratedSchemas(t *testing.T) {
 		if !tb.failed || !strings.Contains(tb.msg, c.want) {
 			t.Errorf("%s: failed %v with %q, want a failure saying %q", c.name, tb.failed, tb.msg, c.want)
 		}
+	}
+}
+
+// A test of a delayed message does not wait for it: Advance moves the
+// runner's clock, and its sequencer takes the message as due.
+func TestRunnerAdvanceDeliversDelayedMessages(t *testing.T) {
+	pool, schema := env(t)
+	delayedOrder := order(1, "c")
+	if err := outbox.DeliverAfter(delayedOrder, 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishTx(t, tx, schema, order(0, "c"), delayedOrder, order(2, "c"))
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	r, err := outboxtest.NewRunner(context.Background(), outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g"}, "orders",
+		func(m *message.Message) error { got = append(got, m.UUID); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.RunUntilIdle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("delivered before the day passed: %v, want only the first order (the third waits behind the delayed one)", got)
+	}
+	r.Advance(25 * time.Hour)
+	if _, err := r.RunUntilIdle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{order(0, "c").UUID, delayedOrder.UUID, order(2, "c").UUID}; !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v", got, want)
 	}
 }

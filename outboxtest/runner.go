@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -101,6 +102,8 @@ type Runner struct {
 	// panicked is a panic of the handler, re-raised by the Tick that
 	// met it once the partition's turn is over.
 	panicked any
+	// ahead is how far Advance moved the runner's clock past the real one.
+	ahead atomic.Int64
 }
 
 // tickStater runs the query that says why a runner holds no partition.
@@ -161,12 +164,26 @@ func newRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h
 		return nil, err
 	}
 	if !cfg.DisableSequencer {
-		if r.sequencer, err = outbox.NewSequencer(outbox.SequencerConfig{Schema: r.schema, Pool: cfg.Pool}, nil); err != nil {
+		if r.sequencer, err = outbox.NewSequencer(outbox.SequencerConfig{Schema: r.schema, Pool: cfg.Pool, Clock: r.now}, nil); err != nil {
 			_ = sub.Close()
 			return nil, err
 		}
 	}
 	return r, nil
+}
+
+// now is the runner's clock: the real one, moved on by Advance.
+func (r *Runner) now() time.Time { return time.Now().Add(time.Duration(r.ahead.Load())) }
+
+// Advance moves the runner's clock on by d, for delayed messages
+// (outbox.DeliverAt): its sequencer takes a message due within d from now
+// as due, so that a test of a delayed message does not wait for it. The
+// clock only moves forward (d ≤ 0 does nothing); it is the runner's alone.
+func (r *Runner) Advance(d time.Duration) {
+	if r == nil || d <= 0 {
+		return
+	}
+	r.ahead.Add(int64(d))
 }
 
 // errClosed reports a Tick on a closed Runner; it matches outbox.ErrClosed.

@@ -37,6 +37,11 @@ type session struct {
 	inflight atomic.Int64
 	// confirmed is the highest position that may be confirmed to the server.
 	confirmed atomic.Uint64
+
+	// held are the keys whose messages wait in pending behind a delayed
+	// one (delay.go), as read at heldRead and routed since.
+	held     map[topicKey]struct{}
+	heldRead time.Time
 }
 
 // statusEvery bounds the time between standby status updates while
@@ -202,6 +207,12 @@ var errFenced = errors.New("relay: another relay appended since this one started
 
 func (s *session) append(ctx context.Context, batch []txn, n int) error {
 	started := time.Now()
+	total := n
+	batch, delayed, err := s.route(ctx, batch)
+	if err != nil {
+		return err
+	}
+	n -= len(delayed)
 	type partKey struct {
 		topic string
 		part  int32
@@ -224,11 +235,11 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 		channel = &c
 	}
 	newPos := batch[len(batch)-1].commitLSN
-	if large == 0 && n <= smallAppend {
+	if large == 0 && n <= smallAppend && len(delayed) == 0 {
 		if err := s.appendSmall(ctx, batch, n, channel, newPos); err != nil {
 			return err
 		}
-		s.count(batch, n, started, oldest)
+		s.count(batch, total, started, oldest)
 		return nil
 	}
 
@@ -328,10 +339,19 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 	if _, err := tx.CopyFrom(ctx, pgx.Identifier{s.r.cfg.Schema, "log"}, logColumns, rows); err != nil {
 		return fmt.Errorf("relay: copy %d messages into the log: %w", n, err)
 	}
+	if len(delayed) > 0 {
+		exec := func(ctx context.Context, sql string, args ...any) error {
+			_, err := tx.Exec(ctx, sql, args...)
+			return err
+		}
+		if err := s.insertRouted(ctx, exec, delayed); err != nil {
+			return err
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("relay: commit the append of %d messages: %w", n, err)
 	}
-	s.count(batch, n, started, oldest)
+	s.count(batch, total, started, oldest)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -141,6 +142,10 @@ var consumersEntries = []entry{
 			_, err := outboxtest.NewBatchRunner(e.ctx, outbox.SubscriberConfig{}, "", nil)
 			return err
 		})
+	}},
+	{"outboxtest.Runner.Advance", func(e *env) {
+		e.call("Runner{}.Advance(1h)", func() { new(outboxtest.Runner).Advance(time.Hour) })
+		e.call("(*Runner)(nil).Advance(-1)", func() { (*outboxtest.Runner)(nil).Advance(-1) })
 	}},
 	{"outboxtest.Runner.Tick", func(e *env) {
 		e.fails("Runner{}.Tick", func() error { _, err := new(outboxtest.Runner).Tick(e.ctx); return err })

@@ -3,6 +3,7 @@ package apicheck_test
 import (
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -30,6 +31,19 @@ var coreEntries = []entry{
 		e.call("SQLTxFromContext(WithTx(ctx, (*sql.Tx)(nil)))", func() { outbox.SQLTxFromContext(outbox.WithTx(e.ctx, (*sql.Tx)(nil))) })
 	}},
 	{"outbox.StableID", func(e *env) { e.call("StableID zero", func() { outbox.StableID("", 0, 0) }) }},
+	{"outbox.DeliverAt", func(e *env) {
+		e.fails("DeliverAt(nil, zero)", func() error { return outbox.DeliverAt(nil, time.Time{}) })
+		e.fails("DeliverAt(msg, zero)", func() error { return outbox.DeliverAt(message.NewMessage("u", nil), time.Time{}) })
+	}},
+	{"outbox.DeliverAfter", func(e *env) {
+		e.fails("DeliverAfter(nil, 0)", func() error { return outbox.DeliverAfter(nil, 0) })
+		e.fails("DeliverAfter(msg, 0)", func() error { return outbox.DeliverAfter(message.NewMessage("u", nil), 0) })
+	}},
+	{"outbox.Unordered", func(e *env) { e.fails("Unordered(nil)", func() error { return outbox.Unordered(nil) }) }},
+	{"outbox.DeliveryTime", func(e *env) {
+		e.call("DeliveryTime(nil)", func() { _, _ = outbox.DeliveryTime(nil) })
+		e.call("DeliveryTime(zero message)", func() { _, _ = outbox.DeliveryTime(&message.Message{}) })
+	}},
 	{"outbox.Reject", func(e *env) {
 		e.fails("Reject(nil, nil)", func() error { return outbox.Reject(nil, nil) })
 		e.call("Reject(msg, nil)", func() { _ = outbox.Reject(message.NewMessage("u", nil), nil) })

@@ -52,6 +52,8 @@ type Queries struct {
 	PendingInsertNotify    string
 	PendingInsertOne       string
 	PendingInsertOneNotify string
+	PendingInsertRelayed   string
+	PendingHeldKeys        string
 	PendingSequence        string
 	PendingMetrics         string
 	PendingAny             string

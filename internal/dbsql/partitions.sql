@@ -5,11 +5,16 @@
 -- name: PartitionsLockPending
 -- The sequencer's first statement: locks the partitions of the oldest
 -- pending messages ($2 rows looked at) that no other sequencer holds, least
--- recently sequenced first, at most $1 of them.
+-- recently sequenced first, at most $1 of them. A delayed message whose
+-- time ($3, the sequencer's clock) has not come, or one its key waits
+-- behind, is not looked at (PendingSequence says more).
 SELECT p.topic, p.partition FROM {{schema}}.partitions p
 WHERE (p.topic, p.partition) IN (
 	SELECT DISTINCT w.topic, w.partition FROM (
-		SELECT topic, partition FROM {{schema}}.pending ORDER BY id LIMIT $2
+		SELECT m.topic, m.partition FROM {{schema}}.pending m
+		WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.pending d WHERE d.deliver_at IS NOT NULL)
+			OR {{schema}}.pending_movable(m.topic, m.partition_key, m.id, m.deliver_at, m.metadata ? 'outbox_unordered', $3)
+		ORDER BY m.id LIMIT $2
 	) w
 )
 ORDER BY p.sequenced_at NULLS FIRST

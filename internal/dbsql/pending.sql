@@ -4,30 +4,35 @@
 -- name: PendingInsert
 -- Many messages of one topic: $1 topic, then arrays of $2 partitions,
 -- $3 partition keys ('' for none), $4 uuids, $5 metadata (JSON), $6 payloads.
+-- A delayed message (metadata outbox_deliver_at, outbox.DeliverAt) gets
+-- its deliver_at, and holds its key back unless it has none or is
+-- unordered (0014_delayed.sql); the other publish statements do the same.
 -- Rows keep the order given. A payload of 1 KiB or more goes into bodies
 -- and the row carries its id (0007_bodies.sql says why); the threshold is
 -- the same in every publish statement here.
 WITH src AS MATERIALIZED (
-	SELECT x.*, CASE WHEN octet_length(x.b) >= 1024 THEN nextval('{{schema}}.bodies_id_seq') END AS body_id
+	SELECT x.*, x.m::jsonb AS mj, CASE WHEN octet_length(x.b) >= 1024 THEN nextval('{{schema}}.bodies_id_seq') END AS body_id
 	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
 ), bodies AS (
 	INSERT INTO {{schema}}.bodies (id, payload) SELECT body_id, b FROM src WHERE body_id IS NOT NULL
 )
-INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
-SELECT $1, p, NULLIF(k, ''), u, m::jsonb, CASE WHEN body_id IS NULL THEN b END, body_id
+INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id, deliver_at, holds)
+SELECT $1, p, NULLIF(k, ''), u, mj, CASE WHEN body_id IS NULL THEN b END, body_id,
+	(mj ->> 'outbox_deliver_at')::timestamptz, mj ? 'outbox_deliver_at' AND k <> '' AND NOT mj ? 'outbox_unordered'
 FROM src ORDER BY ord;
 
 -- name: PendingInsertNotify
 -- PendingInsert, and a notification on channel $7 that wakes the sequencer
 -- when the transaction commits.
 WITH src AS MATERIALIZED (
-	SELECT x.*, CASE WHEN octet_length(x.b) >= 1024 THEN nextval('{{schema}}.bodies_id_seq') END AS body_id
+	SELECT x.*, x.m::jsonb AS mj, CASE WHEN octet_length(x.b) >= 1024 THEN nextval('{{schema}}.bodies_id_seq') END AS body_id
 	FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS x(p, k, u, m, b, ord)
 ), bodies AS (
 	INSERT INTO {{schema}}.bodies (id, payload) SELECT body_id, b FROM src WHERE body_id IS NOT NULL
 ), ins AS (
-	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
-	SELECT $1, p, NULLIF(k, ''), u, m::jsonb, CASE WHEN body_id IS NULL THEN b END, body_id
+	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id, deliver_at, holds)
+	SELECT $1, p, NULLIF(k, ''), u, mj, CASE WHEN body_id IS NULL THEN b END, body_id,
+		(mj ->> 'outbox_deliver_at')::timestamptz, mj ? 'outbox_deliver_at' AND k <> '' AND NOT mj ? 'outbox_unordered'
 	FROM src ORDER BY ord
 ) SELECT pg_notify($7, '');
 
@@ -40,8 +45,10 @@ WITH body AS (
 	SELECT nextval('{{schema}}.bodies_id_seq'), $6::bytea WHERE octet_length($6::bytea) >= 1024
 	RETURNING id
 )
-INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
-SELECT $1, $2, NULLIF($3, ''), $4, $5::jsonb, CASE WHEN octet_length($6::bytea) < 1024 THEN $6::bytea END, (SELECT id FROM body);
+INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id, deliver_at, holds)
+SELECT $1, $2, NULLIF($3, ''), $4, md, CASE WHEN octet_length($6::bytea) < 1024 THEN $6::bytea END, (SELECT id FROM body),
+	(md ->> 'outbox_deliver_at')::timestamptz, md ? 'outbox_deliver_at' AND $3 <> '' AND NOT md ? 'outbox_unordered'
+FROM (SELECT $5::jsonb AS md) x;
 
 -- name: PendingInsertOneNotify
 -- PendingInsertOne, and a notification on channel $7.
@@ -50,9 +57,30 @@ WITH body AS (
 	SELECT nextval('{{schema}}.bodies_id_seq'), $6::bytea WHERE octet_length($6::bytea) >= 1024
 	RETURNING id
 ), ins AS (
-	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
-	SELECT $1, $2, NULLIF($3, ''), $4, $5::jsonb, CASE WHEN octet_length($6::bytea) < 1024 THEN $6::bytea END, (SELECT id FROM body)
+	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id, deliver_at, holds)
+	SELECT $1, $2, NULLIF($3, ''), $4, md, CASE WHEN octet_length($6::bytea) < 1024 THEN $6::bytea END, (SELECT id FROM body),
+		(md ->> 'outbox_deliver_at')::timestamptz, md ? 'outbox_deliver_at' AND $3 <> '' AND NOT md ? 'outbox_unordered'
+	FROM (SELECT $5::jsonb AS md) x
 ) SELECT pg_notify($7, '');
+
+-- name: PendingInsertRelayed
+-- The log-based mode's relay puts messages that must wait into pending (in
+-- its append's transaction): delayed ones whose time has not come, and the
+-- later messages of their keys. Arrays of $1 topics, $2 partitions, $3 keys
+-- ('' for none), $4 uuids, $5 metadata (JSON), $6 payloads, $7 commit times
+-- (created_at), $8 delivery times (NULL: not delayed), $9 whether each
+-- holds its key back. The sequencer moves them when they are due.
+INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, created_at, deliver_at, holds)
+SELECT t, p, NULLIF(k, ''), u, m::jsonb, b, at, due, h
+FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::timestamptz[], $8::timestamptz[], $9::bool[])
+	WITH ORDINALITY AS x(t, p, k, u, m, b, at, due, h, ord)
+ORDER BY ord;
+
+-- name: PendingHeldKeys
+-- The keys (topic, key) whose messages wait in pending behind a delayed
+-- message: every row that holds its key back, due or not (the log-based
+-- relay puts the later messages of these keys into pending too).
+SELECT DISTINCT topic, partition_key FROM {{schema}}.pending WHERE holds;
 
 -- name: PendingSequence
 -- The sequencer's second statement, run with a snapshot taken after
@@ -69,12 +97,18 @@ WITH body AS (
 -- span, unless $5 is 0 (tracing is off: nothing more is read), it returns
 -- per topic how many messages moved carry trace context (a metadata key of
 -- $6, the propagator's fields), and the distinct trace contexts of the
--- first $5 of them, each a JSON object of those keys.
+-- first $5 of them, each a JSON object of those keys. $7 is the
+-- sequencer's clock: a delayed message moves once its time has come and no
+-- earlier message of its key holds it back (pending_movable); while no
+-- message is delayed, one probe of the pending_delayed index says so and
+-- the rest is not evaluated.
 WITH locked AS (
 	SELECT * FROM unnest($1::text[], $2::int4[]) AS l(topic, partition)
 ), picked AS (
 	SELECT m.ctid AS tid FROM {{schema}}.pending m
 	WHERE (m.topic, m.partition) IN (SELECT topic, partition FROM locked)
+		AND (NOT EXISTS (SELECT 1 FROM {{schema}}.pending d WHERE d.deliver_at IS NOT NULL)
+			OR {{schema}}.pending_movable(m.topic, m.partition_key, m.id, m.deliver_at, m.metadata ? 'outbox_unordered', $7))
 	ORDER BY m.id LIMIT $3
 ), moved AS (
 	-- By row address: a TID scan, whatever the size of the backlog.
@@ -111,11 +145,26 @@ SELECT a.topic, sum(a.n)::bigint, max(a.n)::bigint,
 FROM advanced a GROUP BY a.topic;
 
 -- name: PendingMetrics
--- Metrics and admin status: per topic, every registered one included (0 and
--- 0 when nothing waits), the messages waiting for a seq and the age in
--- seconds of the oldest of them.
-SELECT coalesce(t.name, m.topic), count(m.topic)::int8, coalesce(extract(epoch FROM now() - min(m.created_at)), 0)::float8
-FROM {{schema}}.topics t FULL JOIN {{schema}}.pending m ON m.topic = t.name
+-- Metrics and admin status: per topic, every registered one included (0s
+-- and NULL when nothing waits), the messages waiting for a seq, the age in
+-- seconds of the oldest of them that could be sequenced now (a delayed
+-- message counts from its time, not its INSERT), how many are delayed
+-- (their time has not come), how many cannot be sequenced yet (those, and
+-- the later messages of their keys), and when the earliest delayed one is
+-- due. While no message is delayed, one probe of pending_delayed says so
+-- and pending_movable is not evaluated.
+SELECT coalesce(t.name, m.topic), count(m.topic)::int8,
+	coalesce(extract(epoch FROM now() - min(m.ready)), 0)::float8,
+	(count(m.topic) FILTER (WHERE m.deliver_at > now()))::int8,
+	(count(m.topic) FILTER (WHERE m.topic IS NOT NULL AND m.ready IS NULL))::int8,
+	min(m.deliver_at) FILTER (WHERE m.deliver_at > now())
+FROM {{schema}}.topics t FULL JOIN (
+	SELECT p.topic, p.deliver_at,
+		CASE WHEN NOT EXISTS (SELECT 1 FROM {{schema}}.pending d WHERE d.deliver_at IS NOT NULL)
+			OR {{schema}}.pending_movable(p.topic, p.partition_key, p.id, p.deliver_at, p.metadata ? 'outbox_unordered', now())
+		THEN greatest(p.created_at, p.deliver_at) END AS ready
+	FROM {{schema}}.pending p
+) m ON m.topic = t.name
 GROUP BY 1;
 
 -- name: PendingAny
@@ -124,7 +173,15 @@ GROUP BY 1;
 -- usually find nothing). Through the primary key, as the pass itself reads
 -- pending: a sequential scan would step over every dead row a busy table
 -- has not vacuumed yet (10 ms a call was measured).
-SELECT EXISTS (SELECT 1 FROM {{schema}}.pending ORDER BY id LIMIT 1);
+-- $1 is the sequencer's clock: a message that waits for its time (or behind
+-- one of its key that does) is not work; the second column is the earliest
+-- time a delayed message is due after $1 (NULL: none), when the sequencer
+-- wakes by itself.
+SELECT EXISTS (SELECT 1 FROM {{schema}}.pending m
+		WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.pending d WHERE d.deliver_at IS NOT NULL)
+			OR {{schema}}.pending_movable(m.topic, m.partition_key, m.id, m.deliver_at, m.metadata ? 'outbox_unordered', $1)
+		ORDER BY m.id LIMIT 1),
+	(SELECT min(deliver_at) FROM {{schema}}.pending WHERE deliver_at > $1);
 
 -- name: PendingCanVacuum
 -- Whether the current role may VACUUM pending ($1 the schema): its owner,
