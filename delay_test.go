@@ -297,3 +297,33 @@ func TestDelayedMessagesAreVisibleAndNotLate(t *testing.T) {
 		t.Fatalf("metrics: %v; want 1 delayed of 2 pending, no age, no lag", got)
 	}
 }
+
+// A delayed message with a dedup key is delayed too (its publish goes
+// through the dedup statement).
+func TestDelayedMessageWithADedupKey(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	clock := newFakeClock()
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, Clock: clock.Now}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := delayed(t, "d", "k", time.Now().Add(time.Hour))
+	if err := outbox.DedupKey(m, "reminder-42"); err != nil {
+		t.Fatal(err)
+	}
+	e.Publish("orders", m, outboxtest.Keyed("behind", "k", 2, "x"))
+	if _, err := seq.SequenceAll(outboxtest.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.Rows("log"); n != 0 {
+		t.Fatalf("%d sequenced before the time", n)
+	}
+	clock.Advance(2 * time.Hour)
+	if _, err := seq.SequenceAll(outboxtest.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := sequencedUUIDs(t, e, "orders"); !slices.Equal(got, []string{"d", "behind"}) {
+		t.Fatalf("sequenced %v once due, want [d behind]", got)
+	}
+}

@@ -27,7 +27,8 @@
 -- arrays $1..$6, $7 the dedup keys ('' for a message without one, always
 -- written), $8 the window in µs (expires_at = the statement's time plus
 -- it), $9 the channel to notify when the transaction commits (NULL: none).
--- Returns the positions skipped and the notifications sent (0 or 1).
+-- Returns the positions skipped and the notifications sent (0 or 1). A
+-- delayed message gets deliver_at and holds as in PendingInsert.
 WITH src AS MATERIALIZED (
 	SELECT x.* FROM unnest($2::int4[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[]) WITH ORDINALITY AS x(p, k, u, m, b, d, ord)
 ), claimed AS (
@@ -42,9 +43,10 @@ WITH src AS MATERIALIZED (
 ), bodies AS (
 	INSERT INTO {{schema}}.bodies (id, payload) SELECT body_id, b FROM kept WHERE body_id IS NOT NULL
 ), ins AS (
-	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id)
-	SELECT $1, p, NULLIF(k, ''), u, m::jsonb, CASE WHEN body_id IS NULL THEN b END, body_id
-	FROM kept ORDER BY ord
+	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, body_id, deliver_at, holds)
+	SELECT $1, p, NULLIF(k, ''), u, mj, CASE WHEN body_id IS NULL THEN b END, body_id,
+		(mj ->> 'outbox_deliver_at')::timestamptz, mj ? 'outbox_deliver_at' AND k <> '' AND NOT mj ? 'outbox_unordered'
+	FROM (SELECT kept.*, kept.m::jsonb AS mj FROM kept) x ORDER BY ord
 )
 SELECT coalesce((SELECT string_agg(s.ord::text, ',' ORDER BY s.ord) FROM src s WHERE s.ord NOT IN (SELECT k.ord FROM kept k)), ''),
 	(SELECT count(pg_notify($9::text, '')) WHERE $9::text IS NOT NULL);
