@@ -293,6 +293,7 @@ func (t *Target) record(ctx context.Context, topic string, msg *message.Message)
 		// by these, whatever the Marshaler writes.
 		r.Headers = ensureHeader(r.Headers, outbox.MetadataID, msg.Metadata.Get(outbox.MetadataID))
 		r.Headers = ensureHeader(r.Headers, outbox.MetadataIncarnation, msg.Metadata.Get(outbox.MetadataIncarnation))
+		r.Headers = ensureHeader(r.Headers, outbox.MetadataSource, msg.Metadata.Get(outbox.MetadataSource))
 	}
 	r.Context = withOutboxPartition(ctx, origin.Partition(msg))
 	size := maximumRecordOverhead + len(r.Key) + len(r.Value)

@@ -7,8 +7,10 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/kafkaseam"
@@ -118,5 +120,38 @@ func TestSourcesDoNotFenceEachOther(t *testing.T) {
 	}
 	if got := bySource(t, c, topic); got["eu"] != 10 || got["us"] != 5 {
 		t.Fatalf("records by source: %v, want eu 10, us 5", got)
+	}
+}
+
+// bareMarshaler writes the payload and no header at all, as a custom
+// Marshaler may.
+type bareMarshaler struct{}
+
+func (bareMarshaler) Marshal(topic string, msg *message.Message) (*kgo.Record, error) {
+	return &kgo.Record{Topic: topic, Value: msg.Payload}, nil
+}
+
+// Exactly once with a Marshaler that writes no headers: the target adds
+// the ones the tail read needs, the source's included, so that a takeover
+// of a named source still finds its own records.
+func TestTakeoverOfASourceFindsItsRecordsWhateverTheMarshaler(t *testing.T) {
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "orders", 1, nil)
+	send := func() {
+		t.Helper()
+		target := newTargetWith(t, kafka.Config{Brokers: c.Brokers, Marshaler: bareMarshaler{}})
+		batch := fromSource("eu", 1, fwdtest.OutboxBatch(3, fwdtest.SameKey))
+		if done, err := target.Send(sourceCtx(t, "eu"), topic, batch); done != 3 || err != nil {
+			t.Fatalf("eu: %d of 3, %v", done, err)
+		}
+	}
+	send()
+	send() // a new owner gets the batch again
+	records := c.ReadCommitted(t, topic)
+	if len(records) != 3 {
+		t.Fatalf("%d records after a takeover, want 3 (the batch once)", len(records))
+	}
+	if src := kafkatest.Header(records[0], outbox.MetadataSource); src != "eu" {
+		t.Fatalf("outbox_source header %q, want eu", src)
 	}
 }
