@@ -127,7 +127,7 @@ func TestSequencerWakesWhenADelayedMessageIsDue(t *testing.T) {
 	due := time.Now().Add(700 * time.Millisecond)
 	e.Publish("orders", delayed(t, "d1", "k", due), outboxtest.Keyed("after", "k", 2, "x"))
 	time.Sleep(200 * time.Millisecond)
-	if n := e.Rows("log"); n != 0 {
+	if n := e.Rows("log"); n != 0 && time.Now().Before(due) {
 		t.Fatalf("%d sequenced before the time", n)
 	}
 	took := outboxtest.WaitFor(t, "both sequenced once due", 10*time.Second, func() bool { return e.Rows("log") == 2 })
