@@ -19,20 +19,6 @@ import (
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
-// ceBatch returns n outbox messages with keys "key-<i>", JSON payloads
-// and the type in metadata ce_type; message 1 has its time in metadata
-// ce_time, message 2 a payload that is no JSON.
-func ceBatch(n int) []*message.Message {
-	batch := fwdtest.OutboxBatch(n, func(i int) string { return fmt.Sprintf("key-%d", i) })
-	for i, m := range batch {
-		m.Payload = []byte(fmt.Sprintf(`{"n":%d}`, i))
-		m.Metadata.Set("ce_type", "com.example.order.placed")
-	}
-	batch[1].Metadata.Set("ce_time", "2024-05-06T07:08:09.5+02:00")
-	batch[2].Payload = []byte("not json")
-	return batch
-}
-
 // The messages of a target with CloudEvents are events the CloudEvents SDK
 // reads with the NATS binding's rules (binary by its ce-specversion
 // header, structured otherwise): id the stable outbox id, subject the
@@ -57,7 +43,7 @@ func TestJetStreamCloudEventsAreReadByTheSDK(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			batch := ceBatch(4)
+			batch := cetest.Batch(4)
 			sent := time.Now()
 			if done, err := target.Send(outboxtest.Ctx(t), name, batch); done != len(batch) || err != nil {
 				t.Fatalf("Send: done %d of %d, %v", done, len(batch), err)
@@ -148,7 +134,7 @@ func TestJetStreamCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
 			if _, err := target.JetStream().CreateStream(outboxtest.Ctx(t), natsjs.StreamConfig{Name: name, Subjects: []string{name}}); err != nil {
 				t.Fatal(err)
 			}
-			batch := ceBatch(3)
+			batch := cetest.Batch(3)
 			bad.edit(batch[1])
 			done, err := target.Send(outboxtest.Ctx(t), name, batch)
 			var me *outbox.MessageError

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
@@ -29,23 +28,6 @@ func newTargetWith(t *testing.T, cfg jetstream.Config) *jetstream.Target {
 	}
 	t.Cleanup(func() { _ = target.Close() })
 	return target
-}
-
-// setting returns a message of key with value (a tombstone when
-// tombstone), as an application publishes it into the outbox.
-func setting(t *testing.T, key, value string, tombstone bool) *message.Message {
-	t.Helper()
-	m := message.NewMessage(watermill.NewUUID(), []byte(value))
-	m.Metadata.Set(outbox.PartitionKeyMetadata, key)
-	m.Metadata.Set("ce_type", "com.example.setting.changed")
-	if tombstone {
-		m.Payload = nil
-		m.Metadata.Set("ce_type", "com.example.setting.deleted")
-		if err := outbox.Tombstone(m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return m
 }
 
 // With KeySubjects, a tombstone forwarded from the outbox purges its key's
@@ -73,7 +55,7 @@ func TestJetStreamTombstonePurgesItsKeySubject(t *testing.T) {
 			}
 			fwdtest.StartForwarder(t, e, nil, target, []string{"settings"}, nil)
 			if err := e.Publisher(nil).Publish("settings",
-				setting(t, "k1", "v1", false), setting(t, "k1", "v2", false), setting(t, "user.k2", "v1", false), setting(t, "k1", "", true),
+				cetest.Setting(t, "k1", "v1", false), cetest.Setting(t, "k1", "v2", false), cetest.Setting(t, "user.k2", "v1", false), cetest.Setting(t, "k1", "", true),
 			); err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +102,7 @@ func TestJetStreamTombstoneDeletesAKeyOfAKVBucket(t *testing.T) {
 		cfg.TargetTopic = func(string) string { return "$KV.settings" }
 	})
 	pub := e.Publisher(nil)
-	if err := pub.Publish("settings", setting(t, "k1", "v1", false), setting(t, "k2", "v2", false)); err != nil {
+	if err := pub.Publish("settings", cetest.Setting(t, "k1", "v1", false), cetest.Setting(t, "k2", "v2", false)); err != nil {
 		t.Fatal(err)
 	}
 	outboxtest.WaitFor(t, "k1 and k2 put", time.Minute, func() bool {
@@ -128,7 +110,7 @@ func TestJetStreamTombstoneDeletesAKeyOfAKVBucket(t *testing.T) {
 		_, err2 := kv.Get(outboxtest.Ctx(t), "k2")
 		return err1 == nil && err2 == nil
 	})
-	if err := pub.Publish("settings", setting(t, "k1", "", true)); err != nil {
+	if err := pub.Publish("settings", cetest.Setting(t, "k1", "", true)); err != nil {
 		t.Fatal(err)
 	}
 	outboxtest.WaitFor(t, "k1 deleted", time.Minute, func() bool {

@@ -28,20 +28,6 @@ var ceModes = []struct {
 	{"structured", forwarder.CloudEventsStructured, binding.EncodingStructured},
 }
 
-// ceBatch returns n outbox messages with keys "key-<i>", JSON payloads
-// and the type in metadata ce_type; message 1 has its time in metadata
-// ce_time, message 2 a payload that is no JSON.
-func ceBatch(n int) []*message.Message {
-	batch := fwdtest.OutboxBatch(n, func(i int) string { return fmt.Sprintf("key-%d", i) })
-	for i, m := range batch {
-		m.Payload = []byte(fmt.Sprintf(`{"n":%d}`, i))
-		m.Metadata.Set("ce_type", "com.example.order.placed")
-	}
-	batch[1].Metadata.Set("ce_time", "2024-05-06T07:08:09.5+02:00")
-	batch[2].Payload = []byte("not json")
-	return batch
-}
-
 // ceTarget returns a target on c sending CloudEvents in mode.
 func ceTarget(t *testing.T, c *kafkatest.Cluster, atLeastOnce bool, mode forwarder.CloudEventsMode) *kafka.Target {
 	t.Helper()
@@ -105,7 +91,7 @@ func TestCloudEventsAreReadByTheSDK(t *testing.T) {
 				c := kafkatest.New(t)
 				topic := c.Topic(t, "orders", 1, nil)
 				target := ceTarget(t, c, mode.atLeastOnce, ce.mode)
-				batch := ceBatch(5)
+				batch := cetest.Batch(5)
 				sent := time.Now()
 				if done, err := target.Send(outboxtest.Ctx(t), topic, batch); done != len(batch) || err != nil {
 					t.Fatalf("Send: done %d of %d, %v", done, len(batch), err)
@@ -128,7 +114,7 @@ func TestCloudEventsKeepExactlyOnceThroughATakeover(t *testing.T) {
 			topic := c.Topic(t, "orders", 1, nil)
 			a := ceTarget(t, c, false, ce.mode)
 			b := ceTarget(t, c, false, ce.mode)
-			batch := ceBatch(10)
+			batch := cetest.Batch(10)
 			sent := time.Now()
 			if done, err := a.Send(outboxtest.Ctx(t), topic, batch[:6]); done != 6 || err != nil {
 				t.Fatalf("A: done %d, %v", done, err)
@@ -163,7 +149,7 @@ func TestCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
 			c := kafkatest.New(t)
 			topic := c.Topic(t, "orders", 1, nil)
 			target := ceTarget(t, c, false, forwarder.CloudEventsBinary)
-			batch := ceBatch(3)
+			batch := cetest.Batch(3)
 			bad.edit(batch[1])
 			done, err := target.Send(outboxtest.Ctx(t), topic, batch)
 			var me *outbox.MessageError

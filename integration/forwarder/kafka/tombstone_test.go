@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -26,23 +25,6 @@ import (
 func compactedTopic(t *testing.T, c *kafkatest.Cluster) string {
 	t.Helper()
 	return c.Topic(t, "settings", 1, map[string]string{"cleanup.policy": "compact", "delete.retention.ms": "0"})
-}
-
-// setting returns a message of key with value (a tombstone when
-// tombstone), as an application publishes it into the outbox.
-func setting(t *testing.T, key, value string, tombstone bool) *message.Message {
-	t.Helper()
-	m := message.NewMessage(watermill.NewUUID(), []byte(value))
-	m.Metadata.Set(outbox.PartitionKeyMetadata, key)
-	m.Metadata.Set("ce_type", "com.example.setting.changed")
-	if tombstone {
-		m.Payload = nil
-		m.Metadata.Set("ce_type", "com.example.setting.deleted")
-		if err := outbox.Tombstone(m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return m
 }
 
 // byKey returns the records of rs by key (the last one of each key).
@@ -94,7 +76,7 @@ func TestTombstoneDeletesItsKeyFromACompactedTopic(t *testing.T) {
 			})
 			pub := e.Publisher(nil)
 			if err := pub.Publish("settings",
-				setting(t, "k1", "v1", false), setting(t, "k2", "v2", false), setting(t, "k3", "", false), setting(t, "k1", "", true),
+				cetest.Setting(t, "k1", "v1", false), cetest.Setting(t, "k2", "v2", false), cetest.Setting(t, "k3", "", false), cetest.Setting(t, "k1", "", true),
 			); err != nil {
 				t.Fatal(err)
 			}
@@ -124,7 +106,7 @@ func TestTombstoneDeletesItsKeyFromACompactedTopic(t *testing.T) {
 			// One more record, so that the tombstone is not in the last
 			// batch, which compaction keeps as Kafka keeps the active
 			// segment.
-			if err := pub.Publish("settings", setting(t, "k9", "v9", false)); err != nil {
+			if err := pub.Publish("settings", cetest.Setting(t, "k9", "v9", false)); err != nil {
 				t.Fatal(err)
 			}
 			outboxtest.WaitFor(t, "5 records on Kafka", time.Minute, func() bool { return len(c.ReadCommitted(t, topic)) == 5 })
