@@ -95,6 +95,9 @@ func (s *session) route(ctx context.Context, batch []txn) ([]txn, []routed, erro
 			kept[i].msgs = msgs
 		}
 	}
+	if len(out) > 0 && s.r.toldDelayed.CompareAndSwap(false, true) {
+		s.r.logger.Info("Delayed messages (outbox.DeliverAt) wait in pending for a Sequencer to move them when due: one must run on this schema (a pipeline without DisableSequencer); outbox status shows them", nil)
+	}
 	return kept, out, nil
 }
 

@@ -210,7 +210,10 @@ type Relay struct {
 
 	appended, transactions, appends, skipped, failures atomic.Int64
 	active                                             atomic.Bool
-	lastError                                          atomic.Pointer[string]
+	// toldDelayed: the relay said once that delayed messages wait for a
+	// sequencer (delay.go).
+	toldDelayed atomic.Bool
+	lastError   atomic.Pointer[string]
 
 	life startstop.Service
 }
