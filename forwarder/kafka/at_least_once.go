@@ -6,16 +6,15 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/origin"
 )
 
 // At-least-once delivery into Kafka (Config.AtLeastOnce).
 //
-// Each outbox partition produces through an idempotent kgo client of its
-// own that flushes by hand (kgo.ManualFlushing): a try hands the client
+// Each outbox partition produces through an idempotent producer (a kgo
+// client) of its own that flushes by hand (kgo.ManualFlushing): a try hands the client
 // all its records, then flushes, and the next try starts once the client
 // holds nothing. Both halves are needed, for per-key order and for blaming
 // the right record:
@@ -46,41 +45,28 @@ func (t *Target) atLeastOnceID(ctx context.Context, batch []*message.Message) st
 	return "at-least-once"
 }
 
-// atLeastOnceClient returns p's client, made when p has none, and how many
-// records it buffers (kgo.MaxBufferedRecords; one try hands it at most
-// these). p.mu is held.
-func (t *Target) atLeastOnceClient(p *producer) (*kgo.Client, int, error) {
-	cl := p.client.Load()
-	if cl == nil {
-		t.mu.Lock()
-		closed := t.closed
-		t.mu.Unlock()
-		if closed {
-			return nil, 0, outbox.ErrClosed
-		}
-		var err error
-		cl, err = newClient(t.cfg.clientOptions([]kgo.Opt{
-			kgo.AllowIdempotentProduceCancellation(),
-			kgo.ManualFlushing(),
-			// Manual flushing refuses a record past a buffer limit. Counting
-			// records only, a try below the limit never meets it; a limit in
-			// bytes could refuse one record and take the next, smaller one.
-			kgo.MaxBufferedBytes(0),
-		}))
-		if err != nil {
-			return nil, 0, fmt.Errorf("kafka: %w", err)
-		}
-		p.client.Store(cl)
+// atLeastOnceClient returns p's producer, made when p has none, and how
+// many records it buffers (one try hands it at most these). p.mu is held.
+func (t *Target) atLeastOnceClient(driver kafkadriver.Driver, p *producer) (kafkadriver.Idempotent, int, error) {
+	if cl := p.client.Load(); cl != nil && cl.idem != nil {
+		return cl.idem, cl.idem.Capacity(), nil
 	}
-	capacity := 10000 // kgo's default
-	if n, ok := cl.OptValue(kgo.MaxBufferedRecords).(int64); ok && n > 0 {
-		capacity = int(n)
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, 0, outbox.ErrClosed
 	}
-	return cl, capacity, nil
+	idem, err := driver.Idempotent()
+	if err != nil {
+		return nil, 0, err
+	}
+	p.client.Store(&producerClient{idem: idem})
+	return idem, idem.Capacity(), nil
 }
 
 // sendAtLeastOnce is Send without transactions.
-func (t *Target) sendAtLeastOnce(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+func (t *Target) sendAtLeastOnce(ctx context.Context, driver kafkadriver.Driver, topic string, batch []*message.Message) (int, error) {
 	p, err := t.producer(t.atLeastOnceID(ctx, batch))
 	if err != nil {
 		return 0, err
@@ -99,7 +85,7 @@ func (t *Target) sendAtLeastOnce(ctx context.Context, topic string, batch []*mes
 	stored := make([]bool, len(records))
 	start, limit := 0, 0
 	for start < len(records) {
-		cl, capacity, err := t.atLeastOnceClient(p)
+		cl, capacity, err := t.atLeastOnceClient(driver, p)
 		if err != nil {
 			return start, err
 		}
@@ -112,7 +98,7 @@ func (t *Target) sendAtLeastOnce(ctx context.Context, topic string, batch []*mes
 				break
 			}
 		}
-		errs, finished := produce(ctx, cl, try, true)
+		errs, finished := cl.ProduceFlush(ctx, kgoRecords(try))
 		if !finished {
 			t.drop(p) // records in flight: the next try starts on an empty client
 		}
@@ -127,7 +113,7 @@ func (t *Target) sendAtLeastOnce(ctx context.Context, topic string, batch []*mes
 			case permanentForTopic(err):
 				return i, t.reject(batch[i], err)
 			case refusedForItsRecords(err) && partitionMates(try, f) == 1:
-				if refusedForSize(err) && !t.compressed {
+				if refusedForSize(err) && !t.compressed() {
 					t.noteRefused(topic, records[i].size+recordBatchOverhead)
 				}
 				return i, t.reject(batch[i], err)

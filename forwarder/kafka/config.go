@@ -25,7 +25,6 @@ package kafka
 
 import (
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -33,6 +32,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 )
 
 // Defaults of Config.
@@ -252,14 +252,4 @@ func (c *Config) transactional(id string) []kgo.Opt {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-// newClientMu serializes the making of clients: kgo.NewClient writes into
-// the codec slice of a kgo.ProducerBatchCompression option, which the
-// ClientOptions share between every client of a target (and every target
-// made from one Config).
-var newClientMu sync.Mutex
-
-func newClient(opts []kgo.Opt) (*kgo.Client, error) {
-	newClientMu.Lock()
-	defer newClientMu.Unlock()
-	return kgo.NewClient(opts...)
-}
+func newClient(opts []kgo.Opt) (*kgo.Client, error) { return kafkadriver.NewClient(opts) }

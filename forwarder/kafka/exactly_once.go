@@ -2,19 +2,17 @@ package kafka
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/kafkaseam"
 	"github.com/millrace/watermill-outbox/internal/origin"
 )
@@ -64,7 +62,7 @@ func (t *Target) transactionalID(o origin.Origin) string {
 }
 
 // sendExactlyOnce is Send with transactions; see the comment above.
-func (t *Target) sendExactlyOnce(ctx context.Context, admin *kadm.Client, topic string, batch []*message.Message) (int, error) {
+func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver, topic string, batch []*message.Message) (int, error) {
 	o, err := origin.Of(ctx, batch, "kafka")
 	if err != nil {
 		return 0, err
@@ -75,7 +73,7 @@ func (t *Target) sendExactlyOnce(ctx context.Context, admin *kadm.Client, topic 
 	}
 	defer p.mu.Unlock()
 	if !p.ready || p.topic != topic || p.incarnation != o.Incarnation {
-		if err := t.initProducer(ctx, admin, p, topic, o); err != nil {
+		if err := t.initProducer(ctx, driver, p, topic, o); err != nil {
 			if permanentForTopic(err) {
 				return 0, t.reject(batch[0], err)
 			}
@@ -111,7 +109,7 @@ func (t *Target) sendExactlyOnce(ctx context.Context, admin *kadm.Client, topic 
 	sent, limit := 0, len(records)
 	for sent < len(records) {
 		if !p.ready {
-			if err := t.initProducer(ctx, admin, p, topic, o); err != nil {
+			if err := t.initProducer(ctx, driver, p, topic, o); err != nil {
 				return skip + sent, err
 			}
 			// What the failed transaction left may have been committed
@@ -145,7 +143,7 @@ func (t *Target) sendExactlyOnce(ctx context.Context, admin *kadm.Client, topic 
 		case !refusedForItsRecords(err):
 			return skip + sent, err
 		case partitionMates(try, f) == 1 && f == 0:
-			if refusedForSize(err) && !t.compressed {
+			if refusedForSize(err) && !t.compressed() {
 				t.noteRefused(topic, try[0].size+recordBatchOverhead)
 			}
 			return skip + sent, t.reject(rest[sent], err)
@@ -168,7 +166,7 @@ func (t *Target) sendExactlyOnce(ctx context.Context, admin *kadm.Client, topic 
 // initProducer opens p's client, fences every earlier producer of its
 // transactional id and reads what the outbox partition already committed
 // to topic.
-func (t *Target) initProducer(ctx context.Context, admin *kadm.Client, p *producer, topic string, o origin.Origin) error {
+func (t *Target) initProducer(ctx context.Context, driver kafkadriver.Driver, p *producer, topic string, o origin.Origin) error {
 	t.drop(p)
 	t.mu.Lock()
 	closed := t.closed
@@ -176,56 +174,58 @@ func (t *Target) initProducer(ctx context.Context, admin *kadm.Client, p *produc
 	if closed {
 		return outbox.ErrClosed
 	}
-	cl, err := newClient(t.cfg.clientOptions(t.cfg.transactional(p.id)))
+	txn, err := driver.Transactional(p.id)
 	if err != nil {
-		return fmt.Errorf("kafka: %w", err)
+		return err
 	}
 	// InitProducerId: from here on, the broker refuses the earlier owners.
-	if _, _, err := cl.ProducerID(ctx); err != nil {
-		cl.Close()
+	if err := txn.Init(ctx); err != nil {
+		txn.Close()
 		return fmt.Errorf("kafka: init the transactional producer %s: %w", p.id, err)
 	}
-	last, err := t.tailSeq(ctx, admin, topic, o)
+	last, err := t.tailSeq(ctx, driver, topic, o)
 	if kafkaseam.From(ctx).NoTailRead {
 		last, err = 0, nil
 	}
 	if err != nil {
-		cl.Close()
+		txn.Close()
 		return fmt.Errorf("kafka: read what outbox partition %s/%d already wrote to %s: %w", o.Topic, o.Partition, topic, err)
 	}
-	p.client.Store(cl)
+	p.client.Store(&producerClient{txn: txn})
 	p.topic, p.incarnation, p.lastSeq, p.ready = topic, o.Incarnation, last, true
 	t.logger.Debug("Transactional producer ready", watermill.LogFields{"transactional_id": p.id, "last_seq": last})
 	return nil
 }
 
 // transact writes records in one Kafka transaction and commits it. On an
-// error it returns the position in records of the first record kgo failed
-// (-1: the error is not a record's). A transaction that failed before its
-// commit is aborted and the producer goes on; one whose end is in doubt
-// drops the client (the next transaction fences and reads the tail again).
+// error it returns the position in records of the first record that
+// failed (-1: the error is not a record's). A transaction that failed
+// before its commit is aborted and the producer goes on; one whose end is
+// in doubt drops the client (the next transaction fences and reads the
+// tail again).
 func (t *Target) transact(ctx context.Context, p *producer, topic string, records []outRecord) (int, error) {
 	cl := p.client.Load()
-	if cl == nil {
+	if cl == nil || cl.txn == nil {
 		return -1, outbox.ErrClosed
 	}
-	if err := cl.BeginTransaction(); err != nil {
+	txn := cl.txn
+	if err := txn.Begin(); err != nil {
 		t.drop(p)
 		return -1, fmt.Errorf("kafka: begin a transaction (%s): %w", p.id, err)
 	}
-	errs, finished := produce(ctx, cl, records, false)
+	errs, finished := txn.Produce(ctx, kgoRecords(records))
 	if !finished {
 		t.drop(p) // records in flight: this client's transaction is lost
 		return -1, fmt.Errorf("kafka: %s: %w", topic, errs[firstFailed(errs)])
 	}
 	if f := firstFailed(errs); f >= 0 {
-		t.abort(ctx, p, cl)
+		t.abort(ctx, p, txn)
 		return f, fmt.Errorf("kafka: %s: %w", topic, errs[f])
 	}
 	if hook := kafkaseam.From(ctx).BeforeCommit; hook != nil {
 		hook()
 	}
-	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+	if _, err := txn.End(ctx, true); err != nil {
 		t.drop(p)
 		return -1, fmt.Errorf("kafka: commit the transaction (%s): %w", p.id, err)
 	}
@@ -235,10 +235,10 @@ func (t *Target) transact(ctx context.Context, p *producer, topic string, record
 // abort ends a failed transaction at once, so that read_committed
 // consumers are not held up until its timeout. When that fails, the client
 // is dropped: the next InitProducerId aborts the transaction anyway.
-func (t *Target) abort(ctx context.Context, p *producer, cl *kgo.Client) {
+func (t *Target) abort(ctx context.Context, p *producer, txn kafkadriver.Transactional) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+	if _, err := txn.End(ctx, false); err != nil {
 		t.logger.Debug("Could not abort the transaction (the next InitProducerId aborts it)", watermill.LogFields{"transactional_id": p.id, "err": err.Error()})
 		t.drop(p)
 	}
@@ -246,24 +246,12 @@ func (t *Target) abort(ctx context.Context, p *producer, cl *kgo.Client) {
 
 // tailSeq returns the seq of the last record outbox partition o committed
 // to topic (0: none found).
-func (t *Target) tailSeq(ctx context.Context, admin *kadm.Client, topic string, o origin.Origin) (int64, error) {
-	starts, err := admin.ListStartOffsets(ctx, topic)
-	if err == nil {
-		err = starts.Error()
-	}
+func (t *Target) tailSeq(ctx context.Context, driver kafkadriver.Driver, topic string, o origin.Origin) (int64, error) {
+	offsets, err := driver.Offsets(ctx, topic)
 	if err != nil {
-		return 0, fmt.Errorf("start offsets: %w", err)
+		return 0, err
 	}
-	// read_committed: the last stable offsets, below which every
-	// transaction has ended.
-	ends, err := admin.ListCommittedOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return 0, fmt.Errorf("last stable offsets: %w", err)
-	}
-	n := len(ends[topic])
+	n := len(offsets)
 	if n == 0 {
 		return 0, fmt.Errorf("topic %s has no partitions", topic)
 	}
@@ -279,9 +267,8 @@ func (t *Target) tailSeq(ctx context.Context, admin *kadm.Client, topic string, 
 	}
 	var last int64
 	for _, kp := range scan {
-		start, _ := starts.Lookup(topic, kp)
-		end, _ := ends.Lookup(topic, kp)
-		s, err := t.partitionTailSeq(ctx, topic, kp, start.Offset, end.Offset, o)
+		off := offsets[kp]
+		s, err := t.partitionTailSeq(ctx, driver, topic, kp, off.Start, off.Stable, o)
 		if err != nil {
 			return 0, err
 		}
@@ -293,7 +280,7 @@ func (t *Target) tailSeq(ctx context.Context, admin *kadm.Client, topic string, 
 // partitionTailSeq reads Kafka partition kp of topic backwards from its
 // last stable offset end, in windows that double, for the last committed
 // record of o.
-func (t *Target) partitionTailSeq(ctx context.Context, topic string, kp int32, start, end int64, o origin.Origin) (int64, error) {
+func (t *Target) partitionTailSeq(ctx context.Context, driver kafkadriver.Driver, topic string, kp int32, start, end int64, o origin.Origin) (int64, error) {
 	step, scanned := int64(256), int64(0)
 	for end > start {
 		if scanned >= int64(t.cfg.TailScanLimit) {
@@ -303,12 +290,18 @@ func (t *Target) partitionTailSeq(ctx context.Context, topic string, kp int32, s
 			return 0, nil
 		}
 		from := max(start, end-min(step, int64(t.cfg.TailScanLimit)-scanned))
-		s, err := t.readRange(ctx, topic, kp, from, end, o)
+		records, err := driver.ReadCommitted(ctx, topic, kp, from, end)
 		if err != nil {
 			return 0, err
 		}
-		if s > 0 {
-			return s, nil
+		var last int64
+		for _, r := range records {
+			if s := recordSeq(r, o); s > last {
+				last = s
+			}
+		}
+		if last > 0 {
+			return last, nil
 		}
 		scanned += end - from
 		end, step = from, step*2
@@ -316,79 +309,13 @@ func (t *Target) partitionTailSeq(ctx context.Context, topic string, kp int32, s
 	return 0, nil
 }
 
-// idleRead is how long a range read waits, once the broker served some of
-// the range, for more before it takes the range as read: read_committed,
-// kgo skips the records of aborted transactions without a trace, so when
-// the range ends with records of an aborted transaction whose marker lies
-// past the last stable offset, nothing shows that the read got there.
-const idleRead = time.Second
-
-// batchesRead counts the record batches a consumer decoded, aborted ones
-// included (kgo.HookFetchBatchRead): the broker is serving the range.
-type batchesRead struct{ n atomic.Int64 }
-
-// OnFetchBatchRead implements kgo.HookFetchBatchRead.
-func (b *batchesRead) OnFetchBatchRead(kgo.BrokerMetadata, string, int32, kgo.FetchBatchMetrics) {
-	b.n.Add(1)
-}
-
-// readRange reads the committed records of [from, end) of partition kp
-// through a read_committed kgo consumer and returns the largest seq of o
-// among them (0: none).
-func (t *Target) readRange(ctx context.Context, topic string, kp int32, from, end int64, o origin.Origin) (int64, error) {
-	read := &batchesRead{}
-	cl, err := newClient(t.cfg.clientOptions([]kgo.Opt{
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {kp: kgo.NewOffset().At(from)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// A transaction ends with its marker: seeing the marker at the
-		// end of the range ends the read.
-		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(100 * time.Millisecond),
-		kgo.WithHooks(read),
-	}))
-	if err != nil {
-		return 0, err
+// kgoRecords returns the kgo records of rs.
+func kgoRecords(rs []outRecord) []*kgo.Record {
+	out := make([]*kgo.Record, len(rs))
+	for i, r := range rs {
+		out[i] = r.record
 	}
-	defer cl.Close()
-	var last int64
-	batches, changed := int64(0), time.Now()
-	for {
-		pctx, cancel := context.WithTimeout(ctx, idleRead/4)
-		fetches := cl.PollFetches(pctx)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return 0, context.Cause(ctx)
-		}
-		var ferr error
-		fetches.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && ferr == nil {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return 0, fmt.Errorf("read partition %d from offset %d: %w", kp, from, ferr)
-		}
-		done := false
-		fetches.EachRecord(func(r *kgo.Record) {
-			if r.Offset >= end-1 {
-				done = true
-			}
-			if r.Offset >= end || r.Attrs.IsControl() {
-				return
-			}
-			if s := recordSeq(r, o); s > last {
-				last = s
-			}
-		})
-		if done {
-			return last, nil
-		}
-		if n := read.n.Load(); n != batches {
-			batches, changed = n, time.Now()
-		} else if batches > 0 && time.Since(changed) >= idleRead {
-			return last, nil
-		}
-	}
+	return out
 }
 
 // recordSeq returns the outbox seq of r if it comes from the outbox

@@ -6,13 +6,13 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 )
 
-// A Target sends each outbox partition's batches through a kgo client of
-// that partition's own, in both delivery modes (exactly_once.go and
+// A Target sends each outbox partition's batches through a producer (a
+// kgo client) of that partition's own, in both delivery modes (exactly_once.go and
 // at_least_once.go say why). The clients are made on a partition's first
 // Send and closed after Config.ProducerIdleTimeout without one.
 
@@ -23,7 +23,7 @@ import (
 type producer struct {
 	id     string
 	mu     sync.Mutex
-	client atomic.Pointer[kgo.Client] // read without mu by Close
+	client atomic.Pointer[producerClient] // read without mu by Close
 
 	// Under mu.
 	retired     bool // out of the target's map: get another
@@ -34,11 +34,27 @@ type producer struct {
 	lastUsed    time.Time
 }
 
+// producerClient is a producer's driver client: transactional (exactly
+// once) or idempotent (at least once).
+type producerClient struct {
+	txn  kafkadriver.Transactional
+	idem kafkadriver.Idempotent
+}
+
+func (c *producerClient) close() {
+	if c.txn != nil {
+		c.txn.Close()
+	}
+	if c.idem != nil {
+		c.idem.Close()
+	}
+}
+
 // retire closes the producer's client; mu is held.
 func (p *producer) retire() {
 	p.retired, p.ready = true, false
 	if cl := p.client.Swap(nil); cl != nil {
-		cl.Close()
+		cl.close()
 	}
 }
 
@@ -52,7 +68,7 @@ func (t *Target) drop(p *producer) {
 		t.wg.Add(1)
 		go func() {
 			defer t.wg.Done()
-			cl.Close()
+			cl.close()
 		}()
 	}
 }

@@ -10,13 +10,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/origin"
 )
 
@@ -67,16 +67,15 @@ type Target struct {
 	cfg        Config
 	logger     watermill.LoggerAdapter
 	defaultKey bool // cfg.Key is the default: placement follows the outbox
+	newDriver  kafkadriver.Factory
 
-	mu         sync.Mutex
-	closed     bool
-	shared     *kgo.Client // admin only: topics and the tail read's metadata
-	admin      *kadm.Client
-	compressed bool
-	producers  map[string]*producer // exactly once, by transactional id
-	refused    map[string]refusedSize
-	stop       chan struct{} // closed by Close: ends the idle sweep
-	wg         sync.WaitGroup
+	mu        sync.Mutex
+	closed    bool
+	driver    kafkadriver.Driver   // made on the first use: topics, the tail read, producers
+	producers map[string]*producer // by transactional id (or at-least-once id)
+	refused   map[string]refusedSize
+	stop      chan struct{} // closed by Close: ends the idle sweep
+	wg        sync.WaitGroup
 }
 
 // NewTarget creates a Target. It connects on the first Send, so that a
@@ -86,19 +85,31 @@ func NewTarget(cfg Config, logger watermill.LoggerAdapter) (*Target, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	return newTarget(cfg, logger, nil), nil
+}
+
+// newTarget makes a Target of a valid cfg on the drivers newDriver makes
+// (nil: kgo's, with cfg's client options).
+func newTarget(cfg Config, logger watermill.LoggerAdapter, newDriver kafkadriver.Factory) *Target {
 	defaultKey := cfg.Key == nil
 	cfg.setDefaults()
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
+	if newDriver == nil {
+		newDriver = func(watermill.LoggerAdapter) (kafkadriver.Driver, error) {
+			return kafkadriver.NewKgo(cfg.clientOptions, cfg.transactional)
+		}
+	}
 	return &Target{
 		cfg:        cfg,
 		logger:     logger.With(watermill.LogFields{"component": "outbox.forwarder.kafka"}),
 		defaultKey: defaultKey,
+		newDriver:  newDriver,
 		producers:  map[string]*producer{},
 		refused:    map[string]refusedSize{},
 		stop:       make(chan struct{}),
-	}, nil
+	}
 }
 
 // CheckKeyIsolation implements forwarder.KeyIsolationChecker: exactly-once
@@ -115,28 +126,31 @@ func (t *Target) CheckKeyIsolation() error {
 var _ forwarder.Target = (*Target)(nil)
 var _ forwarder.KeyIsolationChecker = (*Target)(nil)
 
-// connect returns the shared client, made on the first call.
-func (t *Target) connect() (*kgo.Client, *kadm.Client, error) {
+// connect returns the target's driver, made on the first call.
+func (t *Target) connect() (kafkadriver.Driver, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, nil, outbox.ErrClosed
+		return nil, outbox.ErrClosed
 	}
-	if t.shared == nil {
-		cl, err := newClient(t.cfg.clientOptions(nil))
+	if t.driver == nil {
+		d, err := t.newDriver(t.logger)
 		if err != nil {
-			return nil, nil, fmt.Errorf("kafka: %w", err)
+			return nil, err
 		}
-		t.shared, t.admin = cl, kadm.NewClient(cl)
-		// The broker judges compressed sizes: with compression, a record as
-		// large as one it refused may still fit, and nothing is learned.
-		if codecs, ok := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec); ok && len(codecs) > 0 {
-			t.compressed = codecs[0] != kgo.NoCompression()
-		}
+		t.driver = d
 		t.wg.Add(1)
 		go t.sweepIdle()
 	}
-	return t.shared, t.admin, nil
+	return t.driver, nil
+}
+
+// compressed reports whether the driver compresses record batches (false
+// before the first connect).
+func (t *Target) compressed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.driver != nil && t.driver.Compressed()
 }
 
 // Close closes every client of the target: sends in flight fail. It waits
@@ -158,17 +172,17 @@ func (t *Target) Close() error {
 		producers = append(producers, p)
 		delete(t.producers, id)
 	}
-	shared := t.shared
+	driver := t.driver
 	t.mu.Unlock()
 	// Closing a client fails what it has in flight, so that the sends
 	// using it return; then wait for them.
 	for _, p := range producers {
 		if cl := p.client.Swap(nil); cl != nil {
-			cl.Close()
+			cl.close()
 		}
 	}
-	if shared != nil {
-		shared.Close()
+	if driver != nil {
+		driver.Close()
 	}
 	for _, p := range producers {
 		p.mu.Lock()
@@ -201,14 +215,14 @@ func (t *Target) Send(ctx context.Context, topic string, batch []*message.Messag
 	if err := checkTopic(topic); err != nil {
 		return 0, t.reject(batch[0], err)
 	}
-	_, admin, err := t.connect()
+	driver, err := t.connect()
 	if err != nil {
 		return 0, err
 	}
 	if t.cfg.AtLeastOnce {
-		return t.sendAtLeastOnce(ctx, topic, batch)
+		return t.sendAtLeastOnce(ctx, driver, topic, batch)
 	}
-	return t.sendExactlyOnce(ctx, admin, topic, batch)
+	return t.sendExactlyOnce(ctx, driver, topic, batch)
 }
 
 // checkTopic refuses a topic name Kafka refuses: empty, "." or "..",
@@ -244,7 +258,7 @@ const (
 // be sent (bad says why; nil when every message has its record).
 func (t *Target) build(ctx context.Context, topic string, batch []*message.Message) (records []outRecord, bad error) {
 	refusedAt := 0
-	if !t.compressed {
+	if !t.compressed() {
 		refusedAt = t.refusedAt(topic)
 	}
 	records = make([]outRecord, 0, len(batch))
@@ -315,49 +329,6 @@ func ensureHeader(headers []kgo.RecordHeader, key, value string) []kgo.RecordHea
 		}
 	}
 	return append(headers, kgo.RecordHeader{Key: key, Value: []byte(value)})
-}
-
-// produce hands records to cl and waits until kgo finished each of them,
-// or ctx ends. It returns each record's error (nil: stored), and whether
-// every record finished (false: ctx ended first; the unfinished ones have
-// ctx's error and may still be stored). With flush, cl flushes manually
-// (kgo.ManualFlushing): produce flushes once every record is handed over.
-func produce(ctx context.Context, cl *kgo.Client, records []outRecord, flush bool) ([]error, bool) {
-	if len(records) == 0 {
-		return nil, true
-	}
-	var mu sync.Mutex
-	errs := make([]error, len(records))
-	finished := make([]bool, len(records))
-	left := len(records)
-	all := make(chan struct{})
-	for i, r := range records {
-		cl.Produce(ctx, r.record, func(_ *kgo.Record, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			errs[i], finished[i] = err, true
-			if left--; left == 0 {
-				close(all)
-			}
-		})
-	}
-	if flush {
-		_ = cl.Flush(ctx) // ends with ctx; the records' errors tell the rest
-	}
-	select {
-	case <-all:
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	out := make([]error, len(records))
-	for i := range records {
-		out[i] = errs[i]
-		if !finished[i] {
-			out[i] = fmt.Errorf("no answer in time: %w", context.Cause(ctx))
-		}
-	}
-	return out, left == 0
 }
 
 // firstFailed returns the position of the first record of errs that

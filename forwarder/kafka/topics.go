@@ -11,6 +11,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 )
 
@@ -44,27 +45,22 @@ func (t *Target) CheckTopic(ctx context.Context, topic string, outboxPartitions 
 	if ctx == nil {
 		return errs.NilArgument("kafka.Target.CheckTopic", "pass a context")
 	}
-	_, admin, err := t.connect()
+	driver, err := t.connect()
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, topicCheckTimeout)
 	defer cancel()
 	fields := watermill.LogFields{"topic": topic, "outbox_partitions": outboxPartitions}
-	details, err := admin.ListTopics(ctx, topic)
+	n, exists, err := driver.TopicPartitions(ctx, topic)
 	if err != nil {
 		t.logger.Info("Cannot check the Kafka topic at start: the forwarder starts, and its sends are retried", fields.Add(watermill.LogFields{"err": err.Error()}))
 		return nil
 	}
-	d, found := details[topic]
-	if !found || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
-		return t.createTopic(ctx, topic, outboxPartitions, fields)
+	if !exists {
+		return t.createTopic(ctx, driver, topic, outboxPartitions, fields)
 	}
-	if d.Err != nil {
-		t.logger.Info("Cannot check the Kafka topic at start: the forwarder starts, and its sends are retried", fields.Add(watermill.LogFields{"err": d.Err.Error()}))
-		return nil
-	}
-	if n := len(d.Partitions); outboxPartitions > 0 && n != outboxPartitions {
+	if outboxPartitions > 0 && n != outboxPartitions {
 		warnlog.Warn("The Kafka topic's partition count differs from the outbox topic's: records go to the partition of their key (order per key holds), but an exactly-once takeover reads further back than with equal counts; give both topics the same count where you can",
 			fields.Add(watermill.LogFields{"kafka_partitions": n}), t.logger)
 	}
@@ -72,20 +68,13 @@ func (t *Target) CheckTopic(ctx context.Context, topic string, outboxPartitions 
 }
 
 // createTopic creates topic when Config.CreateTopics allows it.
-func (t *Target) createTopic(ctx context.Context, topic string, outboxPartitions int, fields watermill.LogFields) error {
+func (t *Target) createTopic(ctx context.Context, driver kafkadriver.Driver, topic string, outboxPartitions int, fields watermill.LogFields) error {
 	partitions := max(outboxPartitions, 1)
 	if !t.cfg.CreateTopics {
 		return fmt.Errorf("%w: %q: create it with %d partitions (as many as the outbox topic; e.g. kafka-topics.sh --create --topic %s --partitions %d), or set kafka.Config.CreateTopics to let the forwarder create it",
 			ErrUnknownTopic, topic, partitions, topic, partitions)
 	}
-	_, admin, err := t.connect()
-	if err != nil {
-		return err
-	}
-	resp, err := admin.CreateTopic(ctx, int32(partitions), -1, nil, topic)
-	if err == nil {
-		err = resp.Err
-	}
+	err := driver.CreateTopic(ctx, topic, partitions)
 	switch {
 	case err == nil:
 		t.logger.Info("Created the Kafka topic", fields.Add(watermill.LogFields{"kafka_partitions": partitions}))
