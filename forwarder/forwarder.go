@@ -2,27 +2,18 @@ package forwarder
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"sync/atomic"
-	"time"
-
-	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/names"
-	"github.com/millrace/watermill-outbox/internal/observe"
-	orig "github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 )
-
-// errPartialConfirm: a target confirmed part of a batch without an error.
-var errPartialConfirm = errors.New("forwarder: target confirmed part of the batch without an error")
 
 // DefaultConsumerGroup is the outbox consumer group of a Forwarder whose
 // Config.Subscriber.ConsumerGroup is empty.
@@ -206,11 +197,7 @@ type Forwarder struct {
 
 	life startstop.Service
 
-	batches   atomic.Int64
-	messages  atomic.Int64
-	failures  atomic.Int64
-	rejected  atomic.Int64
-	lastError atomic.Pointer[string]
+	counts forward.Counts
 }
 
 // NewForwarder creates a Forwarder; Run starts it.
@@ -324,8 +311,9 @@ type Stats struct {
 
 // Stats returns the Forwarder's counters.
 func (f *Forwarder) Stats() Stats {
-	s := Stats{Batches: f.batches.Load(), Messages: f.messages.Load(), Failures: f.failures.Load(), Rejected: f.rejected.Load()}
-	if e := f.lastError.Load(); e != nil {
+	c := &f.counts
+	s := Stats{Batches: c.Batches.Load(), Messages: c.Messages.Load(), Failures: c.Failures.Load(), Rejected: c.Rejected.Load()}
+	if e := c.LastError.Load(); e != nil {
 		s.LastError = *e
 	}
 	return s
@@ -350,122 +338,20 @@ func (f *Forwarder) Consumer(ctx context.Context, topic string) (outbox.Subscrib
 	return f.cfg.Subscriber, f.handler(topic, f.cfg.TargetTopic(topic), partitions), nil
 }
 
-// handler forwards the batches of one outbox topic to targetTopic.
+// handler forwards the batches of one outbox topic to targetTopic
+// (internal/forward).
 func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.BatchHandler {
-	logger := f.logger.With(watermill.LogFields{"topic": topic, "target_topic": targetTopic})
 	schema := f.cfg.Subscriber.Schema
 	if schema == "" {
 		schema = outbox.DefaultSchema
 	}
-	if observe.Enabled() {
-		observe.Current().Forwarding(f.cfg.Source, targetTopic) // its error series exist at 0 before the first send
+	send := f.cfg.Target.Send
+	if len(f.cfg.Middlewares) > 0 {
+		send = f.sendThrough
 	}
-	return func(ctx context.Context, batch []*message.Message) (int, error) {
-		if err := checkBatch(batch); err != nil {
-			return 0, err
-		}
-		// One send ends with the batch: at the Subscriber's
-		// HandlerTimeout, which its messages' context carries, so that it
-		// ends before the partition's lease can.
-		if len(batch) > 0 {
-			if deadline, ok := batch[0].Context().Deadline(); ok {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithDeadline(ctx, deadline)
-				defer cancel()
-			}
-		}
-		// The source is the forwarder's to say: a value the message
-		// brought along (it was forwarded into this outbox from another)
-		// would make the targets take it for another source's.
-		for _, m := range batch {
-			if f.cfg.Source != "" {
-				m.Metadata.Set(outbox.MetadataSource, f.cfg.Source)
-			} else {
-				delete(m.Metadata, outbox.MetadataSource)
-			}
-		}
-		ctx = orig.With(ctx, f.cfg.Source, schema, f.cfg.Subscriber.ConsumerGroup, partitions)
-		span := observe.StartForward(ctx, topic, targetTopic, batch)
-		start := time.Now()
-		var done int
-		var err error
-		if len(f.cfg.Middlewares) == 0 {
-			done, err = f.cfg.Target.Send(ctx, targetTopic, batch)
-			err = brokerWide(err)
-		} else {
-			done, err = f.sendThrough(ctx, targetTopic, batch)
-		}
-		done = max(0, min(done, len(batch)))
-		if done < len(batch) && err == nil {
-			err = brokerWide(fmt.Errorf("%w: %d of %d messages", errPartialConfirm, done, len(batch)))
-		}
-		span.EndWith(err, attribute.Int("messaging.outbox.confirmed", done))
-		if observe.Enabled() {
-			observe.Current().Forwarded(f.cfg.Source, targetTopic, done, messageBytes(batch[:done]), time.Since(start), errorKind(ctx, err))
-		}
-		f.messages.Add(int64(done))
-		if done == len(batch) {
-			f.batches.Add(1)
-			return done, nil
-		}
-		f.failures.Add(1)
-		msg := err.Error()
-		f.lastError.Store(&msg)
-		if errors.Is(err, outbox.ErrPoison) {
-			f.rejected.Add(1)
-			return done, err // the target logged it
-		}
-		logger.Info("Send failed, the rest of the batch is retried", watermill.LogFields{
-			"partition": batch[0].Metadata.Get(outbox.MetadataPartition),
-			"from_seq":  batch[done].Metadata.Get(outbox.MetadataSeq),
-			"confirmed": done,
-			"batch":     len(batch),
-			"err":       err.Error(),
-		})
-		return done, err
-	}
-}
-
-// brokerWide marks a failed send as the broker's, not the message's
-// (outbox.NotKeySpecific): with key isolation the partition then blocks
-// and backs off instead of holding keys back, since every key would fail
-// alike. A message the broker refused for good (outbox.ErrPoison) is the
-// message's own.
-func brokerWide(err error) error {
-	if err == nil || errors.Is(err, outbox.ErrPoison) || errors.Is(err, outbox.ErrNotKeySpecific) {
-		return err
-	}
-	return outbox.NotKeySpecific(err)
-}
-
-// messageBytes is the size of msgs as a broker sees it: payloads and
-// metadata keys and values.
-func messageBytes(msgs []*message.Message) int {
-	n := 0
-	for _, m := range msgs {
-		n += len(m.Payload)
-		for k, v := range m.Metadata {
-			n += len(k) + len(v)
-		}
-	}
-	return n
-}
-
-// errorKind classifies a failed send for the metrics: "" (none), "poison"
-// (the broker refused a message for good: rejected), "timeout" (the
-// Subscriber's HandlerTimeout), "partial" (the broker confirmed only part
-// of the batch without saying why) or "broker" (any other error of the
-// target).
-func errorKind(ctx context.Context, err error) string {
-	switch {
-	case err == nil:
-		return ""
-	case errors.Is(err, outbox.ErrPoison):
-		return "poison"
-	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
-		return "timeout"
-	case errors.Is(err, errPartialConfirm):
-		return "partial"
-	}
-	return "broker"
+	return forward.Handler(forward.Config{
+		Source: f.cfg.Source, Schema: schema, Group: f.cfg.Subscriber.ConsumerGroup,
+		Topic: topic, TargetTopic: targetTopic, Partitions: partitions,
+		Send: send, Counts: &f.counts, Logger: f.logger,
+	})
 }

@@ -1,7 +1,6 @@
 package forwarder
 
 import (
-	"fmt"
 	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -39,17 +38,6 @@ func Outgoing(msg *message.Message) *message.Message {
 		}
 	}
 	return out
-}
-
-// checkBatch refuses a batch holding a nil message, before anything is
-// sent.
-func checkBatch(batch []*message.Message) error {
-	for i, m := range batch {
-		if m == nil {
-			return &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
-		}
-	}
-	return nil
 }
 
 // isNil reports a nil interface value, or one that holds a nil pointer,

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/watermill-outbox/internal/forward"
 )
 
 // ErrNotSent is the result the middleware chain of a message sees when the
@@ -183,7 +185,7 @@ func (b *middlewareBatch) sendWhenReady() {
 		case k < done:
 			b.results[i] = nil
 		case k == done:
-			b.results[i] = brokerWide(err)
+			b.results[i] = forward.BrokerWide(err)
 		}
 	}
 	b.mu.Unlock()
@@ -240,5 +242,5 @@ func (b *middlewareBatch) again(i int, msg *message.Message) error {
 	if err == nil {
 		err = errors.New("forwarder: target did not confirm the message, without an error")
 	}
-	return brokerWide(err)
+	return forward.BrokerWide(err)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/forward"
 )
 
 // PublisherTarget forwards to any Watermill message.Publisher: one Publish
@@ -38,7 +39,7 @@ func (t *PublisherTarget) Send(ctx context.Context, topic string, batch []*messa
 	if isNil(t.Publisher) {
 		return 0, &outbox.ConfigError{Field: "PublisherTarget.Publisher", Reason: "required: the Watermill publisher to forward to"}
 	}
-	if err := checkBatch(batch); err != nil {
+	if err := forward.CheckBatch(batch); err != nil {
 		return 0, err
 	}
 	out := make([]*message.Message, len(batch))

@@ -45,13 +45,17 @@ type Config struct {
 	// Counts are the Subscriber's running totals (Subscriber.Stats).
 	Counts *Counts
 
-	gate *gate // the delivery gate (tests); nil: the process's
+	// Gate is the delivery gate of the process the workers run in; nil:
+	// this process's (the gate is per process: a crash takes every
+	// Subscriber and Forwarder of the process down at once). The
+	// simulator gives each simulated process its own.
+	Gate *Gate
 }
 
 // theGate is the delivery gate the workers share: the process's.
-func (s *Config) theGate() *gate {
-	if s.gate != nil {
-		return s.gate
+func (s *Config) theGate() *Gate {
+	if s.Gate != nil {
+		return s.Gate
 	}
 	return processGate
 }

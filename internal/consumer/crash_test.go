@@ -74,13 +74,13 @@ func TestSuspectIsDeliveredAlone(t *testing.T) {
 		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 2} }, nil)
 		var alone bool
 		_, got, _ := r.step(map[string]answer{"a": func(m *message.Message) {
-			_, alone, _, _ = r.cfg.gate.state()
+			_, alone, _, _ = r.cfg.Gate.state()
 			m.Ack()
 		}})
 		if len(got) != 1 || s.reads[0].limit != 1 || !s.reads[0].solo || !alone {
 			t.Fatalf("handed out %v, read %+v, gate alone %v: want a alone", uuids(got), s.reads[0], alone)
 		}
-		if _, alone, _, _ := r.cfg.gate.state(); alone {
+		if _, alone, _, _ := r.cfg.Gate.state(); alone {
 			t.Fatal("the gate is still held alone after the outcome was recorded")
 		}
 		r.step(nil) // b, the second suspect
@@ -113,14 +113,14 @@ func TestSuspectWaitsForTheDeliveriesInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a")
 		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 1} }, nil)
-		other, err := r.cfg.gate.share(r.lease.Context()) // a delivery of another partition
+		other, err := r.cfg.Gate.share(r.lease.Context()) // a delivery of another partition
 		if err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan []*message.Message, 1)
 		go func() { _, got, _ := r.step(nil); done <- got }()
 		synctest.Wait()
-		if _, _, waiting, _ := r.cfg.gate.state(); waiting != 1 {
+		if _, _, waiting, _ := r.cfg.Gate.state(); waiting != 1 {
 			t.Fatal("the suspect does not wait for the gate alone")
 		}
 		select {
@@ -141,7 +141,7 @@ func TestSuspectDeliveredNotAloneAfterTheWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a")
 		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 1} }, nil)
-		release, err := r.cfg.gate.share(r.lease.Context())
+		release, err := r.cfg.Gate.share(r.lease.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +170,7 @@ func TestAbandonedHandlerMakesAloneNoEvidence(t *testing.T) {
 		}
 		slow.Ack() // the abandoned handler returns
 		synctest.Wait()
-		if _, _, _, abandoned := r.cfg.gate.state(); abandoned != 0 {
+		if _, _, _, abandoned := r.cfg.Gate.state(); abandoned != 0 {
 			t.Fatalf("%d abandoned after the handler answered", abandoned)
 		}
 	})

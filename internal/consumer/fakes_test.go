@@ -540,7 +540,7 @@ func newRig(t *testing.T, s *fakeStore, edit func(*Config, *fakeLease), batch Ba
 		Group: "g", MaxAttempts: 3, HandlerTimeout: time.Second, CloseTimeout: 100 * time.Millisecond,
 		Tuning: tuning(), RejectHandler: r.rejects, Store: s, Careful: &Careful{},
 		Bulkhead: mustBulkhead(t), Logger: watermill.NopLogger{}, Stop: stop, Background: r.bg, Counts: &Counts{},
-		gate: newGate(),
+		Gate: NewGate(),
 	}
 	if edit != nil {
 		edit(r.cfg, r.lease)

@@ -28,11 +28,12 @@ import (
 //
 // The gate is per process (a package variable), not per Subscriber: a crash
 // takes every Subscriber and Forwarder of the process down at once.
-var processGate = newGate()
+var processGate = NewGate()
 
-// gate is a readers–writer lock whose writer ("alone") waits for the
-// readers at most a given time and keeps new readers out while it waits.
-type gate struct {
+// Gate is a process's delivery gate: a readers–writer lock whose writer
+// ("alone") waits for the readers at most a given time and keeps new
+// readers out while it waits.
+type Gate struct {
 	mu        sync.Mutex
 	shares    int           // shares held
 	abandoned int           // handlers abandoned that have not returned
@@ -42,12 +43,13 @@ type gate struct {
 	changed   chan struct{} // closed and replaced on a change while sleepers wait
 }
 
-func newGate() *gate { return &gate{changed: make(chan struct{})} }
+// NewGate returns a delivery gate of its own (Config.Gate).
+func NewGate() *Gate { return &Gate{changed: make(chan struct{})} }
 
 // share waits until the gate is not held alone and nobody waits to hold it
 // alone, then takes a share. release gives it back (once; later calls do
 // nothing).
-func (g *gate) share(ctx context.Context) (release func(), err error) {
+func (g *Gate) share(ctx context.Context) (release func(), err error) {
 	g.mu.Lock()
 	for g.alone || g.waiting > 0 {
 		ch := g.changed
@@ -74,7 +76,7 @@ func (g *gate) share(ctx context.Context) (release func(), err error) {
 // wait ran out (release is then nil). evidence is false when an abandoned
 // handler of the process has not returned: a crash while the gate is held
 // alone may then be that handler's.
-func (g *gate) holdAlone(ctx context.Context, wait time.Duration) (release func(), ok, evidence bool, err error) {
+func (g *Gate) holdAlone(ctx context.Context, wait time.Duration) (release func(), ok, evidence bool, err error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	g.mu.Lock()
@@ -110,7 +112,7 @@ func (g *gate) holdAlone(ctx context.Context, wait time.Duration) (release func(
 // abandon turns a hold (alone or a share) into an abandoned handler, which
 // keeps no one waiting but makes a hold alone no evidence until returned is
 // called.
-func (g *gate) abandon(alone bool) (returned func()) {
+func (g *Gate) abandon(alone bool) (returned func()) {
 	g.mu.Lock()
 	if alone {
 		g.alone = false
@@ -124,7 +126,7 @@ func (g *gate) abandon(alone bool) (returned func()) {
 }
 
 // releaser returns a function that undoes a hold once.
-func (g *gate) releaser(undo func()) func() {
+func (g *Gate) releaser(undo func()) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -137,7 +139,7 @@ func (g *gate) releaser(undo func()) func() {
 }
 
 // wake tells the waiters, if any, that the gate changed; g.mu is held.
-func (g *gate) wake() {
+func (g *Gate) wake() {
 	if g.sleepers == 0 {
 		return
 	}
@@ -148,7 +150,7 @@ func (g *gate) wake() {
 // state reports the shares held, whether it is held alone, how many wait
 // to hold it alone and how many abandoned handlers have not returned (for
 // tests).
-func (g *gate) state() (shares int, alone bool, waiting, abandoned int) {
+func (g *Gate) state() (shares int, alone bool, waiting, abandoned int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.shares, g.alone, g.waiting, g.abandoned

@@ -11,7 +11,7 @@ import (
 // it waits, and gives up after its wait; a share waits for it.
 func TestGateAloneWaitsForSharesAndKeepsNewOnesOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGate()
+		g := NewGate()
 		ctx := context.Background()
 		releaseA, err := g.share(ctx)
 		if err != nil {
@@ -68,7 +68,7 @@ func TestGateAloneWaitsForSharesAndKeepsNewOnesOut(t *testing.T) {
 // holdAlone give up, and lets new shares in again.
 func TestGateAloneGivesUpAfterItsWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGate()
+		g := NewGate()
 		ctx := context.Background()
 		if _, err := g.share(ctx); err != nil {
 			t.Fatal(err)
@@ -97,7 +97,7 @@ func TestGateAloneGivesUpAfterItsWait(t *testing.T) {
 // evidence; once it returns, it is again.
 func TestGateAbandonedHandlerMakesAloneNoEvidence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGate()
+		g := NewGate()
 		ctx := context.Background()
 		if _, err := g.share(ctx); err != nil {
 			t.Fatal(err)
@@ -127,7 +127,7 @@ func TestGateAbandonedHandlerMakesAloneNoEvidence(t *testing.T) {
 // A caller whose context ends stops waiting, with its cause.
 func TestGateWaitEndsWithTheContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGate()
+		g := NewGate()
 		_, ok, _, _ := g.holdAlone(context.Background(), time.Second)
 		if !ok {
 			t.Fatal("not alone")

@@ -244,27 +244,8 @@ func (s *PGStore) HeldShowFull(ctx context.Context, topic string, l Lease, full 
 	return err
 }
 
-// PGLease is the Lease of a partition on PostgreSQL: internal/lease's, with
-// transactions given as pgx.Tx.
+// PGLease is the Lease of a partition: internal/lease's, on the lease
+// manager's Store (PostgreSQL's, or the simulator's model).
 type PGLease struct{ *lease.Lease }
 
 var _ Lease = PGLease{}
-
-// Advance implements Lease.
-func (l PGLease) Advance(ctx context.Context, tx pgx.Tx, seq int64) error {
-	return l.Lease.Advance(ctx, querier(tx), seq)
-}
-
-// RecordRetry implements Lease.
-func (l PGLease) RecordRetry(ctx context.Context, tx pgx.Tx, cause error, retryIn time.Duration) error {
-	return l.Lease.RecordRetry(ctx, querier(tx), cause, retryIn)
-}
-
-// querier adapts tx for internal/lease (nil: its own statement on the pool).
-func querier(tx pgx.Tx) pgexec.Querier {
-	if tx == nil {
-		return nil
-	}
-	q, _ := pgexec.FromTx(tx) // a pgx.Tx always adapts
-	return q
-}

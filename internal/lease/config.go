@@ -30,8 +30,12 @@ const (
 type Config struct {
 	// Schema is the outbox schema (default "watermill_outbox").
 	Schema string
-	// Pool is the connection pool the manager works through. Required.
+	// Pool is the connection pool the manager works through. Required
+	// unless Store is set.
 	Pool *pgxpool.Pool
+	// Store is the database the manager works on (default: NewPGStore on
+	// Pool and Relaxed); the simulator sets a model.
+	Store Store
 	// Group is the consumer group: 1 to 200 bytes of valid UTF-8 without
 	// NUL. Required.
 	Group string
@@ -88,7 +92,7 @@ func (c Config) Validate() error {
 	if err := names.Schema(c.Schema); err != nil {
 		return err
 	}
-	if c.Pool == nil {
+	if c.Pool == nil && c.Store == nil {
 		return &errs.ConfigError{Field: "Pool", Reason: "required"}
 	}
 	if err := validLabel(c.Group, maxLabelLen); err != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
 )
 
@@ -143,62 +142,68 @@ func (l *Lease) isDone() bool {
 // clock, and only if seq is ahead of the cursor. It also clears the failure
 // count, the last error and the delivery in flight.
 //
-// q is where the statement runs: the caller's open transaction, so that the
-// cursor moves if and only if the transaction commits, or nil for the
-// manager's pool. The row stays locked until that transaction ends, which
-// also keeps other members from acquiring the partition meanwhile.
+// tx is where the statement runs: the caller's open transaction, so that
+// the cursor moves if and only if the transaction commits, or nil for a
+// statement of its own. The row stays locked until that transaction ends,
+// which also keeps other members from acquiring the partition meanwhile.
 //
 // When the lease is no longer ours, Advance returns an error matching
 // ErrLeaseLost and cancels the lease's context; for a seq that is not ahead
 // of the cursor it returns ErrSeqNotAhead.
-func (l *Lease) Advance(ctx context.Context, q pgexec.Querier, seq int64) error {
-	return l.advance(ctx, l.querier(q), l.m.q.CursorsAdvance, seq)
+func (l *Lease) Advance(ctx context.Context, tx pgx.Tx, seq int64) error {
+	return l.advance(ctx, tx, false, seq)
 }
 
-func (l *Lease) advance(ctx context.Context, q pgexec.Querier, sql string, seq int64) error {
-	var unexplained int32
-	err := pgexec.QueryRow(ctx, q, sql, []any{l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, seq}, &unexplained)
+func (l *Lease) advance(ctx context.Context, tx pgx.Tx, relaxed bool, seq int64) error {
+	ok, err := l.m.store.Advance(ctx, tx, relaxed, l.fence(), seq)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return l.diagnose(ctx, q, "advance", seq)
 	case err != nil:
 		return fmt.Errorf("lease: advance partition %d to %d: %w", l.partition, seq, err)
+	case !ok:
+		if relaxed {
+			tx = nil
+		}
+		return l.diagnose(ctx, tx, "advance", seq)
 	}
 	return nil
 }
 
-// AdvanceRelaxed is Advance in a transaction of its own on the manager's
-// pool that commits with synchronous_commit off: it does not wait for the
-// server to flush its WAL, so it is much cheaper for a stream of small
-// batches, but if the PostgreSQL server crashes, cursor moves of the last
-// few hundred milliseconds before the crash (up to three times the server's
+// fence is what the lease's writes are conditioned on.
+func (l *Lease) fence() Fence {
+	return Fence{Group: l.m.group, Partition: l.partition, Member: l.m.cfg.MemberID, Token: l.token}
+}
+
+// AdvanceRelaxed is Advance in a transaction of its own that commits with
+// synchronous_commit off: it does not wait for the server to flush its
+// WAL, so it is much cheaper for a stream of small batches, but if the
+// PostgreSQL server crashes, cursor moves of the last few hundred
+// milliseconds before the crash (up to three times the server's
 // wal_writer_delay) can be lost, and their messages are then delivered
 // again. Use it where delivery is at least once anyway; the fencing is as
 // for Advance.
 func (l *Lease) AdvanceRelaxed(ctx context.Context, seq int64) error {
-	return l.advance(ctx, l.m.relaxed, l.m.q.CursorsAdvanceRelaxed, seq)
+	return l.advance(ctx, nil, true, seq)
 }
 
 // RecordFailure counts a failed attempt at the partition's next message and
-// stores cause as its last error, fenced like Advance. q is as for Advance.
-// The retry is due at once (see RecordRetry for a backoff).
-func (l *Lease) RecordFailure(ctx context.Context, q pgexec.Querier, cause error) error {
-	return l.RecordRetry(ctx, q, cause, 0)
+// stores cause as its last error, fenced like Advance. tx is as for
+// Advance. The retry is due at once (see RecordRetry for a backoff).
+func (l *Lease) RecordFailure(ctx context.Context, tx pgx.Tx, cause error) error {
+	return l.RecordRetry(ctx, tx, cause, 0)
 }
 
 // RecordRetry is RecordFailure that also stores when the retry is due
 // (backoff_until = now + retryIn on the server's clock), so that a restart
 // or the next holder of the lease keeps the backoff (see Backoff).
-func (l *Lease) RecordRetry(ctx context.Context, q pgexec.Querier, cause error, retryIn time.Duration) error {
-	q = l.querier(q)
-	n, err := q.Exec(ctx, l.m.q.CursorsRetry, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, errorText(cause), retryIn.Microseconds())
+func (l *Lease) RecordRetry(ctx context.Context, tx pgx.Tx, cause error, retryIn time.Duration) error {
+	ok, err := l.m.store.Retry(ctx, tx, l.fence(), errorText(cause), retryIn)
 	if err != nil {
 		return fmt.Errorf("lease: record failure on partition %d: %w", l.partition, err)
 	}
-	if n == 1 {
+	if ok {
 		return nil
 	}
-	return l.diagnose(ctx, q, "record failure", -1)
+	return l.diagnose(ctx, tx, "record failure", -1)
 }
 
 // UndoDelivery takes back one delivery of the message after cursor counted
@@ -206,7 +211,7 @@ func (l *Lease) RecordRetry(ctx context.Context, q pgexec.Querier, cause error, 
 // handed out, e.g. because the lease ended first. Fenced like Advance; a
 // cursor that moved meanwhile makes it a no-op.
 func (l *Lease) UndoDelivery(ctx context.Context, cursor int64) error {
-	if _, err := l.m.pool.Exec(ctx, l.m.q.CursorsUndoDelivery, l.m.cfg.Group, l.m.cfg.Topic, l.partition, l.m.cfg.MemberID, l.token, cursor); err != nil {
+	if err := l.m.store.UndoDelivery(ctx, l.fence(), cursor); err != nil {
 		return fmt.Errorf("lease: undo delivery on partition %d: %w", l.partition, err)
 	}
 	return nil
@@ -217,45 +222,32 @@ func (l *Lease) UndoDelivery(ctx context.Context, cursor int64) error {
 // cancelled, when the lease is no longer ours, or an error saying the
 // cursor is not at seq.
 func (l *Lease) Verify(ctx context.Context, op string, seq int64) error {
-	err := l.diagnose(ctx, l.m.pool, op, seq)
+	err := l.diagnose(ctx, nil, op, seq)
 	if errors.Is(err, ErrSeqNotAhead) {
 		return fmt.Errorf("lease: %s on partition %d: the cursor is not at %d: %w", op, l.partition, seq, err)
 	}
 	return err
 }
 
-func (l *Lease) querier(q pgexec.Querier) pgexec.Querier {
-	if q == nil {
-		return l.m.pool
-	}
-	return q
-}
-
 // diagnose explains why a fenced write changed nothing. seq < 0: no cursor
 // condition was involved.
-func (l *Lease) diagnose(ctx context.Context, q pgexec.Querier, op string, seq int64) error {
-	var (
-		cursor int64
-		owner  string
-		token  int64
-		live   bool
-	)
-	err := pgexec.QueryRow(ctx, q, l.m.q.CursorsInspect, []any{l.m.cfg.Group, l.m.cfg.Topic, l.partition}, &cursor, &owner, &token, &live)
+func (l *Lease) diagnose(ctx context.Context, tx pgx.Tx, op string, seq int64) error {
+	in, found, err := l.m.store.Inspect(ctx, tx, l.m.group, l.partition)
 	var lost error
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		lost = fmt.Errorf("%w: %s on partition %d: the cursor row is gone", ErrLeaseLost, op, l.partition)
 	case err != nil:
 		return fmt.Errorf("lease: %s on partition %d changed nothing; inspecting the lease failed: %w", op, l.partition, err)
-	case owner == l.m.cfg.MemberID && token == l.token && live:
+	case !found:
+		lost = fmt.Errorf("%w: %s on partition %d: the cursor row is gone", ErrLeaseLost, op, l.partition)
+	case in.Owner == l.m.cfg.MemberID && in.Token == l.token && in.Live:
 		if seq >= 0 {
-			return fmt.Errorf("%w: partition %d: seq %d, cursor %d", ErrSeqNotAhead, l.partition, seq, cursor)
+			return fmt.Errorf("%w: partition %d: seq %d, cursor %d", ErrSeqNotAhead, l.partition, seq, in.Cursor)
 		}
 		return fmt.Errorf("lease: %s on partition %d changed nothing although the lease is valid", op, l.partition)
-	case owner == "":
+	case in.Owner == "":
 		lost = fmt.Errorf("%w: %s on partition %d (token %d): the lease was released", ErrLeaseLost, op, l.partition, l.token)
-	case owner != l.m.cfg.MemberID || token != l.token:
-		lost = fmt.Errorf("%w: %s on partition %d (token %d): now held by %q with token %d", ErrLeaseLost, op, l.partition, l.token, owner, token)
+	case in.Owner != l.m.cfg.MemberID || in.Token != l.token:
+		lost = fmt.Errorf("%w: %s on partition %d (token %d): now held by %q with token %d", ErrLeaseLost, op, l.partition, l.token, in.Owner, in.Token)
 	default:
 		lost = fmt.Errorf("%w: %s on partition %d (token %d): the lease expired", ErrLeaseLost, op, l.partition, l.token)
 	}

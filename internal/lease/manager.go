@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/startstop"
@@ -23,12 +22,10 @@ import (
 // long-running component (internal/startstop); or drive it with Step and
 // Stop.
 type Manager struct {
-	cfg     Config
-	logger  watermill.LoggerAdapter
-	pool    pgexec.DB
-	relaxed pgexec.Querier // Config.Relaxed, or pool
-
-	q *dbsql.Queries // the statements, for cfg.Schema
+	cfg    Config
+	logger watermill.LoggerAdapter
+	store  Store
+	group  Group
 
 	life   startstop.Service
 	wake   chan struct{}
@@ -49,9 +46,13 @@ func NewManager(cfg Config, logger watermill.LoggerAdapter) (*Manager, error) {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	pool, err := pgexec.FromDB(cfg.Pool)
-	if err != nil {
-		return nil, err
+	store := cfg.Store
+	if store == nil {
+		pool, err := pgexec.FromDB(cfg.Pool)
+		if err != nil {
+			return nil, err
+		}
+		store = NewPGStore(pool, cfg.Relaxed, cfg.Schema)
 	}
 	m := &Manager{
 		cfg: cfg,
@@ -59,14 +60,10 @@ func NewManager(cfg Config, logger watermill.LoggerAdapter) (*Manager, error) {
 			"component": "outbox.lease", "schema": cfg.Schema,
 			"group": cfg.Group, "topic": cfg.Topic, "member": cfg.MemberID,
 		}),
-		pool:    pool,
-		relaxed: cfg.Relaxed,
-		wake:    make(chan struct{}, 1),
-		leases:  make(map[int]*Lease),
-		q:       dbsql.For(cfg.Schema),
-	}
-	if m.relaxed == nil {
-		m.relaxed = pool
+		store:  store,
+		group:  Group{Name: cfg.Group, Topic: cfg.Topic},
+		wake:   make(chan struct{}, 1),
+		leases: make(map[int]*Lease),
 	}
 	m.life.Name = "lease.Manager"
 	return m, nil
@@ -154,10 +151,10 @@ func (m *Manager) run(ctx context.Context, onAcquire func(l *Lease)) {
 // start creates the cursor rows (one statement) and forgets long-dead
 // members.
 func (m *Manager) start(ctx context.Context) error {
-	if _, err := m.pool.Exec(ctx, m.q.CursorsCreate, m.cfg.Group, m.cfg.Topic, m.cfg.Partitions, m.cfg.StartFromNewest); err != nil {
+	if err := m.store.CreateCursors(ctx, m.group, m.cfg.Partitions, m.cfg.StartFromNewest); err != nil {
 		return fmt.Errorf("lease: create cursors of group %q on topic %q: %w", m.cfg.Group, m.cfg.Topic, err)
 	}
-	if _, err := m.pool.Exec(ctx, m.q.MembersExpire, m.cfg.Group, m.cfg.Topic, (10 * m.cfg.TTL).Microseconds()); err != nil {
+	if err := m.store.ExpireMembers(ctx, m.group, 10*m.cfg.TTL); err != nil {
 		m.logger.Error("Cannot remove dead members", err, nil)
 	}
 	return nil
@@ -182,16 +179,10 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 	m.expireLocal()
 	m.releaseFinished(ctx)
 
-	var (
-		others []string
-		active int
-		paused []int32
-	)
 	opCtx, cancel := m.opContext(ctx)
-	err := pgexec.QueryRow(opCtx, m.pool, m.q.CursorsBalance,
-		[]any{m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, m.cfg.TTL.Microseconds(), m.cfg.Partitions, true}, // can_reject: every Subscriber has a RejectHandler (older releases wrote false without one)
-		&others, &active, &paused)
+	b, err := m.store.Balance(opCtx, m.group, m.cfg.MemberID, m.cfg.TTL, m.cfg.Partitions)
 	cancel()
+	others, active, paused := b.Others, b.Active, b.Paused
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Error("Heartbeat failed", err, nil)
@@ -290,50 +281,23 @@ func (m *Manager) acquire(ctx context.Context, need int, exclude []int32) []*Lea
 	// finishes, bounded by TTL/2, and a stopping caller gives them back.
 	opCtx, cancel := m.opContext(context.WithoutCancel(ctx))
 	defer cancel()
-	rows, err := m.pool.Query(opCtx, m.q.CursorsAcquire, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID,
-		m.cfg.Partitions, exclude, m.cfg.TTL.Microseconds(), need)
+	acquired, err := m.store.Acquire(opCtx, m.group, m.cfg.MemberID, m.cfg.Partitions, exclude, m.cfg.TTL, need)
 	if err != nil {
+		// The statement failed as a whole: nothing was acquired.
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot acquire leases", err, nil)
 		}
 		return nil
 	}
-	defer rows.Close()
-	var got []*Lease
-	for rows.Next() {
-		var (
-			partition   int32
-			token       int64
-			cursor      int64
-			attempts    int32
-			charged     int32
-			lastError   string
-			backoff     float64
-			suspectFrom int64
-			suspectTo   int64
-			unexplained bool
-		)
-		if err := rows.Scan(&partition, &token, &cursor, &attempts, &charged, &lastError, &backoff, &suspectFrom, &suspectTo, &unexplained); err != nil {
-			m.logger.Error("Cannot read acquired lease", err, nil)
-			continue
-		}
+	got := make([]*Lease, 0, len(acquired))
+	for _, a := range acquired {
 		lctx, lcancel := context.WithCancelCause(context.WithoutCancel(ctx))
 		got = append(got, &Lease{
-			m: m, partition: int(partition), token: token, cursor: cursor, attempts: int(attempts),
-			charged: int(charged), suspectFrom: suspectFrom, suspectTo: suspectTo, unexplained: unexplained, lastError: lastError, backoff: time.Duration(backoff * float64(time.Second)),
+			m: m, partition: int(a.Partition), token: a.Token, cursor: a.Cursor, attempts: int(a.Attempts),
+			charged: int(a.Charged), suspectFrom: a.SuspectFrom, suspectTo: a.SuspectTo, unexplained: a.Unexplained, lastError: a.LastError, backoff: a.Backoff,
 			ctx: lctx, cancel: lcancel, done: make(chan struct{}),
 			state: stateActive, validUntil: sent.Add(m.cfg.TTL),
 		})
-	}
-	if err := rows.Err(); err != nil {
-		// The statement failed as a whole: nothing was acquired.
-		for _, l := range got {
-			l.cancel(err)
-		}
-		if ctx.Err() == nil {
-			m.logger.Error("Cannot acquire leases", err, nil)
-		}
-		return nil
 	}
 	m.mu.Lock()
 	for _, l := range got {
@@ -363,25 +327,8 @@ func (m *Manager) renew(ctx context.Context) {
 	sent := time.Now()
 	opCtx, cancel := m.opContext(ctx)
 	defer cancel()
-	rows, err := m.pool.Query(opCtx, m.q.CursorsRenew, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens, m.cfg.TTL.Microseconds())
+	ok, err := m.store.Renew(opCtx, m.group, m.cfg.MemberID, parts, tokens, m.cfg.TTL) // partition -> renewed (false: locked, still valid)
 	if err != nil {
-		if ctx.Err() == nil {
-			m.logger.Error("Cannot renew leases", err, nil)
-		}
-		return
-	}
-	defer rows.Close()
-	ok := make(map[int]bool, len(parts)) // partition -> renewed (false: locked, still valid)
-	for rows.Next() {
-		var p int32
-		var renewed bool
-		if err := rows.Scan(&p, &renewed); err != nil {
-			m.logger.Error("Cannot read renewed lease", err, nil)
-			return
-		}
-		ok[int(p)] = renewed
-	}
-	if err := rows.Err(); err != nil {
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot renew leases", err, nil)
 		}
@@ -394,7 +341,7 @@ func (m *Manager) renew(ctx context.Context) {
 		if l == nil || l.token != tokens[i] || (l.state != stateActive && l.state != stateDraining) {
 			continue
 		}
-		renewed, found := ok[int(p)]
+		renewed, found := ok[p]
 		switch {
 		case !found:
 			m.lostLocked(l, fmt.Errorf("%w: partition %d (token %d) could not be renewed: expired or taken over", ErrLeaseLost, l.partition, l.token))
@@ -493,7 +440,7 @@ func (m *Manager) releaseFinished(ctx context.Context) {
 // release came (a statement of its worker finishing): it is released
 // again, rather than left to hold the partition until it expires.
 func (m *Manager) release(ctx context.Context, parts []int32, tokens []int64) (map[int32]bool, error) {
-	freed, err := m.partitions(ctx, m.q.CursorsRelease, parts, tokens)
+	freed, err := m.store.Release(ctx, m.group, m.cfg.MemberID, parts, tokens)
 	if err != nil {
 		return nil, err
 	}
@@ -504,7 +451,7 @@ func (m *Manager) release(ctx context.Context, parts []int32, tokens []int64) (m
 	if len(freed) == len(parts) {
 		return gone, nil
 	}
-	held, err := m.partitions(ctx, m.q.CursorsStillHeld, parts, tokens)
+	held, err := m.store.StillHeld(ctx, m.group, m.cfg.MemberID, parts, tokens)
 	if err != nil {
 		return nil, err
 	}
@@ -514,26 +461,6 @@ func (m *Manager) release(ctx context.Context, parts []int32, tokens []int64) (m
 		}
 	}
 	return gone, nil
-}
-
-// partitions runs stmt (CursorsRelease, CursorsStillHeld) on this
-// member's leases of parts and tokens and returns the partitions it
-// returned.
-func (m *Manager) partitions(ctx context.Context, stmt string, parts []int32, tokens []int64) ([]int32, error) {
-	rows, err := m.pool.Query(ctx, stmt, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID, parts, tokens)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []int32
-	for rows.Next() {
-		var p int32
-		if err := rows.Scan(&p); err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
 }
 
 // releaseRetry is how soon shutdown tries again a release that found its
@@ -596,7 +523,7 @@ wait:
 
 	opCtx, opCancel := m.opContext(ctx)
 	defer opCancel()
-	if _, err := m.pool.Exec(opCtx, m.q.MembersLeave, m.cfg.Group, m.cfg.Topic, m.cfg.MemberID); err != nil {
+	if err := m.store.Leave(opCtx, m.group, m.cfg.MemberID); err != nil {
 		m.logger.Error("Cannot remove member", err, nil)
 	}
 }

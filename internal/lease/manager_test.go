@@ -12,7 +12,6 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
-	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -93,11 +92,7 @@ func TestSingleMemberAcquiresAllAndAdvances(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		q, err := pgexec.FromTx(tx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l0.Advance(ctx, q, 9); err != nil {
+		if err := l0.Advance(ctx, tx, 9); err != nil {
 			t.Fatal(err)
 		}
 		if commit {
@@ -590,11 +585,7 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
-	q, err := pgexec.FromTx(tx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.last("m", 0).Advance(ctx, q, 4); err != nil {
+	if err := w.last("m", 0).Advance(ctx, tx, 4); err != nil {
 		t.Fatal(err)
 	}
 	expiry := func() (e1 float64) { // seconds since the epoch, 0 when released
