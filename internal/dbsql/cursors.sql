@@ -47,7 +47,22 @@ SELECT
 -- suspects, to be delivered alone. Returns the partition, token, cursor,
 -- attempts, the attempts charged now, the last error, the backoff left in
 -- seconds, the suspects (from, to; 0 for none) and whether this
--- acquisition found an unexplained crash.
+-- acquisition found an unexplained crash. The free rows are picked once, in
+-- a materialized CTE: as a subquery of the UPDATE's FROM, the planner may
+-- scan it again for each cursor row, and a scan after the UPDATE changed
+-- the rows it picked first skips them (changed by this command) and picks
+-- others, taking more than $7 leases.
+WITH free AS MATERIALIZED (
+	SELECT partition, attempts AS old_attempts,
+		inflight_to > seq AND inflight_solo AND inflight_from = seq + 1 AND inflight_to = seq + 1 AS solo,
+		inflight_to > seq AND NOT (inflight_solo AND inflight_from = seq + 1 AND inflight_to = seq + 1) AS unexplained
+	FROM {{schema}}.cursors
+	WHERE group_name = $1 AND topic = $2 AND partition < $4 AND NOT paused
+		AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= now())
+		AND partition <> ALL($5::int4[])
+	ORDER BY hashtext($3 || ':' || partition::text), partition
+	LIMIT $7
+	FOR UPDATE SKIP LOCKED)
 UPDATE {{schema}}.cursors c
 SET lease_owner = $3, lease_token = c.lease_token + 1, lease_expires_at = now() + $6::int8 * interval '1 microsecond',
 	attempts = CASE WHEN free.solo THEN least(c.attempts + 1 + c.unexplained, 2147483646) ELSE c.attempts END,
@@ -65,17 +80,7 @@ SET lease_owner = $3, lease_token = c.lease_token + 1, lease_expires_at = now() 
 		THEN format('seq %s..%s: the consumer process died with other deliveries in flight: nobody is charged; these messages are delivered alone until the one that crashes it is found', c.inflight_from, c.inflight_to)
 		ELSE c.last_error END,
 	last_error_at = CASE WHEN free.solo OR (free.unexplained AND c.last_error IS NULL) THEN clock_timestamp() ELSE c.last_error_at END
-FROM (
-	SELECT partition, attempts AS old_attempts,
-		inflight_to > seq AND inflight_solo AND inflight_from = seq + 1 AND inflight_to = seq + 1 AS solo,
-		inflight_to > seq AND NOT (inflight_solo AND inflight_from = seq + 1 AND inflight_to = seq + 1) AS unexplained
-	FROM {{schema}}.cursors
-	WHERE group_name = $1 AND topic = $2 AND partition < $4 AND NOT paused
-		AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= now())
-		AND partition <> ALL($5::int4[])
-	ORDER BY hashtext($3 || ':' || partition::text), partition
-	LIMIT $7
-	FOR UPDATE SKIP LOCKED) AS free
+FROM free
 WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = free.partition
 RETURNING c.partition, c.lease_token, c.seq, c.attempts, c.attempts - free.old_attempts,
 	coalesce(c.last_error, ''),

@@ -151,6 +151,9 @@ func (s *pgStore) Balance(ctx context.Context, g Group, member string, ttl time.
 }
 
 func (s *pgStore) Acquire(ctx context.Context, g Group, member string, partitions int, exclude []int32, ttl time.Duration, n int) ([]Acquired, error) {
+	if exclude == nil {
+		exclude = []int32{} // NULL would exclude every partition
+	}
 	rows, err := s.pool.Query(ctx, s.q.CursorsAcquire, g.Name, g.Topic, member, partitions, exclude, ttl.Microseconds(), n)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,63 @@
+// Package sim is the deterministic simulator of forwarding (FoundationDB
+// and TigerBeetle style): it runs the product's real forwarding code — the
+// lease manager (internal/lease), the consumer core's Subscription and
+// Workers (internal/consumer), the Forwarder's batch handler
+// (internal/forward) and the Kafka target's exactly-once logic (package
+// forwarder/kafka: fencing, the tail read, skipping by seq, halving a
+// refused batch, rejecting) — with the database, the clock, the network
+// and Kafka replaced by deterministic in-memory models, and checks after
+// each schedule that nothing committed was lost, duplicated or reordered.
+//
+// # One seed, one schedule
+//
+// A run is one seed. Everything random comes from it: the shape of the
+// world (instances, partitions, keys, messages, poison), which step of
+// which process runs next, and every fault. The processes are the
+// forwarder instances (each a lease manager, a Subscription and a Kafka
+// target of its own, as a Forwarder process has), the publishers and two
+// relays (the log-based mode's appender, modelled: see relay.go). Each
+// process runs its real code on a goroutine of its own, and every call it
+// makes into a model (a statement to the database, a request to Kafka)
+// parks it: the scheduler decides which parked call goes on next, and
+// how it ends — answered, failed before it took effect, taken effect with
+// its answer lost, or the process killed there (all its memory gone, as
+// SIGKILL). Only one process runs at a time, between two of its calls, so
+// a seed replays exactly. Time is testing/synctest's fake clock: it moves
+// only when the scheduler lets it (or when every goroutine waits for a
+// timer), and every timeout, lease expiry and backoff of the real code
+// runs on it.
+//
+// Faults at any step: kill a process at any call (before or after the
+// call took effect), freeze it past its lease (it is simply not scheduled
+// while time moves on, then resumes as a zombie with what it held),
+// rebalances (instances joining and leaving), relay takeovers with
+// appends racing, database connection losses and lost commit answers, a
+// database crash that loses the commits not yet flushed (the relaxed
+// cursor moves), a Kafka outage, lost EndTxn answers, the Kafka client
+// ending a commit it was asked for with an abort (what franz-go does when
+// it believes no partition was added to the transaction), poison records
+// larger than the broker's max message size.
+//
+// # Checks
+//
+// After the storm every fault stops, dead processes restart and the world
+// drains; then: every message committed to the outbox is in the log once
+// (the relays), and in Kafka in exactly one committed transaction, in
+// per-key (per-partition) order, or dead-lettered — poison only, and only
+// poison; no cursor stands past a message that is neither; the world
+// drained (nothing stalls). During the run: no partition's lease is held
+// by two live instances at once.
+//
+// # Models, pinned
+//
+// The models stand for real components, and tests keep them honest: the
+// database model implements the statements of internal/dbsql (cursors,
+// members, the counted read) as lease.Store and consumer.Store, and
+// integration/sim runs the same scenarios through it and through
+// PostgreSQL and compares; the Kafka model implements
+// internal/kafkadriver.Driver, and integration/sim runs the same scenarios
+// through it and through kgo against kfake and compares.
+//
+// Run it with go test ./internal/sim (-sim.schedules, -sim.seed to replay
+// one, -sim.v to trace it).
+package sim

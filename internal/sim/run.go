@@ -1,0 +1,312 @@
+package sim
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Result is what one schedule did and found.
+type Result struct {
+	Seed      uint64
+	Steps     int
+	Published int
+	Appended  int
+	InKafka   int
+	Dead      int // dead-lettered
+	Kills     int
+	Freezes   int
+	Converted int // commits the client ended as aborts
+	Crashes   int
+	Outages   int
+	Elapsed   time.Duration // simulated
+	// Failures are the invariants broken; empty when the schedule passed.
+	Failures []string
+	// Trace is the schedule's trace (with Options.Trace).
+	Trace string
+}
+
+// OK reports whether every invariant held.
+func (r Result) OK() bool { return len(r.Failures) == 0 }
+
+func (r Result) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d: %d steps, %d published, %d appended, %d in Kafka, %d dead-lettered, %d kills, %d freezes, %d converted commits, %d db crashes, %d kafka outages, %v simulated",
+		r.Seed, r.Steps, r.Published, r.Appended, r.InKafka, r.Dead, r.Kills, r.Freezes, r.Converted, r.Crashes, r.Outages, r.Elapsed)
+	for _, f := range r.Failures {
+		b.WriteString("\n  FAIL: " + f)
+	}
+	return b.String()
+}
+
+// Options tune a run.
+type Options struct {
+	// Trace records every step of the schedule in Result.Trace.
+	Trace bool
+	// NoConversion keeps the Kafka client from ending a commit as an
+	// abort (to look for other faults).
+	NoConversion bool
+	// TrustEndTxn makes the Kafka driver report a commit whenever EndTxn
+	// asked to commit returned nil, as the product's driver did before it
+	// checked the broker's answer: the simulator must find the loss.
+	TrustEndTxn bool
+}
+
+// Run runs the schedule of seed. It must run in a testing/synctest
+// bubble (its clock is the bubble's).
+func Run(seed uint64, opt Options) Result {
+	var trace strings.Builder
+	var tracef func(string, ...any)
+	if opt.Trace {
+		tracef = func(format string, args ...any) {
+			fmt.Fprintf(&trace, "%12v ", time.Since(startOf))
+			fmt.Fprintf(&trace, format, args...)
+			trace.WriteByte('\n')
+		}
+	}
+	s := newSim(seed, tracef)
+	startOf = time.Now()
+	w := newWorld(s, opt)
+	res := Result{Seed: seed}
+	w.res = &res
+	w.chaos()
+	w.drain()
+	w.check()
+	w.shutdown()
+	res.Steps = s.steps
+	res.Elapsed = time.Since(w.start)
+	res.Failures = w.failures
+	res.Trace = trace.String()
+	return res
+}
+
+// startOf is the run's start, for the trace (one run per bubble).
+var startOf time.Time
+
+// chaos runs the storm: publishing, relaying, forwarding, faults.
+func (w *world) chaos() {
+	s := w.s
+	for range w.sh.chaosActions {
+		w.checkLeases()
+		w.removeLeft()
+		now := w.now()
+		switch x := s.rng.Float64(); {
+		case x < 0.08 && w.publishedCount() < w.sh.messages:
+			w.publish()
+		case x < 0.16:
+			if r := w.relays[s.intn(len(w.relays))]; !r.dead && !now.Before(r.frozenUntil) {
+				w.relayStep(r)
+			}
+		case x < 0.19:
+			w.advance(s.between(10*time.Millisecond, w.sh.ttl))
+		case x < 0.22:
+			if w.sh.foreign {
+				w.foreignStep()
+			}
+		case x < 0.22+w.sh.kill:
+			w.killSomething()
+		case x < 0.22+w.sh.kill+w.sh.freeze:
+			w.freezeSomething()
+		case x < 0.22+w.sh.kill+w.sh.freeze+w.sh.join:
+			if len(w.instances) < w.sh.maxInstances {
+				s.trace("join")
+				w.addInstance()
+			}
+		case x < 0.22+w.sh.kill+w.sh.freeze+w.sh.join+w.sh.leave:
+			if w.s.chance(0.5) {
+				w.restartSomething()
+			} else if len(w.instances) > 1 {
+				in := w.instances[w.s.intn(len(w.instances))]
+				if !in.proc.dead && !in.leaving {
+					s.trace("%s leaves", in.name)
+					in.leaving = true
+				}
+			}
+		case x < 0.22+w.sh.kill+w.sh.freeze+w.sh.join+w.sh.leave+w.sh.dbCrash:
+			s.trace("database crash")
+			w.res.Crashes++
+			w.db.crash(s.between(0, 2*time.Second))
+			for _, in := range w.instances {
+				in.conn.abortAll()
+			}
+		case x < 0.22+w.sh.kill+w.sh.freeze+w.sh.join+w.sh.leave+w.sh.dbCrash+w.sh.kafkaOutage:
+			w.k.down = !w.k.down
+			if w.k.down {
+				w.res.Outages++
+			}
+			s.trace("kafka down: %v", w.k.down)
+		default:
+			w.runSomething(true)
+		}
+	}
+}
+
+// runSomething runs one step of a forwarder that can run: resumes a
+// parked call (with a fault, in a storm) or starts a step. It reports
+// whether anything ran.
+func (w *world) runSomething(faults bool) bool {
+	now := w.now()
+	var ready []*instance
+	for _, in := range w.instances {
+		if in.proc.canRun(now) {
+			ready = append(ready, in)
+		}
+	}
+	if len(ready) == 0 {
+		return false
+	}
+	in := ready[w.s.intn(len(ready))]
+	if in.proc.state == idle {
+		w.s.runStep(in.proc)
+		return true
+	}
+	o := answered
+	if faults && w.storm && w.s.chance(w.sh.callFault) {
+		o = [...]outcome{failBefore, failAfter, killBefore, killAfter}[w.s.intn(4)]
+	}
+	if o.kills() {
+		w.res.Kills++
+	}
+	w.s.resume(in.proc, o)
+	if in.proc.dead {
+		in.conn.abortAll()
+	}
+	return true
+}
+
+// advance moves the clock on by d (every goroutine waits meanwhile; the
+// timers due fire), then lets the WAL writer flush and the Kafka
+// coordinator time transactions out.
+func (w *world) advance(d time.Duration) {
+	w.s.trace("advance %v", d)
+	time.Sleep(d)
+	w.db.flush()
+	w.k.expire()
+}
+
+func (w *world) killSomething() {
+	if w.s.chance(0.3) {
+		r := w.relays[w.s.intn(len(w.relays))]
+		if !r.dead {
+			w.s.trace("%s killed", r.name)
+			r.dead, r.active, r.prepared = true, false, nil
+			w.res.Kills++
+		}
+		return
+	}
+	if len(w.instances) == 0 {
+		return
+	}
+	in := w.instances[w.s.intn(len(w.instances))]
+	if !in.proc.dead {
+		w.res.Kills++
+		w.killInstance(in)
+	}
+}
+
+func (w *world) freezeSomething() {
+	d := w.s.between(w.sh.ttl/2, 3*w.sh.ttl)
+	w.res.Freezes++
+	if w.s.chance(0.3) {
+		r := w.relays[w.s.intn(len(w.relays))]
+		r.frozenUntil = w.now().Add(d)
+		w.s.trace("%s frozen for %v", r.name, d)
+		return
+	}
+	if len(w.instances) == 0 {
+		return
+	}
+	in := w.instances[w.s.intn(len(w.instances))]
+	in.proc.frozenUntil = w.now().Add(d)
+	w.s.trace("%s frozen for %v", in.name, d)
+}
+
+// restartSomething restarts a dead process (a forwarder as a new member,
+// a relay as a standby).
+func (w *world) restartSomething() {
+	for _, r := range w.relays {
+		if r.dead {
+			w.s.trace("%s restarts", r.name)
+			r.dead = false
+			return
+		}
+	}
+	for _, in := range w.instances {
+		if in.proc.dead {
+			w.s.trace("%s restarts", in.name)
+			w.restart(in)
+			return
+		}
+	}
+}
+
+// drain stops the faults, brings everything back and runs until every
+// committed message is appended and forwarded (or dead-lettered).
+func (w *world) drain() {
+	w.storm = false
+	w.k.down = false
+	now := w.now()
+	if w.db.isDown() {
+		w.advance(w.db.down.Sub(now))
+	}
+	for _, r := range w.relays {
+		r.dead, r.frozenUntil = false, time.Time{}
+	}
+	for _, in := range w.instances {
+		in.proc.frozenUntil = time.Time{}
+	}
+	for _, in := range append([]*instance(nil), w.instances...) {
+		if in.proc.dead {
+			w.restart(in)
+		}
+	}
+	if len(w.instances) == 0 {
+		w.addInstance()
+	}
+	for w.publishedCount() < w.sh.messages {
+		w.publish()
+	}
+	const limit = 200000
+	for i := 0; i < limit; i++ {
+		if w.drained() {
+			return
+		}
+		w.checkLeases()
+		w.removeLeft()
+		if len(w.instances) == 0 {
+			w.addInstance()
+		}
+		switch {
+		case w.relayPos < len(w.published) && w.s.chance(0.3):
+			for _, r := range w.relays {
+				w.relayStep(r)
+			}
+		case w.s.chance(0.02):
+			w.advance(w.s.between(10*time.Millisecond, w.sh.ttl))
+		default:
+			if !w.runSomething(false) {
+				w.advance(w.s.between(10*time.Millisecond, w.sh.ttl/2))
+			}
+		}
+	}
+	w.fail("the world did not drain within %d steps (a stall):\n%s", limit, w.s.describe(w.now()))
+}
+
+// shutdown ends every goroutine of the schedule.
+func (w *world) shutdown() {
+	for _, in := range w.instances {
+		w.s.kill(in.proc)
+		w.s.stop(in.proc)
+		_ = in.target.Close()
+	}
+	for _, p := range w.s.procs {
+		if p.state != gone {
+			w.s.kill(p)
+			w.s.stop(p)
+		}
+	}
+}
+
+func (w *world) fail(format string, args ...any) {
+	w.failures = append(w.failures, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,415 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	outbox "github.com/millrace/watermill-outbox"
+	kafkatarget "github.com/millrace/watermill-outbox/forwarder/kafka"
+	"github.com/millrace/watermill-outbox/internal/consumer"
+	"github.com/millrace/watermill-outbox/internal/forward"
+	"github.com/millrace/watermill-outbox/internal/kafkadriver"
+	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/tune"
+	"github.com/millrace/watermill-outbox/internal/worker"
+	"github.com/millrace/watermill-outbox/partitioning"
+)
+
+// The world of one schedule: one outbox topic, its publishers and relays
+// (modelled), forwarder instances running the real code into Kafka (the
+// model), and the faults.
+
+const (
+	topic        = "orders"
+	group        = "outbox-forwarder"
+	schema       = "watermill_outbox"
+	incarnation  = "1"
+	maxMsgBytes  = 16 << 10 // the broker's max message size
+	poisonBytes  = 20 << 10 // a poison message's payload
+	txnTimeout   = 10 * time.Second
+	handlerLimit = 1000 * time.Hour // the forwarders' HandlerTimeout: sends end with their calls
+)
+
+// shape is what a seed draws of the world.
+type shape struct {
+	partitions, kafkaPartitions int
+	instances                   int // forwarder instances at the start
+	maxInstances                int
+	messages                    int // to commit
+	keys                        int
+	poison                      float64
+	batch                       int
+	ttl                         time.Duration
+	syncCursor                  bool
+	chaosActions                int
+	foreign                     bool // another producer writes to the Kafka topic
+
+	// fault rates
+	callFault, kill, freeze, join, leave float64
+	dbCrash, kafkaOutage, convert        float64
+}
+
+func drawShape(s *Sim) shape {
+	sh := shape{
+		partitions:   1 + s.intn(4),
+		instances:    1 + s.intn(3),
+		maxInstances: 3,
+		messages:     10 + s.intn(40),
+		keys:         1 + s.intn(6),
+		batch:        1 + s.intn(12),
+		ttl:          time.Duration(1+s.intn(4)) * time.Second,
+		syncCursor:   s.chance(0.3),
+		chaosActions: 200 + s.intn(400),
+	}
+	sh.kafkaPartitions = sh.partitions
+	sh.foreign = s.chance(0.3)
+	if s.chance(0.2) {
+		sh.kafkaPartitions = 1 + s.intn(5)
+	}
+	if s.chance(0.6) {
+		sh.poison = 0.05
+	}
+	// Some seeds are calm, some stormy.
+	storm := s.rng.Float64()
+	sh.callFault = 0.03 * storm
+	sh.kill = 0.02 * storm
+	sh.freeze = 0.02 * storm
+	sh.join = 0.01 * storm
+	sh.leave = 0.005 * storm
+	sh.dbCrash = 0.002 * storm
+	sh.kafkaOutage = 0.01 * storm
+	sh.convert = 0.05 * s.rng.Float64()
+	return sh
+}
+
+// committedTxn is one transaction committed to the outbox.
+type committedTxn struct {
+	msgs []pubMsg
+}
+
+// pubMsg is a message as published.
+type pubMsg struct {
+	uuid      string
+	key       string
+	partition int
+	poison    bool
+	payload   []byte
+}
+
+// world is one schedule's state.
+type world struct {
+	s     *Sim
+	sh    shape
+	start time.Time
+	db    *db
+	k     *kafka
+
+	instances []*instance
+	relays    []*relay
+	published []committedTxn // committed to the outbox, in commit order
+	relayPos  int            // the relays row: transactions appended
+	slot      *relay         // the relay streaming the slot
+	nextID    int
+	nextMsg   int
+	storm     bool // faults are injected (false while draining)
+	trustEnd  bool // Options.TrustEndTxn
+	failures  []string
+	res       *Result
+}
+
+// instance is a forwarder process: a lease manager, a Subscription of
+// Workers, the Forwarder's batch handler and a Kafka target, all real, on
+// the models.
+type instance struct {
+	w      *world
+	name   string
+	proc   *proc
+	conn   *conn
+	target kafkadriver.Target
+	mgr    *lease.Manager
+	sub    *consumer.Subscription
+	// leaving: its next step stops it gracefully (Subscription.Close:
+	// the workers stop, the leases are given back); left: it did.
+	leaving, left bool
+}
+
+// relay is a log-based relay (modelled): it streams the slot when it holds
+// it and appends the committed transactions in commit order, each append
+// fenced by the position in the relays row.
+type relay struct {
+	name        string
+	dead        bool
+	frozenUntil time.Time
+	active      bool // streams the slot
+	lastActive  time.Time
+	pos         int   // position read when it took the slot, then its appends
+	prepared    []int // transactions decoded, to append next (from pos)
+}
+
+// now is the fake clock.
+func (w *world) now() time.Time { return time.Now() }
+
+func newWorld(s *Sim, opt Options) *world {
+	w := &world{s: s, start: time.Now(), storm: true, trustEnd: opt.TrustEndTxn}
+	w.sh = drawShape(s)
+	if opt.NoConversion {
+		w.sh.convert = 0
+	}
+	w.db = newDB(w.now)
+	w.k = newKafka(w.now, txnTimeout, maxMsgBytes, kafkatarget.DefaultMaxBatchBytes, kafkatarget.Partitioner())
+	w.k.kfakeOrder = s.chance(0.5)
+	w.k.createTopic(topic, w.sh.kafkaPartitions)
+	for range w.sh.instances {
+		w.addInstance()
+	}
+	w.relays = []*relay{{name: "relay-a"}, {name: "relay-b"}}
+	return w
+}
+
+// addInstance starts a forwarder process.
+func (w *world) addInstance() *instance {
+	w.nextID++
+	in := &instance{w: w, name: "fwd-" + strconv.Itoa(w.nextID)}
+	in.proc = w.s.spawn(in.name, in.step)
+	in.conn = &conn{d: w.db, p: in.proc, group: group, txs: map[*simTx]bool{}}
+	logger := watermill.NopLogger{}
+	drv := &kafkaDriver{k: w.k, p: in.proc, trustEnd: w.trustEnd, convertCommit: func() bool {
+		if w.storm && w.s.chance(w.sh.convert) {
+			w.res.Converted++
+			return true
+		}
+		return false
+	}}
+	target, err := kafkadriver.NewTarget(kafkatarget.Config{
+		Brokers:               []string{"sim:9092"},
+		TransactionalIDPrefix: "sim",
+		TransactionTimeout:    txnTimeout,
+	}, logger, func(watermill.LoggerAdapter) (kafkadriver.Driver, error) { return drv, nil })
+	if err != nil {
+		panic(err)
+	}
+	in.target = target
+	mgr, err := lease.NewManager(lease.Config{
+		Schema: schema, Store: in.conn, Group: group, Topic: topic, Partitions: w.sh.partitions,
+		MemberID: in.name, TTL: w.sh.ttl, RenewInterval: w.sh.ttl / 5, BalanceInterval: min(lease.DefaultBalanceInterval, w.sh.ttl/10),
+	}, logger)
+	if err != nil {
+		panic(err)
+	}
+	in.mgr = mgr
+	handler := forward.Handler(forward.Config{
+		Schema: schema, Group: group, Topic: topic, TargetTopic: topic, Partitions: w.sh.partitions,
+		Send: target.Send, Logger: logger,
+	})
+	profile := tune.Default
+	cfg := &consumer.Config{
+		Group:             group,
+		MaxAttempts:       0, // outbox.RetryForever, the Forwarder's default
+		HandlerTimeout:    handlerLimit,
+		CloseTimeout:      time.Second,
+		SyncCursorCommits: w.sh.syncCursor,
+		Tuning:            profile.Settings(w.sh.batch, 100*time.Millisecond, 2*time.Second, time.Second),
+		RejectHandler:     consumer.RejectHandlerFunc(in.deadLetter),
+		Store:             in.conn,
+		Careful:           &consumer.Careful{},
+		Logger:            logger,
+		Stop:              context.Background(),
+		Gate:              consumer.NewGate(),
+		Counts:            &consumer.Counts{},
+	}
+	in.sub = consumer.NewSubscription(cfg, mgr, topic, incarnation, nil, handler)
+	w.instances = append(w.instances, in)
+	return in
+}
+
+// step is one step of a forwarder: its lease manager's round and a turn
+// of each partition it holds (Subscription.Step).
+func (in *instance) step(ctx context.Context) {
+	if in.leaving {
+		in.sub.Close(ctx)
+		in.left = true
+		return
+	}
+	_, _ = in.sub.Step(ctx, func(wk *consumer.Worker) (worker.Directive, error) { return wk.Step(ctx) })
+}
+
+// removeLeft removes the instances that stopped gracefully.
+func (w *world) removeLeft() {
+	for i := 0; i < len(w.instances); i++ {
+		in := w.instances[i]
+		if !in.left || in.proc.state != idle {
+			continue
+		}
+		w.s.stop(in.proc)
+		_ = in.target.Close()
+		w.instances = append(w.instances[:i], w.instances[i+1:]...)
+		i--
+	}
+}
+
+// deadLetter is the forwarders' RejectHandler: the dead letter is stored
+// in the transaction that moves the cursor past the message.
+func (in *instance) deadLetter(_ context.Context, tx pgx.Tx, m consumer.RejectedMessage) error {
+	t, ok := tx.(*simTx)
+	if !ok {
+		return fmt.Errorf("sim: a %T is not a transaction of the model", tx)
+	}
+	reason := ""
+	if m.Reason != nil {
+		reason = m.Reason.Error()
+	}
+	return t.deadLetter(deadLetter{group: m.Group, topic: m.Topic, partition: m.Partition, seq: m.Seq, uuid: m.UUID, reason: reason, attempts: m.Attempts})
+}
+
+// kill kills a forwarder: its goroutine unwinds with every call failing,
+// its connections' transactions are aborted, its memory is dropped.
+func (w *world) killInstance(in *instance) {
+	w.s.kill(in.proc)
+	in.conn.abortAll()
+}
+
+// restart replaces a dead forwarder by a new process (a new member).
+func (w *world) restart(in *instance) {
+	w.s.stop(in.proc)
+	_ = in.target.Close()
+	for i, x := range w.instances {
+		if x == in {
+			w.instances = append(w.instances[:i], w.instances[i+1:]...)
+			break
+		}
+	}
+	w.addInstance()
+}
+
+// publish commits a transaction of 1-3 messages to the outbox (or rolls
+// one back: nothing happens).
+func (w *world) publish() {
+	n := 1 + w.s.intn(3)
+	if w.s.chance(0.1) {
+		return // rolled back
+	}
+	var t committedTxn
+	for range n {
+		w.nextMsg++
+		key := "k" + strconv.Itoa(w.s.intn(w.sh.keys))
+		part, _ := partitioning.Murmur2{}.Partition(key, w.sh.partitions)
+		m := pubMsg{uuid: "m" + strconv.Itoa(w.nextMsg), key: key, partition: part}
+		m.payload = []byte(fmt.Sprintf("%s:%s", m.uuid, key))
+		if w.s.chance(w.sh.poison) {
+			m.poison = true
+			m.payload = make([]byte, poisonBytes)
+		}
+		t.msgs = append(t.msgs, m)
+	}
+	w.published = append(w.published, t)
+	w.s.trace("publish %d messages (txn %d)", n, len(w.published))
+}
+
+// publishedCount is how many messages were committed.
+func (w *world) publishedCount() int {
+	n := 0
+	for _, t := range w.published {
+		n += len(t.msgs)
+	}
+	return n
+}
+
+// relayStep is one step of a relay: take the slot if it is free (a dead
+// or silent holder's is, after TakeoverTimeout), decode what follows its
+// position, or append what it decoded, fenced by the position.
+func (w *world) relayStep(r *relay) {
+	now := w.now()
+	if !r.active {
+		if w.slot != nil && !w.slot.dead && now.Sub(w.slot.lastActive) < takeover {
+			return // standby
+		}
+		if w.slot != nil {
+			w.slot.active, w.slot.prepared = false, nil
+		}
+		w.slot, r.active, r.lastActive = r, true, now
+		r.pos, r.prepared = w.relayPos, nil
+		w.s.trace("%s takes the slot at %d", r.name, r.pos)
+		return
+	}
+	r.lastActive = now
+	if r.prepared == nil {
+		end := min(len(w.published), r.pos+1+w.s.intn(4))
+		for i := r.pos; i < end; i++ {
+			r.prepared = append(r.prepared, i)
+		}
+		return
+	}
+	// The append: fenced by the position (relays.lsn).
+	if w.relayPos != r.pos {
+		w.s.trace("%s fenced: position %d, not %d", r.name, w.relayPos, r.pos)
+		r.active, r.prepared = false, nil
+		if w.slot == r {
+			w.slot = nil
+		}
+		return
+	}
+	byPart := map[int][]logRow{}
+	var parts []int
+	for _, i := range r.prepared {
+		for _, m := range w.published[i].msgs {
+			if byPart[m.partition] == nil {
+				parts = append(parts, m.partition)
+			}
+			byPart[m.partition] = append(byPart[m.partition], logRow{uuid: m.uuid, key: m.key, payload: m.payload, poison: m.poison,
+				metadata: map[string]string{outbox.MetadataPartitionKey: m.key}})
+		}
+	}
+	for _, p := range parts {
+		w.db.appendLog(tp{topic, p}, byPart[p])
+	}
+	r.pos += len(r.prepared)
+	w.relayPos = r.pos
+	w.s.trace("%s appends up to %d", r.name, r.pos)
+	r.prepared = nil
+}
+
+// takeover is the relays' TakeoverTimeout.
+const takeover = 3 * time.Second
+
+// foreignStep is a step of another producer of the Kafka topic (another
+// source's forwarder, say): it opens transactions with records in the
+// topic's partitions and commits them, aborts them, or leaves them open
+// (until the coordinator's timeout). Its open transactions hold the last
+// stable offset back, which a takeover's tail read must wait out.
+func (w *world) foreignStep() {
+	const id = "foreign/source=other"
+	k := w.k
+	st := k.ids[id]
+	if st == nil {
+		k.init(id)
+		st = k.ids[id]
+	}
+	if st.cur == nil {
+		if w.s.chance(0.5) {
+			return
+		}
+		k.begin(id, st)
+	}
+	switch x := w.s.rng.Float64(); {
+	case x < 0.25:
+		k.end(st.cur, true)
+		st.cur = nil
+		st.epoch++
+	case x < 0.35:
+		k.end(st.cur, false)
+		st.cur = nil
+		st.epoch++
+	case x < 0.7:
+		kp := int32(w.s.intn(len(k.topics[topic])))
+		st.cur.parts[topicPartition{topic, kp}] = true
+		k.topics[topic][kp].append(krecord{key: []byte("other"), value: []byte("x"), txn: st.cur, pid: st.pid, headers: []kgo.RecordHeader{
+			{Key: outbox.MetadataID, Value: []byte(topic + "/0/1")}, {Key: outbox.MetadataSource, Value: []byte("other")},
+		}})
+	}
+}
