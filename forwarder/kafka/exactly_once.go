@@ -1,8 +1,11 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,13 +38,26 @@ import (
 //   - Reading the tail. A previous owner may have committed its
 //     transaction and died before the outbox cursor moved past the batch;
 //     the cursor then hands the batch out again. So, after fencing, the
-//     target reads the target partitions back with a read_committed kgo
-//     consumer, up to their last stable offset, to the last record of this
-//     outbox partition, and skips the messages whose seq is at or below the
-//     seq it carries (header outbox_id "topic/partition/seq", of the same
+//     target reads the target partitions back, to the last committed record
+//     of this outbox partition (partitionTailSeq says how it tells), and
+//     skips the messages whose seq is at or below the seq it carries (header outbox_id "topic/partition/seq", of the same
 //     topic incarnation and the same source, header outbox_source).
 //     Reading the tail alone would not do: a zombie could still write
 //     after it.
+//
+// The target counts on nothing it has not seen. The records of a
+// transaction are all acknowledged before it is ended; a commit counts
+// only when the driver confirms the broker committed it (kgo's
+// EndTransaction(TryCommit) returns nil also when it ended the
+// transaction with an abort: see kafkadriver.Transactional.End), and a
+// transaction without that confirmation is treated as not sent: the
+// producer is dropped, and its successor's tail read says what Kafka
+// holds. A producer is used only by the lease it was fenced under (the
+// delivery's fencing token, consumer.LeaseToken): a partition that
+// changed hands and came back starts over with a new InitProducerId and
+// tail read, since another owner may have written meanwhile. And a
+// producer that saw any error is never used again: the next transaction
+// fences and reads the tail first.
 //
 // With equal partition counts (and the default Key), outbox partition p
 // writes only to Kafka partition p, and the tail read is one short read.
@@ -72,7 +88,7 @@ func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver,
 		return 0, err
 	}
 	defer p.mu.Unlock()
-	if !p.ready || p.topic != topic || p.incarnation != o.Incarnation {
+	if !p.ready || p.topic != topic || p.incarnation != o.Incarnation || (o.Token != 0 && p.token != o.Token) {
 		if err := t.initProducer(ctx, driver, p, topic, o); err != nil {
 			if permanentForTopic(err) {
 				return 0, t.reject(batch[0], err)
@@ -192,17 +208,21 @@ func (t *Target) initProducer(ctx context.Context, driver kafkadriver.Driver, p 
 		return fmt.Errorf("kafka: read what outbox partition %s/%d already wrote to %s: %w", o.Topic, o.Partition, topic, err)
 	}
 	p.client.Store(&producerClient{txn: txn})
-	p.topic, p.incarnation, p.lastSeq, p.ready = topic, o.Incarnation, last, true
+	p.topic, p.incarnation, p.token, p.lastSeq, p.ready = topic, o.Incarnation, o.Token, last, true
 	t.logger.Debug("Transactional producer ready", watermill.LogFields{"transactional_id": p.id, "last_seq": last})
 	return nil
 }
 
+// errCommitUnconfirmed: the client ended a transaction it was asked to
+// commit without confirming a commit.
+var errCommitUnconfirmed = errors.New("the Kafka client ended the transaction without confirming that the broker committed it (it may have aborted it); the next producer of the partition reads back what Kafka holds, and the rest is sent again")
+
 // transact writes records in one Kafka transaction and commits it. On an
 // error it returns the position in records of the first record that
-// failed (-1: the error is not a record's). A transaction that failed
-// before its commit is aborted and the producer goes on; one whose end is
-// in doubt drops the client (the next transaction fences and reads the
-// tail again).
+// failed (-1: the error is not a record's). After any error the producer
+// is dropped: the next transaction fences and reads the tail again. A
+// transaction that failed before its commit is aborted first, so that
+// read_committed consumers are not held up until its timeout.
 func (t *Target) transact(ctx context.Context, p *producer, topic string, records []outRecord) (int, error) {
 	cl := p.client.Load()
 	if cl == nil || cl.txn == nil {
@@ -220,27 +240,33 @@ func (t *Target) transact(ctx context.Context, p *producer, topic string, record
 	}
 	if f := firstFailed(errs); f >= 0 {
 		t.abort(ctx, p, txn)
+		t.drop(p)
 		return f, fmt.Errorf("kafka: %s: %w", topic, errs[f])
 	}
 	if hook := kafkaseam.From(ctx).BeforeCommit; hook != nil {
 		hook()
 	}
-	if _, err := txn.End(ctx, true); err != nil {
+	committed, err := txn.End(ctx, true)
+	if err != nil {
 		t.drop(p)
 		return -1, fmt.Errorf("kafka: commit the transaction (%s): %w", p.id, err)
+	}
+	if !committed {
+		t.drop(p)
+		t.logger.Info("A Kafka transaction's commit is not confirmed: reading back what Kafka holds before sending again", watermill.LogFields{"transactional_id": p.id})
+		return -1, fmt.Errorf("kafka: commit the transaction (%s): %w", p.id, errCommitUnconfirmed)
 	}
 	return -1, nil
 }
 
 // abort ends a failed transaction at once, so that read_committed
-// consumers are not held up until its timeout. When that fails, the client
-// is dropped: the next InitProducerId aborts the transaction anyway.
+// consumers are not held up until its timeout. When that fails, the next
+// InitProducerId aborts the transaction anyway.
 func (t *Target) abort(ctx context.Context, p *producer, txn kafkadriver.Transactional) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if _, err := txn.End(ctx, false); err != nil {
 		t.logger.Debug("Could not abort the transaction (the next InitProducerId aborts it)", watermill.LogFields{"transactional_id": p.id, "err": err.Error()})
-		t.drop(p)
 	}
 }
 
@@ -268,7 +294,7 @@ func (t *Target) tailSeq(ctx context.Context, driver kafkadriver.Driver, topic s
 	var last int64
 	for _, kp := range scan {
 		off := offsets[kp]
-		s, err := t.partitionTailSeq(ctx, driver, topic, kp, off.Start, off.Stable, o)
+		s, err := t.partitionTailSeq(ctx, driver, topic, kp, off.Start, off.End, o)
 		if err != nil {
 			return 0, err
 		}
@@ -278,9 +304,17 @@ func (t *Target) tailSeq(ctx context.Context, driver kafkadriver.Driver, topic s
 }
 
 // partitionTailSeq reads Kafka partition kp of topic backwards from its
-// last stable offset end, in windows that double, for the last committed
-// record of o.
+// end offset end, in windows that double, for the last committed record
+// of o. It reads read_uncommitted, transaction markers included, and
+// decides itself which records are committed: a transaction another
+// producer keeps open (another source's, another outbox partition's with
+// unequal partition counts; a zombie's lasts until its transaction
+// timeout) holds a read_committed read back at the last stable offset,
+// which would hide what o committed after it, and the tail read would
+// send it again. o's own transactions have all ended: its producer was
+// just fenced.
 func (t *Target) partitionTailSeq(ctx context.Context, driver kafkadriver.Driver, topic string, kp int32, start, end int64, o origin.Origin) (int64, error) {
+	var markers transactionMarkers
 	step, scanned := int64(256), int64(0)
 	for end > start {
 		if scanned >= int64(t.cfg.TailScanLimit) {
@@ -290,13 +324,19 @@ func (t *Target) partitionTailSeq(ctx context.Context, driver kafkadriver.Driver
 			return 0, nil
 		}
 		from := max(start, end-min(step, int64(t.cfg.TailScanLimit)-scanned))
-		records, err := driver.ReadCommitted(ctx, topic, kp, from, end)
+		records, err := driver.ReadLog(ctx, topic, kp, from, end)
 		if err != nil {
 			return 0, err
 		}
+		// The markers of this window and of the later ones decide the
+		// records of this window.
+		markers.add(records)
 		var last int64
 		for _, r := range records {
-			if s := recordSeq(r, o); s > last {
+			if r.Marker {
+				continue
+			}
+			if s := recordSeq(r.Record, o); s > last && (!r.Transactional || markers.committed(r.ProducerID, r.Offset)) {
 				last = s
 			}
 		}
@@ -307,6 +347,42 @@ func (t *Target) partitionTailSeq(ctx context.Context, driver kafkadriver.Driver
 		end, step = from, step*2
 	}
 	return 0, nil
+}
+
+// transactionMarkers are the transaction markers read so far of a Kafka
+// partition, by producer id, in offset order.
+type transactionMarkers map[int64][]marker
+
+type marker struct {
+	offset int64
+	commit bool
+}
+
+// add notes the markers among records.
+func (m *transactionMarkers) add(records []kafkadriver.LogRecord) {
+	if *m == nil {
+		*m = transactionMarkers{}
+	}
+	for _, r := range records {
+		if r.Marker {
+			(*m)[r.ProducerID] = append((*m)[r.ProducerID], marker{r.Offset, r.Commit})
+		}
+	}
+	for pid, ms := range *m {
+		slices.SortFunc(ms, func(a, b marker) int { return cmp.Compare(a.offset, b.offset) })
+		(*m)[pid] = ms
+	}
+}
+
+// committed reports whether the transactional record of producer pid at
+// offset was committed: the first marker of pid after it commits.
+func (m transactionMarkers) committed(pid, offset int64) bool {
+	for _, mk := range m[pid] {
+		if mk.offset > offset {
+			return mk.commit
+		}
+	}
+	return false // no marker yet: open (not this producer's: it was fenced)
 }
 
 // kgoRecords returns the kgo records of rs.

@@ -27,9 +27,10 @@ type producer struct {
 
 	// Under mu.
 	retired     bool // out of the target's map: get another
-	ready       bool // exactly once: fenced and lastSeq known, for topic/incarnation
+	ready       bool // exactly once: fenced and lastSeq known, for topic/incarnation/token
 	topic       string
 	incarnation string
+	token       int64 // the lease it was fenced under (0: unknown)
 	lastSeq     int64 // last outbox seq committed to Kafka
 	lastUsed    time.Time
 }

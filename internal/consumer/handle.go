@@ -312,7 +312,7 @@ func (w *Worker) buildMessage(ctx context.Context, e Entry, attempt int) (*messa
 	if e.Key != "" {
 		msg.Metadata.Set(MetadataPartitionKey, e.Key)
 	}
-	d := &delivery{}
+	d := &delivery{token: w.lease.Token()}
 	ctx, d.span = observe.StartProcess(ctx, msg, w.spanName, w.spanAttrs, e.Seq, msg.Metadata.Get(MetadataID), attempt)
 	msg.SetContext(context.WithValue(ctx, deliveryKey{}, d))
 	return msg, d

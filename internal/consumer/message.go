@@ -86,6 +86,8 @@ type deliveryKey struct{}
 type delivery struct {
 	span *observe.Span // the delivery's trace span, nil without tracing
 
+	token int64 // the lease's fencing token
+
 	mu       sync.Mutex
 	rejected bool
 	cause    error
@@ -117,6 +119,23 @@ func deliveryFrom(ctx context.Context) *delivery {
 	}
 	d, _ := ctx.Value(deliveryKey{}).(*delivery)
 	return d
+}
+
+// LeaseToken returns the fencing token of the lease msg was delivered
+// under (ok false: msg was not delivered by a Worker). Each acquisition of
+// a partition's lease has a token of its own, larger than the last: a
+// target that keeps state per outbox partition (the Kafka target's
+// exactly-once producers) tells by it that the partition changed hands
+// since, and starts over.
+func LeaseToken(msg *message.Message) (token int64, ok bool) {
+	if msg == nil {
+		return 0, false
+	}
+	d := deliveryFrom(msg.Context())
+	if d == nil || d.token == 0 {
+		return 0, false
+	}
+	return d.token, true
 }
 
 // IsDelivered reports whether msg was delivered by a Subscriber (so Reject

@@ -31,14 +31,14 @@ type Driver interface {
 	// kerr.TopicAlreadyExists when another was first.
 	CreateTopic(ctx context.Context, topic string, partitions int) error
 	// Offsets returns, for every partition of topic, its log start
-	// offset and its last stable offset (below which every transaction
-	// has ended: the end of what a read_committed consumer sees).
+	// offset and its end offset (the high watermark: the next record's
+	// offset).
 	Offsets(ctx context.Context, topic string) (map[int32]PartitionOffsets, error)
-	// ReadCommitted returns the records of committed transactions (and
-	// non-transactional records) among the offsets [from, end) of
-	// partition of topic, in offset order: what a read_committed consumer
-	// reads there. end is at most the partition's last stable offset.
-	ReadCommitted(ctx context.Context, topic string, partition int32, from, end int64) ([]*kgo.Record, error)
+	// ReadLog returns what a read_uncommitted consumer reads among the
+	// offsets [from, end) of partition of topic, transaction markers
+	// included, in offset order. end is at most the partition's end
+	// offset.
+	ReadLog(ctx context.Context, topic string, partition int32, from, end int64) ([]LogRecord, error)
 	// Transactional returns a new producer of transactional id id, not
 	// initialised yet.
 	Transactional(id string) (Transactional, error)
@@ -49,9 +49,24 @@ type Driver interface {
 	Close()
 }
 
-// PartitionOffsets are a partition's log start and last stable offsets.
+// PartitionOffsets are a partition's log start and end offsets.
 type PartitionOffsets struct {
-	Start, Stable int64
+	Start, End int64
+}
+
+// LogRecord is a record of a partition's log as a read_uncommitted
+// consumer reads it: a record (Offset, ProducerID, Key, Value, Headers are
+// set) or a transaction marker, which ends the open transaction of its
+// ProducerID in the partition: committed (Commit) or aborted.
+type LogRecord struct {
+	*kgo.Record
+	// Transactional: the record was written in a transaction, whose
+	// marker comes later.
+	Transactional bool
+	// Marker: the record is a transaction marker (a control record).
+	Marker bool
+	// Commit: the marker commits its transaction (else it aborts it).
+	Commit bool
 }
 
 // Transactional is a transactional producer: one transactional id, one

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Options returns the options of one of a driver's clients: the target's
@@ -97,31 +98,30 @@ func (d *kgoDriver) Offsets(ctx context.Context, topic string) (map[int32]Partit
 	if err != nil {
 		return nil, fmt.Errorf("start offsets: %w", err)
 	}
-	// read_committed: the last stable offsets.
-	ends, err := d.admin.ListCommittedOffsets(ctx, topic)
+	// read_uncommitted: the high watermarks.
+	ends, err := d.admin.ListEndOffsets(ctx, topic)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("last stable offsets: %w", err)
+		return nil, fmt.Errorf("end offsets: %w", err)
 	}
 	out := make(map[int32]PartitionOffsets, len(ends[topic]))
 	for p, end := range ends[topic] {
 		start, _ := starts.Lookup(topic, p)
-		out[p] = PartitionOffsets{Start: start.Offset, Stable: end.Offset}
+		out[p] = PartitionOffsets{Start: start.Offset, End: end.Offset}
 	}
 	return out, nil
 }
 
 // idleRead is how long a range read waits, once the broker served some of
-// the range, for more before it takes the range as read: read_committed,
-// kgo skips the records of aborted transactions without a trace, so when
-// the range ends with records of an aborted transaction whose marker lies
-// past the last stable offset, nothing shows that the read got there.
+// the range, for more before it takes the range as read: a record the
+// range ends with may be gone (compaction), and nothing else shows that
+// the read got there.
 const idleRead = time.Second
 
-// batchesRead counts the record batches a consumer decoded, aborted ones
-// included (kgo.HookFetchBatchRead): the broker is serving the range.
+// batchesRead counts the record batches a consumer decoded
+// (kgo.HookFetchBatchRead): the broker is serving the range.
 type batchesRead struct{ n atomic.Int64 }
 
 // OnFetchBatchRead implements kgo.HookFetchBatchRead.
@@ -129,18 +129,16 @@ func (b *batchesRead) OnFetchBatchRead(kgo.BrokerMetadata, string, int32, kgo.Fe
 	b.n.Add(1)
 }
 
-// ReadCommitted reads [from, end) through a read_committed kgo consumer
-// of its own.
-func (d *kgoDriver) ReadCommitted(ctx context.Context, topic string, partition int32, from, end int64) ([]*kgo.Record, error) {
+// ReadLog reads [from, end) through a read_uncommitted kgo consumer of its
+// own that keeps the control records (the transaction markers).
+func (d *kgoDriver) ReadLog(ctx context.Context, topic string, partition int32, from, end int64) ([]LogRecord, error) {
 	if end <= from {
 		return nil, nil
 	}
 	read := &batchesRead{}
 	cl, err := NewClient(d.opts([]kgo.Opt{
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(from)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// A transaction ends with its marker: seeing the marker at the
-		// end of the range ends the read.
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.WithHooks(read),
@@ -149,7 +147,7 @@ func (d *kgoDriver) ReadCommitted(ctx context.Context, topic string, partition i
 		return nil, err
 	}
 	defer cl.Close()
-	var out []*kgo.Record
+	var out []LogRecord
 	batches, changed := int64(0), time.Now()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, idleRead/4)
@@ -168,15 +166,33 @@ func (d *kgoDriver) ReadCommitted(ctx context.Context, topic string, partition i
 			return nil, fmt.Errorf("read partition %d from offset %d: %w", partition, from, ferr)
 		}
 		done := false
+		var derr error
 		fetches.EachRecord(func(r *kgo.Record) {
 			if r.Offset >= end-1 {
 				done = true
 			}
-			if r.Offset >= end || r.Attrs.IsControl() {
+			if r.Offset >= end || r.Offset < from {
 				return
 			}
-			out = append(out, r)
+			lr := LogRecord{Record: r, Transactional: r.Attrs.IsTransactional()}
+			if r.Attrs.IsControl() {
+				var key kmsg.ControlRecordKey
+				if err := key.ReadFrom(r.Key); err != nil {
+					derr = fmt.Errorf("partition %d offset %d: a control record whose key does not decode: %w", partition, r.Offset, err)
+					return
+				}
+				switch key.Type {
+				case kmsg.ControlRecordKeyTypeAbort, kmsg.ControlRecordKeyTypeCommit:
+					lr.Marker, lr.Commit = true, key.Type == kmsg.ControlRecordKeyTypeCommit
+				default:
+					return // not a transaction marker
+				}
+			}
+			out = append(out, lr)
 		})
+		if derr != nil {
+			return nil, derr
+		}
 		if done {
 			return out, nil
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/consumer"
 )
 
 // Origin is where a batch comes from.
@@ -27,6 +28,10 @@ type Origin struct {
 	Topic       string
 	Partition   int
 	Incarnation string
+	// Token is the fencing token of the lease the batch was delivered
+	// under (consumer.LeaseToken; 0 when unknown): it changes each time
+	// the partition changes hands.
+	Token int64
 }
 
 type key struct{}
@@ -51,6 +56,7 @@ func Of(ctx context.Context, batch []*message.Message, what string) (Origin, err
 			outbox.ErrInvalidArgument, what, outbox.MetadataTopic, outbox.MetadataPartition, outbox.MetadataSeq, first.UUID)
 	}
 	o.Partition = p
+	o.Token, _ = consumer.LeaseToken(first)
 	for _, m := range batch {
 		if m.Metadata.Get(outbox.MetadataTopic) != o.Topic || m.Metadata.Get(outbox.MetadataPartition) != first.Metadata.Get(outbox.MetadataPartition) {
 			return Origin{}, fmt.Errorf("%w: %s: a batch mixes outbox partitions (%s and %s/%s): exactly-once delivery sends one outbox partition per batch",
