@@ -15,8 +15,8 @@ import (
 )
 
 var (
-	flagSchedules = flag.Int("sim.schedules", 10000, "how many schedules TestSimulation runs")
-	flagBase      = flag.Uint64("sim.base", 0, "the first seed of TestSimulation's schedules (0: drawn from the clock, and printed)")
+	flagSchedules = flag.Int("sim.schedules", 10000, "how many schedules TestSimulation runs: the fixed seeds 1 to fixedSeeds, then seeds from -sim.base")
+	flagBase      = flag.Uint64("sim.base", 0, "the first seed of TestSimulation's schedules after the fixed ones (0: drawn from the clock, and printed)")
 	flagSeed      = flag.Uint64("sim.seed", 0, "run this one schedule only (a failing seed printed by TestSimulation)")
 	flagVerbose   = flag.Bool("sim.v", false, "print the trace of -sim.seed's schedule")
 	flagNoConvert = flag.Bool("sim.noconvert", false, "the Kafka client never ends a commit as an abort")
@@ -42,13 +42,22 @@ func TestSimulation(t *testing.T) {
 	}
 	base := *flagBase
 	if base == 0 {
-		base = uint64(time.Now().UnixNano())
+		base = uint64(time.Now().UnixNano()) | 1<<62 // far from the fixed seeds
 	}
 	n := *flagSchedules
 	if testing.Short() && n > 1000 {
 		n = 1000
 	}
-	t.Logf("%d schedules from seed %d (again: -sim.base=%d -sim.schedules=%d)", n, base, base, n)
+	fixed := min(n, fixedSeeds)
+	// seedOf is the seed of schedule k: the fixed seeds first (the same in
+	// every run: a bug they find fails every run), then new ones.
+	seedOf := func(k int64) uint64 {
+		if k < int64(fixed) {
+			return uint64(k) + 1
+		}
+		return base + uint64(k-int64(fixed))
+	}
+	t.Logf("%d schedules: seeds 1 to %d, then %d from seed %d (again: -sim.base=%d -sim.schedules=%d)", n, fixed, n-fixed, base, base, n)
 	var (
 		next     atomic.Int64
 		mu       sync.Mutex
@@ -67,7 +76,7 @@ func TestSimulation(t *testing.T) {
 					if k >= int64(n) {
 						return
 					}
-					seed := base + uint64(k)
+					seed := seedOf(k)
 					res := Run(seed, Options{NoConversion: *flagNoConvert})
 					finished.Add(1)
 					mu.Lock()
@@ -93,7 +102,7 @@ func TestSimulation(t *testing.T) {
 			finished.Load(), time.Since(started).Round(time.Millisecond), totals.Steps, totals.Published, totals.InKafka, totals.Dead, totals.Kills, totals.Freezes, totals.Converted, totals.Crashes, totals.Outages)
 		if len(failed) > 0 {
 			slices.SortFunc(failed, func(a, b Result) int { return cmp.Compare(a.Seed, b.Seed) })
-			t.Errorf("%d of %d schedules failed; the first is schedule %d (0-based) of the run", len(failed), finished.Load(), failed[0].Seed-base)
+			t.Errorf("%d of %d schedules failed; the first has seed %d", len(failed), finished.Load(), failed[0].Seed)
 		}
 		for i, r := range failed {
 			if i == 5 {
@@ -104,6 +113,10 @@ func TestSimulation(t *testing.T) {
 		}
 	})
 }
+
+// fixedSeeds is how many schedules of every run have the seeds 1, 2, …:
+// the rest are new in each run.
+const fixedSeeds = 2000
 
 // TestSimulationFindsALossOfAnUnconfirmedCommit keeps the simulator's
 // teeth: with the Kafka driver trusting a nil EndTxn as a commit (the
