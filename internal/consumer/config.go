@@ -45,6 +45,9 @@ type Config struct {
 	// Counts are the Subscriber's running totals (Subscriber.Stats).
 	Counts *Counts
 
+	// Jitter spreads a backoff (nil: backoff.Jitter, a random half to
+	// the whole of it); the simulator draws it from its seed.
+	Jitter func(time.Duration) time.Duration
 	// Gate is the delivery gate of the process the workers run in; nil:
 	// this process's (the gate is per process: a crash takes every
 	// Subscriber and Forwarder of the process down at once). The

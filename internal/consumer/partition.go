@@ -329,6 +329,9 @@ func (w *Worker) undoDelivery(ctx context.Context) {
 // that partitions failing together do not retry in lockstep.
 func (w *Worker) noteFailure(processed int) time.Duration {
 	w.mode.Failed(processed)
+	if w.s.Jitter != nil {
+		return w.s.Jitter(w.mode.Backoff())
+	}
 	return backoff.Jitter(w.mode.Backoff())
 }
 

@@ -106,8 +106,11 @@ func (s *Subscription) Step(ctx context.Context, turn func(w *Worker) (worker.Di
 	for _, l := range acquired {
 		s.stepped[l.Partition()] = &stepped{lease: l, worker: s.newWorker(l)}
 	}
+	// In partition order: a run of Step does the same calls in the same
+	// order each time (the simulator replays a seed call for call).
 	parts := make([]int, 0, len(s.stepped))
-	for p, st := range s.stepped {
+	for _, p := range s.partitions() {
+		st := s.stepped[p]
 		if st.lease.Context().Err() != nil { // lost (expired, paused, rebalanced)
 			st.worker.Stop()
 			st.lease.Done()
@@ -116,7 +119,6 @@ func (s *Subscription) Step(ctx context.Context, turn func(w *Worker) (worker.Di
 		}
 		parts = append(parts, p)
 	}
-	sort.Ints(parts)
 	res.Partitions = len(parts)
 	retryIn := func(d time.Duration) {
 		if d > 0 && (res.RetryIn == 0 || d < res.RetryIn) {
@@ -147,11 +149,22 @@ func (s *Subscription) Step(ctx context.Context, turn func(w *Worker) (worker.Di
 	return res, errors.Join(errs...)
 }
 
+// partitions returns the partitions Step holds, in order.
+func (s *Subscription) partitions() []int {
+	parts := make([]int, 0, len(s.stepped))
+	for p := range s.stepped {
+		parts = append(parts, p)
+	}
+	sort.Ints(parts)
+	return parts
+}
+
 // Close ends what Step started: the workers stop (taking back a delivery
 // left in flight) and the leases are given back, so that another member of
 // the group takes them at once.
 func (s *Subscription) Close(ctx context.Context) {
-	for p, st := range s.stepped {
+	for _, p := range s.partitions() {
+		st := s.stepped[p]
 		st.worker.Stop()
 		st.lease.Done()
 		delete(s.stepped, p)

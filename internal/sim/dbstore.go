@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -144,7 +145,7 @@ func (c *conn) lifespan(ttl time.Duration) time.Time { return c.d.now().Add(ttl)
 
 func (c *conn) Acquire(_ context.Context, g lease.Group, member string, partitions int, exclude []int32, ttl time.Duration, n int) ([]lease.Acquired, error) {
 	var got []lease.Acquired
-	err := c.run(c.detail("db.acquire", "%d, not %v", n, exclude), nil, func() error {
+	err := c.run(c.detail("db.acquire", "%d, not %v", n, sortedInt32(exclude)), nil, func() error {
 		now := c.d.now()
 		type cand struct {
 			k    cursorKey
@@ -620,3 +621,11 @@ func (t *simTx) Conn() *pgx.Conn                                  { return nil }
 type errRow struct{}
 
 func (errRow) Scan(...any) error { return errNotSimulated }
+
+// sortedInt32 returns a sorted copy of xs (the real code passes some
+// lists in map order).
+func sortedInt32(xs []int32) []int32 {
+	out := append([]int32(nil), xs...)
+	slices.Sort(out)
+	return out
+}

@@ -136,3 +136,29 @@ func TestSimulationFindsALossOfAnUnconfirmedCommit(t *testing.T) {
 		t.Fatal("2000 schedules with a driver that trusts a nil EndTxn found no lost message: the simulator lost its teeth (is the client still made to end commits as aborts?)")
 	})
 }
+
+// TestSimulationReplaysExactly runs schedules twice and compares their
+// traces: a seed must replay the same schedule, call for call, or a
+// failing seed would prove nothing when replayed.
+func TestSimulationReplaysExactly(t *testing.T) {
+	for seed := uint64(1); seed <= *replaySeeds; seed++ {
+		var first, second Result
+		synctest.Test(t, func(t *testing.T) { first = Run(seed, Options{Trace: true}) })
+		synctest.Test(t, func(t *testing.T) { second = Run(seed, Options{Trace: true}) })
+		if first.Trace != second.Trace {
+			a, b := strings.Split(first.Trace, "\n"), strings.Split(second.Trace, "\n")
+			for i := range min(len(a), len(b)) {
+				if a[i] != b[i] {
+					t.Fatalf("seed %d replayed differently at line %d of its trace:\n  first:  %s\n  second: %s", seed, i+1, a[i], b[i])
+				}
+			}
+			t.Fatalf("seed %d replayed differently: %d lines, then %d", seed, len(a), len(b))
+		}
+		if first.String() != second.String() {
+			t.Fatalf("seed %d replayed differently:\n  %v\n  %v", seed, first, second)
+		}
+	}
+}
+
+// replaySeeds is how many seeds TestSimulationReplaysExactly replays.
+var replaySeeds = flag.Uint64("sim.replays", 40, "how many seeds TestSimulationReplaysExactly runs twice")

@@ -221,6 +221,7 @@ func (w *world) addInstance() *instance {
 		Logger:            logger,
 		Stop:              context.Background(),
 		Gate:              consumer.NewGate(),
+		Jitter:            w.jitter,
 		Counts:            &consumer.Counts{},
 	}
 	in.sub = consumer.NewSubscription(cfg, mgr, topic, incarnation, nil, handler)
@@ -251,6 +252,14 @@ func (w *world) removeLeft() {
 		w.instances = append(w.instances[:i], w.instances[i+1:]...)
 		i--
 	}
+}
+
+// jitter spreads a backoff as backoff.Jitter does, from the seed.
+func (w *world) jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + time.Duration(w.s.rng.Int64N(int64(d-d/2+1)))
 }
 
 // deadLetter is the forwarders' RejectHandler: the dead letter is stored
