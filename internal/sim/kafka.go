@@ -151,16 +151,6 @@ func (k *kafka) createTopic(name string, partitions int) {
 	k.topics[name] = ps
 }
 
-// lso is the partition's last stable offset.
-func (p *kpartition) lso() int64 {
-	for _, r := range p.records {
-		if r.txn != nil && r.txn.state == ongoing {
-			return r.offset
-		}
-	}
-	return int64(len(p.records))
-}
-
 // append adds a record or marker.
 func (p *kpartition) append(r krecord) int64 {
 	r.offset = int64(len(p.records))

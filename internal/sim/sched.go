@@ -37,18 +37,11 @@ func (o outcome) kills() bool { return o == killBefore || o == killAfter }
 // connection broke.
 var errConnection = errors.New("sim: connection lost")
 
-// errKilled is what every call of a killed process returns, while its
-// goroutine unwinds (its effects are gone with it: nothing it calls takes
-// effect).
-var errKilled = errors.New("sim: the process was killed")
-
 // proc is a simulated process: its real code runs on goroutines of its
 // own, one step at a time, and parks at every call into a model.
 type proc struct {
 	s    *Sim
 	name string
-	// incarnation counts its restarts.
-	incarnation int
 	// step runs one step of the process (a lease manager round and a turn
 	// of each partition, say); nil for a process the scheduler runs itself.
 	step func(ctx context.Context)
