@@ -345,7 +345,7 @@ func (f *Forwarder) handler(topic, targetTopic string, partitions int) outbox.Ba
 	if schema == "" {
 		schema = outbox.DefaultSchema
 	}
-	send := f.cfg.Target.Send
+	send := forward.TargetSend(f.cfg.Target)
 	if len(f.cfg.Middlewares) > 0 {
 		send = f.sendThrough
 	}

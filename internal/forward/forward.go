@@ -33,8 +33,9 @@ type Config struct {
 	// unknown), TargetTopic where it goes.
 	Topic, TargetTopic string
 	Partitions         int
-	// Send sends a batch: the target's Send, or the middleware chain
-	// around it.
+	// Send sends a batch: the target's Send with its errors marked
+	// BrokerWide, or the middleware chain around it (whose errors are
+	// each message's own).
 	Send func(ctx context.Context, topic string, batch []*message.Message) (done int, err error)
 	// Counts are the Forwarder's running totals (nil: none kept).
 	Counts *Counts
@@ -89,7 +90,6 @@ func Handler(cfg Config) func(ctx context.Context, batch []*message.Message) (in
 		span := observe.StartForward(ctx, cfg.Topic, cfg.TargetTopic, batch)
 		start := time.Now()
 		done, err := cfg.Send(ctx, cfg.TargetTopic, batch)
-		err = BrokerWide(err)
 		done = max(0, min(done, len(batch)))
 		if done < len(batch) && err == nil {
 			err = BrokerWide(fmt.Errorf("%w: %d of %d messages", errPartialConfirm, done, len(batch)))
@@ -118,6 +118,20 @@ func Handler(cfg Config) func(ctx context.Context, batch []*message.Message) (in
 			"err":       err.Error(),
 		})
 		return done, err
+	}
+}
+
+// Target is what a Forwarder sends through (forwarder.Target).
+type Target interface {
+	Send(ctx context.Context, topic string, batch []*message.Message) (done int, err error)
+}
+
+// TargetSend is Config.Send for target without middleware: its Send, its
+// errors marked BrokerWide.
+func TargetSend(target Target) func(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	return func(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+		done, err := target.Send(ctx, topic, batch)
+		return done, BrokerWide(err)
 	}
 }
 

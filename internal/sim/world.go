@@ -205,7 +205,7 @@ func (w *world) addInstance() *instance {
 	in.mgr = mgr
 	handler := forward.Handler(forward.Config{
 		Schema: schema, Group: group, Topic: topic, TargetTopic: topic, Partitions: w.sh.partitions,
-		Send: target.Send, Logger: logger,
+		Send: forward.TargetSend(target), Logger: logger,
 	})
 	profile := tune.Default
 	cfg := &consumer.Config{
