@@ -28,7 +28,7 @@ func (w *world) drained() bool {
 func (w *world) checkLeases() {
 	holder := map[int]string{}
 	for _, in := range w.instances {
-		if in.proc.dead {
+		if in.proc.dead.Load() {
 			continue
 		}
 		for _, p := range in.mgr.Held() {

@@ -40,7 +40,7 @@ var errNotSimulated = errors.New("sim: not simulated")
 func (c *conn) run(op string, ready func() bool, apply func() error) error {
 	o := answered
 	if c.p != nil {
-		o = c.p.enter(op, ready)
+		o = c.p.enter("db", op, ready)
 	}
 	if !o.applies() {
 		return errConnection

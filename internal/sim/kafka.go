@@ -230,7 +230,7 @@ var errBrokerDown = errors.New("sim: kafka: unable to dial: connection refused")
 func (d *kafkaDriver) request(op string) (outcome, error) {
 	o := answered
 	if d.p != nil {
-		o = d.p.enter(op, nil)
+		o = d.p.enter("kafka", op, nil)
 	}
 	if !o.applies() {
 		return o, fmt.Errorf("%s: %w", op, errConnection)

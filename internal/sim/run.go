@@ -117,7 +117,7 @@ func (w *world) chaos() {
 				w.restartSomething()
 			} else if len(w.instances) > 1 {
 				in := w.instances[w.s.intn(len(w.instances))]
-				if !in.proc.dead && !in.leaving {
+				if !in.proc.dead.Load() && !in.leaving {
 					s.trace("%s leaves", in.name)
 					in.leaving = true
 				}
@@ -141,25 +141,25 @@ func (w *world) chaos() {
 	}
 }
 
-// runSomething runs one step of a forwarder that can run: resumes a
-// parked call (with a fault, in a storm) or starts a step. It reports
+// runSomething runs a forwarder that can run: resumes one of its parked
+// calls (with a fault, in a storm) or starts its next step. It reports
 // whether anything ran.
 func (w *world) runSomething(faults bool) bool {
-	now := w.now()
-	var ready []*instance
-	for _, in := range w.instances {
-		if in.proc.canRun(now) {
-			ready = append(ready, in)
-		}
+	procs := make([]*proc, len(w.instances))
+	for i, in := range w.instances {
+		procs[i] = in.proc
 	}
-	if len(ready) == 0 {
+	calls, steps := w.s.runnable(w.now(), procs)
+	n := len(calls) + len(steps)
+	if n == 0 {
 		return false
 	}
-	in := ready[w.s.intn(len(ready))]
-	if in.proc.state == idle {
-		w.s.runStep(in.proc)
+	k := w.s.intn(n)
+	if k >= len(calls) {
+		w.s.runStep(steps[k-len(calls)])
 		return true
 	}
+	c := calls[k]
 	o := answered
 	if faults && w.storm && w.s.chance(w.sh.callFault) {
 		o = [...]outcome{failBefore, failAfter, killBefore, killAfter}[w.s.intn(4)]
@@ -167,9 +167,13 @@ func (w *world) runSomething(faults bool) bool {
 	if o.kills() {
 		w.res.Kills++
 	}
-	w.s.resume(in.proc, o)
-	if in.proc.dead {
-		in.conn.abortAll()
+	w.s.resume(c, o)
+	if c.p.dead.Load() {
+		for _, in := range w.instances {
+			if in.proc == c.p {
+				w.killInstance(in)
+			}
+		}
 	}
 	return true
 }
@@ -198,7 +202,7 @@ func (w *world) killSomething() {
 		return
 	}
 	in := w.instances[w.s.intn(len(w.instances))]
-	if !in.proc.dead {
+	if !in.proc.dead.Load() {
 		w.res.Kills++
 		w.killInstance(in)
 	}
@@ -232,7 +236,7 @@ func (w *world) restartSomething() {
 		}
 	}
 	for _, in := range w.instances {
-		if in.proc.dead {
+		if in.proc.dead.Load() {
 			w.s.trace("%s restarts", in.name)
 			w.restart(in)
 			return
@@ -256,7 +260,7 @@ func (w *world) drain() {
 		in.proc.frozenUntil = time.Time{}
 	}
 	for _, in := range append([]*instance(nil), w.instances...) {
-		if in.proc.dead {
+		if in.proc.dead.Load() {
 			w.restart(in)
 		}
 	}
@@ -294,16 +298,13 @@ func (w *world) drain() {
 
 // shutdown ends every goroutine of the schedule.
 func (w *world) shutdown() {
-	for _, in := range w.instances {
-		w.s.kill(in.proc)
-		w.s.stop(in.proc)
-		_ = in.target.Close()
-	}
 	for _, p := range w.s.procs {
 		if p.state != gone {
-			w.s.kill(p)
 			w.s.stop(p)
 		}
+	}
+	for _, in := range w.instances {
+		_ = in.target.Close()
 	}
 }
 

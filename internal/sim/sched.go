@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"testing/synctest"
 	"time"
 )
 
@@ -38,85 +41,94 @@ func (o outcome) kills() bool { return o == killBefore || o == killAfter }
 var errConnection = errors.New("sim: connection lost")
 
 // proc is a simulated process: its real code runs on goroutines of its
-// own, one step at a time, and parks at every call into a model.
+// own — a step at a time, or a loop that runs until the process stops —
+// and every goroutine parks at each call into a model.
 type proc struct {
-	s    *Sim
-	name string
+	s     *Sim
+	name  string
+	index int // in creation order: the scheduler's order among processes
 	// step runs one step of the process (a lease manager round and a turn
-	// of each partition, say); nil for a process the scheduler runs itself.
-	step func(ctx context.Context)
-	ctx  context.Context
+	// of each partition, say), or its whole life (a relay's loop).
+	step   func(ctx context.Context)
+	ctx    context.Context
+	cancel context.CancelFunc
 
-	// Scheduler state, touched only by the scheduler's goroutine and the
-	// process's goroutine while the other waits for it.
+	// dead is set when the process is killed: every later call of its
+	// goroutines fails at once (they unwind; nothing they call takes
+	// effect).
+	dead atomic.Bool
+
+	// Scheduler state, touched by the scheduler's goroutine while every
+	// goroutine of the process is blocked.
 	state       procState
-	dead        bool
 	frozenUntil time.Time
-	parked      *call
-	wake        chan outcome // resumes a parked call
-	start       chan bool    // starts a step (true) or ends the goroutine (false)
+	start       chan bool // starts a step (true) or ends the goroutine (false)
+	stepDone    bool      // guarded by s.mu: the step returned
 }
 
 type procState int
 
 const (
 	idle    procState = iota // between steps
-	running                  // in a step, not parked
-	parked                   // in a step, parked at a call
+	running                  // in a step (its goroutines parked or waiting)
 	gone                     // its goroutine ended
 )
 
-// call is a parked call of a process.
+// call is a parked call of a goroutine of a process.
 type call struct {
-	op string
-	// ready says whether the call can go on (a row lock it waits for is
-	// free); nil: always.
+	p *proc
+	// role names the goroutine (one parked call per role and process at a
+	// time): "db", "kafka", "stream".
+	role string
+	op   string
+	// ready says whether the call can go on (a lock it waits for is free);
+	// nil: always.
 	ready func() bool
+	wake  chan outcome
 }
 
-// event is what a process's goroutine tells the scheduler: it parked at a
-// call, or its step ended.
-type event struct {
-	p      *proc
-	parked *call
-}
-
-// enter parks the calling goroutine of p at a model call op until the
-// scheduler resumes it, and returns how the call ends. A dead process's
-// calls fail at once. ready, if not nil, says when the call can go on.
-func (p *proc) enter(op string, ready func() bool) outcome {
-	if p.dead {
+// enter parks the calling goroutine of p, in role, at a model call op
+// until the scheduler resumes it, and returns how the call ends. A dead
+// process's calls fail at once. ready, if not nil, says when the call can
+// go on.
+func (p *proc) enter(role, op string, ready func() bool) outcome {
+	if p.dead.Load() {
 		return killBefore
 	}
-	c := &call{op: op, ready: ready}
-	p.s.events <- event{p: p, parked: c}
-	o := <-p.wake
+	c := &call{p: p, role: role, op: op, ready: ready, wake: make(chan outcome)}
+	p.s.mu.Lock()
+	p.s.parked = append(p.s.parked, c)
+	p.s.mu.Unlock()
+	o := <-c.wake
 	if o.kills() {
-		p.dead = true
+		p.dead.Store(true)
 	}
 	return o
 }
 
-// loop is the process's goroutine: a step each time the scheduler starts
-// one.
+// loop is the process's main goroutine: a step each time the scheduler
+// starts one.
 func (p *proc) loop() {
 	for <-p.start {
 		p.step(p.ctx)
-		p.s.events <- event{p: p}
+		p.s.mu.Lock()
+		p.stepDone = true
+		p.s.mu.Unlock()
 	}
-	p.s.events <- event{p: p}
 }
 
 // Sim is one schedule: the seeded choices and the processes.
 type Sim struct {
-	seed   uint64
-	rng    *rand.Rand
-	events chan event
-	procs  []*proc
-	trace  func(format string, args ...any)
+	seed  uint64
+	rng   *rand.Rand
+	procs []*proc
+	trace func(format string, args ...any)
 	// tracing: the trace is kept (call details are worth formatting).
 	tracing bool
 	steps   int
+
+	mu     sync.Mutex
+	parked []*call // guarded by mu
 }
 
 func newSim(seed uint64, trace func(string, ...any)) *Sim {
@@ -124,7 +136,7 @@ func newSim(seed uint64, trace func(string, ...any)) *Sim {
 	if trace == nil {
 		trace = func(string, ...any) {}
 	}
-	return &Sim{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), events: make(chan event), trace: trace, tracing: tracing}
+	return &Sim{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), trace: trace, tracing: tracing}
 }
 
 // chance returns true with probability p.
@@ -143,85 +155,146 @@ func (s *Sim) between(lo, hi time.Duration) time.Duration {
 
 // spawn starts a process whose steps run step.
 func (s *Sim) spawn(name string, step func(ctx context.Context)) *proc {
-	p := &proc{s: s, name: name, step: step, ctx: context.Background(), wake: make(chan outcome), start: make(chan bool)}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &proc{s: s, name: name, index: len(s.procs), step: step, ctx: ctx, cancel: cancel, start: make(chan bool)}
 	s.procs = append(s.procs, p)
 	go p.loop()
 	return p
 }
 
-// wait waits for p's next event, which must be p's: the process runs
-// alone until it parks or its step ends.
-func (s *Sim) wait(p *proc) {
-	ev := <-s.events
-	if ev.p != p {
-		panic(fmt.Sprintf("sim: seed %d: %s ran while %s was scheduled", s.seed, ev.p.name, p.name))
+// settle waits until every goroutine of the schedule is blocked — parked
+// at a call, waiting for a step, a timer or another goroutine — and notes
+// the steps that ended. Only then does the scheduler choose again: what
+// runs between two choices is decided by the last one alone.
+func (s *Sim) settle() {
+	synctest.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.procs {
+		if p.stepDone {
+			p.stepDone = false
+			if p.state == running {
+				p.state = idle
+			}
+		}
 	}
-	if ev.parked != nil {
-		p.state, p.parked = parked, ev.parked
-		return
-	}
-	p.parked = nil
-	if p.state == gone {
-		return
-	}
-	p.state = idle
 }
 
-// runStep starts a step of an idle process and runs it up to its first
-// call (or its end).
+// calls returns p's parked calls, by role.
+func (s *Sim) calls(p *proc) []*call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*call
+	for _, c := range s.parked {
+		if c.p == p {
+			out = append(out, c)
+		}
+	}
+	sortStable(out, func(a, b *call) bool { return a.role < b.role })
+	return out
+}
+
+// runStep starts a step of an idle process and runs it until everything
+// is blocked again.
 func (s *Sim) runStep(p *proc) {
 	s.steps++
 	p.state = running
 	p.start <- true
-	s.wait(p)
+	s.settle()
 }
 
-// resume ends p's parked call with o and runs p up to its next call (or
-// the end of its step).
-func (s *Sim) resume(p *proc, o outcome) {
+// resume ends parked call c with o and runs until everything is blocked
+// again.
+func (s *Sim) resume(c *call, o outcome) {
 	s.steps++
-	s.trace("%s %s: %s", p.name, p.parked.op, o)
-	p.state, p.parked = running, nil
-	p.wake <- o
-	s.wait(p)
+	s.trace("%s %s: %s", c.p.name, c.op, o)
+	s.mu.Lock()
+	for i, x := range s.parked {
+		if x == c {
+			s.parked = append(s.parked[:i], s.parked[i+1:]...)
+			break
+		}
+	}
+	s.mu.Unlock()
+	c.wake <- o
+	s.settle()
 }
 
-// kill kills p: a parked call fails at once and every later call of its
-// goroutine too, until its step unwinds; an idle process just dies.
+// kill kills p: its parked calls fail at once and every later call of its
+// goroutines too, until they unwind; its context ends.
 func (s *Sim) kill(p *proc) {
-	if p.dead {
+	if p.dead.Load() {
 		return
 	}
 	s.trace("%s killed", p.name)
-	if p.state == parked {
-		s.resume(p, killBefore)
-		return
+	p.dead.Store(true)
+	p.cancel()
+	for _, c := range s.calls(p) {
+		s.resume(c, killBefore)
 	}
-	p.dead = true
+	s.settle()
 }
 
-// stop ends p's goroutine (p is idle or dead and idle).
+// stop ends p's goroutines: it kills p and waits for its step to end (a
+// goroutine waiting for a timer gets it: the clock moves on).
 func (s *Sim) stop(p *proc) {
-	for p.state == parked {
-		s.resume(p, killBefore)
+	s.kill(p)
+	for i := 0; p.state == running; i++ {
+		for _, c := range s.calls(p) {
+			s.resume(c, killBefore)
+		}
+		if p.state == running {
+			if i > 1000 {
+				panic(fmt.Sprintf("sim: seed %d: %s does not stop:\n%s", s.seed, p.name, s.describe(time.Now())))
+			}
+			time.Sleep(time.Second)
+			s.settle()
+		}
 	}
-	if p.state == gone {
-		return
+	if p.state == idle {
+		p.state = gone
+		p.start <- false
+		s.settle()
 	}
-	p.state = gone
-	p.start <- false
-	s.wait(p)
 }
 
-// canRun reports whether p may be scheduled now.
-func (p *proc) canRun(now time.Time) bool {
-	if p.dead || p.state == gone || now.Before(p.frozenUntil) {
-		return false
+// runnable returns the calls and idle processes the scheduler may run
+// now, in a fixed order (by process, then role).
+func (s *Sim) runnable(now time.Time, ps []*proc) (calls []*call, steps []*proc) {
+	for _, p := range ps {
+		if p.dead.Load() || p.state == gone || now.Before(p.frozenUntil) {
+			continue
+		}
+		if p.state == idle {
+			steps = append(steps, p)
+			continue
+		}
+		for _, c := range s.calls(p) {
+			if c.ready == nil || c.ready() {
+				calls = append(calls, c)
+			}
+		}
 	}
-	if p.state == parked {
-		return p.parked.ready == nil || p.parked.ready()
+	return calls, steps
+}
+
+// describe is the state of every process, for a failure's report.
+func (s *Sim) describe(now time.Time) string {
+	var b strings.Builder
+	for _, p := range s.procs {
+		st := [...]string{"idle", "running", "gone"}[p.state]
+		for _, c := range s.calls(p) {
+			st += ", parked at " + c.op
+		}
+		if p.dead.Load() {
+			st += ", dead"
+		}
+		if now.Before(p.frozenUntil) {
+			st += fmt.Sprintf(", frozen for %v", p.frozenUntil.Sub(now))
+		}
+		fmt.Fprintf(&b, "  %s: %s\n", p.name, st)
 	}
-	return p.state == idle
+	return b.String()
 }
 
 // detail returns op with the details format gives, when the schedule is
@@ -231,23 +304,4 @@ func (s *Sim) detail(op, format string, args ...any) string {
 		return op
 	}
 	return op + " " + fmt.Sprintf(format, args...)
-}
-
-// describe is the state of every process, for a failure's report.
-func (s *Sim) describe(now time.Time) string {
-	var b strings.Builder
-	for _, p := range s.procs {
-		st := [...]string{"idle", "running", "parked", "gone"}[p.state]
-		if p.state == parked {
-			st += " at " + p.parked.op
-		}
-		if p.dead {
-			st += ", dead"
-		}
-		if now.Before(p.frozenUntil) {
-			st += fmt.Sprintf(", frozen for %v", p.frozenUntil.Sub(now))
-		}
-		fmt.Fprintf(&b, "  %s: %s\n", p.name, st)
-	}
-	return b.String()
 }
