@@ -22,12 +22,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -37,6 +35,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgrepl"
+	"github.com/millrace/watermill-outbox/internal/relaydriver"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
@@ -215,6 +214,9 @@ type Relay struct {
 	toldDelayed atomic.Bool
 	lastError   atomic.Pointer[string]
 
+	// backend is PostgreSQL (pgBackend), or the simulator's model.
+	backend relaydriver.Backend
+
 	life startstop.Service
 }
 
@@ -235,6 +237,7 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Relay, error) {
 	}
 	r.logger = logger.With(watermill.LogFields{"slot": r.slot, "instance": cfg.Instance})
 	r.life.Name = "relay.Relay"
+	r.backend = pgBackend{pool: cfg.Pool, q: r.q}
 	return r, nil
 }
 
@@ -280,7 +283,9 @@ func (r *Relay) start(ctx context.Context) error {
 
 // run is Run's loop, until ctx ends or an error retrying cannot mend.
 func (r *Relay) run(ctx context.Context) error {
-	r.life.Go(func() { r.watchRetained(ctx) })
+	if r.cfg.WarnRetainedWAL >= 0 {
+		r.life.Go(func() { r.watchRetained(ctx) })
+	}
 	var failures backoff.Streak // backoff.Default
 	standby := false
 	for {
@@ -351,13 +356,8 @@ type txn struct {
 func (r *Relay) stream(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	timeout := strconv.FormatInt(r.cfg.TakeoverTimeout.Milliseconds(), 10)
-	replCfg := r.cfg.Pool.Config().ConnConfig.Config.Copy()
-	if replCfg.RuntimeParams == nil {
-		replCfg.RuntimeParams = map[string]string{}
-	}
-	replCfg.RuntimeParams["wal_sender_timeout"] = timeout
-	conn, err := pgrepl.Connect(ctx, replCfg, ReplicationNamePrefix+r.cfg.Instance)
+	timeout := r.cfg.TakeoverTimeout.Milliseconds()
+	conn, err := r.backend.Stream(ctx, r.slot, ReplicationNamePrefix+r.cfg.Instance, timeout)
 	if err != nil {
 		return classify(err)
 	}
@@ -366,20 +366,10 @@ func (r *Relay) stream(ctx context.Context) error {
 		defer done()
 		_ = conn.Close(closeCtx)
 	}()
-	if err := conn.StartLogical(ctx, r.slot, r.slot, 0); err != nil {
-		return classify(err)
-	}
 	// The appends go through a connection of their own, named so that the
 	// slot's next holder can tell a stale append from anything else, and
 	// bounded so that a frozen relay cannot hold the relays row for ever.
-	appendCfg := r.cfg.Pool.Config().ConnConfig.Copy()
-	if appendCfg.RuntimeParams == nil {
-		appendCfg.RuntimeParams = map[string]string{}
-	}
-	appendCfg.RuntimeParams["application_name"] = r.appendName()
-	appendCfg.RuntimeParams["idle_in_transaction_session_timeout"] = timeout
-	appendCfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(max(r.cfg.TakeoverTimeout.Milliseconds()/3, 1), 10)
-	db, err := pgx.ConnectConfig(ctx, appendCfg)
+	db, err := r.backend.Conn(ctx, r.appendName(), max(timeout/3, 1), timeout)
 	if err != nil {
 		return err
 	}
@@ -416,7 +406,7 @@ func (r *Relay) stream(ctx context.Context) error {
 
 // position reads the commit LSN of the last transaction appended,
 // creating the relays row if CreateSlot did not.
-func (r *Relay) position(ctx context.Context, db *pgx.Conn) (int64, error) {
+func (r *Relay) position(ctx context.Context, db relaydriver.Conn) (int64, error) {
 	if _, err := db.Exec(ctx, r.q.WALRelayInit, r.slot); err != nil {
 		if isLockTimeout(err) {
 			return 0, r.endStaleAppenders(ctx, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgrepl"
+	"github.com/millrace/watermill-outbox/internal/relaydriver"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
 )
 
@@ -23,9 +24,9 @@ import (
 // transactions, the appender appends them in batches.
 type session struct {
 	r    *Relay
-	conn *pgrepl.Conn
+	conn relaydriver.Stream
 	// db is the append connection (Relay.appendName).
-	db *pgx.Conn
+	db relaydriver.Conn
 	// startPos is the commit LSN of the last transaction in the log when
 	// the session started (the reader skips transactions at or below it);
 	// pos the same as the appender moves it.
@@ -437,8 +438,8 @@ func isLockTimeout(err error) bool {
 // error either way: the stream starts again from the position in the
 // relays row.
 func (r *Relay) endStaleAppenders(ctx context.Context, waited error) error {
-	var ended int64
-	if err := r.cfg.Pool.QueryRow(ctx, r.q.WALEndStaleAppenders, r.appendName()).Scan(&ended); err != nil {
+	ended, err := r.backend.EndStaleAppenders(ctx, r.appendName())
+	if err != nil {
 		return fmt.Errorf("relay: an append waited for the relays row (%v), and ending the stale append sessions holding it failed (run the relays as the same role, or grant it pg_signal_backend): %w", waited, err)
 	}
 	r.logger.Error("A relay that stopped answering held the slot's append; its session was ended and its append rolled back", waited, watermill.LogFields{"sessions_ended": ended})
