@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
@@ -60,13 +61,13 @@ func (b pgBackend) EndStaleAppenders(ctx context.Context, name string) (int64, e
 // The simulator runs a relay on a model of PostgreSQL through
 // relaydriver.Run.
 func init() {
-	relaydriver.Run = func(cfg any, logger watermill.LoggerAdapter, b relaydriver.Backend) (func(ctx context.Context) error, error) {
+	relaydriver.Run = func(cfg any, logger watermill.LoggerAdapter, b relaydriver.Backend, jitter func(time.Duration) time.Duration) (func(ctx context.Context) error, error) {
 		c, ok := cfg.(Config)
 		if !ok {
 			return nil, errors.New("relaydriver.Run: cfg is not a relay.Config")
 		}
 		c.setDefaults()
-		r := &Relay{cfg: c, q: dbsql.For(c.Schema), slot: Slot(c.Schema), prefix: names.WALPrefix(c.Schema), backend: b}
+		r := &Relay{cfg: c, q: dbsql.For(c.Schema), slot: Slot(c.Schema), prefix: names.WALPrefix(c.Schema), backend: b, jitter: jitter}
 		if logger == nil {
 			logger = watermill.NopLogger{}
 		}

@@ -216,6 +216,8 @@ type Relay struct {
 
 	// backend is PostgreSQL (pgBackend), or the simulator's model.
 	backend relaydriver.Backend
+	// jitter spreads the backoffs (nil: internal/backoff's).
+	jitter func(time.Duration) time.Duration
 
 	life startstop.Service
 }
@@ -286,7 +288,7 @@ func (r *Relay) run(ctx context.Context) error {
 	if r.cfg.WarnRetainedWAL >= 0 {
 		r.life.Go(func() { r.watchRetained(ctx) })
 	}
-	var failures backoff.Streak // backoff.Default
+	failures := backoff.Streak{Jitter: r.jitter} // backoff.Default
 	standby := false
 	for {
 		appended := r.appended.Load()

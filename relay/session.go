@@ -173,13 +173,19 @@ func (s *session) appendLoop(ctx context.Context) error {
 					break more
 				}
 			} else { // wait for more until the pace is due
+				// A transaction already decoded goes first (a fixed order
+				// when the pace falls due too: the simulator replays).
 				select {
 				case t, ok = <-s.txns:
-				case <-due:
-					due = nil
-					continue
-				case <-ctx.Done():
-					return nil
+				default:
+					select {
+					case t, ok = <-s.txns:
+					case <-due:
+						due = nil
+						continue
+					case <-ctx.Done():
+						return nil
+					}
 				}
 			}
 			if !ok {

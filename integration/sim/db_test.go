@@ -15,12 +15,19 @@ import (
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 	"github.com/millrace/watermill-outbox/internal/sim"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// The tests run on a throwaway cluster with wal_level = logical (the WAL
+// model's pinning runs a relay on it).
+func TestMain(m *testing.M) {
+	pgtest.MainWith(m, pgcluster.Options{Settings: map[string]string{
+		"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10", "wal_writer_delay": "10ms",
+	}})
+}
 
 // The database model against PostgreSQL: the same scenario of the
 // statements the forwarding path runs (the lease manager's and its

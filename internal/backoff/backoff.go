@@ -74,6 +74,9 @@ func Jitter(d time.Duration) time.Duration {
 type Streak struct {
 	// Policy gives the waits; the zero Policy means Default.
 	Policy Policy
+	// Jitter spreads each wait (nil: the package's Jitter); the
+	// simulator draws it from its seed.
+	Jitter func(time.Duration) time.Duration
 	n      int
 }
 
@@ -86,6 +89,9 @@ func (s *Streak) Failed() time.Duration {
 	p := s.Policy
 	if p == (Policy{}) {
 		p = Default
+	}
+	if s.Jitter != nil {
+		return s.Jitter(Exponential(p.Base, p.Max, s.n))
 	}
 	return p.Delay(s.n)
 }

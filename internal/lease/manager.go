@@ -498,13 +498,37 @@ wait:
 		if left == 0 {
 			break
 		}
+		// Whichever woke the loop, what fell due meanwhile is handled in a
+		// fixed order: the same timers firing at once take the same path
+		// every time (the simulator replays a seed call for call).
+		var renewDue, timedOut bool
 		select {
 		case <-m.wake:
 		case <-retry.C:
 		case <-renew.C:
-			m.renew(ctx)
+			renewDue = true
 		case <-deadline.C:
+			timedOut = true
+		}
+		select {
+		case <-deadline.C:
+			timedOut = true
+		default:
+		}
+		select {
+		case <-renew.C:
+			renewDue = true
+		default:
+		}
+		select {
+		case <-retry.C:
+		default:
+		}
+		if timedOut {
 			break wait
+		}
+		if renewDue {
+			m.renew(ctx)
 		}
 	}
 

@@ -10,6 +10,7 @@ package relaydriver
 
 import (
 	"context"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
@@ -52,7 +53,7 @@ type Conn interface {
 
 // Run makes a relay of cfg (a relay.Config, its Pool unused) on b and
 // returns its loop (Relay.Run without the schema check and the retained
-// WAL watch): it streams, waits as a standby and retries until ctx ends.
-// Package relay sets it as it initialises; the simulator calls it. It is
-// not part of the product's API.
-var Run func(cfg any, logger watermill.LoggerAdapter, b Backend) (func(ctx context.Context) error, error)
+// WAL watch): it streams, waits as a standby and retries until ctx ends;
+// jitter spreads its backoffs. Package relay sets it as it initialises;
+// the simulator calls it. It is not part of the product's API.
+var Run func(cfg any, logger watermill.LoggerAdapter, b Backend, jitter func(time.Duration) time.Duration) (func(ctx context.Context) error, error)

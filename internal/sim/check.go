@@ -11,7 +11,7 @@ import (
 // drained reports whether every committed message is appended and every
 // partition's cursor stands at its last seq.
 func (w *world) drained() bool {
-	if w.publishedCount() < w.sh.messages || w.relayPos < len(w.published) {
+	if w.publishedCount() < w.sh.messages || !w.wal.appended() {
 		return false
 	}
 	for p := range w.sh.partitions {

@@ -15,14 +15,15 @@
 // which process runs next, and every fault. The processes are the
 // forwarder instances (each a lease manager, a Subscription and a Kafka
 // target of its own, as a Forwarder process has), the publishers and two
-// relays (the log-based mode's appender, modelled: see relay.go). Each
-// process runs its real code on a goroutine of its own, and every call it
-// makes into a model (a statement to the database, a request to Kafka)
-// parks it: the scheduler decides which parked call goes on next, and
-// how it ends — answered, failed before it took effect, taken effect with
-// its answer lost, or the process killed there (all its memory gone, as
-// SIGKILL). Only one process runs at a time, between two of its calls, so
-// a seed replays exactly. Time is testing/synctest's fake clock: it moves
+// relays (each the relay package's reader and appender). Each process
+// runs its real code on goroutines of its own, and every call they make
+// into a model (a statement to the database, a request to Kafka, a read
+// of the replication stream) parks the goroutine: the scheduler decides
+// which parked call goes on next, and how it ends — answered, failed
+// before it took effect, taken effect with its answer lost, or the process
+// killed there (all its memory gone, as SIGKILL) — and waits until every
+// goroutine is blocked again before it chooses again, so a seed replays
+// exactly. Time is testing/synctest's fake clock: it moves
 // only when the scheduler lets it (or when every goroutine waits for a
 // timer), and every timeout, lease expiry and backoff of the real code
 // runs on it.
@@ -30,8 +31,9 @@
 // Faults at any step: kill a process at any call (before or after the
 // call took effect), freeze it past its lease (it is simply not scheduled
 // while time moves on, then resumes as a zombie with what it held),
-// rebalances (instances joining and leaving), relay takeovers with
-// appends racing, database connection losses and lost commit answers, a
+// rebalances (instances joining and leaving), relay takeovers (a relay
+// silent past wal_sender_timeout loses the slot; a zombie's append is
+// fenced by the position), database connection losses and lost commit answers, a
 // database crash that loses the commits not yet flushed (the relaxed
 // cursor moves), a Kafka outage, lost EndTxn answers, the Kafka client
 // ending a commit it was asked for with an abort (what franz-go does when
@@ -41,8 +43,8 @@
 // # Checks
 //
 // After the storm every fault stops, dead processes restart and the world
-// drains; then: every message committed to the outbox is in the log once
-// (the relays), and in Kafka in exactly one committed transaction, in
+// drains; then: every message committed to the outbox is in the log once,
+// in commit order per partition (the relays), and in Kafka in exactly one committed transaction, in
 // per-key (per-partition) order, or dead-lettered — poison only, and only
 // poison; no cursor stands past a message that is neither; the world
 // drained (nothing stalls). During the run: no partition's lease is held
@@ -56,7 +58,9 @@
 // integration/sim runs the same scenarios through it and through
 // PostgreSQL and compares; the Kafka model implements
 // internal/kafkadriver.Driver, and integration/sim runs the same scenarios
-// through it and through kgo against kfake and compares.
+// through it and through kgo against kfake and compares; the WAL model
+// runs the relay package's code on it and on PostgreSQL and compares the
+// logs.
 //
 // Run it with go test ./internal/sim (-sim.schedules, -sim.seed to replay
 // one, -sim.v to trace it).

@@ -10,6 +10,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/relaydriver"
 )
 
 // The models on their own, without a scheduler (every call answers at
@@ -101,3 +102,55 @@ func (m *KafkaModel) CreateTopic(topic string, partitions int) { m.k.createTopic
 
 // Driver returns a client of the model.
 func (m *KafkaModel) Driver() kafkadriver.Driver { return &kafkaDriver{k: m.k} }
+
+// WALModel is the model of the log-based mode's WAL, slot and tables, on
+// its own: a relay (package relay, through relaydriver.Run) runs on its
+// Backend and appends to its log.
+type WALModel struct {
+	d *db
+	w *wal
+}
+
+// NewWALModel returns an empty WAL of the outbox schema schema.
+func NewWALModel(schema string) *WALModel {
+	d := newDB(time.Now)
+	return &WALModel{d: d, w: newWAL(d, schema)}
+}
+
+// WALMessage is a message a publisher writes into the WAL.
+type WALMessage struct {
+	Partition int
+	Key, UUID string
+	Payload   []byte
+}
+
+// Commit commits a publisher's transaction of msgs (topic "orders").
+func (m *WALModel) Commit(msgs ...WALMessage) {
+	pm := make([]pubMsg, len(msgs))
+	for i, x := range msgs {
+		pm[i] = pubMsg{uuid: x.UUID, key: x.Key, partition: x.Partition, payload: x.Payload}
+	}
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	m.w.commit(pm)
+}
+
+// Backend is the model as a relay's relaydriver.Backend.
+func (m *WALModel) Backend() relaydriver.Backend { return &walBackend{w: m.w} }
+
+// LogEntry is a message of the log.
+type LogEntry struct {
+	Seq       int64
+	UUID, Key string
+}
+
+// Log returns partition's messages of topic "orders" in the log.
+func (m *WALModel) Log(partition int) []LogEntry {
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	var out []LogEntry
+	for _, r := range m.d.log[tp{topic, partition}] {
+		out = append(out, LogEntry{Seq: r.seq, UUID: r.uuid, Key: r.key})
+	}
+	return out
+}

@@ -89,14 +89,9 @@ func (w *world) chaos() {
 	for range w.sh.chaosActions {
 		w.checkLeases()
 		w.removeLeft()
-		now := w.now()
 		switch x := s.rng.Float64(); {
 		case x < 0.08 && w.publishedCount() < w.sh.messages:
 			w.publish()
-		case x < 0.16:
-			if r := w.relays[s.intn(len(w.relays))]; !r.dead && !now.Before(r.frozenUntil) {
-				w.relayStep(r)
-			}
 		case x < 0.19:
 			w.advance(s.between(10*time.Millisecond, w.sh.ttl))
 		case x < 0.22:
@@ -129,6 +124,7 @@ func (w *world) chaos() {
 			for _, in := range w.instances {
 				in.conn.abortAll()
 			}
+			w.wal.endAll()
 		case x < 0.22+w.sh.kill+w.sh.freeze+w.sh.join+w.sh.leave+w.sh.dbCrash+w.sh.kafkaOutage:
 			w.k.down = !w.k.down
 			if w.k.down {
@@ -141,13 +137,16 @@ func (w *world) chaos() {
 	}
 }
 
-// runSomething runs a forwarder that can run: resumes one of its parked
-// calls (with a fault, in a storm) or starts its next step. It reports
-// whether anything ran.
+// runSomething runs a process that can run (a forwarder or a relay):
+// resumes one of its parked calls (with a fault, in a storm) or starts its
+// next step. It reports whether anything ran.
 func (w *world) runSomething(faults bool) bool {
-	procs := make([]*proc, len(w.instances))
-	for i, in := range w.instances {
-		procs[i] = in.proc
+	procs := make([]*proc, 0, len(w.instances)+len(w.relays))
+	for _, in := range w.instances {
+		procs = append(procs, in.proc)
+	}
+	for _, rp := range w.relays {
+		procs = append(procs, rp.proc)
 	}
 	calls, steps := w.s.runnable(w.now(), procs)
 	n := len(calls) + len(steps)
@@ -174,6 +173,11 @@ func (w *world) runSomething(faults bool) bool {
 				w.killInstance(in)
 			}
 		}
+		for _, rp := range w.relays {
+			if rp.proc == c.p {
+				w.killRelay(rp)
+			}
+		}
 	}
 	return true
 }
@@ -184,17 +188,23 @@ func (w *world) runSomething(faults bool) bool {
 func (w *world) advance(d time.Duration) {
 	w.s.trace("advance %v", d)
 	time.Sleep(d)
+	w.s.settle()
 	w.db.flush()
 	w.k.expire()
+	// The server ends a stream whose holder said nothing for
+	// wal_sender_timeout.
+	if a := w.wal.active; a != nil && w.now().Sub(a.lastHeard) >= a.timeout {
+		w.s.trace("the server ends %s's stream (silent for %v)", a.p.name, w.now().Sub(a.lastHeard))
+		a.end()
+	}
 }
 
 func (w *world) killSomething() {
 	if w.s.chance(0.3) {
-		r := w.relays[w.s.intn(len(w.relays))]
-		if !r.dead {
-			w.s.trace("%s killed", r.name)
-			r.dead, r.active, r.prepared = true, false, nil
+		rp := w.relays[w.s.intn(len(w.relays))]
+		if !rp.proc.dead.Load() {
 			w.res.Kills++
+			w.killRelay(rp)
 		}
 		return
 	}
@@ -212,9 +222,9 @@ func (w *world) freezeSomething() {
 	d := w.s.between(w.sh.ttl/2, 3*w.sh.ttl)
 	w.res.Freezes++
 	if w.s.chance(0.3) {
-		r := w.relays[w.s.intn(len(w.relays))]
-		r.frozenUntil = w.now().Add(d)
-		w.s.trace("%s frozen for %v", r.name, d)
+		rp := w.relays[w.s.intn(len(w.relays))]
+		rp.proc.frozenUntil = w.now().Add(d)
+		w.s.trace("%s frozen for %v", rp.name, d)
 		return
 	}
 	if len(w.instances) == 0 {
@@ -228,10 +238,10 @@ func (w *world) freezeSomething() {
 // restartSomething restarts a dead process (a forwarder as a new member,
 // a relay as a standby).
 func (w *world) restartSomething() {
-	for _, r := range w.relays {
-		if r.dead {
-			w.s.trace("%s restarts", r.name)
-			r.dead = false
+	for _, rp := range w.relays {
+		if rp.proc.dead.Load() {
+			w.s.trace("%s restarts", rp.name)
+			w.restartRelay(rp)
 			return
 		}
 	}
@@ -253,8 +263,11 @@ func (w *world) drain() {
 	if w.db.isDown() {
 		w.advance(w.db.down.Sub(now))
 	}
-	for _, r := range w.relays {
-		r.dead, r.frozenUntil = false, time.Time{}
+	for _, rp := range append([]*relayProc(nil), w.relays...) {
+		rp.proc.frozenUntil = time.Time{}
+		if rp.proc.dead.Load() {
+			w.restartRelay(rp)
+		}
 	}
 	for _, in := range w.instances {
 		in.proc.frozenUntil = time.Time{}
@@ -281,10 +294,6 @@ func (w *world) drain() {
 			w.addInstance()
 		}
 		switch {
-		case w.relayPos < len(w.published) && w.s.chance(0.3):
-			for _, r := range w.relays {
-				w.relayStep(r)
-			}
 		case w.s.chance(0.02):
 			w.advance(w.s.between(10*time.Millisecond, w.sh.ttl))
 		default:

@@ -223,12 +223,13 @@ func (s *Sim) resume(c *call, o outcome) {
 // kill kills p: its parked calls fail at once and every later call of its
 // goroutines too, until they unwind; its context ends.
 func (s *Sim) kill(p *proc) {
-	if p.dead.Load() {
+	p.cancel() // (a process a call killed is dead already, its context not ended yet)
+	if p.dead.Load() && len(s.calls(p)) == 0 {
+		s.settle()
 		return
 	}
 	s.trace("%s killed", p.name)
 	p.dead.Store(true)
-	p.cancel()
 	for _, c := range s.calls(p) {
 		s.resume(c, killBefore)
 	}

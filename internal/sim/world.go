@@ -16,9 +16,11 @@ import (
 	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/relaydriver"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
 	"github.com/millrace/watermill-outbox/partitioning"
+	"github.com/millrace/watermill-outbox/relay"
 )
 
 // The world of one schedule: one outbox topic, its publishers and relays
@@ -110,11 +112,10 @@ type world struct {
 	db    *db
 	k     *kafka
 
+	wal       *wal
 	instances []*instance
-	relays    []*relay
+	relays    []*relayProc
 	published []committedTxn // committed to the outbox, in commit order
-	relayPos  int            // the relays row: transactions appended
-	slot      *relay         // the relay streaming the slot
 	nextID    int
 	nextMsg   int
 	storm     bool // faults are injected (false while draining)
@@ -139,17 +140,12 @@ type instance struct {
 	leaving, left bool
 }
 
-// relay is a log-based relay (modelled): it streams the slot when it holds
-// it and appends the committed transactions in commit order, each append
-// fenced by the position in the relays row.
-type relay struct {
-	name        string
-	dead        bool
-	frozenUntil time.Time
-	active      bool // streams the slot
-	lastActive  time.Time
-	pos         int   // position read when it took the slot, then its appends
-	prepared    []int // transactions decoded, to append next (from pos)
+// relayProc is a relay process: the relay package's code (internal/relaydriver)
+// on the model of the WAL, the slot and the tables.
+type relayProc struct {
+	name    string
+	proc    *proc
+	backend *walBackend
 }
 
 // now is the fake clock.
@@ -168,9 +164,58 @@ func newWorld(s *Sim, opt Options) *world {
 	for range w.sh.instances {
 		w.addInstance()
 	}
-	w.relays = []*relay{{name: "relay-a"}, {name: "relay-b"}}
+	w.wal = newWAL(w.db, schema)
+	for _, name := range []string{"relay-a", "relay-b"} {
+		w.addRelay(name)
+	}
 	return w
 }
+
+// addRelay starts a relay process.
+func (w *world) addRelay(name string) *relayProc {
+	rp := &relayProc{name: name}
+	rp.backend = &walBackend{w: w.wal}
+	run, err := relaydriver.Run(relay.Config{
+		Schema:            schema,
+		MaxBatch:          1 + w.s.intn(20),
+		MinAppendInterval: time.Duration(w.s.intn(3)) * 10 * time.Millisecond,
+		StandbyRetry:      500 * time.Millisecond,
+		WarnRetainedWAL:   -1,
+		DisableNotify:     true,
+		TakeoverTimeout:   takeover,
+		Instance:          name,
+	}, watermill.NopLogger{}, rp.backend, w.jitter)
+	if err != nil {
+		panic(err)
+	}
+	rp.proc = w.s.spawn(name, func(ctx context.Context) { _ = run(ctx) })
+	rp.backend.p = rp.proc
+	w.s.runStep(rp.proc) // a relay's step is its life
+	for i, x := range w.relays {
+		if x.name == name {
+			w.relays[i] = rp
+			return rp
+		}
+	}
+	w.relays = append(w.relays, rp)
+	return rp
+}
+
+// killRelay kills a relay process: its streams and sessions end.
+func (w *world) killRelay(rp *relayProc) {
+	w.s.kill(rp.proc)
+	rp.backend.die()
+}
+
+// restartRelay replaces a dead relay by a new process.
+func (w *world) restartRelay(rp *relayProc) {
+	w.s.stop(rp.proc)
+	w.addRelay(rp.name)
+}
+
+// takeover is the relays' TakeoverTimeout (wal_sender_timeout, and three
+// times the append connections' lock_timeout).
+const takeover = 3 * time.Second
 
 // addInstance starts a forwarder process.
 func (w *world) addInstance() *instance {
@@ -317,6 +362,7 @@ func (w *world) publish() {
 		t.msgs = append(t.msgs, m)
 	}
 	w.published = append(w.published, t)
+	w.wal.commit(t.msgs)
 	w.s.trace("publish %d messages (txn %d)", n, len(w.published))
 }
 
@@ -328,63 +374,6 @@ func (w *world) publishedCount() int {
 	}
 	return n
 }
-
-// relayStep is one step of a relay: take the slot if it is free (a dead
-// or silent holder's is, after TakeoverTimeout), decode what follows its
-// position, or append what it decoded, fenced by the position.
-func (w *world) relayStep(r *relay) {
-	now := w.now()
-	if !r.active {
-		if w.slot != nil && !w.slot.dead && now.Sub(w.slot.lastActive) < takeover {
-			return // standby
-		}
-		if w.slot != nil {
-			w.slot.active, w.slot.prepared = false, nil
-		}
-		w.slot, r.active, r.lastActive = r, true, now
-		r.pos, r.prepared = w.relayPos, nil
-		w.s.trace("%s takes the slot at %d", r.name, r.pos)
-		return
-	}
-	r.lastActive = now
-	if r.prepared == nil {
-		end := min(len(w.published), r.pos+1+w.s.intn(4))
-		for i := r.pos; i < end; i++ {
-			r.prepared = append(r.prepared, i)
-		}
-		return
-	}
-	// The append: fenced by the position (relays.lsn).
-	if w.relayPos != r.pos {
-		w.s.trace("%s fenced: position %d, not %d", r.name, w.relayPos, r.pos)
-		r.active, r.prepared = false, nil
-		if w.slot == r {
-			w.slot = nil
-		}
-		return
-	}
-	byPart := map[int][]logRow{}
-	var parts []int
-	for _, i := range r.prepared {
-		for _, m := range w.published[i].msgs {
-			if byPart[m.partition] == nil {
-				parts = append(parts, m.partition)
-			}
-			byPart[m.partition] = append(byPart[m.partition], logRow{uuid: m.uuid, key: m.key, payload: m.payload, poison: m.poison,
-				metadata: map[string]string{outbox.MetadataPartitionKey: m.key}})
-		}
-	}
-	for _, p := range parts {
-		w.db.appendLog(tp{topic, p}, byPart[p])
-	}
-	r.pos += len(r.prepared)
-	w.relayPos = r.pos
-	w.s.trace("%s appends up to %d", r.name, r.pos)
-	r.prepared = nil
-}
-
-// takeover is the relays' TakeoverTimeout.
-const takeover = 3 * time.Second
 
 // foreignStep is a step of another producer of the Kafka topic (another
 // source's forwarder, say): it opens transactions with records in the

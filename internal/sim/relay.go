@@ -1,0 +1,675 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/pgrepl"
+	"github.com/millrace/watermill-outbox/internal/relaydriver"
+	"github.com/millrace/watermill-outbox/internal/walrecord"
+)
+
+// The log-based mode's model: the WAL the publishers' transactions write
+// their records into, the schema's logical replication slot (one stream at
+// a time, resuming after its confirmed position, ended by the server when
+// its holder is silent for wal_sender_timeout), and the tables a relay
+// appends to (the relays row, locked by an append's transaction until it
+// ends; lock_timeout; pg_terminate_backend of stale append sessions). The
+// relay's own code (package relay: streaming, skipping what was appended
+// before a restart, confirming, batching, numbering, appending fenced by
+// the position, ending stale appenders) runs on it through
+// internal/relaydriver.
+
+// walTxn is a transaction committed by a publisher in the log-based mode.
+type walTxn struct {
+	commit, end pgrepl.LSN
+	at          time.Time
+	records     [][]byte // walrecord content
+}
+
+// wal is the WAL, the slot and the relays row.
+type wal struct {
+	// mu serializes the model's changes when no scheduler does (the
+	// pinning tests run a relay's goroutines freely).
+	mu        sync.Mutex
+	d         *db
+	q         *dbsql.Queries
+	prefix    string
+	txns      []walTxn
+	next      pgrepl.LSN // the next record's LSN
+	confirmed pgrepl.LSN // the slot's confirmed_flush_lsn
+	active    *walStream // the stream holding the slot
+	relayLSN  int64      // relays.lsn (the row exists once a relay made it)
+	relayRow  bool
+	rowLock   *appendTx // the append transaction holding the relays row
+	bodies    map[int64][]byte
+	bodyID    int64
+	conns     []*appendConn
+}
+
+func newWAL(d *db, schema string) *wal {
+	return &wal{d: d, q: dbsql.For(schema), prefix: names.WALPrefix(schema), next: 100, bodies: map[int64][]byte{}}
+}
+
+// locked evaluates f under mu.
+func (w *wal) locked(f func() bool) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return f()
+}
+
+// commit writes a publisher's transaction into the WAL.
+func (w *wal) commit(msgs []pubMsg) {
+	t := walTxn{at: w.d.now()}
+	for _, m := range msgs {
+		md, _ := json.Marshal(map[string]string{"outbox_partition_key": m.key})
+		t.records = append(t.records, walrecord.Append(nil, int32(m.partition), topic, m.key, m.uuid, string(md), m.payload))
+		w.next += 16
+	}
+	t.commit = w.next
+	t.end = w.next + 8
+	w.next += 24
+	w.txns = append(w.txns, t)
+}
+
+// appended reports whether every committed transaction is in the log.
+func (w *wal) appended() bool {
+	return len(w.txns) == 0 || w.relayLSN >= int64(w.txns[len(w.txns)-1].commit)
+}
+
+// endAll ends every stream and append session (a server crash).
+func (w *wal) endAll() {
+	if w.active != nil {
+		w.active.ended = true
+		w.active = nil
+	}
+	for _, c := range w.conns {
+		c.terminate()
+	}
+}
+
+// walStream is a replication stream of the slot (relaydriver.Stream).
+type walStream struct {
+	w             *wal
+	p             *proc
+	timeout       time.Duration
+	next          int // the next transaction to send
+	queue         []pgrepl.Event
+	lastHeard     time.Time // the holder's last status
+	lastKeepalive time.Time
+	ended         bool
+}
+
+// keepaliveEvery is how often the server sends a keepalive on an idle
+// stream (half of wal_sender_timeout asks for a reply).
+func (s *walStream) keepaliveEvery() time.Duration { return s.timeout / 4 }
+
+func (s *walStream) Receive(ctx context.Context) (pgrepl.Event, error) {
+	now := s.w.d.now
+	ready := func() bool {
+		return s.ended || ctx.Err() != nil || len(s.queue) > 0 || s.next < len(s.w.txns) || now().Sub(s.lastKeepalive) >= s.keepaliveEvery()
+	}
+	o := answered
+	if s.p != nil {
+		o = s.p.enter("stream", "wal.receive", ready)
+	} else {
+		// Without a scheduler (the pinning tests): wait for it.
+		for !s.w.locked(ready) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	switch {
+	case !o.applies():
+		return pgrepl.Event{}, errConnection
+	case s.ended:
+		return pgrepl.Event{}, pgrepl.ErrStreamEnded
+	case ctx.Err() != nil:
+		return pgrepl.Event{}, ctx.Err()
+	}
+	if len(s.queue) == 0 && s.next < len(s.w.txns) {
+		t := s.w.txns[s.next]
+		s.next++
+		s.queue = append(s.queue, pgrepl.Event{Begin: &pgrepl.Begin{FinalLSN: t.commit, CommitTime: t.at}})
+		for i, r := range t.records {
+			s.queue = append(s.queue, pgrepl.Event{Message: &pgrepl.Message{Transactional: true, LSN: t.commit - pgrepl.LSN(16*(len(t.records)-i)), Prefix: s.w.prefix, Content: r}})
+		}
+		s.queue = append(s.queue, pgrepl.Event{Commit: &pgrepl.Commit{CommitLSN: t.commit, EndLSN: t.end, CommitTime: t.at}})
+	}
+	if len(s.queue) > 0 {
+		ev := s.queue[0]
+		s.queue = s.queue[1:]
+		return ev, nil
+	}
+	s.lastKeepalive = now()
+	return pgrepl.Event{Keepalive: &pgrepl.Keepalive{WALEnd: s.w.next, ReplyRequested: now().Sub(s.lastHeard) >= s.timeout/2}}, nil
+}
+
+func (s *walStream) SendStatus(flushed pgrepl.LSN, _ bool) error {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	if s.ended {
+		return pgrepl.ErrStreamEnded
+	}
+	if flushed > s.w.confirmed {
+		s.w.confirmed = flushed
+	}
+	s.lastHeard = s.w.d.now()
+	return nil
+}
+
+func (s *walStream) Close(context.Context) error {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	s.end()
+	return nil
+}
+
+// end ends the stream; the slot is free.
+func (s *walStream) end() {
+	s.ended = true
+	if s.w.active == s {
+		s.w.active = nil
+	}
+}
+
+// walBackend is a relay process's relaydriver.Backend on the model.
+type walBackend struct {
+	w       *wal
+	p       *proc
+	streams []*walStream
+	conns   []*appendConn
+}
+
+// slotBusy is the server's answer to a second stream of the slot.
+var slotBusy = &pgconn.PgError{Code: "55006", Message: "replication slot is active"}
+
+func (b *walBackend) Stream(_ context.Context, _, _ string, timeoutMS int64) (relaydriver.Stream, error) {
+	var s *walStream
+	err := b.run("wal.start_replication", nil, func() error {
+		w := b.w
+		if w.active != nil {
+			return slotBusy
+		}
+		s = &walStream{w: w, p: b.p, timeout: time.Duration(timeoutMS) * time.Millisecond, lastHeard: w.d.now(), lastKeepalive: w.d.now()}
+		// The server resumes after the confirmed position.
+		for s.next < len(w.txns) && w.txns[s.next].commit < w.confirmed {
+			s.next++
+		}
+		w.active = s
+		b.streams = append(b.streams, s)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (b *walBackend) Conn(_ context.Context, name string, lockTimeoutMS, _ int64) (relaydriver.Conn, error) {
+	var c *appendConn
+	err := b.run("wal.connect", nil, func() error {
+		c = &appendConn{b: b, name: name, lockTimeout: time.Duration(lockTimeoutMS) * time.Millisecond}
+		b.conns = append(b.conns, c)
+		b.w.conns = append(b.w.conns, c)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (b *walBackend) EndStaleAppenders(_ context.Context, name string) (int64, error) {
+	var n int64
+	err := b.run("wal.end_stale_appenders", nil, func() error {
+		for _, c := range b.w.conns {
+			if c.name == name && !c.terminated && c.tx != nil {
+				c.terminate()
+				n++
+			}
+		}
+		return nil
+	})
+	return n, err
+}
+
+// run parks the relay's appending goroutine at op and applies it.
+func (b *walBackend) run(op string, ready func() bool, apply func() error) error {
+	o := answered
+	if b.p != nil {
+		o = b.p.enter("db", op, ready)
+	} else if ready != nil {
+		for !b.w.locked(ready) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	b.w.mu.Lock()
+	defer b.w.mu.Unlock()
+	if !o.applies() {
+		return errConnection
+	}
+	if b.w.d.isDown() {
+		return fmt.Errorf("%w: the server is down", errConnection)
+	}
+	err := apply()
+	if o.fails() {
+		return errConnection
+	}
+	return err
+}
+
+// die ends the process's streams and sessions (it was killed).
+func (b *walBackend) die() {
+	for _, s := range b.streams {
+		s.end()
+	}
+	for _, c := range b.conns {
+		c.terminate()
+	}
+}
+
+// appendConn is a relay's append connection on the model: the statements
+// of relay/session.go, recognised by their text (internal/dbsql).
+type appendConn struct {
+	b           *walBackend
+	name        string
+	lockTimeout time.Duration
+	tx          *appendTx
+	terminated  bool
+	waitingFrom time.Time // when the statement under way began to wait for the relays row
+}
+
+var _ relaydriver.Conn = (*appendConn)(nil)
+
+// terminate ends the session: its transaction rolls back.
+func (c *appendConn) terminate() {
+	c.terminated = true
+	if c.tx != nil {
+		c.tx.end()
+	}
+}
+
+// lockTimeoutErr is PostgreSQL's lock_not_available.
+var lockTimeoutErr = &pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}
+
+// statement runs a statement that takes the relays row's lock (held until
+// tx ends when tx is not nil): it waits for the lock at most lockTimeout.
+func (c *appendConn) statement(op string, tx *appendTx, apply func() error) error {
+	w := c.b.w
+	c.waitingFrom = w.d.now()
+	ready := func() bool {
+		return w.rowLock == nil || w.rowLock == tx || w.rowLock.conn.terminated || w.d.now().Sub(c.waitingFrom) >= c.lockTimeout
+	}
+	return c.b.run(op, ready, func() error {
+		if c.terminated {
+			return errConnection
+		}
+		if w.rowLock != nil && w.rowLock != tx && !w.rowLock.conn.terminated {
+			return lockTimeoutErr
+		}
+		if tx != nil {
+			w.rowLock = tx
+		}
+		return apply()
+	})
+}
+
+func (c *appendConn) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	w := c.b.w
+	if sql != w.q.WALRelayInit {
+		return pgconn.CommandTag{}, fmt.Errorf("sim: the append connection's Exec of an unknown statement: %w", errNotSimulated)
+	}
+	err := c.statement("wal.relay_init", nil, func() error {
+		w.relayRow = true
+		return nil
+	})
+	return pgconn.NewCommandTag("INSERT 0 1"), err
+}
+
+func (c *appendConn) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	w := c.b.w
+	switch sql {
+	case w.q.WALRelayPosition:
+		var lsn int64
+		err := c.b.run("wal.relay_position", nil, func() error {
+			if c.terminated {
+				return errConnection
+			}
+			if !w.relayRow {
+				return pgx.ErrNoRows
+			}
+			lsn = w.relayLSN
+			return nil
+		})
+		return &fakeRow{vals: []any{lsn}, err: err}
+	case w.q.WALAppendSmall:
+		var moved, appended int64
+		err := c.statement("wal.append_small", nil, func() error {
+			if w.relayLSN != args[1].(int64) {
+				return nil
+			}
+			moved = 1
+			w.relayLSN = args[2].(int64)
+			topics, parts := args[3].([]string), args[4].([]int32)
+			keys, uuids, payloads := args[5].([]*string), args[6].([]string), args[8].([][]byte)
+			byPart := map[int][]logRow{}
+			var order []int
+			for i := range topics {
+				p := int(parts[i])
+				if byPart[p] == nil {
+					order = append(order, p)
+				}
+				key := ""
+				if keys[i] != nil {
+					key = *keys[i]
+				}
+				byPart[p] = append(byPart[p], logRow{uuid: uuids[i], key: key, payload: payloads[i], poison: len(payloads[i]) >= poisonBytes,
+					metadata: map[string]string{"outbox_partition_key": key}})
+			}
+			for _, p := range order {
+				w.d.appendLog(tp{topic, p}, byPart[p])
+				appended += int64(len(byPart[p]))
+			}
+			return nil
+		})
+		return &fakeRow{vals: []any{moved, appended, (*int64)(nil), (*int64)(nil)}, err: err}
+	}
+	return &fakeRow{err: fmt.Errorf("sim: the append connection's QueryRow of an unknown statement: %w", errNotSimulated)}
+}
+
+func (c *appendConn) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) {
+	if sql != c.b.w.q.PendingHeldKeys {
+		return nil, fmt.Errorf("sim: the append connection's Query of an unknown statement: %w", errNotSimulated)
+	}
+	err := c.b.run("wal.held_keys", nil, func() error {
+		if c.terminated {
+			return errConnection
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &fakeRows{}, nil // no delayed messages in the simulation
+}
+
+func (c *appendConn) Begin(context.Context) (pgx.Tx, error) {
+	var t *appendTx
+	err := c.b.run("wal.begin", nil, func() error {
+		if c.terminated {
+			return errConnection
+		}
+		t = &appendTx{conn: c}
+		c.tx = t
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (c *appendConn) Close(context.Context) error {
+	c.terminate()
+	return nil
+}
+
+// appendTx is an append's transaction: what it stages is applied at
+// commit; it holds the relays row from WALAdvance until it ends.
+type appendTx struct {
+	conn   *appendConn
+	newLSN int64
+	moved  bool
+	counts map[int]int64
+	rows   []logRow
+	seqs   []tp // the partition of each staged row
+	done   bool
+}
+
+var _ pgx.Tx = (*appendTx)(nil)
+
+func (t *appendTx) end() {
+	t.done = true
+	w := t.conn.b.w
+	if w.rowLock == t {
+		w.rowLock = nil
+	}
+	if t.conn.tx == t {
+		t.conn.tx = nil
+	}
+}
+
+func (t *appendTx) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	w := t.conn.b.w
+	if sql != w.q.WALAdvance {
+		return &fakeRow{err: fmt.Errorf("sim: an append transaction's QueryRow of an unknown statement: %w", errNotSimulated)}
+	}
+	var moved int64
+	var gotTopics []string
+	var gotParts []int32
+	var bases []int64
+	err := t.conn.statement("wal.advance", t, func() error {
+		if t.done {
+			return errConnection
+		}
+		if w.relayLSN != args[1].(int64) {
+			return nil
+		}
+		moved, t.moved, t.newLSN = 1, true, args[2].(int64)
+		topics, parts, ns := args[3].([]string), args[4].([]int32), args[5].([]int64)
+		t.counts = map[int]int64{}
+		for i := range topics {
+			p := int(parts[i])
+			gotTopics, gotParts = append(gotTopics, topics[i]), append(gotParts, parts[i])
+			bases = append(bases, w.d.lastSeq(tp{topic, p}))
+			t.counts[p] = ns[i]
+		}
+		return nil
+	})
+	return &fakeRow{vals: []any{moved, gotTopics, gotParts, bases, (*int64)(nil)}, err: err}
+}
+
+func (t *appendTx) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	w := t.conn.b.w
+	if sql != w.q.BodiesNextIDs {
+		return nil, fmt.Errorf("sim: an append transaction's Query of an unknown statement: %w", errNotSimulated)
+	}
+	var ids []any
+	err := t.conn.b.run("wal.bodies_next_ids", nil, func() error {
+		if t.done || t.conn.terminated {
+			return errConnection
+		}
+		for range toInt(args[0]) {
+			w.bodyID++
+			ids = append(ids, w.bodyID)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	rows := &fakeRows{}
+	for _, id := range ids {
+		rows.rows = append(rows.rows, []any{id})
+	}
+	return rows, nil
+}
+
+func (t *appendTx) CopyFrom(_ context.Context, table pgx.Identifier, _ []string, src pgx.CopyFromSource) (int64, error) {
+	w := t.conn.b.w
+	var n int64
+	err := t.conn.b.run("wal.copy_"+table[len(table)-1], nil, func() error {
+		if t.done || t.conn.terminated {
+			return errConnection
+		}
+		for src.Next() {
+			v, err := src.Values()
+			if err != nil {
+				return err
+			}
+			n++
+			switch table[len(table)-1] {
+			case "bodies":
+				w.bodies[v[0].(int64)] = v[1].([]byte)
+			case "log":
+				// topic, partition, seq, key, uuid, metadata, payload, body_id, created_at
+				payload, _ := v[6].([]byte)
+				if id, ok := v[7].(*int64); ok && id != nil {
+					payload = w.bodies[*id]
+				}
+				key := ""
+				if k, ok := v[3].(*string); ok && k != nil {
+					key = *k
+				}
+				t.rows = append(t.rows, logRow{seq: v[2].(int64), uuid: v[4].(string), key: key, payload: payload,
+					poison: len(payload) >= poisonBytes, metadata: map[string]string{"outbox_partition_key": key}})
+				t.seqs = append(t.seqs, tp{v[0].(string), int(v[1].(int32))})
+			default:
+				return fmt.Errorf("sim: copy into %v: %w", table, errNotSimulated)
+			}
+		}
+		return src.Err()
+	})
+	return n, err
+}
+
+func (t *appendTx) Commit(context.Context) error {
+	w := t.conn.b.w
+	err := t.conn.b.run("wal.commit", nil, func() error {
+		if t.done || t.conn.terminated {
+			return errConnection
+		}
+		// The rows go in whether the relays row moved or not, as COPY put
+		// them in (the relay checks that it moved before it copies).
+		if t.moved {
+			w.relayLSN = t.newLSN
+		}
+		{
+			byPart := map[tp][]logRow{}
+			var order []tp
+			for i, r := range t.rows {
+				k := t.seqs[i]
+				if byPart[k] == nil {
+					order = append(order, k)
+				}
+				byPart[k] = append(byPart[k], r)
+			}
+			for _, k := range order {
+				rows := byPart[k]
+				if rows[0].seq != w.d.lastSeq(k)+1 {
+					// PostgreSQL: a duplicate key (23505) or a gap.
+					return &pgconn.PgError{Code: "23505", Message: fmt.Sprintf("sim: the append numbers partition %d from %d, the log ends at %d", k.partition, rows[0].seq, w.d.lastSeq(k))}
+				}
+				w.d.appendLog(k, rows)
+			}
+		}
+		return nil
+	})
+	t.end()
+	return err
+}
+
+func (t *appendTx) Rollback(context.Context) error {
+	t.end()
+	return nil
+}
+
+func (t *appendTx) Begin(context.Context) (pgx.Tx, error) { return nil, errNotSimulated }
+func (t *appendTx) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
+	return nil
+}
+func (t *appendTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+func (t *appendTx) Prepare(context.Context, string, string) (*pgconn.StatementDescription, error) {
+	return nil, errNotSimulated
+}
+func (t *appendTx) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errNotSimulated
+}
+func (t *appendTx) Conn() *pgx.Conn { return nil }
+
+// toInt reads an integer argument.
+func toInt(v any) int {
+	switch n := v.(type) {
+	case int:
+		return n
+	case int32:
+		return int(n)
+	case int64:
+		return int(n)
+	}
+	return 0
+}
+
+// fakeRow is one row of a statement's result (or its error).
+type fakeRow struct {
+	vals []any
+	err  error
+}
+
+func (r *fakeRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	return scanInto(r.vals, dest)
+}
+
+// scanInto assigns vals to the pointers dest, as pgx scans.
+func scanInto(vals, dest []any) error {
+	if len(vals) != len(dest) {
+		return fmt.Errorf("sim: scan of %d values into %d destinations", len(vals), len(dest))
+	}
+	for i, v := range vals {
+		switch d := dest[i].(type) {
+		case *int64:
+			*d = v.(int64)
+		case **int64:
+			*d = v.(*int64)
+		case *[]string:
+			*d = v.([]string)
+		case *[]int32:
+			*d = v.([]int32)
+		case *[]int64:
+			*d = v.([]int64)
+		default:
+			return fmt.Errorf("sim: scan into a %T: %w", dest[i], errNotSimulated)
+		}
+	}
+	return nil
+}
+
+// fakeRows is a statement's rows.
+type fakeRows struct {
+	rows [][]any
+	i    int
+	err  error
+}
+
+var _ pgx.Rows = (*fakeRows)(nil)
+
+func (r *fakeRows) Close()                                       {}
+func (r *fakeRows) Err() error                                   { return r.err }
+func (r *fakeRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r *fakeRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r *fakeRows) Next() bool {
+	if r.i >= len(r.rows) {
+		return false
+	}
+	r.i++
+	return true
+}
+func (r *fakeRows) Scan(dest ...any) error { return scanInto(r.rows[r.i-1], dest) }
+func (r *fakeRows) Values() ([]any, error) { return r.rows[r.i-1], nil }
+func (r *fakeRows) RawValues() [][]byte    { return nil }
+func (r *fakeRows) Conn() *pgx.Conn        { return nil }
+func (r *fakeRows) TypeMap() *pgtype.Map   { return nil }
