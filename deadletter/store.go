@@ -108,7 +108,13 @@ type Entry struct {
 	Payload      []byte            `json:"payload"`
 	// Reason is why the message was taken out of its stream.
 	Reason string `json:"reason"`
-	// Attempts is how many times the message was delivered.
+	// Attempts is how many times the message was delivered: every
+	// hand-out to a handler, a delivery a crash of the consumer process
+	// cut short included. MaxAttempts counts failures (a nack, an error,
+	// a timeout, a crash the message caused alone); a delivery a crash
+	// cut short while other deliveries were in flight in the process is
+	// nobody's failure, so Attempts can exceed MaxAttempts, and the
+	// reason then says by how many (docs/failure-modes.md §3).
 	Attempts int `json:"attempts"`
 	// FirstFailureAt and LastFailureAt bound the failures seen.
 	FirstFailureAt time.Time `json:"first_failure_at"`

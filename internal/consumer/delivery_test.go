@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -298,4 +299,58 @@ func TestLostLeaseEndsTheTurn(t *testing.T) {
 			t.Fatalf("err %v, want the lease lost", err)
 		}
 	})
+}
+
+// A dead letter's Attempts is the message's deliveries, and its reason
+// tells the same number: a delivery a crash cut short while other
+// deliveries were in flight counts as a delivery but not as a failure, so
+// with MaxAttempts 3 such a message is taken out after 4 deliveries, 3 of
+// them failed (issue 39: attempts 4 beside a reason that said "failed 3
+// times").
+func TestDeadLetterAttemptsAgreeWithItsReason(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		crashed    int64 // deliveries cut short by a crash with others in flight, charged to nobody
+		batch      bool
+		attempts   int
+		reasonSays string
+	}{
+		{"three failures", 0, false, 3, "failed 3 times (MaxAttempts 3)"},
+		{"a crash and three failures", 1, false, 4, "delivered 4 times, failed 3 times (MaxAttempts 3); the 1 other deliveries"},
+		{"a crash and three failures of a batch handler", 1, true, 4, "delivered 4 times, failed 3 times (MaxAttempts 3); the 1 other deliveries"},
+		{"two crashes and three failures", 2, false, 5, "delivered 5 times, failed 3 times (MaxAttempts 3); the 2 other deliveries"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newFakeStore("bad", "b")
+				s.cursor.deliveries = tc.crashed // what the acquisition left of the crash
+				var batch BatchHandler
+				if tc.batch {
+					batch = func(_ context.Context, msgs []*message.Message) (int, error) {
+						for i, m := range msgs {
+							if string(m.Payload) == "bad" {
+								return i, errors.New("boom")
+							}
+						}
+						return len(msgs), nil
+					}
+				}
+				r := newRig(t, s, nil, batch)
+				for range 3 {
+					r.step(map[string]answer{"bad": nack})
+				}
+				taken := r.rejects.taken()
+				if len(taken) != 1 {
+					t.Fatalf("rejected %+v, want m1", taken)
+				}
+				got := taken[0]
+				if got.Attempts != tc.attempts || !strings.Contains(got.Reason.Error(), tc.reasonSays) {
+					t.Fatalf("dead letter: attempts %d, reason %q; want attempts %d and a reason saying %q", got.Attempts, got.Reason, tc.attempts, tc.reasonSays)
+				}
+				if !strings.Contains(got.Reason.Error(), fmt.Sprintf("%d times", got.Attempts)) {
+					t.Fatalf("the reason %q does not tell the attempts (%d)", got.Reason, got.Attempts)
+				}
+			})
+		})
+	}
 }

@@ -96,12 +96,20 @@ func (l *ledger) failure(reason error) error {
 }
 
 // poison is the reason of a rejection after MaxAttempts failures, the last
-// one reason.
+// one reason. It says how many deliveries there were, the number the dead
+// letter's Attempts holds: more than the failures when a crash cut a
+// delivery short while others were in flight in its process (counted as a
+// delivery, not as a failure: docs/failure-modes.md §3).
 func (l *ledger) poison(reason error) error {
 	if reason == nil {
 		reason = errors.New("nacked")
 	}
-	return &exhaustedError{fmt.Errorf("%w: failed %d times (MaxAttempts), last: %w", errs.ErrPoison, min(l.charged+1, l.maxAttempts), reason)}
+	failures := min(l.charged+1, l.maxAttempts)
+	if deliveries := l.deliveries; deliveries > failures {
+		return &exhaustedError{fmt.Errorf("%w: delivered %d times, failed %d times (MaxAttempts %d); the %d other deliveries were cut short by crashes of the consumer process while other deliveries were in flight, which count as no failure; last: %w",
+			errs.ErrPoison, deliveries, failures, l.maxAttempts, deliveries-failures, reason)}
+	}
+	return &exhaustedError{fmt.Errorf("%w: failed %d times (MaxAttempts %d), last: %w", errs.ErrPoison, failures, l.maxAttempts, reason)}
 }
 
 // exhaustedError is the reason of a rejection after MaxAttempts failures,

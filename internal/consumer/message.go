@@ -54,7 +54,13 @@ type RejectedMessage struct {
 	// Reason is the cause given to Reject (or the last handler failure when
 	// the message ran out of attempts).
 	Reason error
-	// Attempts is how many times the message was delivered.
+	// Attempts is how many times the message was delivered: every
+	// hand-out to a handler, a delivery a crash of the consumer process
+	// cut short included. MaxAttempts counts failures (a nack, an error,
+	// a timeout, a crash the message caused alone); a delivery a crash
+	// cut short while other deliveries were in flight in the process is
+	// nobody's failure, so Attempts can exceed MaxAttempts, and the
+	// reason then says by how many (docs/failure-modes.md §3).
 	Attempts int
 	// FirstFailure and LastFailure bound the failures seen for it.
 	FirstFailure, LastFailure time.Time
