@@ -125,10 +125,11 @@ func (c *walCounts) get() walCounts {
 
 // minForwarderKills is the fewest forwarder SIGKILLs walStorm's schedule
 // makes in dur: each forwarder's loop takes at most walForwarderKillMax
-// and a second (the restart delay) a round, and each freeze skips at
-// most the rounds that fall within it.
+// and a second (the restart delay) a round, plus the kill and the start
+// (half a second, a generous bound), and each freeze skips at most the
+// rounds that fall within it.
 func minForwarderKills(dur time.Duration, forwarders int) int {
-	rounds := int(dur / (walForwarderKillMax + time.Second))
+	rounds := int(dur / (walForwarderKillMax + 1500*time.Millisecond))
 	skipped := walForwarderFreezes * int(walForwarderFreeze/walForwarderKillMin+1)
 	return max(0, forwarders*rounds-skipped)
 }
@@ -286,10 +287,15 @@ func (r *run) freezeRelay(p *Proc, relays []*Proc) {
 	}
 }
 
+// walNobodyWait bounds how long walStorm waits for a relay streaming the
+// slot, or a forwarder holding leases, before it fails the test.
+const walNobodyWait = time.Minute
+
 // activeRelay waits until one of relays streams the slot and is neither
-// being killed nor frozen, marks it busy and returns it (nil when the
-// test ends first).
+// being killed nor frozen, marks it busy and returns it (nil, the test
+// failed, when none did for walNobodyWait).
 func (r *run) activeRelay(relays []*Proc, busy *sync.Map) *Proc {
+	since := time.Now()
 	for {
 		ctx, cancel := context.WithTimeout(r.ctx, 2*time.Second)
 		st, err := relay.StatusOf(ctx, r.pool, schema)
@@ -303,6 +309,10 @@ func (r *run) activeRelay(relays []*Proc, busy *sync.Map) *Proc {
 				}
 			}
 		}
+		if time.Since(since) > walNobodyWait {
+			r.t.Errorf("%6.1fs: no relay streamed the slot for %v (last status %+v, err %v)", time.Since(r.started).Seconds(), walNobodyWait, st, err)
+			return nil
+		}
 		if !sleep(r.ctx, 100*time.Millisecond) {
 			return nil
 		}
@@ -311,10 +321,11 @@ func (r *run) activeRelay(relays []*Proc, busy *sync.Map) *Proc {
 
 // leaseHolder waits until one of forwarders holds a live lease and is
 // neither being killed nor frozen, marks the one holding the most busy
-// and returns it with its lease count (nil when the test ends first).
-// A forwarder's leases are those whose owner (host:pid-…, the
-// Subscriber's member id) has its process id.
+// and returns it with its lease count (nil, the test failed, when none
+// did for walNobodyWait). A forwarder's leases are those whose owner
+// (host:pid-…, the Subscriber's member id) has its process id.
 func (r *run) leaseHolder(forwarders []*Proc, busy *sync.Map) (*Proc, int) {
+	since := time.Now()
 	for {
 		ctx, cancel := context.WithTimeout(r.ctx, 2*time.Second)
 		held, err := r.leasesByPid(ctx)
@@ -334,6 +345,10 @@ func (r *run) leaseHolder(forwarders []*Proc, busy *sync.Map) (*Proc, int) {
 					return best, most
 				}
 			}
+		}
+		if time.Since(since) > walNobodyWait {
+			r.t.Errorf("%6.1fs: no forwarder held a lease for %v (leases by process id %v, err %v)", time.Since(r.started).Seconds(), walNobodyWait, held, err)
+			return nil, 0
 		}
 		if !sleep(r.ctx, 100*time.Millisecond) {
 			return nil, 0
