@@ -178,7 +178,11 @@ var ErrEndedByItself = errors.New("chaos: the subscription ended by itself")
 // returns nil) or its subscription ends by itself (ErrEndedByItself). It
 // retries starting while the database is unreachable.
 func RunChild(ctx context.Context, cfg ChildConfig) error {
-	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"child": cfg.Name})
+	// Debug logs say what a loss needs explained (a lease's cursor when
+	// acquired, a transactional producer's last seq in Kafka after a
+	// takeover) at a few lines per takeover; not an inbox consumer's,
+	// where watermill-kafka logs every message.
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, cfg.Role != RoleInbox, false).With(watermill.LogFields{"child": cfg.Name})
 	switch cfg.Role {
 	case RoleFleet:
 		return runFleet(ctx, cfg, logger)
