@@ -51,8 +51,12 @@ echo "building the test binary ($pkg)"
 (cd "$pkg" && go test -c -o "$bin" .)
 
 busy_pids=()
+test_pid=
 stop_busy() {
 	local pid
+	# A run under way when the script is interrupted goes too (its children
+	# die with it).
+	[[ -z $test_pid ]] || kill "$test_pid" 2>/dev/null || true
 	for pid in "${busy_pids[@]}"; do
 		kill "$pid" 2>/dev/null || true
 	done
@@ -100,7 +104,10 @@ for ((round = 1; round <= runs; round++)); do
 	before=$(load)
 	echo "round $round/$runs: load $before"
 	status=0
-	(cd "$pkg" && "$bin" -test.run "$run_re" -test.v -test.count=1 -test.timeout=20m "${test_flags[@]}") >"$log" 2>&1 || status=$?
+	(cd "$pkg" && exec "$bin" -test.run "$run_re" -test.v -test.count=1 -test.timeout=20m "${test_flags[@]}") >"$log" 2>&1 &
+	test_pid=$!
+	wait "$test_pid" || status=$?
+	test_pid=
 	after=$(load)
 	((status == 0)) || failed=1
 	# One row per top-level test that ran (--- PASS / --- FAIL), with the
