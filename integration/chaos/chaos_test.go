@@ -26,6 +26,7 @@ import (
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/relay"
 )
 
 var (
@@ -81,6 +82,61 @@ type scenario struct {
 	// forwarderFreezes > 0: that many freezes past the lease, each of a
 	// forwarder, spread over the run; 0: a random child every 4-10 s.
 	forwarderFreezes int
+
+	// wal: the publishers write in outbox.ModeWAL (the server runs with
+	// wal_level = logical and the schema's slot exists), RoleRelay
+	// children stream the slot into the log, and the storm is walStorm
+	// (wal_test.go) instead of the kills and freezes above.
+	wal bool
+	// publishers is the number of publishing goroutines (default
+	// publishers).
+	publishers int
+	// holds are the shares of transactions held open before they end, and
+	// for how long (default defaultHolds).
+	holds []hold
+	// poisonBytes > 0: a poison message's payload is padded to this many
+	// bytes, over the Kafka topics' max.message.bytes (kafkaMaxMessageBytes):
+	// the broker refuses it, and the exactly-once forwarders must
+	// dead-letter it.
+	poisonBytes int
+	// leaseTTL is the children's lease TTL (default leaseTTL).
+	leaseTTL time.Duration
+}
+
+// hold: a share of the transactions is held open for min to max before it
+// commits or rolls back.
+type hold struct {
+	share    float64
+	min, max time.Duration
+}
+
+// defaultHolds are TestChaos's and TestChaosKafka's holds: 0.5% of the
+// transactions held open for 3-8 s (longer than a lease), 5% for 0.3-2 s.
+var defaultHolds = []hold{{0.005, 3 * time.Second, 8 * time.Second}, {0.05, 300 * time.Millisecond, 2 * time.Second}}
+
+// kafkaMaxMessageBytes is the max.message.bytes of the Kafka topics of a
+// scenario with poisonBytes.
+const kafkaMaxMessageBytes = 64 << 10
+
+func (sc scenario) publisherCount() int {
+	if sc.publishers > 0 {
+		return sc.publishers
+	}
+	return publishers
+}
+
+func (sc scenario) holdShares() []hold {
+	if sc.holds != nil {
+		return sc.holds
+	}
+	return defaultHolds
+}
+
+func (sc scenario) lease() time.Duration {
+	if sc.leaseTTL > 0 {
+		return sc.leaseTTL
+	}
+	return leaseTTL
 }
 
 // everything is TestChaos's scenario: subscribers of both strategies and
@@ -190,6 +246,7 @@ func runChaos(t *testing.T, sc scenario, dur time.Duration, selftest bool) *run 
 	r.stopChildren()
 	in := r.collect()
 	report := Verify(in)
+	r.report = report
 	r.summarize(report, drained)
 	if selftest {
 		r.checkSelfTest(report)
@@ -239,11 +296,17 @@ type run struct {
 	kills         atomic.Int32
 	pauses        atomic.Int32
 	groupKills    atomic.Int32
-	injected      map[Kind]string // selftest: the key of each injected fault
-	started       time.Time
-	chaosEnded    time.Time
-	drainedAt     time.Time
-	stopErrors    []string
+	// forcedPoison counts the poison messages committed on purpose (a
+	// scenario with poisonBytes); wal counts what walStorm did.
+	forcedPoison atomic.Int32
+	wal          walCounts
+	// report is the verifier's.
+	report     Report
+	injected   map[Kind]string // selftest: the key of each injected fault
+	started    time.Time
+	chaosEnded time.Time
+	drainedAt  time.Time
+	stopErrors []string
 }
 
 func newRun(t *testing.T, seed uint64, dur time.Duration, selftest bool, sc scenario) *run {
@@ -286,12 +349,18 @@ func (r *run) setUp() {
 	}
 	t.Cleanup(func() { _ = pgLog.Close() })
 	var pgLogMu sync.Mutex
+	// Acknowledged commits must survive the immediate restarts: with
+	// synchronous_commit off they need not, and a "lost" message would be
+	// the server's doing. fsync may stay off: the operating system does
+	// not crash.
+	settings := map[string]string{"synchronous_commit": "on", "log_min_messages": "log"}
+	if r.sc.wal {
+		settings["wal_level"] = "logical"
+		settings["max_replication_slots"] = "4"
+		settings["max_wal_senders"] = "8" // a frozen relay's stream lingers until its TakeoverTimeout
+	}
 	cluster, err := pgtest.StartCluster(ctx, pgcluster.Options{
-		// Acknowledged commits must survive the immediate restarts: with
-		// synchronous_commit off they need not, and a "lost" message
-		// would be the server's doing. fsync may stay off: the operating
-		// system does not crash.
-		Settings: map[string]string{"synchronous_commit": "on", "log_min_messages": "log"},
+		Settings: settings,
 		Log: func(line string) {
 			pgLogMu.Lock()
 			defer pgLogMu.Unlock()
@@ -317,6 +386,14 @@ func (r *run) setUp() {
 	}
 	if err := outbox.RegisterTopic(ctx, r.pool, schema, topic, partitions); err != nil {
 		t.Fatal(err)
+	}
+	if r.sc.wal {
+		if err := outbox.RegisterTopic(ctx, r.pool, schema, markerTopic, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := relay.CreateSlot(ctx, r.pool, schema); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := r.pool.Exec(ctx, ResultsDDL(schema)); err != nil {
 		t.Fatal(err)
@@ -361,12 +438,15 @@ func (r *run) setUp() {
 func (r *run) childConfig(role childSpec, i int, url string) ChildConfig {
 	cfg := ChildConfig{
 		Role: role.role, Name: fmt.Sprintf("%s-%d", role.group, i), DatabaseURL: url, Schema: schema, Topic: topic,
-		Group: role.group, FlakyRate: 0.01, WorkDelay: 4 * time.Millisecond, LeaseTTL: leaseTTL,
+		Group: role.group, FlakyRate: 0.01, WorkDelay: 4 * time.Millisecond, LeaseTTL: r.sc.lease(),
 		Seed: r.seed, AtLeastOnce: role.atLeastOnce,
 	}
 	switch role.role {
 	case RoleTransactional, RoleLeased:
 		cfg.MaxAttempts = maxAttempts
+		return cfg
+	case RoleRelay:
+		cfg.TakeoverTimeout = walTakeoverTimeout
 		return cfg
 	case RoleForwarder:
 		cfg.TransactionalIDPrefix = r.transactionalIDPrefix()
@@ -392,8 +472,12 @@ func (r *run) setUpKafka() {
 	r.runID = hex.EncodeToString(id)
 	r.kafka = kafkatest.New(t)
 	r.kafkaTopics = map[string]string{}
+	var topicConfigs map[string]string
+	if r.sc.poisonBytes > 0 {
+		topicConfigs = map[string]string{"max.message.bytes": fmt.Sprint(kafkaMaxMessageBytes)}
+	}
 	for name, n := range r.sc.kafkaTopics {
-		r.kafkaTopics[name] = r.kafka.Topic(t, name, n, nil)
+		r.kafkaTopics[name] = r.kafka.Topic(t, name, n, topicConfigs)
 	}
 	r.brokerProxies = kafkatest.NewProxyMap(t, r.kafka)
 	where := "kfake"

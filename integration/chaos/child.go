@@ -27,6 +27,7 @@ import (
 	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/pipeline"
+	"github.com/millrace/watermill-outbox/relay"
 )
 
 // EnvChild names the environment variable that makes the test binary run
@@ -45,6 +46,12 @@ const (
 	RoleLeased = "leased"
 	// RoleForwarder is a Forwarder to Kafka.
 	RoleForwarder = "forwarder"
+	// RoleRelay is the log-based mode's relay as `outbox relay --wal`
+	// runs it (a pipeline.Pipeline with a relay.Relay and a sequencer),
+	// without retention, which would delete the log rows the verifier
+	// reads: it streams the schema's slot into the log, or waits as a
+	// standby while another relay streams it.
+	RoleRelay = "relay"
 	// RoleFleet is a pipeline.Fleet over several databases (ChildConfig's
 	// Sources), forwarding each one's topic to Kafka exactly once.
 	RoleFleet = "fleet"
@@ -138,6 +145,9 @@ type ChildConfig struct {
 	// LeaseTTL/10).
 	LeaseTTL time.Duration
 	Seed     uint64
+	// TakeoverTimeout is a relay's relay.Config.TakeoverTimeout: how long a
+	// relay that stopped answering keeps the slot from a standby.
+	TakeoverTimeout time.Duration
 }
 
 // ChildEnv returns the environment entry that hands cfg to a child.
@@ -168,9 +178,16 @@ var ErrEndedByItself = errors.New("chaos: the subscription ended by itself")
 // returns nil) or its subscription ends by itself (ErrEndedByItself). It
 // retries starting while the database is unreachable.
 func RunChild(ctx context.Context, cfg ChildConfig) error {
-	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"child": cfg.Name})
-	if cfg.Role == RoleFleet {
+	// Debug logs say what a loss needs explained (a lease's cursor when
+	// acquired, a transactional producer's last seq in Kafka after a
+	// takeover) at a few lines per takeover; not an inbox consumer's,
+	// where watermill-kafka logs every message.
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, cfg.Role != RoleInbox, false).With(watermill.LogFields{"child": cfg.Name})
+	switch cfg.Role {
+	case RoleFleet:
 		return runFleet(ctx, cfg, logger)
+	case RoleRelay:
+		return runRelay(ctx, cfg, logger)
 	}
 	pool, err := childPool(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -345,6 +362,36 @@ func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberCo
 			return err
 		}
 	}
+}
+
+// runRelay runs what `outbox relay --wal` runs on cfg's schema (the
+// schema's sequencer and the relay of its slot, under the instance name
+// cfg.Name, with cfg.TakeoverTimeout), without retention, until ctx ends.
+// The relay retries what it can mend (the database down, the slot
+// streamed by another relay) by itself; an error Run returns is one it
+// cannot mend, and ends the process.
+func runRelay(ctx context.Context, cfg ChildConfig, logger watermill.LoggerAdapter) error {
+	pool, err := childPool(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	p, err := pipeline.New(pipeline.Config{
+		Schema: cfg.Schema, Pool: pool,
+		WAL:              &relay.Config{TakeoverTimeout: cfg.TakeoverTimeout, Instance: cfg.Name},
+		DisableRetention: true,
+	}, logger)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = p.Close() }()
+	if err := p.Run(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		return ErrEndedByItself
+	}
+	return nil
 }
 
 // runFleet runs a pipeline.Fleet over cfg.Sources (each database's

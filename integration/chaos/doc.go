@@ -48,6 +48,35 @@
 //
 //	go test ./integration/chaos -run TestChaosKafka -v
 //
+// TestChaosKafkaWAL runs the log-based mode: publishers in outbox.ModeWAL
+// (pg_logical_emit_message; 10% of the transactions rolled back, 3% held
+// open 0.5-3 s), two relay processes (RoleRelay: a sequencer and the
+// relay of the schema's slot, as `outbox relay --wal` runs them,
+// TakeoverTimeout 3 s) and three exactly-once forwarder processes of one
+// consumer group (lease 3 s). The storm: each forwarder SIGKILLed every
+// 2-6 s, two forwarders holding leases frozen for 5 s, the relay
+// streaming the slot SIGKILLed and frozen past TakeoverTimeout until the
+// standby streams it (twice each at least: the storm goes on past the
+// run's duration until they happened), a PostgreSQL immediate restart, a
+// broker outage, and 1% poison messages of 70 kB (one at least, forced),
+// which the Kafka topic's max.message.bytes (64 KiB) refuses. After the
+// storm it commits a marker and waits until a relay appended it (so
+// every earlier commit was relayed), drains, and verifies: the log holds
+// every committed message once in key order and nothing else (the relays
+// lost, doubled and invented nothing), the Kafka topic (read_committed)
+// the same but the poison, which the forwarders dead-lettered. It fails
+// when the storm did less than its schedule guarantees (about 35 s).
+//
+//	go test ./integration/chaos -run TestChaosKafkaWAL -v
+//
+// A run of TestChaos, TestChaosKafka or TestChaosKafkaWAL ends its log
+// with one line of figures, "CHAOS-RESULT name=value …" (messages, kills,
+// freezes, lost, duplicates, dead letters, durations, load average);
+// contended.sh runs tests many times in a row with the CPU contended
+// (busy loops) and tabulates those lines:
+//
+//	integration/chaos/contended.sh -n 20 -busy 4   # TestChaosKafka and TestChaosKafkaWAL, 20 times each
+//
 // TestChaosSources runs one relay fleet over several databases: three
 // PostgreSQL servers whose shards have the same schema, topic, incarnation
 // and consumer group (so the same outbox ids), two fleet processes

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -75,7 +76,7 @@ func (r *run) lagOf(ctx context.Context) (int, int, string, error) {
 func (r *run) outboxGroups() []string {
 	var groups []string
 	for _, c := range r.sc.children {
-		if c.role != RoleInbox {
+		if c.role != RoleInbox && c.role != RoleRelay {
 			groups = append(groups, c.group)
 		}
 	}
@@ -94,6 +95,13 @@ func (r *run) drain(timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(r.ctx, timeout)
 	defer cancel()
 	r.rec.resolve(ctx, t, r.pool)
+	if r.sc.wal {
+		if err := r.waitRelayed(ctx); err != nil {
+			t.Errorf("stall: the relays did not append everything committed %v after the chaos ended (seed %d): %v", timeout, r.seed, err)
+			return false
+		}
+		t.Logf("%6.1fs: the relays appended everything committed", time.Since(r.started).Seconds())
+	}
 	lastLog := time.Now()
 	least, progressAt := -1, time.Now()
 	for {
@@ -176,8 +184,9 @@ func (r *run) collect() Input {
 	in := Input{Messages: r.rec.messages()}
 
 	var log []Delivery
-	rows, err := r.pool.Query(ctx, `SELECT partition, seq, uuid, coalesce(partition_key, ''), convert_from(payload, 'UTF8')
-		FROM `+schema+`.log WHERE topic = $1 ORDER BY partition, seq`, topic)
+	// A payload of 1 KiB or more is in bodies (log.body_id).
+	rows, err := r.pool.Query(ctx, `SELECT l.partition, l.seq, l.uuid, coalesce(l.partition_key, ''), convert_from(coalesce(l.payload, b.payload), 'UTF8')
+		FROM `+schema+`.log l LEFT JOIN `+schema+`.bodies b ON b.id = l.body_id WHERE l.topic = $1 ORDER BY l.partition, l.seq`, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +262,9 @@ func (r *run) collect() Input {
 		case RoleForwarder:
 			s := kafkaTopics[c.topic()]
 			if s == nil {
-				s = &Stream{Name: "kafka " + c.topic(), ExactlyOnce: true}
+				// Poison larger than the topic's max.message.bytes must
+				// end in the forwarders' dead letters.
+				s = &Stream{Name: "kafka " + c.topic(), ExactlyOnce: true, RejectsPoison: r.sc.poisonBytes > 0}
 				kafkaTopics[c.topic()] = s
 				kafkaOrder = append(kafkaOrder, c.topic())
 			}
@@ -316,7 +327,13 @@ func (r *run) summarize(report Report, drained bool) {
 			selfExits = append(selfExits, p.Name+": "+e)
 		}
 	}
-	for _, role := range []string{RoleTransactional, RoleLeased, RoleForwarder, RoleInbox} {
+	if r.sc.wal {
+		c := r.wal.get()
+		fmt.Fprintf(&b, "  log-based storm: %d forwarder SIGKILLs (%d skipped: frozen), %d freezes of a forwarder holding leases, "+
+			"%d SIGKILLs and %d freezes of the relay streaming the slot (the standby took over during %d), %d poison messages forced\n",
+			c.forwarderKills, c.forwarderSkips, c.forwarderFreezes, c.relayKills, c.relayFreezes, c.relayTakeovers, r.forcedPoison.Load())
+	}
+	for _, role := range []string{RoleRelay, RoleTransactional, RoleLeased, RoleForwarder, RoleInbox} {
 		c, ok := byRole[role]
 		if !ok {
 			continue
@@ -328,6 +345,37 @@ func (r *run) summarize(report Report, drained bool) {
 	}
 	b.WriteString(indent(report.String(), "  "))
 	t.Log("\n" + b.String())
+	t.Log(r.resultLine(report, drained))
+}
+
+// resultLine is the run's figures on one line, for contended.sh's table:
+// CHAOS-RESULT followed by name=value fields.
+func (r *run) resultLine(report Report, drained bool) string {
+	dead := 0
+	for _, s := range report.Streams {
+		dead += s.DeadLetters
+	}
+	c := r.wal.get()
+	drain := "-"
+	if drained {
+		drain = r.drainedAt.Sub(r.chaosEnded).Round(100 * time.Millisecond).String()
+	}
+	return fmt.Sprintf("CHAOS-RESULT test=%s seed=%d committed=%d poison=%d kills=%d freezes=%d relay_kills=%d relay_freezes=%d relay_takeovers=%d "+
+		"pg_restarts=%d outages=%d lost=%d duplicates=%d faults=%d dead_letters=%d chaos=%v drain=%s total=%v load=%s",
+		r.t.Name(), r.seed, report.Committed, report.Poison, r.kills.Load(), r.pauses.Load(), c.relayKills, c.relayFreezes, c.relayTakeovers,
+		r.pgRestarts.Load(), r.outages.Load(), report.Count(Lost), report.Count(DuplicateExactlyOnce)+report.Count(DuplicateNewID), len(report.Faults), dead,
+		r.chaosEnded.Sub(r.started).Round(100*time.Millisecond), drain,
+		time.Since(r.started).Round(100*time.Millisecond), loadAverage())
+}
+
+// loadAverage is the machine's 1, 5 and 15 minute load averages, from
+// /proc/loadavg ("n/a" where there is none).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return f[0] + "," + f[1] + "," + f[2]
+	}
+	return "n/a"
 }
 
 func indent(s, prefix string) string {

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -104,6 +105,16 @@ func (p *Proc) Start() error {
 	return nil
 }
 
+// Pid is the process id of the running incarnation (0 when none runs).
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.running {
+		return 0
+	}
+	return p.pid
+}
+
 // Running reports whether an incarnation is running.
 func (p *Proc) Running() bool {
 	p.mu.Lock()
@@ -133,6 +144,13 @@ func (p *Proc) Kill() bool {
 // stalled VM) and wakes up as a zombie, after others took its leases over.
 // It reports whether there was one to pause.
 func (p *Proc) Pause(d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return p.PauseUntil(ctx)
+}
+
+// PauseUntil is Pause until ctx ends rather than for a fixed time.
+func (p *Proc) PauseUntil(ctx context.Context) bool {
 	p.mu.Lock()
 	if !p.running {
 		p.mu.Unlock()
@@ -142,10 +160,8 @@ func (p *Proc) Pause(d time.Duration) bool {
 	pid, exited := p.pid, p.exited
 	p.mu.Unlock()
 	_ = syscall.Kill(-pid, syscall.SIGSTOP)
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-ctx.Done():
 	case <-exited:
 	}
 	_ = syscall.Kill(-pid, syscall.SIGCONT)

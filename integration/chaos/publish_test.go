@@ -108,8 +108,9 @@ var errInDoubt = errors.New("commit outcome unknown")
 // publish runs one publisher until ctx ends: a transaction per tick of
 // pace, of one or two keys (locked in key order), one or two messages per
 // key numbered by the key's counter (1%: 20 to 60 messages of one key);
-// 10% rolled back on purpose, 5% held open for up to 2 s and 0.5% for up
-// to 8 s (longer than a lease).
+// 10% rolled back on purpose, some held open for a while (the scenario's
+// holds: by default 5% for up to 2 s and 0.5% for up to 8 s, longer than
+// a lease).
 func (r *run) publish(ctx context.Context, pub *outbox.Publisher, id int, pace <-chan time.Time) {
 	rng := r.rng(100 + uint64(id))
 	for i := 0; ; i++ {
@@ -118,17 +119,34 @@ func (r *run) publish(ctx context.Context, pub *outbox.Publisher, id int, pace <
 		case <-ctx.Done():
 			return
 		}
-		r.publishTx(ctx, pub, rng, fmt.Sprintf("p%d-%d", id, i))
+		r.publishTx(ctx, pub, rng, fmt.Sprintf("p%d-%d", id, i), false)
 	}
 }
 
-// publishTx runs one transaction; a hold ends early when chaos ends.
-func (r *run) publishTx(chaos context.Context, pub *outbox.Publisher, rng *rand.Rand, txID string) {
+// publishPoison commits one transaction whose first message is poison,
+// trying again (each try a transaction of its own) until one commits or
+// ctx ends; it reports whether one committed. The 1% of poison messages
+// is chance; a run that must see one makes sure with this.
+func (r *run) publishPoison(ctx context.Context, pub *outbox.Publisher, rng *rand.Rand) bool {
+	for i := 0; ; i++ {
+		if r.publishTx(ctx, pub, rng, fmt.Sprintf("poison-%d", i), true) == Committed {
+			return true
+		}
+		if !sleep(ctx, 200*time.Millisecond) {
+			return false
+		}
+	}
+}
+
+// publishTx runs one transaction (with poison: of one key, its first
+// message poison, committed at once) and returns what became of it; a
+// hold ends early when chaos ends.
+func (r *run) publishTx(chaos context.Context, pub *outbox.Publisher, rng *rand.Rand, txID string, poison bool) Status {
 	chosen := map[string]bool{}
 	bulk := rng.Float64() < 0.01
 	nKeys := 1 + rng.IntN(2)
-	if bulk {
-		nKeys = 1
+	if bulk || poison {
+		bulk, nKeys = false, 1
 	}
 	for len(chosen) < nKeys {
 		chosen[fmt.Sprintf("k%02d", rng.IntN(keys))] = true
@@ -140,11 +158,15 @@ func (r *run) publishTx(chaos context.Context, pub *outbox.Publisher, rng *rand.
 	sort.Strings(sorted)
 	rollback := rng.Float64() < 0.1
 	var hold time.Duration
-	switch x := rng.Float64(); {
-	case x < 0.005:
-		hold = time.Duration(3000+rng.IntN(5000)) * time.Millisecond
-	case x < 0.055:
-		hold = time.Duration(300+rng.IntN(1700)) * time.Millisecond
+	x, share := rng.Float64(), 0.0
+	for _, h := range r.sc.holdShares() {
+		if share += h.share; x < share {
+			hold = h.min + time.Duration(rng.IntN(int((h.max-h.min)/time.Millisecond)))*time.Millisecond
+			break
+		}
+	}
+	if poison {
+		rollback, hold = false, 0
 	}
 	type plan struct {
 		key    string
@@ -158,9 +180,21 @@ func (r *run) publishTx(chaos context.Context, pub *outbox.Publisher, rng *rand.
 			p.count = 20 + rng.IntN(41)
 		}
 		for j := 0; j < p.count; j++ {
-			p.poison = append(p.poison, rng.Float64() < poisonRate)
+			p.poison = append(p.poison, rng.Float64() < poisonRate || poison && j == 0)
 		}
 		plans = append(plans, p)
+	}
+	// A poison message that must be too large for the broker is padded
+	// with random letters, so that compression would not shrink it.
+	pad := func(poison bool) string {
+		if !poison || r.sc.poisonBytes == 0 {
+			return defaultPad
+		}
+		b := make([]byte, r.sc.poisonBytes)
+		for i := range b {
+			b[i] = 'a' + byte(rng.IntN(26))
+		}
+		return string(b)
 	}
 
 	// Not the chaos context: a transaction under way is finished.
@@ -185,7 +219,7 @@ func (r *run) publishTx(chaos context.Context, pub *outbox.Publisher, rng *rand.
 				return err
 			}
 			for j := 0; j < p.count; j++ {
-				m, wm := newMessage(fmt.Sprintf("%s-%d", txID, len(msgs)), p.key, n-p.count+1+j, txID, p.poison[j], rollback)
+				m, wm := newPaddedMessage(fmt.Sprintf("%s-%d", txID, len(msgs)), p.key, n-p.count+1+j, txID, p.poison[j], rollback, pad(p.poison[j]))
 				wm.SetContext(outbox.WithTx(ctx, tx))
 				batch = append(batch, wm)
 				msgs = append(msgs, m)
@@ -213,6 +247,7 @@ func (r *run) publishTx(chaos context.Context, pub *outbox.Publisher, rng *rand.
 	case errors.Is(err, errInDoubt):
 		r.rec.txInDoubt.Add(1)
 		r.rec.add(txID, msgs, InDoubt)
+		return InDoubt
 	case err != nil:
 		r.rec.txFailed.Add(1)
 		r.rec.add(txID, msgs, RolledBack)
@@ -222,13 +257,23 @@ func (r *run) publishTx(chaos context.Context, pub *outbox.Publisher, rng *rand.
 	default:
 		r.rec.txCommitted.Add(1)
 		r.rec.add(txID, msgs, Committed)
+		return Committed
 	}
+	return RolledBack
 }
+
+// defaultPad pads every payload but a scenario's oversized poison.
+var defaultPad = strings.Repeat("x", 64)
 
 // newMessage builds a message and its record.
 func newMessage(uuid, key string, n int, txID string, poison, rollback bool) (Message, *message.Message) {
+	return newPaddedMessage(uuid, key, n, txID, poison, rollback, defaultPad)
+}
+
+// newPaddedMessage is newMessage with the payload's padding pad.
+func newPaddedMessage(uuid, key string, n int, txID string, poison, rollback bool, pad string) (Message, *message.Message) {
 	body, err := json.Marshal(Payload{ID: uuid, Key: key, N: n, Tx: txID, Poison: poison, Rollback: rollback,
-		Pad: strings.Repeat("x", 64)})
+		Pad: pad})
 	if err != nil {
 		panic(err)
 	}

@@ -18,7 +18,11 @@ func (r *run) chaos() {
 	ctx, cancel := context.WithTimeout(r.ctx, r.dur)
 	defer cancel()
 	var wg sync.WaitGroup
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: r.pool}, nil)
+	mode := outbox.ModeTable
+	if r.sc.wal {
+		mode = outbox.ModeWAL
+	}
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: r.pool, Mode: mode}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +30,7 @@ func (r *run) chaos() {
 	// average) per tick, whoever is free takes it.
 	pace := time.NewTicker(time.Duration(2.25 * float64(time.Second) / float64(max(1, *flagRate))))
 	defer pace.Stop()
-	for i := 0; i < publishers; i++ {
+	for i := 0; i < r.sc.publisherCount(); i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -86,7 +90,52 @@ func (r *run) chaos() {
 		}()
 	}
 
+	if r.sc.poisonBytes > 0 {
+		// At least one poison message too large for the broker commits,
+		// whatever chance does.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if sleep(ctx, r.dur/5) && r.publishPoison(ctx, pub, r.rng(4)) {
+				r.forcedPoison.Add(1)
+			}
+		}()
+	}
+
 	var busy sync.Map // *Proc -> being killed and restarted, or frozen
+	if r.sc.wal {
+		r.walStorm(ctx, &wg, &busy)
+	} else {
+		r.tableStorm(ctx, &wg, &busy)
+	}
+
+	// Children that exit by themselves are started again (and counted).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for sleep(ctx, 500*time.Millisecond) {
+			for _, p := range r.procs {
+				if _, inUse := busy.Load(p); !inUse && !p.Running() && len(p.Stats().SelfExits) > 0 {
+					_ = p.Start()
+				}
+			}
+		}
+	}()
+
+	wg.Wait()
+	r.chaosEnded = time.Now()
+	for _, p := range r.procs {
+		if err := p.Start(); err != nil {
+			t.Fatalf("restart %s: %v", p.Name, err)
+		}
+	}
+	t.Logf("%6.1fs: chaos over: %d transactions committed, every child running; draining", time.Since(r.started).Seconds(), r.rec.txCommitted.Load())
+}
+
+// tableStorm starts TestChaos's and TestChaosKafka's kills and freezes of
+// the children (in wg, until ctx ends).
+func (r *run) tableStorm(ctx context.Context, wg *sync.WaitGroup, busy *sync.Map) {
+	t := r.t
 
 	// The kills: every 1-3 s a child (each child in turn, in an order
 	// shuffled again each round), sometimes every process of its role at
@@ -184,7 +233,7 @@ func (r *run) chaos() {
 			} else if _, inUse := busy.LoadOrStore(p, true); inUse {
 				continue
 			}
-			d := leaseTTL + time.Duration(500+rng.IntN(2500))*time.Millisecond
+			d := r.sc.lease() + time.Duration(500+rng.IntN(2500))*time.Millisecond
 			pw.Add(1)
 			go func() {
 				defer pw.Done()
@@ -195,28 +244,6 @@ func (r *run) chaos() {
 			}()
 		}
 	}()
-
-	// Children that exit by themselves are started again (and counted).
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for sleep(ctx, 500*time.Millisecond) {
-			for _, p := range r.procs {
-				if _, inUse := busy.Load(p); !inUse && !p.Running() && len(p.Stats().SelfExits) > 0 {
-					_ = p.Start()
-				}
-			}
-		}
-	}()
-
-	wg.Wait()
-	r.chaosEnded = time.Now()
-	for _, p := range r.procs {
-		if err := p.Start(); err != nil {
-			t.Fatalf("restart %s: %v", p.Name, err)
-		}
-	}
-	t.Logf("%6.1fs: chaos over: %d transactions committed, every child running; draining", time.Since(r.started).Seconds(), r.rec.txCommitted.Load())
 }
 
 // sleep waits d or until ctx ends; it reports whether d passed.

@@ -131,10 +131,14 @@ const (
 	// UnexpectedDeadLetter: a message dead-lettered where nothing can
 	// legitimately reject it (not poison for the stream, no MaxAttempts).
 	UnexpectedDeadLetter
+	// PoisonDelivered: a poison message delivered in a stream that
+	// rejects poison (RejectsPoison): its handler, or its broker, took
+	// what it must refuse.
+	PoisonDelivered
 )
 
 // Kinds lists every Kind.
-var Kinds = []Kind{Lost, Phantom, Reordered, DuplicateNewID, DuplicateExactlyOnce, Corrupt, UnexpectedDeadLetter}
+var Kinds = []Kind{Lost, Phantom, Reordered, DuplicateNewID, DuplicateExactlyOnce, Corrupt, UnexpectedDeadLetter, PoisonDelivered}
 
 func (k Kind) String() string {
 	switch k {
@@ -152,6 +156,8 @@ func (k Kind) String() string {
 		return "corrupt"
 	case UnexpectedDeadLetter:
 		return "unexpected dead letter"
+	case PoisonDelivered:
+		return "poison delivered"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -257,7 +263,7 @@ func (r Report) String() string {
 //   - DuplicateNewID: a message, or a payload, arriving under a second
 //     outbox id, or an outbox id arriving with a second message;
 //   - DuplicateExactlyOnce: any copy in an exactly-once stream;
-//   - Corrupt and UnexpectedDeadLetter (see Kind).
+//   - Corrupt, UnexpectedDeadLetter and PoisonDelivered (see Kind).
 //
 // Copies under the same outbox id are allowed in the other streams and
 // counted. In-doubt messages may arrive or not. Verify is a pure function:
@@ -360,6 +366,9 @@ func verifyStream(s Stream, msgs []Message, byUUID, byPayload map[string]*Messag
 		if d.OutboxID == "" {
 			fault(Corrupt, m.Key, d.UUID, "", "delivered without an outbox id")
 			continue
+		}
+		if m.Poison && s.RejectsPoison && !delivered[d.UUID] {
+			fault(PoisonDelivered, m.Key, d.UUID, d.OutboxID, "n=%d is poison, which the stream must dead-letter", m.N)
 		}
 		delivered[d.UUID] = true
 		if owner, ok := uuidOfID[d.OutboxID]; ok {

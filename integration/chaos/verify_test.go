@@ -249,6 +249,12 @@ func TestVerifierCatchesEachFault(t *testing.T) {
 			_, d := deliveryOf(in.stream("log"), m.UUID)
 			s.DeadLetters = append(s.DeadLetters, DeadLetter{OutboxID: d.OutboxID, UUID: m.UUID, Reason: "kafka: refused"})
 		}, 0},
+		{"a poison message is delivered where it must be refused", "leased", PoisonDelivered, func(in Input, s *Stream) {
+			m := in.message("b", 3, Committed)
+			_, d := deliveryOf(in.stream("log"), m.UUID)
+			i, _ := deliveryOf(s, in.message("b", 4, Committed).UUID) // in its key's order
+			s.Deliveries = append(s.Deliveries[:i], append([]Delivery{d}, s.Deliveries[i:]...)...)
+		}, 0},
 	}
 	for _, c := range cases {
 		streams := []string{c.stream}
