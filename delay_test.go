@@ -105,6 +105,7 @@ func sequencedUUIDs(t *testing.T, e env, topic string) []string {
 // ones pass. When the time comes, the delayed message and then those
 // behind it are sequenced, in their order.
 func TestDelayedMessageWaitsAndHoldsItsKeyBack(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	clock := newFakeClock()
@@ -164,6 +165,7 @@ func TestDelayedMessageWaitsAndHoldsItsKeyBack(t *testing.T) {
 // moves past the time. Nothing else wakes the sequencer: were it asleep
 // until its poll, the message would not be sequenced within the hour.
 func TestSequencerWakesWhenADelayedMessageIsDue(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 2)
 	// An hour ahead of the wall clock: the due time is in the future
@@ -213,6 +215,7 @@ func TestSequencerWakesWhenADelayedMessageIsDue(t *testing.T) {
 // not yet due), and a message that fell due while no sequencer ran is
 // sequenced by the next one.
 func TestThousandsOfDelayedMessagesAcrossARestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 8)
 	const keys, perKey = 40, 60 // 2,400 messages, about a third delayed
@@ -349,6 +352,7 @@ func TestThousandsOfDelayedMessagesAcrossARestart(t *testing.T) {
 
 // Bad input is a typed error, and nothing is set on the message.
 func TestDeliverAtRefusesBadInput(t *testing.T) {
+	t.Parallel()
 	m := message.NewMessage("u", nil)
 	for name, err := range map[string]error{
 		"a past time":    outbox.DeliverAt(m, time.Now().Add(-time.Minute)),
@@ -382,6 +386,7 @@ func TestDeliverAtRefusesBadInput(t *testing.T) {
 // Status and metrics show a delayed message as delayed, with its time, and
 // neither as lag nor as a message late for the sequencer.
 func TestDelayedMessagesAreVisibleAndNotLate(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	ctx := outboxtest.Ctx(t)
@@ -429,6 +434,7 @@ func TestDelayedMessagesAreVisibleAndNotLate(t *testing.T) {
 // A delayed message with a dedup key is delayed too (its publish goes
 // through the dedup statement).
 func TestDelayedMessageWithADedupKey(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	clock := newFakeClock()
