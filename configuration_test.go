@@ -140,6 +140,7 @@ func matches(v reflect.Value, doc string) bool {
 // SubscriberConfig, no other, with the default the code gives a zero
 // field, through the path NewSubscriber takes; and there are at most 20.
 func TestConfigurationTableMatchesTheCode(t *testing.T) {
+	t.Parallel()
 	ks := knobs()
 	if len(ks) > maxKnobs {
 		var names []string
@@ -177,6 +178,7 @@ func TestConfigurationTableMatchesTheCode(t *testing.T) {
 // above the default lease TTL; MaxAttempts needed a RejectHandler, which
 // now defaults to the schema's dead-letter table).
 func TestSettingOneKnobNeverFailsValidation(t *testing.T) {
+	t.Parallel()
 	base := SubscriberConfig{Pool: &pgxpool.Pool{}, ConsumerGroup: "g"}
 	if err := base.Validate(); err != nil {
 		t.Fatalf("Pool and ConsumerGroup alone: %v", err)
@@ -228,6 +230,7 @@ func TestSettingOneKnobNeverFailsValidation(t *testing.T) {
 // A PublisherConfig with one limit set never fails for another's default:
 // MaxPublishBytes below the default MaxPayloadBytes lowers that default.
 func TestPublisherLimitsFollowEachOther(t *testing.T) {
+	t.Parallel()
 	for _, c := range []PublisherConfig{
 		{MaxPublishBytes: 512 << 10},
 		{MaxPayloadBytes: 128 << 20},
@@ -245,6 +248,7 @@ func TestPublisherLimitsFollowEachOther(t *testing.T) {
 // The profile table of docs/operations.md shows every profile's values as
 // internal/tune holds them.
 func TestProfileTableMatchesTheProfiles(t *testing.T) {
+	t.Parallel()
 	rows := map[string]func(tune.Profile) any{
 		"`Tuning.BatchSize`":                               func(p tune.Profile) any { return p.BatchSize },
 		"`Tuning.BackoffBase`":                             func(p tune.Profile) any { return p.BackoffBase },

@@ -46,6 +46,7 @@ func consumeNackingPoison(t *testing.T, cfg outbox.SubscriberConfig) (poisonDeli
 // keeps failing is dead-lettered into the schema's own table after
 // DefaultMaxAttempts deliveries, and its partition goes on.
 func TestAMessageThatKeepsFailingIsDeadLetteredWithoutWiring(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "ok", "poison", "ok")
@@ -68,6 +69,7 @@ func TestAMessageThatKeepsFailingIsDeadLetteredWithoutWiring(t *testing.T) {
 // RetryForever is the explicit choice to keep a failing message in its
 // stream: it is retried past DefaultMaxAttempts and never dead-lettered.
 func TestRetryForeverKeepsTheMessageInItsStream(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "ok", "poison", "ok")
@@ -86,6 +88,7 @@ func TestRetryForeverKeepsTheMessageInItsStream(t *testing.T) {
 // (RejectTo) takes it, not the Subscriber's default (the schema's
 // dead-letter table); the member row says the group can reject.
 func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "ok", "poison", "ok")

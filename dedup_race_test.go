@@ -212,6 +212,7 @@ func foundIn(t *testing.T, b *outboxtest.Bundle, table string) map[string]string
 // stored. Claims are taken in key order: no deadlock however the calls'
 // keys overlap.
 func TestDedupParallelPublishersRacingOnKeys(t *testing.T) {
+	t.Parallel()
 	b := outboxtest.Setup(t)
 	b.Register("orders", 4)
 	out := dedupRace{publishers: 8, txs: 60, keys: 4, perCall: 6}.run(t, b, outbox.ModeTable)
@@ -222,6 +223,7 @@ func TestDedupParallelPublishersRacingOnKeys(t *testing.T) {
 // caller's transaction, and only the messages whose key was claimed go
 // into the WAL; a relay appends exactly those to the log.
 func TestDedupParallelPublishersRacingOnKeysWAL(t *testing.T) {
+	t.Parallel()
 	b, _ := outboxtest.OwnCluster(t, map[string]string{"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}, "waldedup")
 	b.Register("orders", 4)
 	if err := relay.CreateSlot(outboxtest.Ctx(t), b.Pool, b.Schema); err != nil {
@@ -253,6 +255,7 @@ func TestDedupParallelPublishersRacingOnKeysWAL(t *testing.T) {
 // wal_level = replica); a call with a message to write still fails
 // without one, and its claims go with the aborted transaction.
 func TestDedupWALCallWithNothingLeftWritesNothing(t *testing.T) {
+	t.Parallel()
 	b := outboxtest.Setup(t)
 	b.Register("orders", 1)
 	b.Exec("INSERT INTO " + b.Schema + ".dedup_keys (topic, dedup_key, expires_at) VALUES ('orders', 'taken', now() + interval '1 hour')")

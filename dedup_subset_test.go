@@ -12,6 +12,7 @@ import (
 // the batch and forgotten there would reach the publish statement with the
 // wrong length (or be lost) for calls with repeated dedup keys.
 func TestEncodedBatchSubsetCarriesEveryColumn(t *testing.T) {
+	t.Parallel()
 	p, err := newPublisher(nil, PublisherConfig{}, nil)
 	if err != nil {
 		t.Fatal(err)

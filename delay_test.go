@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,17 +20,65 @@ import (
 	"github.com/millrace/watermill-outbox/metrics"
 )
 
-// fakeClock is a sequencer clock a test moves by hand.
-type fakeClock struct{ ns atomic.Int64 }
+// fakeClock is a sequencer clock a test moves by hand. It counts how often
+// it is read, and remembers when (by the wall clock) it took each of its
+// values, so that a log row's sequenced_at tells the latest time the row
+// can have been held against (heldAgainst).
+type fakeClock struct {
+	reads atomic.Int64
+	mu    sync.Mutex
+	steps []clockStep // in the order taken
+}
 
-func newFakeClock() *fakeClock {
+// clockStep is a value the clock took (at) and the wall time it took it.
+type clockStep struct{ wall, at time.Time }
+
+func newFakeClock() *fakeClock { return newFakeClockAt(time.Now()) }
+
+func newFakeClockAt(at time.Time) *fakeClock {
 	c := &fakeClock{}
-	c.ns.Store(time.Now().UnixNano())
+	c.Set(at)
 	return c
 }
 
-func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+func (c *fakeClock) Now() time.Time {
+	c.reads.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.steps[len(c.steps)-1].at
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	at := c.steps[len(c.steps)-1].at
+	c.mu.Unlock()
+	c.Set(at.Add(d))
+}
+
+// Set moves the clock to at. The wall time is taken under the lock,
+// before anyone can read the new value: whoever reads it reads it later.
+func (c *fakeClock) Set(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.steps = append(c.steps, clockStep{wall: time.Now(), at: at})
+}
+
+// heldAgainst returns the clock's value at wall time w, the sequenced_at of
+// a log row: the start of the pass's transaction, which read the clock
+// before it began. The pass held the row against that value or an earlier
+// one. (PostgreSQL keeps microseconds: the steps' wall times are truncated
+// alike, which can only make the value returned an earlier one.)
+func (c *fakeClock) heldAgainst(w time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var at time.Time
+	for _, s := range c.steps {
+		if !s.wall.Truncate(time.Microsecond).After(w) {
+			at = s.at
+		}
+	}
+	return at
+}
 
 // delayed is a keyed message due at t.
 func delayed(t *testing.T, uuid, key string, at time.Time) *message.Message {
@@ -56,6 +105,7 @@ func sequencedUUIDs(t *testing.T, e env, topic string) []string {
 // ones pass. When the time comes, the delayed message and then those
 // behind it are sequenced, in their order.
 func TestDelayedMessageWaitsAndHoldsItsKeyBack(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	clock := newFakeClock()
@@ -108,11 +158,21 @@ func TestDelayedMessageWaitsAndHoldsItsKeyBack(t *testing.T) {
 }
 
 // A running sequencer wakes when a delayed message is due, not at its next
-// poll (an hour here), and not before.
+// poll (an hour here), and not before. Its clock is the test's: the
+// message is due half a second after the clock's start, and the clock
+// stays there until the sequencer has looked at the message, found it not
+// due and gone back to sleep, however long that takes; then the clock
+// moves past the time. Nothing else wakes the sequencer: were it asleep
+// until its poll, the message would not be sequenced within the hour.
 func TestSequencerWakesWhenADelayedMessageIsDue(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 2)
-	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, PollInterval: time.Hour}, nil)
+	// An hour ahead of the wall clock: the due time is in the future
+	// however long publishing takes.
+	clock := newFakeClockAt(time.Now().Add(time.Hour))
+	due := clock.Now().Add(500 * time.Millisecond)
+	seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, PollInterval: time.Hour, Clock: clock.Now}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,34 +184,49 @@ func TestSequencerWakesWhenADelayedMessageIsDue(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	due := time.Now().Add(700 * time.Millisecond)
 	e.Publish("orders", delayed(t, "d1", "k", due), outboxtest.Keyed("after", "k", 2, "x"))
-	time.Sleep(200 * time.Millisecond)
-	if n := e.Rows("log"); n != 0 && time.Now().Before(due) {
+	// Every turn of Run reads the clock: for a pass or a look at the
+	// pending messages (two reads when a pass finds nothing: it looks for
+	// the next due time too), then for how long to sleep. Five reads after
+	// the publish are at least one look that began after it, found the
+	// message not due and slept until its time (half a second by the
+	// clock that does not move), and the look after that sleep.
+	reads := clock.reads.Load()
+	outboxtest.WaitFor(t, "the sequencer to look at the delayed message", time.Minute, func() bool { return clock.reads.Load() >= reads+5 })
+	if n := e.Rows("log"); n != 0 {
 		t.Fatalf("%d sequenced before the time", n)
 	}
-	took := outboxtest.WaitFor(t, "both sequenced once due", 10*time.Second, func() bool { return e.Rows("log") == 2 })
-	if late := time.Since(due); late > 2*time.Second {
-		t.Fatalf("sequenced %v after the time (waited %v): it did not wake at the time", late, took)
-	}
+	clock.Advance(time.Second)
+	outboxtest.WaitFor(t, "both sequenced once due (asleep until its hourly poll, the sequencer would not wake)", time.Minute, func() bool { return e.Rows("log") == 2 })
 	var at time.Time
 	if err := e.Pool.QueryRow(context.Background(), "SELECT min(sequenced_at) FROM "+e.Schema+".log").Scan(&at); err != nil {
 		t.Fatal(err)
 	}
-	if at.Before(due) {
-		t.Fatalf("sequenced at %v, before its time %v", at, due)
+	if held := clock.heldAgainst(at); held.Before(due) {
+		t.Fatalf("sequenced against the time %v, before its time %v", held, due)
 	}
 }
 
 // Thousands of delayed messages, mixed with undelayed ones of the same
 // keys, through sequencers stopped and started again: every message is
-// sequenced, none before its time, and each key in its publish order.
+// sequenced, none before its time, and each key in its publish order. The
+// sequencers' clock is the test's, moved in steps: after each step the log
+// holds exactly the messages due by then (each key up to its first message
+// not yet due), and a message that fell due while no sequencer ran is
+// sequenced by the next one.
 func TestThousandsOfDelayedMessagesAcrossARestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 8)
 	const keys, perKey = 40, 60 // 2,400 messages, about a third delayed
 	rng := rand.New(rand.NewPCG(1, 2))
-	start := time.Now()
+	// An hour ahead of the wall clock: the due times, 200 ms to 2.5 s
+	// after the clock's start, are in the future however long publishing
+	// takes. In whole milliseconds, as PostgreSQL keeps them (microseconds)
+	// and as the steps of the clock are: a message due at a step is due
+	// at it in the database too.
+	clock := newFakeClockAt(time.Now().Add(time.Hour).Truncate(time.Millisecond))
+	start := clock.Now()
 	want := map[string][]string{}
 	dueOf := map[string]time.Time{}
 	pub := e.Publisher(nil)
@@ -175,26 +250,77 @@ func TestThousandsOfDelayedMessagesAcrossARestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	run := func(d time.Duration) {
-		seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool}, nil)
+	// dueBy is what may be sequenced once the clock reads now: of each key,
+	// the messages before its first one not yet due.
+	dueBy := func(now time.Time) map[string]bool {
+		out := map[string]bool{}
+		for _, uuids := range want {
+			for _, uuid := range uuids {
+				if due, ok := dueOf[uuid]; ok && due.After(now) {
+					break
+				}
+				out[uuid] = true
+			}
+		}
+		return out
+	}
+	run := func() (stop func()) {
+		seq, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, Clock: clock.Now}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), d)
-		defer cancel()
-		if err := seq.Run(ctx); err != nil {
-			t.Fatal(err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- seq.Run(ctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	run(800 * time.Millisecond) // stopped with most delayed messages waiting
-	mid := e.Rows("log")
+	// moveTo moves the clock to d after its start and waits until the log
+	// holds the messages due by then; it must hold no other.
+	moveTo := func(d time.Duration) int {
+		t.Helper()
+		clock.Set(start.Add(d))
+		due := dueBy(start.Add(d))
+		outboxtest.WaitFor(t, fmt.Sprintf("the %d messages due %v after the start", len(due), d), time.Minute,
+			func() bool { return e.Rows("log") >= len(due) })
+		got := sequencedUUIDs(t, e, "orders")
+		seen := map[string]bool{}
+		for _, uuid := range got {
+			if !due[uuid] {
+				t.Fatalf("%s sequenced with the clock %v after the start: before its time, %v after the start (or behind a message of its key that is not due)",
+					uuid, d, dueOf[uuid].Sub(start))
+			}
+			if seen[uuid] {
+				t.Fatalf("%s sequenced twice", uuid)
+			}
+			seen[uuid] = true
+		}
+		if len(got) != len(due) {
+			t.Fatalf("%d sequenced with the clock %v after the start, want the %d due", len(got), d, len(due))
+		}
+		return len(got)
+	}
+	stop := run()
+	moveTo(0) // the undelayed messages before each key's first delayed one
+	moveTo(400 * time.Millisecond)
+	mid := moveTo(800 * time.Millisecond)
+	stop() // with most delayed messages waiting
 	if mid == 0 || mid == keys*perKey {
 		t.Fatalf("%d of %d sequenced before the restart: the restart proves nothing", mid, keys*perKey)
 	}
-	run(3 * time.Second)
-	if n := e.Rows("log"); n != keys*perKey {
-		t.Fatalf("%d of %d sequenced", n, keys*perKey)
+	// Due while no sequencer runs: the next one sequences them at once.
+	clock.Set(start.Add(1500 * time.Millisecond))
+	stop = run()
+	moveTo(1500 * time.Millisecond)
+	moveTo(2000 * time.Millisecond)
+	if n := moveTo(2600 * time.Millisecond); n != keys*perKey {
+		t.Fatalf("%d of %d sequenced once all were due", n, keys*perKey)
 	}
+	stop()
 	got := map[string][]string{}
 	rows, err := e.Pool.Query(context.Background(), "SELECT partition_key, uuid, sequenced_at FROM "+e.Schema+".log ORDER BY partition, seq")
 	if err != nil {
@@ -207,10 +333,15 @@ func TestThousandsOfDelayedMessagesAcrossARestart(t *testing.T) {
 		if err := rows.Scan(&key, &uuid, &at); err != nil {
 			t.Fatal(err)
 		}
-		if due, ok := dueOf[uuid]; ok && at.Before(due) {
-			t.Errorf("%s sequenced at %v, %v before its time", uuid, at, due.Sub(at))
+		if due, ok := dueOf[uuid]; ok {
+			if held := clock.heldAgainst(at); held.Before(due) {
+				t.Errorf("%s sequenced against the time %v, %v before its time", uuid, held, due.Sub(held))
+			}
 		}
 		got[key] = append(got[key], uuid)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 	for key, w := range want {
 		if !slices.Equal(got[key], w) {
@@ -221,6 +352,7 @@ func TestThousandsOfDelayedMessagesAcrossARestart(t *testing.T) {
 
 // Bad input is a typed error, and nothing is set on the message.
 func TestDeliverAtRefusesBadInput(t *testing.T) {
+	t.Parallel()
 	m := message.NewMessage("u", nil)
 	for name, err := range map[string]error{
 		"a past time":    outbox.DeliverAt(m, time.Now().Add(-time.Minute)),
@@ -254,6 +386,7 @@ func TestDeliverAtRefusesBadInput(t *testing.T) {
 // Status and metrics show a delayed message as delayed, with its time, and
 // neither as lag nor as a message late for the sequencer.
 func TestDelayedMessagesAreVisibleAndNotLate(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	ctx := outboxtest.Ctx(t)
@@ -301,6 +434,7 @@ func TestDelayedMessagesAreVisibleAndNotLate(t *testing.T) {
 // A delayed message with a dedup key is delayed too (its publish goes
 // through the dedup statement).
 func TestDelayedMessageWithADedupKey(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	clock := newFakeClock()

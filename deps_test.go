@@ -48,6 +48,7 @@ func goList(t *testing.T, dir string, args ...string) string {
 // client (each its own), and only metrics links Prometheus (as the
 // README's dependency table says).
 func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
+	t.Parallel()
 	forbidden := []string{
 		"github.com/twmb/franz-go/pkg/kfake", "github.com/nats-io/nats-server", "go.uber.org/goleak", "gonum.org/",
 		"github.com/millrace/watermill-outbox/cmd/", "github.com/millrace/watermill-outbox/bench",
@@ -82,6 +83,7 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 // TestLibraryPackageListIsComplete fails when a public package is added
 // without a place in libraryPackages.
 func TestLibraryPackageListIsComplete(t *testing.T) {
+	t.Parallel()
 	const module = "github.com/millrace/watermill-outbox"
 	for pkg := range strings.Lines(goList(t, ".", "list", "-f", "{{if .GoFiles}}{{.ImportPath}}{{end}}", "./...")) {
 		pkg = strings.TrimSpace(pkg)
@@ -103,6 +105,7 @@ func TestLibraryPackageListIsComplete(t *testing.T) {
 // They live in modules of their own (cmd, _examples, integration, pgtemp), so
 // they are not in the program's module graph at all.
 func TestAnApplicationsModuleGraphHoldsNoToolDependencies(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("resolves a module graph: not in -short")
 	}

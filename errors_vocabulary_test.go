@@ -17,6 +17,7 @@ import (
 // root sentinel of its kind with errors.Is, so that callers need to know
 // only package outbox's names.
 func TestEveryPackageMatchesTheRootSentinels(t *testing.T) {
+	t.Parallel()
 	tuning := adaptive.Default()
 	tuning.BatchSize = -1
 	_, fwdErr := forwarder.NewForwarder(forwarder.Config{}, nil)

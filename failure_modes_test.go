@@ -96,6 +96,7 @@ func rejectedUUIDs(got []outbox.RejectedMessage) []string {
 // Failure mode 1: a Transactional handler that swallows a failed statement
 // (or ends the transaction itself) and acks.
 func TestTransactionalHandlerThatBreaksItsTransactionIsACountedAttempt(t *testing.T) {
+	t.Parallel()
 	cases := map[string]func(ctx context.Context, tx pgx.Tx, effects string, id string){
 		// The usual idempotency check: the insert fails with a unique
 		// violation, the handler ignores it and acks.
@@ -165,6 +166,7 @@ func TestTransactionalHandlerThatBreaksItsTransactionIsACountedAttempt(t *testin
 
 // The failure before the dead letter is visible on the cursor row.
 func TestTransactionalMisuseIsRecordedOnTheCursor(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "bad")
@@ -222,6 +224,7 @@ func hangingConsumer(t *testing.T, msgs <-chan *message.Message, release <-chan 
 
 // Failure mode 2: a handler that never returns.
 func TestHungHandlerIsACountedAttemptAndItsLateAckChangesNothing(t *testing.T) {
+	t.Parallel()
 	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
@@ -284,6 +287,7 @@ func TestHungHandlerIsACountedAttemptAndItsLateAckChangesNothing(t *testing.T) {
 // timed out; the batch is retried one message at a time, so the message
 // that hangs is the one charged.
 func TestHungBatchHandlerIsTimedOutAndTheHangingMessageCharged(t *testing.T) {
+	t.Parallel()
 	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
@@ -324,6 +328,7 @@ func TestHungBatchHandlerIsTimedOutAndTheHangingMessageCharged(t *testing.T) {
 // test binary runs itself as the consumer (TestCrashingConsumerChild) and
 // restarts it after every crash, until the message is dead-lettered.
 func TestMessageThatCrashesTheProcessIsDeadLetteredAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("OUTBOX_CRASH_CHILD") != "" {
 		t.Skip("running as the child")
 	}
@@ -397,6 +402,7 @@ func TestMessageThatCrashesTheProcessIsDeadLetteredAfterMaxAttempts(t *testing.T
 // exits with status 3 when it is handed the "crash" message, and with 0
 // once the cursor is past every message.
 func TestCrashingConsumerChild(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("OUTBOX_CRASH_CHILD") == "" {
 		t.Skip("only runs as the child of TestMessageThatCrashesTheProcessIsDeadLetteredAfterMaxAttempts")
 	}
@@ -442,6 +448,7 @@ func TestCrashingConsumerChild(t *testing.T) {
 // Failure mode 7: the backoff is kept on the cursor row and honoured by the
 // next holder of the lease.
 func TestBackoffSurvivesARestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "fail")
@@ -500,6 +507,7 @@ func TestBackoffSurvivesARestart(t *testing.T) {
 // Bad input: a Subscriber on a schema Migrate never ran on, or one a newer
 // release migrated, is refused with a typed error at Subscribe.
 func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	fresh := pgtest.Schema(t)
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: fresh, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true}, nil)
@@ -532,6 +540,7 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 // A Subscribe that failed (the schema was not migrated yet) does not keep
 // a later, successful one from starting the Subscriber's own sequencer.
 func TestSubscribeAfterAFailedOneStartsTheSequencer(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
 	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true, Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced()}, nil)
@@ -568,6 +577,7 @@ func TestSubscribeAfterAFailedOneStartsTheSequencer(t *testing.T) {
 // failure, not the handler's: no attempt is charged (with MaxAttempts 1 a
 // charged one would dead-letter the message), and the batch is retried.
 func TestLostConnectionIsNotChargedToTheMessage(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	publishPayloads(t, e, "orders", "ok", "ok")

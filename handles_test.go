@@ -11,6 +11,7 @@ import (
 // the compiler, not at run time. The program in testdata/wronghandle passes
 // a string; building it must fail, naming the constraint.
 func TestAWrongHandleIsACompileError(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command("go", "build", "-o", t.TempDir()+"/wronghandle", "./testdata/wronghandle").CombinedOutput()
 	if err == nil {
 		t.Fatal("a string passed to outbox.Migrate compiled")

@@ -26,6 +26,7 @@ import (
 // C are delivered again at most for the batch in flight at the kill (the
 // Leased strategy's at-least-once window).
 func TestHeldKeySurvivesAKilledConsumer(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("OUTBOX_ISO_CHILD") != "" {
 		t.Skip("running as the child")
 	}
@@ -97,6 +98,7 @@ func TestHeldKeySurvivesAKilledConsumer(t *testing.T) {
 // A fails until the fixed table has a row; each effect takes 2 ms, so that
 // the kill lands mid-batch.
 func TestIsolatedConsumerChild(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("OUTBOX_ISO_CHILD") == "" {
 		t.Skip("only runs as the child of TestHeldKeySurvivesAKilledConsumer")
 	}
@@ -140,6 +142,7 @@ func TestIsolatedConsumerChild(t *testing.T) {
 // shutdown): the worker reconnects, finds A still held, B goes on, and A
 // follows in order once it succeeds.
 func TestHeldKeySurvivesAPostgreSQLRestart(t *testing.T) {
+	t.Parallel()
 	ctx := outboxtest.Ctx(t)
 	b, cluster := outboxtest.OwnCluster(t, map[string]string{"synchronous_commit": "on"}, "iso_restart")
 	e := env{b}
@@ -152,8 +155,13 @@ func TestHeldKeySurvivesAPostgreSQLRestart(t *testing.T) {
 		return e.Rows("held") == 5 && len(e.effectsOf(t, "B")) == 5
 	})
 	// Relaxed commits (the Leased strategy's cursor moves) reach the disk
-	// within three wal_writer_delays; past that nothing may be lost.
-	time.Sleep(time.Second)
+	// when the WAL writer flushes them (within three wal_writer_delays on
+	// an idle machine); past that nothing may be lost. Wait for the flush
+	// to pass everything written so far, however long it takes.
+	written := e.Int("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+	outboxtest.WaitFor(t, "the WAL flushed up to what was written", time.Minute, func() bool {
+		return e.Int("SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn") >= written
+	})
 	if err := cluster.Restart(ctx, pgcluster.RestartOptions{Mode: pgcluster.Immediate, Down: 200 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}

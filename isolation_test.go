@@ -182,6 +182,7 @@ func heldStatus(t *testing.T, e env, group, topic string) admin.PartitionStatus 
 }
 
 func TestFailingKeyWaitsAloneAndKeepsItsOrder(t *testing.T) {
+	t.Parallel()
 	for _, w := range isoWays {
 		t.Run(w.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -235,6 +236,7 @@ func TestFailingKeyWaitsAloneAndKeepsItsOrder(t *testing.T) {
 }
 
 func TestHeldKeyIsDeadLetteredAfterMaxAttemptsAndItsRestFollows(t *testing.T) {
+	t.Parallel()
 	for _, w := range isoWays[:2] {
 		t.Run(w.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -274,6 +276,7 @@ func TestHeldKeyIsDeadLetteredAfterMaxAttemptsAndItsRestFollows(t *testing.T) {
 // Past the bounds the partition blocks as without isolation, and says so;
 // it isolates again once the held keys drain.
 func TestIsolationBoundsFallBackToBlockingAndSaySo(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	e.createEffects(t)
@@ -315,6 +318,7 @@ func TestIsolationBoundsFallBackToBlockingAndSaySo(t *testing.T) {
 // Impossible bounds are a typed error naming the field, before anything
 // runs.
 func TestKeyIsolationBoundsAreValidated(t *testing.T) {
+	t.Parallel()
 	for name, k := range map[string]outbox.KeyIsolation{
 		"KeyIsolation.MaxHeldKeys": {Enabled: true, MaxHeldKeys: -1},
 	} {
@@ -332,6 +336,7 @@ func TestKeyIsolationBoundsAreValidated(t *testing.T) {
 // Keyless messages carry no order: a failing one is held alone, and the
 // keyless messages after it flow.
 func TestKeylessMessagesAreNeverHeldBehindEachOther(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	e.createEffects(t)
@@ -356,6 +361,7 @@ func TestKeylessMessagesAreNeverHeldBehindEachOther(t *testing.T) {
 // An operator retries a held key at once, or dead-letters it: its held
 // messages go to the RejectHandler in order and its newer ones flow.
 func TestOperatorRetriesOrDeadLettersAHeldKey(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	e.createEffects(t)
@@ -420,6 +426,7 @@ func TestOperatorRetriesOrDeadLettersAHeldKey(t *testing.T) {
 // Retention keeps held messages: the finished seq, not the scan position,
 // is what a group holds the log at.
 func TestRetentionKeepsHeldMessages(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	e.createEffects(t)
@@ -483,6 +490,7 @@ func assertMetric(t *testing.T, e env, name string, want float64) {
 // RejectHandler, unless set the schema's own dead-letter table: the key's
 // held messages are dead-lettered, its retries stop, the other key went on.
 func TestDeadLetterRequestOfAHeldKeyGoesToTheSchemasTable(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	e.createEffects(t)
@@ -509,6 +517,7 @@ func TestDeadLetterRequestOfAHeldKeyGoesToTheSchemasTable(t *testing.T) {
 // parking a batch must not ask for a second one (with a bulkhead of one
 // slot, that waited for ever).
 func TestTransactionalParkingNeedsNoSecondBulkheadSlot(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	e.createEffects(t)
@@ -530,6 +539,7 @@ func TestTransactionalParkingNeedsNoSecondBulkheadSlot(t *testing.T) {
 // A held key that cannot be served (here its head's log row was deleted
 // by hand) waits and is logged; it does not stop the rest of its partition.
 func TestABrokenHeldKeyDoesNotStopItsPartition(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	e.createEffects(t)

@@ -15,6 +15,7 @@ import (
 // Every log line about a delivery carries structured fields an operator
 // (or log/slog) can filter on: component, group, topic, partition, seq.
 func TestDeliveryLogLinesCarryGroupTopicPartitionAndSeq(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	e.Publish("orders", message.NewMessage("poison", []byte("x")))

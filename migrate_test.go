@@ -12,6 +12,7 @@ import (
 )
 
 func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
 	var wg sync.WaitGroup
@@ -43,6 +44,7 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 }
 
 func TestMigrateWorksThroughDatabaseSQL(t *testing.T) {
+	t.Parallel()
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t)
 	if err := outbox.Migrate(outboxtest.Ctx(t), db, schema); err != nil {
@@ -54,6 +56,7 @@ func TestMigrateWorksThroughDatabaseSQL(t *testing.T) {
 }
 
 func TestMigrateRefusesNewerDatabase(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	future := outbox.SchemaVersion + 1
 	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+e.Schema+".schema_migrations (version, name) VALUES ($1, 'from the future')", future); err != nil {
@@ -73,6 +76,7 @@ func TestMigrateRefusesNewerDatabase(t *testing.T) {
 }
 
 func TestUnmigratedSchemaHasVersionZero(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	if v, err := outbox.CurrentSchemaVersion(outboxtest.Ctx(t), pool, pgtest.Schema(t)); err != nil || v != 0 {
 		t.Fatalf("version = %d, %v; want 0", v, err)
@@ -84,6 +88,7 @@ func TestUnmigratedSchemaHasVersionZero(t *testing.T) {
 // small tables updated all the time, room for HOT updates in the latter,
 // and earlier vacuums after retention for log and bodies.
 func TestMigrateSetsTheChurningTablesStorageParameters(t *testing.T) {
+	t.Parallel()
 	e := outboxtest.Setup(t)
 	rows, err := e.Pool.Query(outboxtest.Ctx(t), `SELECT c.relname, coalesce(c.reloptions, '{}')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

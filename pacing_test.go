@@ -62,6 +62,7 @@ func publishOneTxEach(t *testing.T, e env, pub *outbox.Publisher, topic string, 
 }
 
 func TestNotifyIntervalSpacesThePublishersNotifications(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		interval time.Duration
@@ -95,6 +96,7 @@ func TestNotifyIntervalSpacesThePublishersNotifications(t *testing.T) {
 }
 
 func TestSequencerFindsMessagesWhoseTransactionDidNotNotify(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("quiet", 2)
 	// Neither the poll (an hour) nor a notification (one per hour) can find
@@ -122,6 +124,7 @@ func TestSequencerFindsMessagesWhoseTransactionDidNotNotify(t *testing.T) {
 }
 
 func TestBusySequencerPassesAtMostEveryMinPassInterval(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("busy", 4)
 	const gap = 300 * time.Millisecond
@@ -190,6 +193,7 @@ func recordCursorCommitMode(t *testing.T, e env) func() map[string]int {
 }
 
 func TestCursorCommitDurabilityPerStrategy(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		tune func(*outbox.SubscriberConfig)

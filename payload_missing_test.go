@@ -19,6 +19,7 @@ import (
 // and after MaxAttempts it is dead-lettered; the messages around it are
 // delivered as usual. In both strategies and through ConsumeBatches.
 func TestMissingPayloadIsACountedFailureNeverAnEmptyMessage(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"leased", "transactional", "batches"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t)

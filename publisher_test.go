@@ -54,6 +54,7 @@ func assertSameMessage(t *testing.T, got logRow, want *message.Message) {
 }
 
 func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 4)
 	cfg := outbox.PublisherConfig{Schema: e.Schema}
@@ -216,6 +217,7 @@ func countingPool(t *testing.T) (*pgxpool.Pool, *queryCounter) {
 }
 
 func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	pool, counter := countingPool(t)
@@ -267,6 +269,7 @@ func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
 func itoa(i int) string { return strconv.Itoa(i) }
 
 func TestOwnTransactionAndAutoCreatedTopics(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{
 		Schema: e.Schema, DB: e.Pool, OwnTransaction: true, AutoCreateTopics: true, DefaultPartitions: 8,
@@ -292,6 +295,7 @@ func TestOwnTransactionAndAutoCreatedTopics(t *testing.T) {
 }
 
 func TestKeylessMessagesAreSpreadEvenly(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("spread", 8)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
@@ -321,6 +325,7 @@ func TestKeylessMessagesAreSpreadEvenly(t *testing.T) {
 }
 
 func TestCustomPartitionKeyFunc(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("custom", 16)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{
@@ -354,6 +359,7 @@ func TestCustomPartitionKeyFunc(t *testing.T) {
 // statement (one message or many, with or without NOTIFY); the sequencer
 // moves only their id, and every reader gets the bytes back exactly.
 func TestLargePayloadsAreWrittenOnceAndReadBackExactly(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("big", 2)
 	sizes := []int{0, 1, 1023, 1024, 1025, 4096, 70000}

@@ -58,6 +58,7 @@ func publishWithBusiness(t *testing.T, b *outboxtest.Bundle, id string) (publish
 // a publish in ModeWAL fails with ErrWALLevel inside the caller's
 // transaction, whose other writes then cannot commit.
 func TestWALPublishFailsWithoutWALLevelLogical(t *testing.T) {
+	t.Parallel()
 	b := outboxtest.Setup(t)
 	b.Register("orders", 1)
 	var level string
@@ -86,6 +87,7 @@ func TestWALPublishFailsWithoutWALLevelLogical(t *testing.T) {
 // invalidated, the publish fails with ErrNoSlot and takes the caller's
 // other writes down with it; in between the message reaches the log.
 func TestWALPublishNeedsASlotThatCanReadIt(t *testing.T) {
+	t.Parallel()
 	b, _ := outboxtest.OwnCluster(t, map[string]string{"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}, "walslot")
 	ctx := outboxtest.Ctx(t)
 	b.Register("orders", 1)
@@ -221,6 +223,7 @@ func TestWALPublishNeedsASlotThatCanReadIt(t *testing.T) {
 // A schema migrated before the publish statement's function existed is
 // refused as not migrated, naming Migrate.
 func TestWALPublishOnASchemaMigratedByAnOlderRelease(t *testing.T) {
+	t.Parallel()
 	b := outboxtest.Setup(t)
 	b.Register("orders", 1)
 	b.Exec("DROP FUNCTION " + b.Schema + ".wal_emit(text, text, bytea[])")

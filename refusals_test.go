@@ -24,6 +24,7 @@ import (
 // quiet write.
 
 func TestPublishOfNilMessagesIsATypedError(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
@@ -48,6 +49,7 @@ func TestPublishOfNilMessagesIsATypedError(t *testing.T) {
 // A handle that is not a transaction would write the message on its own,
 // and it would survive the caller's rollback.
 func TestWithTxRefusesHandlesThatAreNotTransactions(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema}, nil)
@@ -103,6 +105,7 @@ func TestWithTxRefusesHandlesThatAreNotTransactions(t *testing.T) {
 }
 
 func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
 	msg := func() *message.Message { return message.NewMessage("m", []byte("x")) }
@@ -182,6 +185,7 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 }
 
 func TestWritersRefuseASchemaMigratedByANewerRelease(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	pool := pgtest.Pool(t) // a pool whose schema check is not cached yet
@@ -214,6 +218,7 @@ func TestWritersRefuseASchemaMigratedByANewerRelease(t *testing.T) {
 // version lookup first on the same pool, used to fail with a unique
 // violation on pg_namespace now and then.
 func TestConcurrentMigrateOfADroppedSchemaNeverFails(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
 	for round := 0; round < 50; round++ {
@@ -243,6 +248,7 @@ func TestConcurrentMigrateOfADroppedSchemaNeverFails(t *testing.T) {
 }
 
 func TestMigrateRefusesSystemSchemas(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	for _, schema := range []string{"information_schema", "pg_catalog", "pg_toast", "pg_mine"} {
 		if err := outbox.Migrate(outboxtest.Ctx(t), pool, schema); !errors.Is(err, outbox.ErrInvalidName) {
@@ -256,6 +262,7 @@ func TestMigrateRefusesSystemSchemas(t *testing.T) {
 }
 
 func TestPublishLimitsMetadataAndTheCallsSize(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
@@ -304,6 +311,7 @@ func TestPublishLimitsMetadataAndTheCallsSize(t *testing.T) {
 }
 
 func TestTypedTransactionAccessors(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	tx, err := pool.Begin(outboxtest.Ctx(t))
 	if err != nil {
@@ -344,6 +352,7 @@ func TestTypedTransactionAccessors(t *testing.T) {
 // A nil message in a NewTxPublisher's call is refused the same way, and the
 // error names its position.
 func TestTxPublisherRefusesNilMessagesNamingTheIndex(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	tx, err := e.Pool.Begin(outboxtest.Ctx(t))
@@ -372,6 +381,7 @@ func TestTxPublisherRefusesNilMessagesNamingTheIndex(t *testing.T) {
 // by NewTxPublisher; every kind that is one writes inside it, so the
 // message goes with its rollback. OwnTransaction keeps working.
 func TestOnlyTransactionsAreAcceptedAsTheCallersTransaction(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	db := pgtest.DB(t)
@@ -456,6 +466,7 @@ func TestOnlyTransactionsAreAcceptedAsTheCallersTransaction(t *testing.T) {
 // transaction: it must not wait for a second connection, which a pool that
 // is all held by transactions does not have.
 func TestSchemaCheckNeedsNoSecondConnection(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
@@ -495,6 +506,7 @@ func TestSchemaCheckNeedsNoSecondConnection(t *testing.T) {
 // A NewTxPublisher per transaction (the Replay pattern, and a common one in
 // handlers) checks the schema once per database, not once per Publisher.
 func TestSchemaCheckIsCachedAcrossTxPublishers(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	pool, counter := countingPool(t)
@@ -543,6 +555,7 @@ func TestSchemaCheckIsCachedAcrossTxPublishers(t *testing.T) {
 // A schema dropped after the check was cached: the write's own error is
 // turned into ErrNotMigrated (Wrap), for the Publisher and the Sequencer.
 func TestASchemaDroppedAfterTheCheckIsErrNotMigrated(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
@@ -578,6 +591,7 @@ func TestASchemaDroppedAfterTheCheckIsErrNotMigrated(t *testing.T) {
 // unreachable: a service started before its database must not lose its
 // sequencer.
 func TestSequencerRunRetriesAnUnreachableDatabase(t *testing.T) {
+	t.Parallel()
 	pool, err := pgxpool.New(outboxtest.Ctx(t), "postgres://outbox@127.0.0.1:1/none?connect_timeout=1")
 	if err != nil {
 		t.Fatal(err)
@@ -597,6 +611,7 @@ func TestSequencerRunRetriesAnUnreachableDatabase(t *testing.T) {
 
 // Every entry point refuses the system schemas.
 func TestEveryEntryPointRefusesSystemSchemas(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	for _, schema := range []string{"information_schema", "pg_catalog", "pg_toast", "pg_temp_1"} {
 		_, pubErr := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
@@ -620,6 +635,7 @@ func TestEveryEntryPointRefusesSystemSchemas(t *testing.T) {
 // A Transactional Subscriber's handler gets the batch's transaction with
 // PgxTxFromContext, no type assertion, and can write and publish in it.
 func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("in", 1)
 	e.Register("out", 1)
@@ -681,6 +697,7 @@ func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
 // not per connection: a new connection does not check again (and short-lived
 // connections do not pile up in the cache).
 func TestSchemaCheckOfAPgxConnIsCachedPerDatabase(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	cfg, err := pgx.ParseConfig(pgtest.URL(t))
 	if err != nil {

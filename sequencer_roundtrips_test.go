@@ -15,6 +15,7 @@ import (
 // the move pipelined with COMMIT), and two when the partitions it may lock
 // hold nothing. (It took four and three.)
 func TestSequencerPassTakesTwoRoundTrips(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("trips", 4)
 	pool, trips := countingPool(t)

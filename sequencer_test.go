@@ -230,14 +230,17 @@ func checkStress(t *testing.T, rows []logRow, res *stressResult) {
 }
 
 func TestSequencerGapFreeInCommitOrderUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	runStress(t, 1)
 }
 
 func TestTwoSequencersRacingOverTheSamePartitions(t *testing.T) {
+	t.Parallel()
 	runStress(t, 2)
 }
 
 func TestSequencerRunWakesOnNotify(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("wake", 2)
 	// A poll interval far beyond the test's deadline: only a notification can
@@ -300,6 +303,7 @@ func unreachablePool(t *testing.T) *pgxpool.Pool {
 // ErrClosed), Close waits for Run and everything it started, and is
 // idempotent.
 func TestSequencerRunsOnceAndCloseWaits(t *testing.T) {
+	// Not parallel: goleak sees every goroutine of the process.
 	ignore := goleak.IgnoreCurrent()
 	pool := unreachablePool(t)
 	cfg := outbox.SequencerConfig{Schema: "unreachable", Pool: pool, PollInterval: 10 * time.Millisecond}
@@ -324,6 +328,7 @@ func TestSequencerRunsOnceAndCloseWaits(t *testing.T) {
 // jittered (before, it waited exactly 50 ms·2^(n-1), capped by
 // SequencerConfig.MaxErrorBackoff); a successful pass resets the streak.
 func TestSequencerBacksOffWithTheSharedBackoff(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 1)
 	logs := &backofftest.Logger{Msg: "Sequencing failed, retrying"}
@@ -358,6 +363,7 @@ func TestSequencerBacksOffWithTheSharedBackoff(t *testing.T) {
 // Sequencer as it was: once the schema is migrated, Run runs (before, the
 // failed Run left it "running", and every later Run was ErrAlreadyRunning).
 func TestSequencerRunsAfterAFailedStart(t *testing.T) {
+	t.Parallel()
 	b := &outboxtest.Bundle{T: t, Pool: pgtest.Pool(t), Schema: pgtest.Schema(t)} // not migrated yet
 	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: b.Schema, Pool: b.Pool, PollInterval: 10 * time.Millisecond}, nil)
 	if err != nil {
@@ -389,6 +395,7 @@ func TestSequencerRunsAfterAFailedStart(t *testing.T) {
 // moved (internal/queuevacuum), so that the queue's dead rows do not wait
 // for autovacuum's next visit; autovacuum is off for the table here.
 func TestSequencerVacuumsPendingAsItGoes(t *testing.T) {
+	t.Parallel()
 	e := outboxtest.Setup(t)
 	e.Register("orders", 4)
 	e.Exec("ALTER TABLE " + e.Schema + ".pending SET (autovacuum_enabled = false)")

@@ -41,6 +41,7 @@ func countCursorWrites(t *testing.T, e env) func() int {
 }
 
 func TestCursorIsWrittenOncePerBatch(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("b", 1)
 	writes := countCursorWrites(t, e)
@@ -60,6 +61,7 @@ func TestCursorIsWrittenOncePerBatch(t *testing.T) {
 }
 
 func TestConsumeBatchesRetriesTheRestAndRejectsPoison(t *testing.T) {
+	t.Parallel()
 	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
@@ -161,6 +163,7 @@ func markDone(m *message.Message, lastN map[string]int, done map[string]bool, or
 }
 
 func TestWorkersSurvivePanics(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("p", 2)
 	uuids := publishKeyed(t, e, "p", 4, 25)

@@ -89,11 +89,13 @@ var conformanceFeatures = tests.Features{
 }
 
 func TestWatermillConformanceLeased(t *testing.T) {
+	t.Parallel()
 	plain, grouped := conformanceConstructors(t, outbox.Leased)
 	tests.TestPubSub(t, conformanceFeatures, plain, grouped)
 }
 
 func TestWatermillConformanceTransactional(t *testing.T) {
+	t.Parallel()
 	plain, grouped := conformanceConstructors(t, outbox.Transactional)
 	tests.TestPubSub(t, conformanceFeatures, plain, grouped)
 }

@@ -32,6 +32,7 @@ func victimPool(t *testing.T, name string) *pgxpool.Pool {
 }
 
 func TestSubscriberSurvivesKilledConnections(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("rough", 4)
 	uuids := publishKeyed(t, e, "rough", 16, 60)
@@ -65,6 +66,7 @@ func TestSubscriberSurvivesKilledConnections(t *testing.T) {
 }
 
 func TestSubscriberConfigValidation(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	badTuning := adaptive.Default()
 	badTuning.LeaseTTL = 50 * time.Millisecond
@@ -115,6 +117,7 @@ func TestSubscriberConfigValidation(t *testing.T) {
 // database call on it still runs), and an Ack within that time moves the
 // cursor, so the next start does not deliver the message again.
 func TestCloseLeavesTheHandlerCloseTimeoutToAnswer(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("closing", 1)
 	publishKeyed(t, e, "closing", 1, 1)

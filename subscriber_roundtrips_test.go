@@ -72,6 +72,7 @@ func (s *statementTracer) counts() (trips, statements int) {
 // together do not pay eight round trips for their cursor moves. (Each paid
 // its own.)
 func TestCursorMovesOfPartitionsAckedTogetherShareRoundTrips(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const partitions, held = 16, 8
 	e.Register("together", partitions)

@@ -154,6 +154,7 @@ func newSub(t *testing.T, e env, group string, tune func(*outbox.SubscriberConfi
 }
 
 func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
+	// Not parallel: goleak sees every goroutine of the process.
 	e := newEnv(t)
 	e.Register("orders", 16)
 	leakOpts := goleak.IgnoreCurrent()
@@ -205,6 +206,7 @@ func TestThreeInstancesShareSixteenPartitionsThroughChurn(t *testing.T) {
 }
 
 func TestFrozenInstanceCannotMoveTheCursorAfterTakeover(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("single", 1)
 	uuids := publishKeyed(t, e, "single", 1, 20)
@@ -319,6 +321,7 @@ func rejectLog(t *testing.T, e env) (outbox.RejectHandler, func() []outbox.Rejec
 }
 
 func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
+	t.Parallel()
 	for _, strategy := range []outbox.Strategy{outbox.Leased, outbox.Transactional} {
 		t.Run(strategy.String(), func(t *testing.T) {
 			e := newEnv(t)
@@ -428,6 +431,7 @@ func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
 }
 
 func TestRejectTakesMessageOutAtOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("r", 1)
 	rejects, rejected := rejectLog(t, e)
@@ -463,6 +467,7 @@ func TestRejectTakesMessageOutAtOnce(t *testing.T) {
 }
 
 func TestTransactionalStrategyHasExactlyOnceEffects(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("tx", 4)
 	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+e.Schema+".effects (id text PRIMARY KEY)"); err != nil {

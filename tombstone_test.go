@@ -10,6 +10,7 @@ import (
 )
 
 func TestTombstoneMarksOnlyAMessageWithoutPayload(t *testing.T) {
+	t.Parallel()
 	if err := outbox.Tombstone(nil); !errors.Is(err, outbox.ErrInvalidArgument) {
 		t.Fatalf("Tombstone(nil) = %v, want ErrInvalidArgument", err)
 	}
@@ -37,6 +38,7 @@ func TestTombstoneMarksOnlyAMessageWithoutPayload(t *testing.T) {
 // nothing of the call; a good one is written and delivered with its mark
 // and no payload.
 func TestPublisherRefusesBadTombstones(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("settings", 2)
 	pub := e.Publisher(nil)

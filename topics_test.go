@@ -10,6 +10,7 @@ import (
 )
 
 func TestRegisterTopicCreatesPartitionsAndRefusesAnotherCount(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.Register("orders", 16)
 	e.Register("orders", 16) // same count: fine, nothing changes
@@ -33,6 +34,7 @@ func TestRegisterTopicCreatesPartitionsAndRefusesAnotherCount(t *testing.T) {
 }
 
 func TestRegisterTopicConcurrently(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var wg sync.WaitGroup
 	errs := make([]error, 8)

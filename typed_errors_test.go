@@ -30,6 +30,7 @@ func snapshot(t *testing.T, e env) dbState {
 }
 
 func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
+	// Not parallel: the snapshot counts every schema of the database.
 	e := newEnv(t)
 	e.Register("orders", 4)
 	base := outbox.PublisherConfig{Schema: e.Schema}

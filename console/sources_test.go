@@ -270,11 +270,11 @@ func TestSourcesShowsAnUnreachableSourceAndAnIncompleteTotal(t *testing.T) {
 		{Name: "eu", Pool: eu.Pool, Schema: sourcesSchema}, {Name: "down", Pool: down, Schema: sourcesSchema},
 		{Name: "stuck", Pool: frozenPool, Schema: frozen.Schema}}, Console: console.Config{Timeout: 2 * time.Second}})
 
-	start := time.Now()
+	// The stuck source never answers (its pool is frozen until the test
+	// ends): that the page comes back at all is the timeout at work, on a
+	// machine of any speed, and the source's state below says it gave up
+	// after 2s.
 	resp, page := fetch(t, srv, http.MethodGet, "/", "")
-	if took := time.Since(start); took > 6*time.Second {
-		t.Errorf("the page took %s: a source that does not answer held it beyond the timeout (2s)", took)
-	}
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /: %d\n%s", resp.StatusCode, page)
 	}
