@@ -170,6 +170,10 @@ func crashLoop(t *testing.T, mode string, messages int) {
 		if want := wantDeliveries[d.UUID]; d.Attempts != want {
 			t.Errorf("crashing message %s dead-lettered with attempts %d, want %d (MaxAttempts %d): %s", d.UUID, d.Attempts, want, maxAttempts, d.Reason)
 		}
+		// The reason tells the same number of deliveries (issue 39).
+		if !strings.Contains(d.Reason, fmt.Sprintf("delivered %d times", d.Attempts)) {
+			t.Errorf("crashing message %s dead-lettered with attempts %d and a reason that does not say so: %s", d.UUID, d.Attempts, d.Reason)
+		}
 	}
 	for c := range crashers {
 		if !deadSet[c] {
