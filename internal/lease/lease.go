@@ -263,3 +263,36 @@ func errorText(cause error) string {
 	}
 	return pgtext.Clean(cause.Error(), maxErrorLen)
 }
+
+// Writer returns the transactional id recorded as the last writer of the
+// partition into a forwarder's target ("" nobody yet; known false: the
+// cursor row predates writer records, and an older forwarder may have
+// written it under its own scheme). It is a fenced read: when the lease is
+// no longer this one, it returns an error matching ErrLeaseLost and
+// cancels the lease's context. A forwarder's exactly-once target reads it
+// at a takeover, fences that writer, then records itself with SetWriter
+// (forwarder/kafka, exactly_once.go).
+func (l *Lease) Writer(ctx context.Context) (writer string, known bool, err error) {
+	writer, known, held, err := l.m.store.Writer(ctx, l.fence())
+	switch {
+	case err != nil:
+		return "", false, fmt.Errorf("lease: read the writer of partition %d: %w", l.partition, err)
+	case !held:
+		return "", false, l.diagnose(ctx, nil, "read the writer", -1)
+	}
+	return writer, known, nil
+}
+
+// SetWriter records writer as the partition's writer into the target,
+// fenced like Advance (an error matching ErrLeaseLost when the lease is no
+// longer this one).
+func (l *Lease) SetWriter(ctx context.Context, writer string) error {
+	ok, err := l.m.store.SetWriter(ctx, l.fence(), writer)
+	switch {
+	case err != nil:
+		return fmt.Errorf("lease: record the writer of partition %d: %w", l.partition, err)
+	case !ok:
+		return l.diagnose(ctx, nil, "record the writer", -1)
+	}
+	return nil
+}

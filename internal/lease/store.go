@@ -66,6 +66,15 @@ type Store interface {
 	// Inspect reads the cursor row of partition p: found is false when
 	// the row is gone.
 	Inspect(ctx context.Context, tx pgx.Tx, g Group, p int) (in Inspection, found bool, err error)
+
+	// Writer reads who last wrote f's partition into the target: the
+	// transactional id a forwarder recorded with SetWriter ("" nobody
+	// yet; known false: the row predates writer records, cursors.writer
+	// NULL), when f holds (held false otherwise, writer "").
+	Writer(ctx context.Context, f Fence) (writer string, known, held bool, err error)
+	// SetWriter records writer as the partition's writer, when f holds;
+	// ok is false when nothing changed.
+	SetWriter(ctx context.Context, f Fence, writer string) (ok bool, err error)
 }
 
 // Group names the cursor rows of one consumer group on one topic.

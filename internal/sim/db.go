@@ -64,6 +64,10 @@ type cursorRow struct {
 	lastError                string // "" for NULL
 	backoffUntil             time.Time
 	adaptive                 string
+	// writer: the transactional id recorded by SetWriter; writerNull: the
+	// row predates writer records (NULL).
+	writer     string
+	writerNull bool
 }
 
 // memberKey names a member row.

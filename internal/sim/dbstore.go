@@ -331,6 +331,36 @@ func (c *conn) Advance(_ context.Context, tx pgx.Tx, relaxed bool, f lease.Fence
 	return ok, err
 }
 
+func (c *conn) Writer(_ context.Context, f lease.Fence) (writer string, known, held bool, err error) {
+	k := c.key(f.Group, f.Partition)
+	err = c.run(c.detail("db.writer", "p%d (token %d)", f.Partition, f.Token), nil, func() error {
+		r := c.d.cursors[k]
+		if !c.holds(r, f) {
+			return nil
+		}
+		writer, known, held = r.writer, !r.writerNull, true
+		return nil
+	})
+	if err != nil {
+		return "", false, false, err
+	}
+	return writer, known, held, nil
+}
+
+func (c *conn) SetWriter(_ context.Context, f lease.Fence, writer string) (bool, error) {
+	k := c.key(f.Group, f.Partition)
+	ok := false
+	err := c.run(c.detail("db.set_writer", "p%d %s (token %d)", f.Partition, writer, f.Token), c.free(nil, k), func() error {
+		if !c.holds(c.d.cursors[k], f) {
+			return nil
+		}
+		ok = true
+		c.d.write(nil, k, false, func(r *cursorRow) { r.writer, r.writerNull = writer, false })
+		return nil
+	})
+	return ok, err
+}
+
 func (c *conn) Retry(_ context.Context, tx pgx.Tx, f lease.Fence, text string, retryIn time.Duration) (bool, error) {
 	t, err := c.tx(tx)
 	if err != nil {
