@@ -40,7 +40,7 @@ import (
 // Forwarder).
 func (t *Target) atLeastOnceID(ctx context.Context, batch []*message.Message) string {
 	if o, err := origin.Of(ctx, batch, "kafka"); err == nil {
-		return "at-least-once:" + t.transactionalID(o)
+		return "at-least-once:" + t.partitionTransactionalID(o)
 	}
 	return "at-least-once"
 }

@@ -101,17 +101,18 @@ type Config struct {
 	// (ACLs) or consumers that cannot read committed. Every forwarder of a
 	// group must use the same mode.
 	AtLeastOnce bool
-	// TransactionalIDPrefix starts the transactional.id of each outbox
-	// partition's producer: "<prefix>/<schema>/<group>/<topic>/<partition>"
-	// (schema and group are left out when the target is used without a
-	// Forwarder), "<prefix>/source=<source>/<schema>/…" for a Forwarder
-	// with a source (forwarder.Config.Source). Default
-	// DefaultTransactionalIDPrefix. Two outbox databases whose forwarders
-	// write to one Kafka cluster must name their sources (a
-	// pipeline.Fleet does): with equal schema, group and topic names they
-	// would fence each other, and each would take the other's records for
-	// its own when it reads the tail back. A different prefix alone
-	// avoids the first, not the second.
+	// TransactionalIDPrefix starts the transactional.id of the target's
+	// exactly-once producer, "<prefix>/<instance>" (a random instance id
+	// per Target: one producer sends for every outbox partition the
+	// instance holds; see exactly_once.go), and the ids of the
+	// at-least-once producers, "at-least-once:<prefix>/<schema>/<group>/<topic>/<partition>"
+	// ("<prefix>/source=<source>/<schema>/…" for a Forwarder with a source,
+	// forwarder.Config.Source). Default DefaultTransactionalIDPrefix. Grant
+	// the forwarders' principal transactional-id ACLs on this prefix. Two
+	// outbox databases whose forwarders write to one Kafka cluster must
+	// name their sources (a pipeline.Fleet does): with equal schema,
+	// group and topic names each would take the other's records for its
+	// own when it reads the tail back.
 	TransactionalIDPrefix string
 	// TransactionTimeout is the transaction.timeout.ms of the producers
 	// (default DefaultTransactionTimeout, at least a second; at most the
@@ -132,13 +133,22 @@ type Config struct {
 	// topic's max.message.bytes). A record larger than it is rejected
 	// (outbox.Reject) without being sent.
 	MaxBatchBytes int
-	// ProducerIdleTimeout closes a partition producer (a kgo client, its
-	// connections and goroutines) that sent nothing for this long: the
-	// partition went to another instance, or it is quiet; its next batch
-	// opens a new one (exactly once: fencing and a tail read again). Default
-	// DefaultProducerIdleTimeout. It bounds the clients of an instance by
-	// the outbox partitions it sent to within the timeout.
+	// ProducerIdleTimeout closes an at-least-once partition producer (a
+	// kgo client, its connections and goroutines) that sent nothing for
+	// this long: the partition went to another instance, or it is quiet;
+	// its next batch opens a new one. Default DefaultProducerIdleTimeout.
+	// It bounds the clients of an instance by the outbox partitions it sent
+	// to within the timeout. (Exactly once, one producer sends for every
+	// partition.)
 	ProducerIdleTimeout time.Duration
+	// Linger is how long a round of the exactly-once producer waits for
+	// the batches of other partitions before its transaction starts. 0 (the
+	// default) waits for nothing: a batch that finds no round in flight
+	// goes at once, and the batches that arrive while one is in flight go
+	// together in the next, so transactions grow with the load by
+	// themselves. A few milliseconds trade latency for fewer transactions
+	// at moderate load. At most a second.
+	Linger time.Duration
 	// CreateTopics lets the forwarder create a destination topic that does
 	// not exist when it starts (Target.CheckTopic), with as many partitions
 	// as its outbox topic and the brokers' default replication factor.
@@ -193,6 +203,8 @@ func (c Config) Validate() error {
 		return &outbox.ConfigError{Field: "MaxBatchBytes", Reason: "must be between 512 bytes and 1 GiB"}
 	case c.ProducerIdleTimeout < 0:
 		return &outbox.ConfigError{Field: "ProducerIdleTimeout", Reason: "must be positive"}
+	case c.Linger < 0 || c.Linger > time.Second:
+		return &outbox.ConfigError{Field: "Linger", Reason: "must be between 0 and a second"}
 	}
 	if err := c.CloudEvents.Validate(); err != nil {
 		return err

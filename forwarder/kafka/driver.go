@@ -12,7 +12,7 @@ import (
 // the product, a model of Kafka in the deterministic simulator, which
 // makes its targets through kafkadriver.NewTarget.
 func init() {
-	kafkadriver.NewTarget = func(cfg any, logger watermill.LoggerAdapter, newDriver kafkadriver.Factory) (kafkadriver.Target, error) {
+	kafkadriver.NewTarget = func(cfg any, logger watermill.LoggerAdapter, newDriver kafkadriver.Factory, instance string) (kafkadriver.Target, error) {
 		c, ok := cfg.(Config)
 		if !ok {
 			return nil, fmt.Errorf("kafkadriver.NewTarget: cfg is a %T, not a kafka.Config", cfg)
@@ -20,6 +20,9 @@ func init() {
 		if err := c.Validate(); err != nil {
 			return nil, err
 		}
-		return newTarget(c, logger, newDriver), nil
+		if instance == "" {
+			instance = newInstanceID()
+		}
+		return newTarget(c, logger, newDriver, instance), nil
 	}
 }

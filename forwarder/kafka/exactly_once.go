@@ -3,11 +3,15 @@ package kafka
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -15,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/kafkaseam"
 	"github.com/millrace/watermill-outbox/internal/origin"
@@ -22,28 +27,45 @@ import (
 
 // Exactly-once delivery into Kafka (the default of a Target).
 //
-// Each outbox partition writes through a kgo transactional producer of its
-// own, transactional.id "<prefix>/<schema>/<group>/<topic>/<partition>"
-// ("<prefix>/source=<source>/<schema>/…" for a forwarder with a source:
-// two databases have the same schemas, groups, topics and partitions), one
-// transaction per batch. Two mechanisms, and both are needed:
+// A target writes through one kgo transactional producer, transactional.id
+// "<prefix>/<instance>" (a random instance id per Target), and sends the
+// batches of every outbox partition it is given in rounds: a Send that
+// finds no round in flight starts one at once, alone; the Sends that
+// arrive while a round is in flight go together in the next one, one
+// Kafka transaction for all their partitions. At light load a batch waits
+// for nothing; under load the transactions grow with it.
 //
-//   - Fencing. When a forwarder (re)gains a partition, the producer's
-//     InitProducerId (kgo's ProducerID) bumps the producer epoch: the
-//     broker aborts a transaction the previous owner left open and from
-//     then on refuses every write and commit of the previous owner. A
-//     zombie (an instance frozen past its lease that wakes up and finishes
-//     its batch) can no longer add a record, and what it wrote before is
-//     aborted: invisible to read_committed consumers.
-//   - Reading the tail. A previous owner may have committed its
+// Three mechanisms keep it exactly once:
+//
+//   - Fencing the last writer. Each outbox partition's cursor row records
+//     the transactional id that last wrote the partition into Kafka (its
+//     writer, consumer.WriterRecord, read and set under the partition's
+//     lease). When the target takes a partition over (the first batch of a
+//     lease, or the first after its own producer started again), it reads
+//     that record, fenced by the lease, and, when another id wrote last,
+//     fences it with an InitProducerId of that id: the broker aborts what
+//     that writer left open and refuses its writes from then on, whatever
+//     partitions they were for. Only then does it record itself as the
+//     writer. A writer is recorded only after the one before it was
+//     fenced, so every id that ever wrote the partition is fenced or is
+//     the recorded one. A row from before writer records (NULL) fences the
+//     per-partition id the forwarders of earlier versions used.
+//   - Checking its own leases after each start. The target's producer
+//     starts (InitProducerId of its own id) before it reads any writer
+//     record, and after each start it takes every partition over again
+//     before it writes for it. A next owner records itself after it took
+//     the lease and fences this id after that: a start of this producer
+//     before that fence is fenced by it, one after it finds the lease
+//     gone.
+//   - Reading the tail. A previous writer may have committed its
 //     transaction and died before the outbox cursor moved past the batch;
 //     the cursor then hands the batch out again. So, after fencing, the
 //     target reads the target partitions back, to the last committed record
 //     of this outbox partition (partitionTailSeq says how it tells), and
-//     skips the messages whose seq is at or below the seq it carries (header outbox_id "topic/partition/seq", of the same
-//     topic incarnation and the same source, header outbox_source).
-//     Reading the tail alone would not do: a zombie could still write
-//     after it.
+//     skips the messages whose seq is at or below the seq it carries (header
+//     outbox_id "topic/partition/seq", of the same topic incarnation and the
+//     same source, header outbox_source). The InitProducerId before it
+//     waits until the fenced transactions have ended, markers written.
 //
 // The target counts on nothing it has not seen. The records of a
 // transaction are all acknowledged before it is ended; a commit counts
@@ -51,13 +73,14 @@ import (
 // EndTransaction(TryCommit) returns nil also when it ended the
 // transaction with an abort: see kafkadriver.Transactional.End), and a
 // transaction without that confirmation is treated as not sent: the
-// producer is dropped, and its successor's tail read says what Kafka
-// holds. A producer is used only by the lease it was fenced under (the
-// delivery's fencing token, consumer.LeaseToken): a partition that
-// changed hands and came back starts over with a new InitProducerId and
-// tail read, since another owner may have written meanwhile. And a
-// producer that saw any error is never used again: the next transaction
-// fences and reads the tail first.
+// producer is dropped and started again, and the tail read of each
+// partition says what Kafka holds. A batch is sent only under the lease
+// (fencing token) it was delivered with: a partition that changed hands
+// and came back is taken over again.
+//
+// When a round of several partitions fails, its transaction is aborted
+// and each of its batches is sent again alone, where the target finds the
+// record to blame (see Target).
 //
 // With equal partition counts (and the default Key), outbox partition p
 // writes only to Kafka partition p, and the tail read is one short read.
@@ -65,7 +88,12 @@ import (
 // partition, and the tail read scans each of them back until it finds a
 // record of the outbox partition, at most TailScanLimit records each.
 
-func (t *Target) transactionalID(o origin.Origin) string {
+// partitionTransactionalID is the transactional id forwarders before the
+// per-instance producer used for outbox partition o:
+// "<prefix>/<schema>/<group>/<topic>/<partition>" ("<prefix>/source=<source>/…"
+// with a source). A takeover of a partition whose writer is unknown fences
+// it; at least once names its producers after it.
+func (t *Target) partitionTransactionalID(o origin.Origin) string {
 	parts := []string{t.cfg.TransactionalIDPrefix}
 	if o.Source != "" {
 		parts = append(parts, "source="+o.Source)
@@ -77,92 +105,352 @@ func (t *Target) transactionalID(o origin.Origin) string {
 	return strings.Join(parts, "/")
 }
 
+// newInstanceID returns a random instance id: 16 hex digits.
+func newInstanceID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// txnProducer is a target's transactional producer and its rounds.
+type txnProducer struct {
+	id string
+
+	mu    sync.Mutex // guards busy and queue
+	busy  bool       // a round is in flight
+	queue []*txnSend // what arrived meanwhile, in order
+
+	client atomic.Pointer[producerClient] // nil: not started (read without a round by Close)
+
+	// Owned by the round in flight.
+	epoch int64 // counts the starts of the producer
+	parts map[partKey]*partState
+	local map[partKey]*localWriter // writer records of batches without a lease's
+}
+
+// partKey names an outbox partition and where it goes.
+type partKey struct {
+	source, schema, group, topic string
+	partition                    int
+	target                       string
+}
+
+// partState is what the producer knows of an outbox partition it took
+// over.
+type partState struct {
+	token       int64
+	incarnation string
+	epoch       int64 // the start of the producer it was taken over for
+	lastSeq     int64 // last outbox seq committed to Kafka
+}
+
+// txnSend is one Send in a round.
+type txnSend struct {
+	ctx   context.Context
+	topic string
+	batch []*message.Message
+	o     origin.Origin
+
+	lead     chan struct{} // closed: this send leads the next round
+	finished chan struct{} // closed when done and err are set
+	done     int
+	err      error
+
+	// Within a round.
+	skip    int
+	records []outRecord
+	bad     error
+}
+
+func (t *Target) key(s *txnSend) partKey {
+	return partKey{s.o.Source, s.o.Schema, s.o.Group, s.o.Topic, s.o.Partition, s.topic}
+}
+
 // sendExactlyOnce is Send with transactions; see the comment above.
 func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver, topic string, batch []*message.Message) (int, error) {
 	o, err := origin.Of(ctx, batch, "kafka")
 	if err != nil {
 		return 0, err
 	}
-	p, err := t.producer(t.transactionalID(o))
-	if err != nil {
-		return 0, err
+	s := &txnSend{ctx: ctx, topic: topic, batch: batch, o: o, lead: make(chan struct{}), finished: make(chan struct{})}
+	tp := t.txn
+	tp.mu.Lock()
+	if !tp.busy {
+		tp.busy = true
+		tp.mu.Unlock()
+		t.lead(driver, s)
+		return s.done, s.err
 	}
-	defer p.mu.Unlock()
-	if !p.ready || p.topic != topic || p.incarnation != o.Incarnation || (o.Token != 0 && p.token != o.Token) {
-		if err := t.initProducer(ctx, driver, p, topic, o); err != nil {
-			if permanentForTopic(err) {
-				return 0, t.reject(batch[0], err)
-			}
-			return 0, err
+	tp.queue = append(tp.queue, s)
+	tp.mu.Unlock()
+	select {
+	case <-s.lead:
+		t.lead(driver, s)
+		return s.done, s.err
+	case <-s.finished:
+		return s.done, s.err
+	case <-ctx.Done():
+	}
+	tp.mu.Lock()
+	if i := slices.Index(tp.queue, s); i >= 0 {
+		tp.queue = slices.Delete(tp.queue, i, i+1)
+		tp.mu.Unlock()
+		return 0, ctx.Err()
+	}
+	tp.mu.Unlock()
+	// Taken into a round, or chosen to lead the next one.
+	select {
+	case <-s.lead:
+		t.lead(driver, s)
+	case <-s.finished:
+	}
+	return s.done, s.err
+}
+
+// lead runs a round of s and of the sends queued, then hands the next
+// round to the first send that queued meanwhile.
+func (t *Target) lead(driver kafkadriver.Driver, s *txnSend) {
+	tp := t.txn
+	if t.cfg.Linger > 0 {
+		linger := time.NewTimer(t.cfg.Linger)
+		select {
+		case <-linger.C:
+		case <-t.stop:
+			linger.Stop()
 		}
 	}
+	tp.mu.Lock()
+	round := append([]*txnSend{s}, tp.queue...)
+	tp.queue = nil
+	tp.mu.Unlock()
+	t.round(driver, round)
+	for _, x := range round[1:] {
+		close(x.finished)
+	}
+	tp.mu.Lock()
+	if len(tp.queue) > 0 {
+		next := tp.queue[0]
+		tp.queue = tp.queue[1:]
+		close(next.lead)
+	} else {
+		tp.busy = false
+	}
+	tp.mu.Unlock()
+}
 
-	// Skip what the partition already committed to Kafka.
-	skip := 0
-	for skip < len(batch) {
-		s, _ := origin.Seq(batch[skip], "kafka") // checked by origin.Of
-		if s > p.lastSeq {
+// roundContext is the context of a round's calls: it ends at the latest
+// deadline of its sends (none if one has none) or when the target closes,
+// not when one send's context does: the other partitions' batches would
+// fail with it.
+func (t *Target) roundContext(round []*txnSend) (context.Context, context.CancelFunc) {
+	ctx := context.WithoutCancel(round[0].ctx)
+	var latest time.Time
+	for _, s := range round {
+		d, ok := s.ctx.Deadline()
+		if !ok {
+			latest = time.Time{}
 			break
 		}
-		skip++
+		if d.After(latest) {
+			latest = d
+		}
 	}
-	if skip > 0 {
+	cancel := context.CancelFunc(func() {})
+	if !latest.IsZero() {
+		ctx, cancel = context.WithDeadline(ctx, latest)
+	}
+	ctx, cancelStop := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-t.stop:
+			cancelStop()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancelStop(); cancel() }
+}
+
+// round sends the batches of round: each one's partition taken over if it
+// needs to be, what Kafka holds already skipped, the rest in one
+// transaction; when that fails, each batch alone.
+func (t *Target) round(driver kafkadriver.Driver, round []*txnSend) {
+	ctx, cancel := t.roundContext(round)
+	defer cancel()
+	var hook func()
+	for _, s := range round {
+		if h := kafkaseam.From(s.ctx).BeforeCommit; h != nil {
+			hook = h
+		}
+	}
+	if len(round) == 1 {
+		t.alone(ctx, driver, round[0], hook)
+		return
+	}
+	var ready []*txnSend
+	for _, s := range round {
+		if s.ctx.Err() != nil {
+			s.err = s.ctx.Err()
+			continue
+		}
+		if err := t.prepare(ctx, driver, s); err != nil {
+			s.err = err
+			if permanentForTopic(err) {
+				s.err = t.reject(s.batch[0], err)
+			}
+			continue
+		}
+		if len(s.records) > 0 {
+			ready = append(ready, s)
+		} else {
+			t.settle(s, 0)
+		}
+	}
+	switch len(ready) {
+	case 0:
+		return
+	case 1:
+		t.alone(ctx, driver, ready[0], hook)
+		return
+	}
+	var records []outRecord
+	for _, s := range ready {
+		records = append(records, s.records...)
+	}
+	if _, err := t.transact(ctx, topicsOf(ready), records, hook); err == nil {
+		for _, s := range ready {
+			t.committed(s, len(s.records))
+			t.settle(s, len(s.records))
+		}
+		return
+	}
+	// The transaction is aborted (or in doubt: the producer starts again
+	// and the tail reads say): each batch alone, which finds a record to
+	// blame.
+	for _, s := range ready {
+		t.alone(ctx, driver, s, hook)
+	}
+}
+
+// topicsOf names the target topics of sends, for errors.
+func topicsOf(sends []*txnSend) string {
+	var ts []string
+	for _, s := range sends {
+		if !slices.Contains(ts, s.topic) {
+			ts = append(ts, s.topic)
+		}
+	}
+	return strings.Join(ts, ",")
+}
+
+// prepare makes s's partition ready (taken over under its lease, for the
+// producer's current start), skips what Kafka holds and builds the rest's
+// records.
+func (t *Target) prepare(ctx context.Context, driver kafkadriver.Driver, s *txnSend) error {
+	if err := t.ready(ctx, driver, s); err != nil {
+		return err
+	}
+	s.skip = t.skipCommitted(s, s.batch, 0)
+	s.records, s.bad = t.build(ctx, s.topic, s.batch[s.skip:])
+	return nil
+}
+
+// skipCommitted returns from, moved past the messages of batch[from:] that
+// the partition already committed to Kafka.
+func (t *Target) skipCommitted(s *txnSend, batch []*message.Message, from int) int {
+	st := t.txn.parts[t.key(s)]
+	n := from
+	for n < len(batch) {
+		seq, _ := origin.Seq(batch[n], "kafka") // checked by origin.Of
+		if seq > st.lastSeq {
+			break
+		}
+		n++
+	}
+	if n > from {
 		t.logger.Info("Skipping messages Kafka already holds (a previous owner committed them and stopped before the outbox cursor moved)", watermill.LogFields{
-			"transactional_id": p.id, "from": batch[0].Metadata.Get(outbox.MetadataID), "skipped": skip,
+			"transactional_id": t.txn.id, "from": batch[from].Metadata.Get(outbox.MetadataID), "skipped": n - from,
 		})
 	}
-	rest := batch[skip:]
-	if len(rest) == 0 {
-		return len(batch), nil
+	return n
+}
+
+// committed notes that the first n records of s are committed.
+func (t *Target) committed(s *txnSend, n int) {
+	if n == 0 {
+		return
 	}
-	records, bad := t.build(ctx, topic, rest)
-	// Each try is one transaction: aborted, nothing of it is visible. When
-	// the broker refuses a record batch of several records for their size
-	// or one invalid record, the next transactions hold fewer records until
-	// the record to blame is first in line and alone: it is rejected on its
-	// first attempt and the records before it are delivered, within this
-	// Send.
+	seq, _ := origin.Seq(s.batch[s.skip+s.records[n-1].index], "kafka")
+	t.txn.parts[t.key(s)].lastSeq = seq
+}
+
+// settle sets s's result once all its records are committed: the whole
+// batch, or up to the message that cannot be sent, rejected.
+func (t *Target) settle(s *txnSend, n int) {
+	s.done = s.skip + n
+	if s.bad != nil {
+		s.err = t.reject(s.batch[s.skip+n], s.bad)
+		return
+	}
+	s.done = len(s.batch)
+}
+
+// alone sends s in transactions of its own. When the broker refuses a
+// record batch of several records for their size or one invalid record,
+// the next transactions hold fewer records until the record to blame is
+// first in line and alone: it is rejected on its first attempt and the
+// records before it are delivered, within this Send.
+func (t *Target) alone(ctx context.Context, driver kafkadriver.Driver, s *txnSend, hook func()) {
+	s.done, s.err = t.sendAlone(ctx, driver, s, hook)
+}
+
+func (t *Target) sendAlone(ctx context.Context, driver kafkadriver.Driver, s *txnSend, hook func()) (int, error) {
+	if err := t.prepare(ctx, driver, s); err != nil {
+		if permanentForTopic(err) {
+			return 0, t.reject(s.batch[0], err)
+		}
+		return 0, err
+	}
+	rest := s.batch[s.skip:]
+	if len(rest) == 0 {
+		return len(s.batch), nil
+	}
+	records := s.records
 	sent, limit := 0, len(records)
 	for sent < len(records) {
-		if !p.ready {
-			if err := t.initProducer(ctx, driver, p, topic, o); err != nil {
-				return skip + sent, err
+		if !t.isReady(s) {
+			if err := t.ready(ctx, driver, s); err != nil {
+				return s.skip + sent, err
 			}
 			// What the failed transaction left may have been committed
 			// after all (a commit whose answer was lost): the tail says.
-			for sent < len(records) {
-				s, _ := origin.Seq(rest[sent], "kafka")
-				if s > p.lastSeq {
-					break
-				}
-				sent++
-			}
+			sent = t.skipCommitted(s, rest, sent)
 			if sent == len(records) {
 				break
 			}
 		}
 		end := min(len(records), sent+limit)
 		try := records[sent:end]
-		f, err := t.transact(ctx, p, topic, try)
+		f, err := t.transact(ctx, s.topic, try, hook)
 		if err == nil {
-			p.lastSeq, _ = origin.Seq(rest[end-1], "kafka")
+			seq, _ := origin.Seq(rest[end-1], "kafka")
+			t.txn.parts[t.key(s)].lastSeq = seq
 			sent = end
 			continue
 		}
 		switch {
-		case f < 0 || ctx.Err() != nil:
-			return skip + sent, err
+		case f < 0 || ctx.Err() != nil || s.ctx.Err() != nil:
+			return s.skip + sent, err
 		case permanentForTopic(err) && f == 0:
-			return skip + sent, t.reject(rest[sent], err)
+			return s.skip + sent, t.reject(rest[sent], err)
 		case permanentForTopic(err):
 			limit = f // deliver the records before it, then it alone
 		case !refusedForItsRecords(err):
-			return skip + sent, err
+			return s.skip + sent, err
 		case partitionMates(try, f) == 1 && f == 0:
 			if refusedForSize(err) && !t.compressed() {
-				t.noteRefused(topic, try[0].size+recordBatchOverhead)
+				t.noteRefused(s.topic, try[0].size+recordBatchOverhead)
 			}
-			return skip + sent, t.reject(rest[sent], err)
+			return s.skip + sent, t.reject(rest[sent], err)
 		case partitionMates(try, f) == 1:
 			limit = f
 		default:
@@ -173,100 +461,234 @@ func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver,
 			limit = f + max(1, mates/2)
 		}
 	}
-	if bad != nil {
-		return skip + len(records), t.reject(rest[len(records)], bad)
+	if s.bad != nil {
+		return s.skip + len(records), t.reject(rest[len(records)], s.bad)
 	}
-	return len(batch), nil
+	return len(s.batch), nil
 }
 
-// initProducer opens p's client, fences every earlier producer of its
-// transactional id and reads what the outbox partition already committed
-// to topic.
-func (t *Target) initProducer(ctx context.Context, driver kafkadriver.Driver, p *producer, topic string, o origin.Origin) error {
-	t.drop(p)
+// errLeaseSuperseded: a batch of an older lease than one the target took
+// the partition over with.
+var errLeaseSuperseded = errors.New("kafka: the batch was delivered under an older lease of its partition than one the target already sends for: it is not sent")
+
+// isReady reports whether s's partition is taken over under s's lease for
+// the producer's current start.
+func (t *Target) isReady(s *txnSend) bool {
+	st := t.txn.parts[t.key(s)]
+	return t.txn.client.Load() != nil && st != nil && st.token == s.o.Token && st.incarnation == s.o.Incarnation && st.epoch == t.txn.epoch
+}
+
+// ready makes s's partition ready: the producer started, the partition
+// taken over.
+func (t *Target) ready(ctx context.Context, driver kafkadriver.Driver, s *txnSend) error {
+	if t.isReady(s) {
+		return nil
+	}
+	tp := t.txn
+	k := t.key(s)
+	if st := tp.parts[k]; st != nil && s.o.Token != 0 && s.o.Token < st.token {
+		return errLeaseSuperseded
+	}
+	if tp.client.Load() == nil {
+		if err := t.start(ctx, driver); err != nil {
+			return err
+		}
+	}
+	if err := t.takeOver(ctx, driver, s, k); err != nil {
+		if permanentForTopic(err) {
+			return err
+		}
+		return fmt.Errorf("kafka: take outbox partition %s/%d over for %s: %w", s.o.Topic, s.o.Partition, s.topic, err)
+	}
+	return nil
+}
+
+// start starts the producer: InitProducerId of its id, which fences its
+// earlier starts and ends what they left open. Every partition is taken
+// over again after it.
+func (t *Target) start(ctx context.Context, driver kafkadriver.Driver) error {
+	tp := t.txn
 	t.mu.Lock()
 	closed := t.closed
 	t.mu.Unlock()
 	if closed {
 		return outbox.ErrClosed
 	}
-	txn, err := driver.Transactional(p.id)
+	txn, err := driver.Transactional(tp.id)
 	if err != nil {
 		return err
 	}
-	// InitProducerId: from here on, the broker refuses the earlier owners.
 	if err := txn.Init(ctx); err != nil {
 		txn.Close()
-		return fmt.Errorf("kafka: init the transactional producer %s: %w", p.id, err)
+		return fmt.Errorf("kafka: init the transactional producer %s: %w", tp.id, err)
 	}
-	last, err := t.tailSeq(ctx, driver, topic, o)
-	if kafkaseam.From(ctx).NoTailRead {
-		last, err = 0, nil
-	}
-	if err != nil {
-		txn.Close()
-		return fmt.Errorf("kafka: read what outbox partition %s/%d already wrote to %s: %w", o.Topic, o.Partition, topic, err)
-	}
-	p.client.Store(&producerClient{txn: txn})
-	p.topic, p.incarnation, p.token, p.lastSeq, p.ready = topic, o.Incarnation, o.Token, last, true
-	t.logger.Debug("Transactional producer ready", watermill.LogFields{"transactional_id": p.id, "last_seq": last})
+	tp.epoch++
+	tp.client.Store(&producerClient{txn: txn})
+	t.logger.Debug("Transactional producer started", watermill.LogFields{"transactional_id": tp.id, "start": tp.epoch})
 	return nil
+}
+
+// takeOver takes s's partition over for the producer's current start:
+// reads its writer record under s's lease (which checks the lease), fences
+// that writer if it is another, records this producer as the writer, and
+// reads what the partition already committed to the target topic.
+func (t *Target) takeOver(ctx context.Context, driver kafkadriver.Driver, s *txnSend, k partKey) error {
+	tp := t.txn
+	rec := s.o.Writer
+	if rec == nil {
+		rec = tp.localRecord(k)
+	}
+	writer, known, err := rec.Writer(ctx)
+	if err != nil {
+		return err
+	}
+	prev := tp.parts[k]
+	switch {
+	case !known:
+		if err := t.fence(ctx, driver, t.partitionTransactionalID(s.o)); err != nil {
+			return err
+		}
+	case writer != "" && writer != tp.id:
+		if err := t.fence(ctx, driver, writer); err != nil {
+			return err
+		}
+	}
+	if !known || writer != tp.id {
+		if err := rec.SetWriter(ctx, tp.id); err != nil {
+			return err
+		}
+	}
+	var last int64
+	if known && writer == tp.id && prev != nil && prev.epoch == tp.epoch {
+		// This producer wrote the partition last, in this start, and knows
+		// what it committed: its transactions of this start all ended
+		// confirmed (one in doubt starts the producer again).
+		last = prev.lastSeq
+	} else if !kafkaseam.From(s.ctx).NoTailRead {
+		if last, err = t.tailSeq(ctx, driver, s.topic, s.o); err != nil {
+			return fmt.Errorf("read what it already wrote: %w", err)
+		}
+	}
+	tp.parts[k] = &partState{token: s.o.Token, incarnation: s.o.Incarnation, epoch: tp.epoch, lastSeq: last}
+	t.logger.Debug("Outbox partition taken over", watermill.LogFields{
+		"transactional_id": tp.id, "topic": s.o.Topic, "partition": s.o.Partition, "fenced": writer, "last_seq": last,
+	})
+	return nil
+}
+
+// fence fences transactional id id: an InitProducerId of it bumps its
+// epoch; the broker aborts what it left open (and waits for what it was
+// ending) and refuses its writes from then on.
+func (t *Target) fence(ctx context.Context, driver kafkadriver.Driver, id string) error {
+	txn, err := driver.Transactional(id)
+	if err != nil {
+		return err
+	}
+	defer txn.Close()
+	if err := txn.Init(ctx); err != nil {
+		return fmt.Errorf("fence the transactional id %s: %w", id, err)
+	}
+	return nil
+}
+
+// localWriter is the writer record of a partition whose batches come
+// without one (a target used without the outbox Subscriber): it lives as
+// long as the target.
+type localWriter struct {
+	writer string
+	known  bool
+}
+
+func (w *localWriter) Writer(context.Context) (string, bool, error) { return w.writer, w.known, nil }
+
+func (w *localWriter) SetWriter(_ context.Context, writer string) error {
+	w.writer, w.known = writer, true
+	return nil
+}
+
+var _ consumer.WriterRecord = (*localWriter)(nil)
+
+func (tp *txnProducer) localRecord(k partKey) *localWriter {
+	if tp.local == nil {
+		tp.local = map[partKey]*localWriter{}
+	}
+	w := tp.local[k]
+	if w == nil {
+		w = &localWriter{}
+		tp.local[k] = w
+	}
+	return w
 }
 
 // errCommitUnconfirmed: the client ended a transaction it was asked to
 // commit without confirming a commit.
-var errCommitUnconfirmed = errors.New("the Kafka client ended the transaction without confirming that the broker committed it (it may have aborted it); the next producer of the partition reads back what Kafka holds, and the rest is sent again")
+var errCommitUnconfirmed = errors.New("the Kafka client ended the transaction without confirming that the broker committed it (it may have aborted it); the producer starts again, each partition's tail read says what Kafka holds, and the rest is sent again")
 
 // transact writes records in one Kafka transaction and commits it. On an
 // error it returns the position in records of the first record that
 // failed (-1: the error is not a record's). After any error the producer
-// is dropped: the next transaction fences and reads the tail again. A
-// transaction that failed before its commit is aborted first, so that
-// read_committed consumers are not held up until its timeout.
-func (t *Target) transact(ctx context.Context, p *producer, topic string, records []outRecord) (int, error) {
-	cl := p.client.Load()
+// is dropped: it starts again, and every partition is taken over again,
+// before the next transaction. A transaction that failed before its
+// commit is aborted first, so that read_committed consumers are not held
+// up until its timeout.
+func (t *Target) transact(ctx context.Context, topic string, records []outRecord, hook func()) (int, error) {
+	tp := t.txn
+	cl := tp.client.Load()
 	if cl == nil || cl.txn == nil {
 		return -1, outbox.ErrClosed
 	}
 	txn := cl.txn
 	if err := txn.Begin(); err != nil {
-		t.drop(p)
-		return -1, fmt.Errorf("kafka: begin a transaction (%s): %w", p.id, err)
+		t.dropTxn()
+		return -1, fmt.Errorf("kafka: begin a transaction (%s): %w", tp.id, err)
 	}
 	errs, finished := txn.Produce(ctx, kgoRecords(records))
 	if !finished {
-		t.drop(p) // records in flight: this client's transaction is lost
+		t.dropTxn() // records in flight: this client's transaction is lost
 		return -1, fmt.Errorf("kafka: %s: %w", topic, errs[firstFailed(errs)])
 	}
 	if f := firstFailed(errs); f >= 0 {
-		t.abort(ctx, p, txn)
-		t.drop(p)
+		t.abort(ctx, txn)
+		t.dropTxn()
 		return f, fmt.Errorf("kafka: %s: %w", topic, errs[f])
 	}
-	if hook := kafkaseam.From(ctx).BeforeCommit; hook != nil {
+	if hook != nil {
 		hook()
 	}
 	committed, err := txn.End(ctx, true)
 	if err != nil {
-		t.drop(p)
-		return -1, fmt.Errorf("kafka: commit the transaction (%s): %w", p.id, err)
+		t.dropTxn()
+		return -1, fmt.Errorf("kafka: commit the transaction (%s): %w", tp.id, err)
 	}
 	if !committed {
-		t.drop(p)
-		t.logger.Info("A Kafka transaction's commit is not confirmed: reading back what Kafka holds before sending again", watermill.LogFields{"transactional_id": p.id})
-		return -1, fmt.Errorf("kafka: commit the transaction (%s): %w", p.id, errCommitUnconfirmed)
+		t.dropTxn()
+		t.logger.Info("A Kafka transaction's commit is not confirmed: reading back what Kafka holds before sending again", watermill.LogFields{"transactional_id": tp.id})
+		return -1, fmt.Errorf("kafka: commit the transaction (%s): %w", tp.id, errCommitUnconfirmed)
 	}
 	return -1, nil
+}
+
+// dropTxn forgets the producer's client after a failure that leaves it in
+// doubt (closed in the background: closing waits for nothing the send
+// needs); the next transaction starts the producer again.
+func (t *Target) dropTxn() {
+	if cl := t.txn.client.Swap(nil); cl != nil {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			cl.close()
+		}()
+	}
 }
 
 // abort ends a failed transaction at once, so that read_committed
 // consumers are not held up until its timeout. When that fails, the next
 // InitProducerId aborts the transaction anyway.
-func (t *Target) abort(ctx context.Context, p *producer, txn kafkadriver.Transactional) {
+func (t *Target) abort(ctx context.Context, txn kafkadriver.Transactional) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if _, err := txn.End(ctx, false); err != nil {
-		t.logger.Debug("Could not abort the transaction (the next InitProducerId aborts it)", watermill.LogFields{"transactional_id": p.id, "err": err.Error()})
+		t.logger.Debug("Could not abort the transaction (the next InitProducerId aborts it)", watermill.LogFields{"transactional_id": t.txn.id, "err": err.Error()})
 	}
 }
 

@@ -72,7 +72,8 @@ type Target struct {
 	mu        sync.Mutex
 	closed    bool
 	driver    kafkadriver.Driver   // made on the first use: topics, the tail read, producers
-	producers map[string]*producer // by transactional id (or at-least-once id)
+	producers map[string]*producer // at least once, by id
+	txn       *txnProducer         // exactly once
 	refused   map[string]refusedSize
 	stop      chan struct{} // closed by Close: ends the idle sweep
 	wg        sync.WaitGroup
@@ -85,12 +86,12 @@ func NewTarget(cfg Config, logger watermill.LoggerAdapter) (*Target, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return newTarget(cfg, logger, nil), nil
+	return newTarget(cfg, logger, nil, newInstanceID()), nil
 }
 
 // newTarget makes a Target of a valid cfg on the drivers newDriver makes
 // (nil: kgo's, with cfg's client options).
-func newTarget(cfg Config, logger watermill.LoggerAdapter, newDriver kafkadriver.Factory) *Target {
+func newTarget(cfg Config, logger watermill.LoggerAdapter, newDriver kafkadriver.Factory, instance string) *Target {
 	defaultKey := cfg.Key == nil
 	cfg.setDefaults()
 	if logger == nil {
@@ -107,6 +108,7 @@ func newTarget(cfg Config, logger watermill.LoggerAdapter, newDriver kafkadriver
 		defaultKey: defaultKey,
 		newDriver:  newDriver,
 		producers:  map[string]*producer{},
+		txn:        &txnProducer{id: cfg.TransactionalIDPrefix + "/" + instance, parts: map[partKey]*partState{}},
 		refused:    map[string]refusedSize{},
 		stop:       make(chan struct{}),
 	}
@@ -180,6 +182,9 @@ func (t *Target) Close() error {
 		if cl := p.client.Swap(nil); cl != nil {
 			cl.close()
 		}
+	}
+	if cl := t.txn.client.Swap(nil); cl != nil {
+		cl.close()
 	}
 	if driver != nil {
 		driver.Close()

@@ -313,6 +313,9 @@ func (w *Worker) buildMessage(ctx context.Context, e Entry, attempt int) (*messa
 		msg.Metadata.Set(MetadataPartitionKey, e.Key)
 	}
 	d := &delivery{token: w.lease.Token()}
+	if rec, ok := w.lease.(WriterRecord); ok {
+		d.writer = rec
+	}
 	ctx, d.span = observe.StartProcess(ctx, msg, w.spanName, w.spanAttrs, e.Seq, msg.Metadata.Get(MetadataID), attempt)
 	msg.SetContext(context.WithValue(ctx, deliveryKey{}, d))
 	return msg, d

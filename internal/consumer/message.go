@@ -92,7 +92,8 @@ type deliveryKey struct{}
 type delivery struct {
 	span *observe.Span // the delivery's trace span, nil without tracing
 
-	token int64 // the lease's fencing token
+	token  int64        // the lease's fencing token
+	writer WriterRecord // the lease's record of the partition's writer (nil: none)
 
 	mu       sync.Mutex
 	rejected bool
@@ -142,6 +143,42 @@ func LeaseToken(msg *message.Message) (token int64, ok bool) {
 		return 0, false
 	}
 	return d.token, true
+}
+
+// WriterRecord is a partition's record of who last wrote it into a
+// forwarder's target, read and set under the partition's lease
+// (lease.Lease implements it): an exactly-once target with one
+// transactional id per instance reads it at a takeover, fences that
+// writer, and records itself (forwarder/kafka, exactly_once.go). Both
+// fail with an error matching lease.ErrLeaseLost once the lease is no
+// longer the one the message was delivered under.
+type WriterRecord interface {
+	// Writer returns the last writer ("" nobody yet; known false: the
+	// record predates writer records).
+	Writer(ctx context.Context) (writer string, known bool, err error)
+	// SetWriter records writer.
+	SetWriter(ctx context.Context, writer string) error
+}
+
+// Writer returns the writer record of the lease msg was delivered under
+// (ok false: none: msg was not delivered by a Worker, or its lease keeps
+// no record).
+func Writer(msg *message.Message) (rec WriterRecord, ok bool) {
+	if msg == nil {
+		return nil, false
+	}
+	d := deliveryFrom(msg.Context())
+	if d == nil || d.writer == nil {
+		return nil, false
+	}
+	return d.writer, true
+}
+
+// Delivered returns ctx marked as the context of a message delivered under
+// a lease with token and writer record rec, as a Worker marks the messages
+// it delivers: for a target's tests that send messages of their own.
+func Delivered(ctx context.Context, token int64, rec WriterRecord) context.Context {
+	return context.WithValue(ctx, deliveryKey{}, &delivery{token: token, writer: rec})
 }
 
 // IsDelivered reports whether msg was delivered by a Subscriber (so Reject

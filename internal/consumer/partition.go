@@ -138,6 +138,9 @@ func (w *Worker) Run() {
 	w.Stop()
 }
 
+// Partition is the partition the worker delivers.
+func (w *Worker) Partition() int { return w.part }
+
 // Step runs one turn of the worker in the caller's goroutine, the turn Run
 // repeats (for a caller that drives delivery itself: outboxtest's
 // synchronous runner). Proceed: more is waiting; Idle: nothing to do (or a

@@ -98,6 +98,18 @@ type StepResult struct {
 // joins the turns' errors other than a lost lease (that partition is
 // dropped at the next Step).
 func (s *Subscription) Step(ctx context.Context, turn func(w *Worker) (worker.Directive, error)) (StepResult, error) {
+	return s.step(ctx, turn, false)
+}
+
+// StepConcurrently is Step with the turns run at once, each on a goroutine
+// of its own, as the Workers of Run run: their calls into the target
+// overlap (the deterministic simulator steps instances this way). The
+// turns' outcomes are taken in partition order once all have returned.
+func (s *Subscription) StepConcurrently(ctx context.Context, turn func(w *Worker) (worker.Directive, error)) (StepResult, error) {
+	return s.step(ctx, turn, true)
+}
+
+func (s *Subscription) step(ctx context.Context, turn func(w *Worker) (worker.Directive, error), concurrently bool) (StepResult, error) {
 	var res StepResult
 	acquired, err := s.manager.Step(ctx)
 	if err != nil {
@@ -126,13 +138,41 @@ func (s *Subscription) Step(ctx context.Context, turn func(w *Worker) (worker.Di
 		}
 	}
 	var errs []error
-	for _, p := range parts {
+	type outcome struct {
+		ran bool
+		dir worker.Directive
+		err error
+	}
+	outcomes := make([]outcome, len(parts))
+	done := make(chan struct{}, len(parts))
+	started := 0
+	for i, p := range parts {
 		st := s.stepped[p]
 		if wait := time.Until(st.retryAt); wait > 0 {
 			retryIn(wait) // still backing off: no turn
 			continue
 		}
-		dir, err := turn(st.worker)
+		if !concurrently {
+			dir, err := turn(st.worker)
+			outcomes[i] = outcome{true, dir, err}
+			continue
+		}
+		started++
+		go func() {
+			dir, err := turn(st.worker)
+			outcomes[i] = outcome{true, dir, err}
+			done <- struct{}{}
+		}()
+	}
+	for range started {
+		<-done
+	}
+	for i, p := range parts {
+		st := s.stepped[p]
+		if !outcomes[i].ran {
+			continue
+		}
+		dir, err := outcomes[i].dir, outcomes[i].err
 		if err != nil {
 			if !errors.Is(err, lease.ErrLeaseLost) {
 				errs = append(errs, fmt.Errorf("partition %d: %w", p, err))

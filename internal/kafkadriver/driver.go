@@ -124,4 +124,6 @@ type Target interface {
 // newDriver makes. Package forwarder/kafka sets it as it initialises; the
 // simulator (internal/sim), which imports that package, calls it. It is
 // not part of the product's API.
-var NewTarget func(cfg any, logger watermill.LoggerAdapter, newDriver Factory) (Target, error)
+// instance names the target's exactly-once producer (its transactional
+// id is "<prefix>/<instance>"; "": a random one).
+var NewTarget func(cfg any, logger watermill.LoggerAdapter, newDriver Factory, instance string) (Target, error)

@@ -32,6 +32,9 @@ type Origin struct {
 	// under (consumer.LeaseToken; 0 when unknown): it changes each time
 	// the partition changes hands.
 	Token int64
+	// Writer is the record of who last wrote the partition into the
+	// target, under that lease (consumer.Writer; nil when unknown).
+	Writer consumer.WriterRecord
 }
 
 type key struct{}
@@ -57,6 +60,7 @@ func Of(ctx context.Context, batch []*message.Message, what string) (Origin, err
 	}
 	o.Partition = p
 	o.Token, _ = consumer.LeaseToken(first)
+	o.Writer, _ = consumer.Writer(first)
 	for _, m := range batch {
 		if m.Metadata.Get(outbox.MetadataTopic) != o.Topic || m.Metadata.Get(outbox.MetadataPartition) != first.Metadata.Get(outbox.MetadataPartition) {
 			return Origin{}, fmt.Errorf("%w: %s: a batch mixes outbox partitions (%s and %s/%s): exactly-once delivery sends one outbox partition per batch",
