@@ -87,6 +87,7 @@ func (w *world) check() {
 	// 2. Kafka's committed records: each outbox message at most once, in
 	// seq order per outbox partition within each Kafka partition.
 	copies := map[string][]kafkaCopy{}
+	txnParts := map[*txn]map[int]bool{}
 	for kp, part := range w.k.topics[topic] {
 		last := map[int]int64{}
 		for _, r := range part.committedRecords(0, int64(len(part.records))) {
@@ -111,8 +112,19 @@ func (w *world) check() {
 				w.fail("kafka partition %d offset %d: outbox partition %d seq %d after seq %d (order per key broken, or a duplicate)", kp, r.offset, p, seq, last[p])
 			}
 			last[p] = seq
+			if r.txn != nil {
+				if txnParts[r.txn] == nil {
+					txnParts[r.txn] = map[int]bool{}
+				}
+				txnParts[r.txn][p] = true
+			}
 			copies[id] = append(copies[id], kafkaCopy{kafkaPartition: int32(kp), offset: r.offset, partition: p, seq: seq, key: string(r.key)})
 			res.InKafka++
+		}
+	}
+	for _, ps := range txnParts {
+		if len(ps) > 1 {
+			res.Combined++
 		}
 	}
 	// 3. Dead letters.

@@ -37,10 +37,10 @@ var errNotSimulated = errors.New("sim: not simulated")
 // run parks the process at statement op (ready: when it can go on, nil:
 // at once) and then applies it, unless the scheduler failed it first; a
 // statement whose answer is lost took effect and fails.
-func (c *conn) run(op string, ready func() bool, apply func() error) error {
+func (c *conn) run(role, op string, ready func() bool, apply func() error) error {
 	o := answered
 	if c.p != nil {
-		o = c.p.enter("db", op, ready)
+		o = c.p.enter(role, op, ready)
 	}
 	if !o.applies() {
 		return errConnection
@@ -83,8 +83,8 @@ func (c *conn) key(g lease.Group, p int) cursorKey {
 
 // lease.Store
 
-func (c *conn) CreateCursors(_ context.Context, g lease.Group, partitions int, fromNewest bool) error {
-	return c.run("db.create_cursors", nil, func() error {
+func (c *conn) CreateCursors(ctx context.Context, g lease.Group, partitions int, fromNewest bool) error {
+	return c.run(roleOf(ctx, "db"), "db.create_cursors", nil, func() error {
 		for p := range partitions {
 			k := c.key(g, p)
 			if c.d.cursors[k] != nil {
@@ -101,8 +101,8 @@ func (c *conn) CreateCursors(_ context.Context, g lease.Group, partitions int, f
 	})
 }
 
-func (c *conn) ExpireMembers(_ context.Context, g lease.Group, deadFor time.Duration) error {
-	return c.run("db.expire_members", nil, func() error {
+func (c *conn) ExpireMembers(ctx context.Context, g lease.Group, deadFor time.Duration) error {
+	return c.run(roleOf(ctx, "db"), "db.expire_members", nil, func() error {
 		now := c.d.now()
 		for k, m := range c.d.members {
 			if k.group == g.Name && k.topic == g.Topic && m.heartbeat.Add(m.ttl).Before(now.Add(-deadFor)) {
@@ -114,9 +114,9 @@ func (c *conn) ExpireMembers(_ context.Context, g lease.Group, deadFor time.Dura
 	})
 }
 
-func (c *conn) Balance(_ context.Context, g lease.Group, member string, ttl time.Duration, partitions int) (lease.Balance, error) {
+func (c *conn) Balance(ctx context.Context, g lease.Group, member string, ttl time.Duration, partitions int) (lease.Balance, error) {
 	var b lease.Balance
-	err := c.run("db.balance", nil, func() error {
+	err := c.run(roleOf(ctx, "db"), "db.balance", nil, func() error {
 		now := c.d.now()
 		c.d.members[memberKey{g.Name, g.Topic, member}] = &memberRow{heartbeat: now, ttl: ttl}
 		for _, id := range c.d.sortedMembers(g.Name, g.Topic) {
@@ -143,9 +143,9 @@ func (c *conn) Balance(_ context.Context, g lease.Group, member string, ttl time
 // lifespan returns when a lease taken or renewed now for ttl expires.
 func (c *conn) lifespan(ttl time.Duration) time.Time { return c.d.now().Add(ttl) }
 
-func (c *conn) Acquire(_ context.Context, g lease.Group, member string, partitions int, exclude []int32, ttl time.Duration, n int) ([]lease.Acquired, error) {
+func (c *conn) Acquire(ctx context.Context, g lease.Group, member string, partitions int, exclude []int32, ttl time.Duration, n int) ([]lease.Acquired, error) {
 	var got []lease.Acquired
-	err := c.run(c.detail("db.acquire", "%d, not %v", n, sortedInt32(exclude)), nil, func() error {
+	err := c.run(roleOf(ctx, "db"), c.detail("db.acquire", "%d, not %v", n, sortedInt32(exclude)), nil, func() error {
 		now := c.d.now()
 		type cand struct {
 			k    cursorKey
@@ -224,9 +224,9 @@ func (c *conn) Acquire(_ context.Context, g lease.Group, member string, partitio
 	return got, nil
 }
 
-func (c *conn) Renew(_ context.Context, g lease.Group, member string, parts []int32, tokens []int64, ttl time.Duration) (map[int32]bool, error) {
+func (c *conn) Renew(ctx context.Context, g lease.Group, member string, parts []int32, tokens []int64, ttl time.Duration) (map[int32]bool, error) {
 	out := map[int32]bool{}
-	err := c.run("db.renew", nil, func() error {
+	err := c.run(roleOf(ctx, "db"), "db.renew", nil, func() error {
 		now := c.d.now()
 		for i, p := range parts {
 			k := c.key(g, int(p))
@@ -252,9 +252,9 @@ func (c *conn) Renew(_ context.Context, g lease.Group, member string, parts []in
 	return out, nil
 }
 
-func (c *conn) Release(_ context.Context, g lease.Group, member string, parts []int32, tokens []int64) ([]int32, error) {
+func (c *conn) Release(ctx context.Context, g lease.Group, member string, parts []int32, tokens []int64) ([]int32, error) {
 	var out []int32
-	err := c.run("db.release", nil, func() error {
+	err := c.run(roleOf(ctx, "db"), "db.release", nil, func() error {
 		for i, p := range parts {
 			k := c.key(g, int(p))
 			r := c.d.cursors[k]
@@ -272,9 +272,9 @@ func (c *conn) Release(_ context.Context, g lease.Group, member string, parts []
 	return out, err
 }
 
-func (c *conn) StillHeld(_ context.Context, g lease.Group, member string, parts []int32, tokens []int64) ([]int32, error) {
+func (c *conn) StillHeld(ctx context.Context, g lease.Group, member string, parts []int32, tokens []int64) ([]int32, error) {
 	var out []int32
-	err := c.run("db.still_held", nil, func() error {
+	err := c.run(roleOf(ctx, "db"), "db.still_held", nil, func() error {
 		now := c.d.now()
 		for i, p := range parts {
 			r := c.d.cursors[c.key(g, int(p))]
@@ -287,8 +287,8 @@ func (c *conn) StillHeld(_ context.Context, g lease.Group, member string, parts 
 	return out, err
 }
 
-func (c *conn) Leave(_ context.Context, g lease.Group, member string) error {
-	return c.run("db.leave", nil, func() error {
+func (c *conn) Leave(ctx context.Context, g lease.Group, member string) error {
+	return c.run(roleOf(ctx, "db"), "db.leave", nil, func() error {
 		delete(c.d.members, memberKey{g.Name, g.Topic, member})
 		c.d.flush()
 		return nil
@@ -300,14 +300,14 @@ func (c *conn) holds(r *cursorRow, f lease.Fence) bool {
 	return r != nil && r.owner == f.Member && r.token == f.Token && !r.expires.IsZero() && r.expires.After(c.d.now())
 }
 
-func (c *conn) Advance(_ context.Context, tx pgx.Tx, relaxed bool, f lease.Fence, seq int64) (bool, error) {
+func (c *conn) Advance(ctx context.Context, tx pgx.Tx, relaxed bool, f lease.Fence, seq int64) (bool, error) {
 	t, err := c.tx(tx)
 	if err != nil {
 		return false, err
 	}
 	k := c.key(f.Group, f.Partition)
 	ok := false
-	err = c.in(t, c.detail("db.advance", "p%d to %d (token %d, tx %v, relaxed %v)", f.Partition, seq, f.Token, t != nil, relaxed), c.free(t.dbTx(), k), func() error {
+	err = c.in(ctx, t, c.detail("db.advance", "p%d to %d (token %d, tx %v, relaxed %v)", f.Partition, seq, f.Token, t != nil, relaxed), c.free(t.dbTx(), k), func() error {
 		r := c.d.cursor(t.dbTx(), k)
 		if !c.holds(r, f) || r.seq >= seq {
 			return nil
@@ -331,9 +331,9 @@ func (c *conn) Advance(_ context.Context, tx pgx.Tx, relaxed bool, f lease.Fence
 	return ok, err
 }
 
-func (c *conn) Writer(_ context.Context, f lease.Fence) (writer string, known, held bool, err error) {
+func (c *conn) Writer(ctx context.Context, f lease.Fence) (writer string, known, held bool, err error) {
 	k := c.key(f.Group, f.Partition)
-	err = c.run(c.detail("db.writer", "p%d (token %d)", f.Partition, f.Token), nil, func() error {
+	err = c.run(roleOf(ctx, "db"), c.detail("db.writer", "p%d (token %d)", f.Partition, f.Token), nil, func() error {
 		r := c.d.cursors[k]
 		if !c.holds(r, f) {
 			return nil
@@ -347,10 +347,10 @@ func (c *conn) Writer(_ context.Context, f lease.Fence) (writer string, known, h
 	return writer, known, held, nil
 }
 
-func (c *conn) SetWriter(_ context.Context, f lease.Fence, writer string) (bool, error) {
+func (c *conn) SetWriter(ctx context.Context, f lease.Fence, writer string) (bool, error) {
 	k := c.key(f.Group, f.Partition)
 	ok := false
-	err := c.run(c.detail("db.set_writer", "p%d %s (token %d)", f.Partition, writer, f.Token), c.free(nil, k), func() error {
+	err := c.run(roleOf(ctx, "db"), c.detail("db.set_writer", "p%d %s (token %d)", f.Partition, writer, f.Token), c.free(nil, k), func() error {
 		if !c.holds(c.d.cursors[k], f) {
 			return nil
 		}
@@ -361,14 +361,14 @@ func (c *conn) SetWriter(_ context.Context, f lease.Fence, writer string) (bool,
 	return ok, err
 }
 
-func (c *conn) Retry(_ context.Context, tx pgx.Tx, f lease.Fence, text string, retryIn time.Duration) (bool, error) {
+func (c *conn) Retry(ctx context.Context, tx pgx.Tx, f lease.Fence, text string, retryIn time.Duration) (bool, error) {
 	t, err := c.tx(tx)
 	if err != nil {
 		return false, err
 	}
 	k := c.key(f.Group, f.Partition)
 	ok := false
-	err = c.in(t, c.detail("db.retry", "p%d (token %d) in %v: %s", f.Partition, f.Token, retryIn, text), c.free(t.dbTx(), k), func() error {
+	err = c.in(ctx, t, c.detail("db.retry", "p%d (token %d) in %v: %s", f.Partition, f.Token, retryIn, text), c.free(t.dbTx(), k), func() error {
 		if !c.holds(c.d.cursor(t.dbTx(), k), f) {
 			return nil
 		}
@@ -384,9 +384,9 @@ func (c *conn) Retry(_ context.Context, tx pgx.Tx, f lease.Fence, text string, r
 	return ok, err
 }
 
-func (c *conn) UndoDelivery(_ context.Context, f lease.Fence, cursor int64) error {
+func (c *conn) UndoDelivery(ctx context.Context, f lease.Fence, cursor int64) error {
 	k := c.key(f.Group, f.Partition)
-	return c.run("db.undo_delivery", c.free(nil, k), func() error {
+	return c.run(roleOf(ctx, "db"), "db.undo_delivery", c.free(nil, k), func() error {
 		r := c.d.cursors[k]
 		if !c.holds(r, f) || r.seq != cursor || r.inflightTo <= r.seq {
 			return nil
@@ -399,14 +399,14 @@ func (c *conn) UndoDelivery(_ context.Context, f lease.Fence, cursor int64) erro
 	})
 }
 
-func (c *conn) Inspect(_ context.Context, tx pgx.Tx, g lease.Group, p int) (lease.Inspection, bool, error) {
+func (c *conn) Inspect(ctx context.Context, tx pgx.Tx, g lease.Group, p int) (lease.Inspection, bool, error) {
 	t, err := c.tx(tx)
 	if err != nil {
 		return lease.Inspection{}, false, err
 	}
 	var in lease.Inspection
 	found := false
-	err = c.in(t, "db.inspect", nil, func() error {
+	err = c.in(ctx, t, "db.inspect", nil, func() error {
 		r := c.d.cursor(t.dbTx(), c.key(g, p))
 		if r == nil {
 			return nil
@@ -420,7 +420,7 @@ func (c *conn) Inspect(_ context.Context, tx pgx.Tx, g lease.Group, p int) (leas
 
 // consumer.Store
 
-func (c *conn) Read(_ context.Context, topic string, partition int, cursor int64, limit int, fence consumer.Lease, wholeBatch, solo bool) ([]consumer.Entry, *int32, error) {
+func (c *conn) Read(ctx context.Context, topic string, partition int, cursor int64, limit int, fence consumer.Lease, wholeBatch, solo bool) ([]consumer.Entry, *int32, error) {
 	k := cursorKey{c.group, topic, partition}
 	var ready func() bool
 	if fence != nil {
@@ -428,7 +428,7 @@ func (c *conn) Read(_ context.Context, topic string, partition int, cursor int64
 	}
 	var out []consumer.Entry
 	var counted *int32
-	err := c.run(c.detail("db.read", "p%d after %d limit %d", partition, cursor, limit), ready, func() error {
+	err := c.run(roleOf(ctx, "db"), c.detail("db.read", "p%d after %d limit %d", partition, cursor, limit), ready, func() error {
 		rows := c.d.log[tp{topic, partition}]
 		for i := cursor; i < int64(len(rows)) && len(out) < limit; i++ {
 			if i < 0 {
@@ -476,18 +476,19 @@ func (c *conn) ReadSeqs(context.Context, string, int, []int64) ([]consumer.Entry
 	return nil, errNotSimulated
 }
 
-func (c *conn) Begin(context.Context) (pgx.Tx, error) {
-	t, err := c.begin()
+func (c *conn) Begin(ctx context.Context) (pgx.Tx, error) {
+	t, err := c.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-func (c *conn) begin() (*simTx, error) {
+func (c *conn) begin(ctx context.Context) (*simTx, error) {
 	var t *simTx
-	err := c.run("db.begin", nil, func() error {
-		t = &simTx{c: c, tx: c.d.begin()}
+	role := roleOf(ctx, "db")
+	err := c.run(role, "db.begin", nil, func() error {
+		t = &simTx{c: c, tx: c.d.begin(), role: role}
 		c.txs[t] = true
 		return nil
 	})
@@ -499,7 +500,7 @@ func (c *conn) begin() (*simTx, error) {
 }
 
 func (c *conn) InTx(ctx context.Context, _ bool, fn func(pgx.Tx) error) error {
-	t, err := c.begin()
+	t, err := c.begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -512,9 +513,9 @@ func (c *conn) InTx(ctx context.Context, _ bool, fn func(pgx.Tx) error) error {
 
 func (c *conn) Savepoint(context.Context, pgx.Tx, consumer.SavepointOp) error { return errNotSimulated }
 
-func (c *conn) SaveAdaptive(_ context.Context, topic string, partition int, token int64, state string, _ int) error {
+func (c *conn) SaveAdaptive(ctx context.Context, topic string, partition int, token int64, state string, _ int) error {
 	k := cursorKey{c.group, topic, partition}
-	return c.run("db.save_adaptive", c.free(nil, k), func() error {
+	return c.run(roleOf(ctx, "db"), "db.save_adaptive", c.free(nil, k), func() error {
 		if r := c.d.cursors[k]; r != nil && r.token == token {
 			c.d.write(nil, k, false, func(r *cursorRow) { r.adaptive = state })
 		}
@@ -522,10 +523,10 @@ func (c *conn) SaveAdaptive(_ context.Context, topic string, partition int, toke
 	})
 }
 
-func (c *conn) MarkInFlight(_ context.Context, topic string, l consumer.Lease, seq int64) (bool, error) {
+func (c *conn) MarkInFlight(ctx context.Context, topic string, l consumer.Lease, seq int64) (bool, error) {
 	k := cursorKey{c.group, topic, l.Partition()}
 	ok := false
-	err := c.run("db.mark_in_flight", c.free(nil, k), func() error {
+	err := c.run(roleOf(ctx, "db"), "db.mark_in_flight", c.free(nil, k), func() error {
 		r := c.d.cursors[k]
 		f := lease.Fence{Group: lease.Group{Name: c.group, Topic: topic}, Partition: l.Partition(), Member: l.Owner(), Token: l.Token()}
 		if !c.holds(r, f) || r.seq >= seq {
@@ -562,14 +563,14 @@ func (c *conn) HeldShowFull(context.Context, string, consumer.Lease, bool) error
 }
 
 // in runs a statement in t (nil: a statement of its own).
-func (c *conn) in(t *simTx, op string, ready func() bool, apply func() error) error {
+func (c *conn) in(ctx context.Context, t *simTx, op string, ready func() bool, apply func() error) error {
 	if t == nil {
-		return c.run(op, ready, apply)
+		return c.run(roleOf(ctx, "db"), op, ready, apply)
 	}
 	if t.tx.done {
 		return errors.New("sim: statement in an ended transaction")
 	}
-	return c.run(op, ready, func() error {
+	return c.run(t.role, op, ready, func() error {
 		if t.tx.crashes != c.d.crashes {
 			return errConnection
 		}
@@ -593,8 +594,9 @@ func (c *conn) tx(tx pgx.Tx) (*simTx, error) {
 // runs the statements of lease.Store and the RejectHandler in it, nothing
 // else.
 type simTx struct {
-	c  *conn
-	tx *dbTx
+	c    *conn
+	tx   *dbTx
+	role string // of the goroutine that began it
 }
 
 var _ pgx.Tx = (*simTx)(nil)
@@ -609,7 +611,7 @@ func (t *simTx) dbTx() *dbTx {
 // deadLetter stores m as rejected in the transaction (the sim's
 // RejectHandler).
 func (t *simTx) deadLetter(m deadLetter) error {
-	return t.c.in(t, "db.dead_letter", nil, func() error {
+	return t.c.in(context.Background(), t, "db.dead_letter", nil, func() error {
 		t.tx.dead = append(t.tx.dead, m)
 		return nil
 	})
@@ -617,7 +619,7 @@ func (t *simTx) deadLetter(m deadLetter) error {
 
 func (t *simTx) Commit(context.Context) error {
 	defer delete(t.c.txs, t)
-	err := t.c.run("db.commit", nil, func() error { return t.tx.commit() })
+	err := t.c.run(t.role, "db.commit", nil, func() error { return t.tx.commit() })
 	// A commit that did not take effect ends the transaction too: its
 	// connection broke, and the server rolled it back.
 	t.tx.rollback()

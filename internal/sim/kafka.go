@@ -227,10 +227,10 @@ var errBrokerDown = errors.New("sim: kafka: unable to dial: connection refused")
 
 // request parks the process at a Kafka request op; it returns the
 // scheduler's outcome, and an error when the request does not take effect.
-func (d *kafkaDriver) request(op string) (outcome, error) {
+func (d *kafkaDriver) request(ctx context.Context, op string) (outcome, error) {
 	o := answered
 	if d.p != nil {
-		o = d.p.enter("kafka", op, nil)
+		o = d.p.enter(roleOf(ctx, "kafka"), op, nil)
 	}
 	if !o.applies() {
 		return o, fmt.Errorf("%s: %w", op, errConnection)
@@ -261,8 +261,8 @@ func (d *kafkaDriver) CreateTopic(context.Context, string, int) error {
 	return fmt.Errorf("sim: topics are made by the world: %w", kerr.TopicAuthorizationFailed)
 }
 
-func (d *kafkaDriver) Offsets(_ context.Context, topic string) (map[int32]kafkadriver.PartitionOffsets, error) {
-	o, err := d.request("kafka.list_offsets")
+func (d *kafkaDriver) Offsets(ctx context.Context, topic string) (map[int32]kafkadriver.PartitionOffsets, error) {
+	o, err := d.request(ctx, "kafka.list_offsets")
 	if err != nil {
 		return nil, err
 	}
@@ -280,8 +280,8 @@ func (d *kafkaDriver) Offsets(_ context.Context, topic string) (map[int32]kafkad
 	return out, nil
 }
 
-func (d *kafkaDriver) ReadLog(_ context.Context, topic string, partition int32, from, end int64) ([]kafkadriver.LogRecord, error) {
-	o, err := d.request(d.detail("kafka.fetch", "%s/%d [%d, %d)", topic, partition, from, end))
+func (d *kafkaDriver) ReadLog(ctx context.Context, topic string, partition int32, from, end int64) ([]kafkadriver.LogRecord, error) {
+	o, err := d.request(ctx, d.detail("kafka.fetch", "%s/%d [%d, %d)", topic, partition, from, end))
 	if err != nil {
 		return nil, err
 	}
@@ -326,8 +326,8 @@ type kafkaProducer struct {
 	closed          bool
 }
 
-func (p *kafkaProducer) Init(context.Context) error {
-	o, err := p.d.request("kafka.init_producer_id")
+func (p *kafkaProducer) Init(ctx context.Context) error {
+	o, err := p.d.request(ctx, "kafka.init_producer_id")
 	if err != nil {
 		return err
 	}
@@ -361,7 +361,7 @@ func recordSize(r *kgo.Record) int {
 	return n
 }
 
-func (p *kafkaProducer) Produce(_ context.Context, records []*kgo.Record) ([]error, bool) {
+func (p *kafkaProducer) Produce(ctx context.Context, records []*kgo.Record) ([]error, bool) {
 	errs := make([]error, len(records))
 	if !p.inTxn {
 		for i := range errs {
@@ -370,7 +370,7 @@ func (p *kafkaProducer) Produce(_ context.Context, records []*kgo.Record) ([]err
 		return errs, true
 	}
 	p.produced = true
-	o, err := p.d.request(p.d.detail("kafka.produce", "%s: %d records from %s", p.id, len(records), idOf(records[0])))
+	o, err := p.d.request(ctx, p.d.detail("kafka.produce", "%s: %d records from %s", p.id, len(records), idOf(records[0])))
 	if err != nil {
 		for i := range errs {
 			errs[i] = err
@@ -458,7 +458,7 @@ func (p *kafkaProducer) Produce(_ context.Context, records []*kgo.Record) ([]err
 	return errs, true
 }
 
-func (p *kafkaProducer) End(_ context.Context, commit bool) (bool, error) {
+func (p *kafkaProducer) End(ctx context.Context, commit bool) (bool, error) {
 	if !p.inTxn {
 		return false, nil
 	}
@@ -473,7 +473,7 @@ func (p *kafkaProducer) End(_ context.Context, commit bool) (bool, error) {
 		// nil.
 		commit = false
 	}
-	o, err := p.d.request(p.d.detail("kafka.end_txn", "%s commit %v", p.id, commit))
+	o, err := p.d.request(ctx, p.d.detail("kafka.end_txn", "%s commit %v", p.id, commit))
 	if err != nil {
 		p.epoch = -1
 		return false, err

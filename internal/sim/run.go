@@ -19,7 +19,10 @@ type Result struct {
 	Converted int // commits the client ended as aborts
 	Crashes   int
 	Outages   int
-	Elapsed   time.Duration // simulated
+	// Combined counts the committed Kafka transactions that held records
+	// of several outbox partitions (a round of the target's producer).
+	Combined int
+	Elapsed  time.Duration // simulated
 	// Failures are the invariants broken; empty when the schedule passed.
 	Failures []string
 	// Trace is the schedule's trace (with Options.Trace).
@@ -91,7 +94,11 @@ func (w *world) chaos() {
 		w.removeLeft()
 		switch x := s.rng.Float64(); {
 		case x < 0.08 && w.publishedCount() < w.sh.messages:
-			w.publish()
+			// Sometimes a burst: the partitions then have batches at
+			// once, and the target's rounds carry several.
+			for n := 1 + w.s.intn(w.sh.burst); n > 0 && w.publishedCount() < w.sh.messages; n-- {
+				w.publish()
+			}
 		case x < 0.19:
 			w.advance(s.between(10*time.Millisecond, w.sh.ttl))
 		case x < 0.22:
@@ -231,6 +238,22 @@ func (w *world) freezeSomething() {
 		return
 	}
 	in := w.instances[w.s.intn(len(w.instances))]
+	if w.s.chance(0.5) {
+		// Most often, one in the middle of a Kafka request: a zombie's
+		// send, the case fencing is for.
+		var sending []*instance
+		for _, x := range w.instances {
+			for _, c := range w.s.calls(x.proc) {
+				if strings.HasPrefix(c.role, "kafka") {
+					sending = append(sending, x)
+					break
+				}
+			}
+		}
+		if len(sending) > 0 {
+			in = sending[w.s.intn(len(sending))]
+		}
+	}
 	in.proc.frozenUntil = w.now().Add(d)
 	w.s.trace("%s frozen for %v", in.name, d)
 }

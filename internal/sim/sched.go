@@ -306,3 +306,25 @@ func (s *Sim) detail(op, format string, args ...any) string {
 	}
 	return op + " " + fmt.Sprintf(format, args...)
 }
+
+type roleKey struct{}
+
+// withRole returns ctx naming the role of the goroutine that calls with
+// it: a process's goroutines that run at once (its Workers' turns) park
+// under roles of their own, so that the scheduler orders their calls the
+// same way each run.
+func withRole(ctx context.Context, role string) context.Context {
+	return context.WithValue(ctx, roleKey{}, role)
+}
+
+// roleOf returns the role ctx names, as a suffix of kind ("db/p3"), or
+// kind alone.
+func roleOf(ctx context.Context, kind string) string {
+	if ctx == nil {
+		return kind
+	}
+	if r, ok := ctx.Value(roleKey{}).(string); ok {
+		return kind + "/" + r
+	}
+	return kind
+}

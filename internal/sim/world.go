@@ -50,7 +50,9 @@ type shape struct {
 	ttl                         time.Duration
 	syncCursor                  bool
 	chaosActions                int
-	foreign                     bool // another producer writes to the Kafka topic
+	burst                       int           // transactions published at once, at most
+	linger                      time.Duration // the targets' Linger
+	foreign                     bool          // another producer writes to the Kafka topic
 
 	// fault rates
 	callFault, kill, freeze, join, leave float64
@@ -68,6 +70,17 @@ func drawShape(s *Sim) shape {
 		ttl:          time.Duration(1+s.intn(4)) * time.Second,
 		syncCursor:   s.chance(0.3),
 		chaosActions: 200 + s.intn(400),
+		burst:        1 + s.intn(6),
+	}
+	if s.chance(0.5) {
+		sh.linger = time.Duration(1+s.intn(50)) * time.Millisecond
+	}
+	if s.chance(0.3) {
+		// Busy: more partitions with batches at once, which the targets'
+		// rounds send in one transaction.
+		sh.partitions = 4 + s.intn(5)
+		sh.messages = 60 + s.intn(100)
+		sh.burst = 4 + s.intn(8)
 	}
 	sh.kafkaPartitions = sh.partitions
 	sh.foreign = s.chance(0.3)
@@ -235,7 +248,8 @@ func (w *world) addInstance() *instance {
 		Brokers:               []string{"sim:9092"},
 		TransactionalIDPrefix: "sim",
 		TransactionTimeout:    txnTimeout,
-	}, logger, func(watermill.LoggerAdapter) (kafkadriver.Driver, error) { return drv, nil })
+		Linger:                w.sh.linger,
+	}, logger, func(watermill.LoggerAdapter) (kafkadriver.Driver, error) { return drv, nil }, in.name)
 	if err != nil {
 		panic(err)
 	}
@@ -275,14 +289,25 @@ func (w *world) addInstance() *instance {
 }
 
 // step is one step of a forwarder: its lease manager's round and a turn
-// of each partition it holds (Subscription.Step).
+// of each partition it holds, the turns at once as the product's Workers
+// run (Subscription.StepConcurrently): their batches meet in the target's
+// rounds.
 func (in *instance) step(ctx context.Context) {
 	if in.leaving {
 		in.sub.Close(ctx)
 		in.left = true
 		return
 	}
-	_, _ = in.sub.Step(ctx, func(wk *consumer.Worker) (worker.Directive, error) { return wk.Step(ctx) })
+	_, _ = in.sub.StepConcurrently(ctx, func(wk *consumer.Worker) (worker.Directive, error) {
+		role := "p" + strconv.Itoa(wk.Partition())
+		// Each turn starts when the scheduler says, one at a time: turns
+		// that started together would race for the process's delivery
+		// gate, and a replay would not be exact.
+		if in.proc.enter("turn/"+role, "turn "+role, nil).kills() {
+			return worker.Idle(), errConnection
+		}
+		return wk.Step(withRole(ctx, role))
+	})
 }
 
 // removeLeft removes the instances that stopped gracefully.
