@@ -1,8 +1,10 @@
 -- cursors: one row per (consumer group, topic, partition): how far the group
 -- has got (seq, the last message finished), who holds the partition's lease
 -- (lease_owner, lease_token, lease_expires_at), the head message's attempts
--- and deliveries, its backoff and last error, pause state and the adaptive
--- batching state. Every statement that moves a cursor or a lease is here.
+-- and deliveries, its backoff and last error, pause state, the adaptive
+-- batching state and the partition's writer into a forwarder's target
+-- (0015_cursor_writer.sql). Every statement that moves a cursor or a lease
+-- is here.
 --
 -- Durations travel as microseconds: $n::int8 * interval '1 microsecond'.
 -- Fenced writes compare with clock_timestamp(), not now(): they may run late
@@ -137,6 +139,23 @@ SELECT partition FROM {{schema}}.cursors
 WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
 	AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
 	AND lease_expires_at > now();
+
+-- name: CursorsWriter
+-- The partition's writer into a forwarder's target (NULL: from before
+-- writer records), when the lease is still member $4's with token $5,
+-- unexpired: no row otherwise. $1 group, $2 topic, $3 partition. A plain
+-- read: it waits for no lock.
+SELECT writer FROM {{schema}}.cursors
+WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
+	AND lease_expires_at > clock_timestamp();
+
+-- name: CursorsSetWriter
+-- Records $6 as the partition's writer, fenced like CursorsAdvance: $1
+-- group, $2 topic, $3 partition, $4 me, $5 token. A synchronous statement
+-- of its own: a record lost in a crash would leave a writer unfenced.
+UPDATE {{schema}}.cursors SET writer = $6
+WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND lease_token = $5
+	AND lease_expires_at > clock_timestamp();
 
 -- name: CursorsAdvance
 -- Moves the cursor to seq $6, the last message finished, fenced by the

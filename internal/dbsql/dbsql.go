@@ -88,6 +88,8 @@ type Queries struct {
 	CursorsRenew              string
 	CursorsRelease            string
 	CursorsStillHeld          string
+	CursorsWriter             string
+	CursorsSetWriter          string
 	CursorsAdvance            string
 	CursorsAdvanceRelaxed     string
 	CursorsRetry              string

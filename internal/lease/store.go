@@ -226,6 +226,25 @@ func (s *pgStore) partitions(ctx context.Context, stmt string, g Group, member s
 	return out, rows.Err()
 }
 
+func (s *pgStore) Writer(ctx context.Context, f Fence) (writer string, known, held bool, err error) {
+	var w *string
+	err = pgexec.QueryRow(ctx, s.pool, s.q.CursorsWriter, []any{f.Name, f.Topic, f.Partition, f.Member, f.Token}, &w)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", false, false, nil
+	case err != nil:
+		return "", false, false, err
+	case w == nil:
+		return "", false, true, nil
+	}
+	return *w, true, true, nil
+}
+
+func (s *pgStore) SetWriter(ctx context.Context, f Fence, writer string) (bool, error) {
+	n, err := s.pool.Exec(ctx, s.q.CursorsSetWriter, f.Name, f.Topic, f.Partition, f.Member, f.Token, writer)
+	return n == 1, err
+}
+
 func (s *pgStore) Leave(ctx context.Context, g Group, member string) error {
 	_, err := s.pool.Exec(ctx, s.q.MembersLeave, g.Name, g.Topic, member)
 	return err
