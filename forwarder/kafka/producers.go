@@ -11,10 +11,11 @@ import (
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 )
 
-// A Target sends each outbox partition's batches through a producer (a
-// kgo client) of that partition's own, in both delivery modes (exactly_once.go and
-// at_least_once.go say why). The clients are made on a partition's first
-// Send and closed after Config.ProducerIdleTimeout without one.
+// At least once, a Target sends each outbox partition's batches through a
+// producer (a kgo client) of that partition's own (at_least_once.go says
+// why). The clients are made on a partition's first Send and closed after
+// Config.ProducerIdleTimeout without one. (Exactly once, one transactional
+// producer sends for every partition: exactly_once.go.)
 
 // producer is the kgo client of one outbox partition: transactional
 // exactly once, idempotent and flushed by hand at least once. Sends of one
@@ -133,14 +134,19 @@ func (t *Target) sweepIdle() {
 	}
 }
 
-// OpenProducers is the number of partition producers (kgo clients, one
-// per outbox partition sent for within Config.ProducerIdleTimeout, in
-// either delivery mode) the target holds open.
+// OpenProducers is the number of producers (kgo clients) the target holds
+// open: exactly once, its one transactional producer once it started; at
+// least once, one per outbox partition sent for within
+// Config.ProducerIdleTimeout.
 func (t *Target) OpenProducers() int {
-	if t == nil {
+	if t == nil || t.txn == nil {
 		return 0
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.producers)
+	n := len(t.producers)
+	if t.txn.client.Load() != nil {
+		n++
+	}
+	return n
 }

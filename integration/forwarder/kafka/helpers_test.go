@@ -1,6 +1,10 @@
 package kafka_test
 
 import (
+	"context"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/millrace/watermill-outbox/internal/consumer"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,4 +89,34 @@ func positions(records []kafkaRecord) []int {
 		out[i] = r.i
 	}
 	return out
+}
+
+// writerRecord is a partition's writer record shared by the targets of a
+// test, as the cursor row is shared by a group's forwarders
+// (consumer.WriterRecord).
+type writerRecord struct {
+	mu     sync.Mutex
+	writer string
+}
+
+func (r *writerRecord) Writer(context.Context) (string, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.writer, true, nil
+}
+
+func (r *writerRecord) SetWriter(_ context.Context, writer string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writer = writer
+	return nil
+}
+
+// underLease marks batch as delivered under the lease with token and the
+// partition's writer record rec, as a Worker marks its deliveries.
+func underLease(batch []*message.Message, token int64, rec consumer.WriterRecord) []*message.Message {
+	for _, m := range batch {
+		m.SetContext(consumer.Delivered(m.Context(), token, rec))
+	}
+	return batch
 }

@@ -19,32 +19,48 @@ import (
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 )
 
-// What one instance holds open to forward 64 outbox partitions exactly
-// once (a kgo client per partition, as kgo needs one per transactional
-// id), and that it lets go of them: measured after steady forwarding of
-// 64 partitions, and again once the partitions were idle for
-// ProducerIdleTimeout. The bounds asserted are those docs/forwarder.md
-// states:
+// What one instance holds open to forward many outbox partitions exactly
+// once: one transactional producer (one kgo client) for all of them, so
+// connections and goroutines stay flat in the number of partitions.
+// Measured after steady forwarding of 64 and of 256 partitions; the bounds
+// asserted are those docs/forwarder.md states:
 //
-//   - connections to the brokers: at most 3 per open partition producer
-//     (kgo's connections for metadata and the transaction coordinator, and
-//     for produce requests, per broker it talks to) plus the shared
-//     client's: up to 6 per broker, a seed connection and one for each of
-//     kgo's request kinds (normal, produce, fetch, group, slow), which it
-//     opens as requests need them (a fixed 3 made this test fail once in
-//     CI at 196 of 195);
-//   - kgo goroutines: at most 6 per open producer plus the shared
-//     client's;
-//   - heap: at most 1 MiB per open producer (the growth of the heap
-//     while forwarding, kfake's stored records included when in process);
-//   - after the idle timeout every partition producer is closed: the
-//     shared client's connections and goroutines are all that is left.
-func TestSixtyFourPartitionsOnOneInstance(t *testing.T) {
+//   - one producer open;
+//   - connections to the brokers: at most 3 per broker for the producer
+//     (metadata, the transaction coordinator, produce requests) plus the
+//     shared client's, up to 6 per broker (a seed connection and one for
+//     each of kgo's request kinds, opened as requests need them);
+//   - kgo goroutines: at most 40, whatever the partitions;
+//   - and 256 partitions hold no more connections, and at most 10 more kgo
+//     goroutines, than 64.
+func TestManyPartitionsOnOneInstance(t *testing.T) {
 	if _, err := os.Stat("/proc/self/net/tcp"); err != nil {
 		t.Skip("counts sockets through /proc (Linux)")
 	}
-	const partitions = 64
-	const idle = 4 * time.Second
+	at := map[int]snapshot{}
+	for _, partitions := range []int{64, 256} {
+		t.Run(strconv.Itoa(partitions), func(t *testing.T) {
+			at[partitions] = forwardPartitions(t, partitions)
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	small, big := at[64], at[256]
+	t.Logf("64 partitions: %v", small)
+	t.Logf("256 partitions: %v", big)
+	if big.conns > small.conns {
+		t.Errorf("256 partitions hold %d connections to the brokers, 64 held %d: not flat", big.conns, small.conns)
+	}
+	if big.kgoGoroutines > small.kgoGoroutines+10 {
+		t.Errorf("256 partitions run %d kgo goroutines, 64 ran %d: not flat", big.kgoGoroutines, small.kgoGoroutines)
+	}
+}
+
+// forwardPartitions forwards a topic of partitions outbox partitions
+// exactly once on one instance and returns what forwarding holds open
+// beyond what was open before (connections, kgo goroutines, heap growth).
+func forwardPartitions(t *testing.T, partitions int) snapshot {
 	e := fwdtest.NewEnv(t)
 	e.Register("orders", partitions)
 	c := kafkatest.New(t)
@@ -52,7 +68,7 @@ func TestSixtyFourPartitionsOnOneInstance(t *testing.T) {
 	brokers := len(c.Brokers)
 
 	before := measure(t, c.Brokers)
-	target := newTargetWith(t, kafka.Config{Brokers: c.Brokers, ProducerIdleTimeout: idle})
+	target := newTargetWith(t, kafka.Config{Brokers: c.Brokers})
 	fwd := fwdtest.StartForwarder(t, e, nil, target, []string{"orders"}, func(cfg *forwarder.Config) {
 		cfg.TargetTopic = func(string) string { return topic }
 	})
@@ -62,63 +78,41 @@ func TestSixtyFourPartitionsOnOneInstance(t *testing.T) {
 	go func() {
 		defer close(publishing)
 		for {
-			pub.Round("orders", 512, nil) // every partition gets messages
+			pub.Round("orders", 2*partitions, nil) // every partition gets messages
 			select {
 			case <-stop:
 				return
-			case <-time.After(100 * time.Millisecond): // about 5,000 msg/s
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
 	}()
-	time.Sleep(3 * time.Second)
+	outboxtest.WaitFor(t, "forwarding under way", 2*time.Minute, func() bool { return fwd.Stats().Messages >= int64(4*partitions) })
 	loaded := measure(t, c.Brokers)
 	loadedOpen := target.OpenProducers()
 	close(stop)
 	<-publishing
 	outboxtest.WaitFor(t, "every message forwarded", 2*time.Minute, func() bool { return fwd.Stats().Messages == int64(pub.Count()) })
 	elapsed := time.Since(start)
-	steady := measure(t, c.Brokers)
-	open := target.OpenProducers()
 	t.Logf("%d messages over %d partitions in %v (%.0f msg/s), %+v", pub.Count(), partitions, elapsed.Round(time.Millisecond), float64(pub.Count())/elapsed.Seconds(), fwd.Stats())
 	t.Logf("before:     %v", before)
-	t.Logf("forwarding: %v, %d partition producers open", loaded, loadedOpen)
-	t.Logf("drained:    %v, %d partition producers open", steady, open)
-	if open != partitions {
-		t.Fatalf("%d partition producers open, want %d (one per outbox partition)", open, partitions)
+	t.Logf("forwarding: %v, %d producers open", loaded, loadedOpen)
+	if loadedOpen != 1 {
+		t.Errorf("%d producers open while forwarding, want 1", loadedOpen)
 	}
-	for _, m := range []struct {
-		what string
-		s    snapshot
-	}{{"forwarding", loaded}, {"drained", steady}} {
-		conns, kgoG := m.s.conns-before.conns, m.s.kgoGoroutines-before.kgoGoroutines
-		t.Logf("%s, per partition producer: %.1f connections, %.1f kgo goroutines, %.0f KiB heap (kfake's stored records included when in process)",
-			m.what, float64(conns)/partitions, float64(kgoG)/partitions, float64(int64(m.s.heap)-int64(before.heap))/partitions/1024)
-		if max := 3*brokers*partitions + sharedClientConns*brokers; conns > max {
-			t.Errorf("%s: %d connections to the brokers, want at most %d (3 per producer and broker, and the shared client's)", m.what, conns, max)
-		}
-		if max := 6*partitions + 20; kgoG > max {
-			t.Errorf("%s: %d kgo goroutines, want at most %d", m.what, kgoG, max)
-		}
-		if heap := int64(m.s.heap) - int64(before.heap); heap > partitions<<20 {
-			t.Errorf("%s: the heap grew by %d KiB, want at most 1 MiB per partition producer", m.what, heap/1024)
-		}
+	grown := snapshot{
+		conns:         loaded.conns - before.conns,
+		goroutines:    loaded.goroutines - before.goroutines,
+		kgoGoroutines: loaded.kgoGoroutines - before.kgoGoroutines,
+		kfake:         loaded.kfake - before.kfake,
+		heap:          uint64(max(0, int64(loaded.heap)-int64(before.heap))),
 	}
-
-	// Quiet: after the idle timeout the partition producers are closed.
-	outboxtest.WaitFor(t, "the idle partition producers closed", time.Minute, func() bool { return target.OpenProducers() == 0 })
-	var quiet snapshot
-	outboxtest.WaitFor(t, "their connections and goroutines gone", 30*time.Second, func() bool {
-		quiet = measure(t, c.Brokers)
-		return quiet.conns-before.conns <= sharedClientConns*brokers && quiet.kgoGoroutines-before.kgoGoroutines <= 20
-	})
-	t.Logf("idle:    %v", quiet)
-	freed := int64(steady.heap) - int64(quiet.heap)
-	t.Logf("closing the 64 producers freed %d connections, %d goroutines (%d in kgo), %d KiB heap (%d KiB each)",
-		steady.conns-quiet.conns, (steady.goroutines-steady.kfake)-(quiet.goroutines-quiet.kfake), steady.kgoGoroutines-quiet.kgoGoroutines, freed/1024, freed/partitions/1024)
-
-	if quiet.kgoGoroutines-before.kgoGoroutines > 20 {
-		t.Errorf("%d kgo goroutines left with every partition producer closed", quiet.kgoGoroutines)
+	if max := 3*brokers + sharedClientConns*brokers; grown.conns > max {
+		t.Errorf("%d connections to the brokers, want at most %d (3 per broker for the producer, and the shared client's)", grown.conns, max)
 	}
+	if grown.kgoGoroutines > 40 {
+		t.Errorf("%d kgo goroutines, want at most 40", grown.kgoGoroutines)
+	}
+	return grown
 }
 
 // sharedClientConns is the most connections per broker the forwarder's
