@@ -242,6 +242,16 @@ func dbScenario(t *testing.T, d dbSide) []string {
 		check("still held", err)
 		say("%s releases %v: freed %v, still held %v", member, parts, freed, still)
 	}
+	writer := func(member string, p int32) {
+		w, known, isHeld, err := d.leases.Writer(ctx, fence(member, p))
+		check("writer", err)
+		say("%s reads p%d's writer: %q known %v held %v", member, p, w, known, isHeld)
+	}
+	setWriter := func(member string, p int32, w string) {
+		ok, err := d.leases.SetWriter(ctx, fence(member, p), w)
+		check("set writer", err)
+		say("%s records p%d's writer %q: %v", member, p, w, ok)
+	}
 	inspect := func(p int) {
 		in, found, err := d.leases.Inspect(ctx, nil, g, p)
 		check("inspect", err)
@@ -259,6 +269,17 @@ func dbScenario(t *testing.T, d dbSide) []string {
 	acquire("member-b", 3)
 	acquire("member-c", 3)
 	rows("acquired")
+
+	// The writer record: read and set under the lease only.
+	for p := range int32(pinParts) {
+		for _, m := range []string{"member-a", "member-b", "member-c"} {
+			writer(m, p)
+			setWriter(m, p, "txn/"+m)
+		}
+		for _, m := range []string{"member-a", "member-b", "member-c"} {
+			writer(m, p)
+		}
+	}
 
 	// Reads counting a delivery of the head; moves of the cursor; a seq
 	// not ahead changes nothing.
@@ -287,8 +308,15 @@ func dbScenario(t *testing.T, d dbSide) []string {
 		d.expire(int(p))
 	}
 	rows("holders dead")
+	for p := range int32(pinParts) {
+		writer("member-a", p)
+		setWriter("member-b", p, "txn/zombie")
+	}
 	acquire("member-c", 3)
 	rows("taken over")
+	for p := range int32(pinParts) {
+		writer("member-c", p) // the dead holder's record
+	}
 
 	// A failed attempt with its backoff, kept across a takeover; an undo
 	// of a delivery never handed out.
