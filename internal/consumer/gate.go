@@ -34,13 +34,15 @@ var processGate = NewGate()
 // ("alone") waits for the readers at most a given time and keeps new
 // readers out while it waits.
 type Gate struct {
-	mu        sync.Mutex
-	shares    int           // shares held
-	abandoned int           // handlers abandoned that have not returned
-	alone     bool          // held alone
-	waiting   int           // callers waiting to hold it alone
-	sleepers  int           // callers waiting on changed
-	changed   chan struct{} // closed and replaced on a change while sleepers wait
+	mu         sync.Mutex
+	shares     int           // shares held
+	abandoned  int           // handlers abandoned that have not returned
+	alone      bool          // held alone
+	waiting    int           // callers waiting to hold it alone
+	queue      []uint64      // their tickets, in the order they came
+	nextTicket uint64        // the last ticket given
+	sleepers   int           // callers waiting on changed
+	changed    chan struct{} // closed and replaced on a change while sleepers wait
 }
 
 // NewGate returns a delivery gate of its own (Config.Gate).
@@ -81,7 +83,13 @@ func (g *Gate) holdAlone(ctx context.Context, wait time.Duration) (release func(
 	defer deadline.Stop()
 	g.mu.Lock()
 	g.waiting++
-	for g.alone || g.shares > 0 {
+	// Callers wait to hold it alone in turn, the first first: woken
+	// together by a change, they would otherwise race for it, and which of
+	// them got it would depend on the Go scheduler.
+	g.nextTicket++
+	ticket := g.nextTicket
+	g.queue = append(g.queue, ticket)
+	for g.alone || g.shares > 0 || g.queue[0] != ticket {
 		ch := g.changed
 		g.sleepers++
 		g.mu.Unlock()
@@ -98,15 +106,28 @@ func (g *Gate) holdAlone(ctx context.Context, wait time.Duration) (release func(
 		g.mu.Lock()
 		g.sleepers--
 		g.waiting--
+		g.leaveQueue(ticket)
 		g.wake()
 		g.mu.Unlock()
 		return nil, false, false, err
 	}
 	g.waiting--
+	g.leaveQueue(ticket)
 	g.alone = true
 	evidence = g.abandoned == 0
 	g.mu.Unlock()
 	return g.releaser(func() { g.alone = false }), true, evidence, nil
+}
+
+// leaveQueue takes ticket out of the queue of callers waiting to hold the
+// gate alone; g.mu is held.
+func (g *Gate) leaveQueue(ticket uint64) {
+	for i, t := range g.queue {
+		if t == ticket {
+			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			return
+		}
+	}
 }
 
 // abandon turns a hold (alone or a share) into an abandoned handler, which

@@ -139,3 +139,41 @@ func TestGateWaitEndsWithTheContext(t *testing.T) {
 		}
 	})
 }
+
+// Deliveries waiting to be alone get the gate in the order they came, the
+// first first, whatever order the Go scheduler wakes them in: several
+// suspects woken by one change no longer race for it (a race the
+// deterministic simulator's replays caught).
+func TestGateAloneWaitersAreServedInTheOrderTheyCame(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := NewGate()
+		ctx := context.Background()
+		release, err := g.share(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const waiters = 8
+		order := make(chan int, waiters)
+		releases := make(chan func(), waiters)
+		for i := range waiters {
+			go func() {
+				r, ok, _, err := g.holdAlone(ctx, time.Hour)
+				if err != nil || !ok {
+					t.Errorf("waiter %d: ok %v, %v", i, ok, err)
+					return
+				}
+				order <- i
+				releases <- r
+			}()
+			synctest.Wait() // waiter i waits before i+1 comes
+		}
+		release()
+		for want := range waiters {
+			synctest.Wait()
+			if got := <-order; got != want {
+				t.Fatalf("waiter %d held the gate alone in turn %d", got, want)
+			}
+			(<-releases)()
+		}
+	})
+}
