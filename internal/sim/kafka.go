@@ -327,7 +327,7 @@ type kafkaProducer struct {
 }
 
 func (p *kafkaProducer) Init(ctx context.Context) error {
-	o, err := p.d.request(ctx, "kafka.init_producer_id")
+	o, err := p.d.request(ctx, "kafka.init_producer_id "+p.id) // the id always: scenarios wait for a fence of a given one
 	if err != nil {
 		return err
 	}

@@ -170,9 +170,16 @@ func newWorld(s *Sim, opt Options) *world {
 	if opt.NoConversion {
 		w.sh.convert = 0
 	}
+	w.populate()
+	return w
+}
+
+// populate makes the world's database, Kafka, forwarders and relays, of
+// its shape.
+func (w *world) populate() {
 	w.db = newDB(w.now)
 	w.k = newKafka(w.now, txnTimeout, maxMsgBytes, kafkatarget.DefaultMaxBatchBytes, kafkatarget.Partitioner())
-	w.k.kfakeOrder = s.chance(0.5)
+	w.k.kfakeOrder = w.s.chance(0.5)
 	w.k.createTopic(topic, w.sh.kafkaPartitions)
 	for range w.sh.instances {
 		w.addInstance()
@@ -181,7 +188,6 @@ func newWorld(s *Sim, opt Options) *world {
 	for _, name := range []string{"relay-a", "relay-b"} {
 		w.addRelay(name)
 	}
-	return w
 }
 
 // addRelay starts a relay process.
@@ -324,12 +330,19 @@ func (w *world) removeLeft() {
 	}
 }
 
-// jitter spreads a backoff as backoff.Jitter does, from the seed.
+// jitter spreads a backoff as backoff.Jitter does, from the seed and the
+// backoff alone: an instance's Workers, woken together by the end of a
+// round, draw their backoffs in no fixed order, and draws from the
+// schedule's generator would make a replay differ.
 func (w *world) jitter(d time.Duration) time.Duration {
 	if d <= 1 {
 		return d
 	}
-	return d/2 + time.Duration(w.s.rng.Int64N(int64(d-d/2+1)))
+	x := w.s.seed ^ uint64(d)*0x9e3779b97f4a7c15
+	x ^= x >> 31
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 29
+	return d/2 + time.Duration(x%uint64(d-d/2+1))
 }
 
 // deadLetter is the forwarders' RejectHandler: the dead letter is stored
