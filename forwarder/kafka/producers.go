@@ -17,23 +17,17 @@ import (
 // Config.ProducerIdleTimeout without one. (Exactly once, one transactional
 // producer sends for every partition: exactly_once.go.)
 
-// producer is the kgo client of one outbox partition: transactional
-// exactly once, idempotent and flushed by hand at least once. Sends of one
-// outbox partition never overlap (the partition's lease), and mu
-// serializes them anyway.
+// producer is the kgo client of one outbox partition at least once,
+// idempotent and flushed by hand. Sends of one outbox partition never
+// overlap (the partition's lease), and mu serializes them anyway.
 type producer struct {
 	id     string
 	mu     sync.Mutex
 	client atomic.Pointer[producerClient] // read without mu by Close
 
 	// Under mu.
-	retired     bool // out of the target's map: get another
-	ready       bool // exactly once: fenced and lastSeq known, for topic/incarnation/token
-	topic       string
-	incarnation string
-	token       int64 // the lease it was fenced under (0: unknown)
-	lastSeq     int64 // last outbox seq committed to Kafka
-	lastUsed    time.Time
+	retired  bool // out of the target's map: get another
+	lastUsed time.Time
 }
 
 // producerClient is a producer's driver client: transactional (exactly
@@ -54,7 +48,7 @@ func (c *producerClient) close() {
 
 // retire closes the producer's client; mu is held.
 func (p *producer) retire() {
-	p.retired, p.ready = true, false
+	p.retired = true
 	if cl := p.client.Swap(nil); cl != nil {
 		cl.close()
 	}
@@ -62,10 +56,8 @@ func (p *producer) retire() {
 
 // drop forgets the producer's client after a failure that leaves it in
 // doubt (closed in the background: closing waits for nothing the send
-// needs); the next Send starts on a new one (exactly once: fenced, and
-// with a tail read). mu is held.
+// needs); the next Send starts on a new one. mu is held.
 func (t *Target) drop(p *producer) {
-	p.ready = false
 	if cl := p.client.Swap(nil); cl != nil {
 		t.wg.Add(1)
 		go func() {
