@@ -104,6 +104,7 @@ type Metrics struct {
 	retentionDeleted                         *prometheus.CounterVec
 	forwarded, forwardedBytes, forwardErrors *prometheus.CounterVec
 	forwardDuration                          *prometheus.HistogramVec
+	kafkaTransactionBatches                  prometheus.Histogram
 	sourceUp                                 *prometheus.GaugeVec
 
 	// The per group and topic series of the delivery path, resolved once:
@@ -187,11 +188,13 @@ func Enable(cfg Config) (*Metrics, error) {
 		forwardedBytes:   counter("forwarder_bytes_total", "Bytes (payload and headers) the broker confirmed, per source and target topic.", "source", "topic"),
 		forwardErrors:    counter("forwarder_errors_total", "Failed forwarder sends by kind: poison, timeout, partial, broker.", "source", "topic", "kind"),
 		forwardDuration:  histogram("forwarder_send_duration_seconds", "Duration of forwarder sends, per source and target topic.", latency, "source", "topic"),
+		kafkaTransactionBatches: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "forwarder_kafka_transaction_batches",
+			Help: "Outbox partitions' batches per committed Kafka transaction of the exactly-once Kafka target (its count: the transactions).", Buckets: prometheus.ExponentialBuckets(1, 2, 10)}),
 		sourceUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "source_up",
 			Help: "1 when a pipeline.Fleet reached the source's database at its last check, 0 when it did not (its partitions are not forwarded meanwhile)."}, []string{"source"}),
 	}
 	m.collectors = []prometheus.Collector{m.published, m.publishedBytes, m.passes, m.passRows, m.passDuration, m.sequencingDelay,
-		m.deliveries, m.handlerDuration, m.batchSize, m.retentionDeleted, m.forwarded, m.forwardedBytes, m.forwardErrors, m.forwardDuration, m.sourceUp}
+		m.deliveries, m.handlerDuration, m.batchSize, m.retentionDeleted, m.forwarded, m.forwardedBytes, m.forwardErrors, m.forwardDuration, m.kafkaTransactionBatches, m.sourceUp}
 	if cfg.Pool != nil {
 		c, err := NewCollector(CollectorConfig{Pool: cfg.Pool, Schema: cfg.Schema, Namespace: ns,
 			CollectInterval: cfg.CollectInterval})
@@ -295,6 +298,10 @@ func (o observer) Forwarded(source, topic string, sent, bytes int, took time.Dur
 	if errKind != "" {
 		o.m.forwardErrors.WithLabelValues(source, topic, errKind).Inc()
 	}
+}
+
+func (o observer) KafkaTransaction(batches int) {
+	o.m.kafkaTransactionBatches.Observe(float64(batches))
 }
 
 func (o observer) SourceUp(source string, up bool) {

@@ -22,6 +22,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/kafkaseam"
+	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/origin"
 )
 
@@ -317,6 +318,9 @@ func (t *Target) round(driver kafkadriver.Driver, round []*txnSend) {
 		records = append(records, s.records...)
 	}
 	if _, err := t.transact(ctx, topicsOf(ready), records, hook); err == nil {
+		if observe.Enabled() {
+			observe.Current().KafkaTransaction(len(ready))
+		}
 		for _, s := range ready {
 			t.committed(s, len(s.records))
 			t.settle(s, len(s.records))
@@ -432,6 +436,9 @@ func (t *Target) sendAlone(ctx context.Context, driver kafkadriver.Driver, s *tx
 		try := records[sent:end]
 		f, err := t.transact(ctx, s.topic, try, hook)
 		if err == nil {
+			if observe.Enabled() {
+				observe.Current().KafkaTransaction(1)
+			}
 			seq, _ := origin.Seq(rest[end-1], "kafka")
 			t.txn.parts[t.key(s)].lastSeq = seq
 			sent = end

@@ -14,12 +14,15 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
+	"github.com/millrace/watermill-outbox/internal/observe"
 )
 
 // The batches that arrive while a round is in flight go together in the
 // next one: one Kafka transaction for all their partitions, through the
 // target's one transactional producer.
 func TestBatchesThatMeetInFlightGoInOneTransaction(t *testing.T) {
+	var seen transactionsSeen
+	defer observe.Add(&seen)()
 	synctest.Test(t, func(t *testing.T) {
 		d := &roundsDriver{hold: make(chan struct{})}
 		target := newTarget(Config{Brokers: []string{"fake:9092"}}, nil, func(watermill.LoggerAdapter) (kafkadriver.Driver, error) { return d, nil }, "test")
@@ -60,10 +63,32 @@ func TestBatchesThatMeetInFlightGoInOneTransaction(t *testing.T) {
 		if got := d.committed[1]; len(got) != 3 || got[1] != 3 || got[2] != 3 || got[3] != 3 {
 			t.Errorf("second transaction: records per partition %v, want 3 of each of partitions 1-3", got)
 		}
+		if got := seen.batches(); len(got) != 2 || got[0] != 1 || got[1] != 3 {
+			t.Errorf("observed transactions of %v batches, want [1 3] (outbox_forwarder_kafka_transaction_batches)", got)
+		}
 		if d.ids[DefaultTransactionalIDPrefix+"/test"] != 1 {
 			t.Errorf("the target's producer started %d times, want once: %v", d.ids[DefaultTransactionalIDPrefix+"/test"], d.ids)
 		}
 	})
+}
+
+// transactionsSeen records the KafkaTransaction events.
+type transactionsSeen struct {
+	observe.Nop
+	mu   sync.Mutex
+	seen []int
+}
+
+func (o *transactionsSeen) KafkaTransaction(batches int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seen = append(o.seen, batches)
+}
+
+func (o *transactionsSeen) batches() []int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]int(nil), o.seen...)
 }
 
 type errPartialConfirm int

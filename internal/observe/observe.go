@@ -58,6 +58,10 @@ type Observer interface {
 	// broker: sent messages and bytes confirmed in took; errKind is "" on
 	// success, else the kind of the failure (see forwarder).
 	Forwarded(source, topic string, sent, bytes int, took time.Duration, errKind string)
+	// KafkaTransaction: an exactly-once Kafka target committed a
+	// transaction carrying the batches of batches outbox partitions (a
+	// round: forwarder/kafka).
+	KafkaTransaction(batches int)
 	// SourceUp: a pipeline.Fleet checked the database of source, and
 	// reached it (up) or not.
 	SourceUp(source string, up bool)
@@ -76,6 +80,7 @@ func (Nop) Batch(string, string, int)                                  {}
 func (Nop) RetentionDeleted(string, int64)                             {}
 func (Nop) Forwarding(string, string)                                  {}
 func (Nop) Forwarded(string, string, int, int, time.Duration, string)  {}
+func (Nop) KafkaTransaction(int)                                       {}
 func (Nop) SourceUp(string, bool)                                      {}
 func (Nop) SourceRemoved(string)                                       {}
 
@@ -128,6 +133,12 @@ func (f fanout) Forwarding(source, topic string) {
 func (f fanout) Forwarded(source, topic string, sent, bytes int, took time.Duration, errKind string) {
 	for _, o := range f {
 		o.Forwarded(source, topic, sent, bytes, took, errKind)
+	}
+}
+
+func (f fanout) KafkaTransaction(batches int) {
+	for _, o := range f {
+		o.KafkaTransaction(batches)
 	}
 }
 
