@@ -119,6 +119,7 @@ type txnProducer struct {
 
 	mu    sync.Mutex // guards busy and queue
 	busy  bool       // a round is in flight
+	idle  *sync.Cond // on mu: broadcast when busy turns false
 	queue []*txnSend // what arrived meanwhile, in order
 
 	client atomic.Pointer[producerClient] // nil: not started (read without a round by Close)
@@ -127,6 +128,24 @@ type txnProducer struct {
 	epoch int64 // counts the starts of the producer
 	parts map[partKey]*partState
 	local map[partKey]*localWriter // writer records of batches without a lease's
+}
+
+// newTxnProducer returns the producer of transactional id id, not
+// started.
+func newTxnProducer(id string) *txnProducer {
+	tp := &txnProducer{id: id, parts: map[partKey]*partState{}}
+	tp.idle = sync.NewCond(&tp.mu)
+	return tp
+}
+
+// waitIdle waits until no round is in flight (none starts once the target
+// is closed: a queued send's round ends at once with ErrClosed).
+func (tp *txnProducer) waitIdle() {
+	tp.mu.Lock()
+	for tp.busy {
+		tp.idle.Wait()
+	}
+	tp.mu.Unlock()
 }
 
 // partKey names an outbox partition and where it goes.
@@ -235,6 +254,7 @@ func (t *Target) lead(driver kafkadriver.Driver, s *txnSend) {
 		close(next.lead)
 	} else {
 		tp.busy = false
+		tp.idle.Broadcast()
 	}
 	tp.mu.Unlock()
 }

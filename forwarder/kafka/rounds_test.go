@@ -204,3 +204,34 @@ func (x *roundsTxn) End(_ context.Context, commit bool) (bool, error) {
 	return true, nil
 }
 func (x *roundsTxn) Close() {}
+
+// Close waits for the round in flight to end.
+func TestCloseWaitsForTheRoundInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &roundsDriver{hold: make(chan struct{})}
+		target := newTarget(Config{Brokers: []string{"fake:9092"}}, nil, func(watermill.LoggerAdapter) (kafkadriver.Driver, error) { return d, nil }, "test")
+		sent := make(chan error, 1)
+		go func() {
+			_, err := target.Send(context.Background(), "orders", roundsBatch(0, 2))
+			sent <- err
+		}()
+		synctest.Wait() // the round is committing, held
+		closed := make(chan struct{})
+		go func() {
+			_ = target.Close()
+			close(closed)
+		}()
+		synctest.Wait()
+		select {
+		case <-closed:
+			t.Fatal("Close returned while a round was in flight")
+		default:
+		}
+		close(d.hold)
+		<-sent
+		<-closed
+		if _, err := target.Send(context.Background(), "orders", roundsBatch(1, 1)); err == nil {
+			t.Error("Send after Close succeeded")
+		}
+	})
+}

@@ -108,7 +108,7 @@ func newTarget(cfg Config, logger watermill.LoggerAdapter, newDriver kafkadriver
 		defaultKey: defaultKey,
 		newDriver:  newDriver,
 		producers:  map[string]*producer{},
-		txn:        &txnProducer{id: cfg.TransactionalIDPrefix + "/" + instance, parts: map[partKey]*partState{}},
+		txn:        newTxnProducer(cfg.TransactionalIDPrefix + "/" + instance),
 		refused:    map[string]refusedSize{},
 		stop:       make(chan struct{}),
 	}
@@ -194,6 +194,7 @@ func (t *Target) Close() error {
 		p.retire()
 		p.mu.Unlock()
 	}
+	t.txn.waitIdle()
 	t.wg.Wait()
 	return nil
 }
