@@ -123,3 +123,42 @@ func TestLeaseWriterOfALostLeaseIsLeaseLost(t *testing.T) {
 		})
 	}
 }
+
+// The writer read waits for no lock: a transaction holding the cursor row
+// (a fenced write of the holder not yet committed) does not hold it up,
+// and it reads what is committed.
+func TestWriterReadDoesNotWaitForTheRowLock(t *testing.T) {
+	e := newEnv(t)
+	db, err := pgexec.FromDB(e.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := lease.NewPGStore(db, nil, e.Schema)
+	g := lease.Group{Name: "g", Topic: "orders"}
+	ctx := t.Context()
+	if err := s.CreateCursors(ctx, g, 1, false); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Acquire(ctx, g, "a", 1, nil, time.Minute, 1)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("acquire: %+v, %v", got, err)
+	}
+	a := lease.Fence{Group: g, Partition: 0, Member: "a", Token: got[0].Token}
+	if ok, err := s.SetWriter(ctx, a, "outbox/a"); !ok || err != nil {
+		t.Fatalf("SetWriter: %v, %v", ok, err)
+	}
+	tx, err := e.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if ok, err := s.Advance(ctx, tx, false, a, 5); !ok || err != nil {
+		t.Fatalf("advance in the transaction: %v, %v", ok, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+e.Schema+`.cursors SET writer = 'uncommitted'`); err != nil {
+		t.Fatal(err)
+	}
+	if w, known, held, err := s.Writer(ctx, a); err != nil || w != "outbox/a" || !known || !held {
+		t.Fatalf("Writer while the row is locked: %q known %v held %v, %v; want the committed outbox/a", w, known, held, err)
+	}
+}
