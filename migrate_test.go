@@ -2,12 +2,17 @@ package outbox_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
@@ -126,5 +131,92 @@ func TestMigrateSetsTheChurningTablesStorageParameters(t *testing.T) {
 		if !slices.Equal(got[table], opts) {
 			t.Errorf("%s.%s: reloptions %v; want %v", e.Schema, table, got[table], opts)
 		}
+	}
+}
+
+// Migrate upgrading a schema from before writer records
+// (0015_cursor_writer.sql): the cursor rows that existed read as unknown
+// writers (an older forwarder may have written their partitions under its
+// per-partition transactional ids), the rows created afterwards as nobody
+// yet, and recording a writer makes an old row known.
+func TestMigrateLeavesTheWriterOfEarlierCursorsUnknown(t *testing.T) {
+	t.Parallel()
+	ctx := outboxtest.Ctx(t)
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t)
+	at := slices.IndexFunc(dbsql.Migrations, func(m dbsql.Migration) bool { return m.Name == "cursor_writer" })
+	if at < 0 {
+		t.Fatal("no migration cursor_writer")
+	}
+	// The schema as the release before writer records left it.
+	q := dbsql.For(schema)
+	for _, ddl := range []string{q.CatalogCreateSchema, q.CatalogVersionTable} {
+		if _, err := pool.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range dbsql.Migrations[:at] {
+		if _, err := pool.Exec(ctx, dbsql.Render(m.SQL, schema)); err != nil {
+			t.Fatalf("version %d: %v", m.Version, err)
+		}
+		if _, err := pool.Exec(ctx, q.CatalogRecordVersion, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db, err := pgexec.FromDB(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := lease.NewPGStore(db, nil, schema)
+	before, after := lease.Group{Name: "before", Topic: "orders"}, lease.Group{Name: "after", Topic: "orders"}
+	if err := s.CreateCursors(ctx, before, 2, false); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := outbox.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := outbox.CurrentSchemaVersion(ctx, pool, schema); err != nil || v != outbox.SchemaVersion {
+		t.Fatalf("version = %d, %v; want %d", v, err, outbox.SchemaVersion)
+	}
+	if err := s.CreateCursors(ctx, after, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	fences := func(g lease.Group) []lease.Fence {
+		got, err := s.Acquire(ctx, g, "m", 2, nil, time.Minute, 2)
+		if err != nil || len(got) != 2 {
+			t.Fatalf("acquire %s: %+v, %v", g.Name, got, err)
+		}
+		var out []lease.Fence
+		for _, a := range got {
+			out = append(out, lease.Fence{Group: g, Partition: int(a.Partition), Member: "m", Token: a.Token})
+		}
+		return out
+	}
+	check := func(f lease.Fence, wantWriter string, wantKnown bool) {
+		t.Helper()
+		w, known, held, err := s.Writer(ctx, f)
+		if err != nil || w != wantWriter || known != wantKnown || !held {
+			t.Errorf("%s p%d: writer %q known %v held %v, %v; want %q known %v held", f.Name, f.Partition, w, known, held, err, wantWriter, wantKnown)
+		}
+	}
+	old := fences(before)
+	for _, f := range old {
+		check(f, "", false)
+	}
+	for _, f := range fences(after) {
+		check(f, "", true)
+	}
+	if ok, err := s.SetWriter(ctx, old[0], "outbox/m"); !ok || err != nil {
+		t.Fatalf("SetWriter on an old row: %v, %v", ok, err)
+	}
+	check(old[0], "outbox/m", true)
+	check(old[1], "", false)
+	var nulls, empties int
+	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE writer IS NULL), count(*) FILTER (WHERE writer = '') FROM %s.cursors`, schema)).Scan(&nulls, &empties); err != nil {
+		t.Fatal(err)
+	}
+	if nulls != 1 || empties != 2 {
+		t.Errorf("writer NULL on %d rows, '' on %d; want 1 and 2", nulls, empties)
 	}
 }

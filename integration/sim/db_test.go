@@ -316,6 +316,13 @@ func dbScenario(t *testing.T, d dbSide) []string {
 	rows("taken over")
 	for p := range int32(pinParts) {
 		writer("member-c", p) // the dead holder's record
+		// The holders it took over from, with their old tokens.
+		for _, m := range []string{"member-a", "member-b"} {
+			setWriter(m, p, "txn/"+m+"-late")
+			writer(m, p)
+		}
+		setWriter("member-c", p, "txn/member-c")
+		writer("member-c", p)
 	}
 
 	// A failed attempt with its backoff, kept across a takeover; an undo
@@ -351,8 +358,14 @@ func dbScenario(t *testing.T, d dbSide) []string {
 	rows("committed")
 	release("member-d", 0, 1)
 	advance(nil, false, "member-d", 0, 3) // released: lost
+	setWriter("member-d", 0, "txn/member-d-late")
+	writer("member-d", 0)
 	acquire("member-e", 3)
 	rows("released and taken")
+	for p := range int32(pinParts) {
+		writer("member-e", p)
+		setWriter("member-d", p, "txn/member-d-late")
+	}
 	check("leave", d.leases.Leave(ctx, g, "member-a"))
 	balance("member-b")
 	return out
