@@ -39,8 +39,80 @@ var _ Store = (*PGStore)(nil)
 // counted in background.
 func NewStore(pool *pgxpool.Pool, schema, group string, stop context.Context, background *sync.WaitGroup) *PGStore {
 	db, _ := pgexec.FromDB(pool) // a *pgxpool.Pool always adapts
-	return &PGStore{pool: pool, db: db, relaxed: pgcombine.New(pool), q: dbsql.For(schema), schema: schema, group: group,
+	q := dbsql.For(schema)
+	relaxed := pgcombine.New(pool)
+	// The counted reads and the cursor moves of the partitions that step
+	// together (woken by one sequencer pass) go in one statement each.
+	relaxed.Merge(q.LogReadCounting, pgcombine.Merge{Many: q.LogReadCountingMany, Args: mergeReads, Key: partitionKey(1, 2)})
+	relaxed.Merge(q.CursorsAdvanceRelaxed, pgcombine.Merge{Many: q.CursorsAdvanceRelaxedMany, Args: mergeAdvances, Key: partitionKey(1, 2)})
+	return &PGStore{pool: pool, db: db, relaxed: relaxed, q: q, schema: schema, group: group,
 		marker: newMarker(pool, schema, group, stop, background)}
+}
+
+// partitionKey is a pgcombine.Merge's Key: the topic and the partition at
+// args[topic] and args[partition].
+func partitionKey(topic, partition int) func(args []any) string {
+	return func(args []any) string {
+		if len(args) <= max(topic, partition) {
+			return ""
+		}
+		return fmt.Sprintf("%v\x00%v", args[topic], args[partition])
+	}
+}
+
+// mergeReads is LogReadCountingMany's arguments for LogReadCounting's
+// calls (Read's arguments): the group, then one array per parameter.
+func mergeReads(calls [][]any) ([]any, error) {
+	n := len(calls)
+	var group string
+	topics, parts, cursors, owners, tokens, limits, whole, solo :=
+		make([]string, n), make([]int32, n), make([]int64, n), make([]string, n), make([]int64, n), make([]int32, n), make([]bool, n), make([]bool, n)
+	for i, a := range calls {
+		var ok [9]bool
+		var g string
+		var part, limit int
+		if len(a) == 9 {
+			g, ok[0] = a[0].(string)
+			topics[i], ok[1] = a[1].(string)
+			part, ok[2] = a[2].(int)
+			cursors[i], ok[3] = a[3].(int64)
+			owners[i], ok[4] = a[4].(string)
+			tokens[i], ok[5] = a[5].(int64)
+			limit, ok[6] = a[6].(int)
+			whole[i], ok[7] = a[7].(bool)
+			solo[i], ok[8] = a[8].(bool)
+		}
+		if ok != [9]bool{true, true, true, true, true, true, true, true, true} || (i > 0 && g != group) {
+			return nil, fmt.Errorf("outbox: counted read %d: unexpected arguments %v", i, a)
+		}
+		group, parts[i], limits[i] = g, int32(part), int32(limit)
+	}
+	return []any{group, topics, parts, cursors, owners, tokens, limits, whole, solo}, nil
+}
+
+// mergeAdvances is CursorsAdvanceRelaxedMany's arguments for
+// CursorsAdvanceRelaxed's calls (internal/lease's Advance): one array per
+// parameter.
+func mergeAdvances(calls [][]any) ([]any, error) {
+	n := len(calls)
+	groups, topics, parts, members, tokens, seqs := make([]string, n), make([]string, n), make([]int32, n), make([]string, n), make([]int64, n), make([]int64, n)
+	for i, a := range calls {
+		var ok [6]bool
+		var part int
+		if len(a) == 6 {
+			groups[i], ok[0] = a[0].(string)
+			topics[i], ok[1] = a[1].(string)
+			part, ok[2] = a[2].(int)
+			members[i], ok[3] = a[3].(string)
+			tokens[i], ok[4] = a[4].(int64)
+			seqs[i], ok[5] = a[5].(int64)
+		}
+		if ok != [6]bool{true, true, true, true, true, true} {
+			return nil, fmt.Errorf("outbox: cursor move %d: unexpected arguments %v", i, a)
+		}
+		parts[i] = int32(part)
+	}
+	return []any{groups, topics, parts, members, tokens, seqs}, nil
 }
 
 // Relaxed is what the statements that commit without waiting for their WAL

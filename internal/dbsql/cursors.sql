@@ -191,6 +191,27 @@ WHERE group_name = $1 AND topic = $2 AND partition = $3 AND lease_owner = $4 AND
 	AND lease_expires_at > clock_timestamp() AND seq < $6
 RETURNING unexplained;
 
+-- name: CursorsAdvanceRelaxedMany
+-- CursorsAdvanceRelaxed for several cursors at once: internal/pgcombine
+-- merges the relaxed cursor moves that meet in one round trip into this
+-- statement. One array element per move, in one order: $1 groups, $2
+-- topics, $3 partitions, $4 me, $5 tokens, $6 seqs. No two moves of one
+-- cursor. Returns, per cursor moved, the move's ordinal (1 for the first
+-- element) and the next message's unexplained deliveries.
+UPDATE {{schema}}.cursors c SET seq = r.to_seq, attempts = 0,
+	unexplained = CASE WHEN r.to_seq + 1 BETWEEN c.suspect_from AND c.suspect_to THEN 1 ELSE 0 END,
+	deliveries = CASE WHEN r.to_seq + 1 BETWEEN c.suspect_from AND c.suspect_to THEN 1 ELSE 0 END,
+	suspect_from = CASE WHEN r.to_seq >= c.suspect_to THEN 0 ELSE c.suspect_from END,
+	suspect_to = CASE WHEN r.to_seq >= c.suspect_to THEN 0 ELSE c.suspect_to END,
+	inflight_from = 0, inflight_to = 0, inflight_solo = false,
+	backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
+FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::int8[], $6::int8[])
+		WITH ORDINALITY AS r(grp, topic, part, me, token, to_seq, i),
+	(SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+WHERE c.group_name = r.grp AND c.topic = r.topic AND c.partition = r.part AND c.lease_owner = r.me
+	AND c.lease_token = r.token AND c.lease_expires_at > clock_timestamp() AND c.seq < r.to_seq
+RETURNING r.i, c.unexplained;
+
 -- name: CursorsRetry
 -- Records a failed attempt of the head message and when its retry is due,
 -- so that a restart or a lease move keeps the backoff; the delivery in

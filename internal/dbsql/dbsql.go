@@ -61,11 +61,12 @@ type Queries struct {
 	PendingVacuum          string
 
 	// log.sql
-	LogRead         string
-	LogReadCounting string
-	LogReadSeqs     string
-	LogTrim         string
-	LogOldestKept   string
+	LogRead             string
+	LogReadCounting     string
+	LogReadCountingMany string
+	LogReadSeqs         string
+	LogTrim             string
+	LogOldestKept       string
 
 	// held.sql
 	HeldLoad              string
@@ -92,6 +93,7 @@ type Queries struct {
 	CursorsSetWriter          string
 	CursorsAdvance            string
 	CursorsAdvanceRelaxed     string
+	CursorsAdvanceRelaxedMany string
 	CursorsRetry              string
 	CursorsUndoDelivery       string
 	CursorsMarkInFlight       string

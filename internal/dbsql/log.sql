@@ -45,6 +45,39 @@ SELECT seq, uuid, coalesce(partition_key, ''), metadata,
 FROM {{schema}}.log
 WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7;
 
+-- name: LogReadCountingMany
+-- LogReadCounting for several partitions at once: internal/pgcombine merges
+-- the counted reads that meet in one round trip into this statement. $1
+-- group; one array element per read, in one order: $2 topics, $3
+-- partitions, $4 cursors, $5 lease owners, $6 lease tokens, $7 limits, $8
+-- whole batch in flight, $9 solo. No two reads of one partition. Each row
+-- starts with its read's ordinal (1 for the first element), followed by
+-- LogReadCounting's columns; a read's rows come in seq order.
+WITH r AS MATERIALIZED (
+	SELECT * FROM unnest($2::text[], $3::int4[], $4::int8[], $5::text[], $6::int8[], $7::int4[], $8::boolean[], $9::boolean[])
+		WITH ORDINALITY AS r(topic, part, after, owner, token, lim, whole, solo, i)
+), counted AS (
+	UPDATE {{schema}}.cursors c SET deliveries = greatest(c.deliveries, c.attempts) + 1,
+		inflight_from = r.after + 1,
+		inflight_to = CASE WHEN r.whole
+			THEN (SELECT max(b.seq) FROM (SELECT seq FROM {{schema}}.log
+				WHERE topic = r.topic AND partition = r.part AND seq > r.after ORDER BY seq LIMIT r.lim) b)
+			ELSE r.after + 1 END,
+		inflight_solo = r.solo
+	FROM r, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+	WHERE c.group_name = $1 AND c.topic = r.topic AND c.partition = r.part AND c.seq = r.after
+		AND c.lease_owner = r.owner AND c.lease_token = r.token AND c.lease_expires_at > clock_timestamp()
+		AND EXISTS (SELECT 1 FROM {{schema}}.log WHERE topic = r.topic AND partition = r.part AND seq = r.after + 1)
+	RETURNING r.i, c.deliveries
+)
+SELECT r.i, l.seq, l.uuid, coalesce(l.partition_key, ''), l.metadata,
+	coalesce(l.payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = l.body_id)),
+	l.payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = l.body_id),
+	(SELECT n.deliveries FROM counted n WHERE n.i = r.i)
+FROM r CROSS JOIN LATERAL (SELECT * FROM {{schema}}.log
+	WHERE topic = r.topic AND partition = r.part AND seq > r.after ORDER BY seq LIMIT r.lim) l
+ORDER BY r.i, l.seq;
+
 -- name: LogReadSeqs
 -- The held messages to retry (held.sql): $1 topic, $2 partition, $3 seqs.
 SELECT seq, uuid, coalesce(partition_key, ''), metadata,

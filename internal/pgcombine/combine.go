@@ -22,11 +22,20 @@
 //     outside set_config(..., true)), and must not wait on another
 //     caller's (rows of different callers, or locks taken with SKIP
 //     LOCKED elsewhere), so that a round trip cannot deadlock on itself.
+//
+// A statement registered with [Combiner.Merge] goes further: the calls of
+// it that meet in one round trip become one statement, which does for all
+// of them at once what each call's statement does (a counted read of
+// every partition woken by one sequencer pass, say, or all their cursor
+// moves), and each caller gets its own rows back. What PostgreSQL spends
+// per statement (parse, plan, executor start-up, the statement's
+// snapshot) is then spent once per round trip, not once per partition.
 package pgcombine
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -51,10 +60,31 @@ type Combiner struct {
 	busy  bool    // a round trip is being sent
 	queue []*call // what arrived meanwhile, in order
 
+	merges map[string]Merge // by the single statement's SQL; guarded by mu
+
 	scanMu sync.Mutex  // guards types
 	types  *pgtype.Map // decodes buffered rows (a connection's map is its own)
 
-	roundTrips, statements atomic.Int64
+	roundTrips, statements, merged atomic.Int64
+}
+
+// Merge says how the calls of one statement (a query) that meet in a
+// round trip become one statement.
+type Merge struct {
+	// Many is the statement that does, for every call at once, what the
+	// single statement does for one: its first result column is the
+	// call's ordinal (int8, 1 for the first call given to Args), its
+	// other columns are the single statement's, in its order; the rows of
+	// one call come in the order the single statement gives them.
+	Many string
+	// Args returns Many's arguments for the calls' arguments (each as the
+	// caller gave it to Query), in the calls' order. An error sends each
+	// call as its own statement.
+	Args func(calls [][]any) ([]any, error)
+	// Key, when set, names what a call works on (its row, say): two
+	// calls of one key never share a merged statement, so that Many never
+	// sees one row twice; the later goes as a statement of its own.
+	Key func(args []any) string
 }
 
 var _ pgexec.Querier = (*Combiner)(nil)
@@ -64,11 +94,34 @@ func New(pool *pgxpool.Pool) *Combiner {
 	return &Combiner{pool: pool, types: pgtype.NewMap()}
 }
 
+// Merge registers m for the query single: from now on the calls of single
+// that meet in a round trip are sent as one statement, m.Many. Register
+// before the first call of single.
+func (c *Combiner) Merge(single string, m Merge) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.merges == nil {
+		c.merges = map[string]Merge{}
+	}
+	c.merges[single] = m
+}
+
 // Stats reports the round trips sent and the statements they carried since
-// New (statements run again alone after a failed round trip included).
+// New (statements run again alone after a failed round trip included; a
+// merged statement counts once).
 func (c *Combiner) Stats() (roundTrips, statements int64) {
 	return c.roundTrips.Load(), c.statements.Load()
 }
+
+// Queued reports how many calls wait for the next round trip.
+func (c *Combiner) Queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)
+}
+
+// MergedCalls reports how many calls went in merged statements since New.
+func (c *Combiner) MergedCalls() int64 { return c.merged.Load() }
 
 // Exec implements pgexec.Querier.
 func (c *Combiner) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
@@ -171,25 +224,33 @@ func (c *Combiner) outcome(ctx context.Context, cl *call) error {
 // (the sender).
 func (c *Combiner) send(ctx context.Context, batch []*call) {
 	c.roundTrips.Add(1)
-	c.statements.Add(int64(len(batch)))
 	if len(batch) == 1 {
+		c.statements.Add(1)
 		c.alone(ctx, batch[0])
 		return
 	}
+	units := c.units(batch)
+	c.statements.Add(int64(len(units)))
 	b := &pgx.Batch{}
-	for _, cl := range batch {
-		b.Queue(cl.sql, cl.args...)
+	for _, u := range units {
+		b.Queue(u.sql, u.args...)
 	}
 	br := c.pool.SendBatch(ctx, b)
 	failed := false
-	for _, cl := range batch {
-		if cl.exec {
+	for _, u := range units {
+		switch {
+		case len(u.calls) > 1:
+			failed = c.split(br, u.calls) || failed
+		case u.calls[0].exec:
+			cl := u.calls[0]
 			tag, err := br.Exec()
 			cl.affected, cl.err = tag.RowsAffected(), err
-		} else {
+			failed = failed || err != nil
+		default:
+			cl := u.calls[0]
 			cl.rows, cl.err = c.buffer(br.Query())
+			failed = failed || cl.err != nil
 		}
-		failed = failed || cl.err != nil
 	}
 	if err := br.Close(); err != nil {
 		failed = true
@@ -202,6 +263,110 @@ func (c *Combiner) send(ctx context.Context, batch []*call) {
 			cl.wake <- struct{}{}
 		}
 	}
+}
+
+// unit is one statement of a round trip: one call's, or the merged
+// statement of several calls.
+type unit struct {
+	sql   string
+	args  []any
+	calls []*call
+}
+
+// units groups batch into the statements of its round trip: the calls of
+// a merged query (two or more, of distinct keys) in one statement, at the
+// place of the first of them; every other call in a statement of its own.
+func (c *Combiner) units(batch []*call) []unit {
+	c.mu.Lock()
+	merges := c.merges
+	c.mu.Unlock()
+	var units []unit
+	group := map[string]int{}            // merged query → its unit
+	keys := map[string]map[string]bool{} // merged query → the keys in its unit
+	for _, cl := range batch {
+		m, ok := merges[cl.sql]
+		if ok && !cl.exec {
+			key := ""
+			if m.Key != nil {
+				key = m.Key(cl.args)
+			}
+			if i, open := group[cl.sql]; open && (m.Key == nil || !keys[cl.sql][key]) {
+				units[i].calls = append(units[i].calls, cl)
+				keys[cl.sql][key] = true
+				continue
+			}
+			if _, open := group[cl.sql]; !open {
+				group[cl.sql] = len(units)
+				keys[cl.sql] = map[string]bool{key: true}
+			}
+		}
+		units = append(units, unit{sql: cl.sql, args: cl.args, calls: []*call{cl}})
+	}
+	for i, u := range units {
+		if len(u.calls) < 2 {
+			continue
+		}
+		m := merges[u.sql]
+		all := make([][]any, len(u.calls))
+		for j, cl := range u.calls {
+			all[j] = cl.args
+		}
+		args, err := m.Args(all)
+		if err != nil {
+			return c.unmerged(units)
+		}
+		units[i].sql, units[i].args = m.Many, args
+		c.merged.Add(int64(len(u.calls)))
+	}
+	return units
+}
+
+// unmerged is units with every merged unit split back into its calls.
+func (c *Combiner) unmerged(units []unit) []unit {
+	var out []unit
+	for _, u := range units {
+		for _, cl := range u.calls {
+			out = append(out, unit{sql: cl.sql, args: cl.args, calls: []*call{cl}})
+		}
+	}
+	return out
+}
+
+// split reads a merged statement's result and gives each call its rows;
+// failed reports that the statement failed (each call then has the error).
+func (c *Combiner) split(br pgx.BatchResults, calls []*call) (failed bool) {
+	all, err := c.buffer(br.Query())
+	if err == nil && len(all.(*buffered).fields) == 0 {
+		err = errors.New("pgcombine: a merged statement returned no columns")
+	}
+	if err != nil {
+		for _, cl := range calls {
+			cl.err = err
+		}
+		return true
+	}
+	b := all.(*buffered)
+	fields := b.fields[1:]
+	for _, cl := range calls {
+		cl.rows = &buffered{c: c, fields: fields}
+	}
+	c.scanMu.Lock()
+	defer c.scanMu.Unlock()
+	for _, row := range b.rows {
+		var i int64
+		if err := pgx.ScanRow(c.types, b.fields[:1], row[:1], &i); err != nil || i < 1 || i > int64(len(calls)) {
+			if err == nil {
+				err = fmt.Errorf("pgcombine: a merged statement returned ordinal %d of %d calls", i, len(calls))
+			}
+			for _, cl := range calls {
+				cl.rows, cl.err = nil, err
+			}
+			return true
+		}
+		r := calls[i-1].rows.(*buffered)
+		r.rows = append(r.rows, row[1:])
+	}
+	return false
 }
 
 // alone runs cl in a round trip of its own.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -242,4 +243,151 @@ func TestManyCallersEachRunOnce(t *testing.T) {
 		t.Fatalf("%d round trips for %d statements from %d concurrent callers: nothing was combined", trips, stmts, callers)
 	}
 	t.Logf("%d statements from %d concurrent callers in %d round trips", stmts, callers, trips)
+}
+
+// mergeSquares registers a merge of "SELECT g, g*g FROM generate_series(1, $1) g"
+// (the single statement: $1 rows): the many statement takes every call's
+// $1 in one array, and returns each call's rows after its ordinal.
+const (
+	squares     = "SELECT g, g * g, $1::int8 FROM generate_series(1::int8, $1::int8) g"
+	squaresMany = `SELECT r.i, g, g * g, r.n FROM unnest($1::int8[]) WITH ORDINALITY AS r(n, i)
+		CROSS JOIN LATERAL generate_series(1::int8, r.n) g ORDER BY r.i, g`
+)
+
+func squaresMerge(key bool) Merge {
+	m := Merge{Many: squaresMany, Args: func(calls [][]any) ([]any, error) {
+		ns := make([]int64, len(calls))
+		for i, a := range calls {
+			n, ok := a[0].(int64)
+			if !ok {
+				return nil, fmt.Errorf("argument %v", a[0])
+			}
+			ns[i] = n
+		}
+		return []any{ns}, nil
+	}}
+	if key {
+		m.Key = func(args []any) string { return fmt.Sprint(args[0]) }
+	}
+	return m
+}
+
+// squaresOf runs squares(n) through c and returns its rows as text.
+func squaresOf(c *Combiner, n any) (string, error) {
+	rows, err := c.Query(context.Background(), squares, n)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var g, sq, echo int64
+		if err := rows.Scan(&g, &sq, &echo); err != nil {
+			return "", err
+		}
+		out = append(out, fmt.Sprintf("%d:%d/%d", g, sq, echo))
+	}
+	return strings.Join(out, " "), rows.Err()
+}
+
+// Calls of a merged statement that meet in a round trip go in one
+// statement, and each caller gets exactly the rows its single statement
+// gives (none included); calls of one key go in statements of their own,
+// and other statements of the round trip run beside the merged one.
+func TestCallsOfAMergedStatementShareOneStatement(t *testing.T) {
+	c := New(pgtest.Pool(t))
+	c.Merge(squares, squaresMerge(true))
+	wait := occupy(t, c, 300*time.Millisecond)
+	ns := []int64{3, 0, 1, 3, 5} // 3 twice: the second call goes alone
+	got := make([]string, len(ns)+1)
+	errs := make([]error, len(ns)+1)
+	var wg sync.WaitGroup
+	for i, n := range ns {
+		wg.Go(func() { got[i], errs[i] = squaresOf(c, n) })
+		queued(t, c, i+1)
+	}
+	wg.Go(func() {
+		var v int64
+		errs[len(ns)] = pgexec.QueryRow(context.Background(), c, "SELECT $1::int8 + 1", []any{int64(41)}, &v)
+		got[len(ns)] = fmt.Sprint(v)
+	})
+	queued(t, c, len(ns)+1)
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, n := range ns {
+		if errs[i] != nil {
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+		var want []string
+		for g := range n {
+			want = append(want, fmt.Sprintf("%d:%d/%d", g+1, (g+1)*(g+1), n))
+		}
+		if got[i] != strings.Join(want, " ") {
+			t.Fatalf("call %d (n %d) got %q, want %q", i, n, got[i], strings.Join(want, " "))
+		}
+	}
+	if errs[len(ns)] != nil || got[len(ns)] != "42" {
+		t.Fatalf("the other statement got %q, %v", got[len(ns)], errs[len(ns)])
+	}
+	// occupy's round trip, then one with: the merged statement (4 calls),
+	// the second call of key 3, the other statement.
+	if trips, stmts := c.Stats(); trips != 2 || stmts != 4 {
+		t.Fatalf("%d round trips, %d statements; want 2 and 4", trips, stmts)
+	}
+	if m := c.MergedCalls(); m != 4 {
+		t.Fatalf("%d calls merged, want 4", m)
+	}
+}
+
+// A merged statement that fails sends each of its calls again alone, so
+// that each caller gets its own outcome; calls whose arguments the merge
+// refuses go as statements of their own.
+func TestAFailingMergedStatementSendsItsCallsAgainAlone(t *testing.T) {
+	c := New(pgtest.Pool(t))
+	c.Merge(squares, squaresMerge(false))
+	wait := occupy(t, c, 300*time.Millisecond)
+	args := []any{int64(2), "x", int64(1)} // "x": the merge refuses it, the single statement fails
+	got := make([]string, len(args))
+	errs := make([]error, len(args))
+	var wg sync.WaitGroup
+	for i, a := range args {
+		wg.Go(func() { got[i], errs[i] = squaresOf(c, a) })
+		queued(t, c, i+1)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if errs[0] != nil || got[0] != "1:1/2 2:4/2" || errs[2] != nil || got[2] != "1:1/1" {
+		t.Fatalf("good calls got %q %v and %q %v", got[0], errs[0], got[2], errs[2])
+	}
+	if errs[1] == nil {
+		t.Fatal("the call with a bad argument succeeded")
+	}
+	if m := c.MergedCalls(); m != 0 {
+		t.Fatalf("%d calls merged, want 0: the merge refused an argument", m)
+	}
+
+	// A merged statement the server refuses: each call again alone.
+	c2 := New(pgtest.Pool(t))
+	bad := squaresMerge(false)
+	bad.Many = "SELECT 1/0"
+	c2.Merge(squares, bad)
+	wait = occupy(t, c2, 300*time.Millisecond)
+	for i := range 2 {
+		wg.Go(func() { got[i], errs[i] = squaresOf(c2, int64(i+1)) })
+		queued(t, c2, i+1)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if errs[0] != nil || got[0] != "1:1/1" || errs[1] != nil || got[1] != "1:1/2 2:4/2" {
+		t.Fatalf("after a failed merged statement the calls got %q %v and %q %v", got[0], errs[0], got[1], errs[1])
+	}
+	if trips, stmts := c2.Stats(); trips != 4 || stmts != 4 {
+		t.Fatalf("%d round trips, %d statements; want 4 and 4 (occupy, the merged one, each call alone)", trips, stmts)
+	}
 }
