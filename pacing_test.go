@@ -123,11 +123,16 @@ func TestSequencerFindsMessagesWhoseTransactionDidNotNotify(t *testing.T) {
 	outboxtest.WaitFor(t, "the second message sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 2 })
 }
 
-func TestBusySequencerPassesAtMostEveryMinPassInterval(t *testing.T) {
+// The sequencer's pace follows the load (tune.FollowLoad): after a pass
+// of one message a notification may start the next pass after 1/20 of
+// MinPassInterval; after a pass of 77 messages or more, not before
+// MinPassInterval from its start, and the messages committed meanwhile go
+// in one pass. (Before, every pass waited MinPassInterval.)
+func TestSequencerPaceFollowsTheLoad(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.Register("busy", 4)
-	const gap = 300 * time.Millisecond
+	const gap = 400 * time.Millisecond
 	s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, PollInterval: time.Hour, MinPassInterval: gap}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -135,25 +140,52 @@ func TestBusySequencerPassesAtMostEveryMinPassInterval(t *testing.T) {
 	go s.Run(context.Background())
 	defer s.Close()
 	waitForListener(t, e, e.Schema+"_pending")
-	// Every transaction notifies, 20 ms apart: one pass per notification
-	// would be about 20 passes.
 	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, NotifyInterval: -1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	publishOneTxEach(t, e, pub, "busy", 20, 20*time.Millisecond)
-	outboxtest.WaitFor(t, "all sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 20 })
-	elapsed := time.Since(start)
-	// Passes that found work start at least gap apart: at most one per gap
-	// of the time it took, plus the first.
-	limit := 1 + int64(elapsed/gap) + 1
-	if p := s.Stats().Passes; p > limit {
-		t.Fatalf("%d passes in %v with MinPassInterval %v, want at most %d", p, elapsed, gap, limit)
+
+	// Light: one message, one pass, the short pace.
+	publishOneTxEach(t, e, pub, "busy", 1, 0)
+	outboxtest.WaitFor(t, "the first message sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 1 })
+	if got, want := s.Stats().Pace, gap/20; got != want {
+		t.Fatalf("pace after a pass of one message %v, want %v", got, want)
+	}
+
+	// Heavy: 200 messages in one transaction, one pass, the busy pace.
+	publishInOneTx(t, e, pub, "busy", 200)
+	committed := time.Now()
+	outboxtest.WaitFor(t, "the 200 sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 201 })
+	if st := s.Stats(); st.Pace != gap || st.Passes != 2 {
+		t.Fatalf("after a pass of 200 messages: pace %v, %d passes; want %v and 2", st.Pace, st.Passes, gap)
+	}
+	// Notified at once, the next pass still starts gap after the last
+	// one's start (which was after the commit): a lower bound, which a
+	// slow machine only makes later.
+	publishOneTxEach(t, e, pub, "busy", 3, 0)
+	outboxtest.WaitFor(t, "the next 3 sequenced", 30*time.Second, func() bool { return s.Stats().Sequenced == 204 })
+	if waited := time.Since(committed); waited < gap {
+		t.Fatalf("the pass after a busy one came %v after its messages' commit, want at least the pace %v", waited, gap)
 	}
 	rows := e.readLog(t, "busy")
-	if len(rows) != 20 {
-		t.Fatalf("%d rows in the log, want 20", len(rows))
+	if len(rows) != 204 {
+		t.Fatalf("%d rows in the log, want 204", len(rows))
+	}
+}
+
+// publishInOneTx publishes n messages of topic in one transaction.
+func publishInOneTx(t *testing.T, e env, pub *outbox.Publisher, topic string, n int) {
+	t.Helper()
+	err := pgx.BeginFunc(outboxtest.Ctx(t), e.Pool, func(tx pgx.Tx) error {
+		msgs := make([]*message.Message, n)
+		for i := range msgs {
+			msgs[i] = message.NewMessage(fmt.Sprintf("bulk-%d", i), []byte("p"))
+			msgs[i].SetContext(outbox.WithTx(outboxtest.Ctx(t), tx))
+		}
+		return pub.Publish(topic, msgs...)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

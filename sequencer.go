@@ -23,6 +23,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/queuevacuum"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/startstop"
+	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
 // SequencerConfig configures a Sequencer.
@@ -49,8 +50,13 @@ type SequencerConfig struct {
 	// floor). A pass that found work, but not a full batch, is followed by
 	// the next one this long after it started, notified or not, so a stream
 	// of commits is taken in passes of everything committed meanwhile
-	// rather than in one pass per commit; notifications never bring a pass
-	// closer than this to the previous one. After a pass that found
+	// rather than in one pass per commit. A notification may start the
+	// next pass sooner, by a wait that follows the load: 1/20 of
+	// MinPassInterval after a pass that moved one message (1 ms of the
+	// default), growing by 1/80 of it with each further message the pass
+	// moved, never more than MinPassInterval (SequencerStats.Pace shows
+	// it). So a message after a quiet spell waits about a millisecond, and
+	// under load each pass carries more. After a pass that found
 	// nothing the wait doubles, up to PollInterval, so messages whose
 	// transaction did not notify (see PublisherConfig.NotifyInterval) are
 	// found within about the time they were late. A full pass is followed
@@ -139,6 +145,7 @@ type Sequencer struct {
 
 	sequenced atomic.Int64
 	passes    atomic.Int64
+	pace      atomic.Int64 // the load-following gap Run set after its last pass (ns)
 
 	// compact vacuums pending every queuevacuum.Every rows Run moved.
 	compact *queuevacuum.Vacuumer
@@ -179,11 +186,15 @@ type SequencerStats struct {
 	// every 10,000 messages it moved, so that the queue stays small
 	// whatever autovacuum's pace (docs/postgresql.md, The tables that churn).
 	PendingVacuums int64
+	// Pace is how soon after the start of Run's last pass a notification
+	// may start the next: short at light load, growing with the messages
+	// a pass moves, up to MinPassInterval (see MinPassInterval).
+	Pace time.Duration
 }
 
 // Stats returns the running totals.
 func (s *Sequencer) Stats() SequencerStats {
-	st := SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load()}
+	st := SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load(), Pace: time.Duration(s.pace.Load())}
 	if s.compact != nil {
 		st.PendingVacuums = s.compact.Vacuums()
 	}
@@ -231,6 +242,10 @@ func (s *Sequencer) run(ctx context.Context) error {
 	// empty pass up to PollInterval (0: idle).
 	followUp := time.Duration(0)
 	minGap := max(s.cfg.MinPassInterval, 0)
+	// gap is how long after the start of the last pass a notification may
+	// start the next one: it follows the load (tune.FollowLoad), short
+	// after a pass that moved a message or two, minGap after a full one.
+	gap := tune.FollowLoad(minGap, 0)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var nextDue time.Time // the earliest delayed message's time, as last read (zero: none)
@@ -260,6 +275,8 @@ func (s *Sequencer) run(ctx context.Context) error {
 		prompted = false
 		if err == nil {
 			failures.Succeeded()
+			gap = tune.FollowLoad(minGap, n)
+			s.pace.Store(int64(gap))
 		}
 		var wait time.Duration
 		switch {
@@ -300,9 +317,9 @@ func (s *Sequencer) run(ctx context.Context) error {
 		case <-s.poke:
 			prompted = true
 			if err == nil {
-				// Not before the debounce, nor closer than minGap to the
+				// Not before the debounce, nor closer than gap to the
 				// start of the previous pass.
-				if d := max(s.cfg.Debounce, minGap-time.Since(started)); d > 0 {
+				if d := max(s.cfg.Debounce, gap-time.Since(started)); d > 0 {
 					select {
 					case <-ctx.Done():
 						return nil

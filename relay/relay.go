@@ -70,10 +70,13 @@ type Config struct {
 	// MinAppendInterval paces a busy relay (default
 	// DefaultMinAppendInterval; negative: no floor), as
 	// SequencerConfig.MinPassInterval paces the table mode's sequencer: an
-	// append follows the previous one no sooner than this after it started,
+	// append follows the previous one no sooner than a wait that follows
+	// the load after it started — 1/20 of MinAppendInterval after an
+	// append of one message, growing by 1/80 of it with each further
+	// message, never more than MinAppendInterval (Stats.Pace shows it) —
 	// and takes every transaction decoded meanwhile (up to MaxBatch), so
 	// a stream of small commits is appended, and wakes Subscribers, in
-	// steps of everything committed over the interval rather than once per
+	// steps of everything committed over the wait rather than once per
 	// commit, each step costing a read, a cursor move and a send per
 	// partition it touches. A commit after an idle stretch is appended at
 	// once. Smaller values trade CPU per message for latency under load.
@@ -195,6 +198,10 @@ type Stats struct {
 	// fail: an unregistered partition, say, stops the whole mode.
 	Failures  int64
 	LastError string
+	// Pace is how soon after the start of the last append the next may
+	// start: short at light load, growing with the messages an append
+	// carries, up to MinAppendInterval (see MinAppendInterval).
+	Pace time.Duration
 }
 
 // Relay streams a schema's slot into its log. Create it with New, start it
@@ -208,6 +215,7 @@ type Relay struct {
 	prefix string
 
 	appended, transactions, appends, skipped, failures atomic.Int64
+	pace                                               atomic.Int64 // the load-following gap after the last append (ns)
 	active                                             atomic.Bool
 	// toldDelayed: the relay said once that delayed messages wait for a
 	// sequencer (delay.go).
@@ -248,7 +256,8 @@ func (r *Relay) Stats() Stats {
 	if r == nil {
 		return Stats{}
 	}
-	st := Stats{Appended: r.appended.Load(), Transactions: r.transactions.Load(), Appends: r.appends.Load(), Skipped: r.skipped.Load(), Active: r.active.Load(), Failures: r.failures.Load()}
+	st := Stats{Appended: r.appended.Load(), Transactions: r.transactions.Load(), Appends: r.appends.Load(), Skipped: r.skipped.Load(), Active: r.active.Load(), Failures: r.failures.Load(),
+		Pace: time.Duration(r.pace.Load())}
 	if e := r.lastError.Load(); e != nil {
 		st.LastError = *e
 	}

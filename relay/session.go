@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgrepl"
 	"github.com/millrace/watermill-outbox/internal/relaydriver"
+	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
 )
 
@@ -133,13 +134,18 @@ func (s *session) raiseConfirmed(l pgrepl.LSN) {
 }
 
 // appendLoop appends what the reader decoded: it waits for a transaction,
-// then, paced by MinAppendInterval, takes every one decoded until the
-// interval since the previous append's start is over (up to MaxBatch
-// messages), and appends them in one database transaction.
+// then, paced by a wait that follows the load (tune.FollowLoad of
+// MinAppendInterval and the previous append's messages), takes every one
+// decoded until that wait since the previous append's start is over (up
+// to MaxBatch messages), and appends them in one database transaction.
 func (s *session) appendLoop(ctx context.Context) error {
 	var (
 		batch    []txn
 		lastFrom time.Time // when the previous append started
+		// gap follows the load (tune.FollowLoad): how long after the
+		// previous append's start the next may start, short after an
+		// append of a message or two, MinAppendInterval after a large one.
+		gap = tune.FollowLoad(s.r.cfg.MinAppendInterval, 0)
 	)
 	pace := time.NewTimer(time.Hour)
 	pace.Stop()
@@ -156,7 +162,7 @@ func (s *session) appendLoop(ctx context.Context) error {
 		}
 		n := len(batch[0].msgs)
 		var due <-chan time.Time
-		if wait := time.Until(lastFrom.Add(s.r.cfg.MinAppendInterval)); wait > 0 {
+		if wait := time.Until(lastFrom.Add(gap)); wait > 0 {
 			pace.Reset(wait)
 			due = pace.C
 		}
@@ -199,6 +205,8 @@ func (s *session) appendLoop(ctx context.Context) error {
 		if err := s.append(ctx, batch, n); err != nil {
 			return err
 		}
+		gap = tune.FollowLoad(s.r.cfg.MinAppendInterval, n)
+		s.r.pace.Store(int64(gap))
 		last := batch[len(batch)-1]
 		s.pos = last.commitLSN
 		s.raiseConfirmed(last.endLSN)

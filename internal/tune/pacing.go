@@ -66,3 +66,38 @@ func (p Pacing) ProceedDelay(streak int) time.Duration {
 	}
 	return max(p.ActiveInterval-time.Duration(steps)*p.RampStep, p.MinInterval)
 }
+
+// Load-following pace of the sequencer's passes and the relay's appends.
+const (
+	// LightLoadShare is the wait after a pass that moved one message, as a
+	// share of the busy pace: 1/20 (1 ms of adaptive.Default()'s 20 ms).
+	LightLoadShare = 20
+	// PerMessageShare is what each further message of the pass adds to the
+	// wait, as a share of the busy pace: 1/80 (250 µs of 20 ms), so that
+	// the wait reaches the busy pace at 77 messages a pass.
+	PerMessageShare = 80
+)
+
+// FollowLoad returns how long after the start of a sequencer pass (or a
+// relay append) that moved n messages the next one starts, for a busy
+// pace of busy (SequencerConfig.MinPassInterval,
+// relay.Config.MinAppendInterval): busy/LightLoadShare after a pass of at
+// most one message, growing by busy/PerMessageShare with each further
+// message, never more than busy. At light load a message then waits about
+// a millisecond for the next pass rather than half the busy pace; as the
+// load grows the wait grows with it, and each pass carries more, up to
+// the busy pace's passes under a backlog. busy <= 0 (no floor) is 0.
+func FollowLoad(busy time.Duration, n int) time.Duration {
+	if busy <= 0 {
+		return 0
+	}
+	light := busy / LightLoadShare
+	if n <= 1 {
+		return light
+	}
+	step := busy / PerMessageShare
+	if step > 0 && time.Duration(n-1) >= (busy-light)/step {
+		return busy
+	}
+	return min(busy, light+time.Duration(n-1)*step)
+}

@@ -77,3 +77,36 @@ func TestPacingValidate(t *testing.T) {
 		})
 	}
 }
+
+// The load-following pace: short after a light pass, growing by a share
+// of the busy pace per message, capped by it; none without a floor.
+func TestFollowLoadGrowsWithTheMessagesOfAPass(t *testing.T) {
+	busy := 20 * time.Millisecond
+	for _, c := range []struct {
+		n    int
+		want time.Duration
+	}{
+		{0, time.Millisecond}, {1, time.Millisecond}, {2, 1250 * time.Microsecond}, {5, 2 * time.Millisecond},
+		{41, 11 * time.Millisecond}, {76, 19750 * time.Microsecond}, {77, busy}, {5000, busy}, {math.MaxInt, busy},
+	} {
+		if got := tune.FollowLoad(busy, c.n); got != c.want {
+			t.Errorf("FollowLoad(%v, %d) = %v, want %v", busy, c.n, got, c.want)
+		}
+	}
+	for _, busy := range []time.Duration{0, -time.Millisecond} {
+		if got := tune.FollowLoad(busy, 10); got != 0 {
+			t.Errorf("FollowLoad(%v, 10) = %v, want 0", busy, got)
+		}
+	}
+	// Monotone in n, for every profile's pace.
+	for _, p := range tune.Profiles() {
+		prev := time.Duration(0)
+		for n := range 200 {
+			got := tune.FollowLoad(p.SequencerInterval, n)
+			if got < prev || got > p.SequencerInterval {
+				t.Fatalf("%s: FollowLoad(%v, %d) = %v after %v", p.Name, p.SequencerInterval, n, got, prev)
+			}
+			prev = got
+		}
+	}
+}
