@@ -37,6 +37,9 @@ func latencyImage(runs []*latencyResult) (image.Image, error) {
 	loadIndex := map[string]int{}
 	var ss []series
 	for _, r := range runs {
+		if r.System == sysCeiling { // publish only: no latency
+			continue
+		}
 		cols := outboxCurveCols
 		label := map[string]string{sysPeer: "(b) peer", sysPeerTuned: "(b') tuned", sysRiver: "(d) River", sysOutboxALO: "(c') at least once", sysOutboxWAL: "(e) log-based"}[r.System]
 		if label == "" {

@@ -99,6 +99,13 @@ func (b *bench) latencyPhase(ctx context.Context, res *results) error {
 		runs = append(runs, run{name: sysOutboxWAL}, run{name: sysOutboxWAL, defaultTuning: true})
 	}
 	for _, load := range b.cfg.latencyLoads {
+		// The physical limit of the work at this load: the publish alone,
+		// a plain INSERT per message, nothing forwarded.
+		cr, err := b.runLatencyCeiling(ctx, load)
+		if err != nil {
+			return fmt.Errorf("%s at %d msg/s: %w", sysCeiling, load, err)
+		}
+		res.Latency = append(res.Latency, cr)
 		for _, r := range runs {
 			tuning := adaptive.LowLatency()
 			if r.defaultTuning {
@@ -186,6 +193,64 @@ func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int, tuni
 	r.finish(cpu0, readCPU(b.postmaster), cons, l, complete, end.Sub(t0))
 	r.Statements = b.topStatements(ctx)
 	logf("%s: %s", label, r.summary())
+	return r, nil
+}
+
+// runLatencyCeiling offers msgPerSec of plain INSERTs (system (a), a
+// bare table, no relay, no broker) for -latency-duration, open loop as
+// runLatency does, and measures the CPU per message of publishing alone:
+// the ceiling the forwarding systems' CPU per message is judged against.
+// It has no latency (nothing is delivered).
+func (b *bench) runLatencyCeiling(ctx context.Context, msgPerSec int) (*latencyResult, error) {
+	cfg := b.cfg
+	schema := fmt.Sprintf("lat_ceiling_%d", msgPerSec)
+	if err := b.createSchema(ctx, schema); err != nil {
+		return nil, err
+	}
+	sys, err := b.setupCeiling(ctx, schema)
+	if err != nil {
+		return nil, err
+	}
+	defer sys.stop()
+	pool, err := b.warmPool(ctx, cfg.latencyPublishers)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	perTx := max(1, msgPerSec/1000)
+	txs := latencyTxs(msgPerSec, cfg.latencyDuration)
+	r := &latencyResult{
+		System: sysCeiling, OfferedRate: msgPerSec, PerTx: perTx, TxPerSecond: float64(msgPerSec) / float64(perTx),
+		Seconds: cfg.latencyDuration.Seconds(), Publishers: cfg.latencyPublishers, Messages: txs * perTx,
+	}
+	lags := make([]int64, txs)
+	if err := b.beforeRun(ctx); err != nil {
+		return nil, err
+	}
+	label := fmt.Sprintf("latency %s at %d msg/s", sysCeiling, msgPerSec)
+	logf("%s: %d messages, %d per transaction, %.0f transactions/s for %v, %d publishers (publish only)", label, r.Messages, perTx, r.TxPerSecond, cfg.latencyDuration, cfg.latencyPublishers)
+	cpu0 := readCPU(b.postmaster)
+	t0 := time.Now()
+	l := &load{sys: sys, pool: pool, perTx: perTx, workers: cfg.latencyPublishers, t0: t0, lags: lags}
+	if err := b.publish(ctx, l, paced(ctx, t0, t0.Add(latencyWarmup), txs, r.TxPerSecond)); err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	cpu1 := readCPU(b.postmaster)
+	r.Received = l.published.Load() // what is committed is all there is to have
+	r.Complete = r.Received == int64(r.Messages)
+	if d := (time.Duration(l.lastCommit.Load()) - latencyWarmup).Seconds(); d > 0 {
+		r.AchievedRate = float64(l.published.Load()) / d
+	}
+	r.KeptSchedule = r.AchievedRate >= 0.97*float64(r.OfferedRate)
+	sortInt64s(lags)
+	r.LagP99Ms, r.LagMaxMs = ms(percentile(lags, 0.99)), ms(percentile(lags, 1))
+	r.CPUSeconds = cpu1.total() - cpu0.total()
+	r.CPUMicrosPerMessage = r.CPUSeconds * 1e6 / float64(r.Messages)
+	r.ProcessMicrosPerMessage = (cpu1.process - cpu0.process).Seconds() * 1e6 / float64(r.Messages)
+	r.PostgresMicrosPerMessage = (cpu1.server - cpu0.server).Seconds() * 1e6 / float64(r.Messages)
+	r.PeakRSSBytes = peakRSS()
+	r.Statements = b.topStatements(ctx)
+	logf("%s: %d of %d committed, %.0f msg/s; CPU %.1f µs/msg (process %.1f + PostgreSQL %.1f)", label, r.Received, r.Messages, r.AchievedRate, r.CPUMicrosPerMessage, r.ProcessMicrosPerMessage, r.PostgresMicrosPerMessage)
 	return r, nil
 }
 

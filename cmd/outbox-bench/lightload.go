@@ -14,6 +14,7 @@ const (
 	lightCPUAt1000   = 0.8  // CPU per message ÷ the best peer's, at 1,000 msg/s
 	lightCPUAt100    = 1.0  // the same at 100 msg/s
 	lightPublishWith = 0.8  // publish msg/s with the relay running ÷ plain INSERT's, 1/tx
+	lightCPUCeiling  = 1.5  // CPU per message ÷ the plain INSERT's at the same rate, at 1,000 msg/s (issue 40)
 )
 
 // peers are the systems the outbox is compared with.
@@ -28,6 +29,7 @@ func (res *results) lightLoadTargets() []target {
 	var out []target
 	for _, load := range []int{1000, 100} {
 		best := res.bestPeerLatency(load)
+		ceil := res.latencyRun(sysCeiling, load, "")
 		for _, sys := range []string{sysOutbox, sysOutboxWAL} {
 			l := res.latencyRun(sys, load, "adaptive.Default()")
 			if l == nil {
@@ -38,6 +40,10 @@ func (res *results) lightLoadTargets() []target {
 				out = append(out,
 					atMost(fmt.Sprintf("p50 commit→broker at 1,000 msg/s, %s (ms)", name), l.Latency.P50Ms, lightP50Ms, l.Complete),
 					atMost(fmt.Sprintf("p99 commit→broker at 1,000 msg/s, %s (ms)", name), l.Latency.P99Ms, lightP99Ms, l.Complete))
+				if ceil != nil && ceil.Complete && ceil.CPUMicrosPerMessage > 0 {
+					out = append(out, atMost(fmt.Sprintf("CPU per message at 1,000 msg/s ÷ the plain INSERT's at that rate (%.0f µs), %s", ceil.CPUMicrosPerMessage, name),
+						l.CPUMicrosPerMessage/ceil.CPUMicrosPerMessage, lightCPUCeiling, l.Complete))
+				}
 			}
 			if best == nil || best.CPUMicrosPerMessage == 0 {
 				continue

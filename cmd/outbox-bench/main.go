@@ -46,6 +46,9 @@
 //     reads the Kafka topic; commit→broker latency is the time from COMMIT
 //     returning to the consumer receiving the record (matched by the
 //     metadata bench_n, a Kafka header). Reports p50/p90/p99/p99.9/max.
+//     At each load (a), the plain INSERT, publishes alone at the same
+//     schedule, nothing forwarded: its CPU per message is the ceiling the
+//     others' is judged against.
 //   - growth, (c) only: (i) -growth-history messages (4 publishers, 100/tx,
 //     unpaced unless -growth-max-backlog) with the retention Vacuum on and
 //     the consumer deleting what it consumed from the broker, with a point

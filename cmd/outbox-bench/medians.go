@@ -144,6 +144,10 @@ func (f *figureTable) add(res *results) {
 			continue
 		}
 		key := fmt.Sprintf("latency, %s, %d msg/s: ", l.label(), l.OfferedRate)
+		if l.System == sysCeiling {
+			f.put(key+"CPU µs/msg", l.CPUMicrosPerMessage)
+			continue
+		}
 		f.put(key+"p50 ms", l.Latency.P50Ms)
 		f.put(key+"p99 ms", l.Latency.P99Ms)
 		f.put(key+"CPU µs/msg", l.CPUMicrosPerMessage)

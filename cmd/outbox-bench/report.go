@@ -487,6 +487,11 @@ func (res *results) latencyMarkdown(sb *strings.Builder) {
 			received = fmt.Sprintf("%d of %d (incomplete)", l.Received, l.Messages)
 		}
 		label := l.label()
+		if l.System == sysCeiling { // publish only: nothing is delivered
+			fmt.Fprintf(sb, "| %s | %d | %d | %s | %s committed | — | — | — | — | — | — | — | %s |\n",
+				label, l.OfferedRate, l.PerTx, achieved, received, cpuSplit(l.CPUMicrosPerMessage, l.ProcessMicrosPerMessage, l.PostgresMicrosPerMessage))
+			continue
+		}
 		fmt.Fprintf(sb, "| %s | %d | %d | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.2f | %s |\n",
 			label, l.OfferedRate, l.PerTx, achieved, received, l.Latency.P50Ms, l.Latency.P90Ms, l.Latency.P99Ms,
 			l.Latency.P999Ms, l.Latency.MaxMs, yesNo(l.Complete && l.Latency.P99Ms <= 25), l.DrainSeconds, cpuSplit(l.CPUMicrosPerMessage, l.ProcessMicrosPerMessage, l.PostgresMicrosPerMessage))
