@@ -51,6 +51,9 @@ type dbSide struct {
 	begin  func(context.Context) (pgx.Tx, error)
 	// expire makes a partition's lease expired, as time passing would.
 	expire func(partition int)
+	// forget makes a partition's writer unknown, as an upgrade from a
+	// schema before writer records leaves it.
+	forget func(partition int)
 	cursor func(partition int) sim.CursorRow
 }
 
@@ -95,6 +98,9 @@ func TestDatabaseModelIsPostgreSQL(t *testing.T) {
 		expire: func(p int) {
 			b.Exec(`UPDATE `+b.Schema+`.cursors SET lease_expires_at = now() - interval '1 second' WHERE group_name = $1 AND topic = $2 AND partition = $3`, pinGroup, pinTopic, p)
 		},
+		forget: func(p int) {
+			b.Exec(`UPDATE `+b.Schema+`.cursors SET writer = NULL WHERE group_name = $1 AND topic = $2 AND partition = $3`, pinGroup, pinTopic, p)
+		},
 		cursor: func(p int) sim.CursorRow { return pgCursor(t, b, p) },
 	}
 	ms := dbSide{
@@ -102,6 +108,7 @@ func TestDatabaseModelIsPostgreSQL(t *testing.T) {
 		store:  model.Store(),
 		begin:  model.Begin,
 		expire: func(p int) { model.Expire(pinGroup, pinTopic, p) },
+		forget: func(p int) { model.ForgetWriter(pinGroup, pinTopic, p) },
 		cursor: func(p int) sim.CursorRow { return model.Cursor(pinGroup, pinTopic, p) },
 	}
 	want := dbScenario(t, pg)
@@ -324,6 +331,16 @@ func dbScenario(t *testing.T, d dbSide) []string {
 		setWriter("member-c", p, "txn/member-c")
 		writer("member-c", p)
 	}
+	// A row from before writer records (Migrate leaves it NULL): unknown
+	// to its holder and to the others, until the holder records itself.
+	d.forget(1)
+	for _, m := range []string{"member-a", "member-c"} {
+		writer(m, 1)
+	}
+	setWriter("member-a", 1, "txn/member-a-old-token")
+	writer("member-c", 1)
+	setWriter("member-c", 1, "txn/member-c-again")
+	writer("member-c", 1)
 
 	// A failed attempt with its backoff, kept across a takeover; an undo
 	// of a delivery never handed out.

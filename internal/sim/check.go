@@ -127,6 +127,22 @@ func (w *world) check() {
 			res.Combined++
 		}
 	}
+	// 2b. Upgraded from a version before writer records: a partition whose
+	// writer became known was taken over, and the takeover fenced the old
+	// per-partition producer (one InitProducerId at the start, one more
+	// for the fence).
+	if w.sh.legacy {
+		for p := range w.sh.partitions {
+			r := w.db.cursors[cursorKey{group, topic, p}]
+			if r == nil || r.writerNull {
+				continue
+			}
+			res.LegacyTakeovers++
+			if n := w.k.inits[legacyID(p)]; n < 2 {
+				w.fail("partition %d: writer %q recorded over an unknown writer without fencing the old per-partition producer %s (%d InitProducerId)", p, r.writer, legacyID(p), n)
+			}
+		}
+	}
 	// 3. Dead letters.
 	dead := map[string]int{}
 	for _, d := range w.db.dead {

@@ -62,6 +62,8 @@ type kafka struct {
 	// checks the epoch first. The pinning tests set it to compare with
 	// kfake.
 	kfakeOrder bool
+	// inits counts each transactional id's InitProducerId calls.
+	inits map[string]int
 }
 
 // kpartition is a partition's log.
@@ -116,7 +118,7 @@ type txnID struct {
 
 func newKafka(now func() time.Time, txnTimeout time.Duration, maxMessageBytes, batchBytes int, partitioner kgo.Partitioner) *kafka {
 	return &kafka{now: now, txnTimeout: txnTimeout, maxMessageBytes: maxMessageBytes, batchBytes: batchBytes, partitioner: partitioner,
-		topics: map[string][]*kpartition{}, ids: map[string]*txnID{}, nextPID: 1000}
+		topics: map[string][]*kpartition{}, ids: map[string]*txnID{}, nextPID: 1000, inits: map[string]int{}}
 }
 
 // expire aborts the transactions open longer than the transaction
@@ -172,6 +174,7 @@ func (k *kafka) end(t *txn, commit bool) {
 // init is InitProducerId for id: a new epoch, and the open transaction of
 // the previous one aborted.
 func (k *kafka) init(id string) (int64, int16) {
+	k.inits[id]++
 	st := k.ids[id]
 	if st == nil {
 		st = &txnID{pid: k.nextPID, epoch: -1, fencedOpen: -1}

@@ -52,6 +52,15 @@ func (m *DBModel) Expire(group, topic string, partition int) {
 	}
 }
 
+// ForgetWriter makes the writer of the cursor row of (group, topic,
+// partition) unknown (NULL), as Migrate leaves the rows of a schema from
+// before writer records (0015_cursor_writer.sql).
+func (m *DBModel) ForgetWriter(group, topic string, partition int) {
+	if r := m.d.cursors[cursorKey{group, topic, partition}]; r != nil {
+		r.writer, r.writerNull = "", true
+	}
+}
+
 // CursorRow is a cursor row as the pinning tests compare it.
 type CursorRow struct {
 	Seq, Token               int64

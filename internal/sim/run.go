@@ -22,7 +22,10 @@ type Result struct {
 	// Combined counts the committed Kafka transactions that held records
 	// of several outbox partitions (a round of the target's producer).
 	Combined int
-	Elapsed  time.Duration // simulated
+	// LegacyTakeovers counts the partitions of a world upgraded from a
+	// version before writer records whose writer became known.
+	LegacyTakeovers int
+	Elapsed         time.Duration // simulated
 	// Failures are the invariants broken; empty when the schedule passed.
 	Failures []string
 	// Trace is the schedule's trace (with Options.Trace).

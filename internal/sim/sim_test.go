@@ -90,6 +90,7 @@ func TestSimulation(t *testing.T) {
 					totals.Crashes += res.Crashes
 					totals.Outages += res.Outages
 					totals.Combined += res.Combined
+					totals.LegacyTakeovers += res.LegacyTakeovers
 					if !res.OK() {
 						failed = append(failed, res)
 					}
@@ -99,8 +100,8 @@ func TestSimulation(t *testing.T) {
 		})
 	}
 	t.Cleanup(func() {
-		t.Logf("%d schedules in %v: %d steps, %d messages published, %d records in Kafka, %d dead-lettered, %d kills, %d freezes, %d commits ended as aborts by the client, %d database crashes, %d Kafka outages, %d committed transactions of several outbox partitions",
-			finished.Load(), time.Since(started).Round(time.Millisecond), totals.Steps, totals.Published, totals.InKafka, totals.Dead, totals.Kills, totals.Freezes, totals.Converted, totals.Crashes, totals.Outages, totals.Combined)
+		t.Logf("%d schedules in %v: %d steps, %d messages published, %d records in Kafka, %d dead-lettered, %d kills, %d freezes, %d commits ended as aborts by the client, %d database crashes, %d Kafka outages, %d committed transactions of several outbox partitions, %d takeovers of partitions written before writer records",
+			finished.Load(), time.Since(started).Round(time.Millisecond), totals.Steps, totals.Published, totals.InKafka, totals.Dead, totals.Kills, totals.Freezes, totals.Converted, totals.Crashes, totals.Outages, totals.Combined, totals.LegacyTakeovers)
 		if len(failed) > 0 {
 			slices.SortFunc(failed, func(a, b Result) int { return cmp.Compare(a.Seed, b.Seed) })
 			t.Errorf("%d of %d schedules failed; the first has seed %d", len(failed), finished.Load(), failed[0].Seed)

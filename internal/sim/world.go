@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -53,6 +54,10 @@ type shape struct {
 	burst                       int           // transactions published at once, at most
 	linger                      time.Duration // the targets' Linger
 	foreign                     bool          // another producer writes to the Kafka topic
+	// legacy: the outbox was upgraded from a version before writer
+	// records: every cursor row starts with its writer unknown (NULL), and
+	// each partition's old per-partition producer has a transaction open.
+	legacy bool
 
 	// fault rates
 	callFault, kill, freeze, join, leave float64
@@ -100,6 +105,7 @@ func drawShape(s *Sim) shape {
 	sh.dbCrash = 0.002 * storm
 	sh.kafkaOutage = 0.01 * storm
 	sh.convert = 0.05 * s.rng.Float64()
+	sh.legacy = s.chance(0.25)
 	return sh
 }
 
@@ -181,6 +187,9 @@ func (w *world) populate() {
 	w.k = newKafka(w.now, txnTimeout, maxMsgBytes, kafkatarget.DefaultMaxBatchBytes, kafkatarget.Partitioner())
 	w.k.kfakeOrder = w.s.chance(0.5)
 	w.k.createTopic(topic, w.sh.kafkaPartitions)
+	if w.sh.legacy {
+		w.upgradedFromLegacy()
+	}
 	for range w.sh.instances {
 		w.addInstance()
 	}
@@ -188,6 +197,35 @@ func (w *world) populate() {
 	for _, name := range []string{"relay-a", "relay-b"} {
 		w.addRelay(name)
 	}
+}
+
+// legacyID is the transactional id forwarders before writer records used
+// for outbox partition p (forwarder/kafka's partitionTransactionalID).
+func legacyID(p int) string {
+	return strings.Join([]string{"sim", schema, group, topic, strconv.Itoa(p)}, "/")
+}
+
+// upgradedFromLegacy makes the world one upgraded from a version before
+// writer records (migration 0015): every cursor row exists with its
+// writer unknown, and each partition's old producer has a transaction
+// open with a record in it (another source's, to the checks), as a
+// forwarder of the old version stopped mid-send would leave it. A takeover
+// must fence that id (InitProducerId) before it records itself: check
+// counts the fences.
+func (w *world) upgradedFromLegacy() {
+	for p := range w.sh.partitions {
+		w.db.cursors[cursorKey{group, topic, p}] = &cursorRow{writerNull: true}
+		id := legacyID(p)
+		w.k.init(id)
+		st := w.k.ids[id]
+		t := w.k.begin(id, st)
+		kp := int32(p % w.sh.kafkaPartitions)
+		t.parts[topicPartition{topic, kp}] = true
+		w.k.topics[topic][kp].append(krecord{key: []byte("legacy"), value: []byte("x"), txn: t, pid: st.pid, headers: []kgo.RecordHeader{
+			{Key: outbox.MetadataID, Value: []byte(topic + "/" + strconv.Itoa(p) + "/1")}, {Key: outbox.MetadataSource, Value: []byte("legacy")},
+		}})
+	}
+	w.db.flush()
 }
 
 // addRelay starts a relay process.
