@@ -12,6 +12,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/tune"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // SubscriberConfig configures a Subscriber. Pool and ConsumerGroup are
@@ -27,7 +28,7 @@ type SubscriberConfig struct {
 	// ConsumerGroup names the group whose cursor this subscriber advances.
 	// Subscribers in one group share the partitions; each group sees every
 	// message. Required: 1 to 200 bytes of UTF-8 without control or format
-	// characters (a *NameError otherwise).
+	// characters (a *outboxtype.NameError otherwise).
 	ConsumerGroup string
 	// Strategy is Leased (default) or Transactional.
 	Strategy Strategy
@@ -42,8 +43,8 @@ type SubscriberConfig struct {
 	// package deadletter, the CLI's dlq commands or the console). Set it to
 	// send them elsewhere, e.g. a deadletter.Store with other settings or a
 	// poison queue.
-	RejectHandler RejectHandler
-	// MaxAttempts takes a message out of the stream (RejectHandler) once it
+	RejectHandler outboxtype.RejectHandler
+	// MaxAttempts takes a message out of the stream (outboxtype.RejectHandler) once it
 	// was delivered that many times without success. Default
 	// DefaultMaxAttempts (10: with Default()'s backoff, 1 s doubling to
 	// 1 min, about four minutes of retries, long enough to ride out a
@@ -182,8 +183,8 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first impossible setting: a *ConfigError, or a
-// *NameError for a bad schema or group name.
+// Validate reports the first impossible setting: a *outboxtype.ConfigError, or a
+// *outboxtype.NameError for a bad schema or group name.
 func (c SubscriberConfig) Validate() error {
 	c.setDefaults()
 	if err := names.Schema(c.Schema); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/tune"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // maxKnobs is issue 26's bound on the settable fields reachable from
@@ -186,7 +187,7 @@ func TestSettingOneKnobNeverFailsValidation(t *testing.T) {
 	defaults := base
 	defaults.setDefaults()
 	dv := reflect.ValueOf(defaults)
-	reject := RejectHandlerFunc(func(context.Context, pgx.Tx, RejectedMessage) error { return nil })
+	reject := outboxtype.RejectHandlerFunc(func(context.Context, pgx.Tx, outboxtype.RejectedMessage) error { return nil })
 	tried := 0
 	for _, k := range knobs() {
 		var values []any
@@ -202,9 +203,9 @@ func TestSettingOneKnobNeverFailsValidation(t *testing.T) {
 			values = []any{!x}
 		case int:
 			values = []any{1, max(x, 1) * 3, max(x, 1) * 100}
-		case RejectHandler, nil:
+		case outboxtype.RejectHandler, nil:
 			if k.path == "RejectHandler" {
-				values = []any{RejectHandler(reject)}
+				values = []any{outboxtype.RejectHandler(reject)}
 			}
 		}
 		if k.path == "Pool" || k.path == "ConsumerGroup" {

@@ -19,6 +19,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The crash loop: a consumer process (this test binary, run as
@@ -306,7 +307,7 @@ func TestCrashLoopConsumerChild(t *testing.T) {
 	maxAttempts, _ := strconv.Atoi(os.Getenv("OUTBOX_CRASHLOOP_MAX_ATTEMPTS"))
 	pool := pgtest.Pool(t)
 	e := env{outboxtest.Attach(t, pool, schema)}
-	rejects := outbox.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+	rejects := outboxtype.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 		_, err := tx.Exec(c, "INSERT INTO "+schema+".rejects VALUES ($1, $2, $3, $4)", m.UUID, m.Seq, m.Attempts, m.Reason.Error())
 		return err
 	})

@@ -132,7 +132,7 @@ func TestRejectToNeedsNoSubscriberRejectHandler(t *testing.T) {
 	}
 }
 
-// warnCapture records warnings (it implements outbox.WarnLogger).
+// warnCapture records warnings (it implements outboxtype.WarnLogger).
 type warnCapture struct {
 	watermill.NopLogger
 	mu   sync.Mutex

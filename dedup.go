@@ -126,7 +126,7 @@ type dedupPlan struct {
 // planDedup reads the dedup keys of msgs and clears their marks from an
 // earlier Publish. It returns nil when none has a key: the call then runs
 // the statements of a call without dedup keys. A bad key is a
-// *MessageError.
+// *outboxtype.MessageError.
 func planDedup(msgs []*message.Message) (*dedupPlan, error) {
 	var (
 		plan *dedupPlan

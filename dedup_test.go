@@ -14,6 +14,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // deduped is a message with dedup key key (none when "").
@@ -303,7 +304,7 @@ func TestDedupBadInputIsTyped(t *testing.T) {
 		good := deduped(t, "good-"+name, "good-"+name)
 		bad := message.NewMessage("bad-"+name, nil)
 		bad.Metadata.Set(outbox.DedupKeyMetadata, key)
-		var me *outbox.MessageError
+		var me *outboxtype.MessageError
 		if err := pub.Publish("orders", good, bad); !errors.As(err, &me) || !errors.Is(err, outbox.ErrInvalidMessage) || me.UUID != bad.UUID {
 			t.Errorf("Publish with a %s dedup key in the metadata: %v, want a *MessageError naming %s", name, err, bad.UUID)
 		}
@@ -321,7 +322,7 @@ func TestDedupBadInputIsTyped(t *testing.T) {
 		"DedupWindows[orders]":   {DedupWindows: map[string]time.Duration{"orders": 0}},
 		"DedupWindows[negative]": {DedupWindows: map[string]time.Duration{"orders": -time.Hour}},
 	} {
-		var ce *outbox.ConfigError
+		var ce *outboxtype.ConfigError
 		if err := cfg.Validate(); !errors.As(err, &ce) || !strings.HasPrefix(ce.Field, "DedupWindow") {
 			t.Errorf("%s: %v, want a *ConfigError on DedupWindow(s)", name, err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/metrics"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // fakeClock is a sequencer clock a test moves by hand. It counts how often
@@ -374,7 +375,7 @@ func TestDeliverAtRefusesBadInput(t *testing.T) {
 	e.Register("orders", 1)
 	bad := outboxtest.Keyed("bad", "k", 1, "x")
 	bad.Metadata.Set(outbox.MetadataDeliverAt, "tomorrow")
-	var me *outbox.MessageError
+	var me *outboxtype.MessageError
 	if err := e.Publisher(nil).Publish("orders", outboxtest.Keyed("good", "k", 0, "x"), bad); !errors.As(err, &me) {
 		t.Fatalf("Publish of a message with a DeliverAt that is not a time: %v, want a *MessageError", err)
 	}

@@ -15,7 +15,7 @@ import (
 // (TestLibraryPackageListIsComplete).
 var libraryPackages = []string{
 	".", "./adaptive", "./admin", "./console", "./deadletter", "./forwarder", "./forwarder/jetstream",
-	"./forwarder/kafka", "./inbox", "./metrics", "./partitioning", "./pipeline", "./relay", "./retention",
+	"./forwarder/kafka", "./inbox", "./metrics", "./outboxtype", "./partitioning", "./pipeline", "./relay", "./retention",
 }
 
 // brokerClients are the broker client libraries, each with the one package

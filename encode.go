@@ -66,17 +66,17 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 			raw += len(k) + len(v)
 		}
 		if raw > p.cfg.MaxMetadataBytes { // (before encoding it: JSON only grows)
-			return b, errs.NewLimitError(errs.ErrMetadataTooLarge, "MaxMetadataBytes", m.UUID, raw, p.cfg.MaxMetadataBytes)
+			return b, &errs.LimitError{Limit: "MaxMetadataBytes", UUID: m.UUID, Size: raw, Max: p.cfg.MaxMetadataBytes}
 		}
 		buf, err = appendMetadataJSON(buf[:0], m.Metadata)
 		if err != nil {
 			return b, &errs.MessageError{UUID: m.UUID, Reason: err.Error()}
 		}
 		if len(buf) > p.cfg.MaxMetadataBytes {
-			return b, errs.NewLimitError(errs.ErrMetadataTooLarge, "MaxMetadataBytes", m.UUID, len(buf), p.cfg.MaxMetadataBytes)
+			return b, &errs.LimitError{Limit: "MaxMetadataBytes", UUID: m.UUID, Size: len(buf), Max: p.cfg.MaxMetadataBytes}
 		}
 		if total += len(buf) + len(m.Payload) + len(m.UUID) + len(key); total > p.cfg.MaxPublishBytes {
-			return b, errs.NewLimitError(errs.ErrPublishTooLarge, "MaxPublishBytes", "", total, p.cfg.MaxPublishBytes)
+			return b, &errs.LimitError{Limit: "MaxPublishBytes", UUID: "", Size: total, Max: p.cfg.MaxPublishBytes}
 		}
 		b.partitions[i] = int32(part)
 		b.keys[i] = key

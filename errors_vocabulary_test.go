@@ -9,6 +9,7 @@ import (
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 	"github.com/millrace/watermill-outbox/retention"
 )
@@ -48,9 +49,9 @@ func TestEveryPackageMatchesTheRootSentinels(t *testing.T) {
 			t.Errorf("%s = %v: does not match %v", c.name, c.err, c.want)
 		}
 	}
-	var ce *outbox.ConfigError
+	var ce *outboxtype.ConfigError
 	if !errors.As(tuning.Validate(), &ce) || ce.Field == "" {
-		t.Errorf("adaptive's error is not an *outbox.ConfigError naming its field: %v", tuning.Validate())
+		t.Errorf("adaptive's error is not an *outboxtype.ConfigError naming its field: %v", tuning.Validate())
 	}
 	if partitioning.MaxPartitions != outbox.MaxPartitions {
 		t.Errorf("two partition limits: partitioning %d, outbox %d", partitioning.MaxPartitions, outbox.MaxPartitions)

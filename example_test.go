@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Publish two messages in the caller's transaction, sequence them, and read
@@ -108,7 +109,7 @@ func ExampleKeyIsolation() {
 		Pool:          pool,
 		ConsumerGroup: "billing",
 		MaxAttempts:   10,
-		RejectHandler: outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+		RejectHandler: outboxtype.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 			return nil // e.g. a deadletter.Store
 		}),
 		KeyIsolation: outbox.KeyIsolation{Enabled: true, MaxHeldKeys: 50},

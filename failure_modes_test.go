@@ -18,6 +18,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The failure modes of issue 10: each ends in a counted attempt, a visible
@@ -85,7 +86,7 @@ func pgxTxFrom(ctx context.Context) (pgx.Tx, bool) {
 	return ptx, ok
 }
 
-func rejectedUUIDs(got []outbox.RejectedMessage) []string {
+func rejectedUUIDs(got []outboxtype.RejectedMessage) []string {
 	var ids []string
 	for _, m := range got {
 		ids = append(ids, m.UUID)
@@ -411,7 +412,7 @@ func TestCrashingConsumerChild(t *testing.T) {
 	fmt.Sscan(os.Getenv("OUTBOX_CRASH_MAX_ATTEMPTS"), &maxAttempts)
 	pool := pgtest.Pool(t)
 	e := env{outboxtest.Attach(t, pool, schema)}
-	rejects := outbox.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+	rejects := outboxtype.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 		_, err := tx.Exec(c, "INSERT INTO "+schema+".rejects VALUES ($1, $2, $3, $4)", m.UUID, m.Seq, m.Attempts, m.Reason.Error())
 		return err
 	})
@@ -515,7 +516,7 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	var nm *outbox.NotMigratedError
+	var nm *outboxtype.NotMigratedError
 	if _, err := sub.Subscribe(outboxtest.Ctx(t), "orders"); !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) || !strings.Contains(err.Error(), "outbox.Migrate") {
 		t.Fatalf("Subscribe on an unmigrated schema: %v, want ErrNotMigrated naming outbox.Migrate", err)
 	}

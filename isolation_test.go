@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/metrics"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/retention"
 )
 
@@ -247,11 +248,11 @@ func TestHeldKeyIsDeadLetteredAfterMaxAttemptsAndItsRestFollows(t *testing.T) {
 			// then A2..A5 follow in order.
 			var (
 				mu       sync.Mutex
-				rejected []outbox.RejectedMessage
+				rejected []outboxtype.RejectedMessage
 			)
 			isoConsumer(t, e, w, "g", "orders", func(_, uuid string) bool { return uuid == "A1" }, func(c *outbox.SubscriberConfig) {
 				c.MaxAttempts = 3
-				c.RejectHandler = outbox.RejectHandlerFunc(func(_ context.Context, _ pgx.Tx, m outbox.RejectedMessage) error {
+				c.RejectHandler = outboxtype.RejectHandlerFunc(func(_ context.Context, _ pgx.Tx, m outboxtype.RejectedMessage) error {
 					mu.Lock()
 					defer mu.Unlock()
 					rejected = append(rejected, m)
@@ -323,7 +324,7 @@ func TestKeyIsolationBoundsAreValidated(t *testing.T) {
 		"KeyIsolation.MaxHeldKeys": {Enabled: true, MaxHeldKeys: -1},
 	} {
 		err := outbox.SubscriberConfig{Pool: &pgxpool.Pool{}, ConsumerGroup: "g", KeyIsolation: k}.Validate()
-		var ce *outbox.ConfigError
+		var ce *outboxtype.ConfigError
 		if !errors.As(err, &ce) || ce.Field != name || !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Errorf("%+v: %v, want a ConfigError on %s", k, err, name)
 		}
@@ -373,7 +374,7 @@ func TestOperatorRetriesOrDeadLettersAHeldKey(t *testing.T) {
 	)
 	isoConsumer(t, e, isoWays[0], "g", "orders", func(key, _ string) bool { return key == "A" && !fixed.Load() }, func(c *outbox.SubscriberConfig) {
 		c.Tuning.BackoffBase, c.Tuning.BackoffMax = time.Hour, time.Hour // only the operator retries
-		c.RejectHandler = outbox.RejectHandlerFunc(func(_ context.Context, _ pgx.Tx, m outbox.RejectedMessage) error {
+		c.RejectHandler = outboxtype.RejectHandlerFunc(func(_ context.Context, _ pgx.Tx, m outboxtype.RejectedMessage) error {
 			mu.Lock()
 			defer mu.Unlock()
 			rejected = append(rejected, m.UUID+": "+m.Reason.Error())

@@ -26,9 +26,9 @@ func init() { schemacheck.Latest = SchemaVersion }
 // It is idempotent and safe to run from several instances at once: the
 // migrations run in one transaction under an advisory lock, and each applied
 // version is recorded in schema.schema_migrations. A database migrated by a
-// newer release is refused with a *SchemaVersionError (ErrSchemaTooNew) and
+// newer release is refused with a *outboxtype.SchemaVersionError (ErrSchemaTooNew) and
 // left untouched. So is a system schema (information_schema, pg_catalog or
-// any other pg_ name), with a *NameError (ErrInvalidName), as every entry
+// any other pg_ name), with a *outboxtype.NameError (ErrInvalidName), as every entry
 // point refuses it.
 func Migrate[D DB](ctx context.Context, db D, schema string) error {
 	return migrate(ctx, any(db), schema)

@@ -14,6 +14,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
@@ -71,7 +72,7 @@ func TestMigrateRefusesNewerDatabase(t *testing.T) {
 	if !errors.Is(err, outbox.ErrSchemaTooNew) {
 		t.Fatalf("err = %v, want ErrSchemaTooNew", err)
 	}
-	var sv *outbox.SchemaVersionError
+	var sv *outboxtype.SchemaVersionError
 	if !errors.As(err, &sv) || sv.Database != future || sv.Library != outbox.SchemaVersion {
 		t.Fatalf("err = %#v", err)
 	}

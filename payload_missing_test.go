@@ -11,6 +11,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // A message whose payload was kept in bodies, and whose bodies row is gone,
@@ -76,7 +77,7 @@ func TestMissingPayloadIsACountedFailureNeverAnEmptyMessage(t *testing.T) {
 			if r.UUID != "lost" || !errors.Is(r.Reason, outbox.ErrPoison) || !strings.Contains(r.Reason.Error(), "missing") {
 				t.Fatalf("dead letter %s: %v", r.UUID, r.Reason)
 			}
-			var pe *outbox.PayloadMissingError
+			var pe *outboxtype.PayloadMissingError
 			if !errors.As(r.Reason, &pe) || pe.Seq != 2 || !errors.Is(r.Reason, outbox.ErrPayloadMissing) {
 				t.Fatalf("dead letter reason %v: want a *PayloadMissingError for seq 2", r.Reason)
 			}

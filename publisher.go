@@ -80,7 +80,7 @@ type PublisherConfig struct {
 
 	// Topics lists topics with their partition counts. A topic listed here is
 	// registered on first use; registering it with another count than the
-	// database has fails with a *PartitionMismatchError.
+	// database has fails with a *outboxtype.PartitionMismatchError.
 	Topics map[string]int
 
 	// AutoCreateTopics registers topics that are neither in the database nor
@@ -106,14 +106,14 @@ type PublisherConfig struct {
 
 	// MaxMetadataBytes limits one message's metadata, as stored (JSON;
 	// default DefaultMaxMetadataBytes, at most MaxMaxPublishBytes). A
-	// message over it gets an ErrMetadataTooLarge *LimitError.
+	// message over it gets an ErrMetadataTooLarge *outboxtype.LimitError.
 	MaxMetadataBytes int
 
 	// MaxPublishBytes limits what one Publish call carries, payloads and
 	// metadata of all its messages (default DefaultMaxPublishBytes, or
 	// MaxPayloadBytes when that is set higher; at most
 	// MaxMaxPublishBytes). A call over it gets an ErrPublishTooLarge
-	// *LimitError before anything is sent.
+	// *outboxtype.LimitError before anything is sent.
 	MaxPublishBytes int
 
 	// DisableNotify turns off the NOTIFY that wakes the sequencer when a
@@ -224,8 +224,8 @@ func (c *PublisherConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first impossible setting as a *ConfigError (or a
-// *NameError for a bad schema or topic name).
+// Validate reports the first impossible setting as a *outboxtype.ConfigError (or a
+// *outboxtype.NameError for a bad schema or topic name).
 func (c PublisherConfig) Validate() error {
 	c.setDefaults()
 	if err := names.Schema(c.Schema); err != nil {

@@ -18,6 +18,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Bad inputs of issue 10: each gets a typed error, never a panic or a
@@ -36,7 +37,7 @@ func TestPublishOfNilMessagesIsATypedError(t *testing.T) {
 		"m, nil":       {message.NewMessage("m", []byte("x")), nil},
 		"nil, m, nil,": {nil, message.NewMessage("m", []byte("x"))},
 	} {
-		var me *outbox.MessageError
+		var me *outboxtype.MessageError
 		if err := pub.Publish("orders", msgs...); !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) {
 			t.Fatalf("Publish(%s) = %v, want ErrInvalidMessage", name, err)
 		}
@@ -75,7 +76,7 @@ func TestWithTxRefusesHandlesThatAreNotTransactions(t *testing.T) {
 	} {
 		m := message.NewMessage("m", []byte("x"))
 		m.SetContext(outbox.WithTx(outboxtest.Ctx(t), handle))
-		var nt *outbox.NotInTxError
+		var nt *outboxtype.NotInTxError
 		if err := pub.Publish("orders", m); !errors.Is(err, outbox.ErrNotInTx) || !errors.As(err, &nt) {
 			t.Fatalf("%s: Publish = %v, want ErrNotInTx", name, err)
 		}
@@ -177,7 +178,7 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 	}
 	for name, run := range cases {
 		err := run()
-		var nm *outbox.NotMigratedError
+		var nm *outboxtype.NotMigratedError
 		if !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) || !strings.Contains(err.Error(), "outbox.Migrate") {
 			t.Errorf("%s: %v, want ErrNotMigrated naming outbox.Migrate", name, err)
 		}
@@ -271,7 +272,7 @@ func TestPublishLimitsMetadataAndTheCallsSize(t *testing.T) {
 	}
 	huge := message.NewMessage("huge-metadata", []byte("x"))
 	huge.Metadata.Set("blob", strings.Repeat("m", 50<<20)) // 50 MB under a 1 MiB payload limit
-	var le *outbox.LimitError
+	var le *outboxtype.LimitError
 	if err := pub.Publish("orders", huge); !errors.Is(err, outbox.ErrMetadataTooLarge) || !errors.As(err, &le) || le.UUID != "huge-metadata" {
 		t.Fatalf("50 MB of metadata: %v, want ErrMetadataTooLarge", err)
 	}
@@ -364,7 +365,7 @@ func TestTxPublisherRefusesNilMessagesNamingTheIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var me *outbox.MessageError
+	var me *outboxtype.MessageError
 	err = pub.Publish("orders", message.NewMessage("a", []byte("x")), nil)
 	if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) || !strings.Contains(err.Error(), "message 1 ") {
 		t.Fatalf("Publish(m, nil) = %v, want ErrInvalidMessage naming message 1", err)
@@ -624,7 +625,7 @@ func TestEveryEntryPointRefusesSystemSchemas(t *testing.T) {
 			"NewSequencer":         seqErr,
 			"CurrentSchemaVersion": verErr,
 		} {
-			var ne *outbox.NameError
+			var ne *outboxtype.NameError
 			if !errors.Is(err, outbox.ErrInvalidName) || !errors.As(err, &ne) {
 				t.Errorf("%s(%q) = %v, want ErrInvalidName", name, schema, err)
 			}

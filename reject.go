@@ -11,6 +11,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Reject marks msg, a message delivered by a Subscriber, as poison because of
@@ -32,23 +33,9 @@ func Reject(msg *message.Message, cause error) error {
 // wiring the store once, where the message is rejected, is enough. With
 // h nil it is Reject. The handler runs as a RejectHandler does, in the
 // transaction that moves the cursor past the message.
-func RejectTo(msg *message.Message, cause error, h RejectHandler) error {
+func RejectTo(msg *message.Message, cause error, h outboxtype.RejectHandler) error {
 	return consumer.Reject(msg, cause, h)
 }
-
-// RejectedMessage is a message taken out of its stream as poison: what a
-// RejectHandler receives.
-type RejectedMessage = consumer.RejectedMessage
-
-// RejectHandler takes rejected messages out of the stream, typically into a
-// dead-letter store. HandleReject runs in tx, the transaction that also
-// moves the group's cursor past the message, so the message is stored as
-// rejected if and only if the cursor moves. An error keeps the message in
-// the stream (it is retried like a Nack).
-type RejectHandler = consumer.RejectHandler
-
-// RejectHandlerFunc adapts a function to RejectHandler.
-type RejectHandlerFunc = consumer.RejectHandlerFunc
 
 // IsDelivered reports whether msg was delivered by a Subscriber (so Reject
 // on it reaches the Subscriber).
@@ -62,8 +49,8 @@ type schemaDeadLetters struct {
 	schema string
 }
 
-// HandleReject implements RejectHandler.
-func (d schemaDeadLetters) HandleReject(ctx context.Context, tx pgx.Tx, m RejectedMessage) error {
+// HandleReject implements outboxtype.RejectHandler.
+func (d schemaDeadLetters) HandleReject(ctx context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 	if tx == nil {
 		return ErrNilTx
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/notifier"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/runnerhook"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/worker"
 )
@@ -326,12 +327,19 @@ func (s *Subscriber) prepare(ctx context.Context, topic string, out chan<- *mess
 	return consumer.NewSubscription(s.workers, manager, topic, strconv.FormatInt(incarnation, 10), out, handler), nil
 }
 
-// Subscription returns this Subscriber's delivery of topic, to be driven
+func init() {
+	runnerhook.Subscription = func(sub any, ctx context.Context, topic string, out chan<- *message.Message, batch consumer.BatchHandler) (*consumer.Subscription, error) {
+		s, _ := sub.(*Subscriber)
+		return s.subscription(ctx, topic, out, batch)
+	}
+}
+
+// subscription returns this Subscriber's delivery of topic, to be driven
 // one turn at a time by its caller instead of by goroutines of its own:
-// what package outboxtest's Runner is made of. Its messages go to out (one
-// at a time), or to batch when it is not nil. Programs use Subscribe or
-// ConsumeBatches.
-func (s *Subscriber) Subscription(ctx context.Context, topic string, out chan<- *message.Message, batch BatchHandler) (*consumer.Subscription, error) {
+// what package outboxtest's Runner is made of (through internal/runnerhook).
+// Its messages go to out (one at a time), or to batch when it is not nil.
+// Programs use Subscribe or ConsumeBatches.
+func (s *Subscriber) subscription(ctx context.Context, topic string, out chan<- *message.Message, batch consumer.BatchHandler) (*consumer.Subscription, error) {
 	if s == nil || s.workers == nil {
 		return nil, errNotConstructed
 	}

@@ -13,6 +13,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // countCursorWrites installs a trigger that counts updates of cursor seqs.
@@ -169,7 +170,7 @@ func TestWorkersSurvivePanics(t *testing.T) {
 	uuids := publishKeyed(t, e, "p", 4, 25)
 	var panickedReject bool
 	var mu sync.Mutex
-	rejects := outbox.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+	rejects := outboxtype.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if !panickedReject {

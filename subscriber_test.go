@@ -16,6 +16,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // publishKeyed publishes perKey messages for each of keys keys (in rounds,
@@ -297,14 +298,14 @@ func TestFrozenInstanceCannotMoveTheCursorAfterTakeover(t *testing.T) {
 
 // rejectLog is a RejectHandler that stores rejected messages in a table, in
 // the transaction that moves the cursor.
-func rejectLog(t *testing.T, e env) (outbox.RejectHandler, func() []outbox.RejectedMessage) {
+func rejectLog(t *testing.T, e env) (outboxtype.RejectHandler, func() []outboxtype.RejectedMessage) {
 	t.Helper()
 	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "CREATE TABLE "+e.Schema+".rejects (uuid text PRIMARY KEY, seq bigint, attempts int, reason text)"); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var got []outbox.RejectedMessage
-	handler := outbox.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+	var got []outboxtype.RejectedMessage
+	handler := outboxtype.RejectHandlerFunc(func(c context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 		if _, err := tx.Exec(c, "INSERT INTO "+e.Schema+".rejects VALUES ($1, $2, $3, $4)", m.UUID, m.Seq, m.Attempts, m.Reason.Error()); err != nil {
 			return err
 		}
@@ -313,10 +314,10 @@ func rejectLog(t *testing.T, e env) (outbox.RejectHandler, func() []outbox.Rejec
 		mu.Unlock()
 		return nil
 	})
-	return handler, func() []outbox.RejectedMessage {
+	return handler, func() []outboxtype.RejectedMessage {
 		mu.Lock()
 		defer mu.Unlock()
-		return append([]outbox.RejectedMessage(nil), got...)
+		return append([]outboxtype.RejectedMessage(nil), got...)
 	}
 }
 

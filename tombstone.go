@@ -24,9 +24,9 @@ const MetadataTombstone = tombstone.Metadata
 // empty payload and metadata MetadataTombstone.
 //
 // A tombstone needs a partition key: the Publisher refuses one without a
-// key, or with a payload, as a *MessageError (ErrInvalidMessage), and
+// key, or with a payload, as a *outboxtype.MessageError (ErrInvalidMessage), and
 // writes nothing of the Publish call. Tombstone itself refuses a nil msg
-// (ErrInvalidArgument) and a msg with a payload (*MessageError), and then
+// (ErrInvalidArgument) and a msg with a payload (*outboxtype.MessageError), and then
 // leaves msg unchanged.
 func Tombstone(msg *message.Message) error {
 	if msg == nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestTombstoneMarksOnlyAMessageWithoutPayload(t *testing.T) {
@@ -15,7 +16,7 @@ func TestTombstoneMarksOnlyAMessageWithoutPayload(t *testing.T) {
 		t.Fatalf("Tombstone(nil) = %v, want ErrInvalidArgument", err)
 	}
 	full := message.NewMessage("full", []byte("x"))
-	var me *outbox.MessageError
+	var me *outboxtype.MessageError
 	if err := outbox.Tombstone(full); !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) {
 		t.Fatalf("Tombstone(message with a payload) = %v, want a *MessageError", err)
 	}
@@ -59,7 +60,7 @@ func TestPublisherRefusesBadTombstones(t *testing.T) {
 	badMark.Metadata.Set(outbox.MetadataTombstone, "yes")
 	for _, bad := range []*message.Message{withPayload, keyless, badMark} {
 		good := keyed("good-"+bad.UUID, "k2", "v")
-		var me *outbox.MessageError
+		var me *outboxtype.MessageError
 		err := pub.Publish("settings", good, bad)
 		if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) || me.UUID != bad.UUID {
 			t.Fatalf("Publish(%s) = %v, want a *MessageError naming it", bad.UUID, err)

@@ -28,7 +28,7 @@ const DefaultSchema = names.DefaultSchema
 // RegisterTopic makes sure topic exists in schema with the given partition
 // count, creating it and its partitions when missing. db is a
 // *pgxpool.Pool, *pgx.Conn or *sql.DB. Asking for another count than the
-// registered one fails with a *PartitionMismatchError and changes nothing:
+// registered one fails with a *outboxtype.PartitionMismatchError and changes nothing:
 // partition counts are fixed, because a key's partition must not move.
 func RegisterTopic[D DB](ctx context.Context, db D, schema, topic string, partitions int) error {
 	return registerTopicOn(ctx, any(db), schema, topic, partitions)

@@ -7,6 +7,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestRegisterTopicCreatesPartitionsAndRefusesAnotherCount(t *testing.T) {
@@ -18,7 +19,7 @@ func TestRegisterTopicCreatesPartitionsAndRefusesAnotherCount(t *testing.T) {
 		t.Fatalf("%d partition rows, want 16", n)
 	}
 	err := outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "orders", 8)
-	var pm *outbox.PartitionMismatchError
+	var pm *outboxtype.PartitionMismatchError
 	if !errors.Is(err, outbox.ErrPartitionMismatch) || !errors.As(err, &pm) || pm.Registered != 16 || pm.Requested != 8 {
 		t.Fatalf("err = %v", err)
 	}

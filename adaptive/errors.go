@@ -7,7 +7,7 @@ import (
 	"fmt"
 )
 
-// ErrInvalidConfig is matched (via errors.Is) by every [*ConfigError]. It is
+// ErrInvalidConfig is matched (via errors.Is) by every [*outboxtype.ConfigError]. It is
 // outbox.ErrInvalidConfig: one error for an impossible configuration,
 // whichever package checks it.
 var ErrInvalidConfig = errs.ErrInvalidConfig
@@ -16,11 +16,10 @@ var ErrInvalidConfig = errs.ErrInvalidConfig
 // for a name it does not know.
 var ErrUnknownProfile = errors.New("adaptive: unknown tuning profile")
 
-// ConfigError reports one invalid configuration field (Field, e.g.
-// "BatchSize" or "LeaseTTL", and Reason: what is wrong and what
-// is allowed). It matches [ErrInvalidConfig]. It is outbox.ConfigError.
-type ConfigError = errs.ConfigError
-
-func configErrorf(field, format string, args ...any) *ConfigError {
-	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+// configErrorf reports one invalid configuration field as an
+// *outboxtype.ConfigError (Field, e.g. "BatchSize" or "LeaseTTL", and
+// Reason: what is wrong and what is allowed), which matches
+// [ErrInvalidConfig].
+func configErrorf(field, format string, args ...any) *errs.ConfigError {
+	return &errs.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func ExampleProfile() {
@@ -41,7 +42,7 @@ func ExampleTuning_Validate() {
 	tuning.BackoffMax = 10 * time.Millisecond
 
 	err := tuning.Validate()
-	var ce *adaptive.ConfigError
+	var ce *outboxtype.ConfigError
 	if errors.As(err, &ce) {
 		fmt.Println(ce.Field, "-", ce.Reason)
 	}

@@ -105,7 +105,7 @@ func (t Tuning) AppendInterval() time.Duration {
 }
 
 // Validate returns nil if t, with its defaults, is usable, and otherwise a
-// [*ConfigError] describing the first problem found.
+// [*outboxtype.ConfigError] describing the first problem found.
 func (t Tuning) Validate() error {
 	t = t.WithDefaults()
 	switch {

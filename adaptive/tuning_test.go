@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestProfilesAreValid(t *testing.T) {
@@ -164,7 +165,7 @@ func requireConfigError(t *testing.T, err error, field string) {
 	if !errors.Is(err, adaptive.ErrInvalidConfig) {
 		t.Fatalf("error %v does not match ErrInvalidConfig", err)
 	}
-	var ce *adaptive.ConfigError
+	var ce *outboxtype.ConfigError
 	if !errors.As(err, &ce) {
 		t.Fatalf("error %v is not a *ConfigError", err)
 	}

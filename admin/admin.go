@@ -101,8 +101,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first impossible setting as a *outbox.ConfigError,
-// or a *outbox.NameError for a bad schema name.
+// Validate reports the first impossible setting as a *outboxtype.ConfigError,
+// or a *outboxtype.NameError for a bad schema name.
 func (c Config) Validate() error {
 	c.setDefaults()
 	if err := names.Schema(c.Schema); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestConfigAndArgumentValidation(t *testing.T) {
@@ -80,7 +81,7 @@ func TestStatusMatchesTheTruth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, m := range []outbox.RejectedMessage{
+	for i, m := range []outboxtype.RejectedMessage{
 		{Group: "g1", Topic: "a", Partition: 1, Seq: 2, UUID: "x"},
 		{Group: "g1", Topic: "a", Partition: 1, Seq: 3, UUID: "y"},
 		{Group: "g1", Topic: "a", Partition: 1, Seq: 1, UUID: "z"}, // discarded below

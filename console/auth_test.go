@@ -5,8 +5,8 @@ import (
 	"net/url"
 	"testing"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The scheme of the Authorization header is case-insensitive and may be
@@ -17,7 +17,7 @@ func TestTheAuthorizationSchemeIsCaseInsensitive(t *testing.T) {
 	csrf := f.CSRF(t)
 	discard := func(header string) int {
 		t.Helper()
-		id := consoletest.Itoa(f.AddDeadLetter(t, outbox.RejectedMessage{}))
+		id := consoletest.Itoa(f.AddDeadLetter(t, outboxtype.RejectedMessage{}))
 		resp := f.Post(t, "/actions/discard", url.Values{"id": {id}, "csrf": {csrf}, "confirm": {"yes"}}, map[string]string{"Authorization": header})
 		return resp.StatusCode
 	}

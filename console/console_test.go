@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -106,7 +106,7 @@ func basic(user, pw string) string {
 // every page, so that "bil\u200bling" does not pass for "billing".
 func TestHiddenCharactersAreShownAsEscapes(t *testing.T) {
 	f := consoletest.New(t, true)
-	id := consoletest.Itoa(f.AddDeadLetter(t, outbox.RejectedMessage{Group: "bil\u200bling", Topic: "orders", UUID: "u\u2066id",
+	id := consoletest.Itoa(f.AddDeadLetter(t, outboxtype.RejectedMessage{Group: "bil\u200bling", Topic: "orders", UUID: "u\u2066id",
 		PartitionKey: "abc\u202edef", Payload: []byte("{\"a\":\"x\u202ey\"}\n"), Metadata: map[string]string{"k\u202e": "v\u200b"},
 		Reason: errors.New("\x1b]0;owned\a\x1b[2J failed")}))
 	for _, path := range []string{"/dlq/" + id, "/dlq", "/confirm/retry-held?group=bil%E2%80%8Bling&topic=orders&partition=0&key=abc%E2%80%AEdef"} {

@@ -11,6 +11,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // A page of another site that rebinds its name to the console's address
@@ -96,14 +97,14 @@ func TestAllowedHostsAndPrefixAreValidated(t *testing.T) {
 		{"ops example"}, {"ops.example.com:0"}, {"ops.example.com:99999"}, {"ops.example.com:http"}, {"[::1"}, {":8080"},
 		{"ops..example.com"}, {"user@ops.example.com"}, {"ops.example.com\t"}} {
 		_, err := console.New(console.Config{Pool: f.B.Pool, Schema: f.B.Schema, AllowedHosts: hosts}, nil)
-		var ce *outbox.ConfigError
+		var ce *outboxtype.ConfigError
 		if !errors.Is(err, outbox.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "AllowedHosts" {
 			t.Errorf("AllowedHosts %q: %v, want a ConfigError for AllowedHosts", hosts, err)
 		}
 	}
 	for _, prefix := range []string{"outbox", "/outbox/", "//evil.example", `/\evil.example`, "/a/../b", "/a?b", "/a b"} {
 		_, err := console.New(console.Config{Pool: f.B.Pool, Schema: f.B.Schema, Prefix: prefix}, nil)
-		var ce *outbox.ConfigError
+		var ce *outboxtype.ConfigError
 		if !errors.As(err, &ce) || ce.Field != "Prefix" {
 			t.Errorf("Prefix %q: %v, want a ConfigError for Prefix", prefix, err)
 		}

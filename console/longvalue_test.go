@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // A page shows the first characters of a long value and the whole behind
@@ -51,7 +51,7 @@ func TestLongValuesAreCutWithAWayToTheWhole(t *testing.T) {
 	}
 
 	// A binary payload is not shown, and downloads byte for byte.
-	bin := f.AddDeadLetter(t, outbox.RejectedMessage{Payload: []byte{0xff, 0x00, '<', 'b', '>', 0xfe}})
+	bin := f.AddDeadLetter(t, outboxtype.RejectedMessage{Payload: []byte{0xff, 0x00, '<', 'b', '>', 0xfe}})
 	if _, page := f.Get(t, "/dlq/"+consoletest.Itoa(bin)); !strings.Contains(page, "6 B of binary data, not shown") {
 		t.Error("a binary payload is not said to be binary")
 	}

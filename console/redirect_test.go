@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // hostileBacks are ways back that lead off the console (to another host,
@@ -35,7 +35,7 @@ func TestWaysBackStayOnTheConsole(t *testing.T) {
 			csrf := f.CSRF(t)
 			auth := map[string]string{"Authorization": "Bearer " + f.Token}
 			for _, back := range hostileBacks {
-				id := consoletest.Itoa(f.AddDeadLetter(t, outbox.RejectedMessage{}))
+				id := consoletest.Itoa(f.AddDeadLetter(t, outboxtype.RejectedMessage{}))
 				code, body := f.Get(t, prefix+"/confirm/discard?id="+id+"&back="+url.QueryEscape(back))
 				if code != http.StatusOK {
 					t.Fatalf("confirmation page with back %q: %d", back, code)
@@ -57,7 +57,7 @@ func TestWaysBackStayOnTheConsole(t *testing.T) {
 
 			// A way back on the console is kept, and the page it leads to
 			// shows the action's flash; a flash from a crafted link is not shown.
-			id := consoletest.Itoa(f.AddDeadLetter(t, outbox.RejectedMessage{}))
+			id := consoletest.Itoa(f.AddDeadLetter(t, outboxtype.RejectedMessage{}))
 			_, body := f.Get(t, prefix+"/confirm/discard?id="+id+"&back="+url.QueryEscape("/dlq?status=pending"))
 			if m := cancelLink.FindStringSubmatch(body); m == nil || html.UnescapeString(m[1]) != prefix+"/dlq?status=pending" {
 				t.Fatalf("Cancel of a page on the console leads to %q", m)

@@ -1,7 +1,7 @@
 // Package deadletter is a dead-letter store for the outbox, in PostgreSQL
 // (table dead_letters, created by outbox.Migrate).
 //
-// A Store is an outbox.RejectHandler: configured as a Subscriber's
+// A Store is an outboxtype.RejectHandler: configured as a Subscriber's
 // RejectHandler, it stores every message the Subscriber takes out of its
 // stream (outbox.Reject, ErrPoison, MaxAttempts) in the same transaction
 // that moves the group's cursor past it, so a message is dead-lettered if

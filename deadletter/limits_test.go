@@ -8,6 +8,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // An entry is replayed whatever its size: the Publisher's size limits
@@ -18,7 +19,7 @@ func TestReplayIgnoresThePublishersSizeLimits(t *testing.T) {
 	e.Register("orders", 1)
 	ctx := outboxtest.Ctx(t)
 	big := strings.Repeat("h", outbox.DefaultMaxMetadataBytes+1)
-	if _, err := e.store.Add(ctx, outbox.RejectedMessage{Group: "g", Topic: "orders", UUID: "u", Metadata: map[string]string{"big": big}, Payload: []byte("x"), Reason: errors.New("x")}); err != nil {
+	if _, err := e.store.Add(ctx, outboxtype.RejectedMessage{Group: "g", Topic: "orders", UUID: "u", Metadata: map[string]string{"big": big}, Payload: []byte("x"), Reason: errors.New("x")}); err != nil {
 		t.Fatal(err)
 	}
 	page, err := e.store.List(ctx, deadletter.ListOptions{})

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // PoisonPublisher returns a message.Publisher for Watermill's PoisonQueue
@@ -42,7 +43,7 @@ func (p poisonPublisher) Publish(topic string, msgs ...*message.Message) error {
 	var errs []error
 	for i, msg := range msgs {
 		if msg == nil {
-			errs = append(errs, &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the %d given to Publish is nil", i, len(msgs))})
+			errs = append(errs, &outboxtype.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the %d given to Publish is nil", i, len(msgs))})
 			continue
 		}
 		reason := msg.Metadata.Get(middleware.ReasonForPoisonedKey)
@@ -62,7 +63,7 @@ func (p poisonPublisher) Publish(topic string, msgs ...*message.Message) error {
 		for k, v := range msg.Metadata {
 			md[k] = v
 		}
-		_, err := p.s.Add(msg.Context(), outbox.RejectedMessage{
+		_, err := p.s.Add(msg.Context(), outboxtype.RejectedMessage{
 			Group:        msg.Metadata.Get(middleware.PoisonedHandlerKey),
 			Topic:        sourceTopic,
 			UUID:         msg.UUID,

@@ -18,6 +18,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // A Router with the PoisonQueue middleware over an outbox Subscriber: the
@@ -249,7 +250,7 @@ func TestFailedRejectTransactionNeitherLosesNorDuplicates(t *testing.T) {
 
 			var mu sync.Mutex
 			calls := 0
-			crashing := outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+			crashing := outboxtype.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 				if err := e.store.HandleReject(ctx, tx, m); err != nil {
 					return err
 				}
@@ -315,7 +316,7 @@ func TestFailedRejectTransactionNeitherLosesNorDuplicates(t *testing.T) {
 // first time, or two instances racing) keeps one entry: the first.
 func TestDuplicateRejectKeepsOneEntry(t *testing.T) {
 	e := newEnv(t)
-	m := outbox.RejectedMessage{
+	m := outboxtype.RejectedMessage{
 		Group: "g", Topic: "t", Partition: 2, Seq: 17, UUID: "u-17", PartitionKey: "k",
 		Metadata: map[string]string{"a": "b"}, Payload: []byte("x"), Reason: errors.New("first"), Attempts: 3,
 	}
@@ -360,7 +361,7 @@ func TestRejectWithUnstorableTextIsStored(t *testing.T) {
 	for i := range long {
 		long[i] = 'x'
 	}
-	m := outbox.RejectedMessage{
+	m := outboxtype.RejectedMessage{
 		Group: "g", Topic: "t", Partition: 0, Seq: 1, UUID: "u",
 		Metadata: map[string]string{"bad\x00key": "v\xff\x00"},
 		Reason:   errors.New("nul\x00 and invalid \xff " + string(long)),

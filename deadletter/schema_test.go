@@ -9,6 +9,7 @@ import (
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // HandleReject, which runs in the Subscriber's transaction, refuses an
@@ -26,8 +27,8 @@ func TestHandleRejectRefusesAnUnmigratedSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	err = store.HandleReject(ctx, tx, outbox.RejectedMessage{Group: "g", Topic: "t", Seq: 1, UUID: "u", Reason: errors.New("x")})
-	var nm *outbox.NotMigratedError
+	err = store.HandleReject(ctx, tx, outboxtype.RejectedMessage{Group: "g", Topic: "t", Seq: 1, UUID: "u", Reason: errors.New("x")})
+	var nm *outboxtype.NotMigratedError
 	if !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) {
 		t.Fatalf("HandleReject: %v, want ErrNotMigrated", err)
 	}
@@ -54,7 +55,7 @@ func TestStoreRefusesASchemaMigratedByANewerRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	rejected := outbox.RejectedMessage{Group: "g", Topic: "t", Seq: 1, UUID: "u", Reason: errors.New("x")}
+	rejected := outboxtype.RejectedMessage{Group: "g", Topic: "t", Seq: 1, UUID: "u", Reason: errors.New("x")}
 	_, list := store.List(ctx, deadletter.ListOptions{})
 	_, count := store.Count(ctx, deadletter.Filter{})
 	_, get := store.Get(ctx, 1)
@@ -64,7 +65,7 @@ func TestStoreRefusesASchemaMigratedByANewerRelease(t *testing.T) {
 	_, add := store.Add(ctx, rejected)
 	handle := store.HandleReject(ctx, tx, rejected)
 	for name, err := range map[string]error{"List": list, "Count": count, "Get": get, "Replay": replay, "Discard": discard, "Purge": purge, "Add": add, "HandleReject": handle} {
-		var ve *outbox.SchemaVersionError
+		var ve *outboxtype.SchemaVersionError
 		if !errors.Is(err, outbox.ErrSchemaTooNew) || !errors.As(err, &ve) {
 			t.Errorf("%s: %v, want ErrSchemaTooNew", name, err)
 		}
@@ -94,7 +95,7 @@ func TestStoreOnASchemaDroppedAfterTheCheck(t *testing.T) {
 	_, replay := e.store.Replay(ctx, 1, deadletter.ReplayOptions{})
 	_, discard := e.store.Discard(ctx, 1)
 	_, purge := e.store.Purge(ctx, deadletter.PurgeOptions{})
-	_, add := e.store.Add(ctx, outbox.RejectedMessage{Group: "g", Topic: "t", UUID: "u", Reason: errors.New("x")})
+	_, add := e.store.Add(ctx, outboxtype.RejectedMessage{Group: "g", Topic: "t", UUID: "u", Reason: errors.New("x")})
 	for name, err := range map[string]error{"List": list, "Count": count, "Get": get, "Replay": replay, "Discard": discard, "Purge": purge, "Add": add} {
 		if !errors.Is(err, outbox.ErrNotMigrated) {
 			t.Errorf("%s: %v, want ErrNotMigrated", name, err)

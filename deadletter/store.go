@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -51,8 +52,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first impossible setting as a *outbox.ConfigError,
-// or a *outbox.NameError for a bad schema name.
+// Validate reports the first impossible setting as a *outboxtype.ConfigError,
+// or a *outboxtype.NameError for a bad schema name.
 func (c Config) Validate() error {
 	c.setDefaults()
 	if err := names.Schema(c.Schema); err != nil {
@@ -130,7 +131,7 @@ type Entry struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// Store is the dead-letter store. It implements outbox.RejectHandler and is
+// Store is the dead-letter store. It implements outboxtype.RejectHandler and is
 // safe for concurrent use.
 type Store struct {
 	cfg    Config
@@ -139,7 +140,7 @@ type Store struct {
 	db     pgexec.DB      // cfg.Pool adapted, for the schema check
 }
 
-var _ outbox.RejectHandler = (*Store)(nil)
+var _ outboxtype.RejectHandler = (*Store)(nil)
 
 // NewStore creates a Store over the dead_letters table of cfg.Schema. It
 // does not touch the database: the first use of each operation checks the
@@ -167,11 +168,11 @@ func NewStore(cfg Config, logger watermill.LoggerAdapter) (*Store, error) {
 }
 
 // HandleReject stores m in tx, the transaction that moves the group's cursor
-// past it (outbox.RejectHandler). Writing the same message (group, topic,
+// past it (outboxtype.RejectHandler). Writing the same message (group, topic,
 // partition, seq) again is a no-op, so a retried rejection never
 // duplicates an entry. A message with Seq 0 is stored as External and
 // deduplicated by (group, topic, uuid).
-func (s *Store) HandleReject(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+func (s *Store) HandleReject(ctx context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 	if tx == nil {
 		return outbox.ErrNilTx
 	}
@@ -195,7 +196,7 @@ func (s *Store) HandleReject(ctx context.Context, tx pgx.Tx, m outbox.RejectedMe
 // Add stores m in a transaction of its own and reports whether it was new
 // (false: an entry for the same message exists). It is for messages that
 // are not rejected by a Subscriber, e.g. from another message broker.
-func (s *Store) Add(ctx context.Context, m outbox.RejectedMessage) (bool, error) {
+func (s *Store) Add(ctx context.Context, m outboxtype.RejectedMessage) (bool, error) {
 	if err := s.check(ctx); err != nil {
 		return false, err
 	}
@@ -222,7 +223,7 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (s *Store) insert(ctx context.Context, q querier, m outbox.RejectedMessage) (bool, error) {
+func (s *Store) insert(ctx context.Context, q querier, m outboxtype.RejectedMessage) (bool, error) {
 	inserted, err := consumer.InsertDeadLetter(ctx, q, s.q, m, s.cfg.MaxReasonBytes)
 	return inserted, s.wrap(err)
 }

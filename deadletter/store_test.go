@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -139,7 +140,7 @@ func TestReplayRoundTrip(t *testing.T) {
 	}
 }
 
-func addEntry(t *testing.T, e env, m outbox.RejectedMessage) deadletter.Entry {
+func addEntry(t *testing.T, e env, m outboxtype.RejectedMessage) deadletter.Entry {
 	t.Helper()
 	if added, err := e.store.Add(outboxtest.Ctx(t), m); err != nil || !added {
 		t.Fatalf("add: %v, %v", added, err)
@@ -155,7 +156,7 @@ func addEntry(t *testing.T, e env, m outbox.RejectedMessage) deadletter.Entry {
 // publishes nothing and leaves the entry pending.
 func TestReplayToNamedTopic(t *testing.T) {
 	e := newEnv(t)
-	entry := addEntry(t, e, outbox.RejectedMessage{
+	entry := addEntry(t, e, outboxtype.RejectedMessage{
 		Group: "g", Topic: "orders", Partition: 1, Seq: 5, UUID: "u5", PartitionKey: "customer-1",
 		Metadata: map[string]string{"x": "y", outbox.MetadataSeq: "5"}, Payload: []byte("body"), Reason: errors.New("r"),
 	})
@@ -215,7 +216,7 @@ func TestOperationsOnMissingEntries(t *testing.T) {
 
 func TestDiscard(t *testing.T) {
 	e := newEnv(t)
-	entry := addEntry(t, e, outbox.RejectedMessage{Group: "g", Topic: "t", Partition: 0, Seq: 1, UUID: "u"})
+	entry := addEntry(t, e, outboxtype.RejectedMessage{Group: "g", Topic: "t", Partition: 0, Seq: 1, UUID: "u"})
 	d, err := e.store.Discard(outboxtest.Ctx(t), entry.ID)
 	if err != nil || d.Status != deadletter.StatusDiscarded {
 		t.Fatalf("%+v, %v", d, err)
@@ -236,7 +237,7 @@ func TestListPagingAndFilters(t *testing.T) {
 	const total = 250
 	err := pgx.BeginFunc(outboxtest.Ctx(t), e.Pool, func(tx pgx.Tx) error {
 		for i := 0; i < total; i++ {
-			m := outbox.RejectedMessage{
+			m := outboxtype.RejectedMessage{
 				Group: []string{"a", "b"}[i%2], Topic: []string{"t1", "t2", "t3"}[i%3],
 				Partition: i % 4, Seq: int64(i + 1), UUID: "u" + strconv.Itoa(i), Reason: errors.New("r"),
 			}
@@ -273,7 +274,7 @@ func TestListPagingAndFilters(t *testing.T) {
 				if pages == 1 && !desc {
 					// Written while paging: they come after everything listed so far.
 					for i := 0; i < 3; i++ {
-						addEntry(t, e, outbox.RejectedMessage{Group: "late", Topic: "t1", UUID: "late-" + strconv.Itoa(i)})
+						addEntry(t, e, outboxtype.RejectedMessage{Group: "late", Topic: "t1", UUID: "late-" + strconv.Itoa(i)})
 					}
 				}
 				if page.NextCursor == "" {
@@ -356,7 +357,7 @@ func TestListPagingAndFilters(t *testing.T) {
 func TestPurge(t *testing.T) {
 	e := newEnv(t)
 	for i := 0; i < 40; i++ {
-		addEntry(t, e, outbox.RejectedMessage{Group: "g", Topic: "t", Partition: 0, Seq: int64(i + 1), UUID: "u" + strconv.Itoa(i)})
+		addEntry(t, e, outboxtype.RejectedMessage{Group: "g", Topic: "t", Partition: 0, Seq: int64(i + 1), UUID: "u" + strconv.Itoa(i)})
 	}
 	// Half of them ten days old; of each half, a quarter discarded and a
 	// quarter replayed (set directly), the other half pending.
@@ -435,7 +436,7 @@ func TestStoreRefusesAnUnmigratedSchema(t *testing.T) {
 	_, discard := store.Discard(ctx, 1)
 	_, purge := store.Purge(ctx, deadletter.PurgeOptions{})
 	_, plan := store.PlanPurge(ctx, deadletter.PurgeOptions{})
-	_, add := store.Add(ctx, outbox.RejectedMessage{Group: "g", Topic: "t", UUID: "u", Reason: errors.New("x")})
+	_, add := store.Add(ctx, outboxtype.RejectedMessage{Group: "g", Topic: "t", UUID: "u", Reason: errors.New("x")})
 	for name, err := range map[string]error{"List": list, "Count": count, "Get": get, "Replay": replay, "Discard": discard, "Purge": purge, "PlanPurge": plan, "Add": add} {
 		if !errors.Is(err, outbox.ErrNotMigrated) {
 			t.Errorf("%s: %v, want ErrNotMigrated", name, err)

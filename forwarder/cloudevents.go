@@ -7,8 +7,7 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // CloudEventsMode says whether, and in which content mode of the
@@ -58,7 +57,7 @@ const (
 //   - data: the payload.
 //
 // A message the target cannot make an event of is rejected (outbox.Reject)
-// with a *outbox.MessageError: no type, a TimeMetadata that is no RFC 3339
+// with a *outboxtype.MessageError: no type, a TimeMetadata that is no RFC 3339
 // time, or metadata the binding would read as an attribute (a key starting
 // with the binding's header prefix, "ce_" on Kafka and "ce-" on NATS,
 // other than TypeMetadata and TimeMetadata, or "content-type"). The outbox
@@ -95,40 +94,40 @@ type CloudEvents struct {
 	DataContentType string
 }
 
-// Validate reports the first impossible setting as an *outbox.ConfigError
+// Validate reports the first impossible setting as an *outboxtype.ConfigError
 // (Field "CloudEvents.…").
 func (c CloudEvents) Validate() error {
 	switch c.Mode {
 	case CloudEventsOff:
 		if c.Source != "" || c.Type != nil || c.TypeMetadata != "" || c.TimeMetadata != "" || c.DataContentType != "" {
-			return &outbox.ConfigError{Field: "CloudEvents.Mode", Reason: "is CloudEventsOff while other CloudEvents fields are set: set CloudEventsBinary or CloudEventsStructured"}
+			return &outboxtype.ConfigError{Field: "CloudEvents.Mode", Reason: "is CloudEventsOff while other CloudEvents fields are set: set CloudEventsBinary or CloudEventsStructured"}
 		}
 		return nil
 	case CloudEventsBinary, CloudEventsStructured:
 	default:
-		return &outbox.ConfigError{Field: "CloudEvents.Mode", Reason: fmt.Sprintf("%d is no mode: CloudEventsOff, CloudEventsBinary or CloudEventsStructured", c.Mode)}
+		return &outboxtype.ConfigError{Field: "CloudEvents.Mode", Reason: fmt.Sprintf("%d is no mode: CloudEventsOff, CloudEventsBinary or CloudEventsStructured", c.Mode)}
 	}
 	if c.Source == "" {
-		return &outbox.ConfigError{Field: "CloudEvents.Source", Reason: "required with a Mode: a URI-reference naming the producer, e.g. /shop/orders"}
+		return &outboxtype.ConfigError{Field: "CloudEvents.Source", Reason: "required with a Mode: a URI-reference naming the producer, e.g. /shop/orders"}
 	}
 	if !headerSafe(c.Source) {
-		return &outbox.ConfigError{Field: "CloudEvents.Source", Reason: fmt.Sprintf("%q holds spaces or control characters: it is a URI-reference", c.Source)}
+		return &outboxtype.ConfigError{Field: "CloudEvents.Source", Reason: fmt.Sprintf("%q holds spaces or control characters: it is a URI-reference", c.Source)}
 	}
 	if _, err := url.Parse(c.Source); err != nil {
-		return &outbox.ConfigError{Field: "CloudEvents.Source", Reason: fmt.Sprintf("%q is no URI-reference: %v", c.Source, err)}
+		return &outboxtype.ConfigError{Field: "CloudEvents.Source", Reason: fmt.Sprintf("%q is no URI-reference: %v", c.Source, err)}
 	}
 	if c.Type != nil && c.TypeMetadata != "" {
-		return &outbox.ConfigError{Field: "CloudEvents.TypeMetadata", Reason: "set Type or TypeMetadata, not both"}
+		return &outboxtype.ConfigError{Field: "CloudEvents.TypeMetadata", Reason: "set Type or TypeMetadata, not both"}
 	}
 	for field, key := range map[string]string{"TypeMetadata": c.TypeMetadata, "TimeMetadata": c.TimeMetadata} {
 		if key != "" && !headerSafe(key) {
-			return &outbox.ConfigError{Field: "CloudEvents." + field, Reason: fmt.Sprintf("%q is no metadata key: spaces or control characters", key)}
+			return &outboxtype.ConfigError{Field: "CloudEvents." + field, Reason: fmt.Sprintf("%q is no metadata key: spaces or control characters", key)}
 		}
 	}
 	if c.DataContentType != "" {
 		mt, _, err := mime.ParseMediaType(c.DataContentType)
 		if err != nil || !strings.Contains(mt, "/") || !headerSafe(strings.ReplaceAll(c.DataContentType, " ", "")) {
-			return &outbox.ConfigError{Field: "CloudEvents.DataContentType", Reason: fmt.Sprintf("%q is no media type (RFC 2046), e.g. application/json", c.DataContentType)}
+			return &outboxtype.ConfigError{Field: "CloudEvents.DataContentType", Reason: fmt.Sprintf("%q is no media type (RFC 2046), e.g. application/json", c.DataContentType)}
 		}
 	}
 	return nil

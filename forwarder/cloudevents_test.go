@@ -8,6 +8,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestCloudEventsValidate(t *testing.T) {
@@ -35,7 +36,7 @@ func TestCloudEventsValidate(t *testing.T) {
 			}
 			continue
 		}
-		var ce *outbox.ConfigError
+		var ce *outboxtype.ConfigError
 		if !errors.Is(err, outbox.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != tc.field {
 			t.Errorf("%s: %v, want a *ConfigError on %s", name, err, tc.field)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/startstop"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // DefaultConsumerGroup is the outbox consumer group of a Forwarder whose
@@ -50,7 +51,7 @@ func (f TargetFunc) Send(ctx context.Context, topic string, batch []*message.Mes
 // the Subscriber's key isolation (outbox.KeyIsolation): with isolation, a
 // held message is sent after newer messages of its partition. NewForwarder
 // (Config.Validate) calls CheckKeyIsolation when Subscriber.KeyIsolation is
-// enabled and refuses the config with its error (an *outbox.ConfigError);
+// enabled and refuses the config with its error (an *outboxtype.ConfigError);
 // nil means the target works with isolation as it is configured. The Kafka
 // target (package forwarder/kafka) refuses it for exactly-once delivery,
 // whose takeover reads the partition's last record back and would take a
@@ -145,11 +146,11 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case c.Subscriber.Strategy != outbox.Leased:
-		return &outbox.ConfigError{Field: "Subscriber.Strategy", Reason: "must be Leased: a broker publish cannot join a database transaction"}
+		return &outboxtype.ConfigError{Field: "Subscriber.Strategy", Reason: "must be Leased: a broker publish cannot join a database transaction"}
 	case len(c.Topics) == 0:
-		return &outbox.ConfigError{Field: "Topics", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Topics", Reason: "required"}
 	case isNil(c.Target):
-		return &outbox.ConfigError{Field: "Target", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Target", Reason: "required"}
 	}
 	if t, ok := c.Target.(KeyIsolationChecker); ok && c.Subscriber.KeyIsolation.Enabled {
 		if err := t.CheckKeyIsolation(); err != nil {
@@ -163,7 +164,7 @@ func (c Config) Validate() error {
 	}
 	for i, m := range c.Middlewares {
 		if m == nil {
-			return &outbox.ConfigError{Field: "Middlewares", Reason: fmt.Sprintf("entry %d is nil", i)}
+			return &outboxtype.ConfigError{Field: "Middlewares", Reason: fmt.Sprintf("entry %d is nil", i)}
 		}
 	}
 	seen := map[string]bool{}
@@ -172,11 +173,11 @@ func (c Config) Validate() error {
 			return err
 		}
 		if seen[topic] {
-			return &outbox.ConfigError{Field: "Topics", Reason: fmt.Sprintf("topic %q listed twice", topic)}
+			return &outboxtype.ConfigError{Field: "Topics", Reason: fmt.Sprintf("topic %q listed twice", topic)}
 		}
 		seen[topic] = true
 		if c.TargetTopic(topic) == "" {
-			return &outbox.ConfigError{Field: "TargetTopic", Reason: fmt.Sprintf("maps topic %q to an empty name", topic)}
+			return &outboxtype.ConfigError{Field: "TargetTopic", Reason: fmt.Sprintf("maps topic %q to an empty name", topic)}
 		}
 	}
 	return nil
@@ -329,7 +330,7 @@ func (f *Forwarder) Consumer(ctx context.Context, topic string) (outbox.Subscrib
 		return outbox.SubscriberConfig{}, nil, errs.NotConstructed("forwarder.Forwarder", "forwarder.NewForwarder")
 	}
 	if !slices.Contains(f.cfg.Topics, topic) {
-		return outbox.SubscriberConfig{}, nil, &outbox.ConfigError{Field: "topic", Reason: fmt.Sprintf("%q is not one of the Forwarder's Topics %q", topic, f.cfg.Topics)}
+		return outbox.SubscriberConfig{}, nil, &outboxtype.ConfigError{Field: "topic", Reason: fmt.Sprintf("%q is not one of the Forwarder's Topics %q", topic, f.cfg.Topics)}
 	}
 	partitions, err := outbox.TopicPartitions(ctx, f.cfg.Subscriber.Pool, f.cfg.Subscriber.Schema, topic)
 	if err != nil {

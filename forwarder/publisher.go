@@ -8,6 +8,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/forward"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // PublisherTarget forwards to any Watermill message.Publisher: one Publish
@@ -37,7 +38,7 @@ func NewPublisherTarget(pub message.Publisher, permanent func(error) bool) *Publ
 // Send implements Target.
 func (t *PublisherTarget) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
 	if isNil(t.Publisher) {
-		return 0, &outbox.ConfigError{Field: "PublisherTarget.Publisher", Reason: "required: the Watermill publisher to forward to"}
+		return 0, &outboxtype.ConfigError{Field: "PublisherTarget.Publisher", Reason: "required: the Watermill publisher to forward to"}
 	}
 	if err := forward.CheckBatch(batch); err != nil {
 		return 0, err

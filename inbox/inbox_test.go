@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -337,7 +338,7 @@ func TestUnmigratedSchemaIsErrNotMigrated(t *testing.T) {
 	}
 	check := func(what string, err error) {
 		t.Helper()
-		var nm *outbox.NotMigratedError
+		var nm *outboxtype.NotMigratedError
 		if !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) || nm.Schema != schema {
 			t.Fatalf("%s: %v, want ErrNotMigrated for %q", what, err, schema)
 		}

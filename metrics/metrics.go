@@ -71,8 +71,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first impossible setting as an *outbox.ConfigError
-// (or *outbox.NameError for a bad schema name).
+// Validate reports the first impossible setting as an *outboxtype.ConfigError
+// (or *outboxtype.NameError for a bad schema name).
 func (c Config) Validate() error {
 	c.setDefaults()
 	switch {
@@ -154,7 +154,7 @@ func (m *Metrics) series(group, topic string) *groupSeries {
 // component of the process report to them, in addition to any other
 // registry enabled before (each gets every event). Call Disable to stop.
 // Enabling a registry that has the outbox metrics already is refused with
-// an *outbox.ConfigError.
+// an *outboxtype.ConfigError.
 func Enable(cfg Config) (*Metrics, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

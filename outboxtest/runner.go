@@ -15,7 +15,9 @@ import (
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/runnerhook"
 	"github.com/millrace/watermill-outbox/internal/worker"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Handler handles one message, as a Watermill Router's handler does: nil
@@ -128,7 +130,7 @@ type batchReply struct {
 // start of every Tick unless DisableSequencer.
 func NewRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h Handler) (*Runner, error) {
 	if h == nil {
-		return nil, &outbox.ConfigError{Field: "h", Reason: "a Handler is required"}
+		return nil, &outboxtype.ConfigError{Field: "h", Reason: "a Handler is required"}
 	}
 	return newRunner(ctx, cfg, topic, h, nil)
 }
@@ -137,7 +139,7 @@ func NewRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h
 // ConsumeBatches would (a forwarder's handler: forwarder.Forwarder.Consumer).
 func NewBatchRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h outbox.BatchHandler) (*Runner, error) {
 	if h == nil {
-		return nil, &outbox.ConfigError{Field: "h", Reason: "a BatchHandler is required"}
+		return nil, &outboxtype.ConfigError{Field: "h", Reason: "a BatchHandler is required"}
 	}
 	return newRunner(ctx, cfg, topic, nil, h)
 }
@@ -155,11 +157,11 @@ func newRunner(ctx context.Context, cfg outbox.SubscriberConfig, topic string, h
 	if r.schema == "" {
 		r.schema = outbox.DefaultSchema
 	}
-	var forward outbox.BatchHandler
+	var forward consumer.BatchHandler
 	if batch != nil {
 		forward = r.forwardBatch
 	}
-	if r.sc, err = sub.Subscription(ctx, topic, r.out, forward); err != nil {
+	if r.sc, err = runnerhook.Subscription(sub, ctx, topic, r.out, forward); err != nil {
 		_ = sub.Close()
 		return nil, err
 	}

@@ -94,8 +94,8 @@ func (c *FleetConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first impossible setting as an *outbox.ConfigError
-// (or *outbox.NameError), naming the field by its path in FleetConfig.
+// Validate reports the first impossible setting as an *outboxtype.ConfigError
+// (or *outboxtype.NameError), naming the field by its path in FleetConfig.
 func (c FleetConfig) Validate() error {
 	c.setDefaults()
 	switch {
@@ -399,7 +399,7 @@ func (f *Fleet) checkOnce(ctx context.Context, s *fleetSource) {
 }
 
 // Add adds a source; while the Fleet runs, its pipeline starts at once. A
-// source whose name the Fleet has is refused (an *outbox.ConfigError).
+// source whose name the Fleet has is refused (an *outboxtype.ConfigError).
 func (f *Fleet) Add(s Source) error {
 	if f == nil || f.sources == nil {
 		return errs.NotConstructed("pipeline.Fleet", "pipeline.NewFleet")
@@ -434,7 +434,7 @@ func (f *Fleet) Add(s Source) error {
 // Remove stops the pipeline of the source named name and waits for it
 // (sends in flight finish, leases are released: the Fleet's other
 // instances take its partitions over if they still have it), then forgets
-// it. An unknown name is an *outbox.ConfigError.
+// it. An unknown name is an *outboxtype.ConfigError.
 func (f *Fleet) Remove(name string) error {
 	if f == nil || f.sources == nil {
 		return errs.NotConstructed("pipeline.Fleet", "pipeline.NewFleet")

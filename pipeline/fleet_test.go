@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/metrics"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/pipeline"
 )
 
@@ -228,7 +229,7 @@ func TestFleetRefusesBadSources(t *testing.T) {
 		"a negative CheckInterval": {CheckInterval: -1, Pipeline: pipeline.Config{Forward: fwd}},
 	} {
 		_, err := pipeline.NewFleet(cfg, nil)
-		var ce *outbox.ConfigError
+		var ce *outboxtype.ConfigError
 		if !errors.As(err, &ce) && !errors.Is(err, outbox.ErrInvalidName) {
 			t.Errorf("%s: %v, want a ConfigError or NameError", name, err)
 		}
@@ -240,7 +241,7 @@ func TestFleetRefusesBadSources(t *testing.T) {
 	if err := f.Add(pipeline.Source{Name: "eu", Pool: b.Pool, Schema: b.Schema}); err != nil {
 		t.Fatal(err)
 	}
-	var ce *outbox.ConfigError
+	var ce *outboxtype.ConfigError
 	if err := f.Add(pipeline.Source{Name: "eu", Pool: b.Pool}); !errors.As(err, &ce) {
 		t.Errorf("Add of a name it has: %v", err)
 	}

@@ -125,8 +125,8 @@ func (c *Config) withSchema() error {
 // forwards reports whether the pipeline runs a Forwarder.
 func (c Config) forwards() bool { return len(c.Forward.Topics) > 0 }
 
-// Validate reports the first impossible setting as an *outbox.ConfigError
-// (or *outbox.NameError), naming the field by its path in Config.
+// Validate reports the first impossible setting as an *outboxtype.ConfigError
+// (or *outboxtype.NameError), naming the field by its path in Config.
 func (c Config) Validate() error {
 	if c.Pool == nil {
 		return &errs.ConfigError{Field: "Pool", Reason: "required"}

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/pipeline"
 	"github.com/millrace/watermill-outbox/relay"
 	"github.com/millrace/watermill-outbox/retention"
@@ -260,7 +261,7 @@ func TestPipelineConfigErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := pipeline.New(tc.cfg, nil)
-			var ce *outbox.ConfigError
+			var ce *outboxtype.ConfigError
 			if !errors.As(err, &ce) || !errors.Is(err, outbox.ErrInvalidConfig) || ce.Field != tc.field {
 				t.Fatalf("New = %v, want a ConfigError on %s", err, tc.field)
 			}

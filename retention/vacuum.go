@@ -114,8 +114,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first impossible setting as a *outbox.ConfigError,
-// or a *outbox.NameError for a bad schema name.
+// Validate reports the first impossible setting as a *outboxtype.ConfigError,
+// or a *outboxtype.NameError for a bad schema name.
 func (c Config) Validate() error {
 	c.setDefaults()
 	if err := names.Schema(c.Schema); err != nil {
@@ -534,17 +534,11 @@ func heldBackSummary(hs []Holder) []string {
 // retention back without live members is repeated while it lasts.
 const rewarnInterval = time.Hour
 
-// WarnLogger is implemented by a watermill.LoggerAdapter that has a
-// warning level (watermill's interface has none); it is outbox.WarnLogger.
-// The vacuum logs its warnings through Warn when the logger it was given
-// has it, and at Error level otherwise.
-type WarnLogger = warnlog.Logger
-
 // warn logs at warning level: through the component logger if it has Warn,
 // else through the logger NewVacuum was given (with the component's
 // fields), else at Error level.
 func (v *Vacuum) warn(msg string, fields watermill.LogFields) {
-	if _, ok := v.logger.(WarnLogger); ok {
+	if _, ok := v.logger.(warnlog.Logger); ok {
 		warnlog.Warn(msg, fields, v.logger)
 		return
 	}

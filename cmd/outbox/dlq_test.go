@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // dlq purge never deletes a pending dead letter unless --status names
@@ -24,7 +24,7 @@ func TestDLQPurgeKeepsPendingUnlessNamed(t *testing.T) {
 	}
 	var ids []int64
 	for i := range 6 {
-		e, err := store.Add(ctx, outbox.RejectedMessage{Group: "billing", Topic: "orders", Seq: int64(i + 1), UUID: "m" + itoa(int64(i)), Reason: errString("bad")})
+		e, err := store.Add(ctx, outboxtype.RejectedMessage{Group: "billing", Topic: "orders", Seq: int64(i + 1), UUID: "m" + itoa(int64(i)), Reason: errString("bad")})
 		if err != nil || !e {
 			t.Fatal(err)
 		}

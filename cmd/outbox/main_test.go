@@ -18,6 +18,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -163,7 +164,7 @@ func TestOperatorCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, uuid := range []string{"poison-1", "poison-2"} {
-		if _, err := store.Add(context.Background(), outbox.RejectedMessage{Group: "billing", Topic: "orders", UUID: uuid,
+		if _, err := store.Add(context.Background(), outboxtype.RejectedMessage{Group: "billing", Topic: "orders", UUID: uuid,
 			Payload: []byte(`<script>alert(1)</script>`), Metadata: map[string]string{"k": "v"}, Reason: errString("bad")}); err != nil {
 			t.Fatal(err)
 		}

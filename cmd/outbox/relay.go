@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/forwarder/jetstream"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/metrics"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/pipeline"
 	"github.com/millrace/watermill-outbox/relay"
 	"github.com/millrace/watermill-outbox/retention"
@@ -113,7 +114,7 @@ source. Settings under relay: in the file (topics, kafka, nats, group, at_least_
 			} else {
 				run, err = a.relayOne(ctx, cfg, logger)
 			}
-			var bad *outbox.ConfigError
+			var bad *outboxtype.ConfigError
 			switch {
 			case errors.As(err, &bad) && strings.HasSuffix(bad.Field, "WAL.TakeoverTimeout"):
 				return usagef("--takeover-timeout %s %s", takeover, bad.Reason)

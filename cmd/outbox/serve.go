@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/console"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func (a *app) serveCommand() *cobra.Command {
@@ -64,7 +64,7 @@ console is under /sources/NAME/.`,
 				cfg.Pool, cfg.Schema = pool, a.schemaName()
 				c, err = console.New(cfg, a.logger(false))
 			}
-			var bad *outbox.ConfigError
+			var bad *outboxtype.ConfigError
 			switch {
 			case errors.As(err, &bad) && strings.TrimPrefix(bad.Field, "Console.") == "AllowedHosts":
 				return usagef("--allowed-host %s", bad.Reason)

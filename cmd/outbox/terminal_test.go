@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // What a message can carry to the operator's terminal: an OSC that
@@ -72,7 +72,7 @@ func TestMessageDataReachesTheTerminalEscaped(t *testing.T) {
 	// A group of an older release, whose name was not checked, holding
 	// retention back.
 	b.Exec(`INSERT INTO `+b.Schema+`.cursors (group_name, topic, partition, seq, attempts, last_error) VALUES ($1, 'orders', 0, 0, 2, $2)`, evilGroup, evilError)
-	if _, err := store.Add(ctx, outbox.RejectedMessage{Group: evilGroup, Topic: "orders", UUID: "u\x1b[2J", PartitionKey: evilKey,
+	if _, err := store.Add(ctx, outboxtype.RejectedMessage{Group: evilGroup, Topic: "orders", UUID: "u\x1b[2J", PartitionKey: evilKey,
 		Metadata: map[string]string{"h\x1b]0;x\a": "v\u202E"}, Payload: []byte(evilError), Reason: errString(evilError)}); err != nil {
 		t.Fatal(err)
 	}

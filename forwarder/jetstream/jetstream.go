@@ -32,6 +32,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Target is a forwarder.Target.
@@ -99,13 +100,13 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	switch {
 	case c.AckTimeout < 0:
-		return &outbox.ConfigError{Field: "AckTimeout", Reason: "must be positive"}
+		return &outboxtype.ConfigError{Field: "AckTimeout", Reason: "must be positive"}
 	case c.URL == "" && c.Conn == nil:
-		return &outbox.ConfigError{Field: "URL", Reason: "URL or Conn is required"}
+		return &outboxtype.ConfigError{Field: "URL", Reason: "URL or Conn is required"}
 	case c.URL != "" && c.Conn != nil:
-		return &outbox.ConfigError{Field: "Conn", Reason: "set URL or Conn, not both"}
+		return &outboxtype.ConfigError{Field: "Conn", Reason: "set URL or Conn, not both"}
 	case c.Conn != nil && c.Conn.Opts.ReconnectBufSize != -1:
-		return &outbox.ConfigError{Field: "Conn", Reason: "must be made with nats.ReconnectBufSize(-1), or a reconnect can reorder messages"}
+		return &outboxtype.ConfigError{Field: "Conn", Reason: "must be made with nats.ReconnectBufSize(-1), or a reconnect can reorder messages"}
 	}
 	return c.CloudEvents.Validate()
 }
@@ -138,7 +139,7 @@ func msgID(msg *message.Message) string {
 // server's max_payload or the stream's MaxMsgSize, headers over 64 KiB, a
 // metadata key that is no valid header name, a tombstone or key the target
 // cannot publish as asked or a message it cannot make a CloudEvent of
-// (tombstone.go, cloudevents.go; *outbox.MessageError), or a JetStream
+// (tombstone.go, cloudevents.go; *outboxtype.MessageError), or a JetStream
 // header from its metadata whose demand the stream cannot meet, such as
 // Nats-Expected-Stream or Nats-TTL: docs/forwarder.md has the list) is
 // taken out of the stream with outbox.Reject on its first attempt, the
@@ -285,7 +286,7 @@ func (e *permanentError) Unwrap() error { return e.err }
 func checkBatch(batch []*message.Message) error {
 	for i, m := range batch {
 		if m == nil {
-			return &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
+			return &outboxtype.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
 		}
 	}
 	return nil

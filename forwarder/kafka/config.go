@@ -30,9 +30,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Defaults of Config.
@@ -189,34 +189,34 @@ func defaultKey(msg *message.Message) []byte {
 	return nil
 }
 
-// Validate reports the first impossible setting as an *outbox.ConfigError.
+// Validate reports the first impossible setting as an *outboxtype.ConfigError.
 func (c Config) Validate() error {
 	c.setDefaults()
 	switch {
 	case len(c.Brokers) == 0:
-		return &outbox.ConfigError{Field: "Brokers", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Brokers", Reason: "required"}
 	case c.TransactionTimeout < time.Second:
-		return &outbox.ConfigError{Field: "TransactionTimeout", Reason: "must be at least a second"}
+		return &outboxtype.ConfigError{Field: "TransactionTimeout", Reason: "must be at least a second"}
 	case c.TailScanLimit < 0:
-		return &outbox.ConfigError{Field: "TailScanLimit", Reason: "must be positive"}
+		return &outboxtype.ConfigError{Field: "TailScanLimit", Reason: "must be positive"}
 	case c.MaxBatchBytes < 512 || c.MaxBatchBytes > 1<<30:
-		return &outbox.ConfigError{Field: "MaxBatchBytes", Reason: "must be between 512 bytes and 1 GiB"}
+		return &outboxtype.ConfigError{Field: "MaxBatchBytes", Reason: "must be between 512 bytes and 1 GiB"}
 	case c.ProducerIdleTimeout < 0:
-		return &outbox.ConfigError{Field: "ProducerIdleTimeout", Reason: "must be positive"}
+		return &outboxtype.ConfigError{Field: "ProducerIdleTimeout", Reason: "must be positive"}
 	case c.Linger < 0 || c.Linger > time.Second:
-		return &outbox.ConfigError{Field: "Linger", Reason: "must be between 0 and a second"}
+		return &outboxtype.ConfigError{Field: "Linger", Reason: "must be between 0 and a second"}
 	}
 	if err := c.CloudEvents.Validate(); err != nil {
 		return err
 	}
 	for i, b := range c.Brokers {
 		if b == "" {
-			return &outbox.ConfigError{Field: "Brokers", Reason: "entry " + itoa(i) + " is empty"}
+			return &outboxtype.ConfigError{Field: "Brokers", Reason: "entry " + itoa(i) + " is empty"}
 		}
 	}
 	for i, o := range c.ClientOptions {
 		if o == nil {
-			return &outbox.ConfigError{Field: "ClientOptions", Reason: "entry " + itoa(i) + " is nil"}
+			return &outboxtype.ConfigError{Field: "ClientOptions", Reason: "entry " + itoa(i) + " is nil"}
 		}
 	}
 	// kgo validates the combination of options when a client is made:
@@ -227,7 +227,7 @@ func (c Config) Validate() error {
 	}
 	cl, err := newClient(c.clientOptions(extra))
 	if err != nil {
-		return &outbox.ConfigError{Field: "ClientOptions", Reason: err.Error()}
+		return &outboxtype.ConfigError{Field: "ClientOptions", Reason: err.Error()}
 	}
 	cl.Close()
 	return nil

@@ -31,7 +31,7 @@ type Marshaler interface {
 // A tombstone (outbox.Tombstone) gets a null value (Value nil), which a
 // compacted topic takes as the deletion of the record's key; a tombstone
 // with a payload, or with a mark other than outbox.Tombstone's, is refused
-// (*outbox.MessageError). Any other message gets a non-null value, empty
+// (*outboxtype.MessageError). Any other message gets a non-null value, empty
 // when its payload is: only a tombstone deletes its key. (watermill-kafka
 // writes a null value for a nil payload.)
 type DefaultMarshaler struct{}

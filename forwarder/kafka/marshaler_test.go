@@ -8,6 +8,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // DefaultMarshaler gives a tombstone a null value, any other message a
@@ -28,7 +29,7 @@ func TestDefaultMarshalerNullsOnlyTombstones(t *testing.T) {
 	}
 	full := message.NewMessage("f", []byte("x"))
 	full.Metadata.Set(outbox.MetadataTombstone, "true")
-	var me *outbox.MessageError
+	var me *outboxtype.MessageError
 	if _, err := (kafka.DefaultMarshaler{}).Marshal("settings", full); !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) {
 		t.Fatalf("tombstone with a payload: %v, want a *MessageError", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/origin"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Target publishes outbox batches to Kafka; it implements forwarder.Target.
@@ -44,7 +45,7 @@ import (
 //   - Errors that no retry can cure take the message out of the stream with
 //     outbox.Reject: a marshal failure, a tombstone the target cannot send
 //     as one or a message it cannot make a CloudEvent of (tombstone.go,
-//     cloudevents.go; *outbox.MessageError), a record larger than
+//     cloudevents.go; *outboxtype.MessageError), a record larger than
 //     Config.MaxBatchBytes, an invalid topic name, and the broker's
 //     MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE or INVALID_RECORD for a
 //     record alone in its record batch. When the broker refuses a record
@@ -122,7 +123,7 @@ func (t *Target) CheckKeyIsolation() error {
 	if t == nil || t.cfg.AtLeastOnce {
 		return nil
 	}
-	return &outbox.ConfigError{Field: "Subscriber.KeyIsolation", Reason: "cannot be combined with exactly-once delivery into Kafka, which needs each partition's messages in seq order; set kafka.Config.AtLeastOnce (consumers then dedup by outbox_id, e.g. with the inbox) or leave isolation off"}
+	return &outboxtype.ConfigError{Field: "Subscriber.KeyIsolation", Reason: "cannot be combined with exactly-once delivery into Kafka, which needs each partition's messages in seq order; set kafka.Config.AtLeastOnce (consumers then dedup by outbox_id, e.g. with the inbox) or leave isolation off"}
 }
 
 var _ forwarder.Target = (*Target)(nil)
@@ -209,7 +210,7 @@ func (t *Target) Send(ctx context.Context, topic string, batch []*message.Messag
 	}
 	for i, m := range batch {
 		if m == nil {
-			return 0, &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
+			return 0, &outboxtype.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
 		}
 	}
 	if len(batch) == 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -52,10 +53,10 @@ var coreEntries = []entry{
 		e.fails("RejectTo(nil, nil, nil)", func() error { return outbox.RejectTo(nil, nil, nil) })
 		e.call("RejectTo(msg, nil, nil)", func() { _ = outbox.RejectTo(message.NewMessage("u", nil), nil, nil) })
 		e.fails("RejectHandlerFunc(nil).HandleReject", func() error {
-			return outbox.RejectHandlerFunc(nil).HandleReject(e.ctx, nil, outbox.RejectedMessage{})
+			return outboxtype.RejectHandlerFunc(nil).HandleReject(e.ctx, nil, outboxtype.RejectedMessage{})
 		})
 		e.call("RejectTo(msg, nil, RejectHandlerFunc(nil))", func() {
-			_ = outbox.RejectTo(message.NewMessage("u", nil), nil, outbox.RejectHandlerFunc(nil))
+			_ = outbox.RejectTo(message.NewMessage("u", nil), nil, outboxtype.RejectHandlerFunc(nil))
 		})
 	}},
 	{"outbox.IsDelivered", func(e *env) { e.call("IsDelivered(nil)", func() { outbox.IsDelivered(nil) }) }},
@@ -187,7 +188,7 @@ var coreEntries = []entry{
 		e.fails("SubscriberConfig{}.Validate", func() error { return outbox.SubscriberConfig{}.Validate() })
 		e.fails("SubscriberConfig{RejectHandler: RejectHandlerFunc(nil)}.Validate", func() error {
 			cfg := subCfg(e)
-			cfg.RejectHandler = outbox.RejectHandlerFunc(nil)
+			cfg.RejectHandler = outboxtype.RejectHandlerFunc(nil)
 			return cfg.Validate()
 		})
 	}},
@@ -208,15 +209,6 @@ var coreEntries = []entry{
 		defer s.Close()
 		e.fails("Subscriber.ConsumeBatches(orders, nil)", func() error { return s.ConsumeBatches(e.done, "orders", nil) })
 		e.fails("Subscriber{}.ConsumeBatches(orders, nil)", func() error { return new(outbox.Subscriber).ConsumeBatches(e.done, "orders", nil) })
-	}},
-	{"outbox.Subscriber.Subscription", func(e *env) {
-		s := must(outbox.NewSubscriber(subCfg(e), nil))(e)
-		defer s.Close()
-		e.fails("Subscription(\"\", nil, nil)", func() error { _, err := s.Subscription(e.done, "", nil, nil); return err })
-		e.fails("Subscriber{}.Subscription(orders, nil, nil)", func() error {
-			_, err := new(outbox.Subscriber).Subscription(e.done, "orders", nil, nil)
-			return err
-		})
 	}},
 	{"outbox.Subscriber.Close", func(e *env) {
 		e.may("Subscriber{}.Close", func() error { return new(outbox.Subscriber).Close() })

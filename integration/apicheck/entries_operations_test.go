@@ -8,11 +8,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // operationsEntries sweep the packages that steer and show the outbox: adaptive, admin, console, deadletter.
@@ -221,17 +221,17 @@ var operationsEntries = []entry{
 	}},
 	{"deadletter.Store.HandleReject", func(e *env) {
 		s := must(deadletter.NewStore(deadletter.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
-		e.fails("Store.HandleReject(nil tx, zero)", func() error { return s.HandleReject(e.ctx, nil, outbox.RejectedMessage{}) })
+		e.fails("Store.HandleReject(nil tx, zero)", func() error { return s.HandleReject(e.ctx, nil, outboxtype.RejectedMessage{}) })
 		e.fails("Store{}.HandleReject(nil tx, zero)", func() error {
-			return new(deadletter.Store).HandleReject(e.ctx, nil, outbox.RejectedMessage{})
+			return new(deadletter.Store).HandleReject(e.ctx, nil, outboxtype.RejectedMessage{})
 		})
 		tx := must(e.pool.Begin(e.ctx))(e)
 		defer tx.Rollback(e.ctx)
-		e.may("Store.HandleReject(tx, zero)", func() error { return s.HandleReject(e.ctx, tx, outbox.RejectedMessage{}) })
+		e.may("Store.HandleReject(tx, zero)", func() error { return s.HandleReject(e.ctx, tx, outboxtype.RejectedMessage{}) })
 	}},
 	{"deadletter.Store.Add", func(e *env) {
 		s := must(deadletter.NewStore(deadletter.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
-		e.may("Store.Add(zero)", func() error { _, err := s.Add(e.ctx, outbox.RejectedMessage{}); return err })
-		e.fails("Store{}.Add", func() error { _, err := new(deadletter.Store).Add(e.ctx, outbox.RejectedMessage{}); return err })
+		e.may("Store.Add(zero)", func() error { _, err := s.Add(e.ctx, outboxtype.RejectedMessage{}); return err })
+		e.fails("Store{}.Add", func() error { _, err := new(deadletter.Store).Add(e.ctx, outboxtype.RejectedMessage{}); return err })
 	}},
 }

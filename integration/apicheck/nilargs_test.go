@@ -45,7 +45,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // not library API.
 var libraryPackages = []string{
 	".", "adaptive", "admin", "console", "deadletter", "forwarder", "forwarder/jetstream", "forwarder/kafka", "inbox",
-	"metrics", "outboxtest", "partitioning", "pipeline", "relay", "retention",
+	"metrics", "outboxtest", "outboxtype", "partitioning", "pipeline", "relay", "retention",
 }
 
 // An entry calls one exported function or method (its name as
@@ -248,7 +248,7 @@ func handler(*message.Message) error { return nil }
 
 // entries is the table: one entry per exported function and method of
 // the library packages (TestSweepCoversEveryExportedFunction checks it).
-var entries = slices.Concat(coreEntries, operationsEntries, forwarderEntries, consumersEntries)
+var entries = slices.Concat(coreEntries, operationsEntries, forwarderEntries, consumersEntries, typesEntries)
 
 // requireWith runs RequirePublished with match m (a Match built from nil
 // and zero arguments) over a topic that holds a message, so that m is

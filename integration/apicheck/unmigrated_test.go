@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/retention"
 
 	fixture "github.com/millrace/watermill-outbox/internal/outboxtest"
@@ -49,7 +50,7 @@ func TestUnmigratedSchemaIsErrNotMigrated(t *testing.T) {
 				t.Helper()
 				var err error
 				e.call(what, func() { err = fn() })
-				var nm *outbox.NotMigratedError
+				var nm *outboxtype.NotMigratedError
 				if !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &nm) || nm.Schema != schema {
 					t.Errorf("%s: %v, want ErrNotMigrated for %q", what, err, schema)
 				}
@@ -104,7 +105,7 @@ func TestUnmigratedSchemaIsErrNotMigrated(t *testing.T) {
 			check("deadletter.Replay", func() error { _, err := s.Replay(ctx, 1, deadletter.ReplayOptions{}); return err })
 			check("deadletter.Discard", func() error { _, err := s.Discard(ctx, 1); return err })
 			check("deadletter.Purge", func() error { _, err := s.Purge(ctx, deadletter.PurgeOptions{}); return err })
-			rejected := outbox.RejectedMessage{Group: "g", Topic: "orders", Seq: 1, UUID: "u1", Reason: errors.New("poison")}
+			rejected := outboxtype.RejectedMessage{Group: "g", Topic: "orders", Seq: 1, UUID: "u1", Reason: errors.New("poison")}
 			check("deadletter.Add", func() error { _, err := s.Add(ctx, rejected); return err })
 			check("deadletter.HandleReject", func() error {
 				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return s.HandleReject(ctx, tx, rejected) })

@@ -10,9 +10,9 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // In a real browser, on a confirmation page opened from a link with a
@@ -33,7 +33,7 @@ func TestWaysBackStayOnTheConsoleInARealBrowser(t *testing.T) {
 	// where the browser went.
 	leaveConfirmation := func(back, sel string) (host, path string) {
 		t.Helper()
-		id := consoletest.Itoa(f.AddDeadLetter(t, outbox.RejectedMessage{}))
+		id := consoletest.Itoa(f.AddDeadLetter(t, outboxtype.RejectedMessage{}))
 		if err := chromedp.Run(ctx, chromedp.Navigate(f.Server.URL+"/confirm/discard?id="+id+"&back="+url.QueryEscape(back)),
 			chromedp.WaitVisible(sel, chromedp.ByQuery), chromedp.Click(sel, chromedp.ByQuery)); err != nil {
 			t.Fatal(err)

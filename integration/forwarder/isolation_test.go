@@ -14,6 +14,7 @@ import (
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // With key isolation, a message whose forwarding fails for reasons of its
@@ -31,7 +32,7 @@ func TestForwarderKeyIsolation(t *testing.T) {
 		Topics:     []string{"orders"},
 		Target:     newKafkaTarget(t, kc, false),
 	}, nil)
-	var ce *outbox.ConfigError
+	var ce *outboxtype.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "Subscriber.KeyIsolation" {
 		t.Fatalf("isolation with exactly-once delivery: %v, want a ConfigError on Subscriber.KeyIsolation", err)
 	}

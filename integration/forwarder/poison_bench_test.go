@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // BenchmarkForwarderPoison measures what broker-refused poison costs the
@@ -63,7 +64,7 @@ func runPoisonLoad(b *testing.B, poisonPercent int) (maxLag int64, drain time.Du
 	var rejected sync.Map
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
 		Subscriber: outbox.SubscriberConfig{Schema: schema, Pool: pool, Tuning: adaptive.Default(), CloseTimeout: time.Second,
-			RejectHandler: outbox.RejectHandlerFunc(func(_ context.Context, _ pgx.Tx, m outbox.RejectedMessage) error {
+			RejectHandler: outboxtype.RejectHandlerFunc(func(_ context.Context, _ pgx.Tx, m outboxtype.RejectedMessage) error {
 				rejected.Store(m.UUID, true)
 				return nil
 			})},

@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Failure mode 4 of issue 10: a record the broker refuses (over the
@@ -42,7 +43,7 @@ func TestKafkaRefusedRecordIsIsolatedWithinTheSend(t *testing.T) {
 	var mu sync.Mutex
 	attempts := map[string]int{}
 	inner := e.DeadLetters()
-	rejects := outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+	rejects := outboxtype.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 		mu.Lock()
 		attempts[m.UUID] = m.Attempts
 		mu.Unlock()

@@ -30,10 +30,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Hostile is markup that runs script if a page renders it instead of
@@ -76,7 +76,7 @@ func NewWith(t testing.TB, enableActions bool, prefix string, edit func(*console
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Add(context.Background(), outbox.RejectedMessage{Group: "billing", Topic: "orders", UUID: "evil-" + Hostile,
+	if _, err := store.Add(context.Background(), outboxtype.RejectedMessage{Group: "billing", Topic: "orders", UUID: "evil-" + Hostile,
 		Payload: []byte(Hostile), Metadata: map[string]string{"note": Hostile}, Reason: hostileErr{}}); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func (f *Fixture) CSRF(t testing.TB) string {
 
 // AddDeadLetter stores a pending dead letter and returns its id. A zero
 // Group and Topic become "billing" and "orders", a zero UUID a new one.
-func (f *Fixture) AddDeadLetter(t testing.TB, m outbox.RejectedMessage) int64 {
+func (f *Fixture) AddDeadLetter(t testing.TB, m outboxtype.RejectedMessage) int64 {
 	t.Helper()
 	store, err := deadletter.NewStore(deadletter.Config{Schema: f.B.Schema, Pool: f.B.Pool}, nil)
 	if err != nil {
@@ -215,8 +215,8 @@ func LongText(n int, marker string) string {
 // LongDeadLetter is a dead letter with a 1 MB payload (ending in Hostile),
 // a 54 KB key, a 54 KB uuid and metadata value, a 200 KB metadata value,
 // and long names, each ending in a marker ("PAYLOAD-END", "KEY-END", ...).
-func LongDeadLetter() outbox.RejectedMessage {
-	return outbox.RejectedMessage{
+func LongDeadLetter() outboxtype.RejectedMessage {
+	return outboxtype.RejectedMessage{
 		Group: LongText(3000, "GROUP-END"), Topic: LongText(3000, "TOPIC-END"), UUID: LongText(54_000, "UUID-END"),
 		PartitionKey: LongText(54_000, "KEY-END"),
 		Payload:      []byte(LongText(1_000_000, "PAYLOAD-END"+Hostile)),

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -37,7 +37,7 @@ func TestTheFixtureServesTheConsoleItDescribes(t *testing.T) {
 		t.Fatalf("Do for another host: %d, want 421", code)
 	}
 
-	id := f.AddDeadLetter(t, outbox.RejectedMessage{})
+	id := f.AddDeadLetter(t, outboxtype.RejectedMessage{})
 	if id <= f.Entry || f.B.Int("SELECT count(*) FROM "+f.B.Schema+".dead_letters WHERE id = $1 AND group_name = 'billing' AND topic = 'orders' AND uuid <> ''", id) != 1 {
 		t.Fatalf("AddDeadLetter: id %d (Entry %d), without the default group, topic or uuid", id, f.Entry)
 	}

@@ -4,13 +4,12 @@ import (
 	"context"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Metadata the Subscriber sets on every message it delivers.
@@ -41,50 +40,13 @@ func StableID(topic string, partition int, seq int64) string {
 	return topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(seq, 10)
 }
 
-// RejectedMessage is a message taken out of its stream as poison.
-type RejectedMessage struct {
-	Group        string
-	Topic        string
-	Partition    int
-	Seq          int64
-	UUID         string
-	PartitionKey string
-	Metadata     map[string]string
-	Payload      []byte
-	// Reason is the cause given to Reject (or the last handler failure when
-	// the message ran out of attempts).
-	Reason error
-	// Attempts is how many times the message was delivered: every
-	// hand-out to a handler, a delivery a crash of the consumer process
-	// cut short included. MaxAttempts counts failures (a nack, an error,
-	// a timeout, a crash the message caused alone); a delivery a crash
-	// cut short while other deliveries were in flight in the process is
-	// nobody's failure, so Attempts can exceed MaxAttempts, and the
-	// reason then says by how many (docs/failure-modes.md §3).
-	Attempts int
-	// FirstFailure and LastFailure bound the failures seen for it.
-	FirstFailure, LastFailure time.Time
-}
-
-// RejectHandler takes rejected messages out of the stream, typically into a
-// dead-letter store. HandleReject runs in tx, the transaction that also
-// moves the group's cursor past the message, so the message is stored as
-// rejected if and only if the cursor moves. An error keeps the message in
-// the stream (it is retried like a Nack).
-type RejectHandler interface {
-	HandleReject(ctx context.Context, tx pgx.Tx, m RejectedMessage) error
-}
-
-// RejectHandlerFunc adapts a function to RejectHandler.
-type RejectHandlerFunc func(ctx context.Context, tx pgx.Tx, m RejectedMessage) error
-
-// HandleReject calls f.
-func (f RejectHandlerFunc) HandleReject(ctx context.Context, tx pgx.Tx, m RejectedMessage) error {
-	if f == nil {
-		return errs.NilArgument("the RejectHandlerFunc", "give the Subscriber a function, or no RejectHandler at all")
-	}
-	return f(ctx, tx, m)
-}
+// RejectedMessage, RejectHandler and RejectHandlerFunc are the public
+// leaf package's (outboxtype).
+type (
+	RejectedMessage   = outboxtype.RejectedMessage
+	RejectHandler     = outboxtype.RejectHandler
+	RejectHandlerFunc = outboxtype.RejectHandlerFunc
+)
 
 type deliveryKey struct{}
 

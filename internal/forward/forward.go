@@ -19,6 +19,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/origin"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // errPartialConfirm: a target confirmed part of a batch without an error.
@@ -140,7 +141,7 @@ func TargetSend(target Target) func(ctx context.Context, topic string, batch []*
 func CheckBatch(batch []*message.Message) error {
 	for i, m := range batch {
 		if m == nil {
-			return &outbox.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
+			return &outboxtype.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the batch of %d is nil; nothing was sent", i, len(batch))}
 		}
 	}
 	return nil

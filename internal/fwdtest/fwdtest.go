@@ -29,6 +29,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Env is one test's outbox (see internal/outboxtest) with a dead-letter
@@ -46,8 +47,8 @@ func NewEnv(t *testing.T) Env {
 
 // DeadLetters is the RejectHandler of the tests: one row per rejected
 // message, written in the transaction that moves the cursor past it.
-func (e Env) DeadLetters() outbox.RejectHandler {
-	return outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+func (e Env) DeadLetters() outboxtype.RejectHandler {
+	return outboxtype.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 		_, err := tx.Exec(ctx, `INSERT INTO `+e.Schema+`.test_dead_letters (id, uuid, reason) VALUES ($1, $2, $3)`,
 			outbox.StableID(m.Topic, m.Partition, m.Seq), m.UUID, fmt.Sprint(m.Reason))
 		return err
@@ -450,8 +451,8 @@ type AttemptLog struct {
 }
 
 // Wrap returns h, recording the attempts of each message it gets.
-func (a *AttemptLog) Wrap(h outbox.RejectHandler) outbox.RejectHandler {
-	return outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+func (a *AttemptLog) Wrap(h outboxtype.RejectHandler) outboxtype.RejectHandler {
+	return outboxtype.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 		a.mu.Lock()
 		if a.n == nil {
 			a.n = map[string]int{}

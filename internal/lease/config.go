@@ -86,7 +86,7 @@ func (c *Config) setDefaults() {
 }
 
 // Validate reports the first impossible setting as a *errs.ConfigError
-// (outbox.ConfigError), or a *errs.NameError for a bad schema or topic.
+// (outboxtype.ConfigError), or a *errs.NameError for a bad schema or topic.
 func (c Config) Validate() error {
 	c.setDefaults()
 	if err := names.Schema(c.Schema); err != nil {

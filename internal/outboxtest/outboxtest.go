@@ -33,6 +33,7 @@ import (
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/internal/pgcluster"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Bundle is one test's outbox.
@@ -220,7 +221,7 @@ func (b *Bundle) Subscriber(group string, edit func(*outbox.SubscriberConfig)) *
 // rejects, and retries an hour apart (so that only an operator retries): it
 // nacks every message whose partition key is in poisoned and acks the
 // others, until the test ends.
-func (b *Bundle) HoldingConsumer(group, topic string, rejects outbox.RejectHandler, poisoned ...string) {
+func (b *Bundle) HoldingConsumer(group, topic string, rejects outboxtype.RejectHandler, poisoned ...string) {
 	b.T.Helper()
 	sub := b.Subscriber(group, func(c *outbox.SubscriberConfig) {
 		c.KeyIsolation.Enabled = true

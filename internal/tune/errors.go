@@ -9,7 +9,7 @@ import (
 // ErrInvalidConfig is matched by every [*ConfigError]: outbox.ErrInvalidConfig.
 var ErrInvalidConfig = errs.ErrInvalidConfig
 
-// ConfigError reports one invalid field: outbox.ConfigError.
+// ConfigError reports one invalid field: outboxtype.ConfigError.
 type ConfigError = errs.ConfigError
 
 func configErrorf(field, format string, args ...any) *ConfigError {

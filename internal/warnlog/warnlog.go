@@ -8,13 +8,13 @@ import (
 	"errors"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Logger is implemented by a watermill.LoggerAdapter that has a warning
-// level.
-type Logger interface {
-	Warn(msg string, fields watermill.LogFields)
-}
+// level (outboxtype.WarnLogger).
+type Logger = outboxtype.WarnLogger
 
 // ErrWarning is the error a warning is logged with on a logger without
 // Warn.

@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/integration/internal/cetest"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The messages of a target with CloudEvents are events the CloudEvents SDK
@@ -114,7 +115,7 @@ func TestJetStreamCloudEventsPercentEncodeHeaderValues(t *testing.T) {
 }
 
 // A message the target cannot make an event of is rejected with a
-// *outbox.MessageError, the messages before it delivered: no type, a
+// *outboxtype.MessageError, the messages before it delivered: no type, a
 // ce_time that is no RFC 3339 time, metadata a receiver would read as an
 // attribute (ce-…, content-type).
 func TestJetStreamCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
@@ -137,7 +138,7 @@ func TestJetStreamCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
 			batch := cetest.Batch(3)
 			bad.edit(batch[1])
 			done, err := target.Send(outboxtest.Ctx(t), name, batch)
-			var me *outbox.MessageError
+			var me *outboxtype.MessageError
 			if done != 1 || !errors.Is(err, outbox.ErrPoison) || !errors.As(err, &me) || me.UUID != batch[1].UUID {
 				t.Fatalf("Send: done %d, %v; want 1 and message 1 rejected with a *MessageError", done, err)
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // A message the stream refuses for what it is (its size, its headers, a
@@ -165,7 +166,7 @@ func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
 	attempts := map[string]int{}
 	inner := e.DeadLetters()
 	fwdtest.StartForwarder(t, e, nil, newJetStreamTarget(t, s.ClientURL()), []string{"orders"}, func(c *forwarder.Config) {
-		c.Subscriber.RejectHandler = outbox.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outbox.RejectedMessage) error {
+		c.Subscriber.RejectHandler = outboxtype.RejectHandlerFunc(func(ctx context.Context, tx pgx.Tx, m outboxtype.RejectedMessage) error {
 			mu.Lock()
 			attempts[m.UUID] = m.Attempts
 			mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/integration/internal/cetest"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // newTargetWith returns a target made of cfg (its AckTimeout 2 s), closed
@@ -160,7 +161,7 @@ func TestJetStreamTombstoneWithoutKeySubjectsRemovesNothing(t *testing.T) {
 }
 
 // The target rejects what it cannot publish as asked, with a
-// *outbox.MessageError (the server's refusal for a rollup the stream does
+// *outboxtype.MessageError (the server's refusal for a rollup the stream does
 // not allow), and delivers the messages before it.
 func TestJetStreamTargetRejectsBadTombstonesAndKeys(t *testing.T) {
 	s := startNATS(t, -1, t.TempDir(), nil)
@@ -193,7 +194,7 @@ func TestJetStreamTargetRejectsBadTombstonesAndKeys(t *testing.T) {
 			if done != 1 || !errors.Is(err, outbox.ErrPoison) {
 				t.Fatalf("Send: done %d, %v; want 1 and message 1 rejected", done, err)
 			}
-			var me *outbox.MessageError
+			var me *outboxtype.MessageError
 			if bad.name != "a rollup the stream does not allow" && (!errors.As(err, &me) || me.UUID != batch[1].UUID) {
 				t.Fatalf("Send: %v, want a *MessageError for message 1", err)
 			}

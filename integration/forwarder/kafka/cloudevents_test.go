@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 var ceModes = []struct {
@@ -131,7 +132,7 @@ func TestCloudEventsKeepExactlyOnceThroughATakeover(t *testing.T) {
 }
 
 // A message the target cannot make an event of is rejected (dead letter)
-// with a *outbox.MessageError, the messages before it delivered: no type,
+// with a *outboxtype.MessageError, the messages before it delivered: no type,
 // a ce_time that is no RFC 3339 time, metadata a receiver would read as an
 // attribute (ce_…, content-type).
 func TestCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
@@ -152,7 +153,7 @@ func TestCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
 			batch := cetest.Batch(3)
 			bad.edit(batch[1])
 			done, err := target.Send(outboxtest.Ctx(t), topic, batch)
-			var me *outbox.MessageError
+			var me *outboxtype.MessageError
 			if done != 1 || !errors.Is(err, outbox.ErrPoison) || !errors.As(err, &me) || me.UUID != batch[1].UUID {
 				t.Fatalf("Send: done %d, %v; want 1 and message 1 rejected with a *MessageError", done, err)
 			}

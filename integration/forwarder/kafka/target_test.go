@@ -23,6 +23,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -67,7 +68,7 @@ func TestPartitionerPlacesKeysLikeTheOutbox(t *testing.T) {
 }
 
 func TestConfigRefusesBadSettings(t *testing.T) {
-	var cerr *outbox.ConfigError
+	var cerr *outboxtype.ConfigError
 	for _, c := range []struct {
 		name  string
 		cfg   kafka.Config
@@ -119,7 +120,7 @@ func TestNewForwarderRefusesKeyIsolationWithExactlyOnce(t *testing.T) {
 			Topics:     []string{"orders"},
 			Target:     newTarget(t, c, atLeastOnce),
 		}, nil)
-		var ce *outbox.ConfigError
+		var ce *outboxtype.ConfigError
 		switch {
 		case !atLeastOnce && (!errors.As(err, &ce) || ce.Field != "Subscriber.KeyIsolation"):
 			t.Fatalf("isolation with exactly-once delivery: %v, want a ConfigError on Subscriber.KeyIsolation", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // compactedTopic creates a one-partition topic with cleanup.policy=compact
@@ -124,7 +125,7 @@ func TestTombstoneDeletesItsKeyFromACompactedTopic(t *testing.T) {
 
 // The target refuses a tombstone it cannot send as one, before sending
 // anything of it: it rejects the message (dead letter) with a
-// *outbox.MessageError and delivers the messages before it.
+// *outboxtype.MessageError and delivers the messages before it.
 func TestKafkaTargetRejectsBadTombstones(t *testing.T) {
 	valued := marshalerFunc(func(topic string, msg *message.Message) (*kgo.Record, error) {
 		return &kgo.Record{Topic: topic, Value: []byte("a value")}, nil
@@ -155,7 +156,7 @@ func TestKafkaTargetRejectsBadTombstones(t *testing.T) {
 				batch := fwdtest.OutboxBatch(3, func(i int) string { return fmt.Sprintf("key-%d", i) })
 				bad.edit(batch[1])
 				done, err := target.Send(outboxtest.Ctx(t), topic, batch)
-				var me *outbox.MessageError
+				var me *outboxtype.MessageError
 				if done != 1 || !errors.Is(err, outbox.ErrPoison) || !errors.As(err, &me) || me.UUID != batch[1].UUID {
 					t.Fatalf("Send: done %d, %v; want 1 and the tombstone rejected with a *MessageError", done, err)
 				}
