@@ -24,63 +24,71 @@ import (
 // handle would write the message on its own, outside the caller's
 // transaction, and the message would survive the caller's rollback.
 //
-// Handlers read the transaction back with PgxTxFromContext or
-// SQLTxFromContext.
+// Handlers read the transaction back with TxFromContext:
+// TxFromContext[pgx.Tx](ctx), or TxFromContext[*sql.Tx](ctx).
 func WithTx(ctx context.Context, tx any) context.Context {
 	return pgexec.WithTx(ctx, tx)
 }
 
-// TxFromContext returns the transaction stored by WithTx, if any, as it was
-// given. PgxTxFromContext and SQLTxFromContext return it typed.
-func TxFromContext(ctx context.Context) (any, bool) {
+// TxFromContext returns the transaction stored by WithTx as a T, if there
+// is one and it is a T: TxFromContext[pgx.Tx](ctx) in a handler of a
+// Subscriber of the Transactional strategy, TxFromContext[*sql.Tx](ctx) for
+// a transaction of database/sql. A watermill-sql adapter (sql.PgxTx,
+// sql.StdSQLTx) is a T itself, or, unwrapped, the pgx.Tx or *sql.Tx it
+// holds. TxFromContext[any] returns the transaction as it was given.
+func TxFromContext[T any](ctx context.Context) (T, bool) {
+	var zero T
 	b := pgexec.BindingFrom(ctx)
-	if b == nil {
-		return nil, false
+	if b == nil || b.Tx == nil {
+		return zero, false
 	}
-	return b.Tx, true
+	if t, ok := b.Tx.(T); ok {
+		return t, !isNilTx(b.Tx)
+	}
+	inner := unwrapTx(b.Tx)
+	if inner == nil {
+		return zero, false
+	}
+	t, ok := inner.(T)
+	return t, ok
 }
 
-// PgxTxFromContext returns the pgx.Tx stored by WithTx, if there is one and
-// it is a pgx.Tx (or a watermill-sql adapter of one, unwrapped): the
-// transaction of a message delivered by a Subscriber of the Transactional
-// strategy, for example.
-func PgxTxFromContext(ctx context.Context) (pgx.Tx, bool) {
-	tx, ok := TxFromContext(ctx)
-	if !ok {
-		return nil, false
-	}
+// unwrapTx returns the pgx.Tx or *sql.Tx a watermill-sql adapter holds
+// (nil for none, or for another handle).
+func unwrapTx(tx any) any {
 	switch t := tx.(type) {
-	case pgx.Tx:
-		return t, true
 	case wsql.PgxTx: // (its Commit and Rollback take no context: not a pgx.Tx itself)
-		return t.Tx, t.Tx != nil
+		if t.Tx != nil {
+			return t.Tx
+		}
 	case *wsql.PgxTx:
-		if t != nil {
-			return t.Tx, t.Tx != nil
+		if t != nil && t.Tx != nil {
+			return t.Tx
+		}
+	case wsql.StdSQLTx:
+		if t.Tx != nil {
+			return t.Tx
+		}
+	case *wsql.StdSQLTx:
+		if t != nil && t.Tx != nil {
+			return t.Tx
 		}
 	}
-	return nil, false
+	return nil
 }
 
-// SQLTxFromContext returns the *sql.Tx stored by WithTx, if there is one
-// and it is a *sql.Tx (or a watermill-sql adapter of one).
-func SQLTxFromContext(ctx context.Context) (*sql.Tx, bool) {
-	tx, ok := TxFromContext(ctx)
-	if !ok {
-		return nil, false
-	}
+// isNilTx reports whether tx is a typed nil pointer of the handles WithTx
+// takes.
+func isNilTx(tx any) bool {
 	switch t := tx.(type) {
 	case *sql.Tx:
-		return t, t != nil
+		return t == nil
+	case *wsql.PgxTx:
+		return t == nil
 	case *wsql.StdSQLTx:
-		if t == nil {
-			return nil, false
-		}
-		return t.Tx, t.Tx != nil
-	case wsql.StdSQLTx:
-		return t.Tx, t.Tx != nil
+		return t == nil
 	}
-	return nil, false
+	return false
 }
 
 // DB is the set of database handles the outbox's one-off operations

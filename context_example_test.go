@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
@@ -17,7 +18,7 @@ import (
 // A handler reads the transaction from the message's context: the one a
 // Subscriber of the Transactional strategy opened for the batch, or the one
 // the caller stored with WithTx. No type assertion is needed.
-func ExamplePgxTxFromContext() {
+func ExampleTxFromContext() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
@@ -26,7 +27,7 @@ func ExamplePgxTxFromContext() {
 	defer pool.Close()
 
 	handler := func(msg *message.Message) error {
-		tx, ok := outbox.PgxTxFromContext(msg.Context())
+		tx, ok := outbox.TxFromContext[pgx.Tx](msg.Context())
 		if !ok {
 			return errors.New("no pgx transaction: use the Transactional strategy")
 		}
@@ -53,9 +54,9 @@ func ExamplePgxTxFromContext() {
 	// no pgx transaction: use the Transactional strategy
 }
 
-// With database/sql, SQLTxFromContext returns the *sql.Tx stored by WithTx
+// With database/sql, TxFromContext[*sql.Tx] returns the *sql.Tx stored by WithTx
 // (directly, or in a watermill-sql adapter).
-func ExampleSQLTxFromContext() {
+func ExampleTxFromContext_databaseSQL() {
 	ctx := context.Background()
 	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
 	if err != nil {
@@ -69,14 +70,14 @@ func ExampleSQLTxFromContext() {
 	defer tx.Rollback()
 
 	ctx = outbox.WithTx(ctx, tx)
-	if stx, ok := outbox.SQLTxFromContext(ctx); ok {
+	if stx, ok := outbox.TxFromContext[*sql.Tx](ctx); ok {
 		var n int
 		if err := stx.QueryRowContext(ctx, "SELECT 40 + 2").Scan(&n); err != nil {
 			panic(err)
 		}
 		fmt.Println("*sql.Tx:", n)
 	}
-	_, ok := outbox.PgxTxFromContext(ctx)
+	_, ok := outbox.TxFromContext[pgx.Tx](ctx)
 	fmt.Println("a pgx.Tx too?", ok)
 	// Output:
 	// *sql.Tx: 42

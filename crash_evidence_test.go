@@ -335,7 +335,7 @@ func TestCrashLoopConsumerChild(t *testing.T) {
 			os.Exit(3) // no deferred call, no Nack: as a crash
 		}
 		effect := "INSERT INTO " + schema + ".effects VALUES ($1)"
-		if tx, ok := outbox.PgxTxFromContext(m.Context()); ok {
+		if tx, ok := outbox.TxFromContext[pgx.Tx](m.Context()); ok {
 			_, err := tx.Exec(m.Context(), effect, m.UUID)
 			return err
 		}

@@ -78,7 +78,7 @@ func (e env) effectIDs(t *testing.T, table string) []string {
 // pgxTxFrom returns the Transactional strategy's transaction of a message
 // context.
 func pgxTxFrom(ctx context.Context) (pgx.Tx, bool) {
-	tx, ok := outbox.TxFromContext(ctx)
+	tx, ok := outbox.TxFromContext[any](ctx)
 	if !ok {
 		return nil, false
 	}
@@ -136,7 +136,7 @@ func TestTransactionalHandlerThatBreaksItsTransactionIsACountedAttempt(t *testin
 			go func() {
 				for m := range msgs {
 					deliveries.Add(1)
-					tx, _ := outbox.TxFromContext(m.Context())
+					tx, _ := outbox.TxFromContext[any](m.Context())
 					ptx := tx.(pgx.Tx)
 					if _, err := ptx.Exec(m.Context(), "INSERT INTO "+effects+" VALUES ($1)", m.UUID); err != nil {
 						t.Errorf("effect of %s: %v", m.UUID, err)

@@ -15,8 +15,9 @@ import (
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 )
 
-// SchemaVersion is the newest schema version this release knows.
-var SchemaVersion = dbsql.Migrations[len(dbsql.Migrations)-1].Version
+// SchemaVersion is the newest schema version this release knows: that of
+// its last migration (internal/dbsql/migrations).
+const SchemaVersion = 15
 
 func init() { schemacheck.Latest = SchemaVersion }
 

@@ -221,3 +221,11 @@ func TestMigrateLeavesTheWriterOfEarlierCursorsUnknown(t *testing.T) {
 		t.Errorf("writer NULL on %d rows, '' on %d; want 1 and 2", nulls, empties)
 	}
 }
+
+// SchemaVersion is a constant (a program cannot change it) and names the
+// newest migration the release embeds.
+func TestSchemaVersionIsTheNewestMigration(t *testing.T) {
+	if last := dbsql.Migrations[len(dbsql.Migrations)-1].Version; outbox.SchemaVersion != last {
+		t.Fatalf("SchemaVersion = %d, the newest migration is %d: set the constant to it", outbox.SchemaVersion, last)
+	}
+}

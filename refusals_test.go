@@ -320,11 +320,11 @@ func TestTypedTransactionAccessors(t *testing.T) {
 	}
 	defer tx.Rollback(context.Background())
 	c := outbox.WithTx(context.Background(), tx)
-	if got, ok := outbox.PgxTxFromContext(c); !ok || got != pgx.Tx(tx) {
-		t.Fatalf("PgxTxFromContext = %v, %v", got, ok)
+	if got, ok := outbox.TxFromContext[pgx.Tx](c); !ok || got != pgx.Tx(tx) {
+		t.Fatalf("TxFromContext[pgx.Tx] = %v, %v", got, ok)
 	}
-	if _, ok := outbox.SQLTxFromContext(c); ok {
-		t.Fatal("SQLTxFromContext found a *sql.Tx in a pgx context")
+	if _, ok := outbox.TxFromContext[*sql.Tx](c); ok {
+		t.Fatal("TxFromContext[*sql.Tx] found a *sql.Tx in a pgx context")
 	}
 	stx, err := pgtest.DB(t).BeginTx(outboxtest.Ctx(t), nil)
 	if err != nil {
@@ -332,21 +332,33 @@ func TestTypedTransactionAccessors(t *testing.T) {
 	}
 	defer stx.Rollback()
 	c = outbox.WithTx(context.Background(), stx)
-	if got, ok := outbox.SQLTxFromContext(c); !ok || got != stx {
-		t.Fatalf("SQLTxFromContext = %v, %v", got, ok)
+	if got, ok := outbox.TxFromContext[*sql.Tx](c); !ok || got != stx {
+		t.Fatalf("TxFromContext[*sql.Tx] = %v, %v", got, ok)
 	}
-	if _, ok := outbox.PgxTxFromContext(context.Background()); ok {
-		t.Fatal("PgxTxFromContext found a transaction in an empty context")
+	if _, ok := outbox.TxFromContext[pgx.Tx](context.Background()); ok {
+		t.Fatal("TxFromContext[pgx.Tx] found a transaction in an empty context")
 	}
 	// watermill-sql's adapters are unwrapped.
-	if got, ok := outbox.PgxTxFromContext(outbox.WithTx(context.Background(), wsql.TxFromPgx(tx))); !ok || got != pgx.Tx(tx) {
-		t.Fatalf("PgxTxFromContext(watermill-sql PgxTx) = %v, %v", got, ok)
+	if got, ok := outbox.TxFromContext[pgx.Tx](outbox.WithTx(context.Background(), wsql.TxFromPgx(tx))); !ok || got != pgx.Tx(tx) {
+		t.Fatalf("TxFromContext[pgx.Tx](watermill-sql PgxTx) = %v, %v", got, ok)
 	}
-	if got, ok := outbox.SQLTxFromContext(outbox.WithTx(context.Background(), wsql.TxFromStdSQL(stx))); !ok || got != stx {
-		t.Fatalf("SQLTxFromContext(watermill-sql StdSQLTx) = %v, %v", got, ok)
+	if got, ok := outbox.TxFromContext[*sql.Tx](outbox.WithTx(context.Background(), wsql.TxFromStdSQL(stx))); !ok || got != stx {
+		t.Fatalf("TxFromContext[*sql.Tx](watermill-sql StdSQLTx) = %v, %v", got, ok)
 	}
-	if _, ok := outbox.SQLTxFromContext(outbox.WithTx(context.Background(), (*sql.Tx)(nil))); ok {
-		t.Fatal("SQLTxFromContext returned a nil *sql.Tx as found")
+	if _, ok := outbox.TxFromContext[*sql.Tx](outbox.WithTx(context.Background(), (*sql.Tx)(nil))); ok {
+		t.Fatal("TxFromContext[*sql.Tx] returned a nil *sql.Tx as found")
+	}
+	if _, ok := outbox.TxFromContext[pgx.Tx](outbox.WithTx(context.Background(), (*wsql.PgxTx)(nil))); ok {
+		t.Fatal("TxFromContext[pgx.Tx] found a transaction in a nil watermill-sql adapter")
+	}
+	// TxFromContext[any] returns the handle as it was given; the adapter
+	// itself can be asked for too.
+	adapter := wsql.TxFromPgx(tx)
+	if got, ok := outbox.TxFromContext[any](outbox.WithTx(context.Background(), adapter)); !ok || got != any(adapter) {
+		t.Fatalf("TxFromContext[any](adapter) = %v, %v", got, ok)
+	}
+	if _, ok := outbox.TxFromContext[any](context.Background()); ok {
+		t.Fatal("TxFromContext[any] found a transaction in an empty context")
 	}
 }
 
@@ -634,7 +646,7 @@ func TestEveryEntryPointRefusesSystemSchemas(t *testing.T) {
 }
 
 // A Transactional Subscriber's handler gets the batch's transaction with
-// PgxTxFromContext, no type assertion, and can write and publish in it.
+// TxFromContext[pgx.Tx], no type assertion, and can write and publish in it.
 func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -669,12 +681,12 @@ func TestTransactionalHandlerGetsItsTxFromPgxTxFromContext(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatal("no delivery")
 		}
-		tx, ok := outbox.PgxTxFromContext(m.Context())
+		tx, ok := outbox.TxFromContext[pgx.Tx](m.Context())
 		if !ok {
-			t.Fatal("PgxTxFromContext found no pgx.Tx in a Transactional delivery")
+			t.Fatal("TxFromContext[pgx.Tx] found no pgx.Tx in a Transactional delivery")
 		}
-		if _, ok := outbox.SQLTxFromContext(m.Context()); ok {
-			t.Fatal("SQLTxFromContext found a *sql.Tx in a Transactional delivery")
+		if _, ok := outbox.TxFromContext[*sql.Tx](m.Context()); ok {
+			t.Fatal("TxFromContext[*sql.Tx] found a *sql.Tx in a Transactional delivery")
 		}
 		if _, err := tx.Exec(m.Context(), "INSERT INTO "+e.Schema+".effects VALUES ($1)", m.UUID); err != nil {
 			t.Fatal(err)

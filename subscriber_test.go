@@ -487,7 +487,7 @@ func TestTransactionalStrategyHasExactlyOnceEffects(t *testing.T) {
 		defer close(done)
 		for m := range msgs {
 			deliveries++
-			txAny, ok := outbox.TxFromContext(m.Context())
+			txAny, ok := outbox.TxFromContext[any](m.Context())
 			if !ok {
 				t.Error("no transaction in the message context")
 				m.Nack()

@@ -25,7 +25,7 @@
 //
 //	in, _ := inbox.New(inbox.Config{Pool: pool, Consumer: "billing"})
 //	router.AddMiddleware(in.Middleware)
-//	// the handler finds the transaction with outbox.PgxTxFromContext(msg.Context())
+//	// the handler finds the transaction with outbox.TxFromContext[pgx.Tx](msg.Context())
 //
 // Or in code of your own, in your transaction:
 //
@@ -274,7 +274,7 @@ func (in *Inbox) schemaErr(err error) error {
 
 // Middleware is Watermill handler middleware: it runs the handler in a
 // transaction of its own on Config.Pool (the handler gets it with
-// outbox.PgxTxFromContext(msg.Context())), with the mark, and acks a
+// outbox.TxFromContext[pgx.Tx](msg.Context())), with the mark, and acks a
 // duplicate without running the handler. Messages the handler returns are
 // passed on as usual (publish them with an outbox Publisher in the same
 // transaction for exactly-once forwarding).

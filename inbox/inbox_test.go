@@ -203,7 +203,7 @@ func TestMiddleware(t *testing.T) {
 	calls := 0
 	h := e.in.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		calls++
-		tx, ok := outbox.PgxTxFromContext(msg.Context())
+		tx, ok := outbox.TxFromContext[pgx.Tx](msg.Context())
 		if !ok {
 			return nil, errors.New("no transaction in the message context")
 		}

@@ -255,7 +255,7 @@ func TestRunUntilIdleDeliversEverythingAndLeavesNothingRunning(t *testing.T) {
 			apply := func(ctx context.Context, m *message.Message) error {
 				q := "INSERT INTO " + table + " (order_id, customer) VALUES ($1, $2) ON CONFLICT (order_id) DO UPDATE SET n = " + table + ".n + 1"
 				if tc.strategy == outbox.Transactional {
-					tx, ok := outbox.PgxTxFromContext(m.Context())
+					tx, ok := outbox.TxFromContext[pgx.Tx](m.Context())
 					if !ok {
 						return errors.New("no transaction in the context")
 					}

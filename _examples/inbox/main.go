@@ -23,6 +23,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	outbox "github.com/millrace/watermill-outbox"
@@ -112,7 +113,7 @@ func run(ctx context.Context) error {
 	}
 	router.AddMiddleware(in.Middleware) // the one line that makes the handlers exactly once
 	router.AddConsumerHandler("ledger", "payments", sub, func(msg *message.Message) error {
-		tx, _ := outbox.PgxTxFromContext(msg.Context())
+		tx, _ := outbox.TxFromContext[pgx.Tx](msg.Context())
 		cents, err := strconv.ParseInt(string(msg.Payload), 10, 64)
 		if err != nil {
 			return err

@@ -181,7 +181,7 @@ func startConsumer(ctx context.Context, db *exampledb.DB, logger watermill.Logge
 // handle adds an order to its customer's totals, in the transaction the
 // Subscriber opened for the batch.
 func handle(msg *message.Message) error {
-	tx, ok := outbox.PgxTxFromContext(msg.Context())
+	tx, ok := outbox.TxFromContext[pgx.Tx](msg.Context())
 	if !ok {
 		return errors.New("no transaction: the Subscriber must use the Transactional strategy")
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,14 +23,13 @@ var coreEntries = []entry{
 		e.call("WithTx(ctx, (*sql.Tx)(nil))", func() { outbox.WithTx(e.ctx, (*sql.Tx)(nil)) })
 	}},
 	{"outbox.TxFromContext", func(e *env) {
-		e.call("TxFromContext(WithTx(ctx, nil))", func() { outbox.TxFromContext(outbox.WithTx(e.ctx, nil)) })
-	}},
-	{"outbox.PgxTxFromContext", func(e *env) {
-		e.call("PgxTxFromContext(WithTx(ctx, nil))", func() { outbox.PgxTxFromContext(outbox.WithTx(e.ctx, nil)) })
-		e.call("PgxTxFromContext(WithTx(ctx, pgx.Tx(nil)))", func() { outbox.PgxTxFromContext(outbox.WithTx(e.ctx, pgx.Tx(nil))) })
-	}},
-	{"outbox.SQLTxFromContext", func(e *env) {
-		e.call("SQLTxFromContext(WithTx(ctx, (*sql.Tx)(nil)))", func() { outbox.SQLTxFromContext(outbox.WithTx(e.ctx, (*sql.Tx)(nil))) })
+		e.call("TxFromContext[any](WithTx(ctx, nil))", func() { outbox.TxFromContext[any](outbox.WithTx(e.ctx, nil)) })
+		e.call("TxFromContext[pgx.Tx](WithTx(ctx, nil))", func() { outbox.TxFromContext[pgx.Tx](outbox.WithTx(e.ctx, nil)) })
+		e.call("TxFromContext[pgx.Tx](WithTx(ctx, pgx.Tx(nil)))", func() { outbox.TxFromContext[pgx.Tx](outbox.WithTx(e.ctx, pgx.Tx(nil))) })
+		e.call("TxFromContext[*sql.Tx](WithTx(ctx, (*sql.Tx)(nil)))", func() { outbox.TxFromContext[*sql.Tx](outbox.WithTx(e.ctx, (*sql.Tx)(nil))) })
+		e.call("TxFromContext[pgx.Tx](WithTx(ctx, (*wsql.PgxTx)(nil)))", func() { outbox.TxFromContext[pgx.Tx](outbox.WithTx(e.ctx, (*wsql.PgxTx)(nil))) })
+		e.call("TxFromContext[*sql.Tx](WithTx(ctx, wsql.StdSQLTx{}))", func() { outbox.TxFromContext[*sql.Tx](outbox.WithTx(e.ctx, wsql.StdSQLTx{})) })
+		e.call("TxFromContext[any](background)", func() { outbox.TxFromContext[any](e.ctx) })
 	}},
 	{"outbox.StableID", func(e *env) { e.call("StableID zero", func() { outbox.StableID("", 0, 0) }) }},
 	{"outbox.DeliverAt", func(e *env) {

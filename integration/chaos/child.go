@@ -303,7 +303,7 @@ func runSubscriber(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberC
 		attempt, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetadataAttempt))
 		args := []any{cfg.Group, msg.Metadata.Get(outbox.MetadataID), msg.UUID, msg.Metadata.Get(outbox.MetadataPartitionKey), string(msg.Payload), attempt, pid}
 		if scfg.Strategy == outbox.Transactional {
-			tx, ok := outbox.PgxTxFromContext(msg.Context())
+			tx, ok := outbox.TxFromContext[pgx.Tx](msg.Context())
 			if !ok {
 				return errors.New("chaos: a Transactional delivery without its transaction")
 			}
@@ -474,7 +474,7 @@ func runInbox(ctx context.Context, cfg ChildConfig, pool *pgxpool.Pool, logger w
 	pid := os.Getpid()
 	router.AddMiddleware(in.Middleware)
 	router.AddConsumerHandler("inbox", cfg.KafkaTopic, sub, func(msg *message.Message) error {
-		tx, ok := outbox.PgxTxFromContext(msg.Context())
+		tx, ok := outbox.TxFromContext[pgx.Tx](msg.Context())
 		if !ok {
 			return errors.New("chaos: the inbox middleware gave the handler no transaction")
 		}
