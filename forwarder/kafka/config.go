@@ -153,7 +153,7 @@ type Config struct {
 	// not exist when it starts (Target.CheckTopic), with as many partitions
 	// as its outbox topic and the brokers' default replication factor.
 	// Off by default: a missing topic stops Forwarder.Run with
-	// ErrUnknownTopic, saying what to create, rather than retrying sends
+	// ErrNoSuchTopic, saying what to create, rather than retrying sends
 	// for ever.
 	CreateTopics bool
 }

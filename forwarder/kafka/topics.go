@@ -15,10 +15,11 @@ import (
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 )
 
-// ErrUnknownTopic is what CheckTopic (so Forwarder.Run) returns, wrapped
-// with the topic and what to do, for a destination topic that does not
-// exist while Config.CreateTopics is off.
-var ErrUnknownTopic = errors.New("kafka: the topic does not exist")
+// ErrNoSuchTopic is what CheckTopic (so Forwarder.Run) returns, wrapped
+// with the topic and what to do, for a destination Kafka topic that does
+// not exist while Config.CreateTopics is off. (An outbox topic that is not
+// registered is outbox.ErrUnknownTopic.)
+var ErrNoSuchTopic = errors.New("kafka: the topic does not exist")
 
 // topicCheckTimeout bounds CheckTopic's requests: an unreachable cluster
 // must not keep a forwarder from starting.
@@ -28,7 +29,7 @@ var _ forwarder.TopicChecker = (*Target)(nil)
 
 // CheckTopic implements forwarder.TopicChecker; the Forwarder calls it
 // for every outbox topic as it starts. A topic that does not exist is
-// ErrUnknownTopic (sends to it would only be retried), or is created with
+// ErrNoSuchTopic (sends to it would only be retried), or is created with
 // outboxPartitions partitions (1 when unknown) and the brokers' default
 // replication factor when Config.CreateTopics is set. A topic whose
 // partition count differs from the outbox topic's is forwarded (each
@@ -72,7 +73,7 @@ func (t *Target) createTopic(ctx context.Context, driver kafkadriver.Driver, top
 	partitions := max(outboxPartitions, 1)
 	if !t.cfg.CreateTopics {
 		return fmt.Errorf("%w: %q: create it with %d partitions (as many as the outbox topic; e.g. kafka-topics.sh --create --topic %s --partitions %d), or set kafka.Config.CreateTopics to let the forwarder create it",
-			ErrUnknownTopic, topic, partitions, topic, partitions)
+			ErrNoSuchTopic, topic, partitions, topic, partitions)
 	}
 	err := driver.CreateTopic(ctx, topic, partitions)
 	switch {

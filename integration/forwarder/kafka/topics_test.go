@@ -62,7 +62,7 @@ func TestForwarderRefusesAMissingKafkaTopicAtStart(t *testing.T) {
 	_, ran := runForwarder(t, e, newTargetWith(t, kafka.Config{Brokers: c.Brokers}), "orders", topic)
 	select {
 	case err := <-ran:
-		if !errors.Is(err, kafka.ErrUnknownTopic) || !strings.Contains(err.Error(), "create it with 6 partitions") || !strings.Contains(err.Error(), "CreateTopics") {
+		if !errors.Is(err, kafka.ErrNoSuchTopic) || !strings.Contains(err.Error(), "create it with 6 partitions") || !strings.Contains(err.Error(), "CreateTopics") {
 			t.Fatalf("Run: %v, want ErrUnknownTopic saying to create it with 6 partitions or set CreateTopics", err)
 		}
 	case <-time.After(30 * time.Second):
