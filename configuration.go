@@ -85,12 +85,6 @@ type SubscriberConfig struct {
 	// sequenced instead of at the oldest retained one. Existing cursors
 	// never move.
 	StartFromNewest bool
-	// AutoCreateTopics registers a topic that is not registered yet, with
-	// one partition, when Subscribe or SubscribeInitialize meets it, so
-	// that a subscriber may come up before any publisher. A topic that
-	// needs more partitions is registered first, by a Publisher or by
-	// RegisterTopic.
-	AutoCreateTopics bool
 	// DisableSequencer stops the subscriber from running a Sequencer of its
 	// own. Some process must run one (any number may): run NewSequencer
 	// yourself to tune it.

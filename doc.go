@@ -7,14 +7,15 @@
 // after commit, so that readers that follow seq never skip a message whose
 // transaction committed late. Subscribers read each partition in order.
 //
-// Set up the tables once per database (idempotent, safe from many
-// instances at once):
+// Set up the tables once per database, and register each topic with its
+// partition count (both idempotent, safe from many instances at once):
 //
 //	err := outbox.Migrate(ctx, pool, outbox.DefaultSchema)
+//	err = outbox.RegisterTopic(ctx, pool, outbox.DefaultSchema, "orders", 16)
 //
 // Publish in a handler's transaction:
 //
-//	pub, _ := outbox.NewPublisher(outbox.PublisherConfig{DB: pool, AutoCreateTopics: true}, logger)
+//	pub, _ := outbox.NewPublisher(outbox.PublisherConfig{}, logger)
 //	tx, _ := pool.Begin(ctx)
 //	// ... the handler's own writes on tx ...
 //	msg := message.NewMessage(watermill.NewUUID(), payload)

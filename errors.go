@@ -40,8 +40,8 @@ var (
 	// ErrMixedTx: the messages of one Publish call carry different
 	// transactions in their contexts.
 	ErrMixedTx = outboxtype.ErrMixedTx
-	// ErrUnknownTopic: the topic is not registered and the publisher cannot
-	// register it (no DB, or AutoCreateTopics off).
+	// ErrUnknownTopic: the topic is not registered; register it with
+	// outbox.RegisterTopic (or: outbox topics register) before use.
 	ErrUnknownTopic = outboxtype.ErrUnknownTopic
 	// ErrClosed: a component was used after Close.
 	ErrClosed = outboxtype.ErrClosed

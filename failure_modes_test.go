@@ -511,7 +511,7 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	fresh := pgtest.Schema(t)
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: fresh, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true}, nil)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: fresh, Pool: pool, ConsumerGroup: "g"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -528,7 +528,7 @@ func TestSubscribeRefusesAnUnmigratedOrNewerSchema(t *testing.T) {
 	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "INSERT INTO "+e.Schema+".schema_migrations (version, name) VALUES ($1, 'future')", outbox.SchemaVersion+1); err != nil {
 		t.Fatal(err)
 	}
-	newer := newSub(t, e, "g", func(c *outbox.SubscriberConfig) { c.AutoCreateTopics = true })
+	newer := newSub(t, e, "g", nil)
 	defer newer.Close()
 	if _, err := newer.Subscribe(outboxtest.Ctx(t), "orders"); !errors.Is(err, outbox.ErrSchemaTooNew) {
 		t.Fatalf("Subscribe on a newer schema: %v, want ErrSchemaTooNew", err)
@@ -544,7 +544,7 @@ func TestSubscribeAfterAFailedOneStartsTheSequencer(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)
-	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g", AutoCreateTopics: true, Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced()}, nil)
+	sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "g", Tuning: outboxtest.FastTuning(), Advanced: outboxtest.FastAdvanced()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,6 +553,9 @@ func TestSubscribeAfterAFailedOneStartsTheSequencer(t *testing.T) {
 		t.Fatalf("Subscribe before Migrate: %v", err)
 	}
 	if err := outbox.Migrate(outboxtest.Ctx(t), pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.RegisterTopic(outboxtest.Ctx(t), pool, schema, "orders", 1); err != nil {
 		t.Fatal(err)
 	}
 	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "orders")

@@ -65,10 +65,8 @@ type PublisherConfig struct {
 	// when empty). Create it with Migrate.
 	Schema string
 
-	// DB is an optional *pgxpool.Pool or *sql.DB. The publisher uses it to
-	// register unknown topics (outside the caller's transaction, so a
-	// rollback cannot leave a half-registered topic) and, with
-	// OwnTransaction, to write messages whose context carries no
+	// DB is an optional *pgxpool.Pool or *sql.DB. With OwnTransaction the
+	// publisher writes through it the messages whose context carries no
 	// transaction.
 	DB any
 
@@ -77,19 +75,6 @@ type PublisherConfig struct {
 	// When false such a Publish fails with ErrNoTx, which is what a handler
 	// that must publish atomically with its own writes wants.
 	OwnTransaction bool
-
-	// Topics lists topics with their partition counts. A topic listed here is
-	// registered on first use; registering it with another count than the
-	// database has fails with a *outboxtype.PartitionMismatchError.
-	Topics map[string]int
-
-	// AutoCreateTopics registers topics that are neither in the database nor
-	// in Topics with DefaultPartitions partitions. Needs DB.
-	AutoCreateTopics bool
-
-	// DefaultPartitions is the partition count of auto-created topics
-	// (default 1: a single, totally ordered partition).
-	DefaultPartitions int
 
 	// PartitionKeyFunc extracts the partition key (default: metadata
 	// "partition_key").
@@ -195,9 +180,6 @@ func (c *PublisherConfig) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = DefaultSchema
 	}
-	if c.DefaultPartitions == 0 {
-		c.DefaultPartitions = 1
-	}
 	if c.PartitionKeyFunc == nil {
 		c.PartitionKeyFunc = PartitionKeyFromMetadata
 	}
@@ -240,28 +222,14 @@ func (c PublisherConfig) Validate() error {
 	if c.MaxPublishBytes < c.MaxPayloadBytes || c.MaxPublishBytes > MaxMaxPublishBytes {
 		return &errs.ConfigError{Field: "MaxPublishBytes", Reason: fmt.Sprintf("%d is outside MaxPayloadBytes (%d)..%d", c.MaxPublishBytes, c.MaxPayloadBytes, MaxMaxPublishBytes)}
 	}
-	if err := partitioning.ValidatePartitions(c.DefaultPartitions); err != nil {
-		return &errs.ConfigError{Field: "DefaultPartitions", Reason: err.Error()}
-	}
 	if c.Mode != ModeTable && c.Mode != ModeWAL {
 		return &errs.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%d is neither ModeTable nor ModeWAL", c.Mode)}
-	}
-	for topic, n := range c.Topics {
-		if err := names.Topic(topic); err != nil {
-			return err
-		}
-		if err := partitioning.ValidatePartitions(n); err != nil {
-			return &errs.ConfigError{Field: "Topics[" + topic + "]", Reason: err.Error()}
-		}
 	}
 	if err := validateDedupWindows(c); err != nil {
 		return err
 	}
 	if c.OwnTransaction && c.DB == nil {
 		return &errs.ConfigError{Field: "OwnTransaction", Reason: "needs DB to open transactions"}
-	}
-	if c.AutoCreateTopics && c.DB == nil {
-		return &errs.ConfigError{Field: "AutoCreateTopics", Reason: "needs DB to register topics"}
 	}
 	if c.DB != nil {
 		if _, err := pgexec.FromDB(c.DB); err != nil {
@@ -545,22 +513,8 @@ func (p *Publisher) topic(ctx context.Context, q pgexec.Querier, topic string) (
 	if ts != nil {
 		return ts, nil
 	}
-	want, listed := p.cfg.Topics[topic]
 	n, err := lookupTopic(ctx, q, p.cfg.Schema, topic)
-	switch {
-	case err == nil && listed && n != want:
-		return nil, &errs.PartitionMismatchError{Topic: topic, Registered: n, Requested: want}
-	case errors.Is(err, errs.ErrUnknownTopic) && (listed || p.cfg.AutoCreateTopics):
-		if p.db == nil {
-			return nil, fmt.Errorf("%w: %q (set PublisherConfig.DB to register topics)", errs.ErrUnknownTopic, topic)
-		}
-		if !listed {
-			want = p.cfg.DefaultPartitions
-		}
-		if n, err = registerTopic(ctx, p.db, p.cfg.Schema, topic, want); err != nil {
-			return nil, err
-		}
-	case err != nil:
+	if err != nil {
 		return nil, err
 	}
 	p.mu.Lock()

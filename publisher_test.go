@@ -268,29 +268,34 @@ func TestPublishIsOneRoundTripAndKeepsOrder(t *testing.T) {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-func TestOwnTransactionAndAutoCreatedTopics(t *testing.T) {
+// One way registers a topic, RegisterTopic: a Publisher does not register
+// what it meets (it refuses an unregistered topic, saying how to register
+// it, and writes nothing), and publishes into the topic once registered.
+func TestOwnTransactionAndUnregisteredTopics(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{
-		Schema: e.Schema, DB: e.Pool, OwnTransaction: true, AutoCreateTopics: true, DefaultPartitions: 8,
-		Topics: map[string]int{"listed": 3},
-	}, nil)
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Publish("auto", message.NewMessage("m1", []byte("a"))); err != nil {
+	err = pub.Publish("orders", message.NewMessage("m1", []byte("a")))
+	if !errors.Is(err, outbox.ErrUnknownTopic) || !strings.Contains(err.Error(), "outbox.RegisterTopic") || !strings.Contains(err.Error(), "outbox topics register orders") {
+		t.Fatalf("Publish to an unregistered topic: %v, want ErrUnknownTopic saying how to register it", err)
+	}
+	if n := e.Rows("pending"); n != 0 {
+		t.Fatalf("%d rows written for an unregistered topic", n)
+	}
+	if _, err := outbox.TopicPartitions(outboxtest.Ctx(t), e.Pool, e.Schema, "orders"); !errors.Is(err, outbox.ErrUnknownTopic) {
+		t.Fatalf("the Publisher registered the topic: %v", err)
+	}
+	if err := outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "orders", 8); err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Publish("listed", message.NewMessage("m2", []byte("b"))); err != nil {
+	if err := pub.Publish("orders", message.NewMessage("m2", []byte("b"))); err != nil {
 		t.Fatal(err)
 	}
-	for topic, want := range map[string]int{"auto": 8, "listed": 3} {
-		if n, err := outbox.TopicPartitions(outboxtest.Ctx(t), e.Pool, e.Schema, topic); err != nil || n != want {
-			t.Fatalf("%s: %d partitions (%v), want %d", topic, n, err, want)
-		}
-	}
-	if n := e.SequenceAll(); n != 2 {
-		t.Fatalf("sequenced %d, want 2", n)
+	if n := e.SequenceAll(); n != 1 {
+		t.Fatalf("sequenced %d, want 1", n)
 	}
 }
 

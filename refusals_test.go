@@ -117,7 +117,7 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 			return err
 		},
 		"Publish (OwnTransaction)": func() error {
-			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, OwnTransaction: true, AutoCreateTopics: true}, nil)
+			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, OwnTransaction: true}, nil)
 			if err != nil {
 				return err
 			}
@@ -146,7 +146,7 @@ func TestEveryEntryPointRefusesAnUnmigratedSchema(t *testing.T) {
 				return err
 			}
 			defer tx.Rollback(context.Background())
-			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, Topics: map[string]int{"orders": 1}}, nil)
+			pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
 			if err != nil {
 				return err
 			}
@@ -529,7 +529,7 @@ func TestSchemaCheckIsCachedAcrossTxPublishers(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(context.Background())
-		pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: e.Schema, Topics: map[string]int{"orders": 1}}, nil)
+		pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: e.Schema}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -132,9 +131,9 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 	return s, nil
 }
 
-// SubscribeInitialize registers topic if needed (AutoCreateTopics), so
-// that messages published before the first Subscribe are kept
-// for the group.
+// SubscribeInitialize checks that topic is registered (RegisterTopic
+// registers topics; an unregistered one is ErrUnknownTopic) and the schema
+// usable, so that a Router learns of either before it runs.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if s == nil || s.workers == nil {
 		return errNotConstructed
@@ -168,12 +167,7 @@ func (s *Subscriber) topic(ctx context.Context, topic string) (int, error) {
 		return n, nil
 	}
 	n, err := lookupTopic(ctx, s.db, s.cfg.Schema, topic)
-	switch {
-	case errors.Is(err, errs.ErrUnknownTopic) && s.cfg.AutoCreateTopics:
-		if n, err = registerTopic(ctx, s.db, s.cfg.Schema, topic, 1); err != nil {
-			return 0, err
-		}
-	case err != nil:
+	if err != nil {
 		return 0, err
 	}
 	s.topicsMu.Lock()

@@ -58,19 +58,20 @@ func conformanceConstructors(t *testing.T, strategy outbox.Strategy) (tests.PubS
 	t.Cleanup(func() { _ = seq.Close() })
 	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		pub, err := outbox.NewPublisher(outbox.PublisherConfig{
-			Schema: schema, DB: pool, OwnTransaction: true, AutoCreateTopics: true,
+			Schema: schema, DB: pool, OwnTransaction: true,
 		}, logger)
 		if err != nil {
 			t.Fatal(err)
 		}
 		sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{
 			Schema: schema, Pool: pool, ConsumerGroup: group, Strategy: strategy,
-			Tuning: conformanceTuning(), AutoCreateTopics: true, CloseTimeout: time.Second, DisableSequencer: true,
+			Tuning: conformanceTuning(), CloseTimeout: time.Second, DisableSequencer: true,
 		}, logger)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return pub, sub
+		register := func(topic string) error { return outbox.RegisterTopic(context.Background(), pool, schema, topic, 1) }
+		return registeringPublisher{pub, register}, registeringSubscriber{sub, register}
 	}
 	// Without an explicit group every subscriber sees every message, as with
 	// Kafka: each gets a group of its own, which starts at the oldest message.
@@ -80,10 +81,44 @@ func conformanceConstructors(t *testing.T, strategy outbox.Strategy) (tests.PubS
 	return plain, withGroup
 }
 
+// The suite names its topics as it goes; an application registers its own
+// before use (RegisterTopic). These wrappers register each topic, with one
+// partition, before its first publish or subscribe.
+type registeringPublisher struct {
+	message.Publisher
+	register func(topic string) error
+}
+
+func (p registeringPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.register(topic); err != nil {
+		return err
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+type registeringSubscriber struct {
+	*outbox.Subscriber
+	register func(topic string) error
+}
+
+func (s registeringSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := s.register(topic); err != nil {
+		return nil, err
+	}
+	return s.Subscriber.Subscribe(ctx, topic)
+}
+
+func (s registeringSubscriber) SubscribeInitialize(topic string) error {
+	if err := s.register(topic); err != nil {
+		return err
+	}
+	return s.Subscriber.SubscribeInitialize(topic)
+}
+
 var conformanceFeatures = tests.Features{
 	ConsumerGroups:                   true,
 	ExactlyOnceDelivery:              false,
-	GuaranteedOrder:                  true, // topics are auto-created with one partition
+	GuaranteedOrder:                  true, // topics are registered with one partition
 	Persistent:                       true,
 	NewSubscriberReceivesOldMessages: true,
 }

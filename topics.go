@@ -99,7 +99,7 @@ func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (i
 	var n int
 	err := pgexec.QueryRow(ctx, q, dbsql.For(schema).TopicsPartitions, []any{topic}, &n)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("%w: %q in schema %q", errs.ErrUnknownTopic, topic, schema)
+		return 0, fmt.Errorf("%w: %q in schema %q: register it with outbox.RegisterTopic(ctx, db, %q, %q, partitions) (or: outbox topics register %s N) before it is used", errs.ErrUnknownTopic, topic, schema, schema, topic, topic)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: look up topic %q: %w", topic, err)

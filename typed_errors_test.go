@@ -87,11 +87,7 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 		{"partition count mismatch", outbox.ErrPartitionMismatch, func(t *testing.T) error {
 			return outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "orders", 8)
 		}},
-		{"publisher configured with another partition count", outbox.ErrPartitionMismatch, func(t *testing.T) error {
-			cfg := base
-			cfg.Topics = map[string]int{"orders": 2}
-			return inTx(t, cfg, "orders", msg())
-		}},
+		{"unregistered topic", outbox.ErrUnknownTopic, func(t *testing.T) error { return inTx(t, base, "never-registered", msg()) }},
 		{"zero partitions", outbox.ErrInvalidPartitionCount, func(t *testing.T) error {
 			return outbox.RegisterTopic(outboxtest.Ctx(t), e.Pool, e.Schema, "zero", 0)
 		}},

@@ -43,8 +43,8 @@ var (
 	// ErrMixedTx: the messages of one Publish call carry different
 	// transactions in their contexts.
 	ErrMixedTx = errors.New("outbox: messages of one Publish call carry different transactions")
-	// ErrUnknownTopic: the topic is not registered and the publisher cannot
-	// register it (no DB, or AutoCreateTopics off).
+	// ErrUnknownTopic: the topic is not registered; register it with
+	// outbox.RegisterTopic (or: outbox topics register) before use.
 	ErrUnknownTopic = errors.New("outbox: unknown topic")
 	// ErrClosed: a component was used after Close.
 	ErrClosed = errors.New("outbox: closed")

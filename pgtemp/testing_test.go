@@ -31,7 +31,10 @@ func TestSchemaIsAMigratedOutboxAnApplicationPublishesIn(t *testing.T) {
 		if _, err := pool.Exec(ctx, `CREATE TABLE orders (id integer PRIMARY KEY)`); err != nil {
 			t.Fatal(err)
 		}
-		pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, AutoCreateTopics: true}, nil)
+		if err := outbox.RegisterTopic(ctx, pool, schema, "orders", 1); err != nil {
+			t.Fatal(err)
+		}
+		pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

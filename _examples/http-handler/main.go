@@ -100,7 +100,11 @@ func run(ctx context.Context) error {
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id integer PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL)`); err != nil {
 		return err
 	}
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{DB: db.Pool, AutoCreateTopics: true, DefaultPartitions: 4}, logger)
+	// Topics are registered once, with their partition count, before use.
+	if err := outbox.RegisterTopic(ctx, db.Pool, outbox.DefaultSchema, "orders", 4); err != nil {
+		return err
+	}
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{}, logger)
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,10 @@ func post(t *testing.T, h http.Handler, body string) int {
 func TestPlacingAnOrderPublishesItsEvent(t *testing.T) {
 	t.Parallel()
 	pool, schema := testDB(t)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, AutoCreateTopics: true, DefaultPartitions: 4}, nil)
+	if err := outbox.RegisterTopic(t.Context(), pool, schema, "orders", 4); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +73,10 @@ func TestPlacingAnOrderPublishesItsEvent(t *testing.T) {
 func TestARejectedOrderPublishesNothing(t *testing.T) {
 	t.Parallel()
 	pool, schema := testDB(t)
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, AutoCreateTopics: true}, nil)
+	if err := outbox.RegisterTopic(t.Context(), pool, schema, "orders", 4); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

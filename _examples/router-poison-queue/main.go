@@ -48,7 +48,13 @@ func run(ctx context.Context) error {
 	logger := exampledb.Logger()
 
 	// Publish the payments. Every 25th has a negative amount: poison.
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{DB: db.Pool, OwnTransaction: true, AutoCreateTopics: true, DefaultPartitions: 4}, logger)
+	// Topics are registered once, with their partition count, before use.
+	for _, topic := range []string{"payments", "payments.poison"} {
+		if err := outbox.RegisterTopic(ctx, db.Pool, outbox.DefaultSchema, topic, 4); err != nil {
+			return err
+		}
+	}
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{DB: db.Pool, OwnTransaction: true}, logger)
 	if err != nil {
 		return err
 	}
@@ -92,7 +98,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	newSub := func(group string) (*outbox.Subscriber, error) {
-		return outbox.NewSubscriber(outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: group, AutoCreateTopics: true,
+		return outbox.NewSubscriber(outbox.SubscriberConfig{Pool: db.Pool, ConsumerGroup: group,
 			RejectHandler: deadLetters, MaxAttempts: 5}, logger)
 	}
 	paymentsSub, err := newSub("charging")

@@ -66,7 +66,7 @@ func TestUnmigratedSchemaIsErrNotMigrated(t *testing.T) {
 			})
 			check("Publisher.Publish (caller's transaction)", func() error {
 				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					pub := must(outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: schema, Topics: map[string]int{"orders": 1}}, nil))(e)
+					pub := must(outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil))(e)
 					return pub.Publish("orders", msg())
 				})
 			})
