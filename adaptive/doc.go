@@ -1,7 +1,7 @@
 // Package adaptive holds the tuning profiles of a subscriber's partition
 // workers: [Tuning], the part of outbox.SubscriberConfig a profile sets,
 // and the four profiles [Default], [LowLatency], [HighThroughput] and
-// [Relaxed] ([Profile] looks one up by name).
+// [Background] ([Profile] looks one up by name).
 //
 // A partition worker adapts to what it meets. It reads Tuning.BatchSize
 // messages per batch; after failed batches in a row it shrinks the batch

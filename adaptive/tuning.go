@@ -13,14 +13,14 @@ const (
 	ProfileDefault        = tune.NameDefault
 	ProfileLowLatency     = tune.NameLowLatency
 	ProfileHighThroughput = tune.NameHighThroughput
-	ProfileRelaxed        = tune.NameRelaxed
+	ProfileBackground        = tune.NameBackground
 )
 
 // minLeaseTTL is the shortest LeaseTTL the lease manager works with.
 const minLeaseTTL = 100 * time.Millisecond
 
 // Tuning is the part of a subscriber's configuration a profile sets. Start
-// from a profile ([Default], [LowLatency], [HighThroughput], [Relaxed]) and
+// from a profile ([Default], [LowLatency], [HighThroughput], [Background]) and
 // change the fields you need, or set only those on a zero Tuning: a zero
 // field takes its profile's value ([Default]'s for a Tuning made by hand),
 // field by field, so setting one field never invalidates the others.
@@ -98,7 +98,7 @@ func (t Tuning) WithDefaults() Tuning {
 // (relay.Config.MinAppendInterval) whose topics are read with t, so that
 // both publishing modes take a stream of commits in steps of the same
 // size: 20 ms for Default and HighThroughput, 2 ms for LowLatency,
-// 100 ms for Relaxed.
+// 100 ms for Background.
 func (t Tuning) AppendInterval() time.Duration {
 	p, _ := tune.Lookup(t.profile)
 	return p.SequencerInterval
@@ -141,19 +141,19 @@ func LowLatency() Tuning { return fromProfile(tune.LowLatency) }
 // bulkhead.
 func HighThroughput() Tuning { return fromProfile(tune.HighThroughput) }
 
-// Relaxed returns a profile for background work where latency hardly
+// Background returns a profile for background work where latency hardly
 // matters (digests, housekeeping): a slow pace, a 30 s safety-net poll,
 // degradation on the first failure, a long retry backoff (5 s up to 5 min)
 // and a narrow bulkhead that keeps database load low.
-func Relaxed() Tuning { return fromProfile(tune.Relaxed) }
+func Background() Tuning { return fromProfile(tune.Background) }
 
 // ProfileNames returns the names [Profile] accepts, in a stable order.
 func ProfileNames() []string {
-	return []string{ProfileDefault, ProfileLowLatency, ProfileHighThroughput, ProfileRelaxed}
+	return []string{ProfileDefault, ProfileLowLatency, ProfileHighThroughput, ProfileBackground}
 }
 
 // Profile returns the tuning profile with the given name: "default",
-// "low-latency", "high-throughput" or "relaxed" (case and surrounding spaces
+// "low-latency", "high-throughput" or "background" (case and surrounding spaces
 // are ignored). Any other name yields an error matching [ErrUnknownProfile].
 func Profile(name string) (Tuning, error) {
 	if n := strings.ToLower(strings.TrimSpace(name)); n != "" {

@@ -38,9 +38,14 @@ func TestProfileByName(t *testing.T) {
 		{"default", adaptive.Default()},
 		{"low-latency", adaptive.LowLatency()},
 		{"high-throughput", adaptive.HighThroughput()},
-		{"relaxed", adaptive.Relaxed()},
+		{"background", adaptive.Background()},
 		{"  Low-Latency ", adaptive.LowLatency()},
 		{"HIGH-THROUGHPUT", adaptive.HighThroughput()},
+	}
+	// The profile for background work was called "relaxed", a word the
+	// outbox uses for commits that do not wait for their WAL flush.
+	if _, err := adaptive.Profile("relaxed"); !errors.Is(err, adaptive.ErrUnknownProfile) || !strings.Contains(err.Error(), "background") {
+		t.Fatalf(`Profile("relaxed") = %v, want ErrUnknownProfile naming "background"`, err)
 	}
 	for _, tt := range tests {
 		got, err := adaptive.Profile(tt.name)
@@ -68,7 +73,7 @@ func TestProfileUnknownName(t *testing.T) {
 }
 
 func TestProfilesDiffer(t *testing.T) {
-	def, ll, ht, rx := adaptive.Default(), adaptive.LowLatency(), adaptive.HighThroughput(), adaptive.Relaxed()
+	def, ll, ht, rx := adaptive.Default(), adaptive.LowLatency(), adaptive.HighThroughput(), adaptive.Background()
 	if !(ll.BatchSize < def.BatchSize && ll.BackoffBase < def.BackoffBase) {
 		t.Error("low-latency must use smaller batches and retry sooner than default")
 	}
@@ -109,15 +114,20 @@ func TestZeroFieldsTakeTheirProfilesValues(t *testing.T) {
 // validation: the defaults of the others make room for it.
 func TestSettingOneFieldNeverFailsValidation(t *testing.T) {
 	for name, tu := range map[string]adaptive.Tuning{
-		"BatchSize":              {BatchSize: 1},
-		"big BatchSize":          {BatchSize: 100_000},
-		"BackoffBase":            {BackoffBase: time.Millisecond},
-		"BackoffBase above max":  {BackoffBase: time.Hour},
-		"BackoffMax":             {BackoffMax: time.Hour},
-		"BackoffMax below base":  {BackoffMax: time.Millisecond},
-		"LeaseTTL short":         {LeaseTTL: 100 * time.Millisecond},
-		"LeaseTTL long":          {LeaseTTL: time.Hour},
-		"a profile, BackoffBase": func() adaptive.Tuning { t := adaptive.Relaxed(); t.BackoffMax = 0; t.BackoffBase = time.Hour; return t }(),
+		"BatchSize":             {BatchSize: 1},
+		"big BatchSize":         {BatchSize: 100_000},
+		"BackoffBase":           {BackoffBase: time.Millisecond},
+		"BackoffBase above max": {BackoffBase: time.Hour},
+		"BackoffMax":            {BackoffMax: time.Hour},
+		"BackoffMax below base": {BackoffMax: time.Millisecond},
+		"LeaseTTL short":        {LeaseTTL: 100 * time.Millisecond},
+		"LeaseTTL long":         {LeaseTTL: time.Hour},
+		"a profile, BackoffBase": func() adaptive.Tuning {
+			t := adaptive.Background()
+			t.BackoffMax = 0
+			t.BackoffBase = time.Hour
+			return t
+		}(),
 	} {
 		if err := tu.Validate(); err != nil {
 			t.Errorf("%s: %+v: %v", name, tu, err)

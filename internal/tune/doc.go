@@ -36,7 +36,7 @@
 //
 // A [Profile] is every value of one of the tuning profiles the public
 // package adaptive offers (adaptive.Default(), LowLatency(),
-// HighThroughput(), Relaxed()): the values a user may change
+// HighThroughput(), Background()): the values a user may change
 // (adaptive.Tuning's fields and the defaults of
 // outbox.SubscriberConfig.Advanced) and the ones that are the profile's
 // own (DegradeAfter, the pacing ramp, the sequencer's pace).

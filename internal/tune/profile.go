@@ -7,7 +7,7 @@ const (
 	NameDefault        = "default"
 	NameLowLatency     = "low-latency"
 	NameHighThroughput = "high-throughput"
-	NameRelaxed        = "relaxed"
+	NameBackground        = "background"
 )
 
 // Profile is every value of a tuning profile.
@@ -62,11 +62,11 @@ var (
 		DegradeAfter: 2, MinInterval: time.Millisecond, ActiveInterval: 20 * time.Millisecond, RampStep: 2 * time.Millisecond,
 		SequencerInterval: 20 * time.Millisecond,
 	}
-	// Relaxed is for background work: a slow pace, a 30 s safety-net
+	// Background is for background work: a slow pace, a 30 s safety-net
 	// poll, degradation on the first failure, a long retry backoff and a
 	// narrow bulkhead.
-	Relaxed = Profile{
-		Name: NameRelaxed, BatchSize: 10, BackoffBase: 5 * time.Second, BackoffMax: 5 * time.Minute, LeaseTTL: 30 * time.Second,
+	Background = Profile{
+		Name: NameBackground, BatchSize: 10, BackoffBase: 5 * time.Second, BackoffMax: 5 * time.Minute, LeaseTTL: 30 * time.Second,
 		PollInterval: 30 * time.Second, MaxConcurrentPartitions: 4,
 		DegradeAfter: 1, MinInterval: 100 * time.Millisecond, ActiveInterval: 500 * time.Millisecond, RampStep: 50 * time.Millisecond,
 		SequencerInterval: 100 * time.Millisecond,
@@ -74,7 +74,7 @@ var (
 )
 
 // Profiles are the profiles, in a stable order.
-func Profiles() []Profile { return []Profile{Default, LowLatency, HighThroughput, Relaxed} }
+func Profiles() []Profile { return []Profile{Default, LowLatency, HighThroughput, Background} }
 
 // Lookup returns the profile named name ("" is Default).
 func Lookup(name string) (Profile, bool) {

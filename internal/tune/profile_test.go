@@ -36,11 +36,11 @@ func TestProfilesResolveToValidSettings(t *testing.T) {
 // it, so that any poll interval gives a valid pacing.
 func TestSettingsKeepTheRampWithinThePoll(t *testing.T) {
 	const ms = time.Millisecond
-	s := tune.Relaxed.Settings(10, time.Second, time.Minute, 200*ms) // Relaxed: min 100 ms, active 500 ms
+	s := tune.Background.Settings(10, time.Second, time.Minute, 200*ms) // Background: min 100 ms, active 500 ms
 	if s.Pacing.ActiveInterval != 200*ms || s.Pacing.MinInterval != 100*ms || s.Pacing.IdleInterval != 200*ms {
 		t.Fatalf("pacing %+v: want active 200ms, min 100ms, idle 200ms", s.Pacing)
 	}
-	s = tune.Relaxed.Settings(10, time.Second, time.Minute, 50*ms)
+	s = tune.Background.Settings(10, time.Second, time.Minute, 50*ms)
 	if s.Pacing.ActiveInterval != 50*ms || s.Pacing.MinInterval != 50*ms {
 		t.Fatalf("pacing %+v: want active and min 50ms", s.Pacing)
 	}
@@ -50,7 +50,7 @@ func TestSettingsKeepTheRampWithinThePoll(t *testing.T) {
 }
 
 func TestSettingsModeConfig(t *testing.T) {
-	got := tune.Relaxed.Settings(10, 5*time.Second, 5*time.Minute, 30*time.Second).ModeConfig()
+	got := tune.Background.Settings(10, 5*time.Second, 5*time.Minute, 30*time.Second).ModeConfig()
 	want := tune.ModeConfig{BatchSize: 10, DegradeAfter: 1, BackoffBase: 5 * time.Second, BackoffMax: 5 * time.Minute}
 	if got != want {
 		t.Fatalf("ModeConfig = %+v, want %+v", got, want)
@@ -58,7 +58,7 @@ func TestSettingsModeConfig(t *testing.T) {
 }
 
 func TestProfilesDiffer(t *testing.T) {
-	def, ll, ht, rx := tune.Default, tune.LowLatency, tune.HighThroughput, tune.Relaxed
+	def, ll, ht, rx := tune.Default, tune.LowLatency, tune.HighThroughput, tune.Background
 	if !(ll.ActiveInterval < def.ActiveInterval && ll.PollInterval < def.PollInterval && ll.SequencerInterval < def.SequencerInterval) {
 		t.Error("low-latency must poll and sequence faster than default")
 	}
