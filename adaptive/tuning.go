@@ -13,7 +13,7 @@ const (
 	ProfileDefault        = tune.NameDefault
 	ProfileLowLatency     = tune.NameLowLatency
 	ProfileHighThroughput = tune.NameHighThroughput
-	ProfileBackground        = tune.NameBackground
+	ProfileBackground     = tune.NameBackground
 )
 
 // minLeaseTTL is the shortest LeaseTTL the lease manager works with.

@@ -34,7 +34,7 @@ var operationsEntries = []entry{
 	{"adaptive.Default", func(e *env) { e.call("Default", func() { _ = adaptive.Default() }) }},
 	{"adaptive.LowLatency", func(e *env) { e.call("LowLatency", func() { _ = adaptive.LowLatency() }) }},
 	{"adaptive.HighThroughput", func(e *env) { e.call("HighThroughput", func() { _ = adaptive.HighThroughput() }) }},
-	{"adaptive.Relaxed", func(e *env) { e.call("Relaxed", func() { _ = adaptive.Background() }) }},
+	{"adaptive.Background", func(e *env) { e.call("Background", func() { _ = adaptive.Background() }) }},
 	{"adaptive.ProfileNames", func(e *env) { e.call("ProfileNames", func() { adaptive.ProfileNames() }) }},
 	{"adaptive.Profile", func(e *env) {
 		e.fails("Profile(\"\")", func() error { _, err := adaptive.Profile(""); return err })

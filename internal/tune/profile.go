@@ -7,7 +7,7 @@ const (
 	NameDefault        = "default"
 	NameLowLatency     = "low-latency"
 	NameHighThroughput = "high-throughput"
-	NameBackground        = "background"
+	NameBackground     = "background"
 )
 
 // Profile is every value of a tuning profile.
