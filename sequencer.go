@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,6 +63,14 @@ type SequencerConfig struct {
 	// found within about the time they were late. A full pass is followed
 	// at once.
 	MinPassInterval time.Duration
+	// Alongside lets Run sequence while another Sequencer of the same
+	// schema and database runs in this process. By default one Sequencer
+	// per schema and database passes in a process: a Subscriber's own, a
+	// pipeline's and one started by hand share that one, so a service that
+	// runs a pipeline and a Router does not run two; the others stand by
+	// and take over when it stops (Stats().Standby). Sequencers of
+	// different processes always run side by side, safely.
+	Alongside bool
 	// DisableListen stops the sequencer from listening for publishers'
 	// notifications; it then polls only.
 	DisableListen bool
@@ -146,6 +155,7 @@ type Sequencer struct {
 	sequenced atomic.Int64
 	passes    atomic.Int64
 	pace      atomic.Int64 // the load-following gap Run set after its last pass (ns)
+	standby   atomic.Bool  // Run waits for the process's sequencer of the schema to stop
 
 	// compact vacuums pending every queuevacuum.Every rows Run moved.
 	compact *queuevacuum.Vacuumer
@@ -186,6 +196,9 @@ type SequencerStats struct {
 	// every 10,000 messages it moved, so that the queue stays small
 	// whatever autovacuum's pace (docs/postgresql.md, The tables that churn).
 	PendingVacuums int64
+	// Standby is true while Run waits for another Sequencer of the schema
+	// and database in this process to stop (see SequencerConfig.Alongside).
+	Standby bool
 	// Pace is how soon after the start of Run's last pass a notification
 	// may start the next: short at light load, growing with the messages
 	// a pass moves, up to MinPassInterval (see MinPassInterval).
@@ -194,7 +207,7 @@ type SequencerStats struct {
 
 // Stats returns the running totals.
 func (s *Sequencer) Stats() SequencerStats {
-	st := SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load(), Pace: time.Duration(s.pace.Load())}
+	st := SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load(), Pace: time.Duration(s.pace.Load()), Standby: s.standby.Load()}
 	if s.compact != nil {
 		st.PendingVacuums = s.compact.Vacuums()
 	}
@@ -229,6 +242,13 @@ func (s *Sequencer) start(ctx context.Context) error {
 
 // run is Run's loop, until ctx ends.
 func (s *Sequencer) run(ctx context.Context) error {
+	if !s.cfg.Alongside {
+		release, ok := s.own(ctx)
+		if !ok {
+			return nil
+		}
+		defer release()
+	}
 	if !s.cfg.DisableListen {
 		// The process's shared LISTEN connection for this pool.
 		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(string) { s.wake() })
@@ -528,4 +548,38 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
 		s.passes.Add(1)
 	}
 	return n, n >= s.cfg.BatchSize || len(topics) == s.cfg.MaxPartitionsPerPass, nil
+}
+
+// processSequencers holds, per schema and database, the semaphore of the
+// Sequencer that passes in this process (SequencerConfig.Alongside).
+var processSequencers sync.Map // ownerKey → chan struct{} (capacity 1)
+
+// ownerKey names the schema and database s sequences: the same for every
+// pool that connects to the same database.
+func (s *Sequencer) ownerKey() string {
+	cc := s.cfg.Pool.Config().ConnConfig
+	return fmt.Sprintf("%s:%d/%s/%s", cc.Host, cc.Port, cc.Database, s.cfg.Schema)
+}
+
+// own makes s the Sequencer of its schema and database in this process,
+// waiting (as a standby) while another one is; ok is false when ctx ended
+// first. release gives the place up.
+func (s *Sequencer) own(ctx context.Context) (release func(), ok bool) {
+	v, _ := processSequencers.LoadOrStore(s.ownerKey(), make(chan struct{}, 1))
+	sem := v.(chan struct{})
+	select {
+	case sem <- struct{}{}:
+		return func() { <-sem }, true
+	default:
+	}
+	s.standby.Store(true)
+	defer s.standby.Store(false)
+	s.logger.Info("Another sequencer of this schema runs in this process: standing by until it stops (SequencerConfig.Alongside runs both)", nil)
+	select {
+	case sem <- struct{}{}:
+		s.logger.Info("Sequencing: the other sequencer of this schema in this process stopped", nil)
+		return func() { <-sem }, true
+	case <-ctx.Done():
+		return nil, false
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
@@ -58,6 +59,7 @@ func runStress(t *testing.T, sequencers int) {
 		s, err := outbox.NewSequencer(outbox.SequencerConfig{
 			Schema: e.Schema, Pool: e.Pool, BatchSize: 64 + 32*i, MaxPartitionsPerPass: 4 + i,
 			PollInterval: 20 * time.Millisecond, DisableListen: i == 1,
+			Alongside: true, // racing in one process, as sequencers of several processes do
 		}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -417,4 +419,61 @@ func TestSequencerVacuumsPendingAsItGoes(t *testing.T) {
 	}
 	outboxtest.WaitFor(t, "12,000 messages sequenced", time.Minute, func() bool { return s.Stats().Sequenced == 12000 })
 	outboxtest.WaitFor(t, "a vacuum of pending", 30*time.Second, func() bool { return s.Stats().PendingVacuums >= 1 })
+}
+
+// One Sequencer per schema and database passes in a process by default: a
+// second one (a Subscriber's own beside a pipeline's, say) stands by, and
+// takes over when the first stops; with Alongside both run.
+func TestOneSequencerPerSchemaPassesInAProcess(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.Register("owned", 2)
+	newSeq := func(alongside bool) *outbox.Sequencer {
+		s, err := outbox.NewSequencer(outbox.SequencerConfig{Schema: e.Schema, Pool: e.Pool, PollInterval: 10 * time.Millisecond, Alongside: alongside}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first, second, third := newSeq(false), newSeq(false), newSeq(true)
+	done := make(chan error, 3)
+	go func() { done <- first.Run(context.Background()) }()
+	outboxtest.WaitFor(t, "the first sequencer owns the schema", 30*time.Second, func() bool {
+		e.Publish("owned", message.NewMessage(watermill.NewUUID(), nil))
+		return first.Stats().Passes > 0
+	})
+	go func() { done <- second.Run(context.Background()) }()
+	outboxtest.WaitFor(t, "the second stands by", 30*time.Second, func() bool { return second.Stats().Standby })
+	for range 20 {
+		e.Publish("owned", message.NewMessage(watermill.NewUUID(), nil))
+	}
+	outboxtest.WaitFor(t, "everything sequenced", 30*time.Second, func() bool { return e.Int("SELECT count(*) FROM "+e.Schema+".pending") == 0 })
+	if st := second.Stats(); st.Passes != 0 || !st.Standby {
+		t.Fatalf("the second sequencer of the schema passed while the first ran: %+v", st)
+	}
+	// Asked to, a third runs alongside.
+	go func() { done <- third.Run(context.Background()) }()
+	outboxtest.WaitFor(t, "the third passes alongside", 30*time.Second, func() bool {
+		e.Publish("owned", message.NewMessage(watermill.NewUUID(), nil))
+		return third.Stats().Passes > 0
+	})
+	if err := third.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The first stops: the second takes over.
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.WaitFor(t, "the second takes over", 30*time.Second, func() bool {
+		e.Publish("owned", message.NewMessage(watermill.NewUUID(), nil))
+		return second.Stats().Passes > 0 && !second.Stats().Standby
+	})
+	if err := second.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
 }
