@@ -136,7 +136,7 @@ func Where(desc string, ok func(Published) bool) Match { return where(desc, ok) 
 // relay (log-based mode), so that a consumer can read them. Without it a
 // committed message waiting in pending matches too: publishing worked, but
 // a service that runs no sequencer (every Subscriber with
-// DisableSequencer, no outbox.Sequencer or `outbox relay`) passes its
+// DisableSequencer, no outbox.Sequencer or `outbox pipeline`) passes its
 // tests and never delivers. Use it where a test runs the delivery side
 // (a Runner, a Subscriber) or the whole service; when it fails because
 // matching messages still wait, the failure says so.
@@ -256,7 +256,7 @@ func (q query) unsequenced(waiting []Published) string {
 	if len(waiting) == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" %d message(s) match all but \"sequenced\": committed, and waiting for a sequencer that has not run (is one running: a Subscriber without DisableSequencer, an outbox.Sequencer, `outbox relay`; in ModeWAL, a relay?)", len(waiting))
+	return fmt.Sprintf(" %d message(s) match all but \"sequenced\": committed, and waiting for a sequencer that has not run (is one running: a Subscriber without DisableSequencer, an outbox.Sequencer, `outbox pipeline`; in ModeWAL, a relay?)", len(waiting))
 }
 
 // list renders up to maxListed messages for a failure message.

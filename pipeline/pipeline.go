@@ -63,7 +63,7 @@ type Config struct {
 	Source string
 	// Forward configures the Forwarder: Topics and Target are required
 	// to forward anything; without Topics the pipeline runs no forwarder
-	// (a sequencer, relay and vacuum only, like `outbox relay` without
+	// (a sequencer, relay and vacuum only, like `outbox pipeline` without
 	// --topic). Its Subscriber runs no sequencer of its own: the
 	// pipeline's serves every topic.
 	Forward forwarder.Config

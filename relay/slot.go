@@ -78,7 +78,7 @@ func (e *SlotInUseError) Error() string {
 	if len(what) == 0 {
 		what = append(what, "publishers use it")
 	}
-	return fmt.Sprintf("relay: slot %q is in use: it holds %s; dropping it would lose them: run a relay until the log has them (outbox relay --wal) and stop the schema's publishers in ModeWAL, or drop it anyway with force (outbox wal drop-slot --force)", e.Slot, strings.Join(what, ", and "))
+	return fmt.Sprintf("relay: slot %q is in use: it holds %s; dropping it would lose them: run a relay until the log has them (outbox pipeline --wal) and stop the schema's publishers in ModeWAL, or drop it anyway with force (outbox wal drop-slot --force)", e.Slot, strings.Join(what, ", and "))
 }
 
 func plural(n int64, what string) string {

@@ -94,7 +94,7 @@ func TestDropSlotRefusesWhatItWouldLose(t *testing.T) {
 	if inUse.Unrelayed != 30 || inUse.Bytes < 30*10 || inUse.Truncated || len(inUse.OpenTransactions) != 0 {
 		t.Fatalf("DropSlot's refusal: %+v, want 30 messages of at least 300 bytes", inUse)
 	}
-	for _, want := range []string{"30 committed messages", "outbox relay --wal", "--force"} {
+	for _, want := range []string{"30 committed messages", "outbox pipeline --wal", "--force"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Fatalf("DropSlot's refusal %q does not say %q", err, want)
 		}

@@ -101,7 +101,7 @@ func serve(ctx context.Context, pool *pgxpool.Pool, kafkaBrokers []string, ln ne
 		return err
 	}
 	defer target.Close()
-	relay, err := pipeline.New(pipeline.Config{Pool: pool, Forward: forwarder.Config{Topics: []string{"orders"}, Target: target}}, logger)
+	p, err := pipeline.New(pipeline.Config{Pool: pool, Forward: forwarder.Config{Topics: []string{"orders"}, Target: target}}, logger)
 	if err != nil {
 		return err
 	}
@@ -135,7 +135,7 @@ func serve(ctx context.Context, pool *pgxpool.Pool, kafkaBrokers []string, ln ne
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Shutdown(context.WithoutCancel(ctx)) // lets requests in flight finish
-	return relay.Run(ctx)                          // until SIGTERM; sends in flight get CloseTimeout
+	return p.Run(ctx)                              // until SIGTERM; sends in flight get CloseTimeout
 }
 
 // quickstart:end

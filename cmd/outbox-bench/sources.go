@@ -380,7 +380,7 @@ func (b *bench) runManySources(ctx context.Context, n int) (*sourcesIdle, error)
 	}
 	defer kb.Close()
 	logf("sources: creating %d databases for the many-sources run", n)
-	// The relay's pools as `outbox relay --config` opens them: pgxpool's
+	// The relay's pools as `outbox pipeline --config` opens them: pgxpool's
 	// default size.
 	f, err := b.createSources(ctx, prefix, n, partitions, 4, 1)
 	defer b.dropSources(f)
@@ -498,7 +498,7 @@ func (res *results) sourcesMarkdown(sb *strings.Builder) {
 		sb.WriteString("\n")
 	}
 	if i := s.Idle; i != nil {
-		fmt.Fprintf(sb, "**%d sources, one fleet** (4 partitions each, pools of 4 connections as `outbox relay --config` opens them), over %.0f s each:\n\n", i.Sources, i.Seconds)
+		fmt.Fprintf(sb, "**%d sources, one fleet** (4 partitions each, pools of 4 connections as `outbox pipeline --config` opens them), over %.0f s each:\n\n", i.Sources, i.Seconds)
 		sb.WriteString("| load | CPU ms/s (process + PostgreSQL) | connections |\n|---|---:|---:|\n")
 		fmt.Fprintf(sb, "| idle | %.1f (%.1f + %.1f) | %d |\n", i.IdleProcessMillisPerSecond+i.IdlePostgresMillisPerSecond, i.IdleProcessMillisPerSecond, i.IdlePostgresMillisPerSecond, i.IdleConnections)
 		if i.TricklePerSource > 0 {

@@ -91,7 +91,7 @@ func statusTable(w *termsafe.Writer, rep admin.Report) {
 	if s := rep.WALSlot; s != nil {
 		relay := fmt.Sprintf("a relay streams it: %s (server pid %d)", s.ActiveInstance, s.ActivePID)
 		if !s.Active {
-			relay = "NO RELAY STREAMS IT (messages published in ModeWAL wait; run outbox relay --wal)"
+			relay = "NO RELAY STREAMS IT (messages published in ModeWAL wait; run outbox pipeline --wal)"
 		}
 		w.Printf("wal slot %s: %s; keeps %d bytes of WAL (%s)\n", s.Slot, relay, s.RetainedWALBytes, s.WALStatus)
 	}

@@ -94,8 +94,8 @@ commands on one, named with --source NAME.`,
   outbox status --group billing
   outbox pause --group billing --topic orders --partition 3
   outbox dlq list --group billing -o json
-  outbox status --config relay.yaml
-  outbox pause --config relay.yaml --source eu --group billing --topic orders`,
+  outbox status --config pipeline.yaml
+  outbox pause --config pipeline.yaml --source eu --group billing --topic orders`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -120,7 +120,7 @@ commands on one, named with --source NAME.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		a.migrateCommand(), a.versionCommand(), a.topicsCommand(), a.statusCommand(), a.groupsCommand(),
-		a.pauseCommand(true), a.pauseCommand(false), a.resetCommand(), a.dlqCommand(), a.heldCommand(), a.vacuumCommand(), a.relayCommand(), a.walCommand(), a.serveCommand(),
+		a.pauseCommand(true), a.pauseCommand(false), a.resetCommand(), a.dlqCommand(), a.heldCommand(), a.vacuumCommand(), a.pipelineCommand(), a.walCommand(), a.serveCommand(),
 	)
 	return root
 }

@@ -287,7 +287,7 @@ func TestRelaySequencesUntilInterrupted(t *testing.T) {
 			}
 			return ""
 		}
-		done <- execute(ctx, []string{"relay", "--schema", b.Schema}, strings.NewReader(""), &bytes.Buffer{}, &errOut, env)
+		done <- execute(ctx, []string{"pipeline", "--schema", b.Schema}, strings.NewReader(""), &bytes.Buffer{}, &errOut, env)
 	}()
 	outboxtest.WaitFor(t, "the relay to sequence the message", 30*time.Second, func() bool { return b.Rows("log") == 1 })
 	cancel()
@@ -303,23 +303,23 @@ func TestRelaySequencesUntilInterrupted(t *testing.T) {
 	if !strings.Contains(errOut.String(), "(sequencer, retention)") {
 		t.Fatalf("relay's start line does not say it runs retention: %s", errOut.String())
 	}
-	if code, _, e := c.run("", "relay", "--keep-for", "-1s"); code != exitUsage || !strings.Contains(e, "--keep-for -1s: must not be negative") {
+	if code, _, e := c.run("", "pipeline", "--keep-for", "-1s"); code != exitUsage || !strings.Contains(e, "--keep-for -1s: must not be negative") {
 		t.Fatalf("relay --keep-for -1s: exit %d, %s", code, e)
 	}
-	if code, _, e := c.run("", "relay", "--kafka", "localhost:9092"); code != exitUsage || !strings.Contains(e, "--topic") {
+	if code, _, e := c.run("", "pipeline", "--kafka", "localhost:9092"); code != exitUsage || !strings.Contains(e, "--topic") {
 		t.Fatalf("relay --kafka without --topic: exit %d, %s", code, e)
 	}
-	if code, _, e := c.run("", "relay", "--topic", "orders"); code != exitUsage || !strings.Contains(e, "--kafka and --nats") {
+	if code, _, e := c.run("", "pipeline", "--topic", "orders"); code != exitUsage || !strings.Contains(e, "--kafka and --nats") {
 		t.Fatalf("relay --topic without a broker: exit %d, %s", code, e)
 	}
-	if code, _, e := c.run("", "relay", "--topic", "orders", "--nats", "nats://localhost:4222", "--at-least-once"); code != exitUsage || !strings.Contains(e, "--kafka only") {
+	if code, _, e := c.run("", "pipeline", "--topic", "orders", "--nats", "nats://localhost:4222", "--at-least-once"); code != exitUsage || !strings.Contains(e, "--kafka only") {
 		t.Fatalf("relay --at-least-once to NATS: exit %d, %s", code, e)
 	}
-	if code, _, e := c.run("", "relay", "--takeover-timeout", "10s"); code != exitUsage || !strings.Contains(e, "--wal only") {
+	if code, _, e := c.run("", "pipeline", "--takeover-timeout", "10s"); code != exitUsage || !strings.Contains(e, "--wal only") {
 		t.Fatalf("relay --takeover-timeout without --wal: exit %d, %s", code, e)
 	}
 	// The value reaches relay.Config, whose Validate refuses it.
-	if code, _, e := c.run("", "relay", "--wal", "--takeover-timeout", "10ms"); code != exitUsage || !strings.Contains(e, "--takeover-timeout 10ms must be at least 100ms") {
+	if code, _, e := c.run("", "pipeline", "--wal", "--takeover-timeout", "10ms"); code != exitUsage || !strings.Contains(e, "--takeover-timeout 10ms must be at least 100ms") {
 		t.Fatalf("relay --wal --takeover-timeout 10ms: exit %d, %s", code, e)
 	}
 }

@@ -39,7 +39,7 @@ console is under /sources/NAME/.`,
   OUTBOX_CONSOLE_TOKEN=$(openssl rand -hex 16) outbox serve --listen 127.0.0.1:8080 --enable-actions
   outbox serve --listen 0.0.0.0:8080 --allowed-host ops.example.com
   outbox serve --history-window 1h --history-interval 30s
-  outbox serve --config relay.yaml`,
+  outbox serve --config pipeline.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()

@@ -25,19 +25,19 @@ import (
 // command line is read by more people and tools than the environment, and
 // the connection strings hold passwords. They are never printed.
 //
-//	# relay.yaml
+//	# pipeline.yaml
 //	sources:
 //	  - name: eu
 //	    database_url_env: OUTBOX_EU_DATABASE_URL
 //	  - name: us
 //	    database_url_env: OUTBOX_US_DATABASE_URL
 //	    schema: shop_outbox
-//	relay:            # outbox relay's flags, overridden by the command line
+//	pipeline:         # outbox pipeline's flags, overridden by the command line
 //	  topics: [orders]
 //	  kafka: [broker1:9092]
 //
 // Commands that act on one database take --source NAME (or need none when
-// one source is configured); status, migrate, relay and serve act on every
+// one source is configured); status, migrate, pipeline and serve act on every
 // source.
 
 // sourceSpec is one configured source.
@@ -49,12 +49,12 @@ type sourceSpec struct {
 
 // fileConfig is the --config file.
 type fileConfig struct {
-	Sources []sourceSpec `yaml:"sources"`
-	Relay   relayFile    `yaml:"relay"`
+	Sources  []sourceSpec `yaml:"sources"`
+	Pipeline pipelineFile `yaml:"pipeline"`
 }
 
-// relayFile holds outbox relay's settings in the --config file.
-type relayFile struct {
+// pipelineFile holds outbox pipeline's settings in the --config file.
+type pipelineFile struct {
 	Topics      []string `yaml:"topics"`
 	Kafka       []string `yaml:"kafka"`
 	NATS        string   `yaml:"nats"`

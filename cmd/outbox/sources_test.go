@@ -42,7 +42,7 @@ func newShards(t *testing.T, names ...string) *shards {
 		s.env[env] = b.Pool.Config().ConnString()
 		file.WriteString("  - name: " + name + "\n    database_url_env: " + env + "\n    schema: " + shardSchema + "\n")
 	}
-	s.config = s.write("relay.yaml", file.String())
+	s.config = s.write("pipeline.yaml", file.String())
 	return s
 }
 
@@ -207,13 +207,13 @@ func TestSourceConfigurationErrors(t *testing.T) {
 	}
 }
 
-// outbox relay --config runs a pipeline per source (here: sequencers) and
+// outbox pipeline --config runs a pipeline per source (here: sequencers) and
 // exports each source's figures and outbox_source_up on --metrics-listen.
 func TestRelayRunsEverySourceAndExportsTheirMetrics(t *testing.T) {
 	s := newShards(t, "eu", "us")
 	s.db["eu"].PublishN("orders", 3, "eu")
 	s.db["us"].PublishN("orders", 4, "us")
-	errOut, stop := s.start("relay", "--config", s.config, "--metrics-listen", "127.0.0.1:0")
+	errOut, stop := s.start("pipeline", "--config", s.config, "--metrics-listen", "127.0.0.1:0")
 	outboxtest.WaitFor(t, "both sources sequenced", 30*time.Second, func() bool {
 		return s.db["eu"].Rows("log") == 3 && s.db["us"].Rows("log") == 4
 	})
@@ -225,7 +225,7 @@ func TestRelayRunsEverySourceAndExportsTheirMetrics(t *testing.T) {
 	if !strings.Contains(page, `outbox_collector_up{schema="shop_outbox",source="us"} 1`) {
 		t.Errorf("no collector of us on the metrics page:\n%s", page)
 	}
-	if code := stop(); code != exitOK || !strings.Contains(errOut.String(), "relay running on 2 sources (eu, us)") {
+	if code := stop(); code != exitOK || !strings.Contains(errOut.String(), "pipeline running on 2 sources (eu, us)") {
 		t.Fatalf("relay exited %d: %s", code, errOut.String())
 	}
 }

@@ -16,7 +16,7 @@ func (a *app) walCommand() *cobra.Command {
 		Short: "Create, inspect or drop the log-based mode's replication slot",
 		Long: `wal manages what the log-based mode (PublisherConfig.Mode = outbox.ModeWAL) needs in the database: a logical
 replication slot and a publication, both named <schema>_wal. From the moment the slot exists PostgreSQL keeps the WAL
-no relay has read: run "outbox relay --wal" (or a relay.Relay in a service), watch "outbox wal status", and drop the
+no relay has read: run "outbox pipeline --wal" (or a relay.Relay in a service), watch "outbox wal status", and drop the
 slot when the mode is no longer used. The server needs wal_level = logical and the role the REPLICATION attribute.
 Publishers in ModeWAL fail (ErrNoSlot) while the slot does not exist: their transactions cannot commit without their
 messages.`,
@@ -37,7 +37,7 @@ messages.`,
 			if err := relay.CreateSlot(cmd.Context(), pool, a.schemaName()); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "slot %s ready; run a relay (outbox relay --wal)\n", relay.Slot(a.schemaName()))
+			fmt.Fprintf(a.stdout, "slot %s ready; run a relay (outbox pipeline --wal)\n", relay.Slot(a.schemaName()))
 			return nil
 		},
 	}

@@ -43,10 +43,10 @@ func TestWALDropSlotForceAndRelayInstanceFlags(t *testing.T) {
 			t.Fatalf("outbox %s: %q", strings.Join(args, " "), out)
 		}
 	}
-	if code, _, stderr := c.run("", "relay", "--instance", "a"); code != exitUsage || !strings.Contains(stderr, "--instance applies to --wal only") {
+	if code, _, stderr := c.run("", "pipeline", "--instance", "a"); code != exitUsage || !strings.Contains(stderr, "--instance applies to --wal only") {
 		t.Fatalf("relay --instance without --wal: exit %d, stderr %q", code, stderr)
 	}
-	if code, _, stderr := c.run("", "relay", "--wal", "--instance", strings.Repeat("x", 41)); code != exitUsage || !strings.Contains(stderr, "--instance") {
+	if code, _, stderr := c.run("", "pipeline", "--wal", "--instance", strings.Repeat("x", 41)); code != exitUsage || !strings.Contains(stderr, "--instance") {
 		t.Fatalf("relay --wal --instance of 41 bytes: exit %d, stderr %q", code, stderr)
 	}
 }

@@ -46,7 +46,7 @@ const (
 	RoleLeased = "leased"
 	// RoleForwarder is a Forwarder to Kafka.
 	RoleForwarder = "forwarder"
-	// RoleRelay is the log-based mode's relay as `outbox relay --wal`
+	// RoleRelay is the log-based mode's relay as `outbox pipeline --wal`
 	// runs it (a pipeline.Pipeline with a relay.Relay and a sequencer),
 	// without retention, which would delete the log rows the verifier
 	// reads: it streams the schema's slot into the log, or waits as a
@@ -364,7 +364,7 @@ func runForwarder(ctx context.Context, cfg ChildConfig, scfg outbox.SubscriberCo
 	}
 }
 
-// runRelay runs what `outbox relay --wal` runs on cfg's schema (the
+// runRelay runs what `outbox pipeline --wal` runs on cfg's schema (the
 // schema's sequencer and the relay of its slot, under the instance name
 // cfg.Name, with cfg.TakeoverTimeout), without retention, until ctx ends.
 // The relay retries what it can mend (the database down, the slot

@@ -51,7 +51,7 @@
 // TestChaosKafkaWAL runs the log-based mode: publishers in outbox.ModeWAL
 // (pg_logical_emit_message; 10% of the transactions rolled back, 3% held
 // open 0.5-3 s), two relay processes (RoleRelay: a sequencer and the
-// relay of the schema's slot, as `outbox relay --wal` runs them,
+// relay of the schema's slot, as `outbox pipeline --wal` runs them,
 // TakeoverTimeout 3 s) and three exactly-once forwarder processes of one
 // consumer group (lease 3 s). The storm: each forwarder SIGKILLed every
 // 2-6 s, two forwarders holding leases frozen for 5 s, the relay

@@ -71,7 +71,7 @@ var kafkaWAL = scenario{
 
 // TestChaosKafkaWAL is the Kafka chaos test of the log-based mode: the
 // publishers write into the WAL (outbox.ModeWAL), two relay processes
-// (RoleRelay, as `outbox relay --wal` runs them, TakeoverTimeout 3 s)
+// (RoleRelay, as `outbox pipeline --wal` runs them, TakeoverTimeout 3 s)
 // stream the slot into the log, one at a time, and three forwarder
 // processes of one consumer group forward the log exactly once to Kafka
 // through the breakable proxies. The storm (walStorm): each forwarder

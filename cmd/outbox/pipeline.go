@@ -21,7 +21,7 @@ import (
 	"github.com/millrace/watermill-outbox/retention"
 )
 
-func (a *app) relayCommand() *cobra.Command {
+func (a *app) pipelineCommand() *cobra.Command {
 	var (
 		kafkaBrokers  []string
 		natsURL       string
@@ -38,32 +38,32 @@ func (a *app) relayCommand() *cobra.Command {
 		metricsListen string
 	)
 	cmd := &cobra.Command{
-		Use:   "relay",
+		Use:   "pipeline",
 		Short: "Run a sequencer, retention, and a forwarder to Kafka or NATS JetStream (a pipeline)",
-		Long: `relay runs until interrupted (SIGTERM or Ctrl-C; sends in flight finish first): the schema's pipeline
+		Long: `pipeline runs until interrupted (SIGTERM or Ctrl-C; sends in flight finish first): the schema's pipeline
 (package pipeline), that is a sequencer (give committed messages their seq), with --wal the relay of the log-based
 mode (messages published in ModeWAL, read from the schema's slot), a retention vacuum (consumed log rows deleted once
 every group is past them, or after --keep-for; dealt-with dead letters after a week; --no-retention for none) and,
 with --topic and --kafka or --nats, a forwarder of those topics to the broker, as consumer group --group. A message the
 broker refuses for good goes to the dead-letter store at once; failed sends (the broker down) are retried until it is
-back, unless --max-attempts says how many. Run as many relays as you like: they share the work.
+back, unless --max-attempts says how many. Run as many pipelines as you like: they share the work.
 
 Kafka is written exactly once (Kafka transactions; consumers must read read_committed) unless --at-least-once.
 
-With several sources (--config relay.yaml, or --source-env NAME=ENV_VAR for each), one relay runs a pipeline per
+With several sources (--config pipeline.yaml, or --source-env NAME=ENV_VAR for each), it runs a pipeline per
 source database (package pipeline's Fleet): every message forwarded carries header outbox_source, a source whose
 database is down is retried on its own while the others go on, and --metrics-listen exports outbox_source_up per
-source. Settings under relay: in the file (topics, kafka, nats, group, at_least_once) apply unless a flag is given.`,
-		Example: `  outbox relay
-  outbox relay --topic orders --topic invoices --kafka broker1:9092,broker2:9092
-  outbox relay --topic orders --nats nats://localhost:4222
-  outbox relay --wal --takeover-timeout 10s --topic orders --kafka broker1:9092
-  outbox relay --wal --instance relay-a
-  outbox relay --config relay.yaml --metrics-listen 127.0.0.1:9464`,
+source. Settings under pipeline: in the file (topics, kafka, nats, group, at_least_once) apply unless a flag is given.`,
+		Example: `  outbox pipeline
+  outbox pipeline --topic orders --topic invoices --kafka broker1:9092,broker2:9092
+  outbox pipeline --topic orders --nats nats://localhost:4222
+  outbox pipeline --wal --takeover-timeout 10s --topic orders --kafka broker1:9092
+  outbox pipeline --wal --instance relay-a
+  outbox pipeline --config pipeline.yaml --metrics-listen 127.0.0.1:9464`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			a.relayFromFile(cmd, &topics, &kafkaBrokers, &natsURL, &group, &atLeastOnce)
+			a.pipelineFromFile(cmd, &topics, &kafkaBrokers, &natsURL, &group, &atLeastOnce)
 			if (len(kafkaBrokers) > 0) == (natsURL != "") && len(topics) > 0 {
 				return usagef("forwarding --topic needs exactly one of --kafka and --nats")
 			}
@@ -110,9 +110,9 @@ source. Settings under relay: in the file (topics, kafka, nats, group, at_least_
 			var run func(context.Context) error
 			var err error
 			if len(a.sources) > 0 && (a.multiSource() || a.sourceName == "") {
-				run, err = a.relaySources(ctx, cfg, logger)
+				run, err = a.pipelineSources(ctx, cfg, logger)
 			} else {
-				run, err = a.relayOne(ctx, cfg, logger)
+				run, err = a.pipelineOne(ctx, cfg, logger)
 			}
 			var bad *outboxtype.ConfigError
 			switch {
@@ -144,7 +144,7 @@ source. Settings under relay: in the file (topics, kafka, nats, group, at_least_
 			if len(a.sources) > 0 && (a.multiSource() || a.sourceName == "") {
 				where = fmt.Sprintf("%d sources (%s)", len(a.sources), strings.Join(a.sourceNames(), ", "))
 			}
-			a.note("relay running on %s (%s%s%s); interrupt to stop", where, mode, forwarding(topics, kafkaBrokers, natsURL), retaining(noRetention, keepFor))
+			a.note("pipeline running on %s (%s%s%s); interrupt to stop", where, mode, forwarding(topics, kafkaBrokers, natsURL), retaining(noRetention, keepFor))
 			err = run(ctx)
 			if errors.Is(err, ctx.Err()) {
 				err = nil
@@ -163,7 +163,7 @@ source. Settings under relay: in the file (topics, kafka, nats, group, at_least_
 	cmd.Flags().StringVar(&instance, "instance", "", "with --wal: this relay's name in pg_stat_activity and in status, which show the relay streaming the slot (default host:pid)")
 	cmd.Flags().BoolVar(&atLeastOnce, "at-least-once", false, "write Kafka without transactions (copies possible, each with the same outbox_id)")
 	cmd.Flags().DurationVar(&keepFor, "keep-for", 0, "retention: keep consumed log rows this long, for replays (outbox reset-cursor); 0 deletes them once every group is past them")
-	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9464, path /metrics): the relay's, and each source's database figures")
+	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9464, path /metrics): the pipeline's, and each source's database figures")
 	cmd.Flags().BoolVar(&noRetention, "no-retention", false, "run no retention vacuum (the log and the dealt-with dead letters then grow until something else deletes them)")
 	return cmd
 }
@@ -188,10 +188,10 @@ func forwarding(topics, kafkaBrokers []string, natsURL string) string {
 	return ", forwarding " + strings.Join(topics, ",") + " to NATS " + natsURL
 }
 
-// relayFromFile fills the relay's settings from the --config file's relay
+// pipelineFromFile fills the pipeline's settings from the --config file's pipeline
 // section, for each flag not given on the command line.
-func (a *app) relayFromFile(cmd *cobra.Command, topics, kafkaBrokers *[]string, natsURL, group *string, atLeastOnce *bool) {
-	f := a.file.Relay
+func (a *app) pipelineFromFile(cmd *cobra.Command, topics, kafkaBrokers *[]string, natsURL, group *string, atLeastOnce *bool) {
+	f := a.file.Pipeline
 	changed := cmd.Flags().Changed
 	if !changed("topic") && len(f.Topics) > 0 {
 		*topics = f.Topics
@@ -210,10 +210,10 @@ func (a *app) relayFromFile(cmd *cobra.Command, topics, kafkaBrokers *[]string, 
 	}
 }
 
-// relayOne makes the pipeline of one database: --database-url, or the one
+// pipelineOne makes the pipeline of one database: --database-url, or the one
 // source chosen (whose name its messages then carry, as when a fleet
 // relays it).
-func (a *app) relayOne(ctx context.Context, cfg pipeline.Config, logger watermill.LoggerAdapter) (func(context.Context) error, error) {
+func (a *app) pipelineOne(ctx context.Context, cfg pipeline.Config, logger watermill.LoggerAdapter) (func(context.Context) error, error) {
 	pool, err := a.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -231,10 +231,10 @@ func (a *app) relayOne(ctx context.Context, cfg pipeline.Config, logger watermil
 	return p.Run, nil
 }
 
-// relaySources makes the fleet of every configured source: a pipeline per
+// pipelineSources makes the fleet of every configured source: a pipeline per
 // database. A source that does not answer at the start is retried by the
 // fleet, like one that goes away later.
-func (a *app) relaySources(ctx context.Context, cfg pipeline.Config, logger watermill.LoggerAdapter) (func(context.Context) error, error) {
+func (a *app) pipelineSources(ctx context.Context, cfg pipeline.Config, logger watermill.LoggerAdapter) (func(context.Context) error, error) {
 	fc := pipeline.FleetConfig{Pipeline: cfg}
 	for _, s := range a.sources {
 		pool, err := a.openSource(ctx, s)
