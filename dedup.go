@@ -16,9 +16,10 @@ import (
 	"github.com/millrace/watermill-outbox/internal/pgtext"
 )
 
-// DedupKeyMetadata is the metadata key that carries a message's dedup key,
-// set by DedupKey. It is stored and delivered with the message, so
-// consumers (and brokers the forwarder writes to) see the key too.
+// DedupKeyMetadata is the metadata key under which a message's dedup key
+// travels: stored and delivered with the message, so consumers (and
+// brokers the forwarder writes to) can read it. Set a key with DedupKey,
+// which checks it.
 const DedupKeyMetadata = "outbox_dedup_key"
 
 // MaxDedupKeyBytes is the longest dedup key.
@@ -40,8 +41,7 @@ const DefaultDedupWindow = 24 * time.Hour
 // stores its message; the others wait for it to end (its commit makes them
 // skip, its rollback lets one of them store). Within one Publish call, the
 // first message of a key wins. The key is kept in the message's metadata
-// (DedupKeyMetadata), where Publish reads it; setting that key directly
-// does the same, checked by Publish.
+// (DedupKeyMetadata), where Publish reads it (and checks it again).
 //
 // A nil msg, an empty key, a key longer than MaxDedupKeyBytes or one that
 // is not valid UTF-8 or holds a NUL byte is refused with an error matching
