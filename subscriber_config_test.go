@@ -261,7 +261,8 @@ func TestProfileTableMatchesTheProfiles(t *testing.T) {
 		"busy pace: shortest wait between full batches":    func(p tune.Profile) any { return p.MinInterval },
 		"busy pace: wait after the first full batch":       func(p tune.Profile) any { return p.ActiveInterval },
 		"busy pace: ramp step per further full batch":      func(p tune.Profile) any { return p.RampStep },
-		"pace of the subscriber's own sequencer (`MinPassInterval`), and the one to give a log-based relay (`Tuning.AppendInterval()`)": func(p tune.Profile) any { return p.SequencerInterval },
+		"pace of the subscriber's own sequencer (`MinPassInterval`), and the one to give a log-based relay (`Tuning.AppendInterval()`)":      func(p tune.Profile) any { return p.SequencerInterval },
+		"sequencer's (relay's) wait after a pass of one message, growing with each further message up to the pace above (`tune.FollowLoad`)": func(p tune.Profile) any { return tune.FollowLoad(p.SequencerInterval, 1) },
 	}
 	b, err := os.ReadFile("docs/operations.md")
 	if err != nil {
