@@ -3,6 +3,7 @@ package consumer
 import (
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -172,6 +173,33 @@ func TestAbandonedHandlerMakesAloneNoEvidence(t *testing.T) {
 		synctest.Wait()
 		if _, _, _, abandoned := r.cfg.Gate.state(); abandoned != 0 {
 			t.Fatalf("%d abandoned after the handler answered", abandoned)
+		}
+	})
+}
+
+// The goroutine that keeps an abandoned handler's place in the gate until
+// it answers is counted in Background, so the Subscriber's Close waits for
+// it (it ends when the Subscriber stops). It was not: Close returned with
+// it still running.
+func TestAbandonedHandlersGateWaitIsCountedInBackground(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("never")
+		r := newRig(t, s, nil, nil)
+		r.step(map[string]answer{"never": func(*message.Message) {}}) // times out, never answers
+		if _, _, _, abandoned := r.cfg.Gate.state(); abandoned != 1 {
+			t.Fatalf("%d abandoned, want the timed-out handler", abandoned)
+		}
+		r.w.Stop()
+		var waited atomic.Bool
+		go func() { r.bg.Wait(); waited.Store(true) }()
+		synctest.Wait()
+		if waited.Load() {
+			t.Fatal("Background's Wait returned while the abandoned handler's gate wait runs: Close would not wait for it")
+		}
+		r.stop() // the Subscriber closes
+		synctest.Wait()
+		if !waited.Load() {
+			t.Fatal("Background's Wait did not return once the Subscriber stopped")
 		}
 	})
 }
