@@ -148,12 +148,7 @@ func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int, tuni
 	}
 	defer pool.Close()
 
-	perTx := max(1, msgPerSec/1000)
-	txs := latencyTxs(msgPerSec, cfg.latencyDuration)
-	r := &latencyResult{
-		System: name, OfferedRate: msgPerSec, PerTx: perTx, TxPerSecond: float64(msgPerSec) / float64(perTx),
-		Seconds: cfg.latencyDuration.Seconds(), Publishers: cfg.latencyPublishers, Messages: txs * perTx,
-	}
+	r, txs := b.newLatencyResult(name, msgPerSec)
 	switch {
 	case defaultTuning:
 		r.Tuning = "adaptive.Default()"
@@ -166,7 +161,7 @@ func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int, tuni
 		return nil, err
 	}
 	label := fmt.Sprintf("latency %s at %d msg/s", name, msgPerSec)
-	logf("%s: %d messages, %d per transaction, %.0f transactions/s for %v, %d publishers", label, r.Messages, perTx, r.TxPerSecond, cfg.latencyDuration, cfg.latencyPublishers)
+	logf("%s: %d messages, %d per transaction, %.0f transactions/s for %v, %d publishers", label, r.Messages, r.PerTx, r.TxPerSecond, cfg.latencyDuration, cfg.latencyPublishers)
 
 	cpu0 := readCPU(b.postmaster)
 	t0 := time.Now()
@@ -175,7 +170,7 @@ func (b *bench) runLatency(ctx context.Context, name string, msgPerSec int, tuni
 		return nil, err
 	}
 	defer cons.Close()
-	l := &load{sys: sys, pool: pool, perTx: perTx, workers: cfg.latencyPublishers, t0: t0, tag: true, commits: commits, lags: lags}
+	l := &load{sys: sys, pool: pool, perTx: r.PerTx, workers: cfg.latencyPublishers, t0: t0, tag: true, commits: commits, lags: lags}
 	pubDone := make(chan error, 1)
 	go func() {
 		pubDone <- b.publish(ctx, l, paced(ctx, t0, t0.Add(latencyWarmup), txs, r.TxPerSecond))
@@ -217,38 +212,24 @@ func (b *bench) runLatencyCeiling(ctx context.Context, msgPerSec int) (*latencyR
 		return nil, err
 	}
 	defer pool.Close()
-	perTx := max(1, msgPerSec/1000)
-	txs := latencyTxs(msgPerSec, cfg.latencyDuration)
-	r := &latencyResult{
-		System: sysCeiling, OfferedRate: msgPerSec, PerTx: perTx, TxPerSecond: float64(msgPerSec) / float64(perTx),
-		Seconds: cfg.latencyDuration.Seconds(), Publishers: cfg.latencyPublishers, Messages: txs * perTx,
-	}
+	r, txs := b.newLatencyResult(sysCeiling, msgPerSec)
 	lags := make([]int64, txs)
 	if err := b.beforeRun(ctx); err != nil {
 		return nil, err
 	}
 	label := fmt.Sprintf("latency %s at %d msg/s", sysCeiling, msgPerSec)
-	logf("%s: %d messages, %d per transaction, %.0f transactions/s for %v, %d publishers (publish only)", label, r.Messages, perTx, r.TxPerSecond, cfg.latencyDuration, cfg.latencyPublishers)
+	logf("%s: %d messages, %d per transaction, %.0f transactions/s for %v, %d publishers (publish only)", label, r.Messages, r.PerTx, r.TxPerSecond, cfg.latencyDuration, cfg.latencyPublishers)
 	cpu0 := readCPU(b.postmaster)
 	t0 := time.Now()
-	l := &load{sys: sys, pool: pool, perTx: perTx, workers: cfg.latencyPublishers, t0: t0, lags: lags}
+	l := &load{sys: sys, pool: pool, perTx: r.PerTx, workers: cfg.latencyPublishers, t0: t0, lags: lags}
 	if err := b.publish(ctx, l, paced(ctx, t0, t0.Add(latencyWarmup), txs, r.TxPerSecond)); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
 	cpu1 := readCPU(b.postmaster)
 	r.Received = l.published.Load() // what is committed is all there is to have
 	r.Complete = r.Received == int64(r.Messages)
-	if d := (time.Duration(l.lastCommit.Load()) - latencyWarmup).Seconds(); d > 0 {
-		r.AchievedRate = float64(l.published.Load()) / d
-	}
-	r.KeptSchedule = r.AchievedRate >= 0.97*float64(r.OfferedRate)
-	sortInt64s(lags)
-	r.LagP99Ms, r.LagMaxMs = ms(percentile(lags, 0.99)), ms(percentile(lags, 1))
-	r.CPUSeconds = cpu1.total() - cpu0.total()
-	r.CPUMicrosPerMessage = r.CPUSeconds * 1e6 / float64(r.Messages)
-	r.ProcessMicrosPerMessage = (cpu1.process - cpu0.process).Seconds() * 1e6 / float64(r.Messages)
-	r.PostgresMicrosPerMessage = (cpu1.server - cpu0.server).Seconds() * 1e6 / float64(r.Messages)
-	r.PeakRSSBytes = peakRSS()
+	r.schedule(l)
+	r.cpu(cpu0, cpu1)
 	r.Statements = b.topStatements(ctx)
 	logf("%s: %d of %d committed, %.0f msg/s; CPU %.1f µs/msg (process %.1f + PostgreSQL %.1f)", label, r.Received, r.Messages, r.AchievedRate, r.CPUMicrosPerMessage, r.ProcessMicrosPerMessage, r.PostgresMicrosPerMessage)
 	return r, nil
@@ -258,14 +239,8 @@ func (b *bench) runLatencyCeiling(ctx context.Context, msgPerSec int) (*latencyR
 // elapsed since t0.
 func (r *latencyResult) finish(c0, c1 cpuSample, cons *consumer, l *load, complete bool, elapsed time.Duration) {
 	r.Received, r.Duplicates, r.Complete = cons.received.Load(), cons.duplicates.Load(), complete
+	r.schedule(l)
 	lastCommit := time.Duration(l.lastCommit.Load())
-	if d := (lastCommit - latencyWarmup).Seconds(); d > 0 {
-		r.AchievedRate = float64(l.published.Load()) / d
-	}
-	r.KeptSchedule = r.AchievedRate >= 0.97*float64(r.OfferedRate)
-	lags := slices.Clone(l.lags)
-	sortInt64s(lags)
-	r.LagP99Ms, r.LagMaxMs = ms(percentile(lags, 0.99)), ms(percentile(lags, 1))
 	last := time.Duration(cons.lastRecv.Load())
 	if !complete {
 		last = elapsed
@@ -274,6 +249,36 @@ func (r *latencyResult) finish(c0, c1 cpuSample, cons *consumer, l *load, comple
 	lat := cons.latencies()
 	r.Latency = summarize(lat)
 	r.CDF = cdf(lat)
+	r.cpu(c0, c1)
+}
+
+// newLatencyResult is the result of a latency run of system at msgPerSec
+// for -latency-duration, before it runs, and its number of transactions.
+func (b *bench) newLatencyResult(system string, msgPerSec int) (*latencyResult, int) {
+	cfg := b.cfg
+	perTx := max(1, msgPerSec/1000)
+	txs := latencyTxs(msgPerSec, cfg.latencyDuration)
+	return &latencyResult{
+		System: system, OfferedRate: msgPerSec, PerTx: perTx, TxPerSecond: float64(msgPerSec) / float64(perTx),
+		Seconds: cfg.latencyDuration.Seconds(), Publishers: cfg.latencyPublishers, Messages: txs * perTx,
+	}, txs
+}
+
+// schedule fills in how well the publishers of l kept the schedule: the
+// achieved rate and their lag behind it.
+func (r *latencyResult) schedule(l *load) {
+	if d := (time.Duration(l.lastCommit.Load()) - latencyWarmup).Seconds(); d > 0 {
+		r.AchievedRate = float64(l.published.Load()) / d
+	}
+	r.KeptSchedule = r.AchievedRate >= 0.97*float64(r.OfferedRate)
+	lags := slices.Clone(l.lags)
+	sortInt64s(lags)
+	r.LagP99Ms, r.LagMaxMs = ms(percentile(lags, 0.99)), ms(percentile(lags, 1))
+}
+
+// cpu fills in the CPU the run took between c0 and c1, per message, and
+// the process's peak RSS.
+func (r *latencyResult) cpu(c0, c1 cpuSample) {
 	r.CPUSeconds = c1.total() - c0.total()
 	r.CPUMicrosPerMessage = r.CPUSeconds * 1e6 / float64(r.Messages)
 	r.ProcessMicrosPerMessage = (c1.process - c0.process).Seconds() * 1e6 / float64(r.Messages)
