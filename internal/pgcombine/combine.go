@@ -284,40 +284,41 @@ func (c *Combiner) units(batch []*call) []unit {
 	group := map[string]int{}            // merged query → its unit
 	keys := map[string]map[string]bool{} // merged query → the keys in its unit
 	for _, cl := range batch {
-		m, ok := merges[cl.sql]
-		if ok && !cl.exec {
+		if m, ok := merges[cl.sql]; ok && !cl.exec {
 			key := ""
 			if m.Key != nil {
 				key = m.Key(cl.args)
 			}
-			if i, open := group[cl.sql]; open && (m.Key == nil || !keys[cl.sql][key]) {
+			i, open := group[cl.sql]
+			switch {
+			case !open: // the first call of the query: its unit
+				group[cl.sql] = len(units)
+				keys[cl.sql] = map[string]bool{key: true}
+			case m.Key == nil || !keys[cl.sql][key]:
 				units[i].calls = append(units[i].calls, cl)
 				keys[cl.sql][key] = true
 				continue
-			}
-			if _, open := group[cl.sql]; !open {
-				group[cl.sql] = len(units)
-				keys[cl.sql] = map[string]bool{key: true}
-			}
+			} // (a key already in the unit: a statement of its own)
 		}
 		units = append(units, unit{sql: cl.sql, args: cl.args, calls: []*call{cl}})
 	}
+	merged := 0
 	for i, u := range units {
 		if len(u.calls) < 2 {
 			continue
 		}
-		m := merges[u.sql]
 		all := make([][]any, len(u.calls))
 		for j, cl := range u.calls {
 			all[j] = cl.args
 		}
-		args, err := m.Args(all)
+		args, err := merges[u.sql].Args(all)
 		if err != nil {
 			return c.unmerged(units)
 		}
-		units[i].sql, units[i].args = m.Many, args
-		c.merged.Add(int64(len(u.calls)))
+		units[i].sql, units[i].args = merges[u.sql].Many, args
+		merged += len(u.calls)
 	}
+	c.merged.Add(int64(merged)) // (counted once every merge took its arguments)
 	return units
 }
 
