@@ -14,6 +14,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // DedupKeyMetadata is the metadata key under which a message's dedup key
@@ -51,7 +52,7 @@ func DedupKey(msg *message.Message, key string) error {
 		return errs.NilArgument("outbox.DedupKey: msg", "pass the message to be published")
 	}
 	if why := dedupKeyProblem(key); why != "" {
-		return fmt.Errorf("%w: outbox.DedupKey of message %s: %s", errs.ErrInvalidArgument, msg.UUID, why)
+		return fmt.Errorf("%w: outbox.DedupKey of message %s: %s", outboxtype.ErrInvalidArgument, msg.UUID, why)
 	}
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}
@@ -102,14 +103,14 @@ func dedupKeyProblem(key string) string {
 // validateDedupWindows checks the windows of a PublisherConfig.
 func validateDedupWindows(c PublisherConfig) error {
 	if c.DedupWindow < time.Microsecond {
-		return &errs.ConfigError{Field: "DedupWindow", Reason: fmt.Sprintf("must be at least 1µs (0: DefaultDedupWindow), got %v", c.DedupWindow)}
+		return &outboxtype.ConfigError{Field: "DedupWindow", Reason: fmt.Sprintf("must be at least 1µs (0: DefaultDedupWindow), got %v", c.DedupWindow)}
 	}
 	for topic, d := range c.DedupWindows {
 		if err := names.Topic(topic); err != nil {
 			return err
 		}
 		if d < time.Microsecond {
-			return &errs.ConfigError{Field: "DedupWindows[" + topic + "]", Reason: fmt.Sprintf("must be at least 1µs, got %v", d)}
+			return &outboxtype.ConfigError{Field: "DedupWindows[" + topic + "]", Reason: fmt.Sprintf("must be at least 1µs, got %v", d)}
 		}
 	}
 	return nil
@@ -141,7 +142,7 @@ func planDedup(msgs []*message.Message) (*dedupPlan, error) {
 			continue
 		}
 		if why := dedupKeyProblem(key); why != "" {
-			return nil, &errs.MessageError{UUID: m.UUID, Reason: "metadata " + DedupKeyMetadata + ": " + why}
+			return nil, &outboxtype.MessageError{UUID: m.UUID, Reason: "metadata " + DedupKeyMetadata + ": " + why}
 		}
 		if plan == nil {
 			plan = &dedupPlan{keys: make([]string, len(msgs)), repeat: make([]bool, len(msgs))}

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Delayed delivery: a message published with DeliverAt or DeliverAfter is
@@ -34,11 +35,11 @@ func DeliverAt(msg *message.Message, t time.Time) error {
 		return errs.NilArgument("outbox.DeliverAt: msg", "pass the message to delay")
 	}
 	if t.IsZero() {
-		return fmt.Errorf("%w: outbox.DeliverAt: message %s: a zero time: pass when it is due", errs.ErrInvalidArgument, msg.UUID)
+		return fmt.Errorf("%w: outbox.DeliverAt: message %s: a zero time: pass when it is due", outboxtype.ErrInvalidArgument, msg.UUID)
 	}
 	if now := time.Now(); t.Before(now) {
 		return fmt.Errorf("%w: outbox.DeliverAt: message %s: %s is %s in the past: publish without DeliverAt to deliver at once",
-			errs.ErrInvalidArgument, msg.UUID, t.UTC().Format(time.RFC3339Nano), now.Sub(t).Round(time.Millisecond))
+			outboxtype.ErrInvalidArgument, msg.UUID, t.UTC().Format(time.RFC3339Nano), now.Sub(t).Round(time.Millisecond))
 	}
 	msg.Metadata.Set(MetadataDeliverAt, t.UTC().Format(time.RFC3339Nano))
 	return nil
@@ -50,7 +51,7 @@ func DeliverAfter(msg *message.Message, d time.Duration) error {
 		return errs.NilArgument("outbox.DeliverAfter: msg", "pass the message to delay")
 	}
 	if d <= 0 {
-		return fmt.Errorf("%w: outbox.DeliverAfter: message %s: a delay of %s: pass a positive one, or publish without it", errs.ErrInvalidArgument, msg.UUID, d)
+		return fmt.Errorf("%w: outbox.DeliverAfter: message %s: a delay of %s: pass a positive one, or publish without it", outboxtype.ErrInvalidArgument, msg.UUID, d)
 	}
 	return DeliverAt(msg, time.Now().Add(d))
 }
@@ -86,7 +87,7 @@ func DeliveryTime(msg *message.Message) (t time.Time, ok bool) {
 func checkDelay(m *message.Message) error {
 	if v := m.Metadata.Get(MetadataDeliverAt); v != "" {
 		if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
-			return &errs.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("metadata %s %q is not an RFC 3339 time: set it with outbox.DeliverAt", MetadataDeliverAt, v)}
+			return &outboxtype.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("metadata %s %q is not an RFC 3339 time: set it with outbox.DeliverAt", MetadataDeliverAt, v)}
 		}
 	}
 	return nil

@@ -6,8 +6,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // encodedBatch is a Publish call's messages, encoded column by column for
@@ -35,10 +35,10 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 	total := 0
 	for i, m := range msgs {
 		if len(m.Payload) > p.cfg.MaxPayloadBytes {
-			return b, &errs.PayloadTooLargeError{UUID: m.UUID, Size: len(m.Payload), Limit: p.cfg.MaxPayloadBytes}
+			return b, &outboxtype.PayloadTooLargeError{UUID: m.UUID, Size: len(m.Payload), Limit: p.cfg.MaxPayloadBytes}
 		}
 		if !pgtext.Storable(m.UUID) {
-			return b, &errs.MessageError{UUID: strconv.Quote(m.UUID), Reason: "UUID must be valid UTF-8 without NUL bytes"}
+			return b, &outboxtype.MessageError{UUID: strconv.Quote(m.UUID), Reason: "UUID must be valid UTF-8 without NUL bytes"}
 		}
 		if err := checkDelay(m); err != nil {
 			return b, err
@@ -48,7 +48,7 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 			return b, fmt.Errorf("outbox: partition key of message %s: %w", m.UUID, err)
 		}
 		if !pgtext.Storable(key) {
-			return b, &errs.MessageError{UUID: m.UUID, Reason: "partition key must be valid UTF-8 without NUL bytes"}
+			return b, &outboxtype.MessageError{UUID: m.UUID, Reason: "partition key must be valid UTF-8 without NUL bytes"}
 		}
 		if err := checkTombstone(m, key); err != nil {
 			return b, err
@@ -59,24 +59,24 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		} else if part, err = p.cfg.Partitioner.Partition(key, ts.partitions); err != nil {
 			return b, fmt.Errorf("outbox: partition of message %s: %w", m.UUID, err)
 		} else if part < 0 || part >= ts.partitions {
-			return b, &errs.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("partitioner returned %d for %d partitions", part, ts.partitions)}
+			return b, &outboxtype.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("partitioner returned %d for %d partitions", part, ts.partitions)}
 		}
 		raw := 0
 		for k, v := range m.Metadata {
 			raw += len(k) + len(v)
 		}
 		if raw > p.cfg.MaxMetadataBytes { // (before encoding it: JSON only grows)
-			return b, &errs.LimitError{Limit: "MaxMetadataBytes", UUID: m.UUID, Size: raw, Max: p.cfg.MaxMetadataBytes}
+			return b, &outboxtype.LimitError{Limit: "MaxMetadataBytes", UUID: m.UUID, Size: raw, Max: p.cfg.MaxMetadataBytes}
 		}
 		buf, err = appendMetadataJSON(buf[:0], m.Metadata)
 		if err != nil {
-			return b, &errs.MessageError{UUID: m.UUID, Reason: err.Error()}
+			return b, &outboxtype.MessageError{UUID: m.UUID, Reason: err.Error()}
 		}
 		if len(buf) > p.cfg.MaxMetadataBytes {
-			return b, &errs.LimitError{Limit: "MaxMetadataBytes", UUID: m.UUID, Size: len(buf), Max: p.cfg.MaxMetadataBytes}
+			return b, &outboxtype.LimitError{Limit: "MaxMetadataBytes", UUID: m.UUID, Size: len(buf), Max: p.cfg.MaxMetadataBytes}
 		}
 		if total += len(buf) + len(m.Payload) + len(m.UUID) + len(key); total > p.cfg.MaxPublishBytes {
-			return b, &errs.LimitError{Limit: "MaxPublishBytes", UUID: "", Size: total, Max: p.cfg.MaxPublishBytes}
+			return b, &outboxtype.LimitError{Limit: "MaxPublishBytes", UUID: "", Size: total, Max: p.cfg.MaxPublishBytes}
 		}
 		b.partitions[i] = int32(part)
 		b.keys[i] = key

@@ -5,6 +5,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // KeyIsolation configures key-level isolation of a Subscriber: when a
@@ -61,7 +62,7 @@ func (k *KeyIsolation) setDefaults() {
 func (k KeyIsolation) Validate() error {
 	k.setDefaults()
 	if k.MaxHeldKeys < 1 || k.MaxHeldKeys > maxMaxHeldKeys {
-		return &errs.ConfigError{Field: "KeyIsolation.MaxHeldKeys", Reason: fmt.Sprintf("must be 1..%d (0 for the default, %d)", maxMaxHeldKeys, DefaultMaxHeldKeys)}
+		return &outboxtype.ConfigError{Field: "KeyIsolation.MaxHeldKeys", Reason: fmt.Sprintf("must be 1..%d (0 for the default, %d)", maxMaxHeldKeys, DefaultMaxHeldKeys)}
 	}
 	return nil
 }

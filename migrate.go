@@ -9,10 +9,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // SchemaVersion is the newest schema version this release knows: that of
@@ -96,7 +96,7 @@ func migrateOnce(ctx context.Context, d pgexec.DB, schema string) error {
 			return fmt.Errorf("outbox: migrate: read version: %w", err)
 		}
 		if current > SchemaVersion {
-			return &errs.SchemaVersionError{Schema: schema, Database: current, Library: SchemaVersion}
+			return &outboxtype.SchemaVersionError{Schema: schema, Database: current, Library: SchemaVersion}
 		}
 		for _, m := range dbsql.Migrations[current:] {
 			if _, err := tx.Exec(ctx, dbsql.Render(m.SQL, schema)); err != nil {

@@ -14,12 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -54,7 +54,7 @@ type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
 // (PartitionKeyMetadata). It is the default PartitionKeyFunc.
 func PartitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 	if msg == nil {
-		return "", &errs.MessageError{UUID: "(nil)", Reason: "no partition key of a nil message"}
+		return "", &outboxtype.MessageError{UUID: "(nil)", Reason: "no partition key of a nil message"}
 	}
 	return msg.Metadata.Get(PartitionKeyMetadata), nil
 }
@@ -165,12 +165,12 @@ var (
 	// ErrWALLevel: the server does not run with wal_level = logical, so no
 	// slot can decode what a Publisher in ModeWAL writes; set it and
 	// restart PostgreSQL.
-	ErrWALLevel = errs.ErrWALLevel
+	ErrWALLevel = outboxtype.ErrWALLevel
 	// ErrNoSlot: the schema's replication slot does not exist (or is still
 	// being created, or was invalidated), so no relay could read what a
 	// Publisher in ModeWAL writes; create it with relay.CreateSlot (outbox
 	// wal create-slot).
-	ErrNoSlot = errs.ErrNoSlot
+	ErrNoSlot = outboxtype.ErrNoSlot
 )
 
 // DefaultNotifyInterval is the default PublisherConfig.NotifyInterval.
@@ -214,26 +214,26 @@ func (c PublisherConfig) Validate() error {
 		return err
 	}
 	if c.MaxPayloadBytes < 0 || c.MaxPayloadBytes > MaxMaxPayloadBytes {
-		return &errs.ConfigError{Field: "MaxPayloadBytes", Reason: fmt.Sprintf("%d is outside 1..%d", c.MaxPayloadBytes, MaxMaxPayloadBytes)}
+		return &outboxtype.ConfigError{Field: "MaxPayloadBytes", Reason: fmt.Sprintf("%d is outside 1..%d", c.MaxPayloadBytes, MaxMaxPayloadBytes)}
 	}
 	if c.MaxMetadataBytes < 0 || c.MaxMetadataBytes > MaxMaxPublishBytes {
-		return &errs.ConfigError{Field: "MaxMetadataBytes", Reason: fmt.Sprintf("%d is outside 1..%d", c.MaxMetadataBytes, MaxMaxPublishBytes)}
+		return &outboxtype.ConfigError{Field: "MaxMetadataBytes", Reason: fmt.Sprintf("%d is outside 1..%d", c.MaxMetadataBytes, MaxMaxPublishBytes)}
 	}
 	if c.MaxPublishBytes < c.MaxPayloadBytes || c.MaxPublishBytes > MaxMaxPublishBytes {
-		return &errs.ConfigError{Field: "MaxPublishBytes", Reason: fmt.Sprintf("%d is outside MaxPayloadBytes (%d)..%d", c.MaxPublishBytes, c.MaxPayloadBytes, MaxMaxPublishBytes)}
+		return &outboxtype.ConfigError{Field: "MaxPublishBytes", Reason: fmt.Sprintf("%d is outside MaxPayloadBytes (%d)..%d", c.MaxPublishBytes, c.MaxPayloadBytes, MaxMaxPublishBytes)}
 	}
 	if c.Mode != ModeTable && c.Mode != ModeWAL {
-		return &errs.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%d is neither ModeTable nor ModeWAL", c.Mode)}
+		return &outboxtype.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%d is neither ModeTable nor ModeWAL", c.Mode)}
 	}
 	if err := validateDedupWindows(c); err != nil {
 		return err
 	}
 	if c.OwnTransaction && c.DB == nil {
-		return &errs.ConfigError{Field: "OwnTransaction", Reason: "needs DB to open transactions"}
+		return &outboxtype.ConfigError{Field: "OwnTransaction", Reason: "needs DB to open transactions"}
 	}
 	if c.DB != nil {
 		if _, err := pgexec.FromDB(c.DB); err != nil {
-			return &errs.ConfigError{Field: "DB", Reason: err.Error()}
+			return &outboxtype.ConfigError{Field: "DB", Reason: err.Error()}
 		}
 	}
 	return nil
@@ -336,7 +336,7 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 // Deduplicated(msg) reports it; Publish returns nil for it.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed.Load() {
-		return errs.ErrPublisherClosed
+		return outboxtype.ErrPublisherClosed
 	}
 	if err := names.Topic(topic); err != nil {
 		return err
@@ -346,7 +346,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	for i, m := range msgs {
 		if m == nil {
-			return &errs.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the %d given to Publish is nil; nothing was written: pass only non-nil messages", i, len(msgs))}
+			return &outboxtype.MessageError{UUID: "(nil)", Reason: fmt.Sprintf("message %d (0-based) of the %d given to Publish is nil; nothing was written: pass only non-nil messages", i, len(msgs))}
 		}
 	}
 	q, ctx, err := p.executor(msgs)
@@ -436,16 +436,16 @@ func (p *Publisher) walRefusal(err error, topic string, n int) error {
 	var why string
 	switch pe.Code {
 	case "WO001":
-		kind, why = errs.ErrWALLevel, strings.TrimPrefix(pe.Message, "watermill-outbox: ")
+		kind, why = outboxtype.ErrWALLevel, strings.TrimPrefix(pe.Message, "watermill-outbox: ")
 	case "WO002":
-		kind, why = errs.ErrNoSlot, fmt.Sprintf("there is no logical slot %q (pgoutput) in this database", p.walSlot)
+		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("there is no logical slot %q (pgoutput) in this database", p.walSlot)
 	case "WO003":
-		kind, why = errs.ErrNoSlot, fmt.Sprintf("slot %q is still being created, and a slot does not decode the transactions open while it is created (it waits for them to end); roll back and retry once outbox wal create-slot (relay.CreateSlot) has returned", p.walSlot)
+		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("slot %q is still being created, and a slot does not decode the transactions open while it is created (it waits for them to end); roll back and retry once outbox wal create-slot (relay.CreateSlot) has returned", p.walSlot)
 	case "WO004":
-		kind, why = errs.ErrNoSlot, fmt.Sprintf("slot %q was invalidated (wal_status lost: it fell behind by more than max_slot_wal_keep_size) and can no longer be streamed; drop it (outbox wal drop-slot --force) and create it again", p.walSlot)
+		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("slot %q was invalidated (wal_status lost: it fell behind by more than max_slot_wal_keep_size) and can no longer be streamed; drop it (outbox wal drop-slot --force) and create it again", p.walSlot)
 	case "42883": // undefined_function: a schema migrated by an older release
 		if strings.Contains(pe.Message, "wal_emit") {
-			return &errs.NotMigratedError{Schema: p.cfg.Schema, Cause: err}
+			return &outboxtype.NotMigratedError{Schema: p.cfg.Schema, Cause: err}
 		}
 		return nil
 	default:
@@ -488,7 +488,7 @@ func (p *Publisher) executor(msgs []*message.Message) (pgexec.Querier, context.C
 	first := pgexec.BindingFrom(ctx)
 	for _, m := range msgs[1:] {
 		if b := pgexec.BindingFrom(m.Context()); !pgexec.SameTx(b, first) {
-			return nil, nil, errs.ErrMixedTx
+			return nil, nil, outboxtype.ErrMixedTx
 		}
 	}
 	switch {
@@ -500,7 +500,7 @@ func (p *Publisher) executor(msgs []*message.Message) (pgexec.Querier, context.C
 		// A single statement on a pool runs in its own transaction.
 		return p.db, ctx, nil
 	default:
-		return nil, nil, fmt.Errorf("%w: set it with outbox.WithTx(ctx, tx) on the message context, or enable OwnTransaction", errs.ErrNoTx)
+		return nil, nil, fmt.Errorf("%w: set it with outbox.WithTx(ctx, tx) on the message context, or enable OwnTransaction", outboxtype.ErrNoTx)
 	}
 }
 

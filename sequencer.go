@@ -25,6 +25,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/tune"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // SequencerConfig configures a Sequencer.
@@ -120,13 +121,13 @@ func (c SequencerConfig) Validate() error {
 	}
 	switch {
 	case c.Pool == nil:
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	case c.BatchSize < 1:
-		return &errs.ConfigError{Field: "BatchSize", Reason: "must be at least 1"}
+		return &outboxtype.ConfigError{Field: "BatchSize", Reason: "must be at least 1"}
 	case c.MaxPartitionsPerPass < 1:
-		return &errs.ConfigError{Field: "MaxPartitionsPerPass", Reason: "must be at least 1"}
+		return &outboxtype.ConfigError{Field: "MaxPartitionsPerPass", Reason: "must be at least 1"}
 	case c.PollInterval < 0:
-		return &errs.ConfigError{Field: "PollInterval", Reason: "must be positive"}
+		return &outboxtype.ConfigError{Field: "PollInterval", Reason: "must be positive"}
 	}
 	return nil
 }
@@ -234,7 +235,7 @@ func (s *Sequencer) Run(ctx context.Context) error {
 // Any other error (the database not up yet, say) is met again by the first
 // pass, and retried like every database error.
 func (s *Sequencer) start(ctx context.Context) error {
-	if err := s.checkSchema(ctx); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
+	if err := s.checkSchema(ctx); errors.Is(err, outboxtype.ErrNotMigrated) || errors.Is(err, outboxtype.ErrSchemaTooNew) {
 		return err
 	}
 	return nil

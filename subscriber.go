@@ -22,6 +22,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/runnerhook"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/worker"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Strategy says how a Subscriber's handler runs relative to the database.
@@ -209,7 +210,7 @@ func (s *Subscriber) ConsumeBatches(ctx context.Context, topic string, h BatchHa
 		return errNotConstructed
 	}
 	if h == nil {
-		return &errs.ConfigError{Field: "BatchHandler", Reason: "must not be nil"}
+		return &outboxtype.ConfigError{Field: "BatchHandler", Reason: "must not be nil"}
 	}
 	done, err := s.join(ctx, topic, nil, h)
 	if err != nil {
@@ -231,7 +232,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, errs.ErrClosed
+		return nil, outboxtype.ErrClosed
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -341,7 +342,7 @@ func (s *Subscriber) subscription(ctx context.Context, topic string, out chan<- 
 		return nil, err
 	}
 	if s.isClosed() {
-		return nil, errs.ErrClosed
+		return nil, outboxtype.ErrClosed
 	}
 	return s.prepare(ctx, topic, out, batch)
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/adaptive"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/tune"
@@ -185,33 +184,33 @@ func (c SubscriberConfig) Validate() error {
 		return err
 	}
 	if err := c.Tuning.Validate(); err != nil {
-		var ce *errs.ConfigError
+		var ce *outboxtype.ConfigError
 		if errors.As(err, &ce) {
-			return &errs.ConfigError{Field: "Tuning." + ce.Field, Reason: ce.Reason}
+			return &outboxtype.ConfigError{Field: "Tuning." + ce.Field, Reason: ce.Reason}
 		}
 		return err
 	}
 	switch {
 	case c.Pool == nil:
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	case c.ConsumerGroup == "":
-		return &errs.ConfigError{Field: "ConsumerGroup", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "ConsumerGroup", Reason: "required"}
 	case names.Group(c.ConsumerGroup) != nil:
 		return names.Group(c.ConsumerGroup) // a *NameError
 	case c.Strategy != Leased && c.Strategy != Transactional:
-		return &errs.ConfigError{Field: "Strategy", Reason: "must be Leased or Transactional"}
+		return &outboxtype.ConfigError{Field: "Strategy", Reason: "must be Leased or Transactional"}
 	case c.MaxAttempts < RetryForever:
-		return &errs.ConfigError{Field: "MaxAttempts", Reason: "must be positive, or RetryForever (0: DefaultMaxAttempts)"}
+		return &outboxtype.ConfigError{Field: "MaxAttempts", Reason: "must be positive, or RetryForever (0: DefaultMaxAttempts)"}
 	case c.RejectHandler != nil && isNil(c.RejectHandler):
-		return &errs.ConfigError{Field: "RejectHandler", Reason: fmt.Sprintf("is a nil %T: give it a handler (e.g. a deadletter.Store from deadletter.New), or leave the field nil for the schema's dead-letter table", c.RejectHandler)}
+		return &outboxtype.ConfigError{Field: "RejectHandler", Reason: fmt.Sprintf("is a nil %T: give it a handler (e.g. a deadletter.Store from deadletter.New), or leave the field nil for the schema's dead-letter table", c.RejectHandler)}
 	case c.HandlerTimeout < 0 || c.HandlerTimeout > c.Tuning.LeaseTTL:
-		return &errs.ConfigError{Field: "HandlerTimeout", Reason: fmt.Sprintf("must be positive and at most Tuning.LeaseTTL (%v): raise the lease TTL, or leave it zero to derive it (3/2 of HandlerTimeout)", c.Tuning.LeaseTTL)}
+		return &outboxtype.ConfigError{Field: "HandlerTimeout", Reason: fmt.Sprintf("must be positive and at most Tuning.LeaseTTL (%v): raise the lease TTL, or leave it zero to derive it (3/2 of HandlerTimeout)", c.Tuning.LeaseTTL)}
 	case c.CloseTimeout < 0:
-		return &errs.ConfigError{Field: "CloseTimeout", Reason: "must be positive"}
+		return &outboxtype.ConfigError{Field: "CloseTimeout", Reason: "must be positive"}
 	case c.Advanced.PollInterval < 0:
-		return &errs.ConfigError{Field: "Advanced.PollInterval", Reason: "must be positive (0 for the profile's)"}
+		return &outboxtype.ConfigError{Field: "Advanced.PollInterval", Reason: "must be positive (0 for the profile's)"}
 	case c.Advanced.MaxConcurrentPartitions < 0:
-		return &errs.ConfigError{Field: "Advanced.MaxConcurrentPartitions", Reason: "must be at least 1 (0 for the profile's)"}
+		return &outboxtype.ConfigError{Field: "Advanced.MaxConcurrentPartitions", Reason: "must be at least 1 (0 for the profile's)"}
 	}
 	return c.KeyIsolation.Validate()
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/tombstone"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // MetadataTombstone ("outbox_tombstone") marks a message as a tombstone:
@@ -33,7 +34,7 @@ func Tombstone(msg *message.Message) error {
 		return errs.NilArgument("outbox.Tombstone: msg", "pass the message to mark, with an empty payload and a partition key")
 	}
 	if len(msg.Payload) > 0 {
-		return &errs.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("a tombstone carries no payload, this one has %d bytes: a tombstone deletes its key, it does not set a value", len(msg.Payload))}
+		return &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("a tombstone carries no payload, this one has %d bytes: a tombstone deletes its key, it does not set a value", len(msg.Payload))}
 	}
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}

@@ -8,10 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -99,7 +99,7 @@ func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (i
 	var n int
 	err := pgexec.QueryRow(ctx, q, dbsql.For(schema).TopicsPartitions, []any{topic}, &n)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("%w: %q in schema %q: register it with outbox.RegisterTopic(ctx, db, %q, %q, partitions) (or: outbox topics register %s N) before it is used", errs.ErrUnknownTopic, topic, schema, schema, topic, topic)
+		return 0, fmt.Errorf("%w: %q in schema %q: register it with outbox.RegisterTopic(ctx, db, %q, %q, partitions) (or: outbox topics register %s N) before it is used", outboxtype.ErrUnknownTopic, topic, schema, schema, topic, topic)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: look up topic %q: %w", topic, err)
@@ -123,14 +123,14 @@ func registerTopic(ctx context.Context, q pgexec.Querier, schema, topic string, 
 			return 0, fmt.Errorf("outbox: register topic %q: %w", topic, err)
 		}
 		got, err = lookupTopic(ctx, q, schema, topic)
-		if errors.Is(err, errs.ErrUnknownTopic) {
+		if errors.Is(err, outboxtype.ErrUnknownTopic) {
 			continue
 		}
 		if err != nil {
 			return 0, err
 		}
 		if got != partitions {
-			return 0, &errs.PartitionMismatchError{Topic: topic, Registered: got, Requested: partitions}
+			return 0, &outboxtype.PartitionMismatchError{Topic: topic, Registered: got, Requested: partitions}
 		}
 		return got, nil
 	}

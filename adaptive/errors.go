@@ -1,16 +1,16 @@
 package adaptive
 
 import (
-	"github.com/millrace/watermill-outbox/internal/errs"
-
 	"errors"
 	"fmt"
+
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // ErrInvalidConfig is matched (via errors.Is) by every [*outboxtype.ConfigError]. It is
 // outbox.ErrInvalidConfig: one error for an impossible configuration,
 // whichever package checks it.
-var ErrInvalidConfig = errs.ErrInvalidConfig
+var ErrInvalidConfig = outboxtype.ErrInvalidConfig
 
 // ErrUnknownProfile is matched (via errors.Is) by the error [Profile] returns
 // for a name it does not know.
@@ -20,6 +20,6 @@ var ErrUnknownProfile = errors.New("adaptive: unknown tuning profile")
 // *outboxtype.ConfigError (Field, e.g. "BatchSize" or "LeaseTTL", and
 // Reason: what is wrong and what is allowed), which matches
 // [ErrInvalidConfig].
-func configErrorf(field, format string, args ...any) *errs.ConfigError {
-	return &errs.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+func configErrorf(field, format string, args ...any) *outboxtype.ConfigError {
+	return &outboxtype.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }

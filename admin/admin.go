@@ -13,6 +13,7 @@
 package admin
 
 import (
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 
 	"context"
@@ -37,10 +38,10 @@ var (
 	// partition, or the group never subscribed to the topic), or Status
 	// was asked for an unknown group or topic (*NotFoundError says which).
 	// It is outbox.ErrNotFound.
-	ErrNotFound = errs.ErrNotFound
+	ErrNotFound = outboxtype.ErrNotFound
 	// ErrInvalidArgument: a scope or position is impossible. It is
 	// outbox.ErrInvalidArgument.
-	ErrInvalidArgument = errs.ErrInvalidArgument
+	ErrInvalidArgument = outboxtype.ErrInvalidArgument
 	// ErrSeqOutOfRange: a reset to a seq beyond a partition's head
 	// (*SeqRangeError).
 	ErrSeqOutOfRange = errors.New("admin: seq out of range")
@@ -109,7 +110,7 @@ func (c Config) Validate() error {
 		return err
 	}
 	if c.Pool == nil {
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	}
 	return nil
 }

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // NotFoundError reports a topic, consumer group, partition or held key that
@@ -60,7 +59,7 @@ func (e *NotFoundError) Error() string {
 // Is makes errors.Is(err, ErrNotFound) true, and errors.Is(err,
 // outbox.ErrUnknownTopic) for a topic.
 func (e *NotFoundError) Is(target error) bool {
-	return target == ErrNotFound || e.What == "topic" && target == errs.ErrUnknownTopic
+	return target == ErrNotFound || e.What == "topic" && target == outboxtype.ErrUnknownTopic
 }
 
 // Exists returns nil when the schema has every name f gives: the topic is

@@ -52,8 +52,8 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/deadletter"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 //go:embed templates/*.html static/*
@@ -107,7 +107,7 @@ type Config struct {
 // Validate reports the first impossible setting.
 func (c Config) Validate() error {
 	if c.Pool == nil {
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	}
 	if c.Schema != "" {
 		if err := names.Schema(c.Schema); err != nil {
@@ -115,13 +115,13 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.EnableActions && c.Token == "" && c.Authorize == nil {
-		return &errs.ConfigError{Field: "EnableActions", Reason: "actions need authentication: set Token or Authorize"}
+		return &outboxtype.ConfigError{Field: "EnableActions", Reason: "actions need authentication: set Token or Authorize"}
 	}
 	if c.Timeout < 0 || c.RefreshInterval < 0 {
-		return &errs.ConfigError{Field: "Timeout/RefreshInterval", Reason: "must not be negative"}
+		return &outboxtype.ConfigError{Field: "Timeout/RefreshInterval", Reason: "must not be negative"}
 	}
 	if !validPrefix(c.Prefix) {
-		return &errs.ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%s is not a clean absolute path without a trailing slash (e.g. \"/outbox\"; \"\" for the root)", quoted(100, c.Prefix))}
+		return &outboxtype.ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%s is not a clean absolute path without a trailing slash (e.g. \"/outbox\"; \"\" for the root)", quoted(100, c.Prefix))}
 	}
 	if _, err := hostRules(c.AllowedHosts); err != nil {
 		return err

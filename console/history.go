@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/admin"
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The history the charts draw: how far back, and how often a sample.
@@ -26,7 +26,7 @@ const (
 func (c Config) validateHistory() error {
 	window, interval := c.HistoryWindow, c.HistoryInterval
 	if window < 0 || interval < 0 {
-		return &errs.ConfigError{Field: "HistoryWindow/HistoryInterval", Reason: "must not be negative"}
+		return &outboxtype.ConfigError{Field: "HistoryWindow/HistoryInterval", Reason: "must not be negative"}
 	}
 	if window == 0 {
 		window = DefaultHistoryWindow
@@ -35,10 +35,10 @@ func (c Config) validateHistory() error {
 		interval = DefaultHistoryInterval
 	}
 	if window < 2*interval {
-		return &errs.ConfigError{Field: "HistoryWindow", Reason: fmt.Sprintf("%s holds fewer than two samples %s apart (HistoryInterval)", window, interval)}
+		return &outboxtype.ConfigError{Field: "HistoryWindow", Reason: fmt.Sprintf("%s holds fewer than two samples %s apart (HistoryInterval)", window, interval)}
 	}
 	if window/interval > MaxHistoryPoints {
-		return &errs.ConfigError{Field: "HistoryInterval", Reason: fmt.Sprintf("%s over a HistoryWindow of %s is more than %d samples per group", interval, window, MaxHistoryPoints)}
+		return &outboxtype.ConfigError{Field: "HistoryInterval", Reason: fmt.Sprintf("%s over a HistoryWindow of %s is more than %d samples per group", interval, window, MaxHistoryPoints)}
 	}
 	return nil
 }

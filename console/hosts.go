@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // loopbackHosts are the names the console always answers to, at any port:
@@ -22,7 +22,7 @@ type hostRule struct{ host, port string }
 // parseHostRule reads "name", "name:port", "10.0.0.5", "::1" or "[::1]:8080".
 func parseHostRule(entry string) (hostRule, error) {
 	bad := func(reason string) error {
-		return &errs.ConfigError{Field: "AllowedHosts", Reason: quoted(100, entry) + ": " + reason}
+		return &outboxtype.ConfigError{Field: "AllowedHosts", Reason: quoted(100, entry) + ": " + reason}
 	}
 	host, port := entry, ""
 	if h, p, err := net.SplitHostPort(entry); err == nil {

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/admin"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Source is one database of a Sources console: a shard of a sharded
@@ -55,13 +55,13 @@ type SourcesConfig struct {
 // field named "Console.<field>").
 func (c SourcesConfig) Validate() error {
 	if len(c.Sources) == 0 {
-		return &errs.ConfigError{Field: "Sources", Reason: "at least one source is required"}
+		return &outboxtype.ConfigError{Field: "Sources", Reason: "at least one source is required"}
 	}
 	if c.Console.Pool != nil {
-		return &errs.ConfigError{Field: "Console.Pool", Reason: "leave empty: each source's pool is its own (Sources[i].Pool)"}
+		return &outboxtype.ConfigError{Field: "Console.Pool", Reason: "leave empty: each source's pool is its own (Sources[i].Pool)"}
 	}
 	if c.Console.Schema != "" {
-		return &errs.ConfigError{Field: "Console.Schema", Reason: "leave empty: each source's schema is its own (Sources[i].Schema)"}
+		return &outboxtype.ConfigError{Field: "Console.Schema", Reason: "leave empty: each source's schema is its own (Sources[i].Schema)"}
 	}
 	seen := make(map[string]bool, len(c.Sources))
 	for i, s := range c.Sources {
@@ -69,11 +69,11 @@ func (c SourcesConfig) Validate() error {
 			return err
 		}
 		if seen[s.Name] {
-			return &errs.ConfigError{Field: fmt.Sprintf("Sources[%d].Name", i), Reason: fmt.Sprintf("source %s is named twice: names are unique", s.Name)}
+			return &outboxtype.ConfigError{Field: fmt.Sprintf("Sources[%d].Name", i), Reason: fmt.Sprintf("source %s is named twice: names are unique", s.Name)}
 		}
 		seen[s.Name] = true
 		if s.Pool == nil {
-			return &errs.ConfigError{Field: fmt.Sprintf("Sources[%d].Pool", i), Reason: fmt.Sprintf("required (source %s)", s.Name)}
+			return &outboxtype.ConfigError{Field: fmt.Sprintf("Sources[%d].Pool", i), Reason: fmt.Sprintf("required (source %s)", s.Name)}
 		}
 		if s.Schema != "" {
 			if err := names.Schema(s.Schema); err != nil {
@@ -82,8 +82,8 @@ func (c SourcesConfig) Validate() error {
 		}
 	}
 	if err := c.sourceConfig(c.Sources[0]).Validate(); err != nil {
-		if ce := (*errs.ConfigError)(nil); errors.As(err, &ce) {
-			return &errs.ConfigError{Field: "Console." + ce.Field, Reason: ce.Reason}
+		if ce := (*outboxtype.ConfigError)(nil); errors.As(err, &ce) {
+			return &outboxtype.ConfigError{Field: "Console." + ce.Field, Reason: ce.Reason}
 		}
 		return err
 	}

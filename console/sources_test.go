@@ -17,9 +17,9 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/console"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // sourcesSchema is every shard's outbox schema: the same name in each
@@ -345,8 +345,8 @@ func TestSourcesConfigErrorsAreTyped(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		cfg   console.SourcesConfig
-		field string // of the *errs.ConfigError; "" for a *errs.NameError
-		kind  string // of the *errs.NameError
+		field string // of the *outboxtype.ConfigError; "" for a *outboxtype.NameError
+		kind  string // of the *outboxtype.NameError
 	}{
 		{"no source", console.SourcesConfig{}, "Sources", ""},
 		{"a pool in the template", console.SourcesConfig{Sources: []console.Source{ok}, Console: console.Config{Pool: pool}}, "Console.Pool", ""},
@@ -371,13 +371,13 @@ func TestSourcesConfigErrorsAreTyped(t *testing.T) {
 			t.Errorf("%s: NewSources gave %v, %v; Validate %v", c.name, s, newErr, err)
 		}
 		if c.field != "" {
-			var ce *errs.ConfigError
+			var ce *outboxtype.ConfigError
 			if !errors.As(err, &ce) || ce.Field != c.field || !errors.Is(err, outbox.ErrInvalidConfig) {
 				t.Errorf("%s: %v (%T), want a ConfigError of field %s", c.name, err, err, c.field)
 			}
 			continue
 		}
-		var ne *errs.NameError
+		var ne *outboxtype.NameError
 		if !errors.As(err, &ne) || ne.Kind != c.kind || !errors.Is(err, outbox.ErrInvalidName) {
 			t.Errorf("%s: %v (%T), want a NameError of a %s", c.name, err, err, c.kind)
 		}

@@ -1,23 +1,23 @@
 package deadletter
 
 import (
-	"github.com/millrace/watermill-outbox/internal/errs"
-
 	"errors"
 	"fmt"
+
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Errors of the store. Each can be matched with errors.Is.
 var (
 	// ErrNotFound: no entry has the given id. It is outbox.ErrNotFound.
-	ErrNotFound = errs.ErrNotFound
+	ErrNotFound = outboxtype.ErrNotFound
 	// ErrInvalidState: the entry's status does not allow the operation,
 	// e.g. replaying an entry already replayed (*StateError).
 	ErrInvalidState = errors.New("deadletter: invalid entry state")
 	// ErrInvalidArgument: an argument of a call is impossible, e.g. an
 	// unknown status or a negative duration. It is
 	// outbox.ErrInvalidArgument.
-	ErrInvalidArgument = errs.ErrInvalidArgument
+	ErrInvalidArgument = outboxtype.ErrInvalidArgument
 	// ErrInvalidCursor: a List cursor was not produced by List with the
 	// same order. It also matches ErrInvalidArgument.
 	ErrInvalidCursor = fmt.Errorf("%w: invalid page cursor", ErrInvalidArgument)

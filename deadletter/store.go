@@ -61,9 +61,9 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case c.Pool == nil:
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	case c.MaxReasonBytes < 16:
-		return &errs.ConfigError{Field: "MaxReasonBytes", Reason: fmt.Sprintf("must be at least 16, got %d", c.MaxReasonBytes)}
+		return &outboxtype.ConfigError{Field: "MaxReasonBytes", Reason: fmt.Sprintf("must be at least 16, got %d", c.MaxReasonBytes)}
 	}
 	return nil
 }

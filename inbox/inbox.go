@@ -49,6 +49,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // DefaultSchema is where the inbox table lives unless configured.
@@ -119,7 +120,7 @@ func New(cfg Config) (*Inbox, error) {
 		return nil, err
 	}
 	if cfg.Consumer == "" {
-		return nil, &errs.ConfigError{Field: "Consumer", Reason: "required: it names this consumer's marks"}
+		return nil, &outboxtype.ConfigError{Field: "Consumer", Reason: "required: it names this consumer's marks"}
 	}
 	return &Inbox{cfg: cfg, q: dbsql.For(cfg.Schema)}, nil
 }
@@ -217,7 +218,7 @@ func (in *Inbox) Process(ctx context.Context, tx pgx.Tx, msg *message.Message, f
 		return false, outbox.ErrNilTx
 	}
 	if msg == nil {
-		return false, &errs.MessageError{UUID: "(nil)", Reason: "inbox.Process was given a nil message"}
+		return false, &outboxtype.MessageError{UUID: "(nil)", Reason: "inbox.Process was given a nil message"}
 	}
 	if fn == nil {
 		return false, errs.NilArgument("inbox.Process: fn", "pass the function that applies the message's effects in tx")
@@ -267,7 +268,7 @@ func (in *Inbox) check() error {
 // inbox.Migrate.
 func (in *Inbox) schemaErr(err error) error {
 	if schemacheck.IsUndefined(err) {
-		return &errs.NotMigratedError{Schema: in.cfg.Schema, Cause: err, Run: fmt.Sprintf("inbox.Migrate(ctx, pool, %q)", in.cfg.Schema)}
+		return &outboxtype.NotMigratedError{Schema: in.cfg.Schema, Cause: err, Run: fmt.Sprintf("inbox.Migrate(ctx, pool, %q)", in.cfg.Schema)}
 	}
 	return fmt.Errorf("inbox: %w", err)
 }
@@ -287,10 +288,10 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, errs.NilArgument("inbox.Inbox.Middleware: the handler", "pass the handler to wrap")
 		}
 		if msg == nil {
-			return nil, &errs.MessageError{UUID: "(nil)", Reason: "the handler inbox.Inbox.Middleware wraps was given a nil message"}
+			return nil, &outboxtype.MessageError{UUID: "(nil)", Reason: "the handler inbox.Inbox.Middleware wraps was given a nil message"}
 		}
 		if in.cfg.Pool == nil {
-			return nil, &errs.ConfigError{Field: "Pool", Reason: "Middleware needs the consumer's database pool"}
+			return nil, &outboxtype.ConfigError{Field: "Pool", Reason: "Middleware needs the consumer's database pool"}
 		}
 		ctx := msg.Context()
 		var produced []*message.Message

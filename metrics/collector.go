@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // CollectorConfig configures NewCollector.
@@ -62,7 +62,7 @@ type Collector struct {
 // prometheus.Registerer.
 func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	if cfg.Pool == nil {
-		return nil, &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return nil, &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	}
 	if cfg.Schema == "" {
 		cfg.Schema = names.DefaultSchema
@@ -80,7 +80,7 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 		cfg.QueryTimeout = 5 * time.Second
 	}
 	if cfg.CollectInterval < 0 || cfg.QueryTimeout < 0 {
-		return nil, &errs.ConfigError{Field: "CollectInterval/QueryTimeout", Reason: "must not be negative"}
+		return nil, &outboxtype.ConfigError{Field: "CollectInterval/QueryTimeout", Reason: "must not be negative"}
 	}
 	constant := prometheus.Labels{"schema": cfg.Schema}
 	if cfg.Source != "" {

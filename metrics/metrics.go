@@ -31,9 +31,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // DefaultNamespace prefixes every metric name.
@@ -77,9 +77,9 @@ func (c Config) Validate() error {
 	c.setDefaults()
 	switch {
 	case c.Registerer == nil:
-		return &errs.ConfigError{Field: "Registerer", Reason: "required, e.g. prometheus.DefaultRegisterer"}
+		return &outboxtype.ConfigError{Field: "Registerer", Reason: "required, e.g. prometheus.DefaultRegisterer"}
 	case c.CollectInterval < 0:
-		return &errs.ConfigError{Field: "CollectInterval", Reason: "must not be negative"}
+		return &outboxtype.ConfigError{Field: "CollectInterval", Reason: "must not be negative"}
 	}
 	if c.Pool != nil {
 		return names.Schema(c.Schema)
@@ -210,7 +210,7 @@ func Enable(cfg Config) (*Metrics, error) {
 			}
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
-				return nil, &errs.ConfigError{Field: "Registerer", Reason: "the outbox metrics are registered on it already: call Enable once per registry (Disable first to enable again)"}
+				return nil, &outboxtype.ConfigError{Field: "Registerer", Reason: "the outbox metrics are registered on it already: call Enable once per registry (Disable first to enable again)"}
 			}
 			return nil, err
 		}

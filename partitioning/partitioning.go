@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Bounds on the number of partitions a topic may have.
@@ -18,7 +19,7 @@ const (
 // a partition count outside [MinPartitions, MaxPartitions]. It is the same
 // value as outbox.ErrInvalidPartitionCount, so either sentinel matches an
 // error from this package or from the outbox.
-var ErrInvalidPartitionCount = errs.ErrInvalidPartitionCount
+var ErrInvalidPartitionCount = outboxtype.ErrInvalidPartitionCount
 
 // PartitionCountError reports a partition count outside
 // [MinPartitions, MaxPartitions]. It matches [ErrInvalidPartitionCount].

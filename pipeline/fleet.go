@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/startstop"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // A Fleet runs one Pipeline per source: a sharded application's databases
@@ -57,7 +58,7 @@ func (s Source) validate(field string) error {
 		return err
 	}
 	if s.Pool == nil {
-		return &errs.ConfigError{Field: field + ".Pool", Reason: fmt.Sprintf("required (source %s)", s.Name)}
+		return &outboxtype.ConfigError{Field: field + ".Pool", Reason: fmt.Sprintf("required (source %s)", s.Name)}
 	}
 	if s.Schema != "" {
 		return names.Schema(s.Schema)
@@ -100,15 +101,15 @@ func (c FleetConfig) Validate() error {
 	c.setDefaults()
 	switch {
 	case c.Pipeline.Pool != nil:
-		return &errs.ConfigError{Field: "Pipeline.Pool", Reason: "each source's is its own: leave it nil and list the databases in Sources"}
+		return &outboxtype.ConfigError{Field: "Pipeline.Pool", Reason: "each source's is its own: leave it nil and list the databases in Sources"}
 	case c.Pipeline.Schema != "":
-		return &errs.ConfigError{Field: "Pipeline.Schema", Reason: "each source's is its own (Source.Schema): leave it empty"}
+		return &outboxtype.ConfigError{Field: "Pipeline.Schema", Reason: "each source's is its own (Source.Schema): leave it empty"}
 	case c.Pipeline.Source != "":
-		return &errs.ConfigError{Field: "Pipeline.Source", Reason: "each source's is its own (Source.Name): leave it empty"}
+		return &outboxtype.ConfigError{Field: "Pipeline.Source", Reason: "each source's is its own (Source.Name): leave it empty"}
 	case c.CheckInterval < 0:
-		return &errs.ConfigError{Field: "CheckInterval", Reason: "must not be negative"}
+		return &outboxtype.ConfigError{Field: "CheckInterval", Reason: "must not be negative"}
 	case c.RestartBackoff < 0:
-		return &errs.ConfigError{Field: "RestartBackoff", Reason: "must not be negative"}
+		return &outboxtype.ConfigError{Field: "RestartBackoff", Reason: "must not be negative"}
 	}
 	seen := map[string]bool{}
 	for i, s := range c.Sources {
@@ -117,7 +118,7 @@ func (c FleetConfig) Validate() error {
 			return err
 		}
 		if seen[s.Name] {
-			return &errs.ConfigError{Field: field + ".Name", Reason: fmt.Sprintf("source %q listed twice", s.Name)}
+			return &outboxtype.ConfigError{Field: field + ".Name", Reason: fmt.Sprintf("source %q listed twice", s.Name)}
 		}
 		seen[s.Name] = true
 	}
@@ -247,7 +248,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 		return errs.NotConstructed("pipeline.Fleet", "pipeline.NewFleet")
 	}
 	if ctx == nil {
-		return fmt.Errorf("%w: pipeline.Fleet.Run: nil context", errs.ErrInvalidArgument)
+		return fmt.Errorf("%w: pipeline.Fleet.Run: nil context", outboxtype.ErrInvalidArgument)
 	}
 	return f.life.Run(ctx, nil, f.run)
 }
@@ -413,14 +414,14 @@ func (f *Fleet) Add(s Source) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.life.Closed() || f.stopped {
-		return fmt.Errorf("%w: pipeline.Fleet.Add after the Fleet stopped", errs.ErrClosed)
+		return fmt.Errorf("%w: pipeline.Fleet.Add after the Fleet stopped", outboxtype.ErrClosed)
 	}
 	if old, ok := f.sources[s.Name]; ok {
 		reason := fmt.Sprintf("the fleet has a source %q already: Remove it first", s.Name)
 		if old.removing {
 			reason = fmt.Sprintf("source %q is being removed: Add it again once Remove has returned", s.Name)
 		}
-		return &errs.ConfigError{Field: "Source.Name", Reason: reason}
+		return &outboxtype.ConfigError{Field: "Source.Name", Reason: reason}
 	}
 	fs := f.newSource(s)
 	f.sources[s.Name] = fs
@@ -448,9 +449,9 @@ func (f *Fleet) Remove(name string) error {
 	f.mu.Unlock()
 	switch {
 	case !ok:
-		return &errs.ConfigError{Field: "name", Reason: fmt.Sprintf("the fleet has no source %q", name)}
+		return &outboxtype.ConfigError{Field: "name", Reason: fmt.Sprintf("the fleet has no source %q", name)}
 	case removing:
-		return &errs.ConfigError{Field: "name", Reason: fmt.Sprintf("source %q is being removed already", name)}
+		return &outboxtype.ConfigError{Field: "name", Reason: fmt.Sprintf("source %q is being removed already", name)}
 	}
 	s.stop()
 	f.mu.Lock()

@@ -45,6 +45,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/startstop"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/relay"
 	"github.com/millrace/watermill-outbox/retention"
 )
@@ -93,10 +94,10 @@ func (c *Config) withSchema() error {
 	}
 	set := func(field string, schema *string, pool **pgxpool.Pool) error {
 		if *schema != "" && *schema != c.Schema {
-			return &errs.ConfigError{Field: field + ".Schema", Reason: fmt.Sprintf("%q, not the pipeline's schema %q: leave it empty", *schema, c.Schema)}
+			return &outboxtype.ConfigError{Field: field + ".Schema", Reason: fmt.Sprintf("%q, not the pipeline's schema %q: leave it empty", *schema, c.Schema)}
 		}
 		if *pool != nil && *pool != c.Pool {
-			return &errs.ConfigError{Field: field + ".Pool", Reason: "not the pipeline's Pool: leave it nil"}
+			return &outboxtype.ConfigError{Field: field + ".Pool", Reason: "not the pipeline's Pool: leave it nil"}
 		}
 		*schema, *pool = c.Schema, c.Pool
 		return nil
@@ -106,7 +107,7 @@ func (c *Config) withSchema() error {
 	}
 	c.Forward.Subscriber.DisableSequencer = true
 	if c.Forward.Source != "" && c.Forward.Source != c.Source {
-		return &errs.ConfigError{Field: "Forward.Source", Reason: fmt.Sprintf("%q, not the pipeline's source %q: leave it empty", c.Forward.Source, c.Source)}
+		return &outboxtype.ConfigError{Field: "Forward.Source", Reason: fmt.Sprintf("%q, not the pipeline's source %q: leave it empty", c.Forward.Source, c.Source)}
 	}
 	c.Forward.Source = c.Source
 	if err := set("Sequencer", &c.Sequencer.Schema, &c.Sequencer.Pool); err != nil {
@@ -129,7 +130,7 @@ func (c Config) forwards() bool { return len(c.Forward.Topics) > 0 }
 // (or *outboxtype.NameError), naming the field by its path in Config.
 func (c Config) Validate() error {
 	if c.Pool == nil {
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	}
 	if err := names.Schema(c.Schema); c.Schema != "" && err != nil {
 		return err
@@ -138,14 +139,14 @@ func (c Config) Validate() error {
 		return err
 	}
 	if c.DisableSequencer && c.WAL == nil && c.DisableRetention && !c.forwards() {
-		return &errs.ConfigError{Field: "Forward.Topics", Reason: "nothing to run: no sequencer, relay, vacuum or topic to forward"}
+		return &outboxtype.ConfigError{Field: "Forward.Topics", Reason: "nothing to run: no sequencer, relay, vacuum or topic to forward"}
 	}
 	if c.forwards() {
 		if err := prefix("Forward.", c.Forward.Validate()); err != nil {
 			return err
 		}
 	} else if c.Forward.Target != nil {
-		return &errs.ConfigError{Field: "Forward.Topics", Reason: "a Target without Topics forwards nothing: name the outbox topics to forward"}
+		return &outboxtype.ConfigError{Field: "Forward.Topics", Reason: "a Target without Topics forwards nothing: name the outbox topics to forward"}
 	}
 	if !c.DisableSequencer {
 		if err := prefix("Sequencer.", c.Sequencer.Validate()); err != nil {
@@ -167,9 +168,9 @@ func (c Config) Validate() error {
 
 // prefix puts path before the field of a *ConfigError.
 func prefix(path string, err error) error {
-	var ce *errs.ConfigError
+	var ce *outboxtype.ConfigError
 	if errors.As(err, &ce) && ce.Field != "" {
-		return &errs.ConfigError{Field: path + ce.Field, Reason: ce.Reason}
+		return &outboxtype.ConfigError{Field: path + ce.Field, Reason: ce.Reason}
 	}
 	return err
 }
@@ -246,7 +247,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		return errs.NotConstructed("pipeline.Pipeline", "pipeline.New")
 	}
 	if ctx == nil {
-		return fmt.Errorf("%w: pipeline.Pipeline.Run: nil context", errs.ErrInvalidArgument)
+		return fmt.Errorf("%w: pipeline.Pipeline.Run: nil context", outboxtype.ErrInvalidArgument)
 	}
 	return p.life.Run(ctx, nil, p.run)
 }

@@ -31,7 +31,6 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/dbsql"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgrepl"
@@ -39,6 +38,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Defaults of Config.
@@ -164,19 +164,19 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case c.Pool == nil:
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	case c.MaxBatch < 1:
-		return &errs.ConfigError{Field: "MaxBatch", Reason: "must be at least 1"}
+		return &outboxtype.ConfigError{Field: "MaxBatch", Reason: "must be at least 1"}
 	case c.StandbyRetry < 0 || c.StatusInterval < 0:
-		return &errs.ConfigError{Field: "StandbyRetry, StatusInterval", Reason: "must not be negative"}
+		return &outboxtype.ConfigError{Field: "StandbyRetry, StatusInterval", Reason: "must not be negative"}
 	case c.TakeoverTimeout < 100*time.Millisecond:
-		return &errs.ConfigError{Field: "TakeoverTimeout", Reason: "must be at least 100ms (or 0 for the default, 30s)"}
+		return &outboxtype.ConfigError{Field: "TakeoverTimeout", Reason: "must be at least 100ms (or 0 for the default, 30s)"}
 	case len(c.Instance) > MaxInstanceLen:
-		return &errs.ConfigError{Field: "Instance", Reason: fmt.Sprintf("%d bytes, over %d (PostgreSQL keeps 63 bytes of an application_name, %d of them %q)", len(c.Instance), MaxInstanceLen, len(ReplicationNamePrefix), ReplicationNamePrefix)}
+		return &outboxtype.ConfigError{Field: "Instance", Reason: fmt.Sprintf("%d bytes, over %d (PostgreSQL keeps 63 bytes of an application_name, %d of them %q)", len(c.Instance), MaxInstanceLen, len(ReplicationNamePrefix), ReplicationNamePrefix)}
 	}
 	for _, b := range []byte(c.Instance) {
 		if b < 0x20 || b > 0x7e {
-			return &errs.ConfigError{Field: "Instance", Reason: fmt.Sprintf("%q has a byte outside printable ASCII, which PostgreSQL would show as '?'", c.Instance)}
+			return &outboxtype.ConfigError{Field: "Instance", Reason: fmt.Sprintf("%q has a byte outside printable ASCII, which PostgreSQL would show as '?'", c.Instance)}
 		}
 	}
 	return nil
@@ -286,7 +286,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // start refuses a schema retrying would not mend.
 func (r *Relay) start(ctx context.Context) error {
 	db, _ := pgexec.FromDB(r.cfg.Pool)
-	if err := schemacheck.Check(ctx, r.cfg.Pool, db, r.cfg.Schema); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
+	if err := schemacheck.Check(ctx, r.cfg.Pool, db, r.cfg.Schema); errors.Is(err, outboxtype.ErrNotMigrated) || errors.Is(err, outboxtype.ErrSchemaTooNew) {
 		return err
 	}
 	return nil
@@ -351,7 +351,7 @@ func (r *Relay) Close() error {
 // Pool to stream with.
 func (r *Relay) made() error {
 	if r == nil || r.q == nil {
-		return fmt.Errorf("%w: a relay.Relay must be made by relay.New", errs.ErrInvalidArgument)
+		return fmt.Errorf("%w: a relay.Relay must be made by relay.New", outboxtype.ErrInvalidArgument)
 	}
 	return nil
 }

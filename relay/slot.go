@@ -11,10 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Errors the log-based mode returns; each says what to change.
@@ -22,12 +22,12 @@ var (
 	// ErrWALLevel: the server does not run with wal_level = logical. The
 	// same value as outbox.ErrWALLevel, which a Publisher in ModeWAL
 	// returns.
-	ErrWALLevel = errs.ErrWALLevel
+	ErrWALLevel = outboxtype.ErrWALLevel
 	// ErrReplicationPrivilege: the role may not use replication slots.
 	ErrReplicationPrivilege = errors.New("relay: the role may not use replication slots; grant it with ALTER ROLE <role> REPLICATION, or connect as a role that has it")
 	// ErrNoSlot: the schema's slot does not exist. The same value as
 	// outbox.ErrNoSlot, which a Publisher in ModeWAL returns.
-	ErrNoSlot = errs.ErrNoSlot
+	ErrNoSlot = outboxtype.ErrNoSlot
 	// ErrSlotActive: DropSlot found a relay streaming the slot.
 	ErrSlotActive = errors.New("relay: a relay is streaming the slot; stop every relay of the schema, then drop it")
 	// ErrSlotInUse: DropSlot found messages in the slot that no relay has
@@ -100,7 +100,7 @@ const UnrelayedScanLimit = 100000
 // schema (DefaultSchema for "").
 func args(pool *pgxpool.Pool, schema string) (string, error) {
 	if pool == nil {
-		return "", fmt.Errorf("%w: nil *pgxpool.Pool: pass the pool of the database that holds the schema", errs.ErrUnsupportedTx)
+		return "", fmt.Errorf("%w: nil *pgxpool.Pool: pass the pool of the database that holds the schema", outboxtype.ErrUnsupportedTx)
 	}
 	if schema == "" {
 		schema = names.DefaultSchema

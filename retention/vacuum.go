@@ -51,6 +51,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Defaults of Config.
@@ -123,17 +124,17 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case c.Pool == nil:
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	case c.Interval < 0:
-		return &errs.ConfigError{Field: "Interval", Reason: fmt.Sprintf("must be positive, got %v", c.Interval)}
+		return &outboxtype.ConfigError{Field: "Interval", Reason: fmt.Sprintf("must be positive, got %v", c.Interval)}
 	case c.ChunkSize < 1:
-		return &errs.ConfigError{Field: "ChunkSize", Reason: fmt.Sprintf("must be at least 1, got %d", c.ChunkSize)}
+		return &outboxtype.ConfigError{Field: "ChunkSize", Reason: fmt.Sprintf("must be at least 1, got %d", c.ChunkSize)}
 	case c.MaxChunksPerVisit < 1:
-		return &errs.ConfigError{Field: "MaxChunksPerVisit", Reason: fmt.Sprintf("must be at least 1, got %d", c.MaxChunksPerVisit)}
+		return &outboxtype.ConfigError{Field: "MaxChunksPerVisit", Reason: fmt.Sprintf("must be at least 1, got %d", c.MaxChunksPerVisit)}
 	case c.KeepFor < 0:
-		return &errs.ConfigError{Field: "KeepFor", Reason: fmt.Sprintf("must not be negative, got %v", c.KeepFor)}
+		return &outboxtype.ConfigError{Field: "KeepFor", Reason: fmt.Sprintf("must not be negative, got %v", c.KeepFor)}
 	case c.DeadLettersKeepFor < 0 && c.DeadLettersKeepFor != Forever:
-		return &errs.ConfigError{Field: "DeadLettersKeepFor", Reason: fmt.Sprintf("must be positive, or retention.Forever to keep every dead letter; got %v", c.DeadLettersKeepFor)}
+		return &outboxtype.ConfigError{Field: "DeadLettersKeepFor", Reason: fmt.Sprintf("must be positive, or retention.Forever to keep every dead letter; got %v", c.DeadLettersKeepFor)}
 	}
 	return nil
 }
@@ -296,7 +297,7 @@ func (v *Vacuum) Run(ctx context.Context) error {
 // start refuses a schema retrying would not mend; any other error (the
 // database not up yet, say) is met again by the first pass, and retried.
 func (v *Vacuum) start(ctx context.Context) error {
-	if err := schemacheck.CheckPool(ctx, v.cfg.Pool, v.cfg.Schema); errors.Is(err, errs.ErrNotMigrated) || errors.Is(err, errs.ErrSchemaTooNew) {
+	if err := schemacheck.CheckPool(ctx, v.cfg.Pool, v.cfg.Schema); errors.Is(err, outboxtype.ErrNotMigrated) || errors.Is(err, outboxtype.ErrSchemaTooNew) {
 		return fmt.Errorf("retention: %w", err)
 	}
 	return nil

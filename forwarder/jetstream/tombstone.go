@@ -9,8 +9,8 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/watermill-outbox/forwarder"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/tombstone"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Tombstones (outbox.Tombstone) and per-key subjects (Config.KeySubjects).
@@ -42,7 +42,7 @@ const (
 // shape makes nm, the NATS message the Marshaler built of msg for subject,
 // what the target publishes: on the key's subject (KeySubjects), a
 // tombstone purging it, a CloudEvent (CloudEvents). A message it cannot
-// make is refused with a *errs.MessageError (rejected by the target).
+// make is refused with a *outboxtype.MessageError (rejected by the target).
 func (t *Target) shape(nm *nats.Msg, subject string, msg *message.Message) error {
 	tomb, err := tombstone.Of(msg)
 	if err != nil {
@@ -78,15 +78,15 @@ func (t *Target) shape(nm *nats.Msg, subject string, msg *message.Message) error
 // with spaces, control characters, wildcards or an empty token.
 func checkSubjectKey(msg *message.Message, key string) error {
 	if key == "" {
-		return &errs.MessageError{UUID: msg.UUID, Reason: "no partition key: with KeySubjects, the subject is the key's"}
+		return &outboxtype.MessageError{UUID: msg.UUID, Reason: "no partition key: with KeySubjects, the subject is the key's"}
 	}
 	for _, r := range key {
 		if r <= ' ' || r == 0x7f || r == '*' || r == '>' {
-			return &errs.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("partition key %q cannot end a NATS subject (KeySubjects): no spaces, control characters, '*' or '>'", key)}
+			return &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("partition key %q cannot end a NATS subject (KeySubjects): no spaces, control characters, '*' or '>'", key)}
 		}
 	}
 	if strings.HasPrefix(key, ".") || strings.HasSuffix(key, ".") || strings.Contains(key, "..") {
-		return &errs.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("partition key %q cannot end a NATS subject (KeySubjects): it has an empty token", key)}
+		return &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("partition key %q cannot end a NATS subject (KeySubjects): it has an empty token", key)}
 	}
 	return nil
 }

@@ -4,8 +4,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/tombstone"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Tombstones (outbox.Tombstone) into Kafka.
@@ -19,7 +19,7 @@ import (
 
 // tombstoneRecord makes r, the record the Marshaler built of msg, a
 // tombstone when msg is one: it reports whether it is, and refuses
-// (*errs.MessageError, rejected by the target) a tombstone with a payload,
+// (*outboxtype.MessageError, rejected by the target) a tombstone with a payload,
 // a bad mark, no record key (Config.Key gave none), or a value the
 // Marshaler gave it.
 func tombstoneRecord(msg *message.Message, r *kgo.Record) (bool, error) {
@@ -31,7 +31,7 @@ func tombstoneRecord(msg *message.Message, r *kgo.Record) (bool, error) {
 		return true, err
 	}
 	if len(r.Value) > 0 {
-		return true, &errs.MessageError{UUID: msg.UUID, Reason: "the Marshaler gave the tombstone a value: a tombstone's record has a null value, or compaction keeps it as the key's value"}
+		return true, &outboxtype.MessageError{UUID: msg.UUID, Reason: "the Marshaler gave the tombstone a value: a tombstone's record has a null value, or compaction keeps it as the key's value"}
 	}
 	r.Value = nil // null, not empty
 	return true, nil

@@ -19,7 +19,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // SpecVersion is the specversion attribute of every event.
@@ -58,7 +58,7 @@ func (e Event) Attributes() []Attr {
 
 // Of returns the event of msg, whose key (its subject; "" for none) the
 // target chose, built at now. A message no event can be made of is a
-// *errs.MessageError.
+// *outboxtype.MessageError.
 func Of(cfg forwarder.CloudEvents, msg *message.Message, key string, now time.Time) (Event, error) {
 	e := Event{ID: msg.UUID, Source: cfg.Source, Subject: key, DataContentType: cfg.DataContentType}
 	if id := msg.Metadata.Get(outbox.MetadataID); id != "" {
@@ -77,19 +77,19 @@ func Of(cfg forwarder.CloudEvents, msg *message.Message, key string, now time.Ti
 		if cfg.Type != nil {
 			how = "CloudEvents.Type"
 		}
-		return Event{}, &errs.MessageError{UUID: msg.UUID, Reason: "no CloudEvents type: " + how + " gives none"}
+		return Event{}, &outboxtype.MessageError{UUID: msg.UUID, Reason: "no CloudEvents type: " + how + " gives none"}
 	}
 	e.Time = now.UTC().Format(time.RFC3339Nano)
 	if v := msg.Metadata.Get(timeKey(cfg)); v != "" {
 		at, err := time.Parse(time.RFC3339, v)
 		if err != nil {
-			return Event{}, &errs.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("metadata %s is %q, no RFC 3339 time: %v", timeKey(cfg), v, err)}
+			return Event{}, &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("metadata %s is %q, no RFC 3339 time: %v", timeKey(cfg), v, err)}
 		}
 		e.Time = at.UTC().Format(time.RFC3339Nano)
 	}
 	for name, v := range map[string]string{"id": e.ID, "type": e.Type, "subject": e.Subject} {
 		if hasControl(v) {
-			return Event{}, &errs.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("CloudEvents %s %q holds control characters, which an attribute cannot", name, v)}
+			return Event{}, &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("CloudEvents %s %q holds control characters, which an attribute cannot", name, v)}
 		}
 	}
 	return e, nil
@@ -124,13 +124,13 @@ func Reserved(key, prefix string) bool {
 	return strings.HasPrefix(k, prefix) || k == ContentTypeHeader
 }
 
-// CheckMetadata refuses (*errs.MessageError) metadata of msg that a
+// CheckMetadata refuses (*outboxtype.MessageError) metadata of msg that a
 // receiver of the binding of prefix would read as part of the event,
 // other than the keys the event is made of.
 func CheckMetadata(cfg forwarder.CloudEvents, msg *message.Message, prefix string) error {
 	for k := range msg.Metadata {
 		if Reserved(k, prefix) && !Consumed(cfg, k) {
-			return &errs.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("metadata %q would be read as a CloudEvents attribute (header prefix %q, or the content type): rename it", k, prefix)}
+			return &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("metadata %q would be read as a CloudEvents attribute (header prefix %q, or the content type): rename it", k, prefix)}
 		}
 	}
 	return nil

@@ -9,9 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // handleBatch gives the whole batch to the BatchHandler (ConsumeBatches).
@@ -56,7 +56,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 	switch answered {
 	case batchTimedOut:
 		cancel()
-		reason := &errs.HandlerTimeoutError{Seq: entries[0].Seq, Timeout: w.s.HandlerTimeout}
+		reason := &outboxtype.HandlerTimeoutError{Seq: entries[0].Seq, Timeout: w.s.HandlerTimeout}
 		if len(entries) > 1 {
 			// Which message hung is unknown: retry them one at a time, so
 			// that the one that hangs is charged, not the head.
@@ -80,14 +80,14 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 	}
 	if tx != nil {
 		if what := tx.takeMisuse(); what != "" {
-			done, err = 0, &errs.TxMisuseError{Seq: entries[0].Seq, What: what}
+			done, err = 0, &outboxtype.TxMisuseError{Seq: entries[0].Seq, What: what}
 		} else if done >= len(entries) {
 			if rerr := w.s.Store.Savepoint(dctx, tx.tx, SavepointBatchRelease); rerr != nil {
 				if connLost(tx) {
 					h.dbErr, h.outcome = rerr, stopped
 					return h
 				}
-				done, err = 0, &errs.TxMisuseError{Seq: entries[0].Seq, What: misuseAborted, Cause: rerr}
+				done, err = 0, &outboxtype.TxMisuseError{Seq: entries[0].Seq, What: misuseAborted, Cause: rerr}
 			}
 		}
 	}
@@ -105,7 +105,7 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 				h.dbErr, h.outcome = rerr, stopped
 				return h
 			}
-			h.outcome, h.reason = broken, &errs.TxMisuseError{Seq: entries[0].Seq, What: misuseEnded, Cause: rerr}
+			h.outcome, h.reason = broken, &outboxtype.TxMisuseError{Seq: entries[0].Seq, What: misuseEnded, Cause: rerr}
 			return h
 		}
 		if done > 0 && w.iso != nil {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // ConsumeBatches: the handler gets a batch and says how many are done.
@@ -132,7 +132,7 @@ func TestBatchRejectsAMessageWithinIt(t *testing.T) {
 			for i, m := range b {
 				if string(m.Payload) == "poison" {
 					err := Reject(m, cause, nil)
-					if !errors.Is(err, errs.ErrPoison) {
+					if !errors.Is(err, outboxtype.ErrPoison) {
 						t.Errorf("Reject returned %v", err)
 					}
 					return i, err

@@ -12,8 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/worker"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The Leased strategy, one message at a time: what each answer of the
@@ -131,7 +131,7 @@ func TestMaxAttemptsTakesTheMessageOut(t *testing.T) {
 			r.step(map[string]answer{"bad": nack})
 		}
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, errs.ErrPoison) ||
+		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) ||
 			!strings.Contains(taken[0].Reason.Error(), "failed 3 times") {
 			t.Fatalf("rejected %+v", taken)
 		}
@@ -243,7 +243,7 @@ func TestMissingPayloadFailsWithoutAHandOut(t *testing.T) {
 			t.Fatalf("handed out %v: want m1, then m3 after m2 is dead-lettered", handed)
 		}
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, errs.ErrPayloadMissing) {
+		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, outboxtype.ErrPayloadMissing) {
 			t.Fatalf("rejected %+v", taken)
 		}
 	})

@@ -11,10 +11,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // outcome is how the delivery of a message ended.
@@ -52,7 +52,7 @@ type handled struct {
 // handle hands entries out after taking out a message whose payload is
 // missing: the batch ends before it, and when it is the first, it fails
 // without being handed out (a counted attempt, and after MaxAttempts a dead
-// letter; errs.ErrPayloadMissing).
+// letter; outboxtype.ErrPayloadMissing).
 func (w *Worker) handle(ctx context.Context, entries []Entry, tx *txGuard) handled {
 	for i, e := range entries {
 		if !e.PayloadMissing {
@@ -61,7 +61,7 @@ func (w *Worker) handle(ctx context.Context, entries []Entry, tx *txGuard) handl
 		if i > 0 {
 			return w.handOut(ctx, entries[:i], tx, w.markInFlight)
 		}
-		reason := &errs.PayloadMissingError{Topic: w.topic, Partition: w.part, Seq: e.Seq}
+		reason := &outboxtype.PayloadMissingError{Topic: w.topic, Partition: w.part, Seq: e.Seq}
 		w.logger.Error("Message cannot be delivered: its payload is missing; counted as a failed attempt", reason, watermill.LogFields{"seq": e.Seq, "attempt": w.ledger.deliveries})
 		w.answered()
 		h := handled{}
@@ -122,7 +122,7 @@ func (w *Worker) handOut(ctx context.Context, entries []Entry, tx *txGuard, mark
 		}
 		if got == acked && tx != nil {
 			if what := tx.takeMisuse(); what != "" {
-				got, via, reason = w.answer(&delivery{}, nacked, &errs.TxMisuseError{Seq: e.Seq, What: what})
+				got, via, reason = w.answer(&delivery{}, nacked, &outboxtype.TxMisuseError{Seq: e.Seq, What: what})
 			}
 		}
 		if got == acked {
@@ -135,7 +135,7 @@ func (w *Worker) handOut(ctx context.Context, entries []Entry, tx *txGuard, mark
 					h.dbErr, h.done, h.outcome = err, i, stopped
 					return h
 				}
-				h.done, h.outcome, h.reason = i, broken, &errs.TxMisuseError{Seq: e.Seq, What: misuseEnded, Cause: err}
+				h.done, h.outcome, h.reason = i, broken, &outboxtype.TxMisuseError{Seq: e.Seq, What: misuseEnded, Cause: err}
 				return h
 			}
 		}
@@ -175,11 +175,11 @@ func (w *Worker) brokenTx(ctx context.Context, tx *txGuard, h handled, entries [
 			h.dbErr, h.outcome = err, stopped
 			return h
 		}
-		h.outcome, h.reason = broken, &errs.TxMisuseError{Seq: e.Seq, What: misuseEnded, Cause: cause}
+		h.outcome, h.reason = broken, &outboxtype.TxMisuseError{Seq: e.Seq, What: misuseEnded, Cause: cause}
 		return h
 	}
 	w.ledger.attemptOf(e.Seq)
-	h.outcome, h.via, h.reason = w.answer(&delivery{}, nacked, &errs.TxMisuseError{Seq: e.Seq, What: misuseAborted, Cause: cause})
+	h.outcome, h.via, h.reason = w.answer(&delivery{}, nacked, &outboxtype.TxMisuseError{Seq: e.Seq, What: misuseAborted, Cause: cause})
 	return h
 }
 
@@ -229,7 +229,7 @@ func (w *Worker) deliver(ctx context.Context, e Entry, tx *txGuard, h *handled) 
 			// The handler may still be running: it keeps its share of the
 			// process's gate until it answers.
 			w.abandonGate(msg.Acked(), msg.Nacked())
-			timeoutErr := &errs.HandlerTimeoutError{Seq: e.Seq, Timeout: w.s.HandlerTimeout}
+			timeoutErr := &outboxtype.HandlerTimeoutError{Seq: e.Seq, Timeout: w.s.HandlerTimeout}
 			w.logger.Error("Handler timed out: the delivery counts as a failed attempt", timeoutErr, watermill.LogFields{"seq": e.Seq, "attempt": w.ledger.deliveries})
 			if tx != nil {
 				// The transaction is given up: a rejection, if this was
@@ -347,7 +347,7 @@ func (w *Worker) observe(span *observe.Span, got outcome, err error, n, ackedBef
 		}
 	case nacked, broken:
 		o = observe.Nack
-		if errors.Is(err, errs.ErrHandlerTimeout) {
+		if errors.Is(err, outboxtype.ErrHandlerTimeout) {
 			o = observe.Timeout
 		}
 	default:

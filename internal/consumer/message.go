@@ -68,7 +68,7 @@ func (d *delivery) reject(cause error, via RejectHandler) {
 	defer d.mu.Unlock()
 	d.rejected = true
 	if cause == nil {
-		cause = errs.ErrPoison
+		cause = outboxtype.ErrPoison
 	}
 	d.cause = cause
 	if via != nil {
@@ -152,7 +152,7 @@ func IsDelivered(msg *message.Message) bool { return msg != nil && deliveryFrom(
 // error matching both ErrPoison and cause.
 func Reject(msg *message.Message, cause error, via RejectHandler) error {
 	if msg == nil {
-		return &errs.MessageError{UUID: "<nil>", Reason: "Reject needs the delivered message, got a nil *message.Message"}
+		return &outboxtype.MessageError{UUID: "<nil>", Reason: "Reject needs the delivered message, got a nil *message.Message"}
 	}
 	if d := deliveryFrom(msg.Context()); d != nil {
 		d.reject(cause, via)

@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The Transactional strategy: the handlers' writes commit with the cursor
@@ -96,7 +96,7 @@ func TestCommitByTheHandlerIsRefused(t *testing.T) {
 			commitErr = tx.Commit(context.Background())
 			m.Ack()
 		}})
-		if !errors.Is(commitErr, errs.ErrTxMisuse) {
+		if !errors.Is(commitErr, outboxtype.ErrTxMisuse) {
 			t.Fatalf("Commit: %v, want ErrTxMisuse", commitErr)
 		}
 		if c := s.state(); c.seq != 0 || c.attempts != 1 || !strings.Contains(c.lastError, "Commit") {

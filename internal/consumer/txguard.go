@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 const (
@@ -142,12 +142,12 @@ func (g *txGuard) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // Commit releases a nested transaction; on the Subscriber's own
-// transaction it is refused with an errs.ErrTxMisuse error and counted against
+// transaction it is refused with an outboxtype.ErrTxMisuse error and counted against
 // the delivery.
 func (g *txGuard) Commit(ctx context.Context) error {
 	if !g.nested {
 		g.setMisuse(misuseCommit)
-		return &errs.TxMisuseError{What: misuseCommit}
+		return &outboxtype.TxMisuseError{What: misuseCommit}
 	}
 	if err := g.enter(); err != nil {
 		return err
@@ -157,12 +157,12 @@ func (g *txGuard) Commit(ctx context.Context) error {
 }
 
 // Rollback rolls a nested transaction back; on the Subscriber's own
-// transaction it is refused with an errs.ErrTxMisuse error and counted against
+// transaction it is refused with an outboxtype.ErrTxMisuse error and counted against
 // the delivery.
 func (g *txGuard) Rollback(ctx context.Context) error {
 	if !g.nested {
 		g.setMisuse(misuseRollback)
-		return &errs.TxMisuseError{What: misuseRollback}
+		return &outboxtype.TxMisuseError{What: misuseRollback}
 	}
 	if err := g.enter(); err != nil {
 		return err
@@ -230,7 +230,7 @@ func (g *txGuard) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Conn returns the transaction's connection (unguarded: statements that
-// end the transaction through it break the delivery; see errs.ErrTxMisuse).
+// end the transaction through it break the delivery; see outboxtype.ErrTxMisuse).
 func (g *txGuard) Conn() *pgx.Conn { return g.tx.Conn() }
 
 type errRow struct{ err error }

@@ -9,9 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -85,39 +85,39 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first impossible setting as a *errs.ConfigError
-// (outboxtype.ConfigError), or a *errs.NameError for a bad schema or topic.
+// Validate reports the first impossible setting as a *outboxtype.ConfigError
+// (outboxtype.ConfigError), or a *outboxtype.NameError for a bad schema or topic.
 func (c Config) Validate() error {
 	c.setDefaults()
 	if err := names.Schema(c.Schema); err != nil {
 		return err
 	}
 	if c.Pool == nil && c.Store == nil {
-		return &errs.ConfigError{Field: "Pool", Reason: "required"}
+		return &outboxtype.ConfigError{Field: "Pool", Reason: "required"}
 	}
 	if err := validLabel(c.Group, maxLabelLen); err != nil {
-		return &errs.ConfigError{Field: "Group", Reason: err.Error()}
+		return &outboxtype.ConfigError{Field: "Group", Reason: err.Error()}
 	}
 	if err := names.Topic(c.Topic); err != nil {
 		return err
 	}
 	if c.Partitions < 1 || c.Partitions > partitioning.MaxPartitions {
-		return &errs.ConfigError{Field: "Partitions", Reason: fmt.Sprintf("%d is outside 1..%d", c.Partitions, partitioning.MaxPartitions)}
+		return &outboxtype.ConfigError{Field: "Partitions", Reason: fmt.Sprintf("%d is outside 1..%d", c.Partitions, partitioning.MaxPartitions)}
 	}
 	if err := validLabel(c.MemberID, maxLabelLen); err != nil {
-		return &errs.ConfigError{Field: "MemberID", Reason: err.Error()}
+		return &outboxtype.ConfigError{Field: "MemberID", Reason: err.Error()}
 	}
 	switch {
 	case c.TTL < minTTL:
-		return &errs.ConfigError{Field: "TTL", Reason: fmt.Sprintf("must be at least %v, got %v", minTTL, c.TTL)}
+		return &outboxtype.ConfigError{Field: "TTL", Reason: fmt.Sprintf("must be at least %v, got %v", minTTL, c.TTL)}
 	case c.RenewInterval <= 0:
-		return &errs.ConfigError{Field: "RenewInterval", Reason: fmt.Sprintf("must be positive, got %v", c.RenewInterval)}
+		return &outboxtype.ConfigError{Field: "RenewInterval", Reason: fmt.Sprintf("must be positive, got %v", c.RenewInterval)}
 	case c.RenewInterval >= c.TTL:
-		return &errs.ConfigError{Field: "RenewInterval", Reason: fmt.Sprintf("must be < TTL (%v), got %v", c.TTL, c.RenewInterval)}
+		return &outboxtype.ConfigError{Field: "RenewInterval", Reason: fmt.Sprintf("must be < TTL (%v), got %v", c.TTL, c.RenewInterval)}
 	case c.BalanceInterval <= 0:
-		return &errs.ConfigError{Field: "BalanceInterval", Reason: fmt.Sprintf("must be positive, got %v", c.BalanceInterval)}
+		return &outboxtype.ConfigError{Field: "BalanceInterval", Reason: fmt.Sprintf("must be positive, got %v", c.BalanceInterval)}
 	case c.BalanceInterval >= c.TTL:
-		return &errs.ConfigError{Field: "BalanceInterval", Reason: fmt.Sprintf("must be < TTL (%v), got %v", c.TTL, c.BalanceInterval)}
+		return &outboxtype.ConfigError{Field: "BalanceInterval", Reason: fmt.Sprintf("must be < TTL (%v), got %v", c.TTL, c.BalanceInterval)}
 	}
 	return nil
 }

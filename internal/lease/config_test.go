@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -21,7 +21,7 @@ func TestConfigValidate(t *testing.T) {
 		name   string
 		change func(c *lease.Config)
 		field  string // ConfigError.Field; "" for valid
-		name2  bool   // expect a *errs.NameError instead
+		name2  bool   // expect a *outboxtype.NameError instead
 	}{
 		{name: "defaults", change: func(c *lease.Config) {}},
 		{name: "explicit", change: func(c *lease.Config) {
@@ -56,19 +56,19 @@ func TestConfigValidate(t *testing.T) {
 			c := valid()
 			tt.change(&c)
 			err := c.Validate()
-			var ce *errs.ConfigError
-			var ne *errs.NameError
+			var ce *outboxtype.ConfigError
+			var ne *outboxtype.NameError
 			switch {
 			case tt.field == "" && !tt.name2:
 				if err != nil {
 					t.Fatalf("want valid, got %v", err)
 				}
 			case tt.name2:
-				if !errors.As(err, &ne) || !errors.Is(err, errs.ErrInvalidName) {
+				if !errors.As(err, &ne) || !errors.Is(err, outboxtype.ErrInvalidName) {
 					t.Fatalf("want a *NameError, got %T %v", err, err)
 				}
 			default:
-				if !errors.As(err, &ce) || !errors.Is(err, errs.ErrInvalidConfig) {
+				if !errors.As(err, &ce) || !errors.Is(err, outboxtype.ErrInvalidConfig) {
 					t.Fatalf("want a *ConfigError, got %T %v", err, err)
 				}
 				if ce.Field != tt.field {

@@ -15,8 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/termsafe"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // DefaultSchema is the schema the outbox uses unless configured otherwise.
@@ -36,7 +36,7 @@ const MaxTopicLen = 249
 // Every entry point validates its schema with it, so none of them ever
 // creates or writes outbox tables in a system schema.
 func Schema(name string) error {
-	bad := func(reason string) error { return &errs.NameError{Kind: "schema", Name: name, Reason: reason} }
+	bad := func(reason string) error { return &outboxtype.NameError{Kind: "schema", Name: name, Reason: reason} }
 	switch {
 	case name == "":
 		return bad("empty")
@@ -60,7 +60,7 @@ func Schema(name string) error {
 // Topic validates a topic name: 1 to 249 bytes of ASCII letters, digits,
 // '.', '_' and '-', the characters Kafka accepts in topic names.
 func Topic(name string) error {
-	bad := func(reason string) error { return &errs.NameError{Kind: "topic", Name: name, Reason: reason} }
+	bad := func(reason string) error { return &outboxtype.NameError{Kind: "topic", Name: name, Reason: reason} }
 	switch {
 	case name == "":
 		return bad("empty")
@@ -88,7 +88,7 @@ const MaxSourceLen = 64
 // have to escape, and no '/' or '=' (the separators of a transactional
 // id).
 func Source(name string) error {
-	bad := func(reason string) error { return &errs.NameError{Kind: "source", Name: name, Reason: reason} }
+	bad := func(reason string) error { return &outboxtype.NameError{Kind: "source", Name: name, Reason: reason} }
 	switch {
 	case name == "":
 		return bad("empty")
@@ -120,7 +120,7 @@ const MaxGroupLen = 200
 // not where one is looked up: an operator can still find, reset and delete
 // a group an older release stored with such a name.
 func Group(name string) error {
-	bad := func(reason string) error { return &errs.NameError{Kind: "group", Name: name, Reason: reason} }
+	bad := func(reason string) error { return &outboxtype.NameError{Kind: "group", Name: name, Reason: reason} }
 	switch {
 	case name == "":
 		return bad("empty")

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestGroupRefusesWhatATerminalWouldActOn(t *testing.T) {
@@ -15,8 +15,8 @@ func TestGroupRefusesWhatATerminalWouldActOn(t *testing.T) {
 		"\u202Egnillib", "iso\u2066late\u2069", "mark\u200E", "alm\u061C", "zero\u200Bwidth", "bom\uFEFF", "sep\u2028",
 	} {
 		err := Group(name)
-		var ne *errs.NameError
-		if !errors.Is(err, errs.ErrInvalidName) || !errors.As(err, &ne) || ne.Kind != "group" || ne.Name != name {
+		var ne *outboxtype.NameError
+		if !errors.Is(err, outboxtype.ErrInvalidName) || !errors.As(err, &ne) || ne.Kind != "group" || ne.Name != name {
 			t.Errorf("Group(%q) = %v, want a *NameError of kind group", name, err)
 		}
 	}
@@ -35,7 +35,7 @@ func TestGroupAcceptsPrintableNames(t *testing.T) {
 
 func TestTopicRefusesControlAndFormatCharacters(t *testing.T) {
 	for _, name := range []string{"orders\x1b[2J", "orders\r\n", "\u202Eorders", "ord\u200Bers"} {
-		if err := Topic(name); !errors.Is(err, errs.ErrInvalidName) {
+		if err := Topic(name); !errors.Is(err, outboxtype.ErrInvalidName) {
 			t.Errorf("Topic(%q) = %v, want ErrInvalidName", name, err)
 		}
 	}
@@ -48,8 +48,8 @@ func TestSourceAcceptsShardNamesAndRefusesSeparators(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"", strings.Repeat("s", MaxSourceLen+1), "a/b", "a=b", "eu west", "eu\x1b[2J", "é", ".", ".."} {
-		var ne *errs.NameError
-		if err := Source(name); !errors.As(err, &ne) || ne.Kind != "source" || !errors.Is(err, errs.ErrInvalidName) {
+		var ne *outboxtype.NameError
+		if err := Source(name); !errors.As(err, &ne) || ne.Kind != "source" || !errors.Is(err, outboxtype.ErrInvalidName) {
 			t.Errorf("Source(%q) = %v, want a *NameError of kind source", name, err)
 		}
 	}

@@ -13,8 +13,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Rows is the subset of a result set the outbox reads.
@@ -80,14 +79,14 @@ func isNil(v any) bool {
 // *sql.Tx and watermill-sql transactions (anything with ExecContext and
 // QueryContext, or pgx's Exec and Query, that also has Commit and
 // Rollback), and a *pgx.Conn, whose transaction status is checked at every
-// statement. nil gives errs.ErrNilTx, an unknown type errs.ErrUnsupportedTx,
+// statement. nil gives outboxtype.ErrNilTx, an unknown type outboxtype.ErrUnsupportedTx,
 // and a handle that is not a transaction (a pool, *sql.DB, *sql.Conn,
-// watermill-sql Beginner) a *errs.NotInTxError: a statement on it would
+// watermill-sql Beginner) a *outboxtype.NotInTxError: a statement on it would
 // commit on its own. A *sql.Conn is refused even after a raw BEGIN, as
 // database/sql cannot tell whether one is in progress.
 func FromTx(tx any) (Querier, error) {
 	if isNil(tx) {
-		return nil, errs.ErrNilTx
+		return nil, outboxtype.ErrNilTx
 	}
 	if conn, ok := tx.(*pgx.Conn); ok {
 		// A connection is accepted while it is in a transaction (BEGIN
@@ -103,10 +102,10 @@ func FromTx(tx any) (Querier, error) {
 	case wsql.ContextExecutor:
 		q = wmQ{t}
 	default:
-		return nil, fmt.Errorf("%w: %T (want a pgx.Tx, *sql.Tx or a watermill-sql executor)", errs.ErrUnsupportedTx, tx)
+		return nil, fmt.Errorf("%w: %T (want a pgx.Tx, *sql.Tx or a watermill-sql executor)", outboxtype.ErrUnsupportedTx, tx)
 	}
 	if !isTx(tx) {
-		return nil, &errs.NotInTxError{Type: fmt.Sprintf("%T", tx)}
+		return nil, &outboxtype.NotInTxError{Type: fmt.Sprintf("%T", tx)}
 	}
 	return q, nil
 }
@@ -161,7 +160,7 @@ type connQ struct{ c *pgx.Conn }
 
 func (c connQ) check() error {
 	if s := c.c.PgConn().TxStatus(); s != 'T' && s != 'E' {
-		return &errs.NotInTxError{Type: "*pgx.Conn outside a transaction"}
+		return &outboxtype.NotInTxError{Type: "*pgx.Conn outside a transaction"}
 	}
 	return nil
 }
@@ -184,7 +183,7 @@ func (c connQ) Query(ctx context.Context, sql string, args ...any) (Rows, error)
 // *pgxpool.Pool or *pgx.Conn, or a *sql.DB or *sql.Conn.
 func FromDB(db any) (DB, error) {
 	if isNil(db) {
-		return nil, fmt.Errorf("%w: nil database handle", errs.ErrUnsupportedTx)
+		return nil, fmt.Errorf("%w: nil database handle", outboxtype.ErrUnsupportedTx)
 	}
 	switch d := db.(type) {
 	case pgxBeginner:
@@ -192,7 +191,7 @@ func FromDB(db any) (DB, error) {
 	case stdBeginner:
 		return stdDB{stdQ{d}, d}, nil
 	}
-	return nil, fmt.Errorf("%w: %T (want a *pgxpool.Pool, *pgx.Conn or *sql.DB)", errs.ErrUnsupportedTx, db)
+	return nil, fmt.Errorf("%w: %T (want a *pgxpool.Pool, *pgx.Conn or *sql.DB)", outboxtype.ErrUnsupportedTx, db)
 }
 
 // QueryRow runs a query that returns at most one row and scans it. It

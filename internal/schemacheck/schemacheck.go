@@ -1,7 +1,7 @@
 // Package schemacheck makes every entry point of the outbox refuse a schema
 // it cannot work with, with a typed error instead of a raw SQL one: a schema
-// that was never migrated (errs.ErrNotMigrated, naming outbox.Migrate) and
-// one migrated by a newer release (errs.ErrSchemaTooNew).
+// that was never migrated (outboxtype.ErrNotMigrated, naming outbox.Migrate) and
+// one migrated by a newer release (outboxtype.ErrSchemaTooNew).
 //
 // Check reads the schema's version once per database handle and schema and
 // caches a success, so that it costs one query per process, not per call;
@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
-	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Latest is the newest schema version this release knows; the root package
@@ -36,8 +36,8 @@ type key struct {
 var checked sync.Map // key -> struct{}
 
 // Check returns nil when schema, reached through q, is migrated to a
-// version this release knows, a *errs.NotMigratedError when it holds no
-// outbox tables, and a *errs.SchemaVersionError when it was migrated by a
+// version this release knows, a *outboxtype.NotMigratedError when it holds no
+// outbox tables, and a *outboxtype.SchemaVersionError when it was migrated by a
 // newer release. handle identifies the database (e.g. the *pgxpool.Pool)
 // for the cache; nil disables caching.
 func Check(ctx context.Context, handle any, q pgexec.Querier, schema string) error {
@@ -53,9 +53,9 @@ func Check(ctx context.Context, handle any, q pgexec.Querier, schema string) err
 	}
 	switch {
 	case v == 0:
-		return &errs.NotMigratedError{Schema: schema}
+		return &outboxtype.NotMigratedError{Schema: schema}
 	case Latest > 0 && v > Latest:
-		return &errs.SchemaVersionError{Schema: schema, Database: v, Library: Latest}
+		return &outboxtype.SchemaVersionError{Schema: schema, Database: v, Library: Latest}
 	}
 	if handle != nil {
 		checked.Store(k, struct{}{})
@@ -91,16 +91,16 @@ func Version(ctx context.Context, q pgexec.Querier, schema string) (int, error) 
 	return v, nil
 }
 
-// Wrap returns err, or a *errs.NotMigratedError wrapping it when it says
+// Wrap returns err, or a *outboxtype.NotMigratedError wrapping it when it says
 // that a table or the schema does not exist (SQLSTATE 42P01, 3F000): the
 // schema was never migrated or was dropped since.
 func Wrap(err error, schema string) error {
 	if IsUndefined(err) {
-		var nm *errs.NotMigratedError
+		var nm *outboxtype.NotMigratedError
 		if errors.As(err, &nm) {
 			return err
 		}
-		return &errs.NotMigratedError{Schema: schema, Cause: err}
+		return &outboxtype.NotMigratedError{Schema: schema, Cause: err}
 	}
 	return err
 }

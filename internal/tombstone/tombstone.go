@@ -8,8 +8,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Metadata is the metadata key of the mark (outbox.MetadataTombstone), and
@@ -20,7 +19,7 @@ const (
 )
 
 // Of reports whether msg is marked as a tombstone. A mark with another
-// value, or a tombstone with a payload, is a *errs.MessageError
+// value, or a tombstone with a payload, is a *outboxtype.MessageError
 // (ErrInvalidMessage). A nil msg is no tombstone.
 func Of(msg *message.Message) (bool, error) {
 	if msg == nil {
@@ -30,9 +29,9 @@ func Of(msg *message.Message) (bool, error) {
 	case !ok || v == "":
 		return false, nil
 	case v != Marked:
-		return false, &errs.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("metadata %s is %q: the only value is %q, set by outbox.Tombstone", Metadata, v, Marked)}
+		return false, &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("metadata %s is %q: the only value is %q, set by outbox.Tombstone", Metadata, v, Marked)}
 	case len(msg.Payload) > 0:
-		return true, &errs.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("a tombstone carries no payload, this one has %d bytes: a tombstone deletes its key, it does not set a value", len(msg.Payload))}
+		return true, &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("a tombstone carries no payload, this one has %d bytes: a tombstone deletes its key, it does not set a value", len(msg.Payload))}
 	}
 	return true, nil
 }
@@ -42,7 +41,7 @@ func Of(msg *message.Message) (bool, error) {
 // a keyless record).
 func CheckKey(msg *message.Message, key string) error {
 	if key == "" {
-		return &errs.MessageError{UUID: msg.UUID, Reason: "a tombstone needs a partition key: compaction deletes the records of its key, and a keyless tombstone has none"}
+		return &outboxtype.MessageError{UUID: msg.UUID, Reason: "a tombstone needs a partition key: compaction deletes the records of its key, and a keyless tombstone has none"}
 	}
 	return nil
 }

@@ -3,14 +3,14 @@ package tune
 import (
 	"fmt"
 
-	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // ErrInvalidConfig is matched by every [*ConfigError]: outbox.ErrInvalidConfig.
-var ErrInvalidConfig = errs.ErrInvalidConfig
+var ErrInvalidConfig = outboxtype.ErrInvalidConfig
 
 // ConfigError reports one invalid field: outboxtype.ConfigError.
-type ConfigError = errs.ConfigError
+type ConfigError = outboxtype.ConfigError
 
 func configErrorf(field, format string, args ...any) *ConfigError {
 	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
