@@ -43,6 +43,9 @@ var (
 	// ErrUnknownTopic: the topic is not registered; register it with
 	// outbox.RegisterTopic (or: outbox topics register) before use.
 	ErrUnknownTopic = outboxtype.ErrUnknownTopic
+	// ErrForwardOnly: a Subscriber was asked to read a topic registered
+	// with ForwardOnly, whose messages only its Forwarder reads.
+	ErrForwardOnly = outboxtype.ErrForwardOnly
 	// ErrClosed: a component was used after Close.
 	ErrClosed = outboxtype.ErrClosed
 	// ErrNotMigrated: the schema holds no outbox tables; run Migrate first

@@ -17,7 +17,7 @@ import (
 
 // SchemaVersion is the newest schema version this release knows: that of
 // its last migration (internal/dbsql/migrations).
-const SchemaVersion = 15
+const SchemaVersion = 16
 
 func init() { schemacheck.Latest = SchemaVersion }
 

@@ -167,9 +167,12 @@ func (s *Subscriber) topic(ctx context.Context, topic string) (int, error) {
 	if ok {
 		return n, nil
 	}
-	n, err := lookupTopic(ctx, s.db, s.cfg.Schema, topic)
+	n, forwardOnly, err := lookupTopicPath(ctx, s.db, s.cfg.Schema, topic)
 	if err != nil {
 		return 0, err
+	}
+	if forwardOnly {
+		return 0, fmt.Errorf("%w: %q was registered with outbox.ForwardOnly: its messages never reach the log a Subscriber reads; only a Forwarder reads it (register a topic without ForwardOnly for Subscribers)", ErrForwardOnly, topic)
 	}
 	s.topicsMu.Lock()
 	s.topics[topic] = n

@@ -30,11 +30,33 @@ const DefaultSchema = names.DefaultSchema
 // *pgxpool.Pool, *pgx.Conn or *sql.DB. Asking for another count than the
 // registered one fails with a *outboxtype.PartitionMismatchError and changes nothing:
 // partition counts are fixed, because a key's partition must not move.
-func RegisterTopic[D DB](ctx context.Context, db D, schema, topic string, partitions int) error {
-	return registerTopicOn(ctx, any(db), schema, topic, partitions)
+// Options: ForwardOnly.
+func RegisterTopic[D DB](ctx context.Context, db D, schema, topic string, partitions int, opts ...TopicOption) error {
+	return registerTopicOn(ctx, any(db), schema, topic, partitions, opts...)
 }
 
-func registerTopicOn(ctx context.Context, db any, schema, topic string, partitions int) error {
+// TopicOption is an option of RegisterTopic.
+type TopicOption struct {
+	forwardOnly bool
+}
+
+// ForwardOnly registers a topic that one Forwarder reads and no
+// Subscriber does. Its messages take the short path: the forwarder reads
+// them where the Publisher wrote them and removes them in the transaction
+// that records them forwarded, so they are never copied into the log (the
+// sequencer leaves them alone). A Subscriber refuses such a topic
+// (ErrForwardOnly). The Forwarder's Target must support it (the Kafka
+// target does, exactly once). Fixed at registration, like the partition
+// count: registering the topic again without it (or an existing topic with
+// it) fails with an *outboxtype.ConfigError. docs/forwarder.md, "Forwarder-only
+// topics", says which path a topic takes and how an operator sees it.
+func ForwardOnly() TopicOption { return TopicOption{forwardOnly: true} }
+
+func registerTopicOn(ctx context.Context, db any, schema, topic string, partitions int, opts ...TopicOption) error {
+	var o TopicOption
+	for _, opt := range opts {
+		o.forwardOnly = o.forwardOnly || opt.forwardOnly
+	}
 	if schema == "" {
 		schema = DefaultSchema
 	}
@@ -54,7 +76,7 @@ func registerTopicOn(ctx context.Context, db any, schema, topic string, partitio
 	if err := schemacheck.Check(ctx, checkKey(db, d), d, schema); err != nil {
 		return err
 	}
-	_, err = registerTopic(ctx, d, schema, topic, partitions)
+	_, err = registerTopic(ctx, d, schema, topic, partitions, o.forwardOnly)
 	return schemacheck.Wrap(err, schema)
 }
 
@@ -95,6 +117,29 @@ func checkKey(db any, d pgexec.DB) any {
 	return db
 }
 
+// pathName says how a topic was registered, for errors.
+func pathName(forwardOnly bool) string {
+	if forwardOnly {
+		return "forwarder-only (outbox.ForwardOnly)"
+	}
+	return "without outbox.ForwardOnly (its messages go through the log)"
+}
+
+// lookupTopicPath returns the partition count of a registered topic and
+// whether it is forwarder-only, or an error matching ErrUnknownTopic.
+func lookupTopicPath(ctx context.Context, q pgexec.Querier, schema, topic string) (int, bool, error) {
+	var n int
+	var forwardOnly bool
+	err := pgexec.QueryRow(ctx, q, dbsql.For(schema).TopicsForwardOnly, []any{topic}, &n, &forwardOnly)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, fmt.Errorf("%w: %q in schema %q: register it with outbox.RegisterTopic(ctx, db, %q, %q, partitions) (or: outbox topics register %s N) before it is used", outboxtype.ErrUnknownTopic, topic, schema, schema, topic, topic)
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: look up topic %q: %w", topic, err)
+	}
+	return n, forwardOnly, nil
+}
+
 func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (int, error) {
 	var n int
 	err := pgexec.QueryRow(ctx, q, dbsql.For(schema).TopicsPartitions, []any{topic}, &n)
@@ -111,18 +156,19 @@ func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (i
 // or reads the existing count. When another instance registers the same
 // topic at the same moment, the insert waits for it and finds the row; the
 // statement's snapshot cannot see that row yet, so it is read again.
-func registerTopic(ctx context.Context, q pgexec.Querier, schema, topic string, partitions int) (int, error) {
+func registerTopic(ctx context.Context, q pgexec.Querier, schema, topic string, partitions int, forwardOnly bool) (int, error) {
 	stmt := dbsql.For(schema).TopicsRegister
 	for attempt := 0; attempt < 3; attempt++ {
 		var got int
-		err := pgexec.QueryRow(ctx, q, stmt, []any{topic, partitions}, &got)
+		err := pgexec.QueryRow(ctx, q, stmt, []any{topic, partitions, forwardOnly}, &got)
 		if err == nil {
 			return got, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return 0, fmt.Errorf("outbox: register topic %q: %w", topic, err)
 		}
-		got, err = lookupTopic(ctx, q, schema, topic)
+		var registeredForwardOnly bool
+		got, registeredForwardOnly, err = lookupTopicPath(ctx, q, schema, topic)
 		if errors.Is(err, outboxtype.ErrUnknownTopic) {
 			continue
 		}
@@ -131,6 +177,10 @@ func registerTopic(ctx context.Context, q pgexec.Querier, schema, topic string, 
 		}
 		if got != partitions {
 			return 0, &outboxtype.PartitionMismatchError{Topic: topic, Registered: got, Requested: partitions}
+		}
+		if registeredForwardOnly != forwardOnly {
+			return 0, &outboxtype.ConfigError{Field: "ForwardOnly", Reason: fmt.Sprintf(
+				"topic %q is registered %s; a topic's path is fixed at registration: register it as it is, or use a new topic", topic, pathName(registeredForwardOnly))}
 		}
 		return got, nil
 	}

@@ -4,13 +4,17 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/direct"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/forward"
+	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/outboxtype"
@@ -198,6 +202,9 @@ type Forwarder struct {
 
 	life startstop.Service
 
+	mu    sync.Mutex
+	loops map[string]*direct.Loop // the forwarder-only topics' (set by Run)
+
 	counts forward.Counts
 }
 
@@ -258,14 +265,42 @@ func (f *Forwarder) run(ctx context.Context) error {
 			n = 0
 		}
 		partitions[topic] = n
+	}
+	// Forwarder-only topics (outbox.ForwardOnly) take the short path
+	// (internal/direct), the others the Subscriber's.
+	loops := make(map[string]*direct.Loop, len(f.cfg.Topics))
+	for _, topic := range f.cfg.Topics {
+		loop, err := f.forwardOnly(ctx, topic, partitions[topic])
+		if err != nil {
+			return fmt.Errorf("forwarder: topic %s: %w", topic, err)
+		}
+		if loop != nil {
+			loops[topic] = loop
+		}
+	}
+	for _, topic := range f.cfg.Topics {
 		if c, ok := f.cfg.Target.(TopicChecker); ok {
-			if err := c.CheckTopic(ctx, f.cfg.TargetTopic(topic), n); err != nil {
+			if err := c.CheckTopic(ctx, f.cfg.TargetTopic(topic), partitions[topic]); err != nil {
 				return fmt.Errorf("forwarder: topic %s: %w", topic, err)
 			}
 		}
 	}
+	f.mu.Lock()
+	f.loops = loops
+	f.mu.Unlock()
 	errs := make(chan error, len(f.cfg.Topics))
 	for _, topic := range f.cfg.Topics {
+		if loop := loops[topic]; loop != nil {
+			go func() {
+				err := loop.Run(ctx)
+				if err != nil {
+					err = fmt.Errorf("forwarder: topic %s: %w", topic, err)
+					cancel()
+				}
+				errs <- err
+			}()
+			continue
+		}
 		h := f.handler(topic, f.cfg.TargetTopic(topic), partitions[topic])
 		go func() {
 			err := f.sub.ConsumeBatches(ctx, topic, h)
@@ -283,6 +318,69 @@ func (f *Forwarder) run(ctx context.Context) error {
 		}
 	}
 	return first
+}
+
+// forwardOnly returns the loop that forwards topic when it is
+// forwarder-only (nil otherwise), or why it cannot be forwarded.
+func (f *Forwarder) forwardOnly(ctx context.Context, topic string, partitions int) (*direct.Loop, error) {
+	sc := f.cfg.Subscriber
+	_, forwardOnly, err := direct.Lookup(ctx, sc.Pool, f.schema(), topic)
+	if err != nil || !forwardOnly {
+		return nil, nil // an unknown topic: the Subscriber says so
+	}
+	target, ok := direct.Adapt(f.cfg.Target)
+	if !ok {
+		return nil, &outboxtype.ConfigError{Field: "Target", Reason: fmt.Sprintf(
+			"topic %q is forwarder-only (outbox.ForwardOnly), which only the Kafka target with exactly-once delivery forwards (a *kafka.Target without AtLeastOnce); this target is a %T", topic, f.cfg.Target)}
+	}
+	if len(f.cfg.Middlewares) > 0 {
+		return nil, &outboxtype.ConfigError{Field: "Middlewares", Reason: fmt.Sprintf(
+			"topic %q is forwarder-only (outbox.ForwardOnly), whose rounds are sent without middleware: forward it without Middlewares, or register a topic without ForwardOnly", topic)}
+	}
+	incarnation, err := direct.Incarnation(ctx, sc.Pool, f.schema(), topic)
+	if err != nil {
+		return nil, err
+	}
+	reject := sc.RejectHandler
+	if reject == nil {
+		store, err := deadletter.NewStore(deadletter.Config{Schema: f.schema(), Pool: sc.Pool}, f.logger)
+		if err != nil {
+			return nil, err
+		}
+		reject = store
+	}
+	tuning := sc.Tuning.WithDefaults()
+	source := f.cfg.Source
+	return direct.New(direct.Config{
+		Pool: sc.Pool, Schema: f.schema(), Group: sc.ConsumerGroup, Topic: topic, Source: source,
+		Partitions: partitions, Incarnation: incarnation, TargetTopic: f.cfg.TargetTopic(topic), Target: target,
+		Lease: lease.Config{
+			TTL:             tuning.LeaseTTL,
+			RenewInterval:   tuning.LeaseTTL / 5,
+			BalanceInterval: min(lease.DefaultBalanceInterval, tuning.LeaseTTL/10),
+			StartFromNewest: sc.StartFromNewest,
+		},
+		BatchSize:     tuning.BatchSize,
+		Poll:          sc.Advanced.PollInterval,
+		Backoff:       tuning.BackoffBase,
+		RejectHandler: reject,
+		Prepare: func(m *message.Message) {
+			if source != "" {
+				m.Metadata.Set(outbox.MetadataSource, source)
+			} else {
+				delete(m.Metadata, outbox.MetadataSource)
+			}
+		},
+		Logger: f.logger,
+	}), nil
+}
+
+// schema is the outbox schema the Forwarder reads.
+func (f *Forwarder) schema() string {
+	if f.cfg.Subscriber.Schema == "" {
+		return outbox.DefaultSchema
+	}
+	return f.cfg.Subscriber.Schema
 }
 
 // Close stops the Forwarder and waits until Run has returned: in-flight
@@ -314,6 +412,15 @@ type Stats struct {
 func (f *Forwarder) Stats() Stats {
 	c := &f.counts
 	s := Stats{Batches: c.Batches.Load(), Messages: c.Messages.Load(), Failures: c.Failures.Load(), Rejected: c.Rejected.Load()}
+	f.mu.Lock()
+	for _, l := range f.loops {
+		d := l.Stats()
+		s.Batches += d.Rounds
+		s.Messages += d.Messages
+		s.Failures += d.Failures
+		s.Rejected += d.Rejected
+	}
+	f.mu.Unlock()
 	if e := c.LastError.Load(); e != nil {
 		s.LastError = *e
 	}

@@ -46,6 +46,9 @@ var (
 	// ErrUnknownTopic: the topic is not registered; register it with
 	// outbox.RegisterTopic (or: outbox topics register) before use.
 	ErrUnknownTopic = errors.New("outbox: unknown topic")
+	// ErrForwardOnly: a Subscriber was asked to read a topic registered
+	// with outbox.ForwardOnly, whose messages only its Forwarder reads.
+	ErrForwardOnly = errors.New("outbox: the topic is forwarder-only")
 	// ErrClosed: a component was used after Close.
 	ErrClosed = errors.New("outbox: closed")
 	// ErrNotMigrated: the schema holds no outbox tables; run outbox.Migrate first

@@ -230,6 +230,12 @@ func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver,
 // lead runs a round of s and of the sends queued, then hands the next
 // round to the first send that queued meanwhile.
 func (t *Target) lead(driver kafkadriver.Driver, s *txnSend) {
+	t.leadRound(driver, []*txnSend{s})
+}
+
+// leadRound runs a round of first and of the sends queued, then hands the
+// next round on (handOff).
+func (t *Target) leadRound(driver kafkadriver.Driver, first []*txnSend) {
 	tp := t.txn
 	if t.cfg.Linger > 0 {
 		linger := time.NewTimer(t.cfg.Linger)
@@ -240,13 +246,20 @@ func (t *Target) lead(driver kafkadriver.Driver, s *txnSend) {
 		}
 	}
 	tp.mu.Lock()
-	round := append([]*txnSend{s}, tp.queue...)
+	round := append(slices.Clip(first), tp.queue...)
 	tp.queue = nil
 	tp.mu.Unlock()
 	t.round(driver, round)
 	for _, x := range round[1:] {
 		close(x.finished)
 	}
+	t.handOff()
+}
+
+// handOff ends a round: the first send queued meanwhile leads the next
+// one, or the producer is idle.
+func (t *Target) handOff() {
+	tp := t.txn
 	tp.mu.Lock()
 	if len(tp.queue) > 0 {
 		next := tp.queue[0]
@@ -730,18 +743,8 @@ func (t *Target) tailSeq(ctx context.Context, driver kafkadriver.Driver, topic s
 	if n == 0 {
 		return 0, fmt.Errorf("topic %s has no partitions", topic)
 	}
-	scan := make([]int32, 0, n)
-	if o.Partitions == n && t.defaultKey {
-		// Equal counts: keyed records of outbox partition p are on Kafka
-		// partition p (murmur2 in both), keyless ones too (Partitioner).
-		scan = append(scan, int32(o.Partition))
-	} else {
-		for kp := range int32(n) {
-			scan = append(scan, kp)
-		}
-	}
 	var last int64
-	for _, kp := range scan {
+	for _, kp := range t.tailPartitions(o, n) {
 		off := offsets[kp]
 		s, err := t.partitionTailSeq(ctx, driver, topic, kp, off.Start, off.End, o)
 		if err != nil {
@@ -750,6 +753,21 @@ func (t *Target) tailSeq(ctx context.Context, driver kafkadriver.Driver, topic s
 		last = max(last, s)
 	}
 	return last, nil
+}
+
+// tailPartitions are the partitions of a target topic of n partitions
+// that outbox partition o may have written to.
+func (t *Target) tailPartitions(o origin.Origin, n int) []int32 {
+	if o.Partitions == n && t.defaultKey {
+		// Equal counts: keyed records of outbox partition p are on Kafka
+		// partition p (murmur2 in both), keyless ones too (Partitioner).
+		return []int32{int32(o.Partition)}
+	}
+	scan := make([]int32, 0, n)
+	for kp := range int32(n) {
+		scan = append(scan, kp)
+	}
+	return scan
 }
 
 // partitionTailSeq reads Kafka partition kp of topic backwards from its

@@ -41,6 +41,7 @@ type Queries struct {
 	// topics.sql
 	TopicsRegister    string
 	TopicsPartitions  string
+	TopicsForwardOnly string
 	TopicsStatus      string
 	TopicsIncarnation string
 
@@ -55,6 +56,8 @@ type Queries struct {
 	PendingInsertRelayed   string
 	PendingHeldKeys        string
 	PendingSequence        string
+	PendingForwardRead     string
+	PendingForwarded       string
 	PendingMetrics         string
 	PendingAny             string
 	PendingCanVacuum       string

@@ -144,6 +144,66 @@ SELECT a.topic, sum(a.n)::bigint, max(a.n)::bigint,
 	END::text[]
 FROM advanced a GROUP BY a.topic;
 
+-- name: PendingForwardRead
+-- A forwarder-only topic's forwarder reads what it forwards next, for all
+-- the partitions it holds in one statement: $1 topic, $2 partitions, $3 at
+-- most this many rows per partition, $4 the forwarder's clock (a delayed
+-- message is read once its time has come and no earlier message of its
+-- key holds it back, as PendingSequence moves them). Each partition's
+-- committed rows come in id order (the order PendingSequence numbers them
+-- in), so each read is a prefix of the partition's rows: the forwarder
+-- numbers them from its cursor. Columns: partition, id, uuid, key ('' for
+-- none), metadata, payload (from bodies from 1 KiB on), whether the payload
+-- is missing (its bodies row is gone), created_at.
+SELECT p.part, m.id, m.uuid, coalesce(m.partition_key, ''), m.metadata,
+	coalesce(m.payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = m.body_id)),
+	m.payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = m.body_id),
+	m.created_at
+FROM unnest($2::int4[]) AS p(part) CROSS JOIN LATERAL (
+	SELECT * FROM {{schema}}.pending x
+	WHERE x.topic = $1 AND x.partition = p.part
+		AND (NOT EXISTS (SELECT 1 FROM {{schema}}.pending d WHERE d.deliver_at IS NOT NULL)
+			OR {{schema}}.pending_movable(x.topic, x.partition_key, x.id, x.deliver_at, x.metadata ? 'outbox_unordered', $4))
+	ORDER BY x.id LIMIT $3
+) m
+ORDER BY p.part, m.id;
+
+-- name: PendingForwarded
+-- A forwarder-only topic's forwarder records a round forwarded, in one
+-- statement for all its partitions, in the transaction that ends the
+-- round: each partition's cursor moves to its last seq forwarded, fenced
+-- by the lease, and that partition's rows forwarded leave pending (and
+-- bodies), and partitions.last_seq follows. $1 group, $2 topic, $3 lease
+-- owner; one element per partition: $4 partitions, $5 lease tokens, $6
+-- last seqs, $7 the pending ids forwarded, each partition's as one JSON
+-- array (text). A partition whose lease is gone (another instance took
+-- it, or it expired) moves nothing and deletes nothing: the statement
+-- returns the partitions that moved, and the caller rolls back when one is
+-- missing. Rows already gone (another owner's tail read deleted them)
+-- are skipped.
+WITH r AS MATERIALIZED (
+	SELECT * FROM unnest($4::int4[], $5::int8[], $6::int8[], $7::text[]) AS r(part, token, last, ids)
+), moved AS (
+	UPDATE {{schema}}.cursors c SET seq = r.last, attempts = 0, unexplained = 0, deliveries = 0,
+		inflight_from = 0, inflight_to = 0, inflight_solo = false,
+		backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
+	FROM r
+	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = r.part AND c.lease_owner = $3
+		AND c.lease_token = r.token AND c.lease_expires_at > clock_timestamp() AND c.seq <= r.last
+	RETURNING r.part, r.ids, r.last
+), gone AS (
+	DELETE FROM {{schema}}.pending m
+	USING moved, jsonb_array_elements_text(moved.ids::jsonb) AS e(id)
+	WHERE m.id = e.id::int8 AND m.topic = $2 AND m.partition = moved.part
+	RETURNING m.body_id
+), bodies AS (
+	DELETE FROM {{schema}}.bodies b WHERE b.id IN (SELECT body_id FROM gone WHERE body_id IS NOT NULL)
+), advanced AS (
+	UPDATE {{schema}}.partitions p SET last_seq = greatest(p.last_seq, moved.last), sequenced_at = now()
+	FROM moved WHERE p.topic = $2 AND p.partition = moved.part
+)
+SELECT part FROM moved ORDER BY part;
+
 -- name: PendingMetrics
 -- Metrics and admin status: per topic, every registered one included (0s
 -- and NULL when nothing waits), the messages waiting for a seq, the age in
@@ -176,12 +236,15 @@ GROUP BY 1;
 -- $1 is the sequencer's clock: a message that waits for its time (or behind
 -- one of its key that does) is not work; the second column is the earliest
 -- time a delayed message is due after $1 (NULL: none), when the sequencer
--- wakes by itself.
+-- wakes by itself. The messages of forwarder-only topics are their
+-- forwarders' (PendingForwardRead), not the sequencer's.
 SELECT EXISTS (SELECT 1 FROM {{schema}}.pending m
-		WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.pending d WHERE d.deliver_at IS NOT NULL)
-			OR {{schema}}.pending_movable(m.topic, m.partition_key, m.id, m.deliver_at, m.metadata ? 'outbox_unordered', $1)
+		WHERE (NOT EXISTS (SELECT 1 FROM {{schema}}.pending d WHERE d.deliver_at IS NOT NULL)
+				OR {{schema}}.pending_movable(m.topic, m.partition_key, m.id, m.deliver_at, m.metadata ? 'outbox_unordered', $1))
+			AND m.topic NOT IN (SELECT name FROM {{schema}}.topics WHERE forward_only)
 		ORDER BY m.id LIMIT 1),
-	(SELECT min(deliver_at) FROM {{schema}}.pending WHERE deliver_at > $1);
+	(SELECT min(deliver_at) FROM {{schema}}.pending
+		WHERE deliver_at > $1 AND topic NOT IN (SELECT name FROM {{schema}}.topics WHERE forward_only));
 
 -- name: PendingCanVacuum
 -- Whether the current role may VACUUM pending ($1 the schema): its owner,

@@ -1,12 +1,13 @@
 -- topics: the registered topics and their partition counts.
 
 -- name: TopicsRegister
--- Registers topic $1 with $2 partitions and creates its partition rows, in
--- one statement. No row: the topic exists already (read it with
+-- Registers topic $1 with $2 partitions, forwarder-only when $3
+-- (0016_forward_only.sql), and creates its partition rows, in one
+-- statement. No row: the topic exists already (read it with
 -- TopicsPartitions; when another instance registers it at the same moment,
 -- this statement waits for it and its snapshot cannot see that row yet).
 WITH ins AS (
-	INSERT INTO {{schema}}.topics (name, partitions) VALUES ($1, $2)
+	INSERT INTO {{schema}}.topics (name, partitions, forward_only) VALUES ($1, $2, $3)
 	ON CONFLICT (name) DO NOTHING
 	RETURNING name, partitions
 ), parts AS (
@@ -18,6 +19,10 @@ SELECT partitions FROM ins;
 -- name: TopicsPartitions
 -- The partition count of topic $1.
 SELECT partitions FROM {{schema}}.topics WHERE name = $1;
+
+-- name: TopicsForwardOnly
+-- The partition count of topic $1 and whether it is forwarder-only.
+SELECT partitions, forward_only FROM {{schema}}.topics WHERE name = $1;
 
 -- name: TopicsStatus
 -- Admin status: topic $1 ('' for all) with its partition count, the

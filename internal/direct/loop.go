@@ -1,0 +1,520 @@
+package direct
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/watermill-outbox/internal/consumer"
+	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/notifier"
+	"github.com/millrace/watermill-outbox/internal/origin"
+	"github.com/millrace/watermill-outbox/outboxtype"
+)
+
+// Config is one forwarder-only topic's forwarding.
+type Config struct {
+	Pool                 *pgxpool.Pool
+	Schema, Group, Topic string
+	Source               string // the Forwarder's source ("" for none)
+	Partitions           int    // the topic's partition count
+	Incarnation          string // the topic's (MetadataIncarnation)
+	TargetTopic          string
+	Target               Target
+	// Lease configures the partitions' leases (Schema, Pool, Group, Topic
+	// and Partitions are set from the fields above).
+	Lease lease.Config
+	// BatchSize bounds the messages of one partition in a round.
+	BatchSize int
+	// Poll is how long a round that found nothing waits before the next
+	// one unless a publisher's notification comes first.
+	Poll time.Duration
+	// Backoff is how long a partition whose send failed waits.
+	Backoff time.Duration
+	// RejectHandler takes what the target rejects (dead letters), in the
+	// round's transaction.
+	RejectHandler outboxtype.RejectHandler
+	// Prepare, when set, runs on each message before it is sent (the
+	// Forwarder sets the source).
+	Prepare func(*message.Message)
+	// Counts are the running totals (nil: none kept).
+	Counts *Counts
+	Logger watermill.LoggerAdapter
+}
+
+// Counts are a topic's running totals.
+type Counts struct {
+	Rounds, Messages, Failures, Rejected, Reconciled int64
+}
+
+// part is a held partition.
+type part struct {
+	l         *lease.Lease
+	cursor    int64 // the last seq recorded forwarded
+	reconcile bool  // Kafka may hold more than the cursor says
+	waitUntil time.Time
+}
+
+// Loop forwards one forwarder-only topic: Run until ctx ends.
+type Loop struct {
+	cfg    Config
+	q      *dbsql.Queries
+	logger watermill.LoggerAdapter
+	wake   chan struct{}
+
+	mu    sync.Mutex
+	parts map[int]*part
+	cnt   Counts
+}
+
+// New returns the loop of cfg.
+func New(cfg Config) *Loop {
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 100
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = time.Second
+	}
+	if cfg.Backoff <= 0 {
+		cfg.Backoff = time.Second
+	}
+	return &Loop{
+		cfg:    cfg,
+		q:      dbsql.For(cfg.Schema),
+		logger: cfg.Logger.With(watermill.LogFields{"topic": cfg.Topic, "path": "forwarder-only"}),
+		wake:   make(chan struct{}, 1),
+		parts:  map[int]*part{},
+	}
+}
+
+// Lookup returns the partition count of topic and whether it is
+// forwarder-only (outboxtype.ErrUnknownTopic when it is not registered).
+func Lookup(ctx context.Context, pool *pgxpool.Pool, schema, topic string) (partitions int, forwardOnly bool, err error) {
+	err = pool.QueryRow(ctx, dbsql.For(schema).TopicsForwardOnly, topic).Scan(&partitions, &forwardOnly)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, fmt.Errorf("%w: %q in schema %q", outboxtype.ErrUnknownTopic, topic, schema)
+	}
+	return partitions, forwardOnly, err
+}
+
+// Incarnation returns the incarnation of topic (MetadataIncarnation).
+func Incarnation(ctx context.Context, pool *pgxpool.Pool, schema, topic string) (string, error) {
+	var us int64
+	if err := pool.QueryRow(ctx, dbsql.For(schema).TopicsIncarnation, topic).Scan(&us); err != nil {
+		return "", err
+	}
+	return strconv.FormatInt(us, 10), nil
+}
+
+// Stats returns the loop's running totals.
+func (l *Loop) Stats() Counts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cnt
+}
+
+func (l *Loop) poke() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run forwards until ctx ends; the leases are given back when it returns.
+func (l *Loop) Run(ctx context.Context) error {
+	lc := l.cfg.Lease
+	lc.Schema, lc.Pool, lc.Group, lc.Topic, lc.Partitions = l.cfg.Schema, l.cfg.Pool, l.cfg.Group, l.cfg.Topic, l.cfg.Partitions
+	m, err := lease.NewManager(lc, l.logger)
+	if err != nil {
+		return err
+	}
+	sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, func(string) { l.poke() })
+	defer sub.Unlisten()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	leases := make(chan error, 1)
+	go func() {
+		leases <- m.Run(ctx, func(ls *lease.Lease) {
+			l.mu.Lock()
+			l.parts[ls.Partition()] = &part{l: ls, cursor: ls.Cursor(), reconcile: true}
+			l.mu.Unlock()
+			l.poke()
+		})
+	}()
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	for {
+		busy := l.round(ctx)
+		if busy {
+			select {
+			case <-ctx.Done():
+			default:
+				continue
+			}
+		}
+		poll.Reset(l.cfg.Poll)
+		select {
+		case <-ctx.Done():
+			l.releaseAll()
+			return <-leases
+		case err := <-leases:
+			l.releaseAll()
+			return err
+		case <-l.wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// releaseAll gives every lease back.
+func (l *Loop) releaseAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for p, x := range l.parts {
+		x.l.Done()
+		delete(l.parts, p)
+	}
+}
+
+// held returns the partitions ready for a round, in partition order;
+// those whose lease ended are given back.
+func (l *Loop) held(now time.Time) []*part {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*part, 0, len(l.parts))
+	for p := range l.cfg.Partitions {
+		x := l.parts[p]
+		if x == nil {
+			continue
+		}
+		if x.l.Context().Err() != nil {
+			x.l.Done()
+			delete(l.parts, p)
+			continue
+		}
+		if now.Before(x.waitUntil) {
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+// drop gives a partition's lease back (it is lost or in doubt); whoever
+// takes it next reconciles it.
+func (l *Loop) drop(x *part) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.parts[x.l.Partition()] == x {
+		delete(l.parts, x.l.Partition())
+	}
+	x.l.Done()
+}
+
+func (l *Loop) origin(x *part) origin.Origin {
+	var w consumer.WriterRecord = x.l
+	return origin.Origin{
+		Source: l.cfg.Source, Schema: l.cfg.Schema, Group: l.cfg.Group, Partitions: l.cfg.Partitions,
+		Topic: l.cfg.Topic, Partition: x.l.Partition(), Incarnation: l.cfg.Incarnation,
+		Token: x.l.Token(), Writer: w,
+	}
+}
+
+// round runs one round over the held partitions and reports whether it
+// forwarded anything (the next round then starts at once).
+func (l *Loop) round(ctx context.Context) bool {
+	now := time.Now()
+	parts := l.held(now)
+	ready := parts[:0:0]
+	for _, x := range parts {
+		if x.reconcile && !l.reconcile(ctx, x) {
+			continue
+		}
+		ready = append(ready, x)
+	}
+	if len(ready) == 0 || ctx.Err() != nil {
+		return false
+	}
+	batches, err := l.read(ctx, ready, now)
+	if err != nil {
+		l.logger.Error("Cannot read the forwarder-only topic's pending messages", err, nil)
+		return false
+	}
+	if len(batches) == 0 {
+		return false
+	}
+	bs := make([]*Batch, len(batches))
+	for i, b := range batches {
+		bs[i] = &b.Batch
+	}
+	l.cfg.Target.SendRound(ctx, l.cfg.TargetTopic, bs)
+	l.record(ctx, batches)
+	return true
+}
+
+// reconcile makes x's cursor say what Kafka holds (see the package
+// comment); false: x is not ready this round.
+func (l *Loop) reconcile(ctx context.Context, x *part) bool {
+	held, err := l.cfg.Target.Reconcile(x.l.Context(), l.origin(x), l.cfg.TargetTopic, x.cursor)
+	if err != nil {
+		l.failed(x, fmt.Errorf("reconcile with Kafka: %w", err))
+		return false
+	}
+	if len(held) > 0 {
+		ids := make([]int64, len(held))
+		for i, h := range held {
+			ids[i] = h.PendingID
+		}
+		last := held[len(held)-1].Seq
+		tx, err := l.cfg.Pool.Begin(ctx)
+		if err != nil {
+			l.failed(x, err)
+			return false
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		moved, err := l.forwarded(ctx, tx, []*part{x}, []int64{last}, [][]int64{ids})
+		if err == nil && len(moved) == 1 {
+			err = tx.Commit(ctx)
+		} else if err == nil {
+			l.drop(x)
+			return false
+		}
+		if err != nil {
+			l.failed(x, err)
+			return false
+		}
+		l.logger.Info("Kafka held messages of a forwarder-only partition the cursor had not moved past (a previous owner committed them and stopped before recording them): recorded them forwarded", watermill.LogFields{
+			"partition": x.l.Partition(), "from_seq": x.cursor + 1, "to_seq": last,
+		})
+		x.cursor = last
+		l.mu.Lock()
+		l.cnt.Reconciled += int64(len(held))
+		l.mu.Unlock()
+	}
+	x.reconcile = false
+	return true
+}
+
+// failed notes a failure of partition x: it waits Backoff and is
+// reconciled before its next read.
+func (l *Loop) failed(x *part, err error) {
+	if errors.Is(err, lease.ErrLeaseLost) {
+		l.drop(x)
+		return
+	}
+	l.logger.Info("Forwarding a forwarder-only partition failed: it is reconciled with Kafka and retried", watermill.LogFields{
+		"partition": x.l.Partition(), "err": err.Error(), "retry_in": l.cfg.Backoff,
+	})
+	x.reconcile = true
+	x.waitUntil = time.Now().Add(l.cfg.Backoff)
+	l.mu.Lock()
+	l.cnt.Failures++
+	l.mu.Unlock()
+}
+
+// readBatch is a Batch and what recording it needs.
+type readBatch struct {
+	Batch
+	x   *part
+	ids []int64 // the pending ids of Messages
+}
+
+// read reads every ready partition's next messages in one statement and
+// numbers them from each partition's cursor.
+func (l *Loop) read(ctx context.Context, ready []*part, now time.Time) ([]*readBatch, error) {
+	partitions := make([]int32, len(ready))
+	byPart := make(map[int]*part, len(ready))
+	for i, x := range ready {
+		partitions[i] = int32(x.l.Partition())
+		byPart[x.l.Partition()] = x
+	}
+	rows, err := l.cfg.Pool.Query(ctx, l.q.PendingForwardRead, l.cfg.Topic, partitions, l.cfg.BatchSize, now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*readBatch
+	var cur *readBatch
+	for rows.Next() {
+		var (
+			p         int32
+			id        int64
+			uuid, key string
+			meta      map[string]string
+			payload   []byte
+			missing   bool
+			created   time.Time
+		)
+		if err := rows.Scan(&p, &id, &uuid, &key, &meta, &payload, &missing, &created); err != nil {
+			return nil, err
+		}
+		x := byPart[int(p)]
+		if cur == nil || cur.x != x {
+			cur = &readBatch{x: x, Batch: Batch{From: l.origin(x)}}
+			out = append(out, cur)
+		}
+		seq := x.cursor + int64(len(cur.Messages)) + 1
+		msg := message.NewMessage(uuid, payload)
+		for k, v := range meta {
+			msg.Metadata.Set(k, v)
+		}
+		msg.Metadata.Set(consumer.MetadataTopic, l.cfg.Topic)
+		msg.Metadata.Set(consumer.MetadataPartition, strconv.Itoa(int(p)))
+		msg.Metadata.Set(consumer.MetadataSeq, strconv.FormatInt(seq, 10))
+		msg.Metadata.Set(consumer.MetadataID, consumer.StableID(l.cfg.Topic, int(p), seq))
+		msg.Metadata.Set(consumer.MetadataAttempt, "1")
+		if key != "" {
+			msg.Metadata.Set(consumer.MetadataPartitionKey, key)
+		}
+		if l.cfg.Incarnation != "" {
+			msg.Metadata.Set(consumer.MetadataIncarnation, l.cfg.Incarnation)
+		}
+		msg.Metadata.Set(MetadataPendingID, strconv.FormatInt(id, 10))
+		if l.cfg.Prepare != nil {
+			l.cfg.Prepare(msg)
+		}
+		_ = missing // a payload whose bodies row is gone cannot happen here: bodies rows leave with their pending rows
+		cur.Messages = append(cur.Messages, msg)
+		cur.ids = append(cur.ids, id)
+	}
+	return out, rows.Err()
+}
+
+// record ends a round: in one transaction, each partition's cursor moves
+// past what Kafka took (and past a message it rejected, dead-lettered in
+// that transaction), and those rows leave pending.
+func (l *Loop) record(ctx context.Context, batches []*readBatch) {
+	var (
+		parts []*part
+		lasts []int64
+		ids   [][]int64
+		rej   []outboxtype.RejectedMessage
+		fails []*readBatch
+	)
+	for _, b := range batches {
+		n := max(0, min(b.Done, len(b.Messages)))
+		poison := b.Err != nil && n < len(b.Messages) && errors.Is(b.Err, outboxtype.ErrPoison)
+		end := n
+		if poison {
+			end = n + 1
+			m := b.Messages[n]
+			seq, _ := strconv.ParseInt(m.Metadata.Get(consumer.MetadataSeq), 10, 64)
+			md := map[string]string(m.Metadata)
+			rej = append(rej, outboxtype.RejectedMessage{
+				Group: l.cfg.Group, Topic: l.cfg.Topic, Partition: b.x.l.Partition(), Seq: seq, UUID: m.UUID,
+				PartitionKey: m.Metadata.Get(consumer.MetadataPartitionKey), Metadata: md, Payload: m.Payload,
+				Reason: b.Err, Attempts: 1, FirstFailure: time.Now(), LastFailure: time.Now(),
+			})
+		}
+		if b.Err != nil && !poison {
+			fails = append(fails, b)
+		}
+		if end == 0 {
+			continue
+		}
+		seq, _ := strconv.ParseInt(b.Messages[end-1].Metadata.Get(consumer.MetadataSeq), 10, 64)
+		parts = append(parts, b.x)
+		lasts = append(lasts, seq)
+		ids = append(ids, b.ids[:end])
+	}
+	for _, b := range fails {
+		l.failed(b.x, b.Err)
+	}
+	var msgs int64
+	for i := range parts {
+		msgs += lasts[i] - parts[i].cursor
+	}
+	if len(parts) > 0 {
+		if err := l.commit(ctx, parts, lasts, ids, rej); err != nil {
+			for _, x := range parts {
+				l.failed(x, fmt.Errorf("record the round forwarded: %w", err))
+			}
+			return
+		}
+		for i, x := range parts {
+			x.cursor = lasts[i]
+		}
+	}
+	l.mu.Lock()
+	l.cnt.Rounds++
+	l.cnt.Messages += msgs - int64(len(rej))
+	l.cnt.Rejected += int64(len(rej))
+	l.mu.Unlock()
+}
+
+// commit records parts forwarded to lasts, their rows ids gone, rej
+// dead-lettered. A partition whose lease is gone rolls it all back: every
+// partition of it is reconciled before its next read, and the lost one
+// given back.
+func (l *Loop) commit(ctx context.Context, parts []*part, lasts []int64, ids [][]int64, rej []outboxtype.RejectedMessage) error {
+	tx, err := l.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for _, m := range rej {
+		if err := l.cfg.RejectHandler.HandleReject(ctx, tx, m); err != nil {
+			return fmt.Errorf("dead-letter %s/%d/%d: %w", m.Topic, m.Partition, m.Seq, err)
+		}
+	}
+	moved, err := l.forwarded(ctx, tx, parts, lasts, ids)
+	if err != nil {
+		return err
+	}
+	if len(moved) != len(parts) {
+		for _, x := range parts {
+			if !moved[x.l.Partition()] {
+				l.drop(x)
+			}
+		}
+		return fmt.Errorf("%w: %d of the round's %d partitions changed hands", lease.ErrLeaseLost, len(parts)-len(moved), len(parts))
+	}
+	return tx.Commit(ctx)
+}
+
+// forwarded runs PendingForwarded in tx and returns the partitions whose
+// cursor moved.
+func (l *Loop) forwarded(ctx context.Context, tx pgx.Tx, parts []*part, lasts []int64, ids [][]int64) (map[int]bool, error) {
+	ps := make([]int32, len(parts))
+	tokens := make([]int64, len(parts))
+	idsJSON := make([]string, len(parts))
+	for i, x := range parts {
+		ps[i] = int32(x.l.Partition())
+		tokens[i] = x.l.Token()
+		b, _ := json.Marshal(ids[i])
+		idsJSON[i] = string(b)
+	}
+	owner := ""
+	if len(parts) > 0 {
+		owner = parts[0].l.Owner()
+	}
+	rows, err := tx.Query(ctx, l.q.PendingForwarded, l.cfg.Group, l.cfg.Topic, owner, ps, tokens, lasts, idsJSON)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	moved := map[int]bool{}
+	for rows.Next() {
+		var p int32
+		if err := rows.Scan(&p); err != nil {
+			return nil, err
+		}
+		moved[int(p)] = true
+	}
+	return moved, rows.Err()
+}
