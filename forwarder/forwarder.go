@@ -350,6 +350,12 @@ func (f *Forwarder) forwardOnly(ctx context.Context, topic string, partitions in
 		reject = store
 	}
 	tuning := sc.Tuning.WithDefaults()
+	// A round's send ends before the leases can (as the Subscriber's
+	// HandlerTimeout, which defaults to 2/3 of the lease TTL).
+	sendTimeout := sc.HandlerTimeout
+	if sendTimeout <= 0 || sendTimeout > tuning.LeaseTTL {
+		sendTimeout = tuning.LeaseTTL / 3 * 2
+	}
 	source := f.cfg.Source
 	return direct.New(direct.Config{
 		Pool: sc.Pool, Schema: f.schema(), Group: sc.ConsumerGroup, Topic: topic, Source: source,
@@ -362,7 +368,9 @@ func (f *Forwarder) forwardOnly(ctx context.Context, topic string, partitions in
 		},
 		BatchSize:     tuning.BatchSize,
 		Poll:          sc.Advanced.PollInterval,
-		Backoff:       tuning.BackoffBase,
+		BackoffBase:   tuning.BackoffBase,
+		BackoffMax:    tuning.BackoffMax,
+		SendTimeout:   sendTimeout,
 		RejectHandler: reject,
 		Prepare: func(m *message.Message) {
 			if source != "" {

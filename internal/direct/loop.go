@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -19,7 +20,9 @@ import (
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/notifier"
+	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/origin"
+	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -40,8 +43,11 @@ type Config struct {
 	// Poll is how long a round that found nothing waits before the next
 	// one unless a publisher's notification comes first.
 	Poll time.Duration
-	// Backoff is how long a partition whose send failed waits.
-	Backoff time.Duration
+	// BackoffBase and BackoffMax bound how long a partition whose round
+	// failed waits (doubling with its failures in a row).
+	BackoffBase, BackoffMax time.Duration
+	// SendTimeout bounds a round's send (before a lease can expire).
+	SendTimeout time.Duration
 	// RejectHandler takes what the target rejects (dead letters), in the
 	// round's transaction.
 	RejectHandler outboxtype.RejectHandler
@@ -64,6 +70,7 @@ type part struct {
 	cursor    int64 // the last seq recorded forwarded
 	reconcile bool  // Kafka may hold more than the cursor says
 	waitUntil time.Time
+	failures  int // rounds failed in a row
 }
 
 // Loop forwards one forwarder-only topic: Run until ctx ends.
@@ -89,8 +96,12 @@ func New(cfg Config) *Loop {
 	if cfg.Poll <= 0 {
 		cfg.Poll = time.Second
 	}
-	if cfg.Backoff <= 0 {
-		cfg.Backoff = time.Second
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = 100 * time.Millisecond
+	}
+	cfg.BackoffMax = max(cfg.BackoffMax, cfg.BackoffBase)
+	if cfg.SendTimeout <= 0 {
+		cfg.SendTimeout = 10 * time.Second
 	}
 	return &Loop{
 		cfg:    cfg,
@@ -142,6 +153,9 @@ func (l *Loop) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if observe.Enabled() {
+		observe.Current().Forwarding(l.cfg.Source, l.cfg.TargetTopic) // its error series exist at 0 before the first round
+	}
 	sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, func(string) { l.poke() })
 	defer sub.Unlisten()
 
@@ -151,7 +165,8 @@ func (l *Loop) Run(ctx context.Context) error {
 	go func() {
 		leases <- m.Run(ctx, func(ls *lease.Lease) {
 			l.mu.Lock()
-			l.parts[ls.Partition()] = &part{l: ls, cursor: ls.Cursor(), reconcile: true}
+			// A backoff the previous holder recorded is kept.
+			l.parts[ls.Partition()] = &part{l: ls, cursor: ls.Cursor(), reconcile: true, waitUntil: time.Now().Add(ls.Backoff())}
 			l.mu.Unlock()
 			l.poke()
 		})
@@ -262,9 +277,45 @@ func (l *Loop) round(ctx context.Context) bool {
 	for i, b := range batches {
 		bs[i] = &b.Batch
 	}
-	l.cfg.Target.SendRound(ctx, l.cfg.TargetTopic, bs)
-	l.record(ctx, batches)
+	start := time.Now()
+	sendCtx, cancel := context.WithTimeout(ctx, l.cfg.SendTimeout)
+	l.cfg.Target.SendRound(sendCtx, l.cfg.TargetTopic, bs)
+	cancel()
+	l.observe(batches, time.Since(start))
+	// What Kafka took is recorded even when the Forwarder is closing, so
+	// that the next owner has nothing to reconcile.
+	recordCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.SendTimeout)
+	defer cancel()
+	l.record(recordCtx, batches)
 	return true
+}
+
+// observe reports a round's sends to the metrics, per partition.
+func (l *Loop) observe(batches []*readBatch, took time.Duration) {
+	if !observe.Enabled() {
+		return
+	}
+	for _, b := range batches {
+		n := max(0, min(b.Done, len(b.Messages)))
+		bytes := 0
+		for _, m := range b.Messages[:n] {
+			bytes += len(m.Payload)
+			for k, v := range m.Metadata {
+				bytes += len(k) + len(v)
+			}
+		}
+		kind := ""
+		switch {
+		case b.Err == nil:
+		case errors.Is(b.Err, outboxtype.ErrPoison):
+			kind = "poison"
+		case errors.Is(b.Err, context.DeadlineExceeded):
+			kind = "timeout"
+		default:
+			kind = "broker"
+		}
+		observe.Current().Forwarded(l.cfg.Source, l.cfg.TargetTopic, n, bytes, took, kind)
+	}
 }
 
 // reconcile makes x's cursor say what Kafka holds (see the package
@@ -310,18 +361,31 @@ func (l *Loop) reconcile(ctx context.Context, x *part) bool {
 	return true
 }
 
-// failed notes a failure of partition x: it waits Backoff and is
-// reconciled before its next read.
+// failed notes a failure of partition x: it is reconciled before its
+// next read, after a backoff that doubles with its failures in a row,
+// recorded on its cursor row (last error and retry time, as a
+// Subscriber's are: status and the console show them).
 func (l *Loop) failed(x *part, err error) {
-	if errors.Is(err, lease.ErrLeaseLost) {
+	if errors.Is(err, lease.ErrLeaseLost) || x.l.Context().Err() != nil {
 		l.drop(x)
 		return
 	}
+	x.failures++
+	retryIn := tune.ExponentialBackoff(l.cfg.BackoffBase, l.cfg.BackoffMax, x.failures)
 	l.logger.Info("Forwarding a forwarder-only partition failed: it is reconciled with Kafka and retried", watermill.LogFields{
-		"partition": x.l.Partition(), "err": err.Error(), "retry_in": l.cfg.Backoff,
+		"partition": x.l.Partition(), "err": err.Error(), "retry_in": retryIn,
 	})
 	x.reconcile = true
-	x.waitUntil = time.Now().Add(l.cfg.Backoff)
+	x.waitUntil = time.Now().Add(retryIn)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.l.Context()), l.cfg.SendTimeout)
+	defer cancel()
+	if rerr := x.l.RecordRetry(ctx, nil, err, retryIn); rerr != nil {
+		if errors.Is(rerr, lease.ErrLeaseLost) {
+			l.drop(x)
+		} else {
+			l.logger.Error("Cannot record the failure on the cursor row", rerr, watermill.LogFields{"partition": x.l.Partition()})
+		}
+	}
 	l.mu.Lock()
 	l.cnt.Failures++
 	l.mu.Unlock()
@@ -448,6 +512,9 @@ func (l *Loop) record(ctx context.Context, batches []*readBatch) {
 		}
 		for i, x := range parts {
 			x.cursor = lasts[i]
+			if !slices.ContainsFunc(fails, func(b *readBatch) bool { return b.x == x }) {
+				x.failures = 0
+			}
 		}
 	}
 	l.mu.Lock()
