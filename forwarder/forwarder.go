@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -381,6 +382,16 @@ func (f *Forwarder) forwardOnly(ctx context.Context, topic string, partitions in
 		},
 		Logger: f.logger,
 	}), nil
+}
+
+// pollInterval is a forwarder-only topic's poll when no notification
+// comes: the profile's sequencer poll (the partitions' safety-net poll
+// when set).
+func pollInterval(sc outbox.SubscriberConfig) time.Duration {
+	if sc.Advanced.PollInterval > 0 {
+		return sc.Advanced.PollInterval
+	}
+	return time.Second
 }
 
 // schema is the outbox schema the Forwarder reads.

@@ -233,7 +233,11 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 	if err := outbox.Migrate(ctx, admin, schema); err != nil {
 		return nil, err
 	}
-	if err := outbox.RegisterTopic(ctx, admin, schema, outboxTopic, opts.partitions); err != nil {
+	var topicOpts []outbox.TopicOption
+	if b.cfg.forwardOnly && !opts.wal {
+		topicOpts = append(topicOpts, outbox.ForwardOnly())
+	}
+	if err := outbox.RegisterTopic(ctx, admin, schema, outboxTopic, opts.partitions, topicOpts...); err != nil {
 		return nil, err
 	}
 	mode := outbox.ModeTable

@@ -2,7 +2,6 @@ package direct
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -28,7 +27,11 @@ import (
 
 // Config is one forwarder-only topic's forwarding.
 type Config struct {
+	// Pool is the database (its publishers' notifications wake the loop).
+	// Store, when set, replaces it for the loop's statements and Lease.Store
+	// for the leases' (the simulator's models; no notifications then).
 	Pool                 *pgxpool.Pool
+	Store                Store
 	Schema, Group, Topic string
 	Source               string // the Forwarder's source ("" for none)
 	Partitions           int    // the topic's partition count
@@ -43,6 +46,10 @@ type Config struct {
 	// Poll is how long a round that found nothing waits before the next
 	// one unless a publisher's notification comes first.
 	Poll time.Duration
+	// Pace is the busy pace: a round that forwarded n messages is followed
+	// by the next one tune.FollowLoad(Pace, n) after its start, at the
+	// earliest (0: at once).
+	Pace time.Duration
 	// BackoffBase and BackoffMax bound how long a partition whose round
 	// failed waits (doubling with its failures in a row).
 	BackoffBase, BackoffMax time.Duration
@@ -73,10 +80,12 @@ type part struct {
 	failures  int // rounds failed in a row
 }
 
-// Loop forwards one forwarder-only topic: Run until ctx ends.
+// Loop forwards one forwarder-only topic: Run until ctx ends (or, driven
+// by a caller, Step).
 type Loop struct {
 	cfg    Config
-	q      *dbsql.Queries
+	store  Store
+	mgr    *lease.Manager // of Step
 	logger watermill.LoggerAdapter
 	wake   chan struct{}
 
@@ -103,9 +112,13 @@ func New(cfg Config) *Loop {
 	if cfg.SendTimeout <= 0 {
 		cfg.SendTimeout = 10 * time.Second
 	}
+	store := cfg.Store
+	if store == nil {
+		store = NewPGStore(cfg.Pool, cfg.Schema)
+	}
 	return &Loop{
 		cfg:    cfg,
-		q:      dbsql.For(cfg.Schema),
+		store:  store,
 		logger: cfg.Logger.With(watermill.LogFields{"topic": cfg.Topic, "path": "forwarder-only"}),
 		wake:   make(chan struct{}, 1),
 		parts:  map[int]*part{},
@@ -145,40 +158,95 @@ func (l *Loop) poke() {
 	}
 }
 
+// manager returns the lease manager of the loop's config.
+func (l *Loop) manager() (*lease.Manager, error) {
+	lc := l.cfg.Lease
+	lc.Schema, lc.Group, lc.Topic, lc.Partitions = l.cfg.Schema, l.cfg.Group, l.cfg.Topic, l.cfg.Partitions
+	if lc.Store == nil {
+		lc.Pool = l.cfg.Pool
+	}
+	return lease.NewManager(lc, l.logger)
+}
+
+// adopt starts forwarding a partition whose lease was acquired: it is
+// reconciled with Kafka before its first read, after the backoff its
+// previous holder recorded.
+func (l *Loop) adopt(ls *lease.Lease) {
+	l.mu.Lock()
+	l.parts[ls.Partition()] = &part{l: ls, cursor: ls.Cursor(), reconcile: true, waitUntil: time.Now().Add(ls.Backoff())}
+	l.mu.Unlock()
+	l.poke()
+}
+
+// Step is one turn of Run's loop for a caller that drives it (the
+// simulator): the lease manager's round (Manager.Step), then a round of
+// forwarding. It reports whether the round forwarded anything. Stop ends
+// what it started.
+func (l *Loop) Step(ctx context.Context) (bool, error) {
+	if l.mgr == nil {
+		m, err := l.manager()
+		if err != nil {
+			return false, err
+		}
+		l.mgr = m
+	}
+	acquired, err := l.mgr.Step(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, ls := range acquired {
+		l.adopt(ls)
+	}
+	n, _ := l.round(ctx)
+	return n > 0, nil
+}
+
+// Stop gives back the leases Step took and leaves the group.
+func (l *Loop) Stop(ctx context.Context) {
+	l.releaseAll()
+	if l.mgr != nil {
+		l.mgr.Stop(ctx)
+	}
+}
+
 // Run forwards until ctx ends; the leases are given back when it returns.
 func (l *Loop) Run(ctx context.Context) error {
-	lc := l.cfg.Lease
-	lc.Schema, lc.Pool, lc.Group, lc.Topic, lc.Partitions = l.cfg.Schema, l.cfg.Pool, l.cfg.Group, l.cfg.Topic, l.cfg.Partitions
-	m, err := lease.NewManager(lc, l.logger)
+	m, err := l.manager()
 	if err != nil {
 		return err
 	}
 	if observe.Enabled() {
 		observe.Current().Forwarding(l.cfg.Source, l.cfg.TargetTopic) // its error series exist at 0 before the first round
 	}
-	sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, func(string) { l.poke() })
-	defer sub.Unlisten()
+	if l.cfg.Pool != nil && l.cfg.Store == nil {
+		sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, func(string) { l.poke() })
+		defer sub.Unlisten()
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	leases := make(chan error, 1)
 	go func() {
-		leases <- m.Run(ctx, func(ls *lease.Lease) {
-			l.mu.Lock()
-			// A backoff the previous holder recorded is kept.
-			l.parts[ls.Partition()] = &part{l: ls, cursor: ls.Cursor(), reconcile: true, waitUntil: time.Now().Add(ls.Backoff())}
-			l.mu.Unlock()
-			l.poke()
-		})
+		leases <- m.Run(ctx, l.adopt)
 	}()
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	for {
-		busy := l.round(ctx)
-		if busy {
-			select {
-			case <-ctx.Done():
-			default:
+		start := time.Now()
+		n, full := l.round(ctx)
+		if n > 0 {
+			// The pace follows the load (tune.FollowLoad, as the
+			// sequencer's): after a round of one message the next may
+			// start soon; the more a round carried, the longer the next
+			// one gathers, up to the profile's busy pace.
+			if wait := time.Until(start.Add(tune.FollowLoad(l.cfg.Pace, n))); wait > 0 {
+				poll.Reset(wait)
+				select {
+				case <-ctx.Done():
+				case <-poll.C:
+				}
+			}
+			if full && ctx.Err() == nil {
 				continue
 			}
 		}
@@ -250,9 +318,11 @@ func (l *Loop) origin(x *part) origin.Origin {
 	}
 }
 
-// round runs one round over the held partitions and reports whether it
-// forwarded anything (the next round then starts at once).
-func (l *Loop) round(ctx context.Context) bool {
+// round runs one round over the held partitions. It returns how many
+// messages it recorded forwarded (or rejected), and whether a partition's
+// read came back full (a backlog: the next round should not wait for a
+// notification).
+func (l *Loop) round(ctx context.Context) (n int, full bool) {
 	now := time.Now()
 	parts := l.held(now)
 	ready := parts[:0:0]
@@ -263,19 +333,20 @@ func (l *Loop) round(ctx context.Context) bool {
 		ready = append(ready, x)
 	}
 	if len(ready) == 0 || ctx.Err() != nil {
-		return false
+		return 0, false
 	}
 	batches, err := l.read(ctx, ready, now)
 	if err != nil {
 		l.logger.Error("Cannot read the forwarder-only topic's pending messages", err, nil)
-		return false
+		return 0, false
 	}
 	if len(batches) == 0 {
-		return false
+		return 0, false
 	}
 	bs := make([]*Batch, len(batches))
 	for i, b := range batches {
 		bs[i] = &b.Batch
+		full = full || len(b.Messages) >= l.cfg.BatchSize
 	}
 	start := time.Now()
 	sendCtx, cancel := context.WithTimeout(ctx, l.cfg.SendTimeout)
@@ -286,8 +357,7 @@ func (l *Loop) round(ctx context.Context) bool {
 	// that the next owner has nothing to reconcile.
 	recordCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.SendTimeout)
 	defer cancel()
-	l.record(recordCtx, batches)
-	return true
+	return l.record(recordCtx, batches), full
 }
 
 // observe reports a round's sends to the metrics, per partition.
@@ -332,21 +402,13 @@ func (l *Loop) reconcile(ctx context.Context, x *part) bool {
 			ids[i] = h.PendingID
 		}
 		last := held[len(held)-1].Seq
-		tx, err := l.cfg.Pool.Begin(ctx)
+		moved, err := l.forwarded(ctx, nil, []*part{x}, []int64{last}, [][]int64{ids})
 		if err != nil {
 			l.failed(x, err)
 			return false
 		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		moved, err := l.forwarded(ctx, tx, []*part{x}, []int64{last}, [][]int64{ids})
-		if err == nil && len(moved) == 1 {
-			err = tx.Commit(ctx)
-		} else if err == nil {
+		if !moved[x.l.Partition()] {
 			l.drop(x)
-			return false
-		}
-		if err != nil {
-			l.failed(x, err)
 			return false
 		}
 		l.logger.Info("Kafka held messages of a forwarder-only partition the cursor had not moved past (a previous owner committed them and stopped before recording them): recorded them forwarded", watermill.LogFields{
@@ -407,27 +469,18 @@ func (l *Loop) read(ctx context.Context, ready []*part, now time.Time) ([]*readB
 		partitions[i] = int32(x.l.Partition())
 		byPart[x.l.Partition()] = x
 	}
-	rows, err := l.cfg.Pool.Query(ctx, l.q.PendingForwardRead, l.cfg.Topic, partitions, l.cfg.BatchSize, now)
+	rows, err := l.store.ReadPending(ctx, l.cfg.Topic, partitions, l.cfg.BatchSize, now)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var out []*readBatch
 	var cur *readBatch
-	for rows.Next() {
-		var (
-			p         int32
-			id        int64
-			uuid, key string
-			meta      map[string]string
-			payload   []byte
-			missing   bool
-			created   time.Time
-		)
-		if err := rows.Scan(&p, &id, &uuid, &key, &meta, &payload, &missing, &created); err != nil {
-			return nil, err
-		}
+	for _, r := range rows {
+		p, id, uuid, key, meta, payload := int32(r.Partition), r.ID, r.UUID, r.Key, r.Metadata, r.Payload
 		x := byPart[int(p)]
+		if x == nil {
+			return nil, fmt.Errorf("direct: the read returned partition %d, not one of %v", p, partitions)
+		}
 		if cur == nil || cur.x != x {
 			cur = &readBatch{x: x, Batch: Batch{From: l.origin(x)}}
 			out = append(out, cur)
@@ -452,17 +505,17 @@ func (l *Loop) read(ctx context.Context, ready []*part, now time.Time) ([]*readB
 		if l.cfg.Prepare != nil {
 			l.cfg.Prepare(msg)
 		}
-		_ = missing // a payload whose bodies row is gone cannot happen here: bodies rows leave with their pending rows
 		cur.Messages = append(cur.Messages, msg)
 		cur.ids = append(cur.ids, id)
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
-// record ends a round: in one transaction, each partition's cursor moves
-// past what Kafka took (and past a message it rejected, dead-lettered in
-// that transaction), and those rows leave pending.
-func (l *Loop) record(ctx context.Context, batches []*readBatch) {
+// record ends a round: each partition's cursor moves past what Kafka
+// took (and past a message it rejected, dead-lettered in the same
+// transaction), and those rows leave pending. It returns the messages
+// recorded forwarded or rejected.
+func (l *Loop) record(ctx context.Context, batches []*readBatch) int {
 	var (
 		parts []*part
 		lasts []int64
@@ -477,11 +530,9 @@ func (l *Loop) record(ctx context.Context, batches []*readBatch) {
 		if poison {
 			end = n + 1
 			m := b.Messages[n]
-			seq, _ := strconv.ParseInt(m.Metadata.Get(consumer.MetadataSeq), 10, 64)
-			md := map[string]string(m.Metadata)
 			rej = append(rej, outboxtype.RejectedMessage{
-				Group: l.cfg.Group, Topic: l.cfg.Topic, Partition: b.x.l.Partition(), Seq: seq, UUID: m.UUID,
-				PartitionKey: m.Metadata.Get(consumer.MetadataPartitionKey), Metadata: md, Payload: m.Payload,
+				Group: l.cfg.Group, Topic: l.cfg.Topic, Partition: b.x.l.Partition(), Seq: b.x.cursor + int64(end), UUID: m.UUID,
+				PartitionKey: m.Metadata.Get(consumer.MetadataPartitionKey), Metadata: map[string]string(m.Metadata), Payload: m.Payload,
 				Reason: b.Err, Attempts: 1, FirstFailure: time.Now(), LastFailure: time.Now(),
 			})
 		}
@@ -491,97 +542,80 @@ func (l *Loop) record(ctx context.Context, batches []*readBatch) {
 		if end == 0 {
 			continue
 		}
-		seq, _ := strconv.ParseInt(b.Messages[end-1].Metadata.Get(consumer.MetadataSeq), 10, 64)
 		parts = append(parts, b.x)
-		lasts = append(lasts, seq)
+		lasts = append(lasts, b.x.cursor+int64(end))
 		ids = append(ids, b.ids[:end])
 	}
+	recorded := 0
+	if len(parts) > 0 {
+		moved, err := l.commit(ctx, parts, lasts, ids, rej)
+		for i, x := range parts {
+			switch {
+			case err != nil:
+				l.failed(x, fmt.Errorf("record the round forwarded: %w", err))
+			case !moved[x.l.Partition()]:
+				l.drop(x) // the lease is gone: its next owner reconciles it
+			default:
+				recorded += int(lasts[i] - x.cursor)
+				x.cursor = lasts[i]
+				if !slices.ContainsFunc(fails, func(b *readBatch) bool { return b.x == x }) {
+					x.failures = 0
+				}
+			}
+		}
+		if err != nil {
+			rej = nil
+		}
+	}
+	// After the moves, which clear a cursor row's last error.
 	for _, b := range fails {
 		l.failed(b.x, b.Err)
 	}
-	var msgs int64
-	for i := range parts {
-		msgs += lasts[i] - parts[i].cursor
-	}
-	if len(parts) > 0 {
-		if err := l.commit(ctx, parts, lasts, ids, rej); err != nil {
-			for _, x := range parts {
-				l.failed(x, fmt.Errorf("record the round forwarded: %w", err))
-			}
-			return
-		}
-		for i, x := range parts {
-			x.cursor = lasts[i]
-			if !slices.ContainsFunc(fails, func(b *readBatch) bool { return b.x == x }) {
-				x.failures = 0
-			}
-		}
-	}
 	l.mu.Lock()
 	l.cnt.Rounds++
-	l.cnt.Messages += msgs - int64(len(rej))
+	l.cnt.Messages += int64(recorded - len(rej))
 	l.cnt.Rejected += int64(len(rej))
 	l.mu.Unlock()
+	return recorded
 }
 
 // commit records parts forwarded to lasts, their rows ids gone, rej
-// dead-lettered. A partition whose lease is gone rolls it all back: every
-// partition of it is reconciled before its next read, and the lost one
-// given back.
-func (l *Loop) commit(ctx context.Context, parts []*part, lasts []int64, ids [][]int64, rej []outboxtype.RejectedMessage) error {
-	tx, err := l.cfg.Pool.Begin(ctx)
+// dead-lettered, and returns the partitions it moved: without dead letters
+// in one statement of its own; with them in one transaction, which a
+// partition whose lease is gone rolls back whole (nothing moved).
+func (l *Loop) commit(ctx context.Context, parts []*part, lasts []int64, ids [][]int64, rej []outboxtype.RejectedMessage) (map[int]bool, error) {
+	if len(rej) == 0 {
+		return l.forwarded(ctx, nil, parts, lasts, ids)
+	}
+	tx, err := l.store.Begin(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	for _, m := range rej {
 		if err := l.cfg.RejectHandler.HandleReject(ctx, tx, m); err != nil {
-			return fmt.Errorf("dead-letter %s/%d/%d: %w", m.Topic, m.Partition, m.Seq, err)
+			return nil, fmt.Errorf("dead-letter %s/%d/%d: %w", m.Topic, m.Partition, m.Seq, err)
 		}
 	}
 	moved, err := l.forwarded(ctx, tx, parts, lasts, ids)
 	if err != nil {
-		return err
-	}
-	if len(moved) != len(parts) {
-		for _, x := range parts {
-			if !moved[x.l.Partition()] {
-				l.drop(x)
-			}
-		}
-		return fmt.Errorf("%w: %d of the round's %d partitions changed hands", lease.ErrLeaseLost, len(parts)-len(moved), len(parts))
-	}
-	return tx.Commit(ctx)
-}
-
-// forwarded runs PendingForwarded in tx and returns the partitions whose
-// cursor moved.
-func (l *Loop) forwarded(ctx context.Context, tx pgx.Tx, parts []*part, lasts []int64, ids [][]int64) (map[int]bool, error) {
-	ps := make([]int32, len(parts))
-	tokens := make([]int64, len(parts))
-	idsJSON := make([]string, len(parts))
-	for i, x := range parts {
-		ps[i] = int32(x.l.Partition())
-		tokens[i] = x.l.Token()
-		b, _ := json.Marshal(ids[i])
-		idsJSON[i] = string(b)
-	}
-	owner := ""
-	if len(parts) > 0 {
-		owner = parts[0].l.Owner()
-	}
-	rows, err := tx.Query(ctx, l.q.PendingForwarded, l.cfg.Group, l.cfg.Topic, owner, ps, tokens, lasts, idsJSON)
-	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	moved := map[int]bool{}
-	for rows.Next() {
-		var p int32
-		if err := rows.Scan(&p); err != nil {
-			return nil, err
-		}
-		moved[int(p)] = true
+	if len(moved) != len(parts) {
+		return map[int]bool{}, nil
 	}
-	return moved, rows.Err()
+	return moved, tx.Commit(ctx)
+}
+
+// forwarded records parts forwarded to lasts in tx (Store.Forwarded) and
+// returns the partitions whose cursor moved.
+func (l *Loop) forwarded(ctx context.Context, tx pgx.Tx, parts []*part, lasts []int64, ids [][]int64) (map[int]bool, error) {
+	if len(parts) == 0 {
+		return map[int]bool{}, nil
+	}
+	moves := make([]Move, len(parts))
+	for i, x := range parts {
+		moves[i] = Move{Partition: x.l.Partition(), Token: x.l.Token(), Last: lasts[i], IDs: ids[i]}
+	}
+	return l.store.Forwarded(ctx, tx, l.cfg.Group, l.cfg.Topic, parts[0].l.Owner(), moves)
 }
