@@ -201,6 +201,14 @@ func (l *Loop) Step(ctx context.Context) (bool, error) {
 	return n > 0, nil
 }
 
+// Held returns the partitions whose leases Step holds (sorted).
+func (l *Loop) Held() []int {
+	if l.mgr == nil {
+		return nil
+	}
+	return l.mgr.Held()
+}
+
 // Stop gives back the leases Step took and leaves the group.
 func (l *Loop) Stop(ctx context.Context) {
 	l.releaseAll()

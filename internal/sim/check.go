@@ -11,6 +11,9 @@ import (
 // drained reports whether every committed message is appended and every
 // partition's cursor stands at its last seq.
 func (w *world) drained() bool {
+	if w.sh.direct {
+		return w.drainedPending()
+	}
 	if w.publishedCount() < w.sh.messages || !w.wal.appended() {
 		return false
 	}
@@ -31,7 +34,13 @@ func (w *world) checkLeases() {
 		if in.proc.dead.Load() {
 			continue
 		}
-		for _, p := range in.mgr.Held() {
+		var held []int
+		if in.loop != nil {
+			held = in.loop.Held()
+		} else {
+			held = in.mgr.Held()
+		}
+		for _, p := range held {
 			if h, ok := holder[p]; ok {
 				w.fail("partition %d is held by %s and %s at once (at %v)", p, h, in.name, w.now().Sub(w.start))
 			}
@@ -53,6 +62,10 @@ type kafkaCopy struct {
 func (w *world) check() {
 	res := w.res
 	res.Published = w.publishedCount()
+	if w.sh.direct {
+		w.checkPending()
+		return
+	}
 	// 1. The log holds every committed message once, in commit order per
 	// partition.
 	want := map[int][]pubMsg{}

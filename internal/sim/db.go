@@ -104,6 +104,8 @@ type db struct {
 	// crashes counts the crashes; a session opened before the last one
 	// is broken.
 	crashes int
+	// pend: the forwarder-only topic's pending rows (pending.go).
+	pend *pendingState
 }
 
 // undo restores a cursor row (nil: the row did not exist) when an
@@ -125,6 +127,9 @@ type dbTx struct {
 	dead    []deadLetter
 	crashes int // the server's crash count when it began
 	done    bool
+	// Forwarder-only topics (pending.go): rows deleted, last seqs.
+	pendGone map[int64]bool
+	pendLast map[int]int64
 }
 
 func (d *db) begin() *dbTx {
@@ -191,6 +196,7 @@ func (t *dbTx) commit() error {
 	for k, r := range t.rows {
 		d.cursors[k] = r
 	}
+	t.commitPendingWrites()
 	d.dead = append(d.dead, t.dead...)
 	d.flush()
 	return nil
@@ -205,6 +211,7 @@ func (t *dbTx) rollback() {
 
 func (t *dbTx) end() {
 	t.done = true
+	t.releasePending()
 	delete(t.d.open, t)
 	for k := range t.rows {
 		if t.d.locks[k] == t {

@@ -2,12 +2,15 @@ package sim
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/watermill-outbox/internal/consumer"
+	"github.com/millrace/watermill-outbox/internal/direct"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/relaydriver"
@@ -163,3 +166,41 @@ func (m *WALModel) Log(partition int) []LogEntry {
 	}
 	return out
 }
+
+// Pending is the model of a forwarder-only topic's pending rows as the
+// loop's store (internal/direct).
+func (m *DBModel) Pending() direct.Store { return m.c }
+
+// PendingTxn is a publisher's transaction on the model's pending rows.
+type PendingTxn struct{ op *openPub }
+
+// InsertPending inserts a message (uuid, key) into partition of a
+// forwarder-only topic in a new transaction, its id drawn now; Commit
+// makes it seen.
+func (m *DBModel) InsertPending(partition int, uuid, key string) PendingTxn {
+	rows := m.d.insertPending([]pendingRow{{partition: partition, uuid: uuid, key: key, payload: []byte(uuid)}})
+	return PendingTxn{&openPub{rows: rows}}
+}
+
+// Commit commits the transaction.
+func (t PendingTxn) Commit(m *DBModel) { m.d.commitPending(t.op.rows) }
+
+// PendingRows returns the committed pending rows as "id:partition:uuid",
+// by id.
+func (m *DBModel) PendingRows() []string {
+	ps := m.d.pendingState()
+	ids := make([]int64, 0, len(ps.rows))
+	for id := range ps.rows {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		r := ps.rows[id]
+		out[i] = fmt.Sprintf("%d:%d:%s", r.id, r.partition, r.uuid)
+	}
+	return out
+}
+
+// LastSeq returns partitions.last_seq of partition (forwarder-only).
+func (m *DBModel) LastSeq(partition int) int64 { return m.d.pendingState().lastSeq[partition] }

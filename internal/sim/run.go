@@ -25,7 +25,12 @@ type Result struct {
 	// LegacyTakeovers counts the partitions of a world upgraded from a
 	// version before writer records whose writer became known.
 	LegacyTakeovers int
-	Elapsed         time.Duration // simulated
+	// ForwardOnly: the topic was forwarder-only (internal/direct's loop
+	// on pending, no log); Reconciled counts the messages a takeover found
+	// in Kafka beyond a cursor and recorded forwarded.
+	ForwardOnly bool
+	Reconciled  int64
+	Elapsed     time.Duration // simulated
 	// Failures are the invariants broken; empty when the schedule passed.
 	Failures []string
 	// Trace is the schedule's trace (with Options.Trace).
@@ -39,6 +44,9 @@ func (r Result) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: %d steps, %d published, %d appended, %d in Kafka, %d dead-lettered, %d kills, %d freezes, %d converted commits, %d db crashes, %d kafka outages, %v simulated",
 		r.Seed, r.Steps, r.Published, r.Appended, r.InKafka, r.Dead, r.Kills, r.Freezes, r.Converted, r.Crashes, r.Outages, r.Elapsed)
+	if r.ForwardOnly {
+		fmt.Fprintf(&b, "; forwarder-only topic, %d reconciled", r.Reconciled)
+	}
 	for _, f := range r.Failures {
 		b.WriteString("\n  FAIL: " + f)
 	}
@@ -210,7 +218,7 @@ func (w *world) advance(d time.Duration) {
 }
 
 func (w *world) killSomething() {
-	if w.s.chance(0.3) {
+	if len(w.relays) > 0 && w.s.chance(0.3) {
 		rp := w.relays[w.s.intn(len(w.relays))]
 		if !rp.proc.dead.Load() {
 			w.res.Kills++
@@ -231,7 +239,7 @@ func (w *world) killSomething() {
 func (w *world) freezeSomething() {
 	d := w.s.between(w.sh.ttl/2, 3*w.sh.ttl)
 	w.res.Freezes++
-	if w.s.chance(0.3) {
+	if len(w.relays) > 0 && w.s.chance(0.3) {
 		rp := w.relays[w.s.intn(len(w.relays))]
 		rp.proc.frozenUntil = w.now().Add(d)
 		w.s.trace("%s frozen for %v", rp.name, d)
@@ -306,8 +314,10 @@ func (w *world) drain() {
 	if len(w.instances) == 0 {
 		w.addInstance()
 	}
+	w.commitOpen()
 	for w.publishedCount() < w.sh.messages {
 		w.publish()
+		w.commitOpen()
 	}
 	const limit = 200000
 	for i := 0; i < limit; i++ {

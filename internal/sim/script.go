@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/millrace/watermill-outbox/partitioning"
 )
 
 // Scripted schedules: a test drives the world through a given sequence
@@ -300,4 +302,60 @@ func (sc *script) sending(in *instance, p int) bool {
 		}
 	}
 	return r != nil && r.inflightTo > r.seq
+}
+
+// insert begins a publisher's transaction on the forwarder-only topic
+// that inserts one message into partition p (its id drawn now); commit
+// commits it.
+func (sc *script) insert(p int) *openPub {
+	w := sc.w
+	for k := range 1000 {
+		key := "k" + strconv.Itoa(k)
+		if part, _ := (partitioning.Murmur2{}).Partition(key, w.sh.partitions); part != p {
+			continue
+		}
+		w.nextMsg++
+		w.pubClock++
+		m := pubMsg{uuid: "m" + strconv.Itoa(w.nextMsg), key: key, partition: p, inserted: w.pubClock}
+		m.payload = []byte(m.uuid)
+		op := &openPub{msgs: []pubMsg{m}, rows: w.db.insertPending([]pendingRow{{partition: p, uuid: m.uuid, key: key, payload: m.payload}})}
+		w.s.trace("script: a publisher inserts %s into partition %d (id %d)", m.uuid, p, op.rows[0].id)
+		return op
+	}
+	sc.err = fmt.Errorf("no key of partition %d", p)
+	return &openPub{}
+}
+
+func (sc *script) commit(op *openPub) {
+	if len(op.msgs) > 0 {
+		sc.w.commitPub(op)
+	}
+}
+
+// ScenarioLateCommitAfterAnUnrecordedRound: a forwarder-only topic's
+// numbering holds only until a round is recorded. Publisher A inserts a
+// message (id 1) and commits after B (id 2); forwarder I sends B's
+// message as seq 1, Kafka commits it, and the statement that records the
+// round fails before it takes effect; then A commits. Read again, pending
+// now holds ids 1 and 2, which would be seqs 1 and 2: I must reconcile
+// with Kafka first (seq 1 is id 2: gone from pending, the cursor at 1),
+// and send A's message as seq 2. Without that, the producer's own record
+// of what it committed (seq 1) would skip A's message as sent and send
+// B's again.
+func scenarioLateCommitAfterAnUnrecordedRound(sc *script) {
+	w := sc.w
+	i := w.instances[0]
+	late := sc.insert(0)
+	sc.commit(sc.insert(0))
+	var rec *call
+	sc.until("I records its first round", func() bool {
+		rec = sc.parked(i, "db", "db.forwarded")
+		return rec != nil
+	}, nil)
+	if sc.err != nil {
+		return
+	}
+	w.s.trace("script: the statement that records it fails")
+	w.s.resume(rec, failBefore)
+	sc.commit(late)
 }

@@ -20,6 +20,12 @@ func TestScenarioTakeOverAfterEachStart(t *testing.T) {
 	runScenario(t, sh, scenarioTakeOverAfterEachStart)
 }
 
+func TestScenarioLateCommitAfterAnUnrecordedRound(t *testing.T) {
+	sh := scriptShape(1)
+	sh.direct = true
+	runScenario(t, sh, scenarioLateCommitAfterAnUnrecordedRound)
+}
+
 func runScenario(t *testing.T, sh shape, play func(sc *script)) {
 	for seed := uint64(1); seed <= scriptSeeds; seed++ {
 		var res Result

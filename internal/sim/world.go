@@ -14,6 +14,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	kafkatarget "github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/internal/consumer"
+	"github.com/millrace/watermill-outbox/internal/direct"
 	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/lease"
@@ -21,6 +22,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
 	"github.com/millrace/watermill-outbox/partitioning"
+	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/relay"
 )
 
@@ -58,6 +60,10 @@ type shape struct {
 	// records: every cursor row starts with its writer unknown (NULL), and
 	// each partition's old per-partition producer has a transaction open.
 	legacy bool
+	// direct: the topic is forwarder-only (outbox.ForwardOnly): the
+	// forwarders run internal/direct's loop on pending (publishers commit
+	// late, out of id order); no relay, no log.
+	direct bool
 
 	// fault rates
 	callFault, kill, freeze, join, leave float64
@@ -106,6 +112,7 @@ func drawShape(s *Sim) shape {
 	sh.kafkaOutage = 0.01 * storm
 	sh.convert = 0.05 * s.rng.Float64()
 	sh.legacy = s.chance(0.25)
+	sh.direct = s.chance(0.3)
 	return sh
 }
 
@@ -121,6 +128,16 @@ type pubMsg struct {
 	partition int
 	poison    bool
 	payload   []byte
+	// A forwarder-only topic's: when its transaction inserted it and when
+	// it committed (the world's publish clock, pubClock).
+	inserted, committed int
+}
+
+// openPub is a publisher's transaction on a forwarder-only topic that
+// inserted its rows (their ids drawn) and has not ended.
+type openPub struct {
+	msgs []pubMsg
+	rows []pendingRow
 }
 
 // world is one schedule's state.
@@ -135,6 +152,11 @@ type world struct {
 	instances []*instance
 	relays    []*relayProc
 	published []committedTxn // committed to the outbox, in commit order
+	openPubs  []*openPub     // forwarder-only topic: transactions not ended
+	// reconciled: messages the forwarder-only topic's takeovers found in
+	// Kafka beyond a cursor (of the instances stopped so far).
+	reconciled int64
+	pubClock  int
 	nextID    int
 	nextMsg   int
 	storm     bool // faults are injected (false while draining)
@@ -154,6 +176,7 @@ type instance struct {
 	target kafkadriver.Target
 	mgr    *lease.Manager
 	sub    *consumer.Subscription
+	loop   *direct.Loop // a forwarder-only topic's (sh.direct), instead of mgr and sub
 	// leaving: its next step stops it gracefully (Subscription.Close:
 	// the workers stop, the leases are given back); left: it did.
 	leaving, left bool
@@ -194,6 +217,9 @@ func (w *world) populate() {
 		w.addInstance()
 	}
 	w.wal = newWAL(w.db, schema)
+	if w.sh.direct {
+		return // no log: nothing to relay
+	}
 	for _, name := range []string{"relay-a", "relay-b"} {
 		w.addRelay(name)
 	}
@@ -298,6 +324,24 @@ func (w *world) addInstance() *instance {
 		panic(err)
 	}
 	in.target = target
+	if w.sh.direct {
+		dt, ok := direct.Adapt(target)
+		if !ok {
+			panic("sim: the Kafka target does not forward forwarder-only topics")
+		}
+		in.loop = direct.New(direct.Config{
+			Store: in.conn, Schema: schema, Group: group, Topic: topic, Partitions: w.sh.partitions,
+			Incarnation: incarnation, TargetTopic: topic, Target: dt,
+			Lease: lease.Config{
+				Store: in.conn, MemberID: in.name, TTL: w.sh.ttl, RenewInterval: w.sh.ttl / 5,
+				BalanceInterval: min(lease.DefaultBalanceInterval, w.sh.ttl/10),
+			},
+			BatchSize: w.sh.batch, BackoffBase: 100 * time.Millisecond, BackoffMax: 2 * time.Second,
+			SendTimeout: handlerLimit, RejectHandler: outboxtype.RejectHandlerFunc(in.deadLetter), Logger: logger,
+		})
+		w.instances = append(w.instances, in)
+		return in
+	}
 	mgr, err := lease.NewManager(lease.Config{
 		Schema: schema, Store: in.conn, Group: group, Topic: topic, Partitions: w.sh.partitions,
 		MemberID: in.name, TTL: w.sh.ttl, RenewInterval: w.sh.ttl / 5, BalanceInterval: min(lease.DefaultBalanceInterval, w.sh.ttl/10),
@@ -337,6 +381,15 @@ func (w *world) addInstance() *instance {
 // run (Subscription.StepConcurrently): their batches meet in the target's
 // rounds.
 func (in *instance) step(ctx context.Context) {
+	if in.loop != nil {
+		if in.leaving {
+			in.loop.Stop(ctx)
+			in.left = true
+			return
+		}
+		_, _ = in.loop.Step(withRole(ctx, "fwd"))
+		return
+	}
 	if in.leaving {
 		in.sub.Close(ctx)
 		in.left = true
@@ -361,6 +414,7 @@ func (w *world) removeLeft() {
 		if !in.left || in.proc.state != idle {
 			continue
 		}
+		w.noteGone(in)
 		w.s.stop(in.proc)
 		_ = in.target.Close()
 		w.instances = append(w.instances[:i], w.instances[i+1:]...)
@@ -406,6 +460,7 @@ func (w *world) killInstance(in *instance) {
 
 // restart replaces a dead forwarder by a new process (a new member).
 func (w *world) restart(in *instance) {
+	w.noteGone(in)
 	w.s.stop(in.proc)
 	_ = in.target.Close()
 	for i, x := range w.instances {
@@ -418,8 +473,14 @@ func (w *world) restart(in *instance) {
 }
 
 // publish commits a transaction of 1-3 messages to the outbox (or rolls
-// one back: nothing happens).
+// one back: nothing happens). On a forwarder-only topic a transaction
+// inserts first and commits at a later publish, so that others insert
+// and commit meanwhile (a row can be seen after rows of greater ids).
 func (w *world) publish() {
+	if w.sh.direct {
+		w.publishPending()
+		return
+	}
 	n := 1 + w.s.intn(3)
 	if w.s.chance(0.1) {
 		return // rolled back
@@ -485,5 +546,68 @@ func (w *world) foreignStep() {
 		k.topics[topic][kp].append(krecord{key: []byte("other"), value: []byte("x"), txn: st.cur, pid: st.pid, headers: []kgo.RecordHeader{
 			{Key: outbox.MetadataID, Value: []byte(topic + "/0/1")}, {Key: outbox.MetadataSource, Value: []byte("other")},
 		}})
+	}
+}
+
+// publishPending is publish on a forwarder-only topic: it begins a
+// transaction that inserts 1-3 messages (their ids drawn), or ends one of
+// those still open: most commit, some roll back.
+func (w *world) publishPending() {
+	if len(w.openPubs) > 0 && (w.s.chance(0.5) || len(w.openPubs) >= 4) {
+		i := w.s.intn(len(w.openPubs))
+		op := w.openPubs[i]
+		w.openPubs = append(w.openPubs[:i], w.openPubs[i+1:]...)
+		if w.s.chance(0.1) {
+			w.s.trace("publisher rolls back %d messages", len(op.msgs))
+			return
+		}
+		w.commitPub(op)
+		return
+	}
+	w.pubClock++
+	n := 1 + w.s.intn(3)
+	op := &openPub{}
+	for range n {
+		w.nextMsg++
+		key := "k" + strconv.Itoa(w.s.intn(w.sh.keys))
+		part, _ := partitioning.Murmur2{}.Partition(key, w.sh.partitions)
+		m := pubMsg{uuid: "m" + strconv.Itoa(w.nextMsg), key: key, partition: part, inserted: w.pubClock}
+		m.payload = []byte(fmt.Sprintf("%s:%s", m.uuid, key))
+		if w.s.chance(w.sh.poison) {
+			m.poison = true
+			m.payload = make([]byte, poisonBytes)
+		}
+		op.msgs = append(op.msgs, m)
+		op.rows = append(op.rows, pendingRow{partition: part, uuid: m.uuid, key: key, payload: m.payload, poison: m.poison})
+	}
+	op.rows = w.db.insertPending(op.rows)
+	w.openPubs = append(w.openPubs, op)
+	w.s.trace("publisher inserts %d messages (ids %d..%d)", n, op.rows[0].id, op.rows[len(op.rows)-1].id)
+}
+
+// commitPub commits an open transaction of the forwarder-only topic.
+func (w *world) commitPub(op *openPub) {
+	w.pubClock++
+	for i := range op.msgs {
+		op.msgs[i].committed = w.pubClock
+	}
+	w.db.commitPending(op.rows)
+	w.published = append(w.published, committedTxn{msgs: op.msgs})
+	w.s.trace("publisher commits %d messages (ids %d..%d, txn %d)", len(op.msgs), op.rows[0].id, op.rows[len(op.rows)-1].id, len(w.published))
+}
+
+// commitOpen commits the forwarder-only topic's open transactions (the
+// drain).
+func (w *world) commitOpen() {
+	for _, op := range w.openPubs {
+		w.commitPub(op)
+	}
+	w.openPubs = nil
+}
+
+// noteGone keeps the counts of an instance that is removed.
+func (w *world) noteGone(in *instance) {
+	if in.loop != nil {
+		w.reconciled += in.loop.Stats().Reconciled
 	}
 }
