@@ -21,8 +21,8 @@ import (
 	"github.com/millrace/watermill-outbox/internal/relaydriver"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/partitioning"
 	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/partitioning"
 	"github.com/millrace/watermill-outbox/relay"
 )
 
@@ -156,13 +156,13 @@ type world struct {
 	// reconciled: messages the forwarder-only topic's takeovers found in
 	// Kafka beyond a cursor (of the instances stopped so far).
 	reconciled int64
-	pubClock  int
-	nextID    int
-	nextMsg   int
-	storm     bool // faults are injected (false while draining)
-	trustEnd  bool // Options.TrustEndTxn
-	failures  []string
-	res       *Result
+	pubClock   int
+	nextID     int
+	nextMsg    int
+	storm      bool // faults are injected (false while draining)
+	trustEnd   bool // Options.TrustEndTxn
+	failures   []string
+	res        *Result
 }
 
 // instance is a forwarder process: a lease manager, a Subscription of
