@@ -55,8 +55,18 @@ type TopicStatus struct {
 	// Sequenced is how many messages were ever sequenced (the sum of the
 	// partitions' head seqs); Unsequenced how many committed messages wait
 	// for the sequencer.
+	//
+	// For a forwarder-only topic (ForwardOnly; outbox.ForwardOnly) there
+	// is no sequencer and no log: Sequenced counts the messages forwarded
+	// (or dead-lettered) and Unsequenced those waiting for the forwarder,
+	// its whole backlog, which its group's Lag counts (its cursors stand
+	// at the heads, which move with them), as the metrics
+	// outbox_pending_messages and outbox_pending_oldest_age_seconds do.
 	Sequenced   int64 `json:"sequenced"`
 	Unsequenced int64 `json:"unsequenced"`
+	// ForwardOnly: the topic was registered with outbox.ForwardOnly. Its
+	// messages go from pending to the broker in one step.
+	ForwardOnly bool `json:"forward_only"`
 	// Delayed counts the Unsequenced messages published with a delivery
 	// time (outbox.DeliverAt) that has not come; NextDueAt is the earliest
 	// such time (nil when none). They, and the later messages of their
@@ -517,7 +527,7 @@ func (a *Admin) topics(ctx context.Context, tx pgx.Tx, f Filter) ([]TopicStatus,
 	var out []TopicStatus
 	for rows.Next() {
 		var t TopicStatus
-		if err := rows.Scan(&t.Topic, &t.Partitions, &t.Sequenced, &t.Unsequenced); err != nil {
+		if err := rows.Scan(&t.Topic, &t.Partitions, &t.Sequenced, &t.Unsequenced, &t.ForwardOnly); err != nil {
 			return nil, err
 		}
 		t.Groups = []GroupStatus{}

@@ -135,23 +135,30 @@ func (a *app) topicsCommand() *cobra.Command {
 				Sequenced   int64  `json:"sequenced"`
 				Unsequenced int64  `json:"unsequenced"`
 				Groups      int    `json:"groups"`
+				// Path: "log" (sequenced into the log, read by any
+				// group) or "forwarder-only" (outbox.ForwardOnly).
+				Path string `json:"path"`
 			}
 			out := []topic{}
 			for _, t := range rep.Topics {
-				out = append(out, topic{t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, len(t.Groups)})
+				out = append(out, topic{t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, len(t.Groups), topicPath(t.ForwardOnly)})
 			}
 			return a.print(out, func(w *termsafe.Writer) {
-				w.Printf("TOPIC\tPARTITIONS\tSEQUENCED\tPENDING\tGROUPS\n")
+				w.Printf("TOPIC\tPARTITIONS\tSEQUENCED\tPENDING\tGROUPS\tPATH\n")
 				for _, t := range out {
-					w.Printf("%s\t%d\t%d\t%d\t%d\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, t.Groups)
+					w.Printf("%s\t%d\t%d\t%d\t%d\t%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, t.Groups, t.Path)
 				}
 			})
 		},
 	})
-	cmd.AddCommand(&cobra.Command{
-		Use:     "register TOPIC PARTITIONS",
-		Short:   "Register a topic with a partition count (1..1024)",
-		Example: "  outbox topics register orders 16",
+	var forwardOnly bool
+	register := &cobra.Command{
+		Use:   "register TOPIC PARTITIONS",
+		Short: "Register a topic with a partition count (1..1024)",
+		Long: `register registers a topic with its partition count, fixed from then on. With --forward-only the topic is
+read by one Forwarder and no Subscriber: its messages go from pending to the broker without the log
+(outbox.ForwardOnly; docs/forwarder.md, "Forwarder-only topics"), also fixed from then on.`,
+		Example: "  outbox topics register orders 16\n  outbox topics register payments.kafka 16 --forward-only",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := strconv.Atoi(args[1])
@@ -162,14 +169,20 @@ func (a *app) topicsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := outbox.RegisterTopic(cmd.Context(), pool, a.schemaName(), args[0], n); err != nil {
+			var opts []outbox.TopicOption
+			if forwardOnly {
+				opts = append(opts, outbox.ForwardOnly())
+			}
+			if err := outbox.RegisterTopic(cmd.Context(), pool, a.schemaName(), args[0], n, opts...); err != nil {
 				return err
 			}
-			return a.print(map[string]any{"topic": args[0], "partitions": n}, func(w *termsafe.Writer) {
-				w.Printf("topic %s registered with %d partitions\n", args[0], n)
+			return a.print(map[string]any{"topic": args[0], "partitions": n, "path": topicPath(forwardOnly)}, func(w *termsafe.Writer) {
+				w.Printf("topic %s registered with %d partitions (%s)\n", args[0], n, topicPath(forwardOnly))
 			})
 		},
-	})
+	}
+	register.Flags().BoolVar(&forwardOnly, "forward-only", false, "read by one Forwarder and no Subscriber: no copy into the log (outbox.ForwardOnly)")
+	cmd.AddCommand(register)
 	return cmd
 }
 
@@ -206,4 +219,12 @@ every consumer group (and, with --keep-for, only those older than that), and nam
 	}
 	cmd.Flags().DurationVar(&keepFor, "keep-for", 0, "keep rows sequenced less than this long ago")
 	return cmd
+}
+
+// topicPath names the path a topic's messages take.
+func topicPath(forwardOnly bool) string {
+	if forwardOnly {
+		return "forwarder-only"
+	}
+	return "log"
 }

@@ -110,7 +110,11 @@ func statusTable(w *termsafe.Writer, rep admin.Report) {
 		if t.Delayed > 0 && t.NextDueAt != nil {
 			delayed = fmt.Sprintf(" (%d delayed, next due at %s)", t.Delayed, t.NextDueAt.Format(time.RFC3339))
 		}
-		w.Printf("\ntopic %s: %d partitions, %d sequenced, %d pending%s%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, delayed, held)
+		if t.ForwardOnly {
+			w.Printf("\ntopic %s (forwarder-only): %d partitions, %d forwarded, %d pending%s%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, delayed, held)
+		} else {
+			w.Printf("\ntopic %s: %d partitions, %d sequenced, %d pending%s%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, delayed, held)
+		}
 		for _, g := range t.Groups {
 			w.Printf("  group %s: lag %d (%.1fs), %d members, %d leased, %d paused, %d failing, %d backing off, %d keys held, %d dead letters\n",
 				g.Group, g.Lag, g.MaxLagSeconds, len(g.Members), g.Leased, g.Paused, g.Failing, g.BackingOff, g.HeldKeys, g.DeadLetters)

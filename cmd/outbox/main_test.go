@@ -104,6 +104,17 @@ func TestOperatorCommands(t *testing.T) {
 		Topic      string
 		Partitions int
 	}
+	c.ok("topics", "register", "payments", "2", "--forward-only")
+	var paths []struct{ Topic, Path string }
+	c.json(&paths, "topics", "list")
+	if len(paths) != 2 || paths[0].Path != "log" || paths[1].Topic != "payments" || paths[1].Path != "forwarder-only" {
+		t.Fatalf("topics list: %+v, want orders on the log path and payments forwarder-only", paths)
+	}
+	if out := c.ok("topics", "list"); !strings.Contains(out, "forwarder-only") {
+		t.Fatalf("topics list: %s", out)
+	}
+	b.Exec(`DELETE FROM ` + b.Schema + `.partitions WHERE topic = 'payments'`)
+	b.Exec(`DELETE FROM ` + b.Schema + `.topics WHERE name = 'payments'`)
 	c.json(&topics, "topics", "list")
 	if len(topics) != 1 || topics[0].Topic != "orders" || topics[0].Partitions != 2 {
 		t.Fatalf("topics list: %+v", topics)

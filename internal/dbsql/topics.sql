@@ -26,10 +26,12 @@ SELECT partitions, forward_only FROM {{schema}}.topics WHERE name = $1;
 
 -- name: TopicsStatus
 -- Admin status: topic $1 ('' for all) with its partition count, the
--- messages sequenced so far and those still pending.
+-- messages sequenced so far (forwarded, for a forwarder-only topic), those
+-- still pending, and whether it is forwarder-only.
 SELECT t.name, t.partitions,
 	coalesce((SELECT sum(p.last_seq) FROM {{schema}}.partitions p WHERE p.topic = t.name), 0)::int8,
-	(SELECT count(*) FROM {{schema}}.pending m WHERE m.topic = t.name)
+	(SELECT count(*) FROM {{schema}}.pending m WHERE m.topic = t.name),
+	t.forward_only
 FROM {{schema}}.topics t WHERE $1 = '' OR t.name = $1 ORDER BY t.name;
 
 -- name: TopicsIncarnation
