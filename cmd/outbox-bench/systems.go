@@ -320,6 +320,9 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 		if fwd != nil {
 			_ = fwd.Close()
 			<-done
+			if st := fwd.Stats(); st.Batches > 0 {
+				logf("forwarder: %d messages in %d batches (%.1f per batch), %d failures", st.Messages, st.Batches, float64(st.Messages)/float64(st.Batches), st.Failures)
+			}
 		}
 		if target != nil {
 			_ = target.Close()

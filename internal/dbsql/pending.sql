@@ -175,26 +175,24 @@ ORDER BY p.part, m.id;
 -- by the lease, and that partition's rows forwarded leave pending (and
 -- bodies), and partitions.last_seq follows. $1 group, $2 topic, $3 lease
 -- owner; one element per partition: $4 partitions, $5 lease tokens, $6
--- last seqs, $7 the pending ids forwarded, each partition's as one JSON
--- array (text). A partition whose lease is gone (another instance took
--- it, or it expired) moves nothing and deletes nothing: the statement
--- returns the partitions that moved, and the caller rolls back when one is
--- missing. Rows already gone (another owner's tail read deleted them)
--- are skipped.
-WITH r AS MATERIALIZED (
-	SELECT * FROM unnest($4::int4[], $5::int8[], $6::int8[], $7::text[]) AS r(part, token, last, ids)
-), moved AS (
+-- last seqs; one element per row forwarded: $7 its partition, $8 its
+-- pending id (looked up by the primary key). A partition whose lease is
+-- gone (another instance took it, or it expired) or whose cursor is past
+-- its last seq moves nothing and deletes nothing: the statement returns
+-- the partitions that moved. Rows already gone (another owner's tail read
+-- deleted them) are skipped.
+WITH moved AS (
 	UPDATE {{schema}}.cursors c SET seq = r.last, attempts = 0, unexplained = 0, deliveries = 0,
 		inflight_from = 0, inflight_to = 0, inflight_solo = false,
 		backoff_until = NULL, last_error = NULL, last_error_at = NULL, updated_at = clock_timestamp()
-	FROM r
+	FROM unnest($4::int4[], $5::int8[], $6::int8[]) AS r(part, token, last)
 	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition = r.part AND c.lease_owner = $3
 		AND c.lease_token = r.token AND c.lease_expires_at > clock_timestamp() AND c.seq <= r.last
-	RETURNING r.part, r.ids, r.last
+	RETURNING r.part, r.last
 ), gone AS (
 	DELETE FROM {{schema}}.pending m
-	USING moved, jsonb_array_elements_text(moved.ids::jsonb) AS e(id)
-	WHERE m.id = e.id::int8 AND m.topic = $2 AND m.partition = moved.part
+	USING unnest($7::int4[], $8::int8[]) AS x(part, id)
+	WHERE m.id = x.id AND x.part IN (SELECT part FROM moved) AND m.topic = $2 AND m.partition = x.part
 	RETURNING m.body_id
 ), bodies AS (
 	DELETE FROM {{schema}}.bodies b WHERE b.id IN (SELECT body_id FROM gone WHERE body_id IS NOT NULL)

@@ -21,6 +21,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/notifier"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/origin"
+	"github.com/millrace/watermill-outbox/internal/queuevacuum"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
@@ -80,14 +81,25 @@ type part struct {
 	failures  int // rounds failed in a row
 }
 
+// FollowUpShare: after a round that forwarded messages the next one starts
+// at least Pace/FollowUpShare after it unprompted (2 ms for the Default
+// profile's 20 ms pace), so that a steady stream is taken in rounds of a
+// few messages rather than one round per message.
+const FollowUpShare = 10
+
 // Loop forwards one forwarder-only topic: Run until ctx ends (or, driven
 // by a caller, Step).
 type Loop struct {
-	cfg    Config
-	store  Store
-	mgr    *lease.Manager // of Step
-	logger watermill.LoggerAdapter
-	wake   chan struct{}
+	cfg   Config
+	store Store
+	mgr   *lease.Manager // of Step
+	// compact vacuums pending as the sequencer does (queuevacuum says
+	// why): here the forwarder empties it. nil on a Store of the
+	// simulator.
+	compact *queuevacuum.Vacuumer
+	runCtx  context.Context // Run's, which the vacuums end with
+	logger  watermill.LoggerAdapter
+	wake    chan struct{}
 
 	mu    sync.Mutex
 	parts map[int]*part
@@ -113,15 +125,18 @@ func New(cfg Config) *Loop {
 		cfg.SendTimeout = 10 * time.Second
 	}
 	store := cfg.Store
+	var compact *queuevacuum.Vacuumer
 	if store == nil {
 		store = NewPGStore(cfg.Pool, cfg.Schema)
+		compact = queuevacuum.New(cfg.Pool, cfg.Schema, cfg.Logger)
 	}
 	return &Loop{
-		cfg:    cfg,
-		store:  store,
-		logger: cfg.Logger.With(watermill.LogFields{"topic": cfg.Topic, "path": "forwarder-only"}),
-		wake:   make(chan struct{}, 1),
-		parts:  map[int]*part{},
+		cfg:     cfg,
+		store:   store,
+		compact: compact,
+		logger:  cfg.Logger.With(watermill.LogFields{"topic": cfg.Topic, "path": "forwarder-only"}),
+		wake:    make(chan struct{}, 1),
+		parts:   map[int]*part{},
 	}
 }
 
@@ -226,6 +241,10 @@ func (l *Loop) Run(ctx context.Context) error {
 	if observe.Enabled() {
 		observe.Current().Forwarding(l.cfg.Source, l.cfg.TargetTopic) // its error series exist at 0 before the first round
 	}
+	l.runCtx = ctx
+	if l.compact != nil {
+		defer l.compact.Wait()
+	}
 	if l.cfg.Pool != nil && l.cfg.Store == nil {
 		sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, func(string) { l.poke() })
 		defer sub.Unlisten()
@@ -237,28 +256,41 @@ func (l *Loop) Run(ctx context.Context) error {
 	go func() {
 		leases <- m.Run(ctx, l.adopt)
 	}()
-	poll := time.NewTimer(0)
-	defer poll.Stop()
+	// The rounds' schedule follows the sequencer's (SequencerConfig):
+	// after a round that forwarded n messages the next one starts
+	// tune.FollowLoad(Pace, n) after it, notified or not (publishers
+	// notify at most every PublisherConfig.NotifyInterval, so a stream of
+	// commits is found by these follow-ups, in rounds that grow with the
+	// load); after a round that found nothing the follow-up doubles, up to
+	// Poll; a notification starts a round, not sooner than the pace after
+	// the last one.
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	followUp, gap := time.Duration(0), time.Duration(0)
 	for {
 		start := time.Now()
 		n, full := l.round(ctx)
-		if n > 0 {
-			// The pace follows the load (tune.FollowLoad, as the
-			// sequencer's): after a round of one message the next may
-			// start soon; the more a round carried, the longer the next
-			// one gathers, up to the profile's busy pace.
-			if wait := time.Until(start.Add(tune.FollowLoad(l.cfg.Pace, n))); wait > 0 {
-				poll.Reset(wait)
-				select {
-				case <-ctx.Done():
-				case <-poll.C:
-				}
-			}
-			if full && ctx.Err() == nil {
-				continue
-			}
+		gap = tune.FollowLoad(l.cfg.Pace, n)
+		var wait time.Duration
+		switch {
+		case n > 0:
+			followUp = max(gap, l.cfg.Pace/FollowUpShare, time.Millisecond)
+			wait = followUp - time.Since(start)
+		case followUp > 0:
+			// Nothing came since: the next look is at the busy pace,
+			// then doubling, while notifications wake it for new work.
+			followUp = min(max(2*followUp, l.cfg.Pace), l.cfg.Poll)
+			wait = followUp
+		default:
+			wait = l.cfg.Poll
 		}
-		poll.Reset(l.cfg.Poll)
+		if full {
+			wait = gap - time.Since(start)
+		}
+		if wait <= 0 && ctx.Err() == nil {
+			continue
+		}
+		timer.Reset(max(wait, 0))
 		select {
 		case <-ctx.Done():
 			l.releaseAll()
@@ -266,8 +298,15 @@ func (l *Loop) Run(ctx context.Context) error {
 		case err := <-leases:
 			l.releaseAll()
 			return err
+		case <-timer.C:
 		case <-l.wake:
-		case <-poll.C:
+			if d := gap - time.Since(start); d > 0 {
+				timer.Reset(d)
+				select {
+				case <-ctx.Done():
+				case <-timer.C:
+				}
+			}
 		}
 	}
 }
@@ -365,7 +404,11 @@ func (l *Loop) round(ctx context.Context) (n int, full bool) {
 	// that the next owner has nothing to reconcile.
 	recordCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.SendTimeout)
 	defer cancel()
-	return l.record(recordCtx, batches), full
+	n = l.record(recordCtx, batches)
+	if l.compact != nil && n > 0 && l.runCtx != nil {
+		l.compact.Moved(l.runCtx, n)
+	}
+	return n, full
 }
 
 // observe reports a round's sends to the metrics, per partition.

@@ -2,7 +2,6 @@ package direct
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -85,21 +84,21 @@ func (s pgStore) Forwarded(ctx context.Context, tx pgx.Tx, group, topic, owner s
 	ps := make([]int32, len(moves))
 	tokens := make([]int64, len(moves))
 	lasts := make([]int64, len(moves))
-	ids := make([]string, len(moves))
+	var idParts []int32
+	var ids []int64
 	for i, m := range moves {
 		ps[i], tokens[i], lasts[i] = int32(m.Partition), m.Token, m.Last
-		b, err := json.Marshal(append([]int64{}, m.IDs...))
-		if err != nil {
-			return nil, err
+		for _, id := range m.IDs {
+			idParts = append(idParts, int32(m.Partition))
+			ids = append(ids, id)
 		}
-		ids[i] = string(b)
 	}
 	var rows pgx.Rows
 	var err error
 	if tx == nil {
-		rows, err = s.pool.Query(ctx, s.q.PendingForwarded, group, topic, owner, ps, tokens, lasts, ids)
+		rows, err = s.pool.Query(ctx, s.q.PendingForwarded, group, topic, owner, ps, tokens, lasts, idParts, ids)
 	} else {
-		rows, err = tx.Query(ctx, s.q.PendingForwarded, group, topic, owner, ps, tokens, lasts, ids)
+		rows, err = tx.Query(ctx, s.q.PendingForwarded, group, topic, owner, ps, tokens, lasts, idParts, ids)
 	}
 	if err != nil {
 		return nil, err
