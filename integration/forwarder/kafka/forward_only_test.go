@@ -13,6 +13,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
+	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/direct"
@@ -241,5 +242,56 @@ func TestForwardOnlyNeedsTheExactlyOnceKafkaTarget(t *testing.T) {
 				t.Fatalf("Run: %T %v, want a *ConfigError", err, err)
 			}
 		})
+	}
+}
+
+// On the short path a delayed message waits in pending until it is due,
+// and holds the later messages of its key behind it, as on the log path;
+// a tombstone arrives as a record with its key and a null value.
+func TestForwardOnlyDelaysAndTombstones(t *testing.T) {
+	e := fwdtest.NewEnv(t)
+	registerForwardOnly(t, e, "orders", 1)
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "orders", 1, nil)
+	fwdtest.StartForwarder(t, e, nil, newTarget(t, c, false), []string{"orders"}, func(cfg *forwarder.Config) {
+		cfg.TargetTopic = func(string) string { return topic }
+	})
+	keyed := func(key, payload string) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), []byte(payload))
+		m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		return m
+	}
+	due := time.Now().Add(2 * time.Second)
+	delayed := keyed("a", "later")
+	if err := outbox.DeliverAt(delayed, due); err != nil {
+		t.Fatal(err)
+	}
+	behind := keyed("a", "behind the delayed one")
+	other := keyed("b", "another key")
+	tomb := keyed("c", "")
+	tomb.Payload = nil
+	if err := outbox.Tombstone(tomb); err != nil {
+		t.Fatal(err)
+	}
+	e.Publish("orders", delayed, behind, other, tomb)
+	outboxtest.WaitFor(t, "the undelayed key's messages forwarded", time.Minute, func() bool { return e.Rows("pending") == 2 })
+	if n := len(c.ReadCommitted(t, topic)); n != 2 {
+		t.Fatalf("Kafka holds %d records before the delayed message is due, want 2 (the other key's and the tombstone)", n)
+	}
+	outboxtest.WaitFor(t, "the delayed key's messages forwarded", time.Minute, func() bool { return e.Rows("pending") == 0 })
+	if time.Now().Before(due) {
+		t.Fatalf("the delayed message left pending before it was due")
+	}
+	got := c.ReadCommitted(t, topic)
+	var order []string
+	for _, r := range got {
+		order = append(order, kafkatest.Header(r, kafka.UUIDHeaderKey))
+		if string(r.Key) == "c" && (r.Value != nil || kafkatest.Header(r, outbox.MetadataTombstone) != "true") {
+			t.Fatalf("the tombstone's record: value %#v, header %q; want a null value and the mark", r.Value, kafkatest.Header(r, outbox.MetadataTombstone))
+		}
+	}
+	want := []string{other.UUID, tomb.UUID, delayed.UUID, behind.UUID}
+	if strings.Join(order, " ") != strings.Join(want, " ") {
+		t.Fatalf("Kafka holds %v, want %v (the delayed message and the one behind it last, in their order)", order, want)
 	}
 }
