@@ -1,0 +1,122 @@
+package direct_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/millrace/watermill-outbox/internal/direct"
+	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/origin"
+	"github.com/millrace/watermill-outbox/internal/sim"
+	"github.com/millrace/watermill-outbox/internal/tune"
+)
+
+// recordingTarget takes every round whole and notes when each came and
+// what it carried.
+type recordingTarget struct {
+	mu     sync.Mutex
+	rounds []sentRound
+}
+
+type sentRound struct {
+	at   time.Duration // since the test's start
+	uuid []string
+}
+
+var start time.Time
+
+func (r *recordingTarget) Reconcile(context.Context, origin.Origin, string, int64) ([]direct.Held, error) {
+	return nil, nil
+}
+
+func (r *recordingTarget) SendRound(_ context.Context, _ string, batches []*direct.Batch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var uuids []string
+	for _, b := range batches {
+		for _, m := range b.Messages {
+			uuids = append(uuids, m.UUID)
+		}
+		b.Done = len(b.Messages)
+	}
+	r.rounds = append(r.rounds, sentRound{time.Since(start), uuids})
+}
+
+func (r *recordingTarget) sent() []sentRound {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]sentRound(nil), r.rounds...)
+}
+
+// The rounds follow the load, found by the loop itself (publishers notify
+// at most every 10 ms): after a round that forwarded messages the next
+// starts max(FollowLoad(Pace, n), Pace/FollowUpShare) after it, so a
+// message committed meanwhile goes then and not sooner; after a round that
+// found nothing the loop looks again at the busy pace, then at twice that,
+// up to Poll. On the simulator's database model and a fake clock: exact.
+func TestRoundsFollowTheLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start = time.Now()
+		model := sim.NewDBModel("g", time.Now)
+		target := &recordingTarget{}
+		const pace = 20 * time.Millisecond
+		loop := direct.New(direct.Config{
+			Store: model.Pending(), Schema: "s", Group: "g", Topic: "orders", Partitions: 1, TargetTopic: "orders",
+			Target: target, Lease: lease.Config{Store: model.Lease(), MemberID: "m", TTL: time.Minute},
+			BatchSize: 10, Pace: pace, Poll: time.Second,
+		})
+		model.InsertPending(0, "m1", "k").Commit(model)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- loop.Run(ctx) }()
+		// The lease comes with the manager's first balance.
+		for i := 0; i < 5000 && len(target.sent()) == 0; i++ {
+			time.Sleep(time.Millisecond)
+			synctest.Wait()
+		}
+		first := target.sent()
+		if len(first) != 1 || len(first[0].uuid) != 1 || first[0].uuid[0] != "m1" {
+			t.Fatalf("first rounds %+v, want m1 alone at once", first)
+		}
+		t0 := first[0].at
+		followUp := max(tune.FollowLoad(pace, 1), pace/direct.FollowUpShare)
+		time.Sleep(followUp / 2)
+		model.InsertPending(0, "m2", "k").Commit(model)
+		time.Sleep(followUp/2 - time.Nanosecond)
+		synctest.Wait()
+		if n := len(target.sent()); n != 1 {
+			t.Fatalf("%d rounds before the follow-up was due, want 1", n)
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		got := target.sent()
+		if len(got) != 2 || got[1].uuid[0] != "m2" || got[1].at-t0 != followUp {
+			t.Fatalf("rounds %+v: want m2 sent %v after the first round", got, followUp)
+		}
+		// Nothing more: the loop looks again after the busy pace and then
+		// at twice the interval, and sends nothing.
+		time.Sleep(pace + 2*pace + 4*pace)
+		synctest.Wait()
+		if n := len(target.sent()); n != 2 {
+			t.Fatalf("%d rounds, want 2: an empty look sends nothing", n)
+		}
+		// A message after a quiet spell is found by the next look, at most
+		// Poll later.
+		model.InsertPending(0, "m3", "k").Commit(model)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := target.sent(); len(got) != 3 || got[2].uuid[0] != "m3" {
+			t.Fatalf("rounds %+v: want m3 found within Poll", got)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if c := loop.Stats(); c.Messages != 3 || c.Rounds != 3 {
+			t.Fatalf("stats %+v, want 3 messages in 3 rounds", c)
+		}
+	})
+}
