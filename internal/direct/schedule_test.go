@@ -2,6 +2,7 @@ package direct_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -27,6 +28,32 @@ type sentRound struct {
 }
 
 var start time.Time
+
+// countingStore notes when the loop reads pending.
+type countingStore struct {
+	direct.Store
+	mu    sync.Mutex
+	reads []time.Duration
+}
+
+func (c *countingStore) ReadPending(ctx context.Context, topic string, partitions []int32, limit int, now time.Time) ([]direct.Row, error) {
+	c.mu.Lock()
+	c.reads = append(c.reads, time.Since(start))
+	c.mu.Unlock()
+	return c.Store.ReadPending(ctx, topic, partitions, limit, now)
+}
+
+func (c *countingStore) since(t time.Duration) []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []time.Duration
+	for _, r := range c.reads {
+		if r > t {
+			out = append(out, r-t)
+		}
+	}
+	return out
+}
 
 func (r *recordingTarget) Reconcile(context.Context, origin.Origin, string, int64) ([]direct.Held, error) {
 	return nil, nil
@@ -62,9 +89,10 @@ func TestRoundsFollowTheLoad(t *testing.T) {
 		start = time.Now()
 		model := sim.NewDBModel("g", time.Now)
 		target := &recordingTarget{}
+		store := &countingStore{Store: model.Pending()}
 		const pace = 20 * time.Millisecond
 		loop := direct.New(direct.Config{
-			Store: model.Pending(), Schema: "s", Group: "g", Topic: "orders", Partitions: 1, TargetTopic: "orders",
+			Store: store, Schema: "s", Group: "g", Topic: "orders", Partitions: 1, TargetTopic: "orders",
 			Target: target, Lease: lease.Config{Store: model.Lease(), MemberID: "m", TTL: time.Minute},
 			BatchSize: 10, Pace: pace, Poll: time.Second,
 		})
@@ -98,10 +126,15 @@ func TestRoundsFollowTheLoad(t *testing.T) {
 		}
 		// Nothing more: the loop looks again after the busy pace and then
 		// at twice the interval, and sends nothing.
-		time.Sleep(pace + 2*pace + 4*pace)
+		time.Sleep(8 * pace)
 		synctest.Wait()
 		if n := len(target.sent()); n != 2 {
 			t.Fatalf("%d rounds, want 2: an empty look sends nothing", n)
+		}
+		tm2 := got[1].at
+		want := []time.Duration{followUp, followUp + pace, followUp + 3*pace, followUp + 7*pace}
+		if looks := store.since(tm2); len(looks) < len(want) || !slices.Equal(looks[:len(want)], want) {
+			t.Fatalf("looks after the last round at %v, want %v", looks, want)
 		}
 		// A message after a quiet spell is found by the next look, at most
 		// Poll later.
