@@ -232,7 +232,7 @@ var coreEntries = []entry{
 		e.fails("RegisterTopic(pool, \"\", \"\", 0)", func() error { return outbox.RegisterTopic(e.ctx, e.pool, e.schema, "", 0) })
 	}},
 	{"outbox.ForwardOnly", func(e *env) {
-		e.call("ForwardOnly()", func() { outbox.ForwardOnly() })
+		e.call("ForwardOnly()", func() { _ = outbox.ForwardOnly() })
 		e.fails("RegisterTopic(nil pool, ForwardOnly(), TopicOption{})", func() error {
 			return outbox.RegisterTopic(e.ctx, (*pgxpool.Pool)(nil), "", "orders", 1, outbox.ForwardOnly(), outbox.TopicOption{})
 		})

@@ -81,7 +81,7 @@ type part struct {
 	failures  int // rounds failed in a row
 }
 
-// FollowUpShare: after a round that forwarded messages the next one starts
+// FollowUpShare sets the least follow-up: after a round that forwarded messages the next one starts
 // at least Pace/FollowUpShare after it unprompted (2 ms for the Default
 // profile's 20 ms pace), so that a steady stream is taken in rounds of a
 // few messages rather than one round per message.
