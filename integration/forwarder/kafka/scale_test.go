@@ -40,7 +40,7 @@ func TestManyPartitionsOnOneInstance(t *testing.T) {
 	at := map[int]snapshot{}
 	for _, partitions := range []int{64, 256} {
 		t.Run(strconv.Itoa(partitions), func(t *testing.T) {
-			at[partitions] = forwardPartitions(t, partitions)
+			at[partitions] = forwardPartitions(t, partitions, false)
 		})
 	}
 	if t.Failed() {
@@ -57,12 +57,43 @@ func TestManyPartitionsOnOneInstance(t *testing.T) {
 	}
 }
 
+// A forwarder-only topic (outbox.ForwardOnly) is forwarded by one loop per
+// topic, not a Worker per partition: the goroutines of the process (but
+// the in-process broker's) stay flat in the number of partitions too.
+func TestManyPartitionsForwardOnly(t *testing.T) {
+	if _, err := os.Stat("/proc/self/net/tcp"); err != nil {
+		t.Skip("counts sockets through /proc (Linux)")
+	}
+	at := map[int]snapshot{}
+	for _, partitions := range []int{64, 256} {
+		t.Run(strconv.Itoa(partitions), func(t *testing.T) {
+			at[partitions] = forwardPartitions(t, partitions, true)
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	small, big := at[64], at[256]
+	t.Logf("64 partitions: %v", small)
+	t.Logf("256 partitions: %v", big)
+	if big.conns > small.conns {
+		t.Errorf("256 partitions hold %d connections to the brokers, 64 held %d: not flat", big.conns, small.conns)
+	}
+	if g, s := big.goroutines-big.kfake, small.goroutines-small.kfake; g > s+10 {
+		t.Errorf("256 partitions run %d goroutines (beyond the broker's), 64 ran %d: not flat", g, s)
+	}
+}
+
 // forwardPartitions forwards a topic of partitions outbox partitions
 // exactly once on one instance and returns what forwarding holds open
 // beyond what was open before (connections, kgo goroutines, heap growth).
-func forwardPartitions(t *testing.T, partitions int) snapshot {
+func forwardPartitions(t *testing.T, partitions int, forwardOnly bool) snapshot {
 	e := fwdtest.NewEnv(t)
-	e.Register("orders", partitions)
+	if forwardOnly {
+		registerForwardOnly(t, e, "orders", partitions)
+	} else {
+		e.Register("orders", partitions)
+	}
 	c := kafkatest.New(t)
 	topic := c.Topic(t, "orders", partitions, nil)
 	brokers := len(c.Brokers)
