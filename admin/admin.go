@@ -282,7 +282,9 @@ type CursorReset struct {
 // (*NotFoundError), and nothing changes.
 //
 // Messages the retention vacuum already deleted cannot be replayed: the
-// group goes on from the oldest one left.
+// group goes on from the oldest one left. A forwarder-only topic
+// (outbox.ForwardOnly) has no log: its cursors are refused
+// (ErrInvalidArgument).
 func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]CursorReset, error) {
 	if err := s.validate(); err != nil {
 		return nil, err
@@ -304,6 +306,11 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 	}
 	var resets []CursorReset
 	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
+		var partitions int
+		var forwardOnly bool
+		if err := tx.QueryRow(ctx, a.q.TopicsForwardOnly, s.Topic).Scan(&partitions, &forwardOnly); err == nil && forwardOnly {
+			return fmt.Errorf("%w: topic %q is forwarder-only (outbox.ForwardOnly): it keeps no log to replay or skip, and its cursors stand where the broker's records end (its forwarder puts them back there at its next takeover)", ErrInvalidArgument, s.Topic)
+		}
 		// Lock the cursors and read each partition's head; with a time, also
 		// the seq before the first message sequenced at or after it.
 		stmt, target := a.q.CursorsLockForResetToSeq, any(pos.seq)

@@ -1,6 +1,8 @@
 package admin_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -42,5 +44,9 @@ func TestStatusSaysWhichPathATopicTakes(t *testing.T) {
 	}
 	if !paths["payments"] || paths["orders"] {
 		t.Fatalf("forwarder-only: %v, want payments only", paths)
+	}
+	// No log to replay: a reset of its cursors is refused, nothing moves.
+	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "outbox-forwarder", Topic: "payments"}, admin.ToSeq(0)); !errors.Is(err, admin.ErrInvalidArgument) || !strings.Contains(err.Error(), "forwarder-only") {
+		t.Fatalf("ResetCursor of a forwarder-only topic: %v, want ErrInvalidArgument", err)
 	}
 }
