@@ -22,6 +22,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/internal/queuevacuum"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
@@ -92,7 +93,8 @@ const FollowUpShare = 10
 type Loop struct {
 	cfg   Config
 	store Store
-	mgr   *lease.Manager // of Step
+	life  startstop.Service // of Run
+	mgr   *lease.Manager    // of Step
 	// compact vacuums pending as the sequencer does (queuevacuum says
 	// why): here the forwarder empties it. nil on a Store of the
 	// simulator.
@@ -131,6 +133,7 @@ func New(cfg Config) *Loop {
 		compact = queuevacuum.New(cfg.Pool, cfg.Schema, cfg.Logger)
 	}
 	return &Loop{
+		life:    startstop.Service{Name: "forwarder-only topic " + cfg.Topic},
 		cfg:     cfg,
 		store:   store,
 		compact: compact,
@@ -233,7 +236,19 @@ func (l *Loop) Stop(ctx context.Context) {
 }
 
 // Run forwards until ctx ends; the leases are given back when it returns.
+//
+// It has the lifecycle of every long-running component
+// (internal/startstop): it runs once (a second Run while it runs is
+// ErrAlreadyRunning, a Run after it stopped ErrClosed), and Close stops it
+// and waits until it returned.
 func (l *Loop) Run(ctx context.Context) error {
+	return l.life.Run(ctx, nil, l.run)
+}
+
+// Close stops Run and waits until it has returned.
+func (l *Loop) Close() { l.life.Close() }
+
+func (l *Loop) run(ctx context.Context) error {
 	m, err := l.manager()
 	if err != nil {
 		return err
@@ -253,9 +268,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	leases := make(chan error, 1)
-	go func() {
-		leases <- m.Run(ctx, l.adopt)
-	}()
+	l.life.Go(func() { leases <- m.Run(ctx, l.adopt) })
 	// The rounds' schedule follows the sequencer's (SequencerConfig):
 	// after a round that forwarded n messages the next one starts
 	// tune.FollowLoad(Pace, n) after it, notified or not (publishers
