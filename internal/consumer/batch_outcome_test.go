@@ -156,3 +156,29 @@ func TestBatchRejectBehindTheHeadThroughItsOwnHandler(t *testing.T) {
 		}
 	})
 }
+
+// A batch retried after its head failed gives the head its attempt number
+// and the messages behind it their first.
+func TestRetriedBatchNumbersTheHeadsAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("a", "b")
+		var attempts [][]string
+		r, _ := batchRig(t, s, nil, func(_ context.Context, b []*message.Message) (int, error) {
+			var got []string
+			for _, m := range b {
+				got = append(got, m.Metadata.Get(MetadataAttempt))
+			}
+			attempts = append(attempts, got)
+			if len(attempts) == 1 {
+				return 0, errors.New("a failed")
+			}
+			return len(b), nil
+		})
+		r.step(nil)
+		time.Sleep(time.Second)
+		r.step(nil)
+		if len(attempts) != 2 || !slices.Equal(attempts[1], []string{"2", "1"}) {
+			t.Fatalf("attempt numbers %v: want the retry to number a's second attempt and b's first", attempts)
+		}
+	})
+}
