@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -262,6 +263,57 @@ func TestNothingHeldNoReload(t *testing.T) {
 		}
 		if s.loads != 1 {
 			t.Fatalf("held table read %d times: want once, at the first turn", s.loads)
+		}
+	})
+}
+
+// A head whose failures on the cursor row are not a crash's charge (it was
+// nacked while the bounds were reached) is delivered again by the next
+// holder, not held at once.
+func TestUnchargedFailedHeadIsDeliveredAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore()
+		keyed(s, "a", "b")
+		s.cursor.attempts, s.cursor.lastError = 1, "seq 1, attempt 1: nacked"
+		r := newRig(t, s, isolated, nil)
+		_, got, _ := r.step(nil)
+		if len(got) == 0 || got[0].UUID != "m1" || len(s.held) != 0 {
+			t.Fatalf("handed out %v, held %v: want a1 delivered again, nothing held", uuids(got), s.held)
+		}
+	})
+}
+
+// A scan backing off sleeps only until the next held retry is due.
+func TestScanBackoffWakesForTheNextHeldRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore()
+		keyed(s, "a", "b")
+		heldAlready(s, 1, 1, time.Now().Add(100*time.Millisecond))
+		r := newRig(t, s, func(c *Config, l *fakeLease) {
+			isolated(c, l)
+			l.backoff = 5 * time.Second
+		}, nil)
+		dir, got, _ := r.step(nil)
+		if d, ok := dir.SleepDelay(); !ok || d != 100*time.Millisecond || len(got) != 0 {
+			t.Fatalf("directive %v, handed out %v: want a sleep of 100ms, until a1's retry", dir, uuids(got))
+		}
+	})
+}
+
+// With the Transactional strategy, the scan's move commits with the
+// handler's writes: when the commit fails, neither happened.
+func TestIsolatedTransactionalCommitFailureMovesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore()
+		keyed(s, "a")
+		s.fail["commit"] = errors.New("connection reset")
+		r := newRig(t, s, func(c *Config, l *fakeLease) {
+			transactional(c, l)
+			isolated(c, l)
+		}, nil)
+		r.step(map[string]answer{"a1": write})
+		if c := s.state(); c.seq != 0 || len(s.committedEffects()) != 0 {
+			t.Fatalf("cursor row %+v, effects %v: want neither the scan move nor the write", c, s.committedEffects())
 		}
 	})
 }
