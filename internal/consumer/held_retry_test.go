@@ -157,6 +157,9 @@ func TestExhaustedHeldMessageIsRejectedWithoutDelivery(t *testing.T) {
 		if len(taken) != 1 || taken[0].Seq != 1 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) || len(s.held) != 0 {
 			t.Fatalf("rejected %+v, held %v: want a1 rejected as poison and released", taken, s.held)
 		}
+		if taken[0].Attempts != 3 {
+			t.Fatalf("dead letter's attempts %d: want the 3 deliveries that happened, not the one counted and taken back", taken[0].Attempts)
+		}
 	})
 }
 
