@@ -126,7 +126,7 @@ func TestTransactionalIsolatedBatchCommitsThePrefixAndHoldsTheFailure(t *testing
 			r.step(nil)
 		}
 		if !slices.Equal(s.committedEffects(), []string{"effect m1", "effect m3"}) || !slices.Equal(heldSeqs(s), []int64{2}) || s.state().seq != 3 {
-			t.Fatalf("effects %v, held %v, cursor row %+v after calls %v: want a1 and c1 done, b1 held", s.committedEffects(), heldSeqs(s), s.state(), *calls)
+			t.Fatalf("effects %v, held %v, cursor row %+v after calls %v: want a1 and c1 done, b1 held", s.committedEffects(), heldSeqs(s), s.state(), calls.all())
 		}
 		if h := s.held[2]; h.Attempts != 1 || !strings.Contains(h.Err, "b1 failed") {
 			t.Fatalf("held row %+v: want b1's one failure", h.Hold)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -19,13 +21,33 @@ import (
 
 // batchRig is a rig whose worker hands whole batches to h, recording each
 // call's uuids.
-func batchRig(t *testing.T, s *fakeStore, edit func(*Config, *fakeLease), h BatchHandler) (*rig, *[][]string) {
-	calls := &[][]string{}
+func batchRig(t *testing.T, s *fakeStore, edit func(*Config, *fakeLease), h BatchHandler) (*rig, *callLog) {
+	calls := &callLog{}
 	record := func(ctx context.Context, batch []*message.Message) (int, error) {
-		*calls = append(*calls, uuids(batch))
+		calls.add(uuids(batch))
 		return h(ctx, batch)
 	}
 	return newRig(t, s, edit, record), calls
+}
+
+// callLog is the uuids of each batch handed out, safe for the handler
+// goroutines a timed-out batch leaves running.
+type callLog struct {
+	mu    sync.Mutex
+	calls [][]string
+}
+
+func (c *callLog) add(uuids []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, uuids)
+}
+
+// all returns the calls so far.
+func (c *callLog) all() [][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([][]string(nil), c.calls...)
 }
 
 func allDone(_ context.Context, b []*message.Message) (int, error) { return len(b), nil }
@@ -36,8 +58,8 @@ func TestBatchDoneMovesTheCursorPastIt(t *testing.T) {
 		s := newFakeStore("a", "b", "c")
 		r, calls := batchRig(t, s, nil, allDone)
 		r.step(nil)
-		if len(*calls) != 1 || len((*calls)[0]) != 3 || s.state().seq != 3 || r.cfg.Counts.Acked.Load() != 3 {
-			t.Fatalf("calls %v, cursor %d, acked %d", *calls, s.state().seq, r.cfg.Counts.Acked.Load())
+		if len(calls.all()) != 1 || len(calls.all()[0]) != 3 || s.state().seq != 3 || r.cfg.Counts.Acked.Load() != 3 {
+			t.Fatalf("calls %v, cursor %d, acked %d", calls.all(), s.state().seq, r.cfg.Counts.Acked.Load())
 		}
 	})
 }
@@ -64,8 +86,8 @@ func TestBatchDoneInPartRetriesTheRest(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		r.step(nil)
-		if !slices.Equal((*calls)[1], []string{"m2", "m3"}) || s.state().seq != 3 {
-			t.Fatalf("retry %v, cursor %d", (*calls)[1], s.state().seq)
+		if !slices.Equal(calls.all()[1], []string{"m2", "m3"}) || s.state().seq != 3 {
+			t.Fatalf("retry %v, cursor %d", calls.all()[1], s.state().seq)
 		}
 	})
 }
@@ -77,10 +99,10 @@ func TestBatchTimeoutRetriesOneAtATime(t *testing.T) {
 		s := newFakeStore("a", "b")
 		hang := make(chan struct{})
 		defer close(hang)
-		first := true
+		var first atomic.Bool
+		first.Store(true)
 		r, calls := batchRig(t, s, nil, func(_ context.Context, b []*message.Message) (int, error) {
-			if first {
-				first = false
+			if first.CompareAndSwap(true, false) {
 				<-hang
 			}
 			return len(b), nil
@@ -90,8 +112,8 @@ func TestBatchTimeoutRetriesOneAtATime(t *testing.T) {
 			t.Fatalf("directive %v, cursor row %+v: want a retry at once, nobody charged", dir, s.state())
 		}
 		r.step(nil)
-		if len((*calls)[1]) != 1 {
-			t.Fatalf("retry batch %v: want one message", (*calls)[1])
+		if len(calls.all()[1]) != 1 {
+			t.Fatalf("retry batch %v: want one message", calls.all()[1])
 		}
 	})
 }
@@ -185,16 +207,16 @@ func TestBatchFailureBehindTheHeadReachesMaxAttempts(t *testing.T) {
 		}
 		taken := r.rejects.taken()
 		if len(taken) != 1 || taken[0].UUID != "m2" || taken[0].Attempts != 3 {
-			t.Fatalf("rejected %+v after %v", taken, *calls)
+			t.Fatalf("rejected %+v after %v", taken, calls.all())
 		}
 		handedBad := 0
-		for _, c := range *calls {
+		for _, c := range calls.all() {
 			if slices.Contains(c, "m2") {
 				handedBad++
 			}
 		}
 		if handedBad != 3 {
-			t.Fatalf("bad handed out %d times (%v), want MaxAttempts 3", handedBad, *calls)
+			t.Fatalf("bad handed out %d times (%v), want MaxAttempts 3", handedBad, calls.all())
 		}
 	})
 }

@@ -160,15 +160,15 @@ func TestAbandonedHandlerMakesAloneNoEvidence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("slow", "b")
 		r := newRig(t, s, nil, nil)
-		var slow *message.Message
-		r.step(map[string]answer{"slow": func(m *message.Message) { slow = m }}) // times out
-		r.w.suspects = span{1, 1}                                                // as if a crash made it a suspect
+		var slow atomic.Pointer[message.Message]                                      // set by the handler's goroutine
+		r.step(map[string]answer{"slow": func(m *message.Message) { slow.Store(m) }}) // times out
+		r.w.suspects = span{1, 1}                                                     // as if a crash made it a suspect
 		time.Sleep(time.Second)
 		r.step(nil)
 		if last := s.reads[len(s.reads)-1]; last.solo {
 			t.Fatalf("read %+v: alone with an abandoned handler running", last)
 		}
-		slow.Ack() // the abandoned handler returns
+		slow.Load().Ack() // the abandoned handler returns
 		synctest.Wait()
 		if _, _, _, abandoned := r.cfg.Gate.state(); abandoned != 0 {
 			t.Fatalf("%d abandoned after the handler answered", abandoned)

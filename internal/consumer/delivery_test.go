@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -207,16 +208,16 @@ func TestHandlerTimeoutIsACountedAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("slow", "b")
 		r := newRig(t, s, nil, nil)
-		var held *message.Message
+		var held atomic.Pointer[message.Message] // set by the handler's goroutine
 		start := time.Now()
-		_, got, _ := r.step(map[string]answer{"slow": func(m *message.Message) { held = m }})
+		_, got, _ := r.step(map[string]answer{"slow": func(m *message.Message) { held.Store(m) }})
 		if took := time.Since(start); took < r.cfg.HandlerTimeout {
 			t.Fatalf("gave up after %v, before HandlerTimeout", took)
 		}
 		if len(got) != 1 || s.state().attempts != 1 || !strings.Contains(s.state().lastError, "HandlerTimeout") {
 			t.Fatalf("cursor row %+v", s.state())
 		}
-		held.Ack() // late
+		held.Load().Ack() // late
 		synctest.Wait()
 		if c := s.state(); c.seq != 0 || r.cfg.Counts.TimedOut.Load() != 1 {
 			t.Fatalf("after the late ack: cursor row %+v, timeouts %d", c, r.cfg.Counts.TimedOut.Load())

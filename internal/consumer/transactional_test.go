@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -111,19 +112,19 @@ func TestTransactionalTimeoutGivesTheTransactionUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("slow")
 		r := newRig(t, s, transactional, nil)
-		var slow *message.Message
-		dir, _, err := r.step(map[string]answer{"slow": func(m *message.Message) { slow = m }})
+		var slow atomic.Pointer[message.Message] // set by the handler's goroutine
+		dir, _, err := r.step(map[string]answer{"slow": func(m *message.Message) { slow.Store(m) }})
 		if _, sleeping := dir.SleepDelay(); err != nil || !sleeping {
 			t.Fatalf("directive %v, err %v", dir, err)
 		}
 		if c := s.state(); c.seq != 0 || c.attempts != 1 || !strings.Contains(c.lastError, "HandlerTimeout") {
 			t.Fatalf("cursor row %+v", c)
 		}
-		tx := pgexec.BindingFrom(slow.Context()).Tx.(pgx.Tx)
+		tx := pgexec.BindingFrom(slow.Load().Context()).Tx.(pgx.Tx)
 		if _, err := tx.Exec(context.Background(), "late write"); err == nil {
 			t.Fatal("the abandoned transaction took a late write")
 		}
-		slow.Ack()
+		slow.Load().Ack()
 		synctest.Wait()
 		if len(s.committedEffects()) != 0 {
 			t.Fatalf("effects %v of a given-up transaction", s.committedEffects())
