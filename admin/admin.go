@@ -308,7 +308,11 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
 		var partitions int
 		var forwardOnly bool
-		if err := tx.QueryRow(ctx, a.q.TopicsForwardOnly, s.Topic).Scan(&partitions, &forwardOnly); err == nil && forwardOnly {
+		err := tx.QueryRow(ctx, a.q.TopicsForwardOnly, s.Topic).Scan(&partitions, &forwardOnly)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("admin: reset: read cursors: %w", err)
+		}
+		if forwardOnly {
 			return fmt.Errorf("%w: topic %q is forwarder-only (outbox.ForwardOnly): it keeps no log to replay or skip, and its cursors stand where the broker's records end (its forwarder puts them back there at its next takeover)", ErrInvalidArgument, s.Topic)
 		}
 		// Lock the cursors and read each partition's head; with a time, also
