@@ -54,7 +54,7 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 		"github.com/millrace/watermill-outbox/cmd/", "github.com/millrace/watermill-outbox/bench",
 		"github.com/millrace/watermill-outbox/integration", "github.com/millrace/watermill-outbox/_examples",
 		"github.com/millrace/watermill-outbox/internal/pgtest", "github.com/millrace/watermill-outbox/internal/pgcluster",
-		"github.com/millrace/watermill-outbox/internal/ceiling",
+		"github.com/millrace/watermill-outbox/internal/ceiling", "github.com/millrace/watermill-outbox/internal/consumer/consumerfake",
 		"github.com/millrace/watermill-outbox/internal/outboxtest", "github.com/millrace/watermill-outbox/internal/fwdtest", "github.com/millrace/watermill-outbox/internal/consoletest",
 		"testing", "go.opentelemetry.io/otel/sdk", "github.com/spf13/cobra", "github.com/chromedp/",
 		"github.com/riverqueue/", "github.com/millrace/watermill-outbox/pgtemp", "github.com/fergusstrange/",

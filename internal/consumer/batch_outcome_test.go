@@ -40,8 +40,8 @@ func TestTransactionalBatchDoneCommitsItsWrites(t *testing.T) {
 			return len(b), nil
 		})
 		r.step(nil)
-		if !slices.Equal(s.committedEffects(), []string{"effect m1", "effect m2"}) || s.state().seq != 2 || s.state().attempts != 0 {
-			t.Fatalf("effects %v, cursor row %+v: want both writes committed with the cursor at 2", s.committedEffects(), s.state())
+		if !slices.Equal(s.CommittedEffects(), []string{"effect m1", "effect m2"}) || s.State().Seq != 2 || s.State().Attempts != 0 {
+			t.Fatalf("effects %v, cursor row %+v: want both writes committed with the cursor at 2", s.CommittedEffects(), s.State())
 		}
 	})
 }
@@ -57,11 +57,11 @@ func TestTransactionalBatchDoneAfterAFailedStatementIsMisuse(t *testing.T) {
 			return len(b), nil
 		})
 		r.step(nil)
-		if c := s.state(); c.seq != 0 || c.attempts != 1 || !strings.Contains(c.lastError, "acked, but a statement it ran in the transaction failed") {
+		if c := s.State(); c.Seq != 0 || c.Attempts != 1 || !strings.Contains(c.LastError, "acked, but a statement it ran in the transaction failed") {
 			t.Fatalf("cursor row %+v: want the head charged with the misuse", c)
 		}
-		if len(s.committedEffects()) != 0 {
-			t.Fatalf("effects %v: want none", s.committedEffects())
+		if len(s.CommittedEffects()) != 0 {
+			t.Fatalf("effects %v: want none", s.CommittedEffects())
 		}
 	})
 }
@@ -75,7 +75,7 @@ func TestTransactionalBatchDoneInPartRecordsTheHandlersError(t *testing.T) {
 			return 1, errors.New("b failed")
 		})
 		r.step(nil)
-		if c := s.state(); c.seq != 0 || c.attempts != 1 || !strings.Contains(c.lastError, "b failed") {
+		if c := s.State(); c.Seq != 0 || c.Attempts != 1 || !strings.Contains(c.LastError, "b failed") {
 			t.Fatalf("cursor row %+v: want the head charged with the handler's error", c)
 		}
 	})
@@ -95,8 +95,8 @@ func TestTransactionalBatchRejectingItsHead(t *testing.T) {
 		})
 		r.step(nil)
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m1" || !errors.Is(taken[0].Reason, cause) || s.state().seq != 1 {
-			t.Fatalf("rejected %+v, cursor row %+v: want the head dead-lettered and the cursor past it", taken, s.state())
+		if len(taken) != 1 || taken[0].UUID != "m1" || !errors.Is(taken[0].Reason, cause) || s.State().Seq != 1 {
+			t.Fatalf("rejected %+v, cursor row %+v: want the head dead-lettered and the cursor past it", taken, s.State())
 		}
 	})
 }
@@ -125,10 +125,10 @@ func TestTransactionalIsolatedBatchCommitsThePrefixAndHoldsTheFailure(t *testing
 		for range 4 {
 			r.step(nil)
 		}
-		if !slices.Equal(s.committedEffects(), []string{"effect m1", "effect m3"}) || !slices.Equal(heldSeqs(s), []int64{2}) || s.state().seq != 3 {
-			t.Fatalf("effects %v, held %v, cursor row %+v after calls %v: want a1 and c1 done, b1 held", s.committedEffects(), heldSeqs(s), s.state(), calls.all())
+		if !slices.Equal(s.CommittedEffects(), []string{"effect m1", "effect m3"}) || !slices.Equal(heldSeqs(s), []int64{2}) || s.State().Seq != 3 {
+			t.Fatalf("effects %v, held %v, cursor row %+v after calls %v: want a1 and c1 done, b1 held", s.CommittedEffects(), heldSeqs(s), s.State(), calls.all())
 		}
-		if h := s.held[2]; h.Attempts != 1 || !strings.Contains(h.Err, "b1 failed") {
+		if h := s.Held[2]; h.Attempts != 1 || !strings.Contains(h.Err, "b1 failed") {
 			t.Fatalf("held row %+v: want b1's one failure", h.Hold)
 		}
 	})
@@ -151,8 +151,8 @@ func TestBatchRejectBehindTheHeadThroughItsOwnHandler(t *testing.T) {
 		r.step(nil)
 		time.Sleep(time.Second)
 		r.step(nil)
-		if got := own.taken(); len(got) != 1 || got[0].UUID != "m2" || s.state().seq != 3 {
-			t.Fatalf("handler's RejectHandler got %+v, cursor row %+v: want m2 there, the batch done", got, s.state())
+		if got := own.taken(); len(got) != 1 || got[0].UUID != "m2" || s.State().Seq != 3 {
+			t.Fatalf("handler's RejectHandler got %+v, cursor row %+v: want m2 there, the batch done", got, s.State())
 		}
 	})
 }

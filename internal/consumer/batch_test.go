@@ -58,8 +58,8 @@ func TestBatchDoneMovesTheCursorPastIt(t *testing.T) {
 		s := newFakeStore("a", "b", "c")
 		r, calls := batchRig(t, s, nil, allDone)
 		r.step(nil)
-		if len(calls.all()) != 1 || len(calls.all()[0]) != 3 || s.state().seq != 3 || r.cfg.Counts.Acked.Load() != 3 {
-			t.Fatalf("calls %v, cursor %d, acked %d", calls.all(), s.state().seq, r.cfg.Counts.Acked.Load())
+		if len(calls.all()) != 1 || len(calls.all()[0]) != 3 || s.State().Seq != 3 || r.cfg.Counts.Acked.Load() != 3 {
+			t.Fatalf("calls %v, cursor %d, acked %d", calls.all(), s.State().Seq, r.cfg.Counts.Acked.Load())
 		}
 	})
 }
@@ -81,13 +81,13 @@ func TestBatchDoneInPartRetriesTheRest(t *testing.T) {
 		if _, sleeping := dir.SleepDelay(); !sleeping {
 			t.Fatalf("directive %v", dir)
 		}
-		if c := s.state(); c.seq != 1 || c.attempts != 1 || !strings.Contains(c.lastError, "seq 2, attempt 1: broker refused b") {
+		if c := s.State(); c.Seq != 1 || c.Attempts != 1 || !strings.Contains(c.LastError, "seq 2, attempt 1: broker refused b") {
 			t.Fatalf("cursor row %+v", c)
 		}
 		time.Sleep(time.Second)
 		r.step(nil)
-		if !slices.Equal(calls.all()[1], []string{"m2", "m3"}) || s.state().seq != 3 {
-			t.Fatalf("retry %v, cursor %d", calls.all()[1], s.state().seq)
+		if !slices.Equal(calls.all()[1], []string{"m2", "m3"}) || s.State().Seq != 3 {
+			t.Fatalf("retry %v, cursor %d", calls.all()[1], s.State().Seq)
 		}
 	})
 }
@@ -108,8 +108,8 @@ func TestBatchTimeoutRetriesOneAtATime(t *testing.T) {
 			return len(b), nil
 		})
 		dir, _, _ := r.step(nil)
-		if !dir.Proceeds() || s.state().attempts != 0 {
-			t.Fatalf("directive %v, cursor row %+v: want a retry at once, nobody charged", dir, s.state())
+		if !dir.Proceeds() || s.State().Attempts != 0 {
+			t.Fatalf("directive %v, cursor row %+v: want a retry at once, nobody charged", dir, s.State())
 		}
 		r.step(nil)
 		if len(calls.all()[1]) != 1 {
@@ -126,7 +126,7 @@ func TestBatchTimeoutOfOneIsCharged(t *testing.T) {
 		defer close(hang)
 		r, _ := batchRig(t, s, nil, func(context.Context, []*message.Message) (int, error) { <-hang; return 1, nil })
 		r.step(nil)
-		if c := s.state(); c.attempts != 1 || !strings.Contains(c.lastError, "HandlerTimeout") {
+		if c := s.State(); c.Attempts != 1 || !strings.Contains(c.LastError, "HandlerTimeout") {
 			t.Fatalf("cursor row %+v", c)
 		}
 	})
@@ -138,7 +138,7 @@ func TestBatchHandlerPanicIsAFailure(t *testing.T) {
 		s := newFakeStore("a")
 		r, _ := batchRig(t, s, nil, func(context.Context, []*message.Message) (int, error) { panic("boom") })
 		r.step(nil)
-		if c := s.state(); c.attempts != 1 || !strings.Contains(c.lastError, "panicked: boom") {
+		if c := s.State(); c.Attempts != 1 || !strings.Contains(c.LastError, "panicked: boom") {
 			t.Fatalf("cursor row %+v", c)
 		}
 	})
@@ -164,8 +164,8 @@ func TestBatchRejectsAMessageWithinIt(t *testing.T) {
 		})
 		r.step(nil)
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, cause) || s.state().seq != 2 {
-			t.Fatalf("rejected %+v, cursor %d", taken, s.state().seq)
+		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, cause) || s.State().Seq != 2 {
+			t.Fatalf("rejected %+v, cursor %d", taken, s.State().Seq)
 		}
 	})
 }
@@ -182,8 +182,8 @@ func TestTransactionalBatchDoneInPartIsUndoneWhole(t *testing.T) {
 			return 1, errors.New("b failed")
 		})
 		r.step(nil)
-		if len(s.committedEffects()) != 0 || s.state().seq != 0 || s.state().attempts != 1 {
-			t.Fatalf("effects %v, cursor row %+v: want nothing committed, the head charged", s.committedEffects(), s.state())
+		if len(s.CommittedEffects()) != 0 || s.State().Seq != 0 || s.State().Attempts != 1 {
+			t.Fatalf("effects %v, cursor row %+v: want nothing committed, the head charged", s.CommittedEffects(), s.State())
 		}
 	})
 }

@@ -24,12 +24,12 @@ func TestReadRecordsTheWholeBatchInFlight(t *testing.T) {
 		s := newFakeStore("a", "b", "c")
 		r := newRig(t, s, nil, nil)
 		var inflight cursorRow
-		r.step(map[string]answer{"b": func(m *message.Message) { inflight = s.state(); m.Ack() }})
-		if inflight.inflightFrom != 1 || inflight.inflightTo != 3 || inflight.inflightSolo {
+		r.step(map[string]answer{"b": func(m *message.Message) { inflight = s.State(); m.Ack() }})
+		if inflight.InflightFrom != 1 || inflight.InflightTo != 3 || inflight.InflightSolo {
 			t.Fatalf("in flight while b is handled: %+v, want 1..3, not alone", inflight)
 		}
-		if len(s.marks) != 0 || len(s.reads) != 1 || !s.reads[0].wholeBatch {
-			t.Fatalf("reads %+v, marks %v: want one read of the whole batch, no marks", s.reads, s.marks)
+		if len(s.Marks) != 0 || len(s.Reads) != 1 || !s.Reads[0].WholeBatch {
+			t.Fatalf("reads %+v, marks %v: want one read of the whole batch, no marks", s.Reads, s.Marks)
 		}
 	})
 }
@@ -42,11 +42,11 @@ func TestCarefulModeRecordsEachMessage(t *testing.T) {
 		r := newRig(t, s, nil, nil)
 		r.cfg.Careful.Extend()
 		var whileB cursorRow
-		r.step(map[string]answer{"b": func(m *message.Message) { whileB = s.state(); m.Ack() }})
-		if !slices.Equal(s.marks, []int64{2, 3}) || s.reads[0].wholeBatch {
-			t.Fatalf("marks %v, read %+v: want b and c marked, the read recording its head only", s.marks, s.reads[0])
+		r.step(map[string]answer{"b": func(m *message.Message) { whileB = s.State(); m.Ack() }})
+		if !slices.Equal(s.Marks, []int64{2, 3}) || s.Reads[0].WholeBatch {
+			t.Fatalf("marks %v, read %+v: want b and c marked, the read recording its head only", s.Marks, s.Reads[0])
 		}
-		if whileB.inflightFrom != 2 || whileB.inflightTo != 2 {
+		if whileB.InflightFrom != 2 || whileB.InflightTo != 2 {
 			t.Fatalf("in flight while b is handled: %+v, want b alone", whileB)
 		}
 	})
@@ -55,11 +55,11 @@ func TestCarefulModeRecordsEachMessage(t *testing.T) {
 // A lease whose acquisition found a crash turns careful mode on.
 func TestACrashFoundTurnsCarefulModeOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := newRig(t, newFakeStore("a"), func(_ *Config, l *fakeLease) { l.unexplained = true }, nil)
+		r := newRig(t, newFakeStore("a"), func(_ *Config, l *fakeLease) { l.Found.Unexplained = true }, nil)
 		if !r.cfg.Careful.On() {
 			t.Fatal("not careful after a crash was found")
 		}
-		r2 := newRig(t, newFakeStore("a"), func(_ *Config, l *fakeLease) { l.charged, l.attempts = 1, 1 }, nil)
+		r2 := newRig(t, newFakeStore("a"), func(_ *Config, l *fakeLease) { l.Found.Charged, l.Found.Attempts = 1, 1 }, nil)
 		if !r2.cfg.Careful.On() || r2.cfg.Counts.Crashed.Load() != 1 {
 			t.Fatalf("a charged crash: careful %v, counted %d", r2.cfg.Careful.On(), r2.cfg.Counts.Crashed.Load())
 		}
@@ -71,22 +71,22 @@ func TestACrashFoundTurnsCarefulModeOn(t *testing.T) {
 func TestSuspectIsDeliveredAlone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "b", "c")
-		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 2} }, nil)
+		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.Found.SuspectFrom, l.Found.SuspectTo = 1, 2 }, nil)
 		var alone bool
 		_, got, _ := r.step(map[string]answer{"a": func(m *message.Message) {
 			_, alone, _, _ = r.cfg.Gate.state()
 			m.Ack()
 		}})
-		if len(got) != 1 || s.reads[0].limit != 1 || !s.reads[0].solo || !alone {
-			t.Fatalf("handed out %v, read %+v, gate alone %v: want a alone", uuids(got), s.reads[0], alone)
+		if len(got) != 1 || s.Reads[0].Limit != 1 || !s.Reads[0].Solo || !alone {
+			t.Fatalf("handed out %v, read %+v, gate alone %v: want a alone", uuids(got), s.Reads[0], alone)
 		}
 		if _, alone, _, _ := r.cfg.Gate.state(); alone {
 			t.Fatal("the gate is still held alone after the outcome was recorded")
 		}
 		r.step(nil) // b, the second suspect
 		r.step(nil) // c, no suspect: a batch again
-		if len(s.reads) != 3 || !s.reads[1].solo || s.reads[2].solo || s.reads[2].limit != 8 {
-			t.Fatalf("reads %+v: want b alone, then c in a batch", s.reads)
+		if len(s.Reads) != 3 || !s.Reads[1].Solo || s.Reads[2].Solo || s.Reads[2].Limit != 8 {
+			t.Fatalf("reads %+v: want b alone, then c in a batch", s.Reads)
 		}
 	})
 }
@@ -95,14 +95,14 @@ func TestSuspectIsDeliveredAlone(t *testing.T) {
 func TestBatchStopsBeforeTheFirstSuspect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "b", "c", "d")
-		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{3, 3} }, nil)
+		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.Found.SuspectFrom, l.Found.SuspectTo = 3, 3 }, nil)
 		_, got, _ := r.step(nil)
 		if !slices.Equal(uuids(got), []string{"m1", "m2"}) {
 			t.Fatalf("first batch %v, want m1 m2 (before the suspect)", uuids(got))
 		}
 		_, got, _ = r.step(nil)
-		if !slices.Equal(uuids(got), []string{"m3"}) || !s.reads[1].solo {
-			t.Fatalf("second batch %v (read %+v), want the suspect alone", uuids(got), s.reads[1])
+		if !slices.Equal(uuids(got), []string{"m3"}) || !s.Reads[1].Solo {
+			t.Fatalf("second batch %v (read %+v), want the suspect alone", uuids(got), s.Reads[1])
 		}
 	})
 }
@@ -112,7 +112,7 @@ func TestBatchStopsBeforeTheFirstSuspect(t *testing.T) {
 func TestSuspectWaitsForTheDeliveriesInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a")
-		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 1} }, nil)
+		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.Found.SuspectFrom, l.Found.SuspectTo = 1, 1 }, nil)
 		other, err := r.cfg.Gate.share(r.lease.Context()) // a delivery of another partition
 		if err != nil {
 			t.Fatal(err)
@@ -129,8 +129,8 @@ func TestSuspectWaitsForTheDeliveriesInFlight(t *testing.T) {
 		default:
 		}
 		other()
-		if got := <-done; len(got) != 1 || !s.reads[0].solo {
-			t.Fatalf("the suspect: %v, read %+v", uuids(got), s.reads)
+		if got := <-done; len(got) != 1 || !s.Reads[0].Solo {
+			t.Fatalf("the suspect: %v, read %+v", uuids(got), s.Reads)
 		}
 	})
 }
@@ -140,7 +140,7 @@ func TestSuspectWaitsForTheDeliveriesInFlight(t *testing.T) {
 func TestSuspectDeliveredNotAloneAfterTheWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a")
-		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 1} }, nil)
+		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.Found.SuspectFrom, l.Found.SuspectTo = 1, 1 }, nil)
 		release, err := r.cfg.Gate.share(r.lease.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -148,8 +148,8 @@ func TestSuspectDeliveredNotAloneAfterTheWait(t *testing.T) {
 		defer release()
 		start := time.Now()
 		_, got, _ := r.step(nil)
-		if len(got) != 1 || s.reads[0].solo || time.Since(start) < r.cfg.HandlerTimeout {
-			t.Fatalf("handed out %d after %v, read %+v: want it delivered, not alone, after HandlerTimeout", len(got), time.Since(start), s.reads[0])
+		if len(got) != 1 || s.Reads[0].Solo || time.Since(start) < r.cfg.HandlerTimeout {
+			t.Fatalf("handed out %d after %v, read %+v: want it delivered, not alone, after HandlerTimeout", len(got), time.Since(start), s.Reads[0])
 		}
 	})
 }
@@ -165,7 +165,7 @@ func TestAbandonedHandlerMakesAloneNoEvidence(t *testing.T) {
 		r.w.suspects = span{1, 1}                                                     // as if a crash made it a suspect
 		time.Sleep(time.Second)
 		r.step(nil)
-		if last := s.reads[len(s.reads)-1]; last.solo {
+		if last := s.Reads[len(s.Reads)-1]; last.Solo {
 			t.Fatalf("read %+v: alone with an abandoned handler running", last)
 		}
 		slow.Load().Ack() // the abandoned handler returns
@@ -208,8 +208,8 @@ func TestAbandonedHandlersGateWaitIsCountedInBackground(t *testing.T) {
 func TestExhaustedHeadIsRejectedWithoutDelivery(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("crasher", "b")
-		s.cursor.attempts, s.cursor.deliveries = 3, 3
-		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.charged, l.lastError = 1, "crashed alone" }, nil)
+		s.Cursor.Attempts, s.Cursor.Deliveries = 3, 3
+		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.Found.Charged, l.Found.LastError = 1, "crashed alone" }, nil)
 		_, got, _ := r.step(nil)
 		if len(got) != 0 {
 			t.Fatalf("handed out %v: the exhausted message must not be delivered again", uuids(got))
@@ -218,8 +218,8 @@ func TestExhaustedHeadIsRejectedWithoutDelivery(t *testing.T) {
 		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) {
 			t.Fatalf("rejected %+v", taken)
 		}
-		if r.cfg.Counts.Rejected.Load() != 1 || s.state().seq != 1 {
-			t.Fatalf("rejections %d, cursor %d", r.cfg.Counts.Rejected.Load(), s.state().seq)
+		if r.cfg.Counts.Rejected.Load() != 1 || s.State().Seq != 1 {
+			t.Fatalf("rejections %d, cursor %d", r.cfg.Counts.Rejected.Load(), s.State().Seq)
 		}
 	})
 }

@@ -35,7 +35,7 @@ func TestAckedBatchMovesTheCursorOnce(t *testing.T) {
 		if !slices.Equal(uuids(got), []string{"m1", "m2", "m3"}) {
 			t.Fatalf("handed out %v", uuids(got))
 		}
-		if c := s.state(); c.seq != 3 || c.attempts != 0 || c.inflightTo != 0 {
+		if c := s.State(); c.Seq != 3 || c.Attempts != 0 || c.InflightTo != 0 {
 			t.Fatalf("cursor row %+v: want seq 3, nothing in flight", c)
 		}
 		if n := r.cfg.Counts.Acked.Load(); n != 3 {
@@ -63,7 +63,7 @@ func TestShortBatchGoesIdle(t *testing.T) {
 func TestMessagesCarryTheOutboxMetadata(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore()
-		s.append(Entry{Key: "k1", Payload: []byte("x"), Metadata: map[string]string{"app": "v"}})
+		s.Append(Entry{Key: "k1", Payload: []byte("x"), Metadata: map[string]string{"app": "v"}})
 		r := newRig(t, s, nil, nil)
 		_, got, _ := r.step(nil)
 		m := got[0].Metadata
@@ -97,8 +97,8 @@ func TestNackRecordsAFailedAttemptAndBacksOff(t *testing.T) {
 		if len(got) != 2 {
 			t.Fatalf("handed out %v: c must wait behind bad", uuids(got))
 		}
-		c := s.state()
-		if c.seq != 1 || c.attempts != 1 || c.backoff != d || !strings.HasPrefix(c.lastError, "seq 2, attempt 1: ") {
+		c := s.State()
+		if c.Seq != 1 || c.Attempts != 1 || c.Backoff != d || !strings.HasPrefix(c.LastError, "seq 2, attempt 1: ") {
 			t.Fatalf("cursor row %+v", c)
 		}
 	})
@@ -115,7 +115,7 @@ func TestRetryIsTheNextAttempt(t *testing.T) {
 		if got[0].UUID != "m1" || got[0].Metadata.Get(MetadataAttempt) != "2" {
 			t.Fatalf("retry: %s attempt %s, want m1 attempt 2", got[0].UUID, got[0].Metadata.Get(MetadataAttempt))
 		}
-		if c := s.state(); c.seq != 2 || c.attempts != 0 || c.lastError != "" {
+		if c := s.State(); c.Seq != 2 || c.Attempts != 0 || c.LastError != "" {
 			t.Fatalf("cursor row %+v", c)
 		}
 	})
@@ -136,8 +136,8 @@ func TestMaxAttemptsTakesTheMessageOut(t *testing.T) {
 			!strings.Contains(taken[0].Reason.Error(), "failed 3 times") {
 			t.Fatalf("rejected %+v", taken)
 		}
-		if c := s.state(); c.seq < 1 {
-			t.Fatalf("cursor %d: not past the rejected message", c.seq)
+		if c := s.State(); c.Seq < 1 {
+			t.Fatalf("cursor %d: not past the rejected message", c.Seq)
 		}
 		if n := r.cfg.Counts.Rejected.Load(); n != 1 {
 			t.Fatalf("rejections counted: %d", n)
@@ -160,8 +160,8 @@ func TestRejectTakesTheMessageOutAtOnce(t *testing.T) {
 		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, cause) || taken[0].Metadata[MetadataSeq] != "2" {
 			t.Fatalf("rejected %+v", taken)
 		}
-		if c := s.state(); c.seq != 2 {
-			t.Fatalf("cursor %d, want 2 (past the rejected message)", c.seq)
+		if c := s.State(); c.Seq != 2 {
+			t.Fatalf("cursor %d, want 2 (past the rejected message)", c.Seq)
 		}
 	})
 }
@@ -173,14 +173,14 @@ func TestRejectToAndRejectWithoutAHandler(t *testing.T) {
 		s := newFakeStore("poison")
 		r := newRig(t, s, func(c *Config, _ *fakeLease) { c.RejectHandler, c.MaxAttempts = nil, 0 }, nil)
 		r.step(map[string]answer{"poison": func(m *message.Message) { _ = Reject(m, errors.New("x"), nil); m.Ack() }})
-		if c := s.state(); c.seq != 0 || c.attempts != 1 {
+		if c := s.State(); c.Seq != 0 || c.Attempts != 1 {
 			t.Fatalf("without a RejectHandler: cursor row %+v, want the message retried", c)
 		}
 		via := &rejects{}
 		time.Sleep(time.Second) // the backoff
 		r.step(map[string]answer{"poison": func(m *message.Message) { _ = Reject(m, errors.New("x"), via); m.Ack() }})
-		if len(via.taken()) != 1 || s.state().seq != 1 {
-			t.Fatalf("RejectTo: %d taken, cursor %d", len(via.taken()), s.state().seq)
+		if len(via.taken()) != 1 || s.State().Seq != 1 {
+			t.Fatalf("RejectTo: %d taken, cursor %d", len(via.taken()), s.State().Seq)
 		}
 	})
 }
@@ -196,7 +196,7 @@ func TestFailingRejectHandlerKeepsTheMessage(t *testing.T) {
 		if _, sleeping := dir.SleepDelay(); !sleeping {
 			t.Fatalf("directive %v: want a backoff", dir)
 		}
-		if c := s.state(); c.seq != 0 || c.attempts != 1 || !strings.Contains(c.lastError, "dead-letter table full") {
+		if c := s.State(); c.Seq != 0 || c.Attempts != 1 || !strings.Contains(c.LastError, "dead-letter table full") {
 			t.Fatalf("cursor row %+v", c)
 		}
 	})
@@ -214,12 +214,12 @@ func TestHandlerTimeoutIsACountedAttempt(t *testing.T) {
 		if took := time.Since(start); took < r.cfg.HandlerTimeout {
 			t.Fatalf("gave up after %v, before HandlerTimeout", took)
 		}
-		if len(got) != 1 || s.state().attempts != 1 || !strings.Contains(s.state().lastError, "HandlerTimeout") {
-			t.Fatalf("cursor row %+v", s.state())
+		if len(got) != 1 || s.State().Attempts != 1 || !strings.Contains(s.State().LastError, "HandlerTimeout") {
+			t.Fatalf("cursor row %+v", s.State())
 		}
 		held.Load().Ack() // late
 		synctest.Wait()
-		if c := s.state(); c.seq != 0 || r.cfg.Counts.TimedOut.Load() != 1 {
+		if c := s.State(); c.Seq != 0 || r.cfg.Counts.TimedOut.Load() != 1 {
 			t.Fatalf("after the late ack: cursor row %+v, timeouts %d", c, r.cfg.Counts.TimedOut.Load())
 		}
 	})
@@ -231,8 +231,8 @@ func TestHandlerTimeoutIsACountedAttempt(t *testing.T) {
 func TestMissingPayloadFailsWithoutAHandOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a")
-		s.append(Entry{PayloadMissing: true})
-		s.append(Entry{Payload: []byte("c")})
+		s.Append(Entry{PayloadMissing: true})
+		s.Append(Entry{Payload: []byte("c")})
 		r := newRig(t, s, nil, nil)
 		var handed []string
 		for range 5 { // m1; m2 fails twice, then its third failure takes it out; m3
@@ -254,7 +254,7 @@ func TestMissingPayloadFailsWithoutAHandOut(t *testing.T) {
 // the first delivery.
 func TestInitialBackoffIsWaitedOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := newRig(t, newFakeStore("a"), func(_ *Config, l *fakeLease) { l.backoff = 3 * time.Second }, nil)
+		r := newRig(t, newFakeStore("a"), func(_ *Config, l *fakeLease) { l.Found.Backoff = 3 * time.Second }, nil)
 		dir, got, _ := r.step(nil)
 		if d, ok := dir.SleepDelay(); !ok || d != 3*time.Second || len(got) != 0 {
 			t.Fatalf("first turn: %v, %d handed out; want a 3 s sleep first", dir, len(got))
@@ -274,17 +274,17 @@ func TestLeaseEndingMidDeliveryTakesTheDeliveryBack(t *testing.T) {
 		r := newRig(t, s, nil, nil)
 		go func() {
 			time.Sleep(10 * time.Millisecond)
-			r.lease.cancel(errors.New("rebalanced"))
+			r.lease.Cancel(errors.New("rebalanced"))
 		}()
 		dir, got, err := r.step(map[string]answer{"held": hold})
 		if err != nil || dir != worker.Idle() || len(got) != 1 {
 			t.Fatalf("directive %v, err %v, %d handed out", dir, err, len(got))
 		}
-		if c := s.state(); c.inflightTo != 1 {
-			t.Fatalf("before the stop: in flight to %d, want the delivery recorded", c.inflightTo)
+		if c := s.State(); c.InflightTo != 1 {
+			t.Fatalf("before the stop: in flight to %d, want the delivery recorded", c.InflightTo)
 		}
 		r.w.Stop()
-		if c := s.state(); c.inflightTo != 0 || c.attempts != 0 || c.deliveries != 0 {
+		if c := s.State(); c.InflightTo != 0 || c.Attempts != 0 || c.Deliveries != 0 {
 			t.Fatalf("after the stop: cursor row %+v, want the delivery taken back", c)
 		}
 	})
@@ -295,7 +295,7 @@ func TestLostLeaseEndsTheTurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a")
 		r := newRig(t, s, nil, nil)
-		r.lease.lose()
+		r.lease.Lose()
 		if _, err := r.w.Step(context.Background()); !leaseEnded(err) {
 			t.Fatalf("err %v, want the lease lost", err)
 		}
@@ -324,7 +324,7 @@ func TestDeadLetterAttemptsAgreeWithItsReason(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s := newFakeStore("bad", "b")
-				s.cursor.deliveries = tc.crashed // what the acquisition left of the crash
+				s.Cursor.Deliveries = tc.crashed // what the acquisition left of the crash
 				var batch BatchHandler
 				if tc.batch {
 					batch = func(_ context.Context, msgs []*message.Message) (int, error) {

@@ -38,9 +38,11 @@
 //   - isolation.go, held.go: key isolation, a layer around the scan;
 //   - message.go, txguard.go: the delivered message's handle (Reject) and
 //     the guarded transaction a Transactional handler gets;
-//   - deps.go, store_pg.go: the Lease, Policy and Store it depends on, and
-//     their PostgreSQL implementations; fakes_test.go has in-memory ones,
-//     on which the unit tests run in milliseconds under testing/synctest.
+//   - deps.go, store_pg.go: the Lease, Policy and Store it depends on
+//     (Lease and Store defined in internal/consumer/seam), and their
+//     PostgreSQL implementations; internal/consumer/consumerfake has
+//     in-memory ones, on which the unit tests run in milliseconds under
+//     testing/synctest, pinned to the SQL by integration/consumerstore.
 //
 // Every failure ends in a counted attempt and, after MaxAttempts, a
 // rejection; see docs/failure-modes.md.

@@ -18,7 +18,7 @@ import (
 func TestMissingPayloadDeadLetterIsCounted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore()
-		s.append(Entry{PayloadMissing: true})
+		s.Append(Entry{PayloadMissing: true})
 		r := newRig(t, s, nil, nil)
 		for range 3 {
 			r.step(nil)
@@ -41,8 +41,8 @@ func TestTransactionalRejectUndoesTheHandlersWrites(t *testing.T) {
 			_ = Reject(m, errors.New("bad"), nil)
 			m.Nack()
 		}})
-		if len(s.committedEffects()) != 0 || len(r.rejects.taken()) != 1 || s.state().seq != 1 {
-			t.Fatalf("effects %v, rejected %+v, cursor row %+v: want a dead-lettered, its write undone", s.committedEffects(), r.rejects.taken(), s.state())
+		if len(s.CommittedEffects()) != 0 || len(r.rejects.taken()) != 1 || s.State().Seq != 1 {
+			t.Fatalf("effects %v, rejected %+v, cursor row %+v: want a dead-lettered, its write undone", s.CommittedEffects(), r.rejects.taken(), s.State())
 		}
 	})
 }
@@ -72,7 +72,7 @@ func TestMarkInFlightErrorIsReturned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "b")
 		markErr := errors.New("connection reset")
-		s.fail["mark"] = markErr
+		s.Fail["mark"] = markErr
 		r := newRig(t, s, nil, nil)
 		r.cfg.Careful.Extend()
 		_, got, err := r.step(nil)

@@ -22,10 +22,10 @@ import (
 // lease holder left it: failed attempts times, due at retryAt (zero: at
 // once), the scan past it.
 func heldAlready(s *fakeStore, seq int64, attempts int, retryAt time.Time) {
-	e := s.log[seq-1]
-	s.held[seq] = &heldRow{Hold: Hold{Seq: seq, Key: e.Key, Keyless: e.Key == "", Attempts: attempts, Err: "failed before"},
-		deliveries: attempts, retryAt: retryAt}
-	s.cursor.seq = max(s.cursor.seq, seq)
+	e := s.Log[seq-1]
+	s.Held[seq] = &heldRow{Hold: Hold{Seq: seq, Key: e.Key, Keyless: e.Key == "", Attempts: attempts, Err: "failed before"},
+		Deliveries: attempts, RetryAt: retryAt}
+	s.Cursor.Seq = max(s.Cursor.Seq, seq)
 }
 
 // roomy is key isolation with bounds the tests do not reach.
@@ -46,8 +46,8 @@ func TestHeldRowsFoundAtAcquisitionAreServed(t *testing.T) {
 		if err != nil || !slices.Equal(uuids(got), []string{"m1", "m3"}) {
 			t.Fatalf("first turn handed out %v (err %v): want a1, the due held message, then the scan's c1", uuids(got), err)
 		}
-		if len(s.held) != 1 || s.held[2] == nil {
-			t.Fatalf("held %v: want only b1, not due for an hour", s.held)
+		if len(s.Held) != 1 || s.Held[2] == nil {
+			t.Fatalf("held %v: want only b1, not due for an hour", s.Held)
 		}
 	})
 }
@@ -64,19 +64,19 @@ func TestDueHeldKeysAreServedInOneTurnThenFreed(t *testing.T) {
 		for range 3 {
 			r.step(how)
 		}
-		if len(s.held) != 4 {
-			t.Fatalf("held %v: want a1, b1 failed and a2, b2 parked", s.held)
+		if len(s.Held) != 4 {
+			t.Fatalf("held %v: want a1, b1 failed and a2, b2 parked", s.Held)
 		}
 		time.Sleep(time.Second) // both heads' backoff
 		_, got, err := r.step(nil)
-		if err != nil || !slices.Equal(uuids(got), []string{"m1", "m3", "m2", "m4"}) || len(s.held) != 0 {
-			t.Fatalf("turn handed out %v (err %v), held %v: want a1, a2, b1, b2 in one turn, nothing held", uuids(got), err, s.held)
+		if err != nil || !slices.Equal(uuids(got), []string{"m1", "m3", "m2", "m4"}) || len(s.Held) != 0 {
+			t.Fatalf("turn handed out %v (err %v), held %v: want a1, a2, b1, b2 in one turn, nothing held", uuids(got), err, s.Held)
 		}
 		keyed(s, "a")
-		s.log[4].Payload = []byte("a3")
+		s.Log[4].Payload = []byte("a3")
 		_, got, _ = r.step(map[string]answer{"a3": ack})
-		if !slices.Equal(uuids(got), []string{"m5"}) || len(s.held) != 0 {
-			t.Fatalf("handed out %v, held %v: want a3 delivered by the scan, key a no longer held", uuids(got), s.held)
+		if !slices.Equal(uuids(got), []string{"m5"}) || len(s.Held) != 0 {
+			t.Fatalf("handed out %v, held %v: want a3 delivered by the scan, key a no longer held", uuids(got), s.Held)
 		}
 	})
 }
@@ -87,7 +87,7 @@ func TestHeldRetriesOfATurnAreBoundedByTheBatchSize(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore()
 		for range 12 {
-			s.append(Entry{Payload: []byte("x")})
+			s.Append(Entry{Payload: []byte("x")})
 		}
 		for seq := range int64(12) {
 			heldAlready(s, seq+1, 1, time.Time{})
@@ -101,8 +101,8 @@ func TestHeldRetriesOfATurnAreBoundedByTheBatchSize(t *testing.T) {
 		if err != nil || len(got) != size {
 			t.Fatalf("turn handed out %v (err %v): want %d, a batch", uuids(got), err, size)
 		}
-		if len(s.held) != 12-size {
-			t.Fatalf("%d held after the turn, want %d", len(s.held), 12-size)
+		if len(s.Held) != 12-size {
+			t.Fatalf("%d held after the turn, want %d", len(s.Held), 12-size)
 		}
 	})
 }
@@ -131,8 +131,8 @@ func TestHeldRetryBackoffGrowsWithAttempts(t *testing.T) {
 		if _, got, _ := r.step(how); len(got) != 1 { // attempt 3
 			t.Fatalf("third turn handed out %v, want a1's retry", uuids(got))
 		}
-		h := s.held[1]
-		if d := time.Until(h.retryAt); d < 200*time.Millisecond || d > 400*time.Millisecond {
+		h := s.Held[1]
+		if d := time.Until(h.RetryAt); d < 200*time.Millisecond || d > 400*time.Millisecond {
 			t.Fatalf("retry in %v after the third failure: want the backoff of a third failure, 200–400 ms", d)
 		}
 		if h.Attempts != 3 || !strings.Contains(h.Err, "attempt 3: nacked") {
@@ -154,8 +154,8 @@ func TestExhaustedHeldMessageIsRejectedWithoutDelivery(t *testing.T) {
 		if err != nil || len(got) != 0 {
 			t.Fatalf("handed out %v (err %v): want no delivery of an exhausted message", uuids(got), err)
 		}
-		if len(taken) != 1 || taken[0].Seq != 1 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) || len(s.held) != 0 {
-			t.Fatalf("rejected %+v, held %v: want a1 rejected as poison and released", taken, s.held)
+		if len(taken) != 1 || taken[0].Seq != 1 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) || len(s.Held) != 0 {
+			t.Fatalf("rejected %+v, held %v: want a1 rejected as poison and released", taken, s.Held)
 		}
 		if taken[0].Attempts != 3 {
 			t.Fatalf("dead letter's attempts %d: want the 3 deliveries that happened, not the one counted and taken back", taken[0].Attempts)
@@ -177,8 +177,8 @@ func TestHeldRetryRejectedThroughTheHandlersRejectHandler(t *testing.T) {
 			_ = Reject(m, errors.New("bad payload"), own)
 			m.Nack()
 		}})
-		if got := own.taken(); len(got) != 1 || got[0].Seq != 1 || len(r.rejects.taken()) != 0 || len(s.held) != 0 {
-			t.Fatalf("handler's RejectHandler got %+v, the Subscriber's %+v, held %v: want a1 in the handler's only", got, r.rejects.taken(), s.held)
+		if got := own.taken(); len(got) != 1 || got[0].Seq != 1 || len(r.rejects.taken()) != 0 || len(s.Held) != 0 {
+			t.Fatalf("handler's RejectHandler got %+v, the Subscriber's %+v, held %v: want a1 in the handler's only", got, r.rejects.taken(), s.Held)
 		}
 	})
 }
@@ -195,18 +195,18 @@ func TestOperatorDeadLetterRequestIsCarriedOutAtReload(t *testing.T) {
 		how := map[string]answer{"a1": nack}
 		r.step(how) // loads the (empty) held state; a1 held
 		r.step(how) // a2 parked
-		if len(s.held) != 2 {
-			t.Fatalf("held %v: want a1 and a2", s.held)
+		if len(s.Held) != 2 {
+			t.Fatalf("held %v: want a1 and a2", s.Held)
 		}
-		s.held[1].requested = "dead_letter"
+		s.Held[1].Requested = "dead_letter"
 		time.Sleep(heldReloadEvery)
 		_, got, _ := r.step(how)
 		for range 3 {
 			r.step(how)
 		}
 		taken := r.rejects.taken()
-		if len(got) != 0 || len(taken) != 2 || taken[0].Seq != 1 || taken[1].Seq != 2 || len(s.held) != 0 {
-			t.Fatalf("handed out %v, rejected %+v, held %v: want a1 and a2 dead-lettered once each, without a retry", uuids(got), taken, s.held)
+		if len(got) != 0 || len(taken) != 2 || taken[0].Seq != 1 || taken[1].Seq != 2 || len(s.Held) != 0 {
+			t.Fatalf("handed out %v, rejected %+v, held %v: want a1 and a2 dead-lettered once each, without a retry", uuids(got), taken, s.Held)
 		}
 		if taken[0].Attempts != 1 || taken[1].Attempts != 0 {
 			t.Fatalf("dead letters' attempts %d and %d: want 1 (a1 failed once) and 0 (a2 never delivered)", taken[0].Attempts, taken[1].Attempts)
@@ -225,7 +225,7 @@ func TestDeadLetterRequestWithoutRejectHandlerIsLoggedOnce(t *testing.T) {
 		s := newFakeStore()
 		keyed(s, "a")
 		heldAlready(s, 1, 1, time.Time{})
-		s.held[1].requested = "dead_letter"
+		s.Held[1].Requested = "dead_letter"
 		logs := watermill.NewCaptureLogger()
 		r := newRig(t, s, func(c *Config, l *fakeLease) {
 			isolated(c, l)

@@ -56,10 +56,10 @@ func bounds(s *showingStore, keys, messages int) func(*Config, *fakeLease) {
 
 // heldSeqs lists the held seqs of the store, in order.
 func heldSeqs(s *fakeStore) []int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
 	var out []int64
-	for seq := range s.held {
+	for seq := range s.Held {
 		out = append(out, seq)
 	}
 	slices.Sort(out)
@@ -79,8 +79,8 @@ func TestParkingStopsAtMaxHeldMessages(t *testing.T) {
 		if got := heldSeqs(s.fakeStore); !slices.Equal(got, []int64{1, 2, 3, 4}) {
 			t.Fatalf("held %v: want a1 and the 3 messages parked behind it, a5 not", got)
 		}
-		if c := s.state(); c.seq != 4 {
-			t.Fatalf("scan position %d: want 4, stopped before a5", c.seq)
+		if c := s.State(); c.Seq != 4 {
+			t.Fatalf("scan position %d: want 4, stopped before a5", c.Seq)
 		}
 		if got := s.shows(); !slices.Equal(got, []bool{true}) {
 			t.Fatalf("shown on the cursor row %v: want the bounds reached, once", got)
@@ -120,7 +120,7 @@ func TestFailingMessageBlocksPastMaxHeldMessages(t *testing.T) {
 		if got := heldSeqs(s.fakeStore); !slices.Equal(got, []int64{1, 2}) || !r.w.iso.full {
 			t.Fatalf("held %v, full %v: want a1 and a2 held, b1 not, the bounds reached", got, r.w.iso.full)
 		}
-		if c := s.state(); c.seq != 2 || c.attempts != 1 {
+		if c := s.State(); c.Seq != 2 || c.Attempts != 1 {
 			t.Fatalf("cursor row %+v: want the scan blocked on b1 with its failure", c)
 		}
 	})
@@ -138,8 +138,8 @@ func TestBatchOfParkedMessagesMovesTheScan(t *testing.T) {
 		if err != nil || len(got) != 0 || !dir.Proceeds() {
 			t.Fatalf("turn handed out %v, directive %v, err %v: want nothing handed out and the scan to go on", uuids(got), dir, err)
 		}
-		if c := s.state(); c.seq != 3 || len(s.held) != 3 {
-			t.Fatalf("scan position %d, held %v: want 3, a2 and a3 parked", c.seq, s.held)
+		if c := s.State(); c.Seq != 3 || len(s.Held) != 3 {
+			t.Fatalf("scan position %d, held %v: want 3, a2 and a3 parked", c.Seq, s.Held)
 		}
 	})
 }
@@ -179,8 +179,8 @@ func TestHeldRowSaysNacked(t *testing.T) {
 		keyed(s, "a")
 		r := newRig(t, s, isolated, nil)
 		r.step(map[string]answer{"a1": nack})
-		if h := s.held[1]; h == nil || !strings.HasSuffix(h.Err, "attempt 1: nacked") {
-			t.Fatalf("held %v: want a1 held, its error \"seq 1, attempt 1: nacked\"", s.held)
+		if h := s.Held[1]; h == nil || !strings.HasSuffix(h.Err, "attempt 1: nacked") {
+			t.Fatalf("held %v: want a1 held, its error \"seq 1, attempt 1: nacked\"", s.Held)
 		}
 	})
 }
@@ -192,10 +192,10 @@ func TestChargedHeadIsHeldAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore()
 		keyed(s, "a", "b")
-		s.cursor.attempts, s.cursor.lastError = 1, "crashed alone"
+		s.Cursor.Attempts, s.Cursor.LastError = 1, "crashed alone"
 		r := newRig(t, s, func(c *Config, l *fakeLease) {
 			isolated(c, l)
-			l.charged = 1
+			l.Found.Charged = 1
 		}, nil)
 		var handed []string
 		for range 2 {
@@ -205,8 +205,8 @@ func TestChargedHeadIsHeldAtOnce(t *testing.T) {
 		if !slices.Equal(handed, []string{"m2"}) {
 			t.Fatalf("handed out %v: want only b1, a1 held without a delivery", handed)
 		}
-		if h := s.held[1]; h == nil || h.Attempts != 1 || !strings.Contains(h.Err, "crashed alone") {
-			t.Fatalf("held %v: want a1 held with its charged failure", s.held)
+		if h := s.Held[1]; h == nil || h.Attempts != 1 || !strings.Contains(h.Err, "crashed alone") {
+			t.Fatalf("held %v: want a1 held with its charged failure", s.Held)
 		}
 	})
 }
@@ -219,7 +219,7 @@ func TestInitialBackoffHoldsTheScanBack(t *testing.T) {
 		keyed(s, "a")
 		r := newRig(t, s, func(c *Config, l *fakeLease) {
 			isolated(c, l)
-			l.backoff = 300 * time.Millisecond
+			l.Found.Backoff = 300 * time.Millisecond
 		}, nil)
 		dir, got, _ := r.step(nil)
 		if d, ok := dir.SleepDelay(); !ok || d != 300*time.Millisecond || len(got) != 0 {
@@ -241,7 +241,7 @@ func TestIdleTurnWakesForTheNextHeldRetry(t *testing.T) {
 		r := newRig(t, s, isolated, nil)
 		r.step(map[string]answer{"a1": nack})
 		dir, _, _ := r.step(nil)
-		want := time.Until(s.held[1].retryAt)
+		want := time.Until(s.Held[1].RetryAt)
 		if dir.Proceeds() || dir.Delay() != want {
 			t.Fatalf("directive %v: want an idle of %v, until a1's retry", dir, want)
 		}
@@ -274,11 +274,11 @@ func TestUnchargedFailedHeadIsDeliveredAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore()
 		keyed(s, "a", "b")
-		s.cursor.attempts, s.cursor.lastError = 1, "seq 1, attempt 1: nacked"
+		s.Cursor.Attempts, s.Cursor.LastError = 1, "seq 1, attempt 1: nacked"
 		r := newRig(t, s, isolated, nil)
 		_, got, _ := r.step(nil)
-		if len(got) == 0 || got[0].UUID != "m1" || len(s.held) != 0 {
-			t.Fatalf("handed out %v, held %v: want a1 delivered again, nothing held", uuids(got), s.held)
+		if len(got) == 0 || got[0].UUID != "m1" || len(s.Held) != 0 {
+			t.Fatalf("handed out %v, held %v: want a1 delivered again, nothing held", uuids(got), s.Held)
 		}
 	})
 }
@@ -291,7 +291,7 @@ func TestScanBackoffWakesForTheNextHeldRetry(t *testing.T) {
 		heldAlready(s, 1, 1, time.Now().Add(100*time.Millisecond))
 		r := newRig(t, s, func(c *Config, l *fakeLease) {
 			isolated(c, l)
-			l.backoff = 5 * time.Second
+			l.Found.Backoff = 5 * time.Second
 		}, nil)
 		dir, got, _ := r.step(nil)
 		if d, ok := dir.SleepDelay(); !ok || d != 100*time.Millisecond || len(got) != 0 {
@@ -306,14 +306,14 @@ func TestIsolatedTransactionalCommitFailureMovesNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore()
 		keyed(s, "a")
-		s.fail["commit"] = errors.New("connection reset")
+		s.Fail["commit"] = errors.New("connection reset")
 		r := newRig(t, s, func(c *Config, l *fakeLease) {
 			transactional(c, l)
 			isolated(c, l)
 		}, nil)
 		r.step(map[string]answer{"a1": write})
-		if c := s.state(); c.seq != 0 || len(s.committedEffects()) != 0 {
-			t.Fatalf("cursor row %+v, effects %v: want neither the scan move nor the write", c, s.committedEffects())
+		if c := s.State(); c.Seq != 0 || len(s.CommittedEffects()) != 0 {
+			t.Fatalf("cursor row %+v, effects %v: want neither the scan move nor the write", c, s.CommittedEffects())
 		}
 	})
 }

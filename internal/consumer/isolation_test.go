@@ -23,7 +23,7 @@ func keyed(s *fakeStore, keys ...string) {
 	n := map[string]int{}
 	for _, k := range keys {
 		n[k]++
-		s.append(Entry{Key: k, Payload: []byte(k + string(rune('0'+n[k])))})
+		s.Append(Entry{Key: k, Payload: []byte(k + string(rune('0'+n[k])))})
 	}
 }
 
@@ -42,11 +42,11 @@ func TestFailingKeyIsHeldWhileOthersFlow(t *testing.T) {
 		if !slices.Equal(uuids(got), []string{"m2", "m4"}) {
 			t.Fatalf("second turn handed out %v: want b's messages, not a's", uuids(got))
 		}
-		if len(s.held) != 2 || s.held[1] == nil || s.held[3] == nil || s.held[1].Err == "" || s.held[3].Err != "" {
-			t.Fatalf("held %v: want a1 (failed) and a2 (parked)", s.held)
+		if len(s.Held) != 2 || s.Held[1] == nil || s.Held[3] == nil || s.Held[1].Err == "" || s.Held[3].Err != "" {
+			t.Fatalf("held %v: want a1 (failed) and a2 (parked)", s.Held)
 		}
-		if c := s.state(); c.seq != 4 {
-			t.Fatalf("scan position %d, want 4", c.seq)
+		if c := s.State(); c.Seq != 4 {
+			t.Fatalf("scan position %d, want 4", c.Seq)
 		}
 	})
 }
@@ -75,8 +75,8 @@ func TestHeldKeyIsRetriedAndReleased(t *testing.T) {
 			_, got, _ := r.step(how)
 			handed = append(handed, uuids(got)...)
 		}
-		if !slices.Equal(handed, []string{"m1", "m3"}) || len(s.held) != 0 {
-			t.Fatalf("after the backoff handed out %v, held %v: want a1 then a2, nothing held", handed, s.held)
+		if !slices.Equal(handed, []string{"m1", "m3"}) || len(s.Held) != 0 {
+			t.Fatalf("after the backoff handed out %v, held %v: want a1 then a2, nothing held", handed, s.Held)
 		}
 	})
 }
@@ -92,8 +92,8 @@ func TestHeldMessageIsDeadLetteredAfterMaxAttempts(t *testing.T) {
 			time.Sleep(2 * time.Second)
 		}
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m1" || len(s.held) != 0 {
-			t.Fatalf("rejected %+v, held %v", taken, s.held)
+		if len(taken) != 1 || taken[0].UUID != "m1" || len(s.Held) != 0 {
+			t.Fatalf("rejected %+v, held %v", taken, s.Held)
 		}
 	})
 }
@@ -109,10 +109,10 @@ func TestIsolationBoundsFallBackToBlocking(t *testing.T) {
 		for range 3 {
 			r.step(how)
 		}
-		if len(s.held) != 2 || !r.w.iso.full {
-			t.Fatalf("held %v, full %v: want two keys held and the bounds reached", s.held, r.w.iso.full)
+		if len(s.Held) != 2 || !r.w.iso.full {
+			t.Fatalf("held %v, full %v: want two keys held and the bounds reached", s.Held, r.w.iso.full)
 		}
-		if c := s.state(); c.seq != 2 || c.attempts != 1 || !strings.Contains(c.lastError, "seq 3") {
+		if c := s.State(); c.Seq != 2 || c.Attempts != 1 || !strings.Contains(c.LastError, "seq 3") {
 			t.Fatalf("cursor row %+v: want the scan blocked on c1 with its failure recorded", c)
 		}
 	})

@@ -22,12 +22,12 @@ import (
 func TestSuspectsAreReadAloneUpToTheLast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "b", "c", "d")
-		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 2} }, nil)
+		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.Found.SuspectFrom, l.Found.SuspectTo = 1, 2 }, nil)
 		for range 3 {
 			r.step(nil)
 		}
-		if len(s.reads) < 3 || s.reads[0].limit != 1 || s.reads[1].limit != 1 || s.reads[2].limit < 2 {
-			t.Fatalf("reads %+v: want m1 and m2 read alone, then a batch", s.reads)
+		if len(s.Reads) < 3 || s.Reads[0].Limit != 1 || s.Reads[1].Limit != 1 || s.Reads[2].Limit < 2 {
+			t.Fatalf("reads %+v: want m1 and m2 read alone, then a batch", s.Reads)
 		}
 	})
 }
@@ -52,9 +52,9 @@ func TestScanWaitsForABulkheadSlot(t *testing.T) {
 			done <- uuids(got)
 		}()
 		synctest.Wait()
-		s.mu.Lock()
-		reads := len(s.reads)
-		s.mu.Unlock()
+		s.Mu.Lock()
+		reads := len(s.Reads)
+		s.Mu.Unlock()
 		if reads != 0 {
 			t.Fatalf("%d reads while the bulkhead's only slot was taken: want none", reads)
 		}
@@ -70,7 +70,7 @@ func TestScanWaitsForABulkheadSlot(t *testing.T) {
 func TestExhaustedHeadWithoutErrorIsRejected(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "b")
-		s.cursor.attempts = 3
+		s.Cursor.Attempts = 3
 		r := newRig(t, s, nil, nil)
 		_, got, _ := r.step(nil)
 		taken := r.rejects.taken()
@@ -87,7 +87,7 @@ func TestBatchesCountedOnlyWhenRead(t *testing.T) {
 		s := newFakeStore("a")
 		r := newRig(t, s, nil, nil)
 		r.step(nil)
-		s.append(Entry{Payload: []byte("b")})
+		s.Append(Entry{Payload: []byte("b")})
 		r.step(nil)
 		r.step(nil)
 		if n := r.cfg.Counts.Batches.Load(); n != 2 {
@@ -101,7 +101,7 @@ func TestBatchesCountedOnlyWhenRead(t *testing.T) {
 func TestPastTheSuspectsBatchesAreNormalAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a", "b")
-		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.suspects = span{1, 1} }, nil)
+		r := newRig(t, s, func(_ *Config, l *fakeLease) { l.Found.SuspectFrom, l.Found.SuspectTo = 1, 1 }, nil)
 		r.step(nil) // a, alone
 		dir, got, _ := r.step(nil)
 		if len(got) != 1 || got[0].UUID != "m2" || dir.Proceeds() {
@@ -133,7 +133,7 @@ func TestAdaptiveStateShownAfterAFailure(t *testing.T) {
 		s := newFakeStore("a")
 		r := newRig(t, s, nil, nil)
 		r.step(map[string]answer{"a": nack})
-		if got, want := s.state().adaptive, r.w.mode.State().String(); got == "" || got != want {
+		if got, want := s.State().Adaptive, r.w.mode.State().String(); got == "" || got != want {
 			t.Fatalf("cursor row shows adaptive state %q, want %q", got, want)
 		}
 	})

@@ -21,10 +21,10 @@ func TestTransactionalTurnsGoOnAfterACommit(t *testing.T) {
 		s := newFakeStore("a")
 		r := newRig(t, s, transactional, nil)
 		r.step(map[string]answer{"a": write})
-		s.append(Entry{Payload: []byte("b")})
+		s.Append(Entry{Payload: []byte("b")})
 		_, got, err := r.step(map[string]answer{"b": write})
-		if err != nil || len(got) != 1 || got[0].UUID != "m2" || s.state().seq != 2 {
-			t.Fatalf("second turn handed out %v, err %v, cursor row %+v: want b delivered and committed", uuids(got), err, s.state())
+		if err != nil || len(got) != 1 || got[0].UUID != "m2" || s.State().Seq != 2 {
+			t.Fatalf("second turn handed out %v, err %v, cursor row %+v: want b delivered and committed", uuids(got), err, s.State())
 		}
 	})
 }
@@ -42,7 +42,7 @@ func TestTransactionalFailuresAccumulate(t *testing.T) {
 			r.step(map[string]answer{"a": nack})
 			time.Sleep(time.Second)
 		}
-		if c := s.state(); c.seq != 0 || c.attempts != 2 {
+		if c := s.State(); c.Seq != 0 || c.Attempts != 2 {
 			t.Fatalf("cursor row %+v: want a's 2 failures counted", c)
 		}
 	})
@@ -62,8 +62,8 @@ func TestTransactionalIsolationBoundsBlockTheScan(t *testing.T) {
 		for range 3 {
 			r.step(fail)
 		}
-		if !r.w.iso.full || s.state().attempts != 1 {
-			t.Fatalf("full %v, cursor row %+v: want the bounds reached, c1's failure counted", r.w.iso.full, s.state())
+		if !r.w.iso.full || s.State().Attempts != 1 {
+			t.Fatalf("full %v, cursor row %+v: want the bounds reached, c1's failure counted", r.w.iso.full, s.State())
 		}
 		dir, got, _ := r.step(fail)
 		if _, sleeping := dir.SleepDelay(); !sleeping || len(got) != 0 {

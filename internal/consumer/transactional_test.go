@@ -41,8 +41,8 @@ func TestTransactionalBatchCommitsWritesWithTheCursor(t *testing.T) {
 		s := newFakeStore("a", "b")
 		r := newRig(t, s, transactional, nil)
 		r.step(map[string]answer{"a": write, "b": write})
-		if !slices.Equal(s.committedEffects(), []string{"effect m1", "effect m2"}) || s.state().seq != 2 || s.commits != 1 {
-			t.Fatalf("effects %v, cursor %d, commits %d", s.committedEffects(), s.state().seq, s.commits)
+		if !slices.Equal(s.CommittedEffects(), []string{"effect m1", "effect m2"}) || s.State().Seq != 2 || s.Commits != 1 {
+			t.Fatalf("effects %v, cursor %d, commits %d", s.CommittedEffects(), s.State().Seq, s.Commits)
 		}
 	})
 }
@@ -58,10 +58,10 @@ func TestTransactionalNackUndoesOnlyThatMessage(t *testing.T) {
 			_, _ = tx.Exec(m.Context(), "effect of bad")
 			m.Nack()
 		}})
-		if !slices.Equal(s.committedEffects(), []string{"effect m1"}) {
-			t.Fatalf("effects %v: want a's only", s.committedEffects())
+		if !slices.Equal(s.CommittedEffects(), []string{"effect m1"}) {
+			t.Fatalf("effects %v: want a's only", s.CommittedEffects())
 		}
-		if c := s.state(); c.seq != 1 || c.attempts != 1 {
+		if c := s.State(); c.Seq != 1 || c.Attempts != 1 {
 			t.Fatalf("cursor row %+v", c)
 		}
 	})
@@ -78,8 +78,8 @@ func TestAbortedTransactionIsMisuse(t *testing.T) {
 			_, _ = tx.Exec(m.Context(), "FAIL") // a unique violation, ignored
 			m.Ack()
 		}})
-		c := s.state()
-		if c.seq != 1 || c.attempts != 1 || !strings.Contains(c.lastError, "aborts the whole transaction") {
+		c := s.State()
+		if c.Seq != 1 || c.Attempts != 1 || !strings.Contains(c.LastError, "aborts the whole transaction") {
 			t.Fatalf("cursor row %+v", c)
 		}
 	})
@@ -100,7 +100,7 @@ func TestCommitByTheHandlerIsRefused(t *testing.T) {
 		if !errors.Is(commitErr, outboxtype.ErrTxMisuse) {
 			t.Fatalf("Commit: %v, want ErrTxMisuse", commitErr)
 		}
-		if c := s.state(); c.seq != 0 || c.attempts != 1 || !strings.Contains(c.lastError, "Commit") {
+		if c := s.State(); c.Seq != 0 || c.Attempts != 1 || !strings.Contains(c.LastError, "Commit") {
 			t.Fatalf("cursor row %+v", c)
 		}
 	})
@@ -117,7 +117,7 @@ func TestTransactionalTimeoutGivesTheTransactionUp(t *testing.T) {
 		if _, sleeping := dir.SleepDelay(); err != nil || !sleeping {
 			t.Fatalf("directive %v, err %v", dir, err)
 		}
-		if c := s.state(); c.seq != 0 || c.attempts != 1 || !strings.Contains(c.lastError, "HandlerTimeout") {
+		if c := s.State(); c.Seq != 0 || c.Attempts != 1 || !strings.Contains(c.LastError, "HandlerTimeout") {
 			t.Fatalf("cursor row %+v", c)
 		}
 		tx := pgexec.BindingFrom(slow.Load().Context()).Tx.(pgx.Tx)
@@ -126,8 +126,8 @@ func TestTransactionalTimeoutGivesTheTransactionUp(t *testing.T) {
 		}
 		slow.Load().Ack()
 		synctest.Wait()
-		if len(s.committedEffects()) != 0 {
-			t.Fatalf("effects %v of a given-up transaction", s.committedEffects())
+		if len(s.CommittedEffects()) != 0 {
+			t.Fatalf("effects %v of a given-up transaction", s.CommittedEffects())
 		}
 	})
 }
@@ -140,12 +140,12 @@ func TestTransactionalTimeoutBehindTheHeadRetriesSmaller(t *testing.T) {
 		s := newFakeStore("a", "slow")
 		r := newRig(t, s, transactional, nil)
 		dir, _, _ := r.step(map[string]answer{"a": write, "slow": hold})
-		if !dir.Proceeds() || s.state().seq != 0 || s.state().attempts != 0 {
-			t.Fatalf("directive %v, cursor row %+v: want the prefix retried at once, nobody charged", dir, s.state())
+		if !dir.Proceeds() || s.State().Seq != 0 || s.State().Attempts != 0 {
+			t.Fatalf("directive %v, cursor row %+v: want the prefix retried at once, nobody charged", dir, s.State())
 		}
 		_, got, _ := r.step(map[string]answer{"a": write})
-		if !slices.Equal(uuids(got), []string{"m1"}) || s.state().seq != 1 {
-			t.Fatalf("next batch %v, cursor %d: want a alone, committed", uuids(got), s.state().seq)
+		if !slices.Equal(uuids(got), []string{"m1"}) || s.State().Seq != 1 {
+			t.Fatalf("next batch %v, cursor %d: want a alone, committed", uuids(got), s.State().Seq)
 		}
 	})
 }
@@ -175,12 +175,12 @@ func TestTransactionalRejectCommitsWithTheCursor(t *testing.T) {
 		r.rejects.fail = errors.New("no room")
 		reject := func(m *message.Message) { _ = Reject(m, errors.New("bad"), nil); m.Ack() }
 		_, _, err := r.step(map[string]answer{"a": write, "poison": reject})
-		if err == nil || len(s.committedEffects()) != 0 || s.state().seq != 0 {
-			t.Fatalf("err %v, effects %v, cursor %d: want the whole batch rolled back", err, s.committedEffects(), s.state().seq)
+		if err == nil || len(s.CommittedEffects()) != 0 || s.State().Seq != 0 {
+			t.Fatalf("err %v, effects %v, cursor %d: want the whole batch rolled back", err, s.CommittedEffects(), s.State().Seq)
 		}
 		r.step(map[string]answer{"a": write, "poison": reject})
-		if len(r.rejects.taken()) != 1 || !slices.Equal(s.committedEffects(), []string{"effect m1"}) || s.state().seq != 2 {
-			t.Fatalf("rejected %d, effects %v, cursor %d", len(r.rejects.taken()), s.committedEffects(), s.state().seq)
+		if len(r.rejects.taken()) != 1 || !slices.Equal(s.CommittedEffects(), []string{"effect m1"}) || s.State().Seq != 2 {
+			t.Fatalf("rejected %d, effects %v, cursor %d", len(r.rejects.taken()), s.CommittedEffects(), s.State().Seq)
 		}
 	})
 }
@@ -192,12 +192,12 @@ func TestTransactionalDatabaseFailureChargesNobody(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("a")
 		r := newRig(t, s, transactional, nil)
-		s.fail["savepoint"] = errors.New("connection reset")
+		s.Fail["savepoint"] = errors.New("connection reset")
 		_, got, err := r.step(nil)
 		if err == nil || len(got) != 0 {
 			t.Fatalf("err %v, %d handed out", err, len(got))
 		}
-		if c := s.state(); c.attempts != 0 || c.deliveries != 0 || c.inflightTo != 0 {
+		if c := s.State(); c.Attempts != 0 || c.Deliveries != 0 || c.InflightTo != 0 {
 			t.Fatalf("cursor row %+v: want nothing charged, the delivery taken back", c)
 		}
 	})

@@ -1,0 +1,568 @@
+// Package consumerfake is the in-memory database the consumer core's unit
+// tests drive a Worker with: Store (the log, the cursor row, the held
+// rows, transactions) and Lease (the partition's lease on that cursor
+// row), implementing internal/consumer/seam's Store and Lease. They keep
+// what the PostgreSQL statements keep (internal/dbsql's log.sql,
+// cursors.sql, held.sql, transaction.sql), with the same fencing, so that
+// a test asserts on the state a worker leaves, not on the calls it makes.
+// integration/consumerstore runs the same scenarios through this package
+// and through PostgreSQL (consumer.PGStore and internal/lease) and
+// compares every answer and the rows left: the fake is pinned to the SQL.
+//
+// One Store is one topic's one partition of one consumer group: the topic
+// and partition arguments are ignored. It is a test double: only tests
+// import it (deps_test.go keeps it out of the library's packages).
+package consumerfake
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/millrace/watermill-outbox/internal/consumer/seam"
+	"github.com/millrace/watermill-outbox/internal/lease"
+)
+
+// CursorRow is the cursor row of the fake's one partition.
+type CursorRow struct {
+	Seq, Deliveries, Attempts int64
+	InflightFrom, InflightTo  int64
+	InflightSolo              bool
+	LastError                 string
+	Backoff                   time.Duration
+	Adaptive                  string
+}
+
+// Held is a held message of the fake.
+type Held struct {
+	seam.Hold
+	Deliveries int
+	Inflight   bool
+	Solo       bool
+	RetryAt    time.Time
+	Requested  string
+}
+
+// Store is the seam.Store of one topic and one partition, in memory. A
+// test reads and edits its fields under Mu.
+type Store struct {
+	Mu        sync.Mutex
+	Log       []seam.Entry // seqs 1..n
+	Cursor    CursorRow
+	Held      map[int64]*Held
+	Lost      bool // the lease is gone: every fenced write fails
+	Reads     []ReadCall
+	Marks     []int64
+	Commits   int
+	Rollbacks int
+	Effects   []string // the handlers' writes, as committed
+	// Fail injects an error into the named operation's next call: "read",
+	// "begin", "savepoint", "mark", "commit".
+	Fail map[string]error
+}
+
+var _ seam.Store = (*Store)(nil)
+
+// ReadCall is a fenced read as the worker asked for it.
+type ReadCall struct {
+	Cursor     int64
+	Limit      int
+	WholeBatch bool
+	Solo       bool
+}
+
+// New returns a Store whose log holds messages with the given payloads.
+func New(payloads ...string) *Store {
+	s := &Store{Held: map[int64]*Held{}, Fail: map[string]error{}}
+	for _, p := range payloads {
+		s.Append(seam.Entry{Payload: []byte(p)})
+	}
+	return s
+}
+
+// Append adds e to the log with the next seq (and a uuid from it, when e
+// has none).
+func (s *Store) Append(e seam.Entry) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	e.Seq = int64(len(s.Log) + 1)
+	if e.UUID == "" {
+		e.UUID = fmt.Sprintf("m%d", e.Seq)
+	}
+	s.Log = append(s.Log, e)
+}
+
+// failing takes the error injected into op, if any.
+func (s *Store) failing(op string) error {
+	err := s.Fail[op]
+	delete(s.Fail, op)
+	return err
+}
+
+// State is the cursor row.
+func (s *Store) State() CursorRow {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	return s.Cursor
+}
+
+// Read implements seam.Store.
+func (s *Store) Read(_ context.Context, _ string, _ int, cursor int64, limit int, fence seam.Lease, wholeBatch, solo bool) ([]seam.Entry, *int32, error) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if err := s.failing("read"); err != nil {
+		return nil, nil, err
+	}
+	var out []seam.Entry
+	for _, e := range s.Log {
+		if e.Seq > cursor && len(out) < limit {
+			out = append(out, e)
+		}
+	}
+	if fence == nil {
+		return out, nil, nil
+	}
+	s.Reads = append(s.Reads, ReadCall{cursor, limit, wholeBatch, solo})
+	if s.Lost || s.Cursor.Seq != cursor || len(out) == 0 || out[0].Seq != cursor+1 {
+		return out, nil, nil
+	}
+	s.Cursor.Deliveries = max(s.Cursor.Deliveries, s.Cursor.Attempts) + 1
+	s.Cursor.InflightFrom, s.Cursor.InflightTo, s.Cursor.InflightSolo = cursor+1, cursor+1, solo
+	if wholeBatch {
+		s.Cursor.InflightTo = out[len(out)-1].Seq
+	}
+	n := int32(s.Cursor.Deliveries)
+	return out, &n, nil
+}
+
+// ReadSeqs implements seam.Store.
+func (s *Store) ReadSeqs(_ context.Context, _ string, _ int, seqs []int64) ([]seam.Entry, error) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	var out []seam.Entry
+	for _, e := range s.Log {
+		for _, q := range seqs {
+			if e.Seq == q {
+				out = append(out, e)
+			}
+		}
+	}
+	return out, nil
+}
+
+// Begin implements seam.Store.
+func (s *Store) Begin(context.Context) (pgx.Tx, error) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if err := s.failing("begin"); err != nil {
+		return nil, err
+	}
+	return &Tx{s: s}, nil
+}
+
+// InTx implements seam.Store.
+func (s *Store) InTx(ctx context.Context, _ bool, fn func(pgx.Tx) error) error {
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// Savepoint implements seam.Store.
+func (s *Store) Savepoint(_ context.Context, tx pgx.Tx, op seam.SavepointOp) error {
+	t := tx.(*Tx)
+	s.Mu.Lock()
+	err := s.failing("savepoint")
+	s.Mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if t.aborted && op != seam.SavepointRollback && op != seam.SavepointBatchRollback {
+		return &pgconn.PgError{Code: "25P02", Message: "current transaction is aborted"}
+	}
+	switch op {
+	case seam.SavepointFirst, seam.SavepointNext, seam.SavepointBatch:
+		t.mark = len(t.ops)
+	case seam.SavepointRollback, seam.SavepointBatchRollback:
+		t.ops = t.ops[:t.mark]
+		t.aborted = false
+	}
+	return nil
+}
+
+// SaveAdaptive implements seam.Store.
+func (s *Store) SaveAdaptive(_ context.Context, _ string, _ int, _ int64, state string, _ int) error {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	s.Cursor.Adaptive = state
+	return nil
+}
+
+// MarkInFlight implements seam.Store.
+func (s *Store) MarkInFlight(_ context.Context, _ string, _ seam.Lease, seq int64) (bool, error) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if err := s.failing("mark"); err != nil {
+		return false, err
+	}
+	if s.Lost {
+		return false, nil
+	}
+	s.Marks = append(s.Marks, seq)
+	s.Cursor.InflightFrom, s.Cursor.InflightTo, s.Cursor.InflightSolo = seq, seq, false
+	return true, nil
+}
+
+// HeldAdopt implements seam.HeldStore.
+func (s *Store) HeldAdopt(context.Context, string, seam.Lease) error { return nil }
+
+// HeldLoad implements seam.HeldStore.
+func (s *Store) HeldLoad(context.Context, string, int) ([]seam.HeldRow, error) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	var out []seam.HeldRow
+	for _, h := range s.Held {
+		r := seam.HeldRow{Seq: h.Seq, Keyless: h.Keyless, Key: h.Key, Attempts: h.Attempts, Deliveries: h.Deliveries, LastError: h.Err, Requested: h.Requested}
+		if !h.RetryAt.IsZero() {
+			at := h.RetryAt
+			r.RetryAt = &at
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
+	return out, nil
+}
+
+// HeldInsert implements seam.HeldStore.
+func (s *Store) HeldInsert(_ context.Context, tx pgx.Tx, _ string, _ int, rows []seam.Hold) error {
+	tx.(*Tx).Do(func() {
+		for _, r := range rows {
+			if s.Held[r.Seq] == nil {
+				h := &Held{Hold: r, Deliveries: r.Attempts}
+				if r.Err != "" {
+					h.RetryAt = time.Now().Add(r.Delay)
+				}
+				s.Held[r.Seq] = h
+			}
+		}
+	})
+	return nil
+}
+
+// HeldCount implements seam.HeldStore.
+func (s *Store) HeldCount(_ context.Context, _ string, _ seam.Lease, seq int64, solo bool) (int, bool, error) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	h := s.Held[seq]
+	if s.Lost || h == nil {
+		return 0, false, nil
+	}
+	h.Deliveries = max(h.Deliveries, h.Attempts) + 1
+	h.Inflight, h.Solo = true, solo
+	return h.Deliveries, true, nil
+}
+
+// HeldUndoCount implements seam.HeldStore.
+func (s *Store) HeldUndoCount(_ context.Context, _ string, _ seam.Lease, seq int64) error {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if h := s.Held[seq]; h != nil {
+		h.Deliveries = max(h.Deliveries-1, h.Attempts)
+		h.Inflight = false
+	}
+	return nil
+}
+
+// HeldRetry implements seam.HeldStore.
+func (s *Store) HeldRetry(_ context.Context, _ string, _ seam.Lease, seq int64, text string, delay time.Duration) (bool, error) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	h := s.Held[seq]
+	if s.Lost || h == nil {
+		return false, nil
+	}
+	h.Attempts++
+	h.Err, h.RetryAt, h.Inflight = text, time.Now().Add(delay), false
+	return true, nil
+}
+
+// HeldRelease implements seam.HeldStore.
+func (s *Store) HeldRelease(_ context.Context, tx pgx.Tx, _ string, _ seam.Lease, seqs []int64) (int, error) {
+	release := func() {
+		for _, q := range seqs {
+			delete(s.Held, q)
+		}
+	}
+	if tx != nil {
+		tx.(*Tx).Do(release)
+		return len(seqs), nil
+	}
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if s.Lost {
+		return 0, nil
+	}
+	n := 0
+	for _, q := range seqs {
+		if s.Held[q] != nil {
+			n++
+		}
+	}
+	release()
+	return n, nil
+}
+
+// HeldShowFull implements seam.HeldStore.
+func (s *Store) HeldShowFull(context.Context, string, seam.Lease, bool) error { return nil }
+
+// CommittedEffects are the effects of committed transactions (the
+// handlers' writes, see Tx.Exec), in commit order.
+func (s *Store) CommittedEffects() []string {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	return append([]string(nil), s.Effects...)
+}
+
+// Tx is a transaction of the fake: its writes apply at Commit. A handler
+// of the Transactional strategy writes through Exec (recorded as an
+// effect); a statement after "FAIL" aborts it, as a failed statement
+// aborts a PostgreSQL transaction.
+type Tx struct {
+	s       *Store
+	ops     []func()
+	mark    int // the last savepoint: len(ops) when it was set
+	aborted bool
+	done    bool
+}
+
+var _ pgx.Tx = (*Tx)(nil)
+
+// Do applies op at Commit (unless a savepoint rollback takes it back).
+func (t *Tx) Do(op func()) { t.ops = append(t.ops, op) }
+
+// Begin implements pgx.Tx: no nested transactions.
+func (t *Tx) Begin(context.Context) (pgx.Tx, error) {
+	return nil, errors.New("fake: no nested transactions")
+}
+
+// Commit implements pgx.Tx.
+func (t *Tx) Commit(context.Context) error {
+	t.s.Mu.Lock()
+	defer t.s.Mu.Unlock()
+	if t.done {
+		return pgx.ErrTxClosed
+	}
+	t.done = true
+	if err := t.s.failing("commit"); err != nil {
+		return err
+	}
+	if t.aborted {
+		return &pgconn.PgError{Code: "25P02"}
+	}
+	for _, op := range t.ops {
+		op()
+	}
+	t.s.Commits++
+	return nil
+}
+
+// Rollback implements pgx.Tx.
+func (t *Tx) Rollback(context.Context) error {
+	t.s.Mu.Lock()
+	defer t.s.Mu.Unlock()
+	if !t.done {
+		t.done = true
+		t.s.Rollbacks++
+	}
+	return nil
+}
+
+// CopyFrom implements pgx.Tx: no COPY.
+func (t *Tx) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error) {
+	return 0, errors.New("fake: no COPY")
+}
+
+// SendBatch implements pgx.Tx: no batches.
+func (t *Tx) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults { return nil }
+
+// LargeObjects implements pgx.Tx: none.
+func (t *Tx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+
+// Prepare implements pgx.Tx: no prepared statements.
+func (t *Tx) Prepare(context.Context, string, string) (*pgconn.StatementDescription, error) {
+	return nil, errors.New("fake: no Prepare")
+}
+
+// Exec records sql as an effect of the transaction; "FAIL" aborts it.
+func (t *Tx) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
+	if t.done {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	if t.aborted {
+		return pgconn.CommandTag{}, &pgconn.PgError{Code: "25P02"}
+	}
+	if sql == "FAIL" {
+		t.aborted = true
+		return pgconn.CommandTag{}, &pgconn.PgError{Code: "23505", Message: "duplicate key"}
+	}
+	t.Do(func() { t.s.Effects = append(t.s.Effects, sql) })
+	return pgconn.NewCommandTag("INSERT 0 1"), nil
+}
+
+// Query implements pgx.Tx: no queries.
+func (t *Tx) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("fake: no Query")
+}
+
+// QueryRow implements pgx.Tx: no queries.
+func (t *Tx) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
+
+// Conn implements pgx.Tx: no connection.
+func (t *Tx) Conn() *pgx.Conn { return nil }
+
+// Found is what an acquisition of the lease found on the cursor row (see
+// internal/lease's Lease): the head's failed attempts and last error, the
+// backoff left, the attempts charged for a crash, the suspects and
+// whether it found a crash nobody could be charged for.
+type Found struct {
+	Attempts, Charged      int
+	LastError              string
+	Backoff                time.Duration
+	SuspectFrom, SuspectTo int64
+	Unexplained            bool
+}
+
+// Lease is the seam.Lease on the fake's partition 0, held by "me" with
+// token 1.
+type Lease struct {
+	S      *Store
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// Found is what the acquisition found; NewLease takes the attempts
+	// and the last error from the cursor row, a test sets the rest.
+	Found Found
+}
+
+var _ seam.Lease = (*Lease)(nil)
+
+// NewLease acquires the lease on s's partition.
+func NewLease(s *Store) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	s.Mu.Lock()
+	l := &Lease{S: s, ctx: ctx, cancel: cancel, Found: Found{Attempts: int(s.Cursor.Attempts), LastError: s.Cursor.LastError}}
+	s.Mu.Unlock()
+	return l
+}
+
+// Partition implements seam.Lease.
+func (l *Lease) Partition() int { return 0 }
+
+// Context implements seam.Lease.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Owner implements seam.Lease.
+func (l *Lease) Owner() string { return "me" }
+
+// Token implements seam.Lease.
+func (l *Lease) Token() int64 { return 1 }
+
+// Cursor implements seam.Lease: the cursor row's seq now.
+func (l *Lease) Cursor() int64 { return l.S.State().Seq }
+
+// Attempts implements seam.Lease.
+func (l *Lease) Attempts() int { return l.Found.Attempts }
+
+// LastError implements seam.Lease.
+func (l *Lease) LastError() string { return l.Found.LastError }
+
+// Backoff implements seam.Lease.
+func (l *Lease) Backoff() time.Duration { return l.Found.Backoff }
+
+// Charged implements seam.Lease.
+func (l *Lease) Charged() int { return l.Found.Charged }
+
+// Suspects implements seam.Lease.
+func (l *Lease) Suspects() (from, to int64) { return l.Found.SuspectFrom, l.Found.SuspectTo }
+
+// UnexplainedCrash implements seam.Lease.
+func (l *Lease) UnexplainedCrash() bool { return l.Found.Unexplained }
+
+// Cancel ends the lease's context with cause (a release, the
+// subscription's stop), its fenced writes still holding.
+func (l *Lease) Cancel(cause error) { l.cancel(cause) }
+
+// Lose ends the lease: its context, and every fenced write from now on.
+func (l *Lease) Lose() {
+	l.S.Mu.Lock()
+	l.S.Lost = true
+	l.S.Mu.Unlock()
+	l.cancel(lease.ErrLeaseLost)
+}
+
+// write applies op to the cursor row in tx (at its commit), or at once.
+func (l *Lease) write(tx pgx.Tx, op func(c *CursorRow)) error {
+	apply := func() { op(&l.S.Cursor) }
+	if tx != nil {
+		tx.(*Tx).Do(apply)
+		return nil
+	}
+	l.S.Mu.Lock()
+	defer l.S.Mu.Unlock()
+	if l.S.Lost {
+		return fmt.Errorf("%w: fake", lease.ErrLeaseLost)
+	}
+	apply()
+	return nil
+}
+
+// Advance implements seam.Lease.
+func (l *Lease) Advance(_ context.Context, tx pgx.Tx, seq int64) error {
+	return l.write(tx, func(c *CursorRow) {
+		*c = CursorRow{Seq: seq, Adaptive: c.Adaptive}
+	})
+}
+
+// AdvanceRelaxed implements seam.Lease.
+func (l *Lease) AdvanceRelaxed(ctx context.Context, seq int64) error {
+	return l.Advance(ctx, nil, seq)
+}
+
+// RecordRetry implements seam.Lease.
+func (l *Lease) RecordRetry(_ context.Context, tx pgx.Tx, cause error, retryIn time.Duration) error {
+	return l.write(tx, func(c *CursorRow) {
+		c.Attempts++
+		c.LastError, c.Backoff = cause.Error(), retryIn
+		c.InflightFrom, c.InflightTo, c.InflightSolo = 0, 0, false
+	})
+}
+
+// UndoDelivery implements seam.Lease.
+func (l *Lease) UndoDelivery(_ context.Context, cursor int64) error {
+	return l.write(nil, func(c *CursorRow) {
+		if c.Seq == cursor && c.InflightTo > c.Seq {
+			c.Deliveries = max(c.Deliveries-1, c.Attempts)
+			c.InflightFrom, c.InflightTo, c.InflightSolo = 0, 0, false
+		}
+	})
+}
+
+// Verify implements seam.Lease.
+func (l *Lease) Verify(context.Context, string, int64) error {
+	l.S.Mu.Lock()
+	defer l.S.Mu.Unlock()
+	if l.S.Lost {
+		return fmt.Errorf("%w: fake", lease.ErrLeaseLost)
+	}
+	return errors.New("fake: a fenced write changed nothing under a valid lease")
+}
