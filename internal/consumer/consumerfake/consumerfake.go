@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -36,17 +37,27 @@ type CursorRow struct {
 	InflightSolo              bool
 	LastError                 string
 	Backoff                   time.Duration
-	Adaptive                  string
+	// BackoffUntil is when the head's retry is due (RecordRetry); a new
+	// lease's Found.Backoff is what is left of it.
+	BackoffUntil time.Time
+	Adaptive     string
+	// Full: the partition blocks because its isolation bounds are
+	// reached (HeldShowFull).
+	Full bool
 }
 
 // Held is a held message of the fake.
 type Held struct {
 	seam.Hold
 	Deliveries int
-	Inflight   bool
-	Solo       bool
-	RetryAt    time.Time
-	Requested  string
+	// Unexplained counts the retries that ended without an outcome while
+	// others were in flight (HeldAdopt): the message is a suspect.
+	Unexplained  int
+	Inflight     bool
+	Solo         bool
+	FirstFailure time.Time
+	RetryAt      time.Time
+	Requested    string
 }
 
 // Store is the seam.Store of one topic and one partition, in memory. A
@@ -150,6 +161,7 @@ func (s *Store) ReadSeqs(_ context.Context, _ string, _ int, seqs []int64) ([]se
 		for _, q := range seqs {
 			if e.Seq == q {
 				out = append(out, e)
+				break
 			}
 		}
 	}
@@ -205,7 +217,9 @@ func (s *Store) Savepoint(_ context.Context, tx pgx.Tx, op seam.SavepointOp) err
 func (s *Store) SaveAdaptive(_ context.Context, _ string, _ int, _ int64, state string, _ int) error {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
-	s.Cursor.Adaptive = state
+	if !s.Lost { // fenced by the token (another holder's is larger)
+		s.Cursor.Adaptive = state
+	}
 	return nil
 }
 
@@ -216,7 +230,7 @@ func (s *Store) MarkInFlight(_ context.Context, _ string, _ seam.Lease, seq int6
 	if err := s.failing("mark"); err != nil {
 		return false, err
 	}
-	if s.Lost {
+	if s.Lost || seq <= s.Cursor.Seq {
 		return false, nil
 	}
 	s.Marks = append(s.Marks, seq)
@@ -224,8 +238,37 @@ func (s *Store) MarkInFlight(_ context.Context, _ string, _ seam.Lease, seq int6
 	return true, nil
 }
 
-// HeldAdopt implements seam.HeldStore.
-func (s *Store) HeldAdopt(context.Context, string, seam.Lease) error { return nil }
+// HeldAdopt implements seam.HeldStore: a retry the last holder left in
+// flight alone in its process is charged as a failed attempt (with the
+// message's unexplained deliveries), any other is counted unexplained.
+func (s *Store) HeldAdopt(context.Context, string, seam.Lease) error {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if s.Lost {
+		return nil
+	}
+	now := time.Now()
+	for _, h := range s.Held {
+		if !h.Inflight {
+			continue
+		}
+		if h.Solo {
+			h.Attempts = min(h.Attempts+1+h.Unexplained, 2147483646)
+			h.Unexplained = 0
+			h.Err = fmt.Sprintf("seq %d: the consumer process died while this retry was the only delivery in flight in it", h.Seq)
+		} else {
+			h.Unexplained++
+			if h.Err == "" {
+				h.Err = fmt.Sprintf("seq %d: the consumer process died with other deliveries in flight: nobody is charged; the message is retried alone", h.Seq)
+			}
+		}
+		h.Inflight, h.Solo = false, false
+		if h.FirstFailure.IsZero() {
+			h.FirstFailure = now
+		}
+	}
+	return nil
+}
 
 // HeldLoad implements seam.HeldStore.
 func (s *Store) HeldLoad(context.Context, string, int) ([]seam.HeldRow, error) {
@@ -233,7 +276,12 @@ func (s *Store) HeldLoad(context.Context, string, int) ([]seam.HeldRow, error) {
 	defer s.Mu.Unlock()
 	var out []seam.HeldRow
 	for _, h := range s.Held {
-		r := seam.HeldRow{Seq: h.Seq, Keyless: h.Keyless, Key: h.Key, Attempts: h.Attempts, Deliveries: h.Deliveries, LastError: h.Err, Requested: h.Requested}
+		r := seam.HeldRow{Seq: h.Seq, Keyless: h.Keyless, Key: h.Key, Attempts: h.Attempts, Deliveries: h.Deliveries, LastError: h.Err,
+			Requested: h.Requested, Suspect: h.Unexplained > 0}
+		if !h.FirstFailure.IsZero() {
+			at := h.FirstFailure
+			r.FirstFailure = &at
+		}
 		if !h.RetryAt.IsZero() {
 			at := h.RetryAt
 			r.RetryAt = &at
@@ -251,7 +299,8 @@ func (s *Store) HeldInsert(_ context.Context, tx pgx.Tx, _ string, _ int, rows [
 			if s.Held[r.Seq] == nil {
 				h := &Held{Hold: r, Deliveries: r.Attempts}
 				if r.Err != "" {
-					h.RetryAt = time.Now().Add(r.Delay)
+					h.FirstFailure = time.Now()
+					h.RetryAt = h.FirstFailure.Add(r.Delay)
 				}
 				s.Held[r.Seq] = h
 			}
@@ -268,7 +317,7 @@ func (s *Store) HeldCount(_ context.Context, _ string, _ seam.Lease, seq int64, 
 	if s.Lost || h == nil {
 		return 0, false, nil
 	}
-	h.Deliveries = max(h.Deliveries, h.Attempts) + 1
+	h.Deliveries = max(h.Deliveries, h.Attempts+h.Unexplained) + 1
 	h.Inflight, h.Solo = true, solo
 	return h.Deliveries, true, nil
 }
@@ -277,9 +326,9 @@ func (s *Store) HeldCount(_ context.Context, _ string, _ seam.Lease, seq int64, 
 func (s *Store) HeldUndoCount(_ context.Context, _ string, _ seam.Lease, seq int64) error {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
-	if h := s.Held[seq]; h != nil {
-		h.Deliveries = max(h.Deliveries-1, h.Attempts)
-		h.Inflight = false
+	if h := s.Held[seq]; h != nil && !s.Lost {
+		h.Deliveries = max(h.Deliveries-1, h.Attempts+h.Unexplained)
+		h.Inflight, h.Solo = false, false
 	}
 	return nil
 }
@@ -292,8 +341,13 @@ func (s *Store) HeldRetry(_ context.Context, _ string, _ seam.Lease, seq int64, 
 	if s.Lost || h == nil {
 		return false, nil
 	}
-	h.Attempts++
-	h.Err, h.RetryAt, h.Inflight = text, time.Now().Add(delay), false
+	now := time.Now()
+	h.Attempts = min(h.Attempts+1, 2147483647)
+	h.Deliveries = min(max(h.Attempts+h.Unexplained, h.Deliveries), 2147483647)
+	h.Err, h.RetryAt, h.Inflight, h.Solo = text, now.Add(delay), false, false
+	if h.FirstFailure.IsZero() {
+		h.FirstFailure = now
+	}
 	return true, nil
 }
 
@@ -304,27 +358,41 @@ func (s *Store) HeldRelease(_ context.Context, tx pgx.Tx, _ string, _ seam.Lease
 			delete(s.Held, q)
 		}
 	}
-	if tx != nil {
-		tx.(*Tx).Do(release)
-		return len(seqs), nil
-	}
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 	if s.Lost {
 		return 0, nil
 	}
 	n := 0
-	for _, q := range seqs {
+	for q := range slices.Values(dedup(seqs)) {
 		if s.Held[q] != nil {
 			n++
 		}
 	}
-	release()
+	if tx != nil {
+		tx.(*Tx).Do(release)
+	} else {
+		release()
+	}
 	return n, nil
 }
 
 // HeldShowFull implements seam.HeldStore.
-func (s *Store) HeldShowFull(context.Context, string, seam.Lease, bool) error { return nil }
+func (s *Store) HeldShowFull(_ context.Context, _ string, _ seam.Lease, full bool) error {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if !s.Lost {
+		s.Cursor.Full = full
+	}
+	return nil
+}
+
+// dedup is seqs without repeats.
+func dedup(seqs []int64) []int64 {
+	out := slices.Clone(seqs)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
 
 // CommittedEffects are the effects of committed transactions (the
 // handlers' writes, see Tx.Exec), in commit order.
@@ -368,7 +436,7 @@ func (t *Tx) Commit(context.Context) error {
 		return err
 	}
 	if t.aborted {
-		return &pgconn.PgError{Code: "25P02"}
+		return pgx.ErrTxCommitRollback // PostgreSQL's COMMIT of an aborted transaction rolls it back
 	}
 	for _, op := range t.ops {
 		op()
@@ -381,10 +449,11 @@ func (t *Tx) Commit(context.Context) error {
 func (t *Tx) Rollback(context.Context) error {
 	t.s.Mu.Lock()
 	defer t.s.Mu.Unlock()
-	if !t.done {
-		t.done = true
-		t.s.Rollbacks++
+	if t.done {
+		return pgx.ErrTxClosed
 	}
+	t.done = true
+	t.s.Rollbacks++
 	return nil
 }
 
@@ -432,10 +501,11 @@ func (t *Tx) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
 func (t *Tx) Conn() *pgx.Conn { return nil }
 
 // Found is what an acquisition of the lease found on the cursor row (see
-// internal/lease's Lease): the head's failed attempts and last error, the
+// internal/lease's Lease): the cursor, the head's failed attempts and last error, the
 // backoff left, the attempts charged for a crash, the suspects and
 // whether it found a crash nobody could be charged for.
 type Found struct {
+	Cursor                 int64
 	Attempts, Charged      int
 	LastError              string
 	Backoff                time.Duration
@@ -456,13 +526,17 @@ type Lease struct {
 
 var _ seam.Lease = (*Lease)(nil)
 
-// NewLease acquires the lease on s's partition.
+// NewLease acquires the lease on s's partition (again, after Lose: its
+// fenced writes hold from now on). It finds the attempts, last error and
+// backoff left on the cursor row; it settles no crash (a test sets the
+// rest of Found).
 func NewLease(s *Store) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	s.Mu.Lock()
-	l := &Lease{S: s, ctx: ctx, cancel: cancel, Found: Found{Attempts: int(s.Cursor.Attempts), LastError: s.Cursor.LastError}}
-	s.Mu.Unlock()
-	return l
+	defer s.Mu.Unlock()
+	s.Lost = false
+	return &Lease{S: s, ctx: ctx, cancel: cancel, Found: Found{Cursor: s.Cursor.Seq, Attempts: int(s.Cursor.Attempts), LastError: s.Cursor.LastError,
+		Backoff: max(time.Until(s.Cursor.BackoffUntil), 0)}}
 }
 
 // Partition implements seam.Lease.
@@ -477,8 +551,8 @@ func (l *Lease) Owner() string { return "me" }
 // Token implements seam.Lease.
 func (l *Lease) Token() int64 { return 1 }
 
-// Cursor implements seam.Lease: the cursor row's seq now.
-func (l *Lease) Cursor() int64 { return l.S.State().Seq }
+// Cursor implements seam.Lease: the cursor row's seq at acquisition.
+func (l *Lease) Cursor() int64 { return l.Found.Cursor }
 
 // Attempts implements seam.Lease.
 func (l *Lease) Attempts() int { return l.Found.Attempts }
@@ -510,17 +584,24 @@ func (l *Lease) Lose() {
 	l.cancel(lease.ErrLeaseLost)
 }
 
-// write applies op to the cursor row in tx (at its commit), or at once.
-func (l *Lease) write(tx pgx.Tx, op func(c *CursorRow)) error {
+// write applies op to the cursor row in tx (at its commit), or at once,
+// when the lease holds (ErrLeaseLost otherwise, with the lease's context
+// ended) and ahead(the cursor row) does (ErrSeqNotAhead otherwise, at
+// seq); ahead nil: no condition.
+func (l *Lease) write(tx pgx.Tx, seq int64, ahead func(c CursorRow) bool, op func(c *CursorRow)) error {
+	l.S.Mu.Lock()
+	defer l.S.Mu.Unlock()
+	if l.S.Lost {
+		l.cancel(lease.ErrLeaseLost)
+		return fmt.Errorf("%w: fake", lease.ErrLeaseLost)
+	}
+	if ahead != nil && !ahead(l.S.Cursor) {
+		return fmt.Errorf("%w: fake: seq %d, cursor %d", lease.ErrSeqNotAhead, seq, l.S.Cursor.Seq)
+	}
 	apply := func() { op(&l.S.Cursor) }
 	if tx != nil {
 		tx.(*Tx).Do(apply)
 		return nil
-	}
-	l.S.Mu.Lock()
-	defer l.S.Mu.Unlock()
-	if l.S.Lost {
-		return fmt.Errorf("%w: fake", lease.ErrLeaseLost)
 	}
 	apply()
 	return nil
@@ -528,8 +609,8 @@ func (l *Lease) write(tx pgx.Tx, op func(c *CursorRow)) error {
 
 // Advance implements seam.Lease.
 func (l *Lease) Advance(_ context.Context, tx pgx.Tx, seq int64) error {
-	return l.write(tx, func(c *CursorRow) {
-		*c = CursorRow{Seq: seq, Adaptive: c.Adaptive}
+	return l.write(tx, seq, func(c CursorRow) bool { return c.Seq < seq }, func(c *CursorRow) {
+		*c = CursorRow{Seq: seq, Adaptive: c.Adaptive, Full: c.Full}
 	})
 }
 
@@ -540,29 +621,37 @@ func (l *Lease) AdvanceRelaxed(ctx context.Context, seq int64) error {
 
 // RecordRetry implements seam.Lease.
 func (l *Lease) RecordRetry(_ context.Context, tx pgx.Tx, cause error, retryIn time.Duration) error {
-	return l.write(tx, func(c *CursorRow) {
-		c.Attempts++
-		c.LastError, c.Backoff = cause.Error(), retryIn
+	return l.write(tx, -1, nil, func(c *CursorRow) {
+		c.Attempts = min(c.Attempts, 2147483646) + 1
+		c.LastError, c.Backoff, c.BackoffUntil = cause.Error(), retryIn, time.Now().Add(retryIn)
 		c.InflightFrom, c.InflightTo, c.InflightSolo = 0, 0, false
 	})
 }
 
-// UndoDelivery implements seam.Lease.
+// UndoDelivery implements seam.Lease: fenced, and nothing to undo (the
+// lease gone, the cursor moved, nothing in flight) is no error.
 func (l *Lease) UndoDelivery(_ context.Context, cursor int64) error {
-	return l.write(nil, func(c *CursorRow) {
-		if c.Seq == cursor && c.InflightTo > c.Seq {
-			c.Deliveries = max(c.Deliveries-1, c.Attempts)
-			c.InflightFrom, c.InflightTo, c.InflightSolo = 0, 0, false
-		}
-	})
-}
-
-// Verify implements seam.Lease.
-func (l *Lease) Verify(context.Context, string, int64) error {
 	l.S.Mu.Lock()
 	defer l.S.Mu.Unlock()
-	if l.S.Lost {
-		return fmt.Errorf("%w: fake", lease.ErrLeaseLost)
+	if c := &l.S.Cursor; !l.S.Lost && c.Seq == cursor && c.InflightTo > c.Seq {
+		c.Deliveries = max(c.Deliveries-1, c.Attempts)
+		c.InflightFrom, c.InflightTo, c.InflightSolo = 0, 0, false
 	}
-	return errors.New("fake: a fenced write changed nothing under a valid lease")
+	return nil
+}
+
+// Verify implements seam.Lease: ErrLeaseLost (with the lease's context
+// ended) when the lease is gone, else ErrSeqNotAhead when seq >= 0 (the
+// cursor is not at seq), else an error of no class.
+func (l *Lease) Verify(_ context.Context, op string, seq int64) error {
+	l.S.Mu.Lock()
+	defer l.S.Mu.Unlock()
+	switch {
+	case l.S.Lost:
+		l.cancel(lease.ErrLeaseLost)
+		return fmt.Errorf("%w: fake: %s", lease.ErrLeaseLost, op)
+	case seq >= 0:
+		return fmt.Errorf("fake: %s: the cursor is not at %d: %w", op, seq, lease.ErrSeqNotAhead)
+	}
+	return fmt.Errorf("fake: %s changed nothing although the lease is valid", op)
 }
