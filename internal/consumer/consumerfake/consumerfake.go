@@ -35,8 +35,14 @@ type CursorRow struct {
 	Seq, Deliveries, Attempts int64
 	InflightFrom, InflightTo  int64
 	InflightSolo              bool
-	LastError                 string
-	Backoff                   time.Duration
+	// Unexplained counts the head's deliveries that ended in a crash
+	// nobody was charged for; SuspectFrom..SuspectTo are the messages in
+	// flight then, delivered alone (0, 0 for none): NewLease settles a
+	// delivery left in flight into them, as CursorsAcquire does.
+	Unexplained            int64
+	SuspectFrom, SuspectTo int64
+	LastError              string
+	Backoff                time.Duration
 	// BackoffUntil is when the head's retry is due (RecordRetry); a new
 	// lease's Found.Backoff is what is left of it.
 	BackoffUntil time.Time
@@ -527,16 +533,43 @@ type Lease struct {
 var _ seam.Lease = (*Lease)(nil)
 
 // NewLease acquires the lease on s's partition (again, after Lose: its
-// fenced writes hold from now on). It finds the attempts, last error and
-// backoff left on the cursor row; it settles no crash (a test sets the
-// rest of Found).
+// fenced writes hold from now on), as CursorsAcquire does: a delivery the
+// last holder left in flight on the cursor row is charged to the head when
+// it was the only one in flight in its process, else it makes suspects.
+// Found is what the acquisition found; a test may set it otherwise.
 func NewLease(s *Store) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 	s.Lost = false
-	return &Lease{S: s, ctx: ctx, cancel: cancel, Found: Found{Cursor: s.Cursor.Seq, Attempts: int(s.Cursor.Attempts), LastError: s.Cursor.LastError,
-		Backoff: max(time.Until(s.Cursor.BackoffUntil), 0)}}
+	c, old := &s.Cursor, s.Cursor
+	solo := old.InflightTo > old.Seq && old.InflightSolo && old.InflightFrom == old.Seq+1 && old.InflightTo == old.Seq+1
+	unexplained := old.InflightTo > old.Seq && !solo
+	switch {
+	case solo:
+		c.Attempts = min(old.Attempts+1+old.Unexplained, 2147483646)
+		c.Unexplained = 0
+		c.LastError = fmt.Sprintf("seq %d: the consumer process died while this message was the only delivery in flight in it (delivery %d)", old.Seq+1, old.Deliveries)
+	case unexplained:
+		if old.Seq+1 >= old.InflightFrom && old.Seq+1 <= old.InflightTo {
+			c.Unexplained = old.Unexplained + 1
+		}
+		from := max(old.InflightFrom, old.Seq+1)
+		if old.SuspectTo > old.Seq {
+			from = min(old.SuspectFrom, from)
+		}
+		c.SuspectFrom, c.SuspectTo = from, max(old.SuspectTo, old.InflightTo)
+		if old.LastError == "" {
+			c.LastError = fmt.Sprintf("seq %d..%d: the consumer process died with other deliveries in flight: nobody is charged; these messages are delivered alone until the one that crashes it is found", old.InflightFrom, old.InflightTo)
+		}
+	}
+	c.InflightFrom, c.InflightTo, c.InflightSolo = 0, 0, false
+	found := Found{Cursor: c.Seq, Attempts: int(c.Attempts), Charged: int(c.Attempts - old.Attempts), LastError: c.LastError,
+		Backoff: max(time.Until(c.BackoffUntil), 0), Unexplained: unexplained}
+	if c.SuspectTo > c.Seq {
+		found.SuspectFrom, found.SuspectTo = c.SuspectFrom, c.SuspectTo
+	}
+	return &Lease{S: s, ctx: ctx, cancel: cancel, Found: found}
 }
 
 // Partition implements seam.Lease.
@@ -610,7 +643,16 @@ func (l *Lease) write(tx pgx.Tx, seq int64, ahead func(c CursorRow) bool, op fun
 // Advance implements seam.Lease.
 func (l *Lease) Advance(_ context.Context, tx pgx.Tx, seq int64) error {
 	return l.write(tx, seq, func(c CursorRow) bool { return c.Seq < seq }, func(c *CursorRow) {
-		*c = CursorRow{Seq: seq, Adaptive: c.Adaptive, Full: c.Full}
+		next := CursorRow{Seq: seq, Adaptive: c.Adaptive, Full: c.Full}
+		if seq+1 >= c.SuspectFrom && seq+1 <= c.SuspectTo {
+			// The next message is a suspect: it starts with the delivery
+			// it had without an outcome.
+			next.Unexplained, next.Deliveries = 1, 1
+		}
+		if seq < c.SuspectTo {
+			next.SuspectFrom, next.SuspectTo = c.SuspectFrom, c.SuspectTo
+		}
+		*c = next
 	})
 }
 
@@ -634,7 +676,7 @@ func (l *Lease) UndoDelivery(_ context.Context, cursor int64) error {
 	l.S.Mu.Lock()
 	defer l.S.Mu.Unlock()
 	if c := &l.S.Cursor; !l.S.Lost && c.Seq == cursor && c.InflightTo > c.Seq {
-		c.Deliveries = max(c.Deliveries-1, c.Attempts)
+		c.Deliveries = max(c.Deliveries-1, c.Attempts+c.Unexplained)
 		c.InflightFrom, c.InflightTo, c.InflightSolo = 0, 0, false
 	}
 	return nil
