@@ -35,8 +35,9 @@ type side struct {
 	// lose makes another member take the partition's lease over (a new
 	// owner and token on the cursor row, nothing else changed).
 	lose func()
-	// reacquire gives the lease up and acquires it again (a plain
-	// acquisition: nothing was in flight on the cursor row).
+	// reacquire ends the lease (its holder died, nothing undone) and
+	// acquires the partition again: the acquisition settles what the
+	// cursor row has in flight (crash evidence).
 	reacquire func() consumer.Lease
 	// write is the statement a handler runs in its transaction to write
 	// label; "FAIL" is a write that fails (a unique violation) and aborts
@@ -55,6 +56,8 @@ type cursorView struct {
 	Seq, Attempts, Deliveries int64
 	InflightFrom, InflightTo  int64
 	InflightSolo              bool
+	Unexplained               int64
+	SuspectFrom, SuspectTo    int64
 	LastError                 string
 	BackingOff                bool
 	Adaptive                  string
@@ -137,9 +140,10 @@ func pgSide(t *testing.T, msgs []msg) (*side, []consumer.Entry) {
 	s.cursor = func() cursorView {
 		var c cursorView
 		if err := b.Pool.QueryRow(ctx, `SELECT seq, attempts, deliveries, inflight_from, inflight_to, inflight_solo,
-				coalesce(last_error, ''), coalesce(backoff_until > clock_timestamp(), false), adaptive_state, isolation_full IS NOT NULL
+				unexplained, suspect_from, suspect_to, coalesce(last_error, ''), coalesce(backoff_until > clock_timestamp(), false), adaptive_state, isolation_full IS NOT NULL
 			FROM `+b.Schema+`.cursors`+where).
-			Scan(&c.Seq, &c.Attempts, &c.Deliveries, &c.InflightFrom, &c.InflightTo, &c.InflightSolo, &c.LastError, &c.BackingOff, &c.Adaptive, &c.Full); err != nil {
+			Scan(&c.Seq, &c.Attempts, &c.Deliveries, &c.InflightFrom, &c.InflightTo, &c.InflightSolo,
+				&c.Unexplained, &c.SuspectFrom, &c.SuspectTo, &c.LastError, &c.BackingOff, &c.Adaptive, &c.Full); err != nil {
 			t.Fatal(err)
 		}
 		return c
@@ -220,7 +224,7 @@ func fakeSide(log []consumer.Entry) *side {
 			adaptive = "normal" // a new cursor row's adaptive_state
 		}
 		return cursorView{Seq: c.Seq, Attempts: c.Attempts, Deliveries: c.Deliveries, InflightFrom: c.InflightFrom, InflightTo: c.InflightTo,
-			InflightSolo: c.InflightSolo, LastError: c.LastError, BackingOff: c.BackoffUntil.After(time.Now()), Adaptive: adaptive, Full: c.Full}
+			InflightSolo: c.InflightSolo, Unexplained: c.Unexplained, SuspectFrom: c.SuspectFrom, SuspectTo: c.SuspectTo, LastError: c.LastError, BackingOff: c.BackoffUntil.After(time.Now()), Adaptive: adaptive, Full: c.Full}
 	}
 	s.held = func() []heldView {
 		f.Mu.Lock()
