@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -281,7 +282,12 @@ func entries(es []consumer.Entry) string {
 		if i > 0 {
 			b.WriteString(" ")
 		}
-		fmt.Fprintf(&b, "%d:%s/%q/%s/n=%s", e.Seq, e.UUID, e.Key, e.Payload, e.Metadata["n"])
+		meta := make([]string, 0, len(e.Metadata))
+		for k, v := range e.Metadata {
+			meta = append(meta, k+"="+v)
+		}
+		slices.Sort(meta)
+		fmt.Fprintf(&b, "%d:%s/%q/%s/%s", e.Seq, e.UUID, e.Key, e.Payload, strings.Join(meta, ","))
 		if e.PayloadMissing {
 			b.WriteString("/missing")
 		}
