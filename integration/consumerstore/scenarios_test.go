@@ -328,11 +328,13 @@ func transactionsAndSavepoints(c *script) {
 	c.look("committed")
 	c.rollback(tx)
 	c.exec(tx, "late")
+	c.savepoint(tx, consumer.SavepointNext)
 	c.commit(tx)
 
 	tx = c.begin()
 	c.exec(tx, "f")
 	c.advance(tx, 3)
+	c.look("uncommitted") // seen from outside the transaction
 	c.rollback(tx)
 	c.look("rolled back")
 
@@ -387,6 +389,7 @@ func heldKeys(c *script) {
 	})
 	tx := c.begin()
 	c.heldInsert(tx, consumer.Hold{Seq: 5, Key: "b"})
+	c.heldLoad() // outside the transaction: not yet
 	c.rollback(tx)
 	c.look("held again, rolled back")
 	c.heldCount(1, true)

@@ -206,6 +206,9 @@ func (s *Store) Savepoint(_ context.Context, tx pgx.Tx, op seam.SavepointOp) err
 	if err != nil {
 		return err
 	}
+	if t.done {
+		return pgx.ErrTxClosed
+	}
 	if t.aborted && op != seam.SavepointRollback && op != seam.SavepointBatchRollback {
 		return &pgconn.PgError{Code: "25P02", Message: "current transaction is aborted"}
 	}
