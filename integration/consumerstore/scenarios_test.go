@@ -206,6 +206,7 @@ var scenarios = []struct {
 	{"NewLeaseAdoptsHeldRetries", newLeaseAdoptsHeldRetries},
 	{"LostLease", lostLease},
 	{"CrashEvidence", crashEvidence},
+	{"SavepointStack", savepointStack},
 }
 
 // The fake against PostgreSQL: every scenario runs on both, and the
@@ -530,4 +531,53 @@ func crashEvidence(c *script) {
 	c.read(4, 1, true, false, true)
 	c.undo(4)
 	c.advance(nil, 6)
+}
+
+// The savepoints as PostgreSQL stacks them: a release or a rollback to a
+// savepoint that does not exist (it was never set, released, or undone
+// with an outer one) fails and aborts the transaction; a savepoint set
+// again under its name hides the first until released.
+func savepointStack(c *script) {
+	tx := c.begin()
+	c.savepoint(tx, consumer.SavepointNext) // nothing to release
+	c.exec(tx, "a")
+	c.savepoint(tx, consumer.SavepointRollback)
+	c.commit(tx)
+
+	tx = c.begin()
+	c.savepoint(tx, consumer.SavepointFirst)
+	c.exec(tx, "b")
+	c.savepoint(tx, consumer.SavepointFirst)
+	c.exec(tx, "c")
+	c.savepoint(tx, consumer.SavepointRollback) // c undone
+	c.exec(tx, "d")
+	c.savepoint(tx, consumer.SavepointRelease)
+	c.savepoint(tx, consumer.SavepointRollback) // to the first: d undone
+	c.savepoint(tx, consumer.SavepointRelease)
+	c.savepoint(tx, consumer.SavepointRelease) // none left
+	c.savepoint(tx, consumer.SavepointBatchRollback)
+	c.commit(tx)
+	c.look("misused")
+
+	tx = c.begin()
+	c.savepoint(tx, consumer.SavepointBatch)
+	c.savepoint(tx, consumer.SavepointFirst)
+	c.exec(tx, "e")
+	c.savepoint(tx, consumer.SavepointNext)
+	c.exec(tx, "f")
+	c.savepoint(tx, consumer.SavepointBatchRollback) // e and f undone, the delivery savepoint gone
+	c.savepoint(tx, consumer.SavepointRelease)
+	c.savepoint(tx, consumer.SavepointBatchRollback)
+	c.exec(tx, "g")
+	c.savepoint(tx, consumer.SavepointBatchRelease)
+	c.exec(tx, "h")
+	c.commit(tx) // g and h
+
+	tx = c.begin()
+	c.savepoint(tx, consumer.SavepointBatch)
+	c.savepoint(tx, consumer.SavepointBatchRelease)
+	c.savepoint(tx, consumer.SavepointBatchRelease)
+	c.savepoint(tx, consumer.SavepointBatchRollback)
+	c.exec(tx, "i")
+	c.commit(tx)
 }

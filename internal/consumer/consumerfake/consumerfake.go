@@ -209,17 +209,27 @@ func (s *Store) Savepoint(_ context.Context, tx pgx.Tx, op seam.SavepointOp) err
 	if t.done {
 		return pgx.ErrTxClosed
 	}
-	if t.aborted && op != seam.SavepointRollback && op != seam.SavepointBatchRollback {
-		return &pgconn.PgError{Code: "25P02", Message: "current transaction is aborted"}
-	}
+	const delivery, batch = "outbox_delivery", "outbox_batch" // transaction.sql's
 	switch op {
-	case seam.SavepointFirst, seam.SavepointNext, seam.SavepointBatch:
-		t.mark = len(t.ops)
-	case seam.SavepointRollback, seam.SavepointBatchRollback:
-		t.ops = t.ops[:t.mark]
-		t.aborted = false
+	case seam.SavepointFirst:
+		return t.savepoint(delivery)
+	case seam.SavepointNext:
+		if err := t.release(delivery); err != nil {
+			return err
+		}
+		return t.savepoint(delivery)
+	case seam.SavepointRelease:
+		return t.release(delivery)
+	case seam.SavepointRollback:
+		return t.rollbackTo(delivery)
+	case seam.SavepointBatch:
+		return t.savepoint(batch)
+	case seam.SavepointBatchRelease:
+		return t.release(batch)
+	case seam.SavepointBatchRollback:
+		return t.rollbackTo(batch)
 	}
-	return nil
+	return fmt.Errorf("fake: savepoint operation %d", op)
 }
 
 // SaveAdaptive implements seam.Store.
@@ -416,14 +426,77 @@ func (s *Store) CommittedEffects() []string {
 // effect); a statement after "FAIL" aborts it, as a failed statement
 // aborts a PostgreSQL transaction.
 type Tx struct {
-	s       *Store
-	ops     []func()
-	mark    int // the last savepoint: len(ops) when it was set
-	aborted bool
-	done    bool
+	s   *Store
+	ops []func()
+	// savepoints is PostgreSQL's stack of savepoints: a name (not
+	// unique: the latest one counts) and len(ops) when it was set.
+	savepoints []savepoint
+	aborted    bool
+	done       bool
+}
+
+type savepoint struct {
+	name string
+	mark int
 }
 
 var _ pgx.Tx = (*Tx)(nil)
+
+// errAborted is a statement in an aborted transaction.
+var errAborted = &pgconn.PgError{Code: "25P02", Message: "current transaction is aborted, commands ignored until end of transaction block"}
+
+// fail aborts the transaction with a statement's error.
+func (t *Tx) fail(err *pgconn.PgError) error {
+	t.aborted = true
+	return err
+}
+
+// find is the stack position of the latest savepoint name, or -1.
+func (t *Tx) find(name string) int {
+	for i := len(t.savepoints) - 1; i >= 0; i-- {
+		if t.savepoints[i].name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// savepoint is SAVEPOINT name.
+func (t *Tx) savepoint(name string) error {
+	if t.aborted {
+		return errAborted
+	}
+	t.savepoints = append(t.savepoints, savepoint{name, len(t.ops)})
+	return nil
+}
+
+// release is RELEASE SAVEPOINT name: it and every later one are gone,
+// their writes kept.
+func (t *Tx) release(name string) error {
+	if t.aborted {
+		return errAborted
+	}
+	i := t.find(name)
+	if i < 0 {
+		return t.fail(&pgconn.PgError{Code: "3B001", Message: "savepoint " + name + " does not exist"})
+	}
+	t.savepoints = t.savepoints[:i]
+	return nil
+}
+
+// rollbackTo is ROLLBACK TO SAVEPOINT name: the writes since it are
+// undone, the later savepoints gone, it kept, the transaction usable
+// again.
+func (t *Tx) rollbackTo(name string) error {
+	i := t.find(name)
+	if i < 0 {
+		return t.fail(&pgconn.PgError{Code: "3B001", Message: "savepoint " + name + " does not exist"})
+	}
+	t.ops = t.ops[:t.savepoints[i].mark]
+	t.savepoints = t.savepoints[:i+1]
+	t.aborted = false
+	return nil
+}
 
 // Do applies op at Commit (unless a savepoint rollback takes it back).
 func (t *Tx) Do(op func()) { t.ops = append(t.ops, op) }
@@ -488,7 +561,7 @@ func (t *Tx) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, e
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	if t.aborted {
-		return pgconn.CommandTag{}, &pgconn.PgError{Code: "25P02"}
+		return pgconn.CommandTag{}, errAborted
 	}
 	if sql == "FAIL" {
 		t.aborted = true
