@@ -204,7 +204,8 @@ var scenarios = []struct {
 	{"TransactionsAndSavepoints", transactionsAndSavepoints},
 	{"HeldKeys", heldKeys},
 	{"NewLeaseAdoptsHeldRetries", newLeaseAdoptsHeldRetries},
-	{"LostLease", lostLease},
+	{"LostLease", func(c *script) { fencedWritesAfter(c, c.s.lose) }},
+	{"ExpiredLease", func(c *script) { fencedWritesAfter(c, c.s.expire) }},
 	{"CrashEvidence", crashEvidence},
 	{"SavepointStack", savepointStack},
 }
@@ -443,8 +444,9 @@ func newLeaseAdoptsHeldRetries(c *script) {
 	c.look("retried after adoption")
 }
 
-// Every fenced write after another member took the lease over.
-func lostLease(c *script) {
+// Every fenced write after the lease ended by end: another member took
+// it over, or it expired.
+func fencedWritesAfter(c *script, end func()) {
 	c.inTx(false, "hold and move", func(tx pgx.Tx) error {
 		if err := c.heldInsert(tx, consumer.Hold{Seq: 1, Key: "a", Attempts: 1, Err: "nacked"}); err != nil {
 			return err
@@ -454,7 +456,7 @@ func lostLease(c *script) {
 	c.heldCount(1, true)
 	c.read(1, 2, true, true, false)
 	c.look("before")
-	c.s.lose()
+	end()
 	c.read(1, 2, true, false, true)
 	c.advance(nil, 2)
 	c.advanceRelaxed(2)

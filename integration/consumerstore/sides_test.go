@@ -36,6 +36,8 @@ type side struct {
 	// lose makes another member take the partition's lease over (a new
 	// owner and token on the cursor row, nothing else changed).
 	lose func()
+	// expire makes the lease expire, nobody taking it over.
+	expire func()
 	// reacquire ends the lease (its holder died, nothing undone) and
 	// acquires the partition again: the acquisition settles what the
 	// cursor row has in flight (crash evidence).
@@ -131,6 +133,9 @@ func pgSide(t *testing.T, msgs []msg) (*side, []consumer.Entry) {
 	s.lose = func() {
 		b.Exec(`UPDATE ` + b.Schema + `.cursors SET lease_owner = 'thief', lease_token = lease_token + 1` + where)
 	}
+	s.expire = func() {
+		b.Exec(`UPDATE ` + b.Schema + `.cursors SET lease_expires_at = now() - interval '1 second'` + where)
+	}
 	s.reacquire = func() consumer.Lease {
 		b.Exec(`UPDATE ` + b.Schema + `.cursors SET lease_owner = NULL, lease_expires_at = NULL` + where)
 		return acquire()
@@ -211,6 +216,7 @@ func fakeSide(log []consumer.Entry) *side {
 	l := consumerfake.NewLease(f)
 	s := &side{store: f, lease: l}
 	s.lose = func() { s.lease.(*consumerfake.Lease).Lose() }
+	s.expire = func() { s.lease.(*consumerfake.Lease).Expire() }
 	s.reacquire = func() consumer.Lease { return consumerfake.NewLease(f) }
 	s.write = func(label string) string {
 		if label == "FAIL" {

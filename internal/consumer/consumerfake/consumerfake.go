@@ -69,16 +69,20 @@ type Held struct {
 // Store is the seam.Store of one topic and one partition, in memory. A
 // test reads and edits its fields under Mu.
 type Store struct {
-	Mu        sync.Mutex
-	Log       []seam.Entry // seqs 1..n
-	Cursor    CursorRow
-	Held      map[int64]*Held
-	Lost      bool // the lease is gone: every fenced write fails
-	Reads     []ReadCall
-	Marks     []int64
-	Commits   int
-	Rollbacks int
-	Effects   []string // the handlers' writes, as committed
+	Mu     sync.Mutex
+	Log    []seam.Entry // seqs 1..n
+	Cursor CursorRow
+	Held   map[int64]*Held
+	// Lost: another member took the lease over (a new owner and token):
+	// every fenced write fails. Expired: the lease expired, nobody took
+	// it: the writes fenced by the expiry fail, those fenced by the owner
+	// and token only (SaveAdaptive, HeldShowFull) do not.
+	Lost, Expired bool
+	Reads         []ReadCall
+	Marks         []int64
+	Commits       int
+	Rollbacks     int
+	Effects       []string // the handlers' writes, as committed
 	// Fail injects an error into the named operation's next call: "read",
 	// "begin", "savepoint", "mark", "commit".
 	Fail map[string]error
@@ -115,6 +119,9 @@ func (s *Store) Append(e seam.Entry) {
 	s.Log = append(s.Log, e)
 }
 
+// gone reports whether the writes fenced by the lease's expiry fail.
+func (s *Store) gone() bool { return s.Lost || s.Expired }
+
 // failing takes the error injected into op, if any.
 func (s *Store) failing(op string) error {
 	err := s.Fail[op]
@@ -146,7 +153,7 @@ func (s *Store) Read(_ context.Context, _ string, _ int, cursor int64, limit int
 		return out, nil, nil
 	}
 	s.Reads = append(s.Reads, ReadCall{cursor, limit, wholeBatch, solo})
-	if s.Lost || s.Cursor.Seq != cursor || len(out) == 0 || out[0].Seq != cursor+1 {
+	if s.gone() || s.Cursor.Seq != cursor || len(out) == 0 || out[0].Seq != cursor+1 {
 		return out, nil, nil
 	}
 	s.Cursor.Deliveries = max(s.Cursor.Deliveries, s.Cursor.Attempts) + 1
@@ -249,7 +256,7 @@ func (s *Store) MarkInFlight(_ context.Context, _ string, _ seam.Lease, seq int6
 	if err := s.failing("mark"); err != nil {
 		return false, err
 	}
-	if s.Lost || seq <= s.Cursor.Seq {
+	if s.gone() || seq <= s.Cursor.Seq {
 		return false, nil
 	}
 	s.Marks = append(s.Marks, seq)
@@ -263,7 +270,7 @@ func (s *Store) MarkInFlight(_ context.Context, _ string, _ seam.Lease, seq int6
 func (s *Store) HeldAdopt(context.Context, string, seam.Lease) error {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
-	if s.Lost {
+	if s.gone() {
 		return nil
 	}
 	now := time.Now()
@@ -333,7 +340,7 @@ func (s *Store) HeldCount(_ context.Context, _ string, _ seam.Lease, seq int64, 
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 	h := s.Held[seq]
-	if s.Lost || h == nil {
+	if s.gone() || h == nil {
 		return 0, false, nil
 	}
 	h.Deliveries = max(h.Deliveries, h.Attempts+h.Unexplained) + 1
@@ -345,7 +352,7 @@ func (s *Store) HeldCount(_ context.Context, _ string, _ seam.Lease, seq int64, 
 func (s *Store) HeldUndoCount(_ context.Context, _ string, _ seam.Lease, seq int64) error {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
-	if h := s.Held[seq]; h != nil && !s.Lost {
+	if h := s.Held[seq]; h != nil && !s.gone() {
 		h.Deliveries = max(h.Deliveries-1, h.Attempts+h.Unexplained)
 		h.Inflight, h.Solo = false, false
 	}
@@ -357,7 +364,7 @@ func (s *Store) HeldRetry(_ context.Context, _ string, _ seam.Lease, seq int64, 
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 	h := s.Held[seq]
-	if s.Lost || h == nil {
+	if s.gone() || h == nil {
 		return false, nil
 	}
 	now := time.Now()
@@ -379,7 +386,7 @@ func (s *Store) HeldRelease(_ context.Context, tx pgx.Tx, _ string, _ seam.Lease
 	}
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
-	if s.Lost {
+	if s.gone() {
 		return 0, nil
 	}
 	n := 0
@@ -617,7 +624,7 @@ func NewLease(s *Store) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
-	s.Lost = false
+	s.Lost, s.Expired = false, false
 	c, old := &s.Cursor, s.Cursor
 	solo := old.InflightTo > old.Seq && old.InflightSolo && old.InflightFrom == old.Seq+1 && old.InflightTo == old.Seq+1
 	unexplained := old.InflightTo > old.Seq && !solo
@@ -685,6 +692,14 @@ func (l *Lease) UnexplainedCrash() bool { return l.Found.Unexplained }
 // subscription's stop), its fenced writes still holding.
 func (l *Lease) Cancel(cause error) { l.cancel(cause) }
 
+// Expire lets the lease expire with nobody taking it over: the writes
+// fenced by the expiry fail from now on (and end the lease's context).
+func (l *Lease) Expire() {
+	l.S.Mu.Lock()
+	defer l.S.Mu.Unlock()
+	l.S.Expired = true
+}
+
 // Lose ends the lease: its context, and every fenced write from now on.
 func (l *Lease) Lose() {
 	l.S.Mu.Lock()
@@ -700,7 +715,7 @@ func (l *Lease) Lose() {
 func (l *Lease) write(tx pgx.Tx, seq int64, ahead func(c CursorRow) bool, op func(c *CursorRow)) error {
 	l.S.Mu.Lock()
 	defer l.S.Mu.Unlock()
-	if l.S.Lost {
+	if l.S.gone() {
 		l.cancel(lease.ErrLeaseLost)
 		return fmt.Errorf("%w: fake", lease.ErrLeaseLost)
 	}
@@ -751,7 +766,7 @@ func (l *Lease) RecordRetry(_ context.Context, tx pgx.Tx, cause error, retryIn t
 func (l *Lease) UndoDelivery(_ context.Context, cursor int64) error {
 	l.S.Mu.Lock()
 	defer l.S.Mu.Unlock()
-	if c := &l.S.Cursor; !l.S.Lost && c.Seq == cursor && c.InflightTo > c.Seq {
+	if c := &l.S.Cursor; !l.S.gone() && c.Seq == cursor && c.InflightTo > c.Seq {
 		c.Deliveries = max(c.Deliveries-1, c.Attempts+c.Unexplained)
 		c.InflightFrom, c.InflightTo, c.InflightSolo = 0, 0, false
 	}
@@ -765,7 +780,7 @@ func (l *Lease) Verify(_ context.Context, op string, seq int64) error {
 	l.S.Mu.Lock()
 	defer l.S.Mu.Unlock()
 	switch {
-	case l.S.Lost:
+	case l.S.gone():
 		l.cancel(lease.ErrLeaseLost)
 		return fmt.Errorf("%w: fake: %s", lease.ErrLeaseLost, op)
 	case seq >= 0:
