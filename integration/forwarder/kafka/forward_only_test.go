@@ -275,7 +275,9 @@ func TestForwardOnlyDelaysAndTombstones(t *testing.T) {
 	}
 	e.Publish("orders", delayed, behind, other, tomb)
 	outboxtest.WaitFor(t, "the undelayed key's messages forwarded", time.Minute, func() bool { return e.Rows("pending") == 2 })
-	if n := len(c.ReadCommitted(t, topic)); n != 2 {
+	// Read before the delayed message is due (on a machine slow enough to
+	// get here after it, the end below still checks the order).
+	if n := len(c.ReadCommitted(t, topic)); time.Now().Before(due) && n != 2 {
 		t.Fatalf("Kafka holds %d records before the delayed message is due, want 2 (the other key's and the tombstone)", n)
 	}
 	outboxtest.WaitFor(t, "the delayed key's messages forwarded", time.Minute, func() bool { return e.Rows("pending") == 0 })

@@ -37,16 +37,10 @@ func TestManyPartitionsOnOneInstance(t *testing.T) {
 	if _, err := os.Stat("/proc/self/net/tcp"); err != nil {
 		t.Skip("counts sockets through /proc (Linux)")
 	}
-	at := map[int]snapshot{}
-	for _, partitions := range []int{64, 256} {
-		t.Run(strconv.Itoa(partitions), func(t *testing.T) {
-			at[partitions] = forwardPartitions(t, partitions, false)
-		})
-	}
-	if t.Failed() {
+	small, big, ok := at64And256(t, false)
+	if !ok {
 		return
 	}
-	small, big := at[64], at[256]
 	t.Logf("64 partitions: %v", small)
 	t.Logf("256 partitions: %v", big)
 	if big.conns > small.conns {
@@ -64,16 +58,10 @@ func TestManyPartitionsForwardOnly(t *testing.T) {
 	if _, err := os.Stat("/proc/self/net/tcp"); err != nil {
 		t.Skip("counts sockets through /proc (Linux)")
 	}
-	at := map[int]snapshot{}
-	for _, partitions := range []int{64, 256} {
-		t.Run(strconv.Itoa(partitions), func(t *testing.T) {
-			at[partitions] = forwardPartitions(t, partitions, true)
-		})
-	}
-	if t.Failed() {
+	small, big, ok := at64And256(t, true)
+	if !ok {
 		return
 	}
-	small, big := at[64], at[256]
 	t.Logf("64 partitions: %v", small)
 	t.Logf("256 partitions: %v", big)
 	if big.conns > small.conns {
@@ -82,6 +70,18 @@ func TestManyPartitionsForwardOnly(t *testing.T) {
 	if g, s := big.goroutines-big.kfake, small.goroutines-small.kfake; g > s+10 {
 		t.Errorf("256 partitions run %d goroutines (beyond the broker's), 64 ran %d: not flat", g, s)
 	}
+}
+
+// at64And256 measures forwardPartitions at 64 and at 256 partitions
+// (subtests); ok is false when one failed.
+func at64And256(t *testing.T, forwardOnly bool) (small, big snapshot, ok bool) {
+	at := map[int]snapshot{}
+	for _, partitions := range []int{64, 256} {
+		t.Run(strconv.Itoa(partitions), func(t *testing.T) {
+			at[partitions] = forwardPartitions(t, partitions, forwardOnly)
+		})
+	}
+	return at[64], at[256], !t.Failed()
 }
 
 // forwardPartitions forwards a topic of partitions outbox partitions
