@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 
@@ -11,7 +10,6 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/outboxtype"
-	"github.com/millrace/watermill-outbox/relay"
 )
 
 // A topic's path is fixed at registration, as its partition count is:
@@ -72,38 +70,5 @@ func TestForwardOnlyTopicIsNotSequencedNorSubscribed(t *testing.T) {
 	}
 	if _, err := sub.Subscribe(ctx, "payments"); err != nil {
 		t.Fatalf("Subscribe to the other topic: %v", err)
-	}
-}
-
-// The log-based mode's relay appends to the log, which a forwarder-only
-// topic's Forwarder does not read: a Publisher in ModeWAL refuses the
-// topic before it writes anything, as it refuses an unknown one.
-func TestWALPublisherRefusesAForwardOnlyTopic(t *testing.T) {
-	t.Parallel()
-	b, _ := outboxtest.OwnCluster(t, map[string]string{"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}, "walfwdonly")
-	ctx := outboxtest.Ctx(t)
-	if err := outbox.RegisterTopic(ctx, b.Pool, b.Schema, "orders", 1, outbox.ForwardOnly()); err != nil {
-		t.Fatal(err)
-	}
-	if err := relay.CreateSlot(ctx, b.Pool, b.Schema); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := b.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit: a no-op
-	pub, err := outbox.NewTxPublisher(tx, outbox.PublisherConfig{Schema: b.Schema, Mode: outbox.ModeWAL}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("x"))); !errors.Is(err, outbox.ErrForwardOnly) {
-		t.Fatalf("publish in ModeWAL to a forwarder-only topic: %v, want ErrForwardOnly", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := b.Rows("pending"); n != 0 {
-		t.Fatalf("%d messages in pending after the refusal, want none", n)
 	}
 }

@@ -513,14 +513,9 @@ func (p *Publisher) topic(ctx context.Context, q pgexec.Querier, topic string) (
 	if ts != nil {
 		return ts, nil
 	}
-	n, forwardOnly, err := lookupTopicPath(ctx, q, p.cfg.Schema, topic)
+	n, _, err := lookupTopicPath(ctx, q, p.cfg.Schema, topic)
 	if err != nil {
 		return nil, err
-	}
-	if forwardOnly && p.cfg.Mode == ModeWAL {
-		// The relay appends what it decodes to the log, which a
-		// forwarder-only topic's Forwarder does not read.
-		return nil, fmt.Errorf("%w: %q was registered with outbox.ForwardOnly, whose messages its Forwarder reads from pending: publish it in ModeTable (a Publisher of its own), or register a topic without ForwardOnly for the log-based mode", ErrForwardOnly, topic)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -42,9 +42,10 @@ type TopicOption struct {
 
 // ForwardOnly registers a topic that one Forwarder reads and no
 // Subscriber does. Its messages take the short path: the forwarder reads
-// them where the Publisher wrote them and removes them in the transaction
-// that records them forwarded, so they are never copied into the log (the
-// sequencer leaves them alone). A Subscriber refuses such a topic
+// them from pending, where a Publisher in ModeTable wrote them (in
+// ModeWAL, the relay puts them there, in commit order), and removes them
+// in the transaction that records them forwarded, so they are never
+// copied into the log (the sequencer leaves them alone). A Subscriber refuses such a topic
 // (ErrForwardOnly). The Forwarder's Target must support it (the Kafka
 // target does, exactly once). Fixed at registration, like the partition
 // count: registering the topic again without it (or an existing topic with

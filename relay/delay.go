@@ -34,6 +34,9 @@ type routed struct {
 	commitTime time.Time
 	deliverAt  *time.Time
 	holds      bool
+	// forwardOnly: of a forwarder-only topic (its forwarder takes it
+	// from pending; the Sequencer leaves it there).
+	forwardOnly bool
 }
 
 // delayOf reads a message's delivery time and whether it is unordered from
@@ -56,14 +59,19 @@ func delayOf(metadata string) (at *time.Time, unordered bool) {
 }
 
 // route splits batch: the messages that go into the log now (the txns,
-// each with what is left of its messages) and those that wait in pending.
+// each with what is left of its messages) and those that go into pending:
+// every message of a forwarder-only topic, and the others that must wait.
 func (s *session) route(ctx context.Context, batch []txn) ([]txn, []routed, error) {
 	if err := s.refreshHeld(ctx); err != nil {
+		return nil, nil, err
+	}
+	if _, err := s.readForwardOnly(ctx, false); err != nil {
 		return nil, nil, err
 	}
 	now := time.Now()
 	var out []routed
 	kept := batch
+	waited := false
 	for i, t := range batch {
 		var msgs []walrecord.Message
 		for j, m := range t.msgs {
@@ -74,6 +82,20 @@ func (s *session) route(ctx context.Context, batch []txn) ([]txn, []routed, erro
 			ordered := m.Key != "" && !unordered
 			k := topicKey{m.Topic, m.Key}
 			_, held := s.held[k]
+			_, forwardOnly := s.forwardOnly[m.Topic]
+			if forwardOnly {
+				// Its forwarder reads pending in id order, which is commit
+				// order here; a delayed one holds its key back there as a
+				// table-mode Publisher's does.
+				if msgs == nil {
+					if out == nil {
+						kept = append([]txn(nil), batch...)
+					}
+					msgs = append(make([]walrecord.Message, 0, len(t.msgs)), t.msgs[:j]...)
+				}
+				out = append(out, routed{msg: m, commitTime: t.commitTime, deliverAt: at, holds: ordered && at != nil, forwardOnly: true})
+				continue
+			}
 			if at == nil && !(ordered && held) {
 				if msgs != nil {
 					msgs = append(msgs, m)
@@ -87,6 +109,7 @@ func (s *session) route(ctx context.Context, batch []txn) ([]txn, []routed, erro
 				msgs = append(make([]walrecord.Message, 0, len(t.msgs)), t.msgs[:j]...)
 			}
 			out = append(out, routed{msg: m, commitTime: t.commitTime, deliverAt: at, holds: ordered})
+			waited = true
 			if ordered {
 				s.held[k] = struct{}{}
 			}
@@ -95,7 +118,7 @@ func (s *session) route(ctx context.Context, batch []txn) ([]txn, []routed, erro
 			kept[i].msgs = msgs
 		}
 	}
-	if len(out) > 0 && s.r.toldDelayed.CompareAndSwap(false, true) {
+	if waited && s.r.toldDelayed.CompareAndSwap(false, true) {
 		s.r.logger.Info("Delayed messages (outbox.DeliverAt) wait in pending for a Sequencer to move them when due: one must run on this schema (a pipeline without DisableSequencer); outbox status shows them", nil)
 	}
 	return kept, out, nil

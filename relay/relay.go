@@ -3,7 +3,11 @@
 // from the schema's logical replication slot, gives each its gap-free seq
 // per partition in commit order and appends it to the log, where
 // Subscribers, the Forwarder, dead letters, retention, admin and the
-// console find it as they find the Sequencer's messages.
+// console find it as they find the Sequencer's messages. The messages of
+// a forwarder-only topic (outbox.ForwardOnly) it puts into pending
+// instead, in commit order, where the topic's Forwarder reads them and
+// removes them as it records them forwarded: they are never copied into
+// the log.
 //
 // One relay streams a slot at a time (PostgreSQL makes the slot exclusive);
 // any others wait as standbys and take over when it stops. The position of

@@ -44,6 +44,12 @@ type session struct {
 	// one (delay.go), as read at heldRead and routed since.
 	held     map[topicKey]struct{}
 	heldRead time.Time
+	// forwardOnly are the forwarder-only topics (outbox.ForwardOnly),
+	// read when the session starts and again when an append finds one it
+	// did not know (the log statements refuse their messages): the relay
+	// puts all their messages into pending, where their forwarder reads
+	// them, never into the log.
+	forwardOnly map[string]struct{}
 }
 
 // statusEvery bounds the time between standby status updates while
@@ -202,7 +208,7 @@ func (s *session) appendLoop(ctx context.Context) error {
 		}
 		pace.Stop() // since Go 1.23 no stale tick is left to drain
 		lastFrom = time.Now()
-		if err := s.append(ctx, batch, n); err != nil {
+		if err := s.appendNamed(ctx, batch, n); err != nil {
 			return err
 		}
 		gap = tune.FollowLoad(s.r.cfg.MinAppendInterval, n)
@@ -250,6 +256,15 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 		channel = &c
 	}
 	newPos := batch[len(batch)-1].commitLSN
+	if n == 0 {
+		// Every message goes into pending (forwarder-only topics, delays):
+		// one statement.
+		if err := s.appendPending(ctx, delayed, newPos); err != nil {
+			return err
+		}
+		s.count(batch, total, started, oldest)
+		return nil
+	}
 	if large == 0 && n <= smallAppend && len(delayed) == 0 {
 		if err := s.appendSmall(ctx, batch, n, channel, newPos); err != nil {
 			return err
@@ -362,6 +377,11 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 		if err := s.insertRouted(ctx, exec, delayed); err != nil {
 			return err
 		}
+		if ch := s.pendingChannel(delayed); ch != nil {
+			if err := exec(ctx, s.r.q.PendingNotify, *ch); err != nil {
+				return fmt.Errorf("relay: wake the forwarders of forwarder-only topics: %w", err)
+			}
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("relay: commit the append of %d messages: %w", n, err)
@@ -432,7 +452,7 @@ const unregisteredPrefix = "relay: topic partitions not registered: "
 // unregisteredError says that partitions (named) of an append of n
 // messages are not registered, and that nothing was appended.
 func unregisteredError(n int, partitions string) error {
-	return fmt.Errorf("relay: topic partitions not registered: %s (was a topic dropped? outbox.RegisterTopic registers it again); none of the append's %d messages was appended, and the relay retries", partitions, n)
+	return fmt.Errorf("%w: %s (was a topic dropped? outbox.RegisterTopic registers it again); none of the append's %d messages was appended, and the relay retries", errNotRegistered, partitions, n)
 }
 
 // appendName is the application_name of the append connections of the

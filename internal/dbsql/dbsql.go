@@ -39,11 +39,12 @@ var files embed.FS
 // [For]; the fields are filled from the .sql files, by name.
 type Queries struct {
 	// topics.sql
-	TopicsRegister    string
-	TopicsPartitions  string
-	TopicsForwardOnly string
-	TopicsStatus      string
-	TopicsIncarnation string
+	TopicsRegister         string
+	TopicsPartitions       string
+	TopicsForwardOnly      string
+	TopicsForwardOnlyNames string
+	TopicsStatus           string
+	TopicsIncarnation      string
 
 	// partitions.sql
 	PartitionsLockPending string
@@ -188,6 +189,8 @@ type Queries struct {
 	WALEndStaleAppenders string
 	WALAdvance           string
 	WALAppendSmall       string
+	WALAppendPending     string
+	PendingNotify        string
 	BodiesNextIDs        string
 
 	// catalog.sql

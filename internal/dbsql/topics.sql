@@ -24,6 +24,11 @@ SELECT partitions FROM {{schema}}.topics WHERE name = $1;
 -- The partition count of topic $1 and whether it is forwarder-only.
 SELECT partitions, forward_only FROM {{schema}}.topics WHERE name = $1;
 
+-- name: TopicsForwardOnlyNames
+-- The forwarder-only topics (the log-based relay puts their messages into
+-- pending).
+SELECT name FROM {{schema}}.topics WHERE forward_only;
+
 -- name: TopicsStatus
 -- Admin status: topic $1 ('' for all) with its partition count, the
 -- messages sequenced so far (forwarded, for a forwarder-only topic), those

@@ -142,7 +142,9 @@ FROM pg_replication_slots s WHERE s.slot_name = $1;
 -- partitions row is the Sequencer's, so table-mode messages of the same
 -- partition interleave gap-free). Returns whether relays moved, and each
 -- partition's base (its seqs are base+1..base+n); a partition that is not
--- registered is missing from the result (the caller rolls back). Unless $7
+-- registered, or whose topic is forwarder-only (its messages go into
+-- pending, never the log), is missing from the result (the caller rolls
+-- back). Unless $7
 -- is NULL, the subscribers are woken on that channel when the transaction
 -- commits, as the sequencer wakes them. The rows themselves follow with
 -- COPY into bodies (payloads of 1 KiB or more, ids from BodiesNextIDs) and
@@ -155,6 +157,7 @@ WITH relay AS (
 ), advanced AS (
 	UPDATE {{schema}}.partitions pt SET last_seq = pt.last_seq + c.n, sequenced_at = now()
 	FROM counts c WHERE pt.topic = c.t AND pt.partition = c.p
+		AND NOT EXISTS (SELECT 1 FROM {{schema}}.topics tp WHERE tp.name = c.t AND tp.forward_only)
 	RETURNING pt.topic, pt.partition, pt.last_seq - c.n AS base
 )
 SELECT (SELECT count(*) FROM relay)::int8,
@@ -173,8 +176,8 @@ SELECT (SELECT count(*) FROM relay)::int8,
 -- topics, $5 partitions, $6 keys (NULL: none), $7 uuids, $8 metadata as
 -- JSON text, $9 payloads, $10 commit times, in append order) go into the
 -- log as base+1.. of their partition, in that order. A partition that is
--- not registered fails the whole statement (nothing changes) with SQLSTATE
--- 22P02 and a text naming it. Unless $11 is NULL, the subscribers are
+-- not registered, or whose topic is forwarder-only, fails the whole
+-- statement (nothing changes) with SQLSTATE 22P02 and a text naming it. Unless $11 is NULL, the subscribers are
 -- woken on that channel, as by WALAdvance. Returns whether relays moved,
 -- and the number of messages appended.
 WITH relay AS (
@@ -189,6 +192,7 @@ WITH relay AS (
 ), advanced AS (
 	UPDATE {{schema}}.partitions pt SET last_seq = pt.last_seq + c.n, sequenced_at = now()
 	FROM counts c WHERE pt.topic = c.t AND pt.partition = c.p
+		AND NOT EXISTS (SELECT 1 FROM {{schema}}.topics tp WHERE tp.name = c.t AND tp.forward_only)
 	RETURNING pt.topic, pt.partition, pt.last_seq - c.n AS base
 ), ins AS (
 	INSERT INTO {{schema}}.log (topic, partition, seq, partition_key, uuid, metadata, payload, created_at)
@@ -205,6 +209,39 @@ SELECT (SELECT count(*) FROM relay)::int8,
 	CASE WHEN $11::text IS NOT NULL THEN
 		(SELECT count(pg_notify($11, n.t || ':' || n.ps)) FROM (SELECT t, string_agg(p::text, ',') AS ps FROM counts GROUP BY t) n)
 	END::int8;
+
+-- name: WALAppendPending
+-- A whole append whose messages all go into pending, in one statement
+-- (autocommit, one round trip): the messages of forwarder-only topics
+-- (their forwarder reads them there), delayed ones and those their keys
+-- hold back. relays.lsn of slot $1 moves from $2 to $3 (when it is not at
+-- $2, another relay appended since, and nothing happens), and the
+-- messages, arrays of $4 topics, $5 partitions, $6 keys ('' for none), $7
+-- uuids, $8 metadata (JSON), $9 payloads, $10 commit times (created_at),
+-- $11 delivery times (NULL: not delayed) and $12 whether each holds its
+-- key back, go into pending in that order (their ids in commit order).
+-- Unless $13 is NULL, the forwarders are woken on that channel when it
+-- commits. Returns whether relays moved, and the rows inserted.
+WITH relay AS (
+	UPDATE {{schema}}.relays SET lsn = $3, updated_at = now() WHERE slot = $1 AND lsn = $2 RETURNING 1
+), ins AS (
+	INSERT INTO {{schema}}.pending (topic, partition, partition_key, uuid, metadata, payload, created_at, deliver_at, holds)
+	SELECT t, p, NULLIF(k, ''), u, m::jsonb, b, at, due, h
+	FROM unnest($4::text[], $5::int4[], $6::text[], $7::text[], $8::text[], $9::bytea[], $10::timestamptz[], $11::timestamptz[], $12::bool[])
+		WITH ORDINALITY AS x(t, p, k, u, m, b, at, due, h, ord)
+	WHERE EXISTS (SELECT 1 FROM relay)
+	ORDER BY ord
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM relay)::int8,
+	(SELECT count(*) FROM ins)::int8,
+	(SELECT count(pg_notify($13, '')) FROM relay WHERE $13::text IS NOT NULL)::int8;
+
+-- name: PendingNotify
+-- Wakes the forwarders of forwarder-only topics on channel $1 when the
+-- transaction commits (the relay's append that put their messages into
+-- pending with PendingInsertRelayed).
+SELECT pg_notify($1, '');
 
 -- name: BodiesNextIDs
 -- $1 ids for bodies rows the relay copies in.
