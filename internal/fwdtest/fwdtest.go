@@ -40,7 +40,13 @@ type Env struct{ *outboxtest.Bundle }
 // table.
 func NewEnv(t *testing.T) Env {
 	t.Helper()
-	e := Env{outboxtest.Setup(t)}
+	return EnvOf(outboxtest.Setup(t))
+}
+
+// EnvOf is the Env of a bundle set up elsewhere (a cluster of the test's
+// own, say), with its dead-letter table created.
+func EnvOf(b *outboxtest.Bundle) Env {
+	e := Env{b}
 	e.Exec(`CREATE TABLE ` + e.Schema + `.test_dead_letters (id text PRIMARY KEY, uuid text NOT NULL, reason text NOT NULL)`)
 	return e
 }
@@ -95,7 +101,14 @@ type Publisher struct {
 // NewPublisher returns a Publisher into e's outbox.
 func NewPublisher(t *testing.T, e Env) *Publisher {
 	t.Helper()
-	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true}, nil)
+	return NewPublisherMode(t, e, outbox.ModeTable)
+}
+
+// NewPublisherMode returns a Publisher into e's outbox that publishes in
+// mode.
+func NewPublisherMode(t *testing.T, e Env, mode outbox.PublishMode) *Publisher {
+	t.Helper()
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: e.Schema, DB: e.Pool, OwnTransaction: true, Mode: mode}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 // drainedPending reports whether every message is committed, none waits
 // in pending, and every partition's cursor stands at its last seq.
 func (w *world) drainedPending() bool {
-	if w.publishedCount() < w.sh.messages || len(w.openPubs) > 0 || w.db.pendingLeft() > 0 {
+	if w.publishedCount() < w.sh.messages || len(w.openPubs) > 0 || w.db.pendingLeft() > 0 || !w.wal.appended() {
 		return false
 	}
 	ps := w.db.pendingState()

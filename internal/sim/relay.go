@@ -54,6 +54,9 @@ type wal struct {
 	bodies    map[int64][]byte
 	bodyID    int64
 	conns     []*appendConn
+	// forwardOnly: the topic is forwarder-only (the relays put its
+	// messages into the database's pending rows).
+	forwardOnly bool
 }
 
 func newWAL(d *db, schema string) *wal {
@@ -384,24 +387,63 @@ func (c *appendConn) QueryRow(_ context.Context, sql string, args ...any) pgx.Ro
 			return nil
 		})
 		return &fakeRow{vals: []any{moved, appended, (*int64)(nil), (*int64)(nil)}, err: err}
+	case w.q.WALAppendPending:
+		var moved, inserted int64
+		err := c.statement("wal.append_pending", nil, func() error {
+			if w.relayLSN != args[1].(int64) {
+				return nil
+			}
+			moved = 1
+			w.relayLSN = args[2].(int64)
+			topics, parts, keys := args[3].([]string), args[4].([]int32), args[5].([]string)
+			uuids, payloads := args[6].([]string), args[8].([][]byte)
+			rows := make([]pendingRow, len(topics))
+			for i := range topics {
+				if topics[i] != topic || !w.forwardOnly {
+					return fmt.Errorf("sim: a message of %q put into pending (only a forwarder-only topic's are): %w", topics[i], errNotSimulated)
+				}
+				rows[i] = pendingRow{partition: int(parts[i]), uuid: uuids[i], key: keys[i], payload: payloads[i], poison: len(payloads[i]) >= poisonBytes}
+			}
+			w.d.commitPending(w.d.insertPending(rows))
+			inserted = int64(len(rows))
+			return nil
+		})
+		return &fakeRow{vals: []any{moved, inserted, (*int64)(nil)}, err: err}
 	}
 	return &fakeRow{err: fmt.Errorf("sim: the append connection's QueryRow of an unknown statement: %w", errNotSimulated)}
 }
 
 func (c *appendConn) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) {
-	if sql != c.b.w.q.PendingHeldKeys {
-		return nil, fmt.Errorf("sim: the append connection's Query of an unknown statement: %w", errNotSimulated)
-	}
-	err := c.b.run("wal.held_keys", nil, func() error {
-		if c.terminated {
-			return errConnection
+	w := c.b.w
+	switch sql {
+	case w.q.PendingHeldKeys:
+		err := c.b.run("wal.held_keys", nil, func() error {
+			if c.terminated {
+				return errConnection
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
+		return &fakeRows{}, nil // no delayed messages in the simulation
+	case w.q.TopicsForwardOnlyNames:
+		err := c.b.run("wal.forward_only_topics", nil, func() error {
+			if c.terminated {
+				return errConnection
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		rows := &fakeRows{}
+		if w.forwardOnly {
+			rows.rows = append(rows.rows, []any{topic})
+		}
+		return rows, nil
 	}
-	return &fakeRows{}, nil // no delayed messages in the simulation
+	return nil, fmt.Errorf("sim: the append connection's Query of an unknown statement: %w", errNotSimulated)
 }
 
 func (c *appendConn) Begin(context.Context) (pgx.Tx, error) {
@@ -633,6 +675,8 @@ func scanInto(vals, dest []any) error {
 		switch d := dest[i].(type) {
 		case *int64:
 			*d = v.(int64)
+		case *string:
+			*d = v.(string)
 		case **int64:
 			*d = v.(*int64)
 		case *[]string:

@@ -1,9 +1,12 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
 )
 
 // Result is what one schedule did and found.
@@ -356,3 +359,21 @@ func (w *world) shutdown() {
 func (w *world) fail(format string, args ...any) {
 	w.failures = append(w.failures, fmt.Sprintf(format, args...))
 }
+
+// gapLogger is the processes' logger: it drops what they log, except an
+// error that a model did not simulate (errNotSimulated), which fails the
+// run once: the code under test took a path the models do not cover, and
+// its retries would otherwise only show as a stall.
+type gapLogger struct {
+	watermill.NopLogger
+	w *world
+}
+
+func (l gapLogger) Error(msg string, err error, _ watermill.LogFields) {
+	if errors.Is(err, errNotSimulated) && !l.w.gap {
+		l.w.gap = true
+		l.w.fail("the code ran what the models do not simulate (%s): %v", msg, err)
+	}
+}
+
+func (l gapLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }

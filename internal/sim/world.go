@@ -64,6 +64,10 @@ type shape struct {
 	// forwarders run internal/direct's loop on pending (publishers commit
 	// late, out of id order); no relay, no log.
 	direct bool
+	// directWAL: a forwarder-only topic in the log-based mode: publishers
+	// commit into the WAL, the relays put the messages into pending in
+	// commit order, the forwarders take them from there (with direct).
+	directWAL bool
 
 	// fault rates
 	callFault, kill, freeze, join, leave float64
@@ -113,6 +117,7 @@ func drawShape(s *Sim) shape {
 	sh.convert = 0.05 * s.rng.Float64()
 	sh.legacy = s.chance(0.25)
 	sh.direct = s.chance(0.3)
+	sh.directWAL = sh.direct && s.chance(0.4)
 	return sh
 }
 
@@ -157,6 +162,7 @@ type world struct {
 	// Kafka beyond a cursor (of the instances stopped so far).
 	reconciled int64
 	pubClock   int
+	gap        bool // a model did not simulate what the code ran (gapLogger)
 	nextID     int
 	nextMsg    int
 	storm      bool // faults are injected (false while draining)
@@ -217,8 +223,9 @@ func (w *world) populate() {
 		w.addInstance()
 	}
 	w.wal = newWAL(w.db, schema)
-	if w.sh.direct {
-		return // no log: nothing to relay
+	w.wal.forwardOnly = w.sh.directWAL
+	if w.sh.direct && !w.sh.directWAL {
+		return // publishers insert into pending: nothing to relay
 	}
 	for _, name := range []string{"relay-a", "relay-b"} {
 		w.addRelay(name)
@@ -267,7 +274,7 @@ func (w *world) addRelay(name string) *relayProc {
 		DisableNotify:     true,
 		TakeoverTimeout:   takeover,
 		Instance:          name,
-	}, watermill.NopLogger{}, rp.backend, w.jitter)
+	}, gapLogger{w: w}, rp.backend, w.jitter)
 	if err != nil {
 		panic(err)
 	}
@@ -306,7 +313,7 @@ func (w *world) addInstance() *instance {
 	in := &instance{w: w, name: "fwd-" + strconv.Itoa(w.nextID)}
 	in.proc = w.s.spawn(in.name, in.step)
 	in.conn = &conn{d: w.db, p: in.proc, group: group, txs: map[*simTx]bool{}}
-	logger := watermill.NopLogger{}
+	logger := gapLogger{w: w}
 	drv := &kafkaDriver{k: w.k, p: in.proc, trustEnd: w.trustEnd, convertCommit: func() bool {
 		if w.storm && w.s.chance(w.sh.convert) {
 			w.res.Converted++
@@ -477,7 +484,7 @@ func (w *world) restart(in *instance) {
 // inserts first and commits at a later publish, so that others insert
 // and commit meanwhile (a row can be seen after rows of greater ids).
 func (w *world) publish() {
-	if w.sh.direct {
+	if w.sh.direct && !w.sh.directWAL {
 		w.publishPending()
 		return
 	}
@@ -497,6 +504,12 @@ func (w *world) publish() {
 			m.payload = make([]byte, poisonBytes)
 		}
 		t.msgs = append(t.msgs, m)
+	}
+	// (In the WAL a transaction inserts and commits at once, for the
+	// order check of a forwarder-only topic.)
+	w.pubClock++
+	for i := range t.msgs {
+		t.msgs[i].inserted, t.msgs[i].committed = w.pubClock, w.pubClock
 	}
 	w.published = append(w.published, t)
 	w.wal.commit(t.msgs)

@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/relay"
 )
 
 // registerForwardOnly registers topic in e's schema as forwarder-only.
@@ -74,6 +75,67 @@ func TestForwardOnlyTopicGoesToKafkaWithoutTheLog(t *testing.T) {
 	}
 	if n := e.Int(`SELECT sum(last_seq) FROM ` + e.Schema + `.partitions WHERE topic = 'orders'`); n != int64(pub.Count()) {
 		t.Errorf("partitions.last_seq sums to %d, want %d", n, pub.Count())
+	}
+	if n := e.Int(`SELECT sum(seq) FROM ` + e.Schema + `.cursors WHERE topic = 'orders'`); n != int64(pub.Count()) {
+		t.Errorf("the cursors sum to %d, want %d", n, pub.Count())
+	}
+}
+
+// In the log-based mode a forwarder-only topic skips the log too: the
+// relay puts what Publishers in ModeWAL committed into pending, in commit
+// order, and two forwarders take it from there to Kafka, each message once
+// in key order (a large payload among them); nothing is left in the log,
+// pending or bodies.
+func TestForwardOnlyTopicInTheLogBasedMode(t *testing.T) {
+	b, _ := outboxtest.OwnCluster(t, map[string]string{"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4", "wal_writer_delay": "10ms"}, "fwdonlywal")
+	e := fwdtest.EnvOf(b)
+	registerForwardOnly(t, e, "orders", 4)
+	ctx := outboxtest.Ctx(t)
+	if err := relay.CreateSlot(ctx, e.Pool, e.Schema); err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(relay.Config{Schema: e.Schema, Pool: e.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	t.Cleanup(func() {
+		_ = r.Close()
+		if err := <-done; err != nil {
+			t.Errorf("relay Run: %v", err)
+		}
+		_ = relay.DropSlot(context.Background(), e.Pool, e.Schema, true)
+	})
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "orders", 4, nil)
+	mapping := func(cfg *forwarder.Config) { cfg.TargetTopic = func(string) string { return topic } }
+	a := fwdtest.StartForwarder(t, e, nil, newTarget(t, c, false), []string{"orders"}, mapping)
+	f := fwdtest.StartForwarder(t, e, nil, newTarget(t, c, false), []string{"orders"}, mapping)
+
+	pub := fwdtest.NewPublisherMode(t, e, outbox.ModeWAL)
+	for range 10 {
+		pub.Round("orders", 12, func(m *message.Message) {
+			if m.Metadata.Get("n") == "3" {
+				m.Payload = []byte(strings.Repeat("x", 2000))
+			}
+		})
+	}
+	got := &fwdtest.Received{}
+	c.Consume(t, topic, got)
+	outboxtest.WaitFor(t, "every message forwarded", 2*time.Minute, func() bool {
+		return a.Stats().Messages+f.Stats().Messages == int64(pub.Count()) && got.Distinct() == pub.Count()
+	})
+	if dups := got.Check(t, pub.Snapshot(), nil); dups != 0 {
+		t.Fatalf("%d duplicates", dups)
+	}
+	for _, table := range []string{"log", "pending", "bodies"} {
+		if n := e.Rows(table); n != 0 {
+			t.Errorf("%s holds %d rows, want none", table, n)
+		}
+	}
+	if n := r.Stats().Appended; n != int64(pub.Count()) {
+		t.Errorf("the relay appended %d messages, want %d", n, pub.Count())
 	}
 	if n := e.Int(`SELECT sum(seq) FROM ` + e.Schema + `.cursors WHERE topic = 'orders'`); n != int64(pub.Count()) {
 		t.Errorf("the cursors sum to %d, want %d", n, pub.Count())
