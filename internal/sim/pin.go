@@ -147,6 +147,32 @@ func (m *WALModel) Commit(msgs ...WALMessage) {
 	m.w.commit(pm)
 }
 
+// ForwardOnly makes topic "orders" forwarder-only: the relay puts its
+// messages into pending (PendingRows), not the log.
+func (m *WALModel) ForwardOnly() {
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	m.w.forwardOnly = true
+}
+
+// PendingRows returns the pending rows as "partition:uuid:key", by id.
+func (m *WALModel) PendingRows() []string {
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	ps := m.d.pendingState()
+	ids := make([]int64, 0, len(ps.rows))
+	for id := range ps.rows {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		r := ps.rows[id]
+		out[i] = fmt.Sprintf("%d:%s:%s", r.partition, r.uuid, r.key)
+	}
+	return out
+}
+
 // Backend is the model as a relay's relaydriver.Backend.
 func (m *WALModel) Backend() relaydriver.Backend { return &walBackend{w: m.w} }
 
