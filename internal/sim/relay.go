@@ -359,6 +359,11 @@ func (c *appendConn) QueryRow(_ context.Context, sql string, args ...any) pgx.Ro
 	case w.q.WALAppendSmall:
 		var moved, appended int64
 		err := c.statement("wal.append_small", nil, func() error {
+			if w.forwardOnly {
+				// The log refuses a forwarder-only topic's partitions,
+				// failing the statement as for unregistered ones.
+				return &pgconn.PgError{Code: "22P02", Message: `invalid input syntax for type bigint: "relay: topic partitions not registered: ` + topic + ` partition 0"`}
+			}
 			if w.relayLSN != args[1].(int64) {
 				return nil
 			}
@@ -512,6 +517,9 @@ func (t *appendTx) QueryRow(_ context.Context, sql string, args ...any) pgx.Row 
 		topics, parts, ns := args[3].([]string), args[4].([]int32), args[5].([]int64)
 		t.counts = map[int]int64{}
 		for i := range topics {
+			if w.forwardOnly {
+				continue // refused, as an unregistered partition is: missing from the answer
+			}
 			p := int(parts[i])
 			gotTopics, gotParts = append(gotTopics, topics[i]), append(gotParts, parts[i])
 			bases = append(bases, w.d.lastSeq(tp{topic, p}))
