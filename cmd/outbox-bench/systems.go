@@ -234,7 +234,7 @@ func (b *bench) setupOutbox(ctx context.Context, schema, kafkaTopic string, brok
 		return nil, err
 	}
 	var topicOpts []outbox.TopicOption
-	if b.cfg.forwardOnly && !opts.wal {
+	if b.cfg.forwardOnly {
 		topicOpts = append(topicOpts, outbox.ForwardOnly())
 	}
 	if err := outbox.RegisterTopic(ctx, admin, schema, outboxTopic, opts.partitions, topicOpts...); err != nil {

@@ -398,6 +398,7 @@ func (l *Loop) round(ctx context.Context) (n int, full bool) {
 	batches, err := l.read(ctx, ready, now)
 	if err != nil {
 		l.logger.Error("Cannot read the forwarder-only topic's pending messages", err, nil)
+		l.readFailed(ready, fmt.Errorf("read pending: %w", err))
 		return 0, false
 	}
 	if len(batches) == 0 {
@@ -492,29 +493,56 @@ func (l *Loop) reconcile(ctx context.Context, x *part) bool {
 // recorded on its cursor row (last error and retry time, as a
 // Subscriber's are: status and the console show them).
 func (l *Loop) failed(x *part, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.l.Context()), l.cfg.SendTimeout)
+	defer cancel()
+	l.backOff(ctx, x, err, true, true)
+}
+
+// readFailed notes that the read of the ready partitions failed: nothing
+// was sent, so none needs reconciling, but each backs off and records the
+// failure on its cursor row (as failed does; all of them within one
+// SendTimeout, and none more once a record fails: the database is likely
+// what failed).
+func (l *Loop) readFailed(ready []*part, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.SendTimeout)
+	defer cancel()
+	record := true
+	for _, x := range ready {
+		record = l.backOff(ctx, x, err, false, record) && record
+	}
+}
+
+// backOff puts x's next read after a backoff that doubles with its
+// failures in a row, flags it for reconciling when reconcile is set, and
+// records err and the retry time on its cursor row when record is set. It
+// reports whether the record was written (or the lease found lost).
+func (l *Loop) backOff(ctx context.Context, x *part, err error, reconcile, record bool) bool {
 	if errors.Is(err, lease.ErrLeaseLost) || x.l.Context().Err() != nil {
 		l.drop(x)
-		return
+		return true
 	}
 	x.failures++
 	retryIn := tune.ExponentialBackoff(l.cfg.BackoffBase, l.cfg.BackoffMax, x.failures)
-	l.logger.Info("Forwarding a forwarder-only partition failed: it is reconciled with Kafka and retried", watermill.LogFields{
+	l.logger.Info("Forwarding a forwarder-only partition failed: it is retried (reconciled with Kafka first when a send may have happened)", watermill.LogFields{
 		"partition": x.l.Partition(), "err": err.Error(), "retry_in": retryIn,
 	})
-	x.reconcile = true
+	x.reconcile = x.reconcile || reconcile
 	x.waitUntil = time.Now().Add(retryIn)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.l.Context()), l.cfg.SendTimeout)
-	defer cancel()
-	if rerr := x.l.RecordRetry(ctx, nil, err, retryIn); rerr != nil {
-		if errors.Is(rerr, lease.ErrLeaseLost) {
-			l.drop(x)
-		} else {
-			l.logger.Error("Cannot record the failure on the cursor row", rerr, watermill.LogFields{"partition": x.l.Partition()})
-		}
-	}
 	l.mu.Lock()
 	l.cnt.Failures++
 	l.mu.Unlock()
+	if !record {
+		return false
+	}
+	if rerr := x.l.RecordRetry(ctx, nil, err, retryIn); rerr != nil {
+		if errors.Is(rerr, lease.ErrLeaseLost) {
+			l.drop(x)
+			return true
+		}
+		l.logger.Error("Cannot record the failure on the cursor row", rerr, watermill.LogFields{"partition": x.l.Partition()})
+		return false
+	}
+	return true
 }
 
 // readBatch is a Batch and what recording it needs.
