@@ -111,6 +111,7 @@ func jsonConfig(c config) map[string]any {
 		"messages": c.messages, "payload": c.payload, "keys": c.keys, "partitions": c.partitions,
 		"per_tx": c.perTx, "publishers": c.publishers, "max_drain": c.maxDrain.String(), "smoke": c.smoke,
 		"outbox_notify":    c.outboxNotify,
+		"forward_only":     c.forwardOnly,
 		"relay_pace":       c.relayPace.String(),
 		"latency_loads":    c.latencyLoads,
 		"latency_duration": c.latencyDuration.String(), "latency_publishers": c.latencyPublishers,
@@ -380,6 +381,9 @@ var systemLabel = map[string]string{
 func (res *results) markdown() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "Machine: %s; %s.\n\n", res.Machine.String(), res.Machine.PostgreSQL)
+	if res.Config["forward_only"] == true {
+		sb.WriteString("**(c) and (e) ran with their topic registered `outbox.ForwardOnly()`** (`-outbox-forward-only`): their messages go from `pending` to Kafka without the log.\n\n")
+	}
 	if len(res.PublishSummary) > 0 {
 		res.publishRoundsMarkdown(&sb)
 	}
