@@ -153,6 +153,16 @@ func (s *session) refreshHeld(ctx context.Context) error {
 // insertRouted writes the routed messages into pending, in the append's
 // transaction.
 func (s *session) insertRouted(ctx context.Context, exec func(ctx context.Context, sql string, args ...any) error, rs []routed) error {
+	if err := exec(ctx, s.r.q.PendingInsertRelayed, pendingArgs(rs)...); err != nil {
+		return fmt.Errorf("relay: put %d delayed messages into pending: %w", len(rs), err)
+	}
+	return nil
+}
+
+// pendingArgs are the arrays PendingInsertRelayed and WALAppendPending
+// take of rs: topics, partitions, keys ('' for none), uuids, metadata,
+// payloads, commit times, delivery times and whether each holds its key.
+func pendingArgs(rs []routed) []any {
 	n := len(rs)
 	topics, parts, keys := make([]string, n), make([]int32, n), make([]string, n)
 	uuids, metadata, payloads := make([]string, n), make([]string, n), make([][]byte, n)
@@ -165,8 +175,5 @@ func (s *session) insertRouted(ctx context.Context, exec func(ctx context.Contex
 		}
 		times[i], due[i], holds[i] = r.commitTime, r.deliverAt, r.holds
 	}
-	if err := exec(ctx, s.r.q.PendingInsertRelayed, topics, parts, keys, uuids, metadata, payloads, times, due, holds); err != nil {
-		return fmt.Errorf("relay: put %d delayed messages into pending: %w", n, err)
-	}
-	return nil
+	return []any{topics, parts, keys, uuids, metadata, payloads, times, due, holds}
 }

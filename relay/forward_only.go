@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgrepl"
@@ -92,29 +91,17 @@ func (s *session) pendingChannel(rs []routed) *string {
 // appendPending appends a batch whose messages (rs) all go into pending,
 // with WALAppendPending: one statement.
 func (s *session) appendPending(ctx context.Context, rs []routed, newPos pgrepl.LSN) error {
-	n := len(rs)
-	topics, parts, keys := make([]string, n), make([]int32, n), make([]string, n)
-	uuids, metadata, payloads := make([]string, n), make([]string, n), make([][]byte, n)
-	times, due, holds := make([]time.Time, n), make([]*time.Time, n), make([]bool, n)
-	for i, r := range rs {
-		topics[i], parts[i], keys[i] = r.msg.Topic, r.msg.Partition, r.msg.Key
-		uuids[i], metadata[i], payloads[i] = r.msg.UUID, r.msg.Metadata, r.msg.Payload
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
-		}
-		times[i], due[i], holds[i] = r.commitTime, r.deliverAt, r.holds
-	}
+	args := append([]any{s.r.slot, int64(s.pos), int64(newPos)}, pendingArgs(rs)...)
+	args = append(args, s.pendingChannel(rs))
 	var moved, inserted int64
 	var notified *int64
-	err := s.db.QueryRow(ctx, s.r.q.WALAppendPending, s.r.slot, int64(s.pos), int64(newPos),
-		topics, parts, keys, uuids, metadata, payloads, times, due, holds, s.pendingChannel(rs)).
-		Scan(&moved, &inserted, &notified)
+	err := s.db.QueryRow(ctx, s.r.q.WALAppendPending, args...).Scan(&moved, &inserted, &notified)
 	switch {
 	case err == nil:
 	case isLockTimeout(err):
 		return s.r.endStaleAppenders(ctx, err)
 	default:
-		return fmt.Errorf("relay: put %d messages into pending: %w", n, err)
+		return fmt.Errorf("relay: put %d messages into pending: %w", len(rs), err)
 	}
 	if moved != 1 {
 		return errFenced

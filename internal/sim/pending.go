@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"time"
 
@@ -74,6 +75,17 @@ func (d *db) commitPending(rows []pendingRow) {
 		ps.rows[r.id] = &r
 	}
 	d.flush()
+}
+
+// pendingByID returns the committed pending rows by id.
+func (d *db) pendingByID() []*pendingRow {
+	ps := d.pendingState()
+	ids := slices.Sorted(maps.Keys(ps.rows))
+	out := make([]*pendingRow, len(ids))
+	for i, id := range ids {
+		out[i] = ps.rows[id]
+	}
+	return out
 }
 
 // pendingLeft returns how many committed rows wait in pending.

@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -159,16 +158,9 @@ func (m *WALModel) ForwardOnly() {
 func (m *WALModel) PendingRows() []string {
 	m.w.mu.Lock()
 	defer m.w.mu.Unlock()
-	ps := m.d.pendingState()
-	ids := make([]int64, 0, len(ps.rows))
-	for id := range ps.rows {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	out := make([]string, len(ids))
-	for i, id := range ids {
-		r := ps.rows[id]
-		out[i] = fmt.Sprintf("%d:%s:%s", r.partition, r.uuid, r.key)
+	var out []string
+	for _, r := range m.d.pendingByID() {
+		out = append(out, fmt.Sprintf("%d:%s:%s", r.partition, r.uuid, r.key))
 	}
 	return out
 }
@@ -214,16 +206,9 @@ func (t PendingTxn) Commit(m *DBModel) { m.d.commitPending(t.op.rows) }
 // PendingRows returns the committed pending rows as "id:partition:uuid",
 // by id.
 func (m *DBModel) PendingRows() []string {
-	ps := m.d.pendingState()
-	ids := make([]int64, 0, len(ps.rows))
-	for id := range ps.rows {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	out := make([]string, len(ids))
-	for i, id := range ids {
-		r := ps.rows[id]
-		out[i] = fmt.Sprintf("%d:%d:%s", r.id, r.partition, r.uuid)
+	var out []string
+	for _, r := range m.d.pendingByID() {
+		out = append(out, fmt.Sprintf("%d:%d:%s", r.id, r.partition, r.uuid))
 	}
 	return out
 }
