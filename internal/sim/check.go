@@ -104,15 +104,7 @@ func (w *world) check() {
 	for kp, part := range w.k.topics[topic] {
 		last := map[int]int64{}
 		for _, r := range part.committedRecords(0, int64(len(part.records))) {
-			var id, source string
-			for _, h := range r.headers {
-				switch h.Key {
-				case outbox.MetadataID:
-					id = string(h.Value)
-				case outbox.MetadataSource:
-					source = string(h.Value)
-				}
-			}
+			id, source := r.header(outbox.MetadataID), r.header(outbox.MetadataSource)
 			if source != "" {
 				continue // another producer's
 			}

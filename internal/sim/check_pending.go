@@ -70,17 +70,7 @@ func (w *world) checkPending() {
 	for kp, part := range w.k.topics[topic] {
 		last := map[int]int64{}
 		for _, r := range part.committedRecords(0, int64(len(part.records))) {
-			var id, source, uuid string
-			for _, h := range r.headers {
-				switch h.Key {
-				case outbox.MetadataID:
-					id = string(h.Value)
-				case outbox.MetadataSource:
-					source = string(h.Value)
-				case kafkatarget.UUIDHeaderKey:
-					uuid = string(h.Value)
-				}
-			}
+			id, source, uuid := r.header(outbox.MetadataID), r.header(outbox.MetadataSource), r.header(kafkatarget.UUIDHeaderKey)
 			if source != "" {
 				continue // another producer's
 			}

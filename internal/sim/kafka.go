@@ -83,6 +83,16 @@ type krecord struct {
 	commit  bool // a commit marker
 }
 
+// header returns the value of the record's header key ("" when absent).
+func (r krecord) header(key string) string {
+	for _, h := range r.headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
 // txn is one transaction of a transactional id.
 type txn struct {
 	id      string
