@@ -185,8 +185,8 @@ func (t *Target) key(s *txnSend) partKey {
 }
 
 // sendExactlyOnce is Send with transactions; see the comment above.
-func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver, topic string, batch []*message.Message) (int, error) {
-	o, err := origin.Of(ctx, batch, "kafka")
+func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver, from origin.Origin, topic string, batch []*message.Message) (int, error) {
+	o, err := origin.Of(from, batch, "kafka")
 	if err != nil {
 		return 0, err
 	}

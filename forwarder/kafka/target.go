@@ -16,6 +16,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/outboxtype"
@@ -202,6 +203,25 @@ func (t *Target) Close() error {
 
 // Send implements forwarder.Target.
 func (t *Target) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	return t.send(ctx, origin.Origin{}, topic, batch)
+}
+
+// The Forwarder sends with the batch's origin given (internal/forward's
+// Explicit): its source, schema, group and the topic's partition count
+// name and fence the producers; no value travels in the context.
+func init() {
+	forward.Explicit = func(target any) (forward.Send, bool) {
+		t, ok := target.(*Target)
+		if !ok || t == nil {
+			return nil, false
+		}
+		return t.send, true
+	}
+}
+
+// send is Send with the Forwarder's part of the batch's origin (empty
+// when the target is used on its own).
+func (t *Target) send(ctx context.Context, from origin.Origin, topic string, batch []*message.Message) (int, error) {
 	if t == nil || t.producers == nil {
 		return 0, errs.NotConstructed("kafka.Target", "kafka.NewTarget")
 	}
@@ -227,9 +247,9 @@ func (t *Target) Send(ctx context.Context, topic string, batch []*message.Messag
 		return 0, err
 	}
 	if t.cfg.AtLeastOnce {
-		return t.sendAtLeastOnce(ctx, driver, topic, batch)
+		return t.sendAtLeastOnce(ctx, driver, from, topic, batch)
 	}
-	return t.sendExactlyOnce(ctx, driver, topic, batch)
+	return t.sendExactlyOnce(ctx, driver, from, topic, batch)
 }
 
 // checkTopic refuses a topic name Kafka refuses: empty, "." or "..",
