@@ -46,7 +46,7 @@ func TestOfRefusesWhatIsNotOneOutboxPartition(t *testing.T) {
 		"a seq of 0":          {delivered("orders", "1", "0")},
 		"a partition of text": {delivered("orders", "x", "1")},
 	} {
-		if _, err := origin.Of(origin.Origin{}, batch, "test");  !errors.Is(err, outbox.ErrInvalidArgument) {
+		if _, err := origin.Of(origin.Origin{}, batch, "test"); !errors.Is(err, outbox.ErrInvalidArgument) {
 			t.Fatalf("%s: %v, want ErrInvalidArgument", name, err)
 		}
 	}
