@@ -100,7 +100,8 @@ type Loop struct {
 	compact *queuevacuum.Vacuumer
 	runCtx  context.Context // Run's, which the vacuums end with
 	logger  watermill.LoggerAdapter
-	wake    chan struct{}
+	wake    chan struct{} // a publisher's notification
+	wakeNow chan struct{} // the relay's (names.RelayedPayload)
 
 	mu    sync.Mutex
 	parts map[int]*part
@@ -138,6 +139,7 @@ func New(cfg Config) *Loop {
 		compact: compact,
 		logger:  cfg.Logger.With(watermill.LogFields{"topic": cfg.Topic, "path": "forwarder-only"}),
 		wake:    make(chan struct{}, 1),
+		wakeNow: make(chan struct{}, 1),
 		parts:   map[int]*part{},
 	}
 }
@@ -168,9 +170,20 @@ func (l *Loop) Stats() Counts {
 	return l.cnt
 }
 
-func (l *Loop) poke() {
+// notified wakes the loop for a notification on the pending channel.
+func (l *Loop) notified(payload string) { l.poke(payload == names.RelayedPayload) }
+
+// poke wakes the loop for a notification: relayed says that the
+// log-based relay sent it (names.RelayedPayload), which starts a round at
+// once (the relay's pace made the batch); a publisher's starts one no
+// sooner than the pace after the last.
+func (l *Loop) poke(relayed bool) {
+	ch := l.wake
+	if relayed {
+		ch = l.wakeNow
+	}
 	select {
-	case l.wake <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -192,7 +205,7 @@ func (l *Loop) adopt(ls *lease.Lease) {
 	l.mu.Lock()
 	l.parts[ls.Partition()] = &part{l: ls, cursor: ls.Cursor(), reconcile: true, waitUntil: time.Now().Add(ls.Backoff())}
 	l.mu.Unlock()
-	l.poke()
+	l.poke(false)
 }
 
 // Step is one turn of Run's loop for a caller that drives it (the
@@ -260,7 +273,7 @@ func (l *Loop) run(ctx context.Context) error {
 		defer l.compact.Wait()
 	}
 	if l.cfg.Pool != nil && l.cfg.Store == nil {
-		sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, func(string) { l.poke() })
+		sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, l.notified)
 		defer sub.Unlisten()
 	}
 
@@ -274,8 +287,8 @@ func (l *Loop) run(ctx context.Context) error {
 	// notify at most every PublisherConfig.NotifyInterval, so a stream of
 	// commits is found by these follow-ups, in rounds that grow with the
 	// load); after a round that found nothing the follow-up doubles, up to
-	// Poll; a notification starts a round, not sooner than the pace after
-	// the last one.
+	// Poll; a publisher's notification starts a round, not sooner than
+	// the pace after the last one, the relay's at once.
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	followUp, gap := time.Duration(0), time.Duration(0)
@@ -311,12 +324,14 @@ func (l *Loop) run(ctx context.Context) error {
 			l.releaseAll()
 			return err
 		case <-timer.C:
+		case <-l.wakeNow:
 		case <-l.wake:
 			if d := gap - time.Since(start); d > 0 {
 				timer.Reset(d)
 				select {
 				case <-ctx.Done():
 				case <-timer.C:
+				case <-l.wakeNow:
 				}
 			}
 		}
