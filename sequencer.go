@@ -252,7 +252,11 @@ func (s *Sequencer) run(ctx context.Context) error {
 	}
 	if !s.cfg.DisableListen {
 		// The process's shared LISTEN connection for this pool.
-		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(string) { s.wake() })
+		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(payload string) {
+			if sequencerWakesOn(payload) {
+				s.wake()
+			}
+		})
 		defer sub.Unlisten()
 	}
 
@@ -374,6 +378,12 @@ func (s *Sequencer) anyPending(ctx context.Context) (bool, time.Time) {
 	}
 	return any, *next
 }
+
+// sequencerWakesOn reports whether a notification of the pending channel
+// with payload starts a pass: a publisher's does; the log-based relay's
+// (names.RelayedPayload) says it put forwarder-only messages into pending,
+// which the sequencer leaves alone.
+func sequencerWakesOn(payload string) bool { return payload != names.RelayedPayload }
 
 func (s *Sequencer) wake() {
 	select {
