@@ -23,9 +23,18 @@ import (
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
-// PartitionKeyMetadata is the metadata key read for a message's partition key
-// unless PublisherConfig.PartitionKeyFunc says otherwise.
-const PartitionKeyMetadata = "partition_key"
+// PublishPartitionKeyMetadata is the metadata key a Publisher reads a
+// message's partition key from ("partition_key"), unless
+// PublisherConfig.PartitionKeyFunc says otherwise: set it before Publish.
+// It is not MetadataPartitionKey, the key under which the Subscriber
+// delivers a message's partition key, however it was given.
+const PublishPartitionKeyMetadata = "partition_key"
+
+// PartitionKeyMetadata is the former name of PublishPartitionKeyMetadata
+// (the same key, "partition_key"), kept only until the relay package's
+// tests use the new name; it will be removed. Use
+// PublishPartitionKeyMetadata.
+const PartitionKeyMetadata = PublishPartitionKeyMetadata
 
 // Size limits, checked before anything is sent.
 const (
@@ -51,12 +60,12 @@ const (
 type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
 
 // PartitionKeyFromMetadata reads the partition key from msg's metadata
-// (PartitionKeyMetadata). It is the default PartitionKeyFunc.
+// (PublishPartitionKeyMetadata). It is the default PartitionKeyFunc.
 func PartitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", &outboxtype.MessageError{UUID: "(nil)", Reason: "no partition key of a nil message"}
 	}
-	return msg.Metadata.Get(PartitionKeyMetadata), nil
+	return msg.Metadata.Get(PublishPartitionKeyMetadata), nil
 }
 
 // PublisherConfig configures a Publisher.

@@ -279,7 +279,7 @@ func (s *Store) Replay(ctx context.Context, id int64, opts ReplayOptions) (Entry
 			delete(msg.Metadata, k)
 		}
 		if key != "" {
-			msg.Metadata.Set(outbox.PartitionKeyMetadata, key)
+			msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		}
 		msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(e.ID, 10))
 		msg.Metadata.Set(MetadataOriginalUUID, e.UUID)

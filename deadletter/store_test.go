@@ -118,7 +118,7 @@ func TestReplayRoundTrip(t *testing.T) {
 	if p := again.Metadata.Get(outbox.MetadataPartition); p != strconv.Itoa(entry.Partition) {
 		t.Fatalf("replayed into partition %s, the original was in %d", p, entry.Partition)
 	}
-	if again.Metadata.Get(outbox.PartitionKeyMetadata) != "k-2" || again.Metadata.Get("tenant") != "acme" || again.Metadata.Get("n") != "7" ||
+	if again.Metadata.Get(outbox.PublishPartitionKeyMetadata) != "k-2" || again.Metadata.Get("tenant") != "acme" || again.Metadata.Get("n") != "7" ||
 		again.Metadata.Get(deadletter.MetadataReplayOf) != strconv.FormatInt(entry.ID, 10) ||
 		again.Metadata.Get(deadletter.MetadataOriginalUUID) != "o7" || string(again.Payload) != "bad" {
 		t.Fatalf("replayed message metadata %v payload %q", again.Metadata, again.Payload)

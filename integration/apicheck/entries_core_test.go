@@ -151,7 +151,7 @@ var coreEntries = []entry{
 		nilPart := must(outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true, Partitioner: partitioning.PartitionerFunc(nil)}, nil))(e)
 		e.fails("Publisher(Partitioner: PartitionerFunc(nil)).Publish(orders, keyed msg)", func() error {
 			m := message.NewMessage("u", nil)
-			m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+			m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "k")
 			return nilPart.Publish("orders", m)
 		})
 		e.fails("Publisher(no DB).Publish(orders, msg)", func() error { return noDB.Publish("orders", message.NewMessage("u", nil)) })
