@@ -59,9 +59,9 @@ const (
 // "no order needed": such messages are spread evenly over the partitions.
 type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
 
-// PartitionKeyFromMetadata reads the partition key from msg's metadata
+// partitionKeyFromMetadata reads the partition key from msg's metadata
 // (PublishPartitionKeyMetadata). It is the default PartitionKeyFunc.
-func PartitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
+func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", &outboxtype.MessageError{UUID: "(nil)", Reason: "no partition key of a nil message"}
 	}
@@ -86,7 +86,7 @@ type PublisherConfig struct {
 	OwnTransaction bool
 
 	// PartitionKeyFunc extracts the partition key (default: metadata
-	// "partition_key").
+	// PublishPartitionKeyMetadata, "partition_key").
 	PartitionKeyFunc PartitionKeyFunc
 
 	// Partitioner maps keys to partitions (default: Kafka-compatible
@@ -190,7 +190,7 @@ func (c *PublisherConfig) setDefaults() {
 		c.Schema = DefaultSchema
 	}
 	if c.PartitionKeyFunc == nil {
-		c.PartitionKeyFunc = PartitionKeyFromMetadata
+		c.PartitionKeyFunc = partitionKeyFromMetadata
 	}
 	if c.Partitioner == nil {
 		c.Partitioner = partitioning.Default()
