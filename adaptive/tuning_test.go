@@ -172,7 +172,7 @@ func TestConfigErrorMessage(t *testing.T) {
 
 func requireConfigError(t *testing.T, err error, field string) {
 	t.Helper()
-	if !errors.Is(err, adaptive.ErrInvalidConfig) {
+	if !errors.Is(err, outboxtype.ErrInvalidConfig) {
 		t.Fatalf("error %v does not match ErrInvalidConfig", err)
 	}
 	var ce *outboxtype.ConfigError

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Page sizes of List.
@@ -195,7 +196,7 @@ func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
 }
 
 // Get returns the entry with the given id, or an error matching
-// ErrNotFound.
+// outbox.ErrNotFound.
 func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
 	if err := s.check(ctx); err != nil {
 		return Entry{}, err
@@ -210,7 +211,7 @@ func (s *Store) get(ctx context.Context, q querier, id int64, lock bool) (Entry,
 	}
 	e, err := scanEntry(q.QueryRow(ctx, stmt, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Entry{}, fmt.Errorf("%w: id %d", ErrNotFound, id)
+		return Entry{}, fmt.Errorf("%w: id %d", outboxtype.ErrNotFound, id)
 	}
 	if err != nil {
 		return Entry{}, s.wrap(fmt.Errorf("deadletter: get %d: %w", id, err))
