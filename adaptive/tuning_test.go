@@ -105,7 +105,7 @@ func TestZeroFieldsTakeTheirProfilesValues(t *testing.T) {
 	if got := ll.WithDefaults(); got != adaptive.LowLatency() {
 		t.Fatalf("LowLatency() with BackoffMax zeroed: %+v, want LowLatency() %+v", got, adaptive.LowLatency())
 	}
-	if ll.ProfileName() != adaptive.ProfileLowLatency || (adaptive.Tuning{}).ProfileName() != adaptive.ProfileDefault {
+	if ll.ProfileName() != "low-latency" || (adaptive.Tuning{}).ProfileName() != "default" {
 		t.Fatalf("ProfileName: %q, %q", ll.ProfileName(), (adaptive.Tuning{}).ProfileName())
 	}
 }
