@@ -340,14 +340,14 @@ type PurgeOptions struct {
 	ChunkSize int
 }
 
-// ResolvedStatuses are the statuses Purge deletes unless told otherwise:
+// resolvedStatuses are the statuses Purge deletes unless told otherwise:
 // entries replayed or discarded, whose message was dealt with.
-var ResolvedStatuses = []Status{StatusReplayed, StatusDiscarded}
+var resolvedStatuses = []Status{StatusReplayed, StatusDiscarded}
 
 // statuses returns the statuses opts deletes, each once.
 func (opts PurgeOptions) statuses() []Status {
 	if len(opts.Statuses) == 0 {
-		return slices.Clone(ResolvedStatuses)
+		return slices.Clone(resolvedStatuses)
 	}
 	var out []Status
 	for _, st := range opts.Statuses {
