@@ -23,9 +23,18 @@ import (
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
-// PartitionKeyMetadata is the metadata key read for a message's partition key
-// unless PublisherConfig.PartitionKeyFunc says otherwise.
-const PartitionKeyMetadata = "partition_key"
+// PublishPartitionKeyMetadata is the metadata key a Publisher reads a
+// message's partition key from ("partition_key"), unless
+// PublisherConfig.PartitionKeyFunc says otherwise: set it before Publish.
+// It is not MetadataPartitionKey, the key under which the Subscriber
+// delivers a message's partition key, however it was given.
+const PublishPartitionKeyMetadata = "partition_key"
+
+// PartitionKeyMetadata is the former name of PublishPartitionKeyMetadata
+// (the same key, "partition_key"), kept only until the relay package's
+// tests use the new name; it will be removed. Use
+// PublishPartitionKeyMetadata.
+const PartitionKeyMetadata = PublishPartitionKeyMetadata
 
 // Size limits, checked before anything is sent.
 const (
@@ -50,13 +59,13 @@ const (
 // "no order needed": such messages are spread evenly over the partitions.
 type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
 
-// PartitionKeyFromMetadata reads the partition key from msg's metadata
-// (PartitionKeyMetadata). It is the default PartitionKeyFunc.
-func PartitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
+// partitionKeyFromMetadata reads the partition key from msg's metadata
+// (PublishPartitionKeyMetadata). It is the default PartitionKeyFunc.
+func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", &outboxtype.MessageError{UUID: "(nil)", Reason: "no partition key of a nil message"}
 	}
-	return msg.Metadata.Get(PartitionKeyMetadata), nil
+	return msg.Metadata.Get(PublishPartitionKeyMetadata), nil
 }
 
 // PublisherConfig configures a Publisher.
@@ -77,7 +86,7 @@ type PublisherConfig struct {
 	OwnTransaction bool
 
 	// PartitionKeyFunc extracts the partition key (default: metadata
-	// "partition_key").
+	// PublishPartitionKeyMetadata, "partition_key").
 	PartitionKeyFunc PartitionKeyFunc
 
 	// Partitioner maps keys to partitions (default: Kafka-compatible
@@ -181,7 +190,7 @@ func (c *PublisherConfig) setDefaults() {
 		c.Schema = DefaultSchema
 	}
 	if c.PartitionKeyFunc == nil {
-		c.PartitionKeyFunc = PartitionKeyFromMetadata
+		c.PartitionKeyFunc = partitionKeyFromMetadata
 	}
 	if c.Partitioner == nil {
 		c.Partitioner = partitioning.Default()

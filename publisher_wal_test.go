@@ -267,7 +267,7 @@ func BenchmarkPublishWAL(b *testing.B) {
 					msgs := make([]*message.Message, perTx)
 					for j := range msgs {
 						msgs[j] = message.NewMessage(fmt.Sprintf("%d-%d", i, j), payload)
-						msgs[j].Metadata.Set(outbox.PartitionKeyMetadata, fmt.Sprint(j%16))
+						msgs[j].Metadata.Set(outbox.PublishPartitionKeyMetadata, fmt.Sprint(j%16))
 						msgs[j].SetContext(txCtx)
 					}
 					return pub.Publish("orders", msgs...)

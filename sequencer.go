@@ -289,7 +289,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 			prompted = any
 		}
 		if prompted {
-			n, more, err = s.Pass(ctx)
+			n, more, err = s.pass(ctx)
 		}
 		if n > 0 {
 			s.compact.Moved(ctx, n)
@@ -414,7 +414,7 @@ func (s *Sequencer) checkSchema(ctx context.Context) error {
 func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, more, err := s.Pass(ctx)
+		n, more, err := s.pass(ctx)
 		total += n
 		if err != nil || !more {
 			return total, err
@@ -422,12 +422,12 @@ func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
 	}
 }
 
-// Pass runs one sequencing pass in one transaction. It returns how many
+// pass runs one sequencing pass in one transaction. It returns how many
 // messages it sequenced and whether more may be waiting (the pass was full,
 // or more partitions had work than one pass takes). A schema that was never
 // migrated, or was dropped, gives ErrNotMigrated, one migrated by a newer
 // release ErrSchemaTooNew (checked once per pool and schema).
-func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
+func (s *Sequencer) pass(ctx context.Context) (n int, more bool, err error) {
 	if s.q == nil {
 		return 0, false, errs.NotConstructed("outbox.Sequencer", "outbox.NewSequencer")
 	}

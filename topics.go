@@ -15,12 +15,6 @@ import (
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
-// Partition counts a topic may have (the same as package partitioning's).
-const (
-	MinPartitions = partitioning.MinPartitions
-	MaxPartitions = partitioning.MaxPartitions
-)
-
 // DefaultSchema is the PostgreSQL schema the outbox uses unless configured
 // otherwise.
 const DefaultSchema = names.DefaultSchema

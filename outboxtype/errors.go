@@ -91,14 +91,12 @@ var (
 	// writes are undone.
 	ErrTxMisuse = errors.New("outbox: the handler misused the subscriber's transaction")
 	// ErrNotFound: what an operation names does not exist (a dead letter,
-	// a consumer group's cursor). admin.ErrNotFound and
-	// deadletter.ErrNotFound are this error.
+	// a consumer group's cursor): admin's and deadletter's calls return it.
 	ErrNotFound = errors.New("outbox: not found")
 	// ErrInvalidArgument: an argument of a call is impossible (an unknown
 	// status, a negative duration, a partition out of range, a nil handler,
-	// a zero value of a type that must be created by its constructor).
-	// admin.ErrInvalidArgument and deadletter.ErrInvalidArgument are this
-	// error.
+	// a zero value of a type that must be created by its constructor), in
+	// every package.
 	ErrInvalidArgument = errors.New("outbox: invalid argument")
 	// ErrAlreadyRunning: Run was called on a component (Sequencer,
 	// Forwarder, retention Vacuum) that is already running.
