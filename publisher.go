@@ -30,12 +30,6 @@ import (
 // delivers a message's partition key, however it was given.
 const PublishPartitionKeyMetadata = "partition_key"
 
-// PartitionKeyMetadata is the former name of PublishPartitionKeyMetadata
-// (the same key, "partition_key"), kept only until the relay package's
-// tests use the new name; it will be removed. Use
-// PublishPartitionKeyMetadata.
-const PartitionKeyMetadata = PublishPartitionKeyMetadata
-
 // Size limits, checked before anything is sent.
 const (
 	DefaultMaxPayloadBytes = 1 << 20   // 1 MiB, Kafka's default message size limit
@@ -168,8 +162,7 @@ const (
 	ModeWAL
 )
 
-// The errors of ModeWAL, also returned by the relay package (the same
-// values as relay.ErrWALLevel and relay.ErrNoSlot).
+// The errors of ModeWAL, also returned by the relay package.
 var (
 	// ErrWALLevel: the server does not run with wal_level = logical, so no
 	// slot can decode what a Publisher in ModeWAL writes; set it and

@@ -275,8 +275,8 @@ func (r *Relay) Stats() Stats {
 // 2.5–5 s; an append that succeeds resets it). It returns at once the
 // errors retrying cannot mend: a schema never migrated or migrated by a
 // newer release (found at the start: Run may then be called again), a
-// server or role that cannot stream (ErrWALLevel,
-// ErrReplicationPrivilege), a missing slot (ErrNoSlot), and a record
+// server or role that cannot stream (outbox.ErrWALLevel,
+// ErrReplicationPrivilege), a missing slot (outbox.ErrNoSlot), and a record
 // written by a newer release (ErrRecordVersion). Otherwise Run runs once:
 // a second Run while it runs is outbox.ErrAlreadyRunning, a Run after
 // Close or after Run returned is outbox.ErrClosed.
@@ -321,7 +321,7 @@ func (r *Relay) run(ctx context.Context) error {
 			}
 			standby, wait = true, r.cfg.StandbyRetry
 			failures.Succeeded()
-		case errors.Is(err, ErrWALLevel), errors.Is(err, ErrReplicationPrivilege), errors.Is(err, ErrNoSlot), errors.Is(err, ErrRecordVersion):
+		case errors.Is(err, outboxtype.ErrWALLevel), errors.Is(err, ErrReplicationPrivilege), errors.Is(err, outboxtype.ErrNoSlot), errors.Is(err, ErrRecordVersion):
 			r.logger.Error("Relay stopped", err, nil)
 			return err
 		default:
@@ -481,11 +481,11 @@ func classify(err error) error {
 	}
 	switch pgErr.Code {
 	case "42704": // undefined_object: the slot
-		return fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
+		return fmt.Errorf("%w: %s", outboxtype.ErrNoSlot, pgErr.Message)
 	case "42501", "28000": // insufficient_privilege, invalid_authorization_specification
 		return fmt.Errorf("%w: %s", ErrReplicationPrivilege, pgErr.Message)
 	case "55000": // object_not_in_prerequisite_state: wal_level
-		return fmt.Errorf("%w: %s", ErrWALLevel, pgErr.Message)
+		return fmt.Errorf("%w: %s", outboxtype.ErrWALLevel, pgErr.Message)
 	}
 	return err
 }
