@@ -38,11 +38,11 @@ func DeliverAt(msg *message.Message, t time.Time) error {
 		return errs.NilArgument("outbox.DeliverAt: msg", "pass the message to delay")
 	}
 	if t.IsZero() {
-		return fmt.Errorf("%w: outbox.DeliverAt: message %s: a zero time: pass when it is due", outboxtype.ErrInvalidArgument, msg.UUID)
+		return fmt.Errorf("%w: outbox.DeliverAt: message %s: a zero time: pass when it is due", ErrInvalidArgument, msg.UUID)
 	}
 	if now := time.Now(); t.Before(now) {
 		return fmt.Errorf("%w: outbox.DeliverAt: message %s: %s is %s in the past: publish without DeliverAt to deliver at once",
-			outboxtype.ErrInvalidArgument, msg.UUID, t.UTC().Format(time.RFC3339Nano), now.Sub(t).Round(time.Millisecond))
+			ErrInvalidArgument, msg.UUID, t.UTC().Format(time.RFC3339Nano), now.Sub(t).Round(time.Millisecond))
 	}
 	msg.Metadata.Set(metadataDeliverAt, t.UTC().Format(time.RFC3339Nano))
 	return nil
@@ -54,7 +54,7 @@ func DeliverAfter(msg *message.Message, d time.Duration) error {
 		return errs.NilArgument("outbox.DeliverAfter: msg", "pass the message to delay")
 	}
 	if d <= 0 {
-		return fmt.Errorf("%w: outbox.DeliverAfter: message %s: a delay of %s: pass a positive one, or publish without it", outboxtype.ErrInvalidArgument, msg.UUID, d)
+		return fmt.Errorf("%w: outbox.DeliverAfter: message %s: a delay of %s: pass a positive one, or publish without it", ErrInvalidArgument, msg.UUID, d)
 	}
 	return DeliverAt(msg, time.Now().Add(d))
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
 	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
@@ -167,12 +168,12 @@ var (
 	// ErrWALLevel: the server does not run with wal_level = logical, so no
 	// slot can decode what a Publisher in ModeWAL writes; set it and
 	// restart PostgreSQL.
-	ErrWALLevel = outboxtype.ErrWALLevel
+	ErrWALLevel = sentinel.ErrWALLevel
 	// ErrNoSlot: the schema's replication slot does not exist (or is still
 	// being created, or was invalidated), so no relay could read what a
 	// Publisher in ModeWAL writes; create it with relay.CreateSlot (outbox
 	// wal create-slot).
-	ErrNoSlot = outboxtype.ErrNoSlot
+	ErrNoSlot = sentinel.ErrNoSlot
 )
 
 // DefaultNotifyInterval is the default PublisherConfig.NotifyInterval.
@@ -338,7 +339,7 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 // Deduplicated(msg) reports it; Publish returns nil for it.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed.Load() {
-		return outboxtype.ErrPublisherClosed
+		return ErrPublisherClosed
 	}
 	if err := names.Topic(topic); err != nil {
 		return err
@@ -438,13 +439,13 @@ func (p *Publisher) walRefusal(err error, topic string, n int) error {
 	var why string
 	switch pe.Code {
 	case "WO001":
-		kind, why = outboxtype.ErrWALLevel, strings.TrimPrefix(pe.Message, "watermill-outbox: ")
+		kind, why = ErrWALLevel, strings.TrimPrefix(pe.Message, "watermill-outbox: ")
 	case "WO002":
-		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("there is no logical slot %q (pgoutput) in this database", p.walSlot)
+		kind, why = ErrNoSlot, fmt.Sprintf("there is no logical slot %q (pgoutput) in this database", p.walSlot)
 	case "WO003":
-		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("slot %q is still being created, and a slot does not decode the transactions open while it is created (it waits for them to end); roll back and retry once outbox wal create-slot (relay.CreateSlot) has returned", p.walSlot)
+		kind, why = ErrNoSlot, fmt.Sprintf("slot %q is still being created, and a slot does not decode the transactions open while it is created (it waits for them to end); roll back and retry once outbox wal create-slot (relay.CreateSlot) has returned", p.walSlot)
 	case "WO004":
-		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("slot %q was invalidated (wal_status lost: it fell behind by more than max_slot_wal_keep_size) and can no longer be streamed; drop it (outbox wal drop-slot --force) and create it again", p.walSlot)
+		kind, why = ErrNoSlot, fmt.Sprintf("slot %q was invalidated (wal_status lost: it fell behind by more than max_slot_wal_keep_size) and can no longer be streamed; drop it (outbox wal drop-slot --force) and create it again", p.walSlot)
 	case "42883": // undefined_function: a schema migrated by an older release
 		if strings.Contains(pe.Message, "wal_emit") {
 			return &outboxtype.NotMigratedError{Schema: p.cfg.Schema, Cause: err}
@@ -490,7 +491,7 @@ func (p *Publisher) executor(msgs []*message.Message) (pgexec.Querier, context.C
 	first := pgexec.BindingFrom(ctx)
 	for _, m := range msgs[1:] {
 		if b := pgexec.BindingFrom(m.Context()); !pgexec.SameTx(b, first) {
-			return nil, nil, outboxtype.ErrMixedTx
+			return nil, nil, ErrMixedTx
 		}
 	}
 	switch {
@@ -502,7 +503,7 @@ func (p *Publisher) executor(msgs []*message.Message) (pgexec.Querier, context.C
 		// A single statement on a pool runs in its own transaction.
 		return p.db, ctx, nil
 	default:
-		return nil, nil, fmt.Errorf("%w: set it with outbox.WithTx(ctx, tx) on the message context, or enable OwnTransaction", outboxtype.ErrNoTx)
+		return nil, nil, fmt.Errorf("%w: set it with outbox.WithTx(ctx, tx) on the message context, or enable OwnTransaction", ErrNoTx)
 	}
 }
 

@@ -235,7 +235,7 @@ func (s *Sequencer) Run(ctx context.Context) error {
 // Any other error (the database not up yet, say) is met again by the first
 // pass, and retried like every database error.
 func (s *Sequencer) start(ctx context.Context) error {
-	if err := s.checkSchema(ctx); errors.Is(err, outboxtype.ErrNotMigrated) || errors.Is(err, outboxtype.ErrSchemaTooNew) {
+	if err := s.checkSchema(ctx); errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) {
 		return err
 	}
 	return nil

@@ -235,7 +235,7 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, outboxtype.ErrClosed
+		return nil, ErrClosed
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -345,7 +345,7 @@ func (s *Subscriber) subscription(ctx context.Context, topic string, out chan<- 
 		return nil, err
 	}
 	if s.isClosed() {
-		return nil, outboxtype.ErrClosed
+		return nil, ErrClosed
 	}
 	return s.prepare(ctx, topic, out, batch)
 }

@@ -14,7 +14,7 @@ var ErrUnknownProfile = errors.New("adaptive: unknown tuning profile")
 // configErrorf reports one invalid configuration field as an
 // *outboxtype.ConfigError (Field, e.g. "BatchSize" or "LeaseTTL", and
 // Reason: what is wrong and what is allowed), which matches
-// outbox.ErrInvalidConfig ([outboxtype.ErrInvalidConfig]).
+// outbox.ErrInvalidConfig ([sentinel.ErrInvalidConfig]).
 func configErrorf(field, format string, args ...any) *outboxtype.ConfigError {
 	return &outboxtype.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -172,7 +173,7 @@ func TestConfigErrorMessage(t *testing.T) {
 
 func requireConfigError(t *testing.T, err error, field string) {
 	t.Helper()
-	if !errors.Is(err, outboxtype.ErrInvalidConfig) {
+	if !errors.Is(err, sentinel.ErrInvalidConfig) {
 		t.Fatalf("error %v does not match ErrInvalidConfig", err)
 	}
 	var ce *outboxtype.ConfigError

@@ -30,6 +30,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Errors of the admin operations besides the outbox's own, each matched
@@ -160,9 +161,9 @@ type Scope struct {
 func (s Scope) validate() error {
 	switch {
 	case s.Group == "":
-		return fmt.Errorf("%w: Scope.Group is required", outboxtype.ErrInvalidArgument)
+		return fmt.Errorf("%w: Scope.Group is required", sentinel.ErrInvalidArgument)
 	case s.Topic == "" && len(s.Partitions) > 0:
-		return fmt.Errorf("%w: Scope.Partitions needs Scope.Topic", outboxtype.ErrInvalidArgument)
+		return fmt.Errorf("%w: Scope.Partitions needs Scope.Topic", sentinel.ErrInvalidArgument)
 	}
 	if s.Topic != "" {
 		if err := names.Topic(s.Topic); err != nil {
@@ -171,7 +172,7 @@ func (s Scope) validate() error {
 	}
 	for _, p := range s.Partitions {
 		if p < 0 || p >= partitioning.MaxPartitions {
-			return fmt.Errorf("%w: partition %d", outboxtype.ErrInvalidArgument, p)
+			return fmt.Errorf("%w: partition %d", sentinel.ErrInvalidArgument, p)
 		}
 	}
 	return nil
@@ -236,7 +237,7 @@ func (a *Admin) setPaused(ctx context.Context, s Scope, paused bool) (int, error
 func (s Scope) complete(n int) error {
 	want := len(slices.Compact(slices.Sorted(slices.Values(s.Partitions))))
 	if n == 0 || want > 0 && n < want {
-		return fmt.Errorf("%w: group %q, topic %q, partitions %v (found %d)", outboxtype.ErrNotFound, s.Group, s.Topic, s.Partitions, n)
+		return fmt.Errorf("%w: group %q, topic %q, partitions %v (found %d)", sentinel.ErrNotFound, s.Group, s.Topic, s.Partitions, n)
 	}
 	return nil
 }
@@ -287,19 +288,19 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 		return nil, err
 	}
 	if s.Topic == "" {
-		return nil, fmt.Errorf("%w: ResetCursor needs Scope.Topic", outboxtype.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: ResetCursor needs Scope.Topic", sentinel.ErrInvalidArgument)
 	}
 	if !pos.set {
-		return nil, fmt.Errorf("%w: the zero Position: use admin.ToSeq or admin.ToTime", outboxtype.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: the zero Position: use admin.ToSeq or admin.ToTime", sentinel.ErrInvalidArgument)
 	}
 	if err := a.check(ctx); err != nil {
 		return nil, err
 	}
 	if !pos.isTime && pos.seq < 0 {
-		return nil, fmt.Errorf("%w: seq %d is negative", outboxtype.ErrInvalidArgument, pos.seq)
+		return nil, fmt.Errorf("%w: seq %d is negative", sentinel.ErrInvalidArgument, pos.seq)
 	}
 	if pos.isTime && pos.at.IsZero() {
-		return nil, fmt.Errorf("%w: zero time", outboxtype.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: zero time", sentinel.ErrInvalidArgument)
 	}
 	var resets []CursorReset
 	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
@@ -310,7 +311,7 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 			return fmt.Errorf("admin: reset: read cursors: %w", err)
 		}
 		if forwardOnly {
-			return fmt.Errorf("%w: topic %q is forwarder-only (outbox.ForwardOnly): it keeps no log to replay or skip, and its cursors stand where the broker's records end (its forwarder puts them back there at its next takeover)", outboxtype.ErrInvalidArgument, s.Topic)
+			return fmt.Errorf("%w: topic %q is forwarder-only (outbox.ForwardOnly): it keeps no log to replay or skip, and its cursors stand where the broker's records end (its forwarder puts them back there at its next takeover)", sentinel.ErrInvalidArgument, s.Topic)
 		}
 		// Lock the cursors and read each partition's head; with a time, also
 		// the seq before the first message sequenced at or after it.

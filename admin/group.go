@@ -6,7 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // rowQuerier is a *pgxpool.Pool or a pgx.Tx.
@@ -117,7 +117,7 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 			if opts.DeadLetters {
 				what = "cursors, members or dead letters"
 			}
-			return fmt.Errorf("%w: consumer group %q has no %s%s (check the name with Status)", outboxtype.ErrNotFound, group, what, topicSuffix(opts.Topic))
+			return fmt.Errorf("%w: consumer group %q has no %s%s (check the name with Status)", sentinel.ErrNotFound, group, what, topicSuffix(opts.Topic))
 		}
 		return nil
 	})

@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // HeldRef names a key held back by a consumer group in one partition
@@ -22,11 +22,11 @@ type HeldRef struct {
 func (r HeldRef) validate() error {
 	switch {
 	case r.Group == "" || r.Topic == "":
-		return fmt.Errorf("%w: a held key needs its group and topic", outboxtype.ErrInvalidArgument)
+		return fmt.Errorf("%w: a held key needs its group and topic", sentinel.ErrInvalidArgument)
 	case r.Partition < 0:
-		return fmt.Errorf("%w: partition %d is negative", outboxtype.ErrInvalidArgument, r.Partition)
+		return fmt.Errorf("%w: partition %d is negative", sentinel.ErrInvalidArgument, r.Partition)
 	case r.Key == "" && r.Seq <= 0:
-		return fmt.Errorf("%w: name the held key by Key, or a keyless message by its Seq", outboxtype.ErrInvalidArgument)
+		return fmt.Errorf("%w: name the held key by Key, or a keyless message by its Seq", sentinel.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -81,7 +81,7 @@ func (a *Admin) heldAction(ctx context.Context, r HeldRef, op, stmt string) (int
 	n := int(tag.RowsAffected())
 	if n == 0 {
 		// Say whether the topic, the group or the key is unknown.
-		if err := a.explain(ctx, Scope{Group: r.Group, Topic: r.Topic, Partitions: []int{r.Partition}}, outboxtype.ErrNotFound); err != outboxtype.ErrNotFound {
+		if err := a.explain(ctx, Scope{Group: r.Group, Topic: r.Topic, Partitions: []int{r.Partition}}, sentinel.ErrNotFound); err != sentinel.ErrNotFound {
 			return 0, err
 		}
 		return 0, &NotFoundError{What: "held key", Group: r.Group, Topic: r.Topic, Partitions: []int{r.Partition}, Key: r.Key, Seq: r.Seq}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // NotFoundError reports a topic, consumer group, partition or held key that
@@ -59,7 +59,7 @@ func (e *NotFoundError) Error() string {
 // Is makes errors.Is(err, outbox.ErrNotFound) true, and errors.Is(err,
 // outbox.ErrUnknownTopic) for a topic.
 func (e *NotFoundError) Is(target error) bool {
-	return target == outboxtype.ErrNotFound || e.What == "topic" && target == outboxtype.ErrUnknownTopic
+	return target == sentinel.ErrNotFound || e.What == "topic" && target == sentinel.ErrUnknownTopic
 }
 
 // Exists returns nil when the schema has every name f gives: the topic is
@@ -170,7 +170,7 @@ func (a *Admin) groupRows(ctx context.Context, tx pgx.Tx, group, topic string) (
 // meanwhile), it returns as it is.
 func (a *Admin) explain(ctx context.Context, s Scope, err error) error {
 	var nf *NotFoundError
-	if !errors.Is(err, outboxtype.ErrNotFound) || errors.As(err, &nf) {
+	if !errors.Is(err, sentinel.ErrNotFound) || errors.As(err, &nf) {
 		return err
 	}
 	var missing *NotFoundError

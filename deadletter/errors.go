@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Errors of the store besides the outbox's own, each matched with
@@ -17,7 +17,7 @@ var (
 	ErrInvalidState = errors.New("deadletter: invalid entry state")
 	// ErrInvalidCursor: a List cursor was not produced by List with the
 	// same order. It also matches outbox.ErrInvalidArgument.
-	ErrInvalidCursor = fmt.Errorf("%w: invalid page cursor", outboxtype.ErrInvalidArgument)
+	ErrInvalidCursor = fmt.Errorf("%w: invalid page cursor", sentinel.ErrInvalidArgument)
 )
 
 // StateError reports an operation refused because of the entry's status.
@@ -35,5 +35,5 @@ func (e *StateError) Error() string {
 func (e *StateError) Is(target error) bool { return target == ErrInvalidState }
 
 func invalidArg(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", outboxtype.ErrInvalidArgument, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", sentinel.ErrInvalidArgument, fmt.Sprintf(format, args...))
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Page sizes of List.
@@ -211,7 +211,7 @@ func (s *Store) get(ctx context.Context, q querier, id int64, lock bool) (Entry,
 	}
 	e, err := scanEntry(q.QueryRow(ctx, stmt, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Entry{}, fmt.Errorf("%w: id %d", outboxtype.ErrNotFound, id)
+		return Entry{}, fmt.Errorf("%w: id %d", sentinel.ErrNotFound, id)
 	}
 	if err != nil {
 		return Entry{}, s.wrap(fmt.Errorf("deadletter: get %d: %w", id, err))

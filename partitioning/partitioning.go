@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Bounds on the number of partitions a topic may have.
@@ -17,7 +17,7 @@ const (
 
 // PartitionCountError reports a partition count outside
 // [MinPartitions, MaxPartitions]. It matches outbox.ErrInvalidPartitionCount
-// ([outboxtype.ErrInvalidPartitionCount]).
+// ([sentinel.ErrInvalidPartitionCount]).
 type PartitionCountError struct {
 	// Partitions is the rejected partition count.
 	Partitions int
@@ -31,7 +31,7 @@ func (e *PartitionCountError) Error() string {
 
 // Is reports whether target is outbox.ErrInvalidPartitionCount.
 func (e *PartitionCountError) Is(target error) bool {
-	return target == outboxtype.ErrInvalidPartitionCount
+	return target == sentinel.ErrInvalidPartitionCount
 }
 
 // ValidatePartitions returns nil if partitions lies in

@@ -14,7 +14,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Errors the log-based mode returns; each says what to change. A server
@@ -96,7 +96,7 @@ const UnrelayedScanLimit = 100000
 // schema (DefaultSchema for "").
 func args(pool *pgxpool.Pool, schema string) (string, error) {
 	if pool == nil {
-		return "", fmt.Errorf("%w: nil *pgxpool.Pool: pass the pool of the database that holds the schema", outboxtype.ErrUnsupportedTx)
+		return "", fmt.Errorf("%w: nil *pgxpool.Pool: pass the pool of the database that holds the schema", sentinel.ErrUnsupportedTx)
 	}
 	if schema == "" {
 		schema = names.DefaultSchema
@@ -118,13 +118,13 @@ func Prerequisites(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	if level != "logical" {
-		return fmt.Errorf("%w (wal_level is %q)", outboxtype.ErrWALLevel, level)
+		return fmt.Errorf("%w (wal_level is %q)", sentinel.ErrWALLevel, level)
 	}
 	if !canReplicate {
 		return fmt.Errorf("%w (role %q)", ErrReplicationPrivilege, pool.Config().ConnConfig.User)
 	}
 	if maxSlots < 1 {
-		return fmt.Errorf("%w (max_replication_slots is 0; raise it and restart PostgreSQL)", outboxtype.ErrWALLevel)
+		return fmt.Errorf("%w (max_replication_slots is 0; raise it and restart PostgreSQL)", sentinel.ErrWALLevel)
 	}
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Crash evidence (docs/failure-modes.md §3): what the worker records
@@ -215,7 +215,7 @@ func TestExhaustedHeadIsRejectedWithoutDelivery(t *testing.T) {
 			t.Fatalf("handed out %v: the exhausted message must not be delivered again", uuids(got))
 		}
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) {
+		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, sentinel.ErrPoison) {
 			t.Fatalf("rejected %+v", taken)
 		}
 		if r.cfg.Counts.Rejected.Load() != 1 || s.State().Seq != 1 {

@@ -142,7 +142,7 @@ func (g *txGuard) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // Commit releases a nested transaction; on the Subscriber's own
-// transaction it is refused with an outboxtype.ErrTxMisuse error and counted against
+// transaction it is refused with an sentinel.ErrTxMisuse error and counted against
 // the delivery.
 func (g *txGuard) Commit(ctx context.Context) error {
 	if !g.nested {
@@ -157,7 +157,7 @@ func (g *txGuard) Commit(ctx context.Context) error {
 }
 
 // Rollback rolls a nested transaction back; on the Subscriber's own
-// transaction it is refused with an outboxtype.ErrTxMisuse error and counted against
+// transaction it is refused with an sentinel.ErrTxMisuse error and counted against
 // the delivery.
 func (g *txGuard) Rollback(ctx context.Context) error {
 	if !g.nested {
@@ -230,7 +230,7 @@ func (g *txGuard) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Conn returns the transaction's connection (unguarded: statements that
-// end the transaction through it break the delivery; see outboxtype.ErrTxMisuse).
+// end the transaction through it break the delivery; see sentinel.ErrTxMisuse).
 func (g *txGuard) Conn() *pgx.Conn { return g.tx.Conn() }
 
 type errRow struct{ err error }

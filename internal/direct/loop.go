@@ -21,6 +21,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/internal/queuevacuum"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/outboxtype"
@@ -145,11 +146,11 @@ func New(cfg Config) *Loop {
 }
 
 // Lookup returns the partition count of topic and whether it is
-// forwarder-only (outboxtype.ErrUnknownTopic when it is not registered).
+// forwarder-only (sentinel.ErrUnknownTopic when it is not registered).
 func Lookup(ctx context.Context, pool *pgxpool.Pool, schema, topic string) (partitions int, forwardOnly bool, err error) {
 	err = pool.QueryRow(ctx, dbsql.For(schema).TopicsForwardOnly, topic).Scan(&partitions, &forwardOnly)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, fmt.Errorf("%w: %q in schema %q", outboxtype.ErrUnknownTopic, topic, schema)
+		return 0, false, fmt.Errorf("%w: %q in schema %q", sentinel.ErrUnknownTopic, topic, schema)
 	}
 	return partitions, forwardOnly, err
 }

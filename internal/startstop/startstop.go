@@ -11,9 +11,9 @@
 //     cannot mend (each component lists them). Transient errors are
 //     retried inside Run with the shared backoff (internal/backoff).
 //   - A second Run while the first runs returns an error matching
-//     outboxtype.ErrAlreadyRunning (outbox.ErrAlreadyRunning); a Run after the
+//     sentinel.ErrAlreadyRunning (outbox.ErrAlreadyRunning); a Run after the
 //     service stopped (Close was called, or a Run that started returned)
-//     returns an error matching outboxtype.ErrClosed (outbox.ErrClosed). Create
+//     returns an error matching sentinel.ErrClosed (outbox.ErrClosed). Create
 //     another component to run again.
 //   - A Run whose start failed (it returned the start's error: a schema
 //     that was never migrated, a database that cannot be reached) leaves the
@@ -29,7 +29,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Service is the lifecycle state of one component. Embed it (a field, not
@@ -57,9 +57,9 @@ type Service struct {
 // When start fails, Run returns its error and leaves the service as it
 // was, so that Run may be called again; when start fails because that
 // context ended, Run returns nil and the service has stopped. A second Run
-// while one is under way returns an error matching outboxtype.ErrAlreadyRunning,
+// while one is under way returns an error matching sentinel.ErrAlreadyRunning,
 // a Run after Close or after a Run that started returned an error matching
-// outboxtype.ErrClosed.
+// sentinel.ErrClosed.
 func (s *Service) Run(ctx context.Context, start, run func(context.Context) error) error {
 	ctx, cancel, err := s.claim(ctx)
 	if err != nil {
@@ -91,7 +91,7 @@ func (s *Service) Go(fn func()) {
 
 // Close stops the service and waits: it ends the context of the Run under
 // way and returns once that Run, and every goroutine it started with Go,
-// has returned. A Run called after Close returns outboxtype.ErrClosed. Close may
+// has returned. A Run called after Close returns sentinel.ErrClosed. Close may
 // be called any number of times, before, during or after Run, but not from
 // the service's own goroutines (it would wait for itself).
 func (s *Service) Close() {
@@ -118,11 +118,11 @@ func (s *Service) claim(ctx context.Context) (context.Context, context.CancelFun
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
-		return nil, nil, fmt.Errorf("%w: %s.Run after Close: a %s runs once; create another", outboxtype.ErrClosed, s.name(), s.name())
+		return nil, nil, fmt.Errorf("%w: %s.Run after Close: a %s runs once; create another", sentinel.ErrClosed, s.name(), s.name())
 	case s.running:
-		return nil, nil, fmt.Errorf("%w: %s.Run called while it runs", outboxtype.ErrAlreadyRunning, s.name())
+		return nil, nil, fmt.Errorf("%w: %s.Run called while it runs", sentinel.ErrAlreadyRunning, s.name())
 	case s.ended:
-		return nil, nil, fmt.Errorf("%w: %s.Run after it stopped: a %s runs once; create another", outboxtype.ErrClosed, s.name(), s.name())
+		return nil, nil, fmt.Errorf("%w: %s.Run after it stopped: a %s runs once; create another", sentinel.ErrClosed, s.name(), s.name())
 	}
 	s.running = true
 	ctx, s.cancel = context.WithCancel(ctx)

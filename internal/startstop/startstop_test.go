@@ -11,8 +11,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/startstop"
-	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -29,7 +29,7 @@ func TestRunTwiceIsAlreadyRunning(t *testing.T) {
 		go func() { done <- s.Run(context.Background(), nil, untilDone) }()
 		synctest.Wait()
 		err := s.Run(context.Background(), nil, untilDone)
-		if !errors.Is(err, outboxtype.ErrAlreadyRunning) || !strings.Contains(err.Error(), "test.Thing") {
+		if !errors.Is(err, sentinel.ErrAlreadyRunning) || !strings.Contains(err.Error(), "test.Thing") {
 			t.Fatalf("second Run: %v, want ErrAlreadyRunning naming test.Thing", err)
 		}
 		select {
@@ -53,7 +53,7 @@ func TestRunAfterItStoppedIsClosed(t *testing.T) {
 	if err := s.Run(ctx, nil, untilDone); err != nil {
 		t.Fatalf("Run on an ended context: %v", err)
 	}
-	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, outboxtype.ErrClosed) {
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, sentinel.ErrClosed) {
 		t.Fatalf("Run after a Run returned: %v, want ErrClosed", err)
 	}
 }
@@ -67,10 +67,10 @@ func TestCloseBeforeRunMakesRunClosed(t *testing.T) {
 	}
 	called := false
 	err := s.Run(context.Background(), func(context.Context) error { called = true; return nil }, untilDone)
-	if !errors.Is(err, outboxtype.ErrClosed) || called {
+	if !errors.Is(err, sentinel.ErrClosed) || called {
 		t.Fatalf("Run after Close: %v (start called: %v), want ErrClosed without calling start", err, called)
 	}
-	if err := s.Start(context.Background(), func(context.Context) { called = true }); !errors.Is(err, outboxtype.ErrClosed) || called {
+	if err := s.Start(context.Background(), func(context.Context) { called = true }); !errors.Is(err, sentinel.ErrClosed) || called {
 		t.Fatalf("Start after Close: %v (run called: %v), want ErrClosed", err, called)
 	}
 }
@@ -189,7 +189,7 @@ func TestFailedStartCanRunAgain(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Run whose start failed as its context ended: %v, want nil", err)
 		}
-		if err := s2.Run(context.Background(), nil, untilDone); !errors.Is(err, outboxtype.ErrClosed) {
+		if err := s2.Run(context.Background(), nil, untilDone); !errors.Is(err, sentinel.ErrClosed) {
 			t.Fatalf("Run after a Run stopped while starting: %v, want ErrClosed", err)
 		}
 	})
@@ -223,7 +223,7 @@ func TestRunReturnsRunsError(t *testing.T) {
 	if err := s.Run(context.Background(), nil, func(context.Context) error { return errFatal }); !errors.Is(err, errFatal) {
 		t.Fatalf("Run: %v, want run's error", err)
 	}
-	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, outboxtype.ErrClosed) {
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, sentinel.ErrClosed) {
 		t.Fatalf("Run after a Run that ran: %v, want ErrClosed", err)
 	}
 }
@@ -241,7 +241,7 @@ func TestStartRunsInTheBackgroundAndCloseWaits(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Start(context.Background(), func(context.Context) {}); !errors.Is(err, outboxtype.ErrAlreadyRunning) {
+		if err := s.Start(context.Background(), func(context.Context) {}); !errors.Is(err, sentinel.ErrAlreadyRunning) {
 			t.Fatalf("second Start: %v, want ErrAlreadyRunning", err)
 		}
 		synctest.Wait()
@@ -256,7 +256,7 @@ func TestStartRunsInTheBackgroundAndCloseWaits(t *testing.T) {
 func TestZeroServiceNamesItself(t *testing.T) {
 	var s startstop.Service
 	s.Close()
-	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, outboxtype.ErrClosed) || !strings.Contains(err.Error(), "service") {
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, sentinel.ErrClosed) || !strings.Contains(err.Error(), "service") {
 		t.Fatalf("Run on a closed zero Service: %v", err)
 	}
 }
