@@ -45,6 +45,7 @@ type Service struct {
 	stopping bool            // the Run under way is waiting for its goroutines: Spawn refuses
 	ended    bool            // a Run that started has returned: the service ran
 	closed   bool            // Close was called
+	closing  chan struct{}   // closed by Close (made by Closing)
 	ctx      context.Context // the Run under way's (Spawn hands it on)
 	cancel   context.CancelFunc
 
@@ -120,6 +121,9 @@ func (s *Service) Spawn(fn func(ctx context.Context)) bool {
 // the service's own goroutines (it would wait for itself).
 func (s *Service) Close() {
 	s.mu.Lock()
+	if !s.closed && s.closing != nil {
+		close(s.closing)
+	}
 	s.closed = true
 	cancel := s.cancel
 	s.mu.Unlock()
@@ -134,6 +138,22 @@ func (s *Service) Closed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
+}
+
+// Closing returns a channel that is closed when Close is called (at once
+// if it was): for the callers of a component's methods, which are not
+// goroutines of the service and have no context of it, to stop waiting
+// when the component closes.
+func (s *Service) Closing() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing == nil {
+		s.closing = make(chan struct{})
+		if s.closed {
+			close(s.closing)
+		}
+	}
+	return s.closing
 }
 
 // claim makes the service running, or says why it cannot run.

@@ -360,3 +360,34 @@ func TestSpawnRacingClose(t *testing.T) {
 		}
 	}
 }
+
+// Closing is closed by Close, whether asked for before or after it; a
+// service that never ran has one too.
+func TestClosingIsClosedByClose(t *testing.T) {
+	s := &startstop.Service{}
+	before := s.Closing()
+	select {
+	case <-before:
+		t.Fatal("Closing closed before Close")
+	default:
+	}
+	if s.Closing() != before {
+		t.Fatal("Closing returned another channel")
+	}
+	s.Close()
+	s.Close()
+	for _, ch := range []<-chan struct{}{before, s.Closing()} {
+		select {
+		case <-ch:
+		default:
+			t.Fatal("Closing not closed after Close")
+		}
+	}
+	closedFirst := &startstop.Service{}
+	closedFirst.Close()
+	select {
+	case <-closedFirst.Closing():
+	default:
+		t.Fatal("Closing asked for after Close is not closed")
+	}
+}
