@@ -2,7 +2,9 @@
 // components: outbox.Sequencer, relay.Relay, retention.Vacuum, the
 // notifier's shared listener and the lease manager each embed a [Service]
 // and implement Run and Close in a few lines on it (River's
-// rivershared/startstop is the model).
+// rivershared/startstop is the model). Components without a Run of their
+// own start one (Start) and hand it their goroutines ([Service.Spawn]):
+// outbox.Subscriber, the workers' consumer.Tasks, the Kafka target.
 //
 // The rules, the same for every component:
 //
