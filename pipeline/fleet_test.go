@@ -79,7 +79,7 @@ func TestFleetForwardsEverySourceUnderItsOwnName(t *testing.T) {
 		shards[name].Register("orders", 2)
 	}
 	before := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	t.Cleanup(func() { goleak.VerifyNone(t, before, pgxAsyncClose) })
 	br := newBroker()
 	f, err := pipeline.NewFleet(pipeline.FleetConfig{
 		Sources: []pipeline.Source{
