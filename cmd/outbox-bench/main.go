@@ -105,6 +105,9 @@
 //	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
 //	-out outbox-bench-results        output directory
 //	-cpuprofile FILE                 a CPU profile of the whole run (go tool pprof)
+//	-sources-counts 1,2,3            sources: databases of the throughput runs (0: none)
+//	-sources-idle 50  -sources-trickle 1  sources: the many-sources run
+//	-sources-idle-profile FILE       a CPU profile of the many-sources run's idle window
 //	-smoke                           tiny sizes, all phases well under 90 s; for CI
 //	-rewrite                         measure nothing; render -out's outputs again from its results.json
 //	-medians d1,d2,d3                measure nothing; write -out/medians.md, each target's median over those runs
@@ -184,6 +187,9 @@ type config struct {
 
 	isolationRate     int
 	cpuProfile        string
+	// sourcesIdleProfile is the file of a CPU profile of the
+	// many-sources run's idle window ("": none).
+	sourcesIdleProfile string
 	latencyLoads      []int
 	latencyDuration   time.Duration
 	idleDuration      time.Duration
@@ -285,7 +291,7 @@ func parseFlags(args []string) (config, error) {
 	var phases, systems, perTx, loads, partitions, sourceCounts string
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
 	fs.StringVar(&phases, "phases", "compare,latency,growth,idle", "phases to run: compare, latency, growth, idle, isolation, soak, sources (comma-separated)")
-	fs.StringVar(&sourceCounts, "sources-counts", "1,2,3", "sources: the numbers of databases of the throughput runs")
+	fs.StringVar(&sourceCounts, "sources-counts", "1,2,3", "sources: the numbers of databases of the throughput runs (0: none, the many-sources run only)")
 	fs.IntVar(&cfg.sourcesPerTx, "sources-per-tx", 10, "sources: messages per transaction of the throughput runs")
 	fs.Float64Var(&cfg.sourcesRate, "sources-rate", 2000, "sources: msg/s offered to each source in the same-per-source runs")
 	fs.DurationVar(&cfg.sourcesDuration, "sources-duration", 10*time.Second, "sources: how long the same-per-source runs publish")
@@ -317,6 +323,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
 	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	fs.StringVar(&cfg.sourcesIdleProfile, "sources-idle-profile", "", "sources: write a CPU profile of the many-sources run's idle window to this file (go tool pprof; not with -cpuprofile)")
 	fs.StringVar(&cfg.medians, "medians", "", "measure nothing: write -out/medians.md, the median of every target over the runs whose -out directories are listed (comma-separated)")
 	fs.BoolVar(&cfg.rewrite, "rewrite", false, "measure nothing: render results.md, statements.md and the PNGs of -out again from its results.json")
 	fs.IntVar(&cfg.publishRounds, "publish-rounds", 5, "compare: rounds of publish-only runs of (a) and (c), interleaved, reported as medians (0: none)")
@@ -347,7 +354,9 @@ func parseFlags(args []string) (config, error) {
 	if cfg.growthPartitions, err = parseInts("-growth-partitions", partitions, 1, 1024); err != nil {
 		return cfg, err
 	}
-	if cfg.sourcesCounts, err = parseInts("-sources-counts", sourceCounts, 1, 64); err != nil {
+	if sourceCounts == "0" { // the many-sources run only
+		cfg.sourcesCounts = nil
+	} else if cfg.sourcesCounts, err = parseInts("-sources-counts", sourceCounts, 1, 64); err != nil {
 		return cfg, err
 	}
 	if cfg.smoke {
@@ -396,6 +405,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("-growth-max-backlog must not be negative")
 	case c.out == "":
 		return fmt.Errorf("-out must not be empty")
+	case c.cpuProfile != "" && c.sourcesIdleProfile != "":
+		return fmt.Errorf("-cpuprofile and -sources-idle-profile cannot both be set (one CPU profile at a time)")
 	case c.soakInterval < 100*time.Millisecond || c.soakDuration < 6*c.soakInterval:
 		return fmt.Errorf("-soak-interval must be at least 100ms and -soak-duration at least 6 intervals (a trend needs samples)")
 	case c.soakRate < 1 || c.soakRate > 100_000:
