@@ -185,15 +185,15 @@ type config struct {
 	// relayPace is (e)'s relay.Config.MinAppendInterval (0: its default).
 	relayPace time.Duration
 
-	isolationRate     int
-	cpuProfile        string
+	isolationRate int
+	cpuProfile    string
 	// sourcesIdleProfile is the file of a CPU profile of the
 	// many-sources run's idle window ("": none).
 	sourcesIdleProfile string
-	latencyLoads      []int
-	latencyDuration   time.Duration
-	idleDuration      time.Duration
-	latencyPublishers int
+	latencyLoads       []int
+	latencyDuration    time.Duration
+	idleDuration       time.Duration
+	latencyPublishers  int
 
 	growthHistory    int
 	growthMaxBacklog int
