@@ -107,6 +107,7 @@
 //	-cpuprofile FILE                 a CPU profile of the whole run (go tool pprof)
 //	-sources-counts 1,2,3            sources: databases of the throughput runs (0: none)
 //	-sources-idle 50  -sources-trickle 1  sources: the many-sources run
+//	-sources-settle 5s               sources: the fleet runs this long before its idle CPU is measured
 //	-sources-idle-profile FILE       a CPU profile of the many-sources run's idle window
 //	-smoke                           tiny sizes, all phases well under 90 s; for CI
 //	-rewrite                         measure nothing; render -out's outputs again from its results.json
@@ -213,6 +214,7 @@ type config struct {
 	soakTableDefaults bool
 
 	sourcesCounts     []int
+	sourcesSettle     time.Duration
 	sourcesPerTx      int
 	sourcesPublishers int
 	sourcesRate       float64
@@ -297,6 +299,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.sourcesDuration, "sources-duration", 10*time.Second, "sources: how long the same-per-source runs publish")
 	fs.IntVar(&cfg.sourcesPublishers, "sources-publishers", 6, "sources: publishers of the throughput runs, split among the sources (6: 6, 3+3, 2+2+2)")
 	fs.IntVar(&cfg.sourcesIdle, "sources-idle", 50, "sources: databases of the many-sources run (idle, then a trickle); 0: none")
+	fs.DurationVar(&cfg.sourcesSettle, "sources-settle", 5*time.Second, "sources: how long the many-sources run's fleet runs before its idle CPU is measured (past pipeline.DefaultTrimIdleAfter for the pools' trim to show)")
 	fs.Float64Var(&cfg.sourcesTrickle, "sources-trickle", 1, "sources: msg/s into each database of the many-sources run after its idle measurement; 0: none")
 	fs.DurationVar(&cfg.soakDuration, "soak-duration", time.Hour, "soak: how long the steady load runs")
 	fs.IntVar(&cfg.soakRate, "soak-rate", 1000, "soak: offered load in msg/s (max(1, rate/1000) per transaction)")
@@ -405,6 +408,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("-growth-max-backlog must not be negative")
 	case c.out == "":
 		return fmt.Errorf("-out must not be empty")
+	case c.sourcesSettle < 0:
+		return fmt.Errorf("-sources-settle must not be negative")
 	case c.cpuProfile != "" && c.sourcesIdleProfile != "":
 		return fmt.Errorf("-cpuprofile and -sources-idle-profile cannot both be set (one CPU profile at a time)")
 	case c.soakInterval < 100*time.Millisecond || c.soakDuration < 6*c.soakInterval:

@@ -90,6 +90,9 @@ type sourcesIdle struct {
 	TrickleDelivered               int64       `json:"trickle_delivered"`
 	TricklePublished               int64       `json:"trickle_published"`
 	Statements                     []statement `json:"top_statements,omitempty"`
+	// Settle is how long the fleet ran before the idle window (s; 0 in
+	// results from before it was set: 5 s).
+	Settle float64 `json:"settle_s,omitempty"`
 	// Breakdown takes the idle window apart (nil in results from before
 	// it was measured).
 	Breakdown *idleBreakdown `json:"idle_breakdown,omitempty"`
@@ -393,11 +396,11 @@ func (b *bench) runManySources(ctx context.Context, n int) (*sourcesIdle, error)
 	if _, err := kb.counter.Count(ctx, kafkaTopic); err != nil { // its consumer reads from now on
 		return nil, err
 	}
-	settle := func() error {
+	settle := func(d time.Duration) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Second):
+		case <-time.After(d):
 		}
 		return b.beforeRun(ctx)
 	}
@@ -410,9 +413,9 @@ func (b *bench) runManySources(ctx context.Context, n int) (*sourcesIdle, error)
 		return nil
 	}
 	d := b.cfg.idleDuration
-	r := &sourcesIdle{Sources: n, Seconds: d.Seconds(), TricklePerSource: b.cfg.sourcesTrickle, Breakdown: &idleBreakdown{}}
+	r := &sourcesIdle{Sources: n, Seconds: d.Seconds(), Settle: b.cfg.sourcesSettle.Seconds(), TricklePerSource: b.cfg.sourcesTrickle, Breakdown: &idleBreakdown{}}
 	// The databases without a fleet: the floor.
-	if err := settle(); err != nil {
+	if err := settle(5 * time.Second); err != nil {
 		return nil, err
 	}
 	c0 := readCPU(b.postmaster)
@@ -428,7 +431,7 @@ func (b *bench) runManySources(ctx context.Context, n int) (*sourcesIdle, error)
 	if err := f.startFleet(kb.addrs, kafkaTopic); err != nil {
 		return nil, err
 	}
-	if err := settle(); err != nil {
+	if err := settle(b.cfg.sourcesSettle); err != nil {
 		return nil, err
 	}
 	stopProfile := func() {}
@@ -523,6 +526,14 @@ func (b *bench) runManySources(ctx context.Context, n int) (*sourcesIdle, error)
 	return r, nil
 }
 
+// settled says how long the fleet ran before the idle window.
+func settled(s float64) string {
+	if s == 0 {
+		s = 5
+	}
+	return fmt.Sprintf(", the idle window %.0f s after the fleet started", s)
+}
+
 // sourcesMarkdown renders the sources phase.
 func (res *results) sourcesMarkdown(sb *strings.Builder) {
 	s := res.Sources
@@ -545,7 +556,7 @@ func (res *results) sourcesMarkdown(sb *strings.Builder) {
 		sb.WriteString("\n")
 	}
 	if i := s.Idle; i != nil {
-		fmt.Fprintf(sb, "**%d sources, one fleet** (4 partitions each, pools of 4 connections as `outbox pipeline --config` opens them), over %.0f s each:\n\n", i.Sources, i.Seconds)
+		fmt.Fprintf(sb, "**%d sources, one fleet** (4 partitions each, pools of 4 connections as `outbox pipeline --config` opens them), over %.0f s each%s:\n\n", i.Sources, i.Seconds, settled(i.Settle))
 		sb.WriteString("| load | CPU ms/s (process + PostgreSQL) | connections |\n|---|---:|---:|\n")
 		fmt.Fprintf(sb, "| idle | %.1f (%.1f + %.1f) | %d |\n", i.IdleProcessMillisPerSecond+i.IdlePostgresMillisPerSecond, i.IdleProcessMillisPerSecond, i.IdlePostgresMillisPerSecond, i.IdleConnections)
 		if i.TricklePerSource > 0 {
