@@ -317,7 +317,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.publishers, "publishers", 4, "compare: concurrent publishers, one connection each")
 	fs.DurationVar(&cfg.maxDrain, "max-drain", 15*time.Minute, "give up waiting for a run's messages at the broker after this long (the result is then marked incomplete)")
 	fs.StringVar(&cfg.out, "out", "outbox-bench-results", "directory for results.json, results.md, statements.md and the PNGs")
-	fs.BoolVar(&cfg.forwardOnly, "outbox-forward-only", false, "(c), both modes: register the topic with outbox.ForwardOnly (no log copy: the forwarder reads pending, where the relay puts them in the log-based mode)")
+	fs.BoolVar(&cfg.forwardOnly, "outbox-forward-only", false, "(c), both modes, and the sources phase: register the topic with outbox.ForwardOnly (no log copy: the forwarder reads pending, where the relay puts them in the log-based mode)")
 	fs.BoolVar(&cfg.outboxNotify, "outbox-notify", true, "(c): the Publisher sends NOTIFY to wake the Sequencer (its default); false leaves the Sequencer to its poll interval")
 	fs.DurationVar(&cfg.relayPace, "relay-pace", 0, "(e): the relay's MinAppendInterval (0: the forwarder's profile's, adaptive.Tuning.AppendInterval; negative: no floor)")
 	fs.StringVar(&loads, "latency-loads", "1000,10000", "latency: offered loads in msg/s (comma-separated)")

@@ -161,7 +161,11 @@ func (b *bench) createSources(ctx context.Context, prefix string, n, partitions,
 		if err := outbox.Migrate(ctx, relay, outbox.DefaultSchema); err != nil {
 			return f, err
 		}
-		if err := outbox.RegisterTopic(ctx, relay, outbox.DefaultSchema, outboxTopic, partitions); err != nil {
+		var topicOpts []outbox.TopicOption
+		if b.cfg.forwardOnly {
+			topicOpts = append(topicOpts, outbox.ForwardOnly())
+		}
+		if err := outbox.RegisterTopic(ctx, relay, outbox.DefaultSchema, outboxTopic, partitions, topicOpts...); err != nil {
 			return f, err
 		}
 		if pubConns > 0 {
