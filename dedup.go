@@ -52,7 +52,7 @@ func DedupKey(msg *message.Message, key string) error {
 		return errs.NilArgument("outbox.DedupKey: msg", "pass the message to be published")
 	}
 	if why := dedupKeyProblem(key); why != "" {
-		return fmt.Errorf("%w: outbox.DedupKey of message %s: %s", outboxtype.ErrInvalidArgument, msg.UUID, why)
+		return fmt.Errorf("%w: outbox.DedupKey of message %s: %s", ErrInvalidArgument, msg.UUID, why)
 	}
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}

@@ -18,30 +18,33 @@ import (
 // The sequencer wakes at the earliest time due (an index, not a poll per
 // message); docs/architecture.md, "Delayed delivery".
 const (
-	// MetadataDeliverAt carries a delayed message's time (RFC 3339, UTC),
-	// set by DeliverAt and DeliverAfter and kept on delivery.
-	MetadataDeliverAt = "outbox_deliver_at"
-	// MetadataUnordered marks a message that does not keep its order with
+	// metadataDeliverAt carries a delayed message's time (RFC 3339, UTC),
+	// set by DeliverAt and DeliverAfter and kept on delivery (DeliveryTime
+	// reads it).
+	metadataDeliverAt = "outbox_deliver_at"
+	// metadataUnordered marks a message that does not keep its order with
 	// the delayed messages of its key (Unordered).
-	MetadataUnordered = "outbox_unordered"
+	metadataUnordered = "outbox_unordered"
 )
 
 // DeliverAt makes msg a delayed message: it is not delivered before t.
 // The later messages of its key are delivered after it (they wait), unless
 // it has no key or is marked Unordered. t must not be in the past
-// (ErrInvalidArgument): publish without DeliverAt to deliver at once.
+// (ErrInvalidArgument): publish without DeliverAt to deliver at once. The
+// time is metadata "outbox_deliver_at" (RFC 3339, UTC), kept on delivery:
+// DeliveryTime reads it.
 func DeliverAt(msg *message.Message, t time.Time) error {
 	if msg == nil {
 		return errs.NilArgument("outbox.DeliverAt: msg", "pass the message to delay")
 	}
 	if t.IsZero() {
-		return fmt.Errorf("%w: outbox.DeliverAt: message %s: a zero time: pass when it is due", outboxtype.ErrInvalidArgument, msg.UUID)
+		return fmt.Errorf("%w: outbox.DeliverAt: message %s: a zero time: pass when it is due", ErrInvalidArgument, msg.UUID)
 	}
 	if now := time.Now(); t.Before(now) {
 		return fmt.Errorf("%w: outbox.DeliverAt: message %s: %s is %s in the past: publish without DeliverAt to deliver at once",
-			outboxtype.ErrInvalidArgument, msg.UUID, t.UTC().Format(time.RFC3339Nano), now.Sub(t).Round(time.Millisecond))
+			ErrInvalidArgument, msg.UUID, t.UTC().Format(time.RFC3339Nano), now.Sub(t).Round(time.Millisecond))
 	}
-	msg.Metadata.Set(MetadataDeliverAt, t.UTC().Format(time.RFC3339Nano))
+	msg.Metadata.Set(metadataDeliverAt, t.UTC().Format(time.RFC3339Nano))
 	return nil
 }
 
@@ -51,7 +54,7 @@ func DeliverAfter(msg *message.Message, d time.Duration) error {
 		return errs.NilArgument("outbox.DeliverAfter: msg", "pass the message to delay")
 	}
 	if d <= 0 {
-		return fmt.Errorf("%w: outbox.DeliverAfter: message %s: a delay of %s: pass a positive one, or publish without it", outboxtype.ErrInvalidArgument, msg.UUID, d)
+		return fmt.Errorf("%w: outbox.DeliverAfter: message %s: a delay of %s: pass a positive one, or publish without it", ErrInvalidArgument, msg.UUID, d)
 	}
 	return DeliverAt(msg, time.Now().Add(d))
 }
@@ -59,12 +62,12 @@ func DeliverAfter(msg *message.Message, d time.Duration) error {
 // Unordered marks msg as outside its key's order with delayed messages: it
 // does not wait behind a delayed message of its key, and, delayed itself,
 // holds none back. Its order with the key's other undelayed messages is
-// kept as usual.
+// kept as usual. The mark is metadata "outbox_unordered".
 func Unordered(msg *message.Message) error {
 	if msg == nil {
 		return errs.NilArgument("outbox.Unordered: msg", "pass the message to mark")
 	}
-	msg.Metadata.Set(MetadataUnordered, "true")
+	msg.Metadata.Set(metadataUnordered, "true")
 	return nil
 }
 
@@ -74,7 +77,7 @@ func DeliveryTime(msg *message.Message) (t time.Time, ok bool) {
 	if msg == nil {
 		return time.Time{}, false
 	}
-	v := msg.Metadata.Get(MetadataDeliverAt)
+	v := msg.Metadata.Get(metadataDeliverAt)
 	if v == "" {
 		return time.Time{}, false
 	}
@@ -83,11 +86,11 @@ func DeliveryTime(msg *message.Message) (t time.Time, ok bool) {
 }
 
 // checkDelay refuses, before anything is written, a message whose
-// MetadataDeliverAt is not a time (set by hand, not by DeliverAt).
+// metadataDeliverAt is not a time (set by hand, not by DeliverAt).
 func checkDelay(m *message.Message) error {
-	if v := m.Metadata.Get(MetadataDeliverAt); v != "" {
+	if v := m.Metadata.Get(metadataDeliverAt); v != "" {
 		if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
-			return &outboxtype.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("metadata %s %q is not an RFC 3339 time: set it with outbox.DeliverAt", MetadataDeliverAt, v)}
+			return &outboxtype.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("metadata %s %q is not an RFC 3339 time: set it with outbox.DeliverAt", metadataDeliverAt, v)}
 		}
 	}
 	return nil

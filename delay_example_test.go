@@ -14,7 +14,7 @@ import (
 // customer's key wait behind it.
 func ExampleDeliverAfter() {
 	msg := message.NewMessage("reminder-42", []byte(`{"invoice":42}`))
-	msg.Metadata.Set(outbox.PartitionKeyMetadata, "customer-7")
+	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, "customer-7")
 	if err := outbox.DeliverAfter(msg, 24*time.Hour); err != nil {
 		panic(err)
 	}

@@ -19,7 +19,7 @@
 //	tx, _ := pool.Begin(ctx)
 //	// ... the handler's own writes on tx ...
 //	msg := message.NewMessage(watermill.NewUUID(), payload)
-//	msg.Metadata.Set(outbox.PartitionKeyMetadata, orderID)
+//	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, orderID)
 //	msg.SetContext(outbox.WithTx(ctx, tx))
 //	err = pub.Publish("orders", msg)
 //	err = tx.Commit(ctx)

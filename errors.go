@@ -1,56 +1,56 @@
 package outbox
 
-import "github.com/millrace/watermill-outbox/outboxtype"
+import "github.com/millrace/watermill-outbox/internal/sentinel"
 
-// Errors returned by the outbox: package outboxtype's error values, under
-// the same identity (ErrInvalidConfig is outboxtype.ErrInvalidConfig).
-// Each can be matched with errors.Is; the structured ones, the
-// outboxtype error types named below, can also be taken apart with
+// Errors returned by watermill-outbox, by this package and every other
+// (one value each, under one name: match outbox.ErrX whichever package
+// returned it). Each can be matched with errors.Is; the structured ones,
+// the outboxtype error types named below, can also be taken apart with
 // errors.As.
 var (
 	// ErrInvalidName: a schema, topic or consumer group name is not allowed
 	// (*outboxtype.NameError).
-	ErrInvalidName = outboxtype.ErrInvalidName
+	ErrInvalidName = sentinel.ErrInvalidName
 	// ErrInvalidConfig: a configuration value is impossible (*outboxtype.ConfigError).
-	ErrInvalidConfig = outboxtype.ErrInvalidConfig
+	ErrInvalidConfig = sentinel.ErrInvalidConfig
 	// ErrSchemaTooNew: the database was migrated by a newer release
 	// (*outboxtype.SchemaVersionError).
-	ErrSchemaTooNew = outboxtype.ErrSchemaTooNew
+	ErrSchemaTooNew = sentinel.ErrSchemaTooNew
 	// ErrPartitionMismatch: a topic exists with another partition count
 	// (*outboxtype.PartitionMismatchError).
-	ErrPartitionMismatch = outboxtype.ErrPartitionMismatch
+	ErrPartitionMismatch = sentinel.ErrPartitionMismatch
 	// ErrInvalidPartitionCount: a partition count outside 1..1024.
-	ErrInvalidPartitionCount = outboxtype.ErrInvalidPartitionCount
+	ErrInvalidPartitionCount = sentinel.ErrInvalidPartitionCount
 	// ErrPayloadTooLarge: a payload exceeds PublisherConfig.MaxPayloadBytes
 	// (*outboxtype.PayloadTooLargeError).
-	ErrPayloadTooLarge = outboxtype.ErrPayloadTooLarge
+	ErrPayloadTooLarge = sentinel.ErrPayloadTooLarge
 	// ErrInvalidMessage: a message is nil, or cannot be stored byte-exact,
 	// e.g. metadata with a NUL byte or invalid UTF-8 (*outboxtype.MessageError).
-	ErrInvalidMessage = outboxtype.ErrInvalidMessage
+	ErrInvalidMessage = sentinel.ErrInvalidMessage
 	// ErrPublisherClosed: Publish was called after Close.
-	ErrPublisherClosed = outboxtype.ErrPublisherClosed
+	ErrPublisherClosed = sentinel.ErrPublisherClosed
 	// ErrNilTx: a nil transaction was given.
-	ErrNilTx = outboxtype.ErrNilTx
+	ErrNilTx = sentinel.ErrNilTx
 	// ErrNoTx: a message context carries no transaction (see WithTx) and the
 	// publisher is not allowed to open its own.
-	ErrNoTx = outboxtype.ErrNoTx
+	ErrNoTx = sentinel.ErrNoTx
 	// ErrUnsupportedTx: the transaction or database handle is of a type the
 	// outbox cannot use.
-	ErrUnsupportedTx = outboxtype.ErrUnsupportedTx
+	ErrUnsupportedTx = sentinel.ErrUnsupportedTx
 	// ErrMixedTx: the messages of one Publish call carry different
 	// transactions in their contexts.
-	ErrMixedTx = outboxtype.ErrMixedTx
+	ErrMixedTx = sentinel.ErrMixedTx
 	// ErrUnknownTopic: the topic is not registered; register it with
 	// outbox.RegisterTopic (or: outbox topics register) before use.
-	ErrUnknownTopic = outboxtype.ErrUnknownTopic
+	ErrUnknownTopic = sentinel.ErrUnknownTopic
 	// ErrForwardOnly: a Subscriber was asked to read a topic registered
 	// with ForwardOnly, whose messages only its Forwarder reads.
-	ErrForwardOnly = outboxtype.ErrForwardOnly
+	ErrForwardOnly = sentinel.ErrForwardOnly
 	// ErrClosed: a component was used after Close.
-	ErrClosed = outboxtype.ErrClosed
+	ErrClosed = sentinel.ErrClosed
 	// ErrNotMigrated: the schema holds no outbox tables; run Migrate first
 	// (*outboxtype.NotMigratedError).
-	ErrNotMigrated = outboxtype.ErrNotMigrated
+	ErrNotMigrated = sentinel.ErrNotMigrated
 	// ErrNotInTx: a handle given as the caller's transaction (WithTx,
 	// NewTxPublisher) is not one, so a message written through it would
 	// survive the caller's rollback (*outboxtype.NotInTxError): a *pgxpool.Pool or
@@ -58,46 +58,44 @@ var (
 	// tell whether a BEGIN ran on it), a watermill-sql Beginner, or a
 	// *pgx.Conn outside a transaction (checked at each statement). Begin a
 	// transaction and pass the pgx.Tx or *sql.Tx.
-	ErrNotInTx = outboxtype.ErrNotInTx
+	ErrNotInTx = sentinel.ErrNotInTx
 	// ErrMetadataTooLarge: a message's metadata exceeds
 	// PublisherConfig.MaxMetadataBytes (*outboxtype.LimitError).
-	ErrMetadataTooLarge = outboxtype.ErrMetadataTooLarge
+	ErrMetadataTooLarge = sentinel.ErrMetadataTooLarge
 	// ErrPublishTooLarge: one Publish call carries more than
 	// PublisherConfig.MaxPublishBytes (*outboxtype.LimitError).
-	ErrPublishTooLarge = outboxtype.ErrPublishTooLarge
+	ErrPublishTooLarge = sentinel.ErrPublishTooLarge
 	// ErrPoison marks a message that can never be processed (a permanent
 	// error): the Subscriber takes it out of the stream instead of retrying
 	// it. Reject returns an error matching it.
-	ErrPoison = outboxtype.ErrPoison
+	ErrPoison = sentinel.ErrPoison
 	// ErrNotKeySpecific marks a failure that is not the message's own, such
 	// as a broker or database that is down (see NotKeySpecific).
-	ErrNotKeySpecific = outboxtype.ErrNotKeySpecific
+	ErrNotKeySpecific = sentinel.ErrNotKeySpecific
 	// ErrHandlerTimeout reports a delivery whose handler did not answer
 	// within SubscriberConfig.HandlerTimeout (*outboxtype.HandlerTimeoutError). The
 	// delivery counts as a failed attempt; a late Ack or Nack of it changes
 	// nothing.
-	ErrHandlerTimeout = outboxtype.ErrHandlerTimeout
+	ErrHandlerTimeout = sentinel.ErrHandlerTimeout
 	// ErrPayloadMissing reports a message whose payload, kept in the
 	// bodies table, is gone (*outboxtype.PayloadMissingError): each delivery of it
 	// counts as a failed attempt, and after MaxAttempts it is
 	// dead-lettered, never delivered with an empty payload.
-	ErrPayloadMissing = outboxtype.ErrPayloadMissing
+	ErrPayloadMissing = sentinel.ErrPayloadMissing
 	// ErrTxMisuse reports a Transactional handler that left the
 	// Subscriber's transaction unusable, or tried to end it
 	// (*outboxtype.TxMisuseError). The delivery counts as a failed attempt and its
 	// writes are undone.
-	ErrTxMisuse = outboxtype.ErrTxMisuse
+	ErrTxMisuse = sentinel.ErrTxMisuse
 	// ErrNotFound: what an operation names does not exist (a dead letter,
-	// a consumer group's cursor). admin.ErrNotFound and
-	// deadletter.ErrNotFound are this error.
-	ErrNotFound = outboxtype.ErrNotFound
+	// a consumer group's cursor): admin's and deadletter's calls return it.
+	ErrNotFound = sentinel.ErrNotFound
 	// ErrInvalidArgument: an argument of a call is impossible (an unknown
 	// status, a negative duration, a partition out of range, a nil handler,
-	// a zero value of a type that must be created by its constructor).
-	// admin.ErrInvalidArgument and deadletter.ErrInvalidArgument are this
-	// error.
-	ErrInvalidArgument = outboxtype.ErrInvalidArgument
+	// a zero value of a type that must be created by its constructor), in
+	// every package.
+	ErrInvalidArgument = sentinel.ErrInvalidArgument
 	// ErrAlreadyRunning: Run was called on a component (Sequencer,
 	// Forwarder, retention Vacuum) that is already running.
-	ErrAlreadyRunning = outboxtype.ErrAlreadyRunning
+	ErrAlreadyRunning = sentinel.ErrAlreadyRunning
 )

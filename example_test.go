@@ -42,7 +42,7 @@ func Example() {
 	}
 	for _, event := range []string{"created", "paid"} {
 		msg := message.NewMessage("order-42-"+event, []byte(event))
-		msg.Metadata.Set(outbox.PartitionKeyMetadata, "order-42")
+		msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, "order-42")
 		msg.SetContext(outbox.WithTx(ctx, tx)) // the handler's own transaction
 		if err := pub.Publish("orders", msg); err != nil {
 			panic(err)

@@ -164,7 +164,7 @@ func heldStatus(t *testing.T, e env, group, topic string) admin.PartitionStatus 
 		t.Fatal(err)
 	}
 	rep, err := a.Status(outboxtest.Ctx(t), admin.Filter{Group: group, Topic: topic})
-	if errors.Is(err, admin.ErrNotFound) {
+	if errors.Is(err, outbox.ErrNotFound) {
 		return admin.PartitionStatus{Partition: -1} // the group has not joined yet
 	}
 	if err != nil {
@@ -392,10 +392,10 @@ func TestOperatorRetriesOrDeadLettersAHeldKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := outboxtest.Ctx(t)
-	if _, err := a.RetryHeldNow(ctx, admin.HeldRef{Group: "g", Topic: "orders", Key: "Z"}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := a.RetryHeldNow(ctx, admin.HeldRef{Group: "g", Topic: "orders", Key: "Z"}); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("retry of a key not held: %v, want ErrNotFound", err)
 	}
-	if _, err := a.RetryHeldNow(ctx, admin.HeldRef{Group: "g", Topic: "orders"}); !errors.Is(err, admin.ErrInvalidArgument) {
+	if _, err := a.RetryHeldNow(ctx, admin.HeldRef{Group: "g", Topic: "orders"}); !errors.Is(err, outbox.ErrInvalidArgument) {
 		t.Fatalf("retry without a key: %v, want ErrInvalidArgument", err)
 	}
 	// Retry now: still failing, one attempt more, well before the hour.

@@ -13,8 +13,10 @@ const (
 	// MetadataAttempt counts deliveries of this message to this consumer
 	// group, starting at 1.
 	MetadataAttempt = consumer.MetadataAttempt
-	// MetadataPartitionKey is the message's partition key, when it has one
-	// (the forwarder uses it as the Kafka record key).
+	// MetadataPartitionKey is the message's partition key, when it has one,
+	// however the Publisher was given it (the forwarder uses it as the Kafka
+	// record key). A publisher reads the key from
+	// PublishPartitionKeyMetadata instead.
 	MetadataPartitionKey = consumer.MetadataPartitionKey
 	// MetadataID is the message's stable id, "topic/partition/seq": the same
 	// on every redelivery, so consumers can drop duplicates by it.

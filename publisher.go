@@ -18,14 +18,18 @@ import (
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
 	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
-// PartitionKeyMetadata is the metadata key read for a message's partition key
-// unless PublisherConfig.PartitionKeyFunc says otherwise.
-const PartitionKeyMetadata = "partition_key"
+// PublishPartitionKeyMetadata is the metadata key a Publisher reads a
+// message's partition key from ("partition_key"), unless
+// PublisherConfig.PartitionKeyFunc says otherwise: set it before Publish.
+// It is not MetadataPartitionKey, the key under which the Subscriber
+// delivers a message's partition key, however it was given.
+const PublishPartitionKeyMetadata = "partition_key"
 
 // Size limits, checked before anything is sent.
 const (
@@ -50,13 +54,13 @@ const (
 // "no order needed": such messages are spread evenly over the partitions.
 type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
 
-// PartitionKeyFromMetadata reads the partition key from msg's metadata
-// (PartitionKeyMetadata). It is the default PartitionKeyFunc.
-func PartitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
+// partitionKeyFromMetadata reads the partition key from msg's metadata
+// (PublishPartitionKeyMetadata). It is the default PartitionKeyFunc.
+func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", &outboxtype.MessageError{UUID: "(nil)", Reason: "no partition key of a nil message"}
 	}
-	return msg.Metadata.Get(PartitionKeyMetadata), nil
+	return msg.Metadata.Get(PublishPartitionKeyMetadata), nil
 }
 
 // PublisherConfig configures a Publisher.
@@ -77,7 +81,7 @@ type PublisherConfig struct {
 	OwnTransaction bool
 
 	// PartitionKeyFunc extracts the partition key (default: metadata
-	// "partition_key").
+	// PublishPartitionKeyMetadata, "partition_key").
 	PartitionKeyFunc PartitionKeyFunc
 
 	// Partitioner maps keys to partitions (default: Kafka-compatible
@@ -159,18 +163,17 @@ const (
 	ModeWAL
 )
 
-// The errors of ModeWAL, also returned by the relay package (the same
-// values as relay.ErrWALLevel and relay.ErrNoSlot).
+// The errors of ModeWAL, also returned by the relay package.
 var (
 	// ErrWALLevel: the server does not run with wal_level = logical, so no
 	// slot can decode what a Publisher in ModeWAL writes; set it and
 	// restart PostgreSQL.
-	ErrWALLevel = outboxtype.ErrWALLevel
+	ErrWALLevel = sentinel.ErrWALLevel
 	// ErrNoSlot: the schema's replication slot does not exist (or is still
 	// being created, or was invalidated), so no relay could read what a
 	// Publisher in ModeWAL writes; create it with relay.CreateSlot (outbox
 	// wal create-slot).
-	ErrNoSlot = outboxtype.ErrNoSlot
+	ErrNoSlot = sentinel.ErrNoSlot
 )
 
 // DefaultNotifyInterval is the default PublisherConfig.NotifyInterval.
@@ -181,7 +184,7 @@ func (c *PublisherConfig) setDefaults() {
 		c.Schema = DefaultSchema
 	}
 	if c.PartitionKeyFunc == nil {
-		c.PartitionKeyFunc = PartitionKeyFromMetadata
+		c.PartitionKeyFunc = partitionKeyFromMetadata
 	}
 	if c.Partitioner == nil {
 		c.Partitioner = partitioning.Default()
@@ -336,7 +339,7 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 // Deduplicated(msg) reports it; Publish returns nil for it.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed.Load() {
-		return outboxtype.ErrPublisherClosed
+		return ErrPublisherClosed
 	}
 	if err := names.Topic(topic); err != nil {
 		return err
@@ -436,13 +439,13 @@ func (p *Publisher) walRefusal(err error, topic string, n int) error {
 	var why string
 	switch pe.Code {
 	case "WO001":
-		kind, why = outboxtype.ErrWALLevel, strings.TrimPrefix(pe.Message, "watermill-outbox: ")
+		kind, why = ErrWALLevel, strings.TrimPrefix(pe.Message, "watermill-outbox: ")
 	case "WO002":
-		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("there is no logical slot %q (pgoutput) in this database", p.walSlot)
+		kind, why = ErrNoSlot, fmt.Sprintf("there is no logical slot %q (pgoutput) in this database", p.walSlot)
 	case "WO003":
-		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("slot %q is still being created, and a slot does not decode the transactions open while it is created (it waits for them to end); roll back and retry once outbox wal create-slot (relay.CreateSlot) has returned", p.walSlot)
+		kind, why = ErrNoSlot, fmt.Sprintf("slot %q is still being created, and a slot does not decode the transactions open while it is created (it waits for them to end); roll back and retry once outbox wal create-slot (relay.CreateSlot) has returned", p.walSlot)
 	case "WO004":
-		kind, why = outboxtype.ErrNoSlot, fmt.Sprintf("slot %q was invalidated (wal_status lost: it fell behind by more than max_slot_wal_keep_size) and can no longer be streamed; drop it (outbox wal drop-slot --force) and create it again", p.walSlot)
+		kind, why = ErrNoSlot, fmt.Sprintf("slot %q was invalidated (wal_status lost: it fell behind by more than max_slot_wal_keep_size) and can no longer be streamed; drop it (outbox wal drop-slot --force) and create it again", p.walSlot)
 	case "42883": // undefined_function: a schema migrated by an older release
 		if strings.Contains(pe.Message, "wal_emit") {
 			return &outboxtype.NotMigratedError{Schema: p.cfg.Schema, Cause: err}
@@ -488,7 +491,7 @@ func (p *Publisher) executor(msgs []*message.Message) (pgexec.Querier, context.C
 	first := pgexec.BindingFrom(ctx)
 	for _, m := range msgs[1:] {
 		if b := pgexec.BindingFrom(m.Context()); !pgexec.SameTx(b, first) {
-			return nil, nil, outboxtype.ErrMixedTx
+			return nil, nil, ErrMixedTx
 		}
 	}
 	switch {
@@ -500,7 +503,7 @@ func (p *Publisher) executor(msgs []*message.Message) (pgexec.Querier, context.C
 		// A single statement on a pool runs in its own transaction.
 		return p.db, ctx, nil
 	default:
-		return nil, nil, fmt.Errorf("%w: set it with outbox.WithTx(ctx, tx) on the message context, or enable OwnTransaction", outboxtype.ErrNoTx)
+		return nil, nil, fmt.Errorf("%w: set it with outbox.WithTx(ctx, tx) on the message context, or enable OwnTransaction", ErrNoTx)
 	}
 }
 

@@ -29,7 +29,7 @@ func oddMessage(uuid, key string) *message.Message {
 		payload = append(payload, byte(i))
 	}
 	m := message.NewMessage(uuid, payload)
-	m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+	m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 	m.Metadata.Set(`quote"back\slash`, "tab\tnewline\nbell\x07 ünïcødé 🚀 <&>")
 	m.Metadata.Set("empty", "")
 	return m
@@ -163,8 +163,8 @@ func TestPublishInEveryKindOfTransactionIsByteExact(t *testing.T) {
 			}
 			for id, m := range want {
 				assertSameMessage(t, found[id], m)
-				if k := found[id].Key; k == nil || *k != m.Metadata.Get(outbox.PartitionKeyMetadata) {
-					t.Fatalf("partition key = %v, want %q", k, m.Metadata.Get(outbox.PartitionKeyMetadata))
+				if k := found[id].Key; k == nil || *k != m.Metadata.Get(outbox.PublishPartitionKeyMetadata) {
+					t.Fatalf("partition key = %v, want %q", k, m.Metadata.Get(outbox.PublishPartitionKeyMetadata))
 				}
 			}
 		})
@@ -390,7 +390,7 @@ func TestLargePayloadsAreWrittenOnceAndReadBackExactly(t *testing.T) {
 		var many []*message.Message
 		for salt, size := range sizes {
 			m := message.NewMessage(fmt.Sprintf("many-%v-%d", notify, size), payload(size, salt+100))
-			m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+			m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "k")
 			many = append(many, m)
 			want[m.UUID] = m.Payload
 		}

@@ -267,7 +267,7 @@ func (s *Sequencer) Run(ctx context.Context) error {
 // Any other error (the database not up yet, say) is met again by the first
 // pass, and retried like every database error.
 func (s *Sequencer) start(ctx context.Context) error {
-	if err := s.checkSchema(ctx); errors.Is(err, outboxtype.ErrNotMigrated) || errors.Is(err, outboxtype.ErrSchemaTooNew) {
+	if err := s.checkSchema(ctx); errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) {
 		return err
 	}
 	return nil
@@ -285,7 +285,11 @@ func (s *Sequencer) run(ctx context.Context) error {
 	idle := idlePoll{base: s.cfg.PollInterval, max: s.cfg.MaxIdlePoll}
 	if !s.cfg.DisableListen {
 		// The process's shared LISTEN connection for this pool.
-		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(string) { s.wake() })
+		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(payload string) {
+			if sequencerWakesOn(payload) {
+				s.wake()
+			}
+		})
 		defer sub.Unlisten()
 		idle.live = sub.Live
 	}
@@ -325,7 +329,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 			prompted = any
 		}
 		if prompted {
-			n, more, err = s.Pass(ctx)
+			n, more, err = s.pass(ctx)
 		}
 		if poked && n > 0 {
 			idle.announced()
@@ -466,6 +470,12 @@ func (s *Sequencer) anyPending(ctx context.Context) (bool, time.Time) {
 	return any, *next
 }
 
+// sequencerWakesOn reports whether a notification of the pending channel
+// with payload starts a pass: a publisher's does; the log-based relay's
+// (names.RelayedPayload) says it put forwarder-only messages into pending,
+// which the sequencer leaves alone.
+func sequencerWakesOn(payload string) bool { return payload != names.RelayedPayload }
+
 func (s *Sequencer) wake() {
 	select {
 	case s.poke <- struct{}{}:
@@ -495,7 +505,7 @@ func (s *Sequencer) checkSchema(ctx context.Context) error {
 func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, more, err := s.Pass(ctx)
+		n, more, err := s.pass(ctx)
 		total += n
 		if err != nil || !more {
 			return total, err
@@ -503,12 +513,12 @@ func (s *Sequencer) SequenceAll(ctx context.Context) (int, error) {
 	}
 }
 
-// Pass runs one sequencing pass in one transaction. It returns how many
+// pass runs one sequencing pass in one transaction. It returns how many
 // messages it sequenced and whether more may be waiting (the pass was full,
 // or more partitions had work than one pass takes). A schema that was never
 // migrated, or was dropped, gives ErrNotMigrated, one migrated by a newer
 // release ErrSchemaTooNew (checked once per pool and schema).
-func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) {
+func (s *Sequencer) pass(ctx context.Context) (n int, more bool, err error) {
 	if s.q == nil {
 		return 0, false, errs.NotConstructed("outbox.Sequencer", "outbox.NewSequencer")
 	}

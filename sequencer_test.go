@@ -145,7 +145,7 @@ func publishOne(c context.Context, e env, pub *outbox.Publisher, topic string, r
 	msgs := make([]*message.Message, count)
 	for i := range msgs {
 		m := message.NewMessage(fmt.Sprintf("g%d-n%d-m%d", g, n, i), []byte(key))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		m.Metadata.Set("version", strconv.Itoa(version))
 		m.Metadata.Set("index", strconv.Itoa(i))
 		m.SetContext(txCtx)

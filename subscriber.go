@@ -21,6 +21,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/runnerhook"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/worker"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
@@ -67,16 +68,24 @@ type Subscriber struct {
 	workers   *consumer.Config  // what the partition workers share
 	sequencer *Sequencer
 
-	ctx    context.Context // cancelled by Close
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// life is the Subscriber's lifecycle (internal/startstop): started by
+	// the first Subscribe (or a Runner's subscription), it runs every
+	// goroutine of the Subscriber: each subscription, the notification
+	// listener's, the sequencer; Close stops them and waits. tasks, the
+	// goroutines the workers leave behind their turns, start and stop with
+	// it.
+	life  startstop.Service
+	tasks *consumer.Tasks
+	// exit, when set (tests), is called by each background goroutine as it
+	// ends, with its name.
+	exit func(what string)
 
-	mu       sync.Mutex
-	closed   bool
-	started  bool
-	pokers   map[string]map[int]map[*worker.Poker]struct{} // topic -> partition -> pokers
-	topicsMu sync.Mutex
-	topics   map[string]int
+	mu         sync.Mutex
+	running    bool                                          // life was started
+	background bool                                          // the listener and the sequencer were started
+	pokers     map[string]map[int]map[*worker.Poker]struct{} // topic -> partition -> pokers
+	topicsMu   sync.Mutex
+	topics     map[string]int
 }
 
 // NewSubscriber creates a Subscriber.
@@ -93,17 +102,16 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		return nil, err
 	}
 	db, _ := pgexec.FromDB(cfg.Pool)
-	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{
 		cfg:    cfg,
 		logger: logger.With(watermill.LogFields{"component": "outbox.subscriber", "group": cfg.ConsumerGroup}),
 		db:     db,
-		ctx:    ctx,
-		cancel: cancel,
+		life:   startstop.Service{Name: "outbox.Subscriber"},
+		tasks:  consumer.NewTasks(),
 		pokers: map[string]map[int]map[*worker.Poker]struct{}{},
 		topics: map[string]int{},
 	}
-	s.store = consumer.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup, ctx, &s.wg)
+	s.store = consumer.NewStore(cfg.Pool, cfg.Schema, cfg.ConsumerGroup, s.tasks)
 	s.workers = &consumer.Config{
 		Group:             cfg.ConsumerGroup,
 		Transactional:     cfg.Strategy == Transactional,
@@ -119,8 +127,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 		Bulkhead:          bulkhead,
 		Logger:            s.logger,
 		Register:          s.addPoker,
-		Stop:              ctx,
-		Background:        &s.wg,
+		Tasks:             s.tasks,
 		Counts:            &consumer.Counts{},
 	}
 	if !cfg.DisableSequencer {
@@ -142,10 +149,14 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err := names.Topic(topic); err != nil {
 		return err
 	}
-	if err := s.checkSchema(s.ctx); err != nil {
+	if s.life.Closed() {
+		return ErrClosed
+	}
+	ctx := context.Background()
+	if err := s.checkSchema(ctx); err != nil {
 		return err
 	}
-	_, err := s.topic(s.ctx, topic)
+	_, err := s.topic(ctx, topic)
 	return s.schemaError(err)
 }
 
@@ -225,56 +236,36 @@ func (s *Subscriber) ConsumeBatches(ctx context.Context, topic string, h BatchHa
 
 // join makes this instance a member of the group on topic: it takes leases
 // on its share of the partitions and runs a worker per leased partition,
-// delivering to out or to batch. When ctx ends or the Subscriber closes and
-// every worker has stopped, it closes out (before Close can return) and the
-// returned channel.
+// delivering to out or to batch. It all runs on a goroutine of the
+// Subscriber's (Close waits for it, the preparation included): when ctx
+// ends or the Subscriber closes and every worker has stopped, it closes out
+// (before Close can return) and the returned channel.
 func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.Message, batch BatchHandler) (<-chan struct{}, error) {
 	if err := names.Topic(topic); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, outboxtype.ErrClosed
-	}
-	s.wg.Add(1)
-	s.mu.Unlock()
-	started := false
-	defer func() {
-		if !started {
-			s.wg.Done()
-		}
-	}()
-
-	sub, err := s.prepare(ctx, topic, out, batch)
-	if err != nil {
+	if err := s.start(); err != nil {
 		return nil, err
 	}
-	// The sequencer and the listener start with the first Subscribe that
-	// succeeds (not the first one tried: it may have failed because the
-	// schema was not migrated yet, or the database was down).
-	s.mu.Lock()
-	first := !s.started
-	s.started = true
-	s.mu.Unlock()
-	if first {
-		s.startBackground()
-	}
-
+	prepared := make(chan error, 1)
 	done := make(chan struct{})
-	subCtx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.ctx, cancel)
-	started = true
-	go func() {
-		defer s.wg.Done()
+	if !s.life.Spawn(func(life context.Context) {
 		defer close(done)
-		defer func() {
-			if out != nil {
-				close(out)
-			}
-		}()
-		defer stop()
+		defer s.exited("subscription")
+		sub, err := s.prepare(ctx, topic, out, batch)
+		if err != nil {
+			prepared <- err
+			return
+		}
+		// The sequencer and the listener start with the first Subscribe
+		// that succeeds (not the first one tried: it may have failed
+		// because the schema was not migrated yet, or the database was
+		// down), before it returns.
+		s.startBackground()
+		prepared <- nil
+		subCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
+		defer context.AfterFunc(life, cancel)()
 		// The lease manager fails only when it cannot start (its first
 		// statements failed: the database is unreachable, say); the
 		// subscription tries again with the shared backoff rather than end
@@ -283,8 +274,56 @@ func (s *Subscriber) join(ctx context.Context, topic string, out chan *message.M
 			s.logger.Error("Cannot join the consumer group, retrying", s.schemaError(err),
 				watermill.LogFields{"topic": topic, "attempt": attempt, "retry_in": wait})
 		})
-	}()
+		if out != nil {
+			close(out)
+		}
+	}) {
+		return nil, ErrClosed // closed since start
+	}
+	if err := <-prepared; err != nil {
+		return nil, err
+	}
 	return done, nil
+}
+
+// start starts the Subscriber's lifecycle, and its Tasks, unless they run:
+// ErrClosed once Close was called.
+func (s *Subscriber) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.life.Closed() {
+		return ErrClosed
+	}
+	if s.running {
+		return nil
+	}
+	// The Tasks first: the workers hand them work from their first turn.
+	if err := s.tasks.Start(context.Background()); err != nil {
+		return err
+	}
+	if err := s.life.Start(context.Background(), s.run); err != nil {
+		s.tasks.Stop()
+		return ErrClosed // Close came in between
+	}
+	s.running = true
+	return nil
+}
+
+// run is the Subscriber's life: it waits for Close, then stops the Tasks
+// (the waits for abandoned handlers end, the Marker's connection closes),
+// at the moment every other goroutine of the Subscriber is told to stop.
+func (s *Subscriber) run(ctx context.Context) {
+	<-ctx.Done()
+	s.tasks.Stop()
+	s.exited("tasks")
+}
+
+// exited calls the test hook, if any, as the background goroutine what
+// ends.
+func (s *Subscriber) exited(what string) {
+	if s.exit != nil {
+		s.exit(what)
+	}
 }
 
 // prepare checks the schema, looks topic up and makes the subscription to
@@ -344,37 +383,39 @@ func (s *Subscriber) subscription(ctx context.Context, topic string, out chan<- 
 	if err := names.Topic(topic); err != nil {
 		return nil, err
 	}
-	if s.isClosed() {
-		return nil, outboxtype.ErrClosed
+	// Its workers hand the Subscriber's Tasks work: they run until Close.
+	if err := s.start(); err != nil {
+		return nil, err
 	}
 	return s.prepare(ctx, topic, out, batch)
 }
 
-// isClosed reports whether Close was called.
-func (s *Subscriber) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
-// startBackground starts the notification listener and, unless disabled,
-// the sequencer; both stop on Close.
+// startBackground starts, once, the notification listener and, unless
+// disabled, the sequencer: goroutines of the Subscriber's, which stop on
+// Close.
 func (s *Subscriber) startBackground() {
+	s.mu.Lock()
+	first := !s.background
+	s.background = true
+	s.mu.Unlock()
+	if !first {
+		return
+	}
 	// The process's shared LISTEN connection for this pool; given up when
 	// the Subscriber closes.
 	sub := notifier.Listen(s.cfg.Pool, names.SequencedChannel(s.cfg.Schema), s.logger, s.onSequenced)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		<-s.ctx.Done()
+	if !s.life.Spawn(func(ctx context.Context) {
+		defer s.exited("listener")
+		<-ctx.Done()
 		sub.Unlisten()
-	}()
+	}) {
+		sub.Unlisten() // closing already
+	}
 	if s.sequencer != nil {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			_ = s.sequencer.Run(s.ctx)
-		}()
+		s.life.Spawn(func(ctx context.Context) {
+			defer s.exited("sequencer")
+			_ = s.sequencer.Run(ctx)
+		})
 	}
 }
 
@@ -431,15 +472,7 @@ func (s *Subscriber) Close() error {
 	if s == nil || s.workers == nil {
 		return nil // nothing was started
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
-	s.wg.Wait()
+	s.life.Close()
 	return nil
 }
 

@@ -32,7 +32,7 @@ func publishKeyed(t *testing.T, e env, topic string, keys, perKey int) []string 
 		var batch []*message.Message
 		for k := 0; k < keys; k++ {
 			m := message.NewMessage(fmt.Sprintf("k%d-n%d", k, n), []byte("p"))
-			m.Metadata.Set(outbox.PartitionKeyMetadata, "key-"+strconv.Itoa(k))
+			m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "key-"+strconv.Itoa(k))
 			m.Metadata.Set("n", strconv.Itoa(n))
 			batch = append(batch, m)
 			uuids = append(uuids, m.UUID)
@@ -70,7 +70,7 @@ func (h *handled) add(instance string, m *message.Message) (duplicate bool) {
 	}
 	id := m.Metadata.Get(outbox.MetadataID)
 	h.ids[id]++
-	h.calls = append(h.calls, call{instance, m.UUID, m.Metadata.Get(outbox.PartitionKeyMetadata), n, id, seq})
+	h.calls = append(h.calls, call{instance, m.UUID, m.Metadata.Get(outbox.PublishPartitionKeyMetadata), n, id, seq})
 	return h.ids[id] > 1
 }
 
@@ -338,7 +338,7 @@ func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
 			var hot []*message.Message
 			for i := 1; i <= 1000; i++ {
 				m := message.NewMessage("hot-"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
-				m.Metadata.Set(outbox.PartitionKeyMetadata, "hot")
+				m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "hot")
 				hot = append(hot, m)
 			}
 			if err := pub.Publish("events", hot...); err != nil {
@@ -348,7 +348,7 @@ func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
 			for i := 0; i < 600; i++ {
 				key := "cold-" + strconv.Itoa(i)
 				m := message.NewMessage(key, nil)
-				m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+				m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 				cold = append(cold, m)
 			}
 			if err := pub.Publish("events", cold...); err != nil {
@@ -383,7 +383,7 @@ func TestPoisonMessageIsIsolatedWhileOtherPartitionsFlow(t *testing.T) {
 				case <-time.After(30 * time.Second):
 					t.Fatalf("stalled: %d hot delivered, %d cold, %d poison attempts", len(hotOrder), coldDone, poisonAttempts)
 				}
-				isHot := m.Metadata.Get(outbox.PartitionKeyMetadata) == "hot"
+				isHot := m.Metadata.Get(outbox.PublishPartitionKeyMetadata) == "hot"
 				switch {
 				case m.UUID == "hot-"+strconv.Itoa(poison):
 					poisonAttempts++

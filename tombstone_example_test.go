@@ -14,7 +14,7 @@ import (
 // a record with a null value, and compaction removes the key.
 func ExampleTombstone() {
 	msg := message.NewMessage("settings-42-theme-deleted", nil)
-	msg.Metadata.Set(outbox.PartitionKeyMetadata, "user-42/theme")
+	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, "user-42/theme")
 	if err := outbox.Tombstone(msg); err != nil {
 		panic(err)
 	}

@@ -46,7 +46,7 @@ func TestPublisherRefusesBadTombstones(t *testing.T) {
 	keyed := func(uuid, key string, payload string) *message.Message {
 		m := message.NewMessage(uuid, []byte(payload))
 		if key != "" {
-			m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+			m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		}
 		return m
 	}

@@ -15,12 +15,6 @@ import (
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
-// Partition counts a topic may have (the same as package partitioning's).
-const (
-	MinPartitions = partitioning.MinPartitions
-	MaxPartitions = partitioning.MaxPartitions
-)
-
 // DefaultSchema is the PostgreSQL schema the outbox uses unless configured
 // otherwise.
 const DefaultSchema = names.DefaultSchema
@@ -133,7 +127,7 @@ func lookupTopicPath(ctx context.Context, q pgexec.Querier, schema, topic string
 	var forwardOnly bool
 	err := pgexec.QueryRow(ctx, q, dbsql.For(schema).TopicsForwardOnly, []any{topic}, &n, &forwardOnly)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, fmt.Errorf("%w: %q in schema %q: register it with outbox.RegisterTopic(ctx, db, %q, %q, partitions) (or: outbox topics register %s N) before it is used", outboxtype.ErrUnknownTopic, topic, schema, schema, topic, topic)
+		return 0, false, fmt.Errorf("%w: %q in schema %q: register it with outbox.RegisterTopic(ctx, db, %q, %q, partitions) (or: outbox topics register %s N) before it is used", ErrUnknownTopic, topic, schema, schema, topic, topic)
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: look up topic %q: %w", topic, err)
@@ -145,7 +139,7 @@ func lookupTopic(ctx context.Context, q pgexec.Querier, schema, topic string) (i
 	var n int
 	err := pgexec.QueryRow(ctx, q, dbsql.For(schema).TopicsPartitions, []any{topic}, &n)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("%w: %q in schema %q: register it with outbox.RegisterTopic(ctx, db, %q, %q, partitions) (or: outbox topics register %s N) before it is used", outboxtype.ErrUnknownTopic, topic, schema, schema, topic, topic)
+		return 0, fmt.Errorf("%w: %q in schema %q: register it with outbox.RegisterTopic(ctx, db, %q, %q, partitions) (or: outbox topics register %s N) before it is used", ErrUnknownTopic, topic, schema, schema, topic, topic)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: look up topic %q: %w", topic, err)
@@ -170,7 +164,7 @@ func registerTopic(ctx context.Context, q pgexec.Querier, schema, topic string, 
 		}
 		var registeredForwardOnly bool
 		got, registeredForwardOnly, err = lookupTopicPath(ctx, q, schema, topic)
-		if errors.Is(err, outboxtype.ErrUnknownTopic) {
+		if errors.Is(err, ErrUnknownTopic) {
 			continue
 		}
 		if err != nil {

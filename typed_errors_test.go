@@ -36,7 +36,7 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 	base := outbox.PublisherConfig{Schema: e.Schema}
 	msg := func() *message.Message {
 		m := message.NewMessage("m", []byte("ok"))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "k")
 		return m
 	}
 	// inTx publishes through a fresh transaction that is committed when the

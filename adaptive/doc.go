@@ -20,5 +20,5 @@
 // A zero field of a Tuning takes its profile's value, field by field
 // ([Default]'s for a Tuning made by hand): Tuning{BatchSize: 200} is
 // Default() with batches of 200. [Tuning.Validate] reports an impossible
-// value as a [*outboxtype.ConfigError] matching [ErrInvalidConfig].
+// value as a [*outboxtype.ConfigError] matching outbox.ErrInvalidConfig.
 package adaptive

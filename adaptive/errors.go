@@ -7,11 +7,6 @@ import (
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
-// ErrInvalidConfig is matched (via errors.Is) by every [*outboxtype.ConfigError]. It is
-// outbox.ErrInvalidConfig: one error for an impossible configuration,
-// whichever package checks it.
-var ErrInvalidConfig = outboxtype.ErrInvalidConfig
-
 // ErrUnknownProfile is matched (via errors.Is) by the error [Profile] returns
 // for a name it does not know.
 var ErrUnknownProfile = errors.New("adaptive: unknown tuning profile")
@@ -19,7 +14,7 @@ var ErrUnknownProfile = errors.New("adaptive: unknown tuning profile")
 // configErrorf reports one invalid configuration field as an
 // *outboxtype.ConfigError (Field, e.g. "BatchSize" or "LeaseTTL", and
 // Reason: what is wrong and what is allowed), which matches
-// [ErrInvalidConfig].
+// outbox.ErrInvalidConfig ([sentinel.ErrInvalidConfig]).
 func configErrorf(field, format string, args ...any) *outboxtype.ConfigError {
 	return &outboxtype.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/adaptive"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
@@ -46,7 +47,7 @@ func ExampleTuning_Validate() {
 	if errors.As(err, &ce) {
 		fmt.Println(ce.Field, "-", ce.Reason)
 	}
-	fmt.Println(errors.Is(err, adaptive.ErrInvalidConfig))
+	fmt.Println(errors.Is(err, outbox.ErrInvalidConfig))
 	// Output:
 	// BackoffMax - must be >= BackoffBase (1s), got 10ms
 	// true

@@ -8,14 +8,6 @@ import (
 	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
-// Names accepted by [Profile].
-const (
-	ProfileDefault        = tune.NameDefault
-	ProfileLowLatency     = tune.NameLowLatency
-	ProfileHighThroughput = tune.NameHighThroughput
-	ProfileBackground     = tune.NameBackground
-)
-
 // minLeaseTTL is the shortest LeaseTTL the lease manager works with.
 const minLeaseTTL = 100 * time.Millisecond
 
@@ -64,7 +56,7 @@ func fromProfile(p tune.Profile) Tuning {
 // values its zero fields take: "default" for a Tuning made by hand.
 func (t Tuning) ProfileName() string {
 	if t.profile == "" {
-		return ProfileDefault
+		return tune.NameDefault
 	}
 	return t.profile
 }
@@ -149,9 +141,9 @@ func HighThroughput() Tuning { return fromProfile(tune.HighThroughput) }
 // and a narrow bulkhead that keeps database load low.
 func Background() Tuning { return fromProfile(tune.Background) }
 
-// ProfileNames returns the names [Profile] accepts, in a stable order.
-func ProfileNames() []string {
-	return []string{ProfileDefault, ProfileLowLatency, ProfileHighThroughput, ProfileBackground}
+// profileNames returns the names [Profile] accepts, in a stable order.
+func profileNames() []string {
+	return []string{tune.NameDefault, tune.NameLowLatency, tune.NameHighThroughput, tune.NameBackground}
 }
 
 // Profile returns the tuning profile with the given name: "default",
@@ -163,5 +155,5 @@ func Profile(name string) (Tuning, error) {
 			return fromProfile(p), nil
 		}
 	}
-	return Tuning{}, fmt.Errorf("%w %q (allowed: %s)", ErrUnknownProfile, name, strings.Join(ProfileNames(), ", "))
+	return Tuning{}, fmt.Errorf("%w %q (allowed: %s)", ErrUnknownProfile, name, strings.Join(profileNames(), ", "))
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/adaptive"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -105,7 +106,7 @@ func TestZeroFieldsTakeTheirProfilesValues(t *testing.T) {
 	if got := ll.WithDefaults(); got != adaptive.LowLatency() {
 		t.Fatalf("LowLatency() with BackoffMax zeroed: %+v, want LowLatency() %+v", got, adaptive.LowLatency())
 	}
-	if ll.ProfileName() != adaptive.ProfileLowLatency || (adaptive.Tuning{}).ProfileName() != adaptive.ProfileDefault {
+	if ll.ProfileName() != "low-latency" || (adaptive.Tuning{}).ProfileName() != "default" {
 		t.Fatalf("ProfileName: %q, %q", ll.ProfileName(), (adaptive.Tuning{}).ProfileName())
 	}
 }
@@ -172,7 +173,7 @@ func TestConfigErrorMessage(t *testing.T) {
 
 func requireConfigError(t *testing.T, err error, field string) {
 	t.Helper()
-	if !errors.Is(err, adaptive.ErrInvalidConfig) {
+	if !errors.Is(err, sentinel.ErrInvalidConfig) {
 		t.Fatalf("error %v does not match ErrInvalidConfig", err)
 	}
 	var ce *outboxtype.ConfigError

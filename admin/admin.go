@@ -30,18 +30,15 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
-// Errors of the admin operations. Each can be matched with errors.Is.
+// Errors of the admin operations besides the outbox's own, each matched
+// with errors.Is. Nothing matching the scope (an unknown group, topic or
+// partition, a group that never subscribed to the topic, Status asked for
+// an unknown group or topic) is outbox.ErrNotFound (a *NotFoundError says
+// which); an impossible scope or position is outbox.ErrInvalidArgument.
 var (
-	// ErrNotFound: no cursor matches the scope (unknown group, topic or
-	// partition, or the group never subscribed to the topic), or Status
-	// was asked for an unknown group or topic (*NotFoundError says which).
-	// It is outbox.ErrNotFound.
-	ErrNotFound = outboxtype.ErrNotFound
-	// ErrInvalidArgument: a scope or position is impossible. It is
-	// outbox.ErrInvalidArgument.
-	ErrInvalidArgument = outboxtype.ErrInvalidArgument
 	// ErrSeqOutOfRange: a reset to a seq beyond a partition's head
 	// (*SeqRangeError).
 	ErrSeqOutOfRange = errors.New("admin: seq out of range")
@@ -164,9 +161,9 @@ type Scope struct {
 func (s Scope) validate() error {
 	switch {
 	case s.Group == "":
-		return fmt.Errorf("%w: Scope.Group is required", ErrInvalidArgument)
+		return fmt.Errorf("%w: Scope.Group is required", sentinel.ErrInvalidArgument)
 	case s.Topic == "" && len(s.Partitions) > 0:
-		return fmt.Errorf("%w: Scope.Partitions needs Scope.Topic", ErrInvalidArgument)
+		return fmt.Errorf("%w: Scope.Partitions needs Scope.Topic", sentinel.ErrInvalidArgument)
 	}
 	if s.Topic != "" {
 		if err := names.Topic(s.Topic); err != nil {
@@ -175,7 +172,7 @@ func (s Scope) validate() error {
 	}
 	for _, p := range s.Partitions {
 		if p < 0 || p >= partitioning.MaxPartitions {
-			return fmt.Errorf("%w: partition %d", ErrInvalidArgument, p)
+			return fmt.Errorf("%w: partition %d", sentinel.ErrInvalidArgument, p)
 		}
 	}
 	return nil
@@ -193,7 +190,8 @@ func (s Scope) partitions() []int32 {
 // them and give back the leases they hold within their balance interval
 // (after the message in flight). It returns how many partitions the scope
 // covers; a scope naming an unknown topic or group, or partitions the group
-// has no cursor in, is a *NotFoundError (ErrNotFound) and changes nothing.
+// has no cursor in, is a *NotFoundError (outbox.ErrNotFound) and changes
+// nothing.
 func (a *Admin) Pause(ctx context.Context, s Scope) (int, error) {
 	return a.setPaused(ctx, s, true)
 }
@@ -234,19 +232,19 @@ func (a *Admin) setPaused(ctx context.Context, s Scope, paused bool) (int, error
 	return n, nil
 }
 
-// complete reports ErrNotFound when the scope matched no cursor, or fewer
-// than the partitions it names.
+// complete reports outbox.ErrNotFound when the scope matched no cursor, or
+// fewer than the partitions it names.
 func (s Scope) complete(n int) error {
 	want := len(slices.Compact(slices.Sorted(slices.Values(s.Partitions))))
 	if n == 0 || want > 0 && n < want {
-		return fmt.Errorf("%w: group %q, topic %q, partitions %v (found %d)", ErrNotFound, s.Group, s.Topic, s.Partitions, n)
+		return fmt.Errorf("%w: group %q, topic %q, partitions %v (found %d)", sentinel.ErrNotFound, s.Group, s.Topic, s.Partitions, n)
 	}
 	return nil
 }
 
 // Position is where ResetCursor puts a cursor: ToSeq or ToTime. The zero
-// Position is no position (ErrInvalidArgument), so that a forgotten one can
-// never rewind a group to its start.
+// Position is no position (outbox.ErrInvalidArgument), so that a forgotten
+// one can never rewind a group to its start.
 type Position struct {
 	seq    int64
 	at     time.Time
@@ -284,25 +282,25 @@ type CursorReset struct {
 // Messages the retention vacuum already deleted cannot be replayed: the
 // group goes on from the oldest one left. A forwarder-only topic
 // (outbox.ForwardOnly) has no log: its cursors are refused
-// (ErrInvalidArgument).
+// (outbox.ErrInvalidArgument).
 func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]CursorReset, error) {
 	if err := s.validate(); err != nil {
 		return nil, err
 	}
 	if s.Topic == "" {
-		return nil, fmt.Errorf("%w: ResetCursor needs Scope.Topic", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: ResetCursor needs Scope.Topic", sentinel.ErrInvalidArgument)
 	}
 	if !pos.set {
-		return nil, fmt.Errorf("%w: the zero Position: use admin.ToSeq or admin.ToTime", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: the zero Position: use admin.ToSeq or admin.ToTime", sentinel.ErrInvalidArgument)
 	}
 	if err := a.check(ctx); err != nil {
 		return nil, err
 	}
 	if !pos.isTime && pos.seq < 0 {
-		return nil, fmt.Errorf("%w: seq %d is negative", ErrInvalidArgument, pos.seq)
+		return nil, fmt.Errorf("%w: seq %d is negative", sentinel.ErrInvalidArgument, pos.seq)
 	}
 	if pos.isTime && pos.at.IsZero() {
-		return nil, fmt.Errorf("%w: zero time", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: zero time", sentinel.ErrInvalidArgument)
 	}
 	var resets []CursorReset
 	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
@@ -313,7 +311,7 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 			return fmt.Errorf("admin: reset: read cursors: %w", err)
 		}
 		if forwardOnly {
-			return fmt.Errorf("%w: topic %q is forwarder-only (outbox.ForwardOnly): it keeps no log to replay or skip, and its cursors stand where the broker's records end (its forwarder puts them back there at its next takeover)", ErrInvalidArgument, s.Topic)
+			return fmt.Errorf("%w: topic %q is forwarder-only (outbox.ForwardOnly): it keeps no log to replay or skip, and its cursors stand where the broker's records end (its forwarder puts them back there at its next takeover)", sentinel.ErrInvalidArgument, s.Topic)
 		}
 		// Lock the cursors and read each partition's head; with a time, also
 		// the seq before the first message sequenced at or after it.

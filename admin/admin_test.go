@@ -30,23 +30,23 @@ func TestConfigAndArgumentValidation(t *testing.T) {
 	}
 	ctx := outboxtest.Ctx(t)
 	for _, s := range []admin.Scope{{}, {Group: "g", Partitions: []int{1}}, {Group: "g", Topic: "t", Partitions: []int{-1}}} {
-		if _, err := e.admin.Pause(ctx, s); !errors.Is(err, admin.ErrInvalidArgument) {
+		if _, err := e.admin.Pause(ctx, s); !errors.Is(err, outbox.ErrInvalidArgument) {
 			t.Errorf("Pause(%+v): %v", s, err)
 		}
 	}
 	if _, err := e.admin.Pause(ctx, admin.Scope{Group: "g", Topic: "bad topic"}); !errors.Is(err, outbox.ErrInvalidName) {
 		t.Errorf("bad topic: %v", err)
 	}
-	if _, err := e.admin.Pause(ctx, admin.Scope{Group: "nobody"}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.Pause(ctx, admin.Scope{Group: "nobody"}); !errors.Is(err, outbox.ErrNotFound) {
 		t.Errorf("unknown group: %v", err)
 	}
-	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "g"}, admin.ToSeq(0)); !errors.Is(err, admin.ErrInvalidArgument) {
+	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "g"}, admin.ToSeq(0)); !errors.Is(err, outbox.ErrInvalidArgument) {
 		t.Errorf("reset without topic: %v", err)
 	}
-	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "g", Topic: "t"}, admin.ToSeq(-1)); !errors.Is(err, admin.ErrInvalidArgument) {
+	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "g", Topic: "t"}, admin.ToSeq(-1)); !errors.Is(err, outbox.ErrInvalidArgument) {
 		t.Errorf("negative seq: %v", err)
 	}
-	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "g", Topic: "t"}, admin.ToTime(time.Time{})); !errors.Is(err, admin.ErrInvalidArgument) {
+	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "g", Topic: "t"}, admin.ToTime(time.Time{})); !errors.Is(err, outbox.ErrInvalidArgument) {
 		t.Errorf("zero time: %v", err)
 	}
 }
@@ -338,10 +338,10 @@ func TestResetCursorReplaysAndFencesTheRunningWorker(t *testing.T) {
 		!errors.Is(err, admin.ErrSeqOutOfRange) || rangeErr.Head != 20 {
 		t.Fatalf("beyond the head: %v", err)
 	}
-	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "r", Partitions: []int{0, 1}}, admin.ToSeq(0)); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "r", Partitions: []int{0, 1}}, admin.ToSeq(0)); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("a partition the topic lacks: %v", err)
 	}
-	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "other", Topic: "r"}, admin.ToSeq(0)); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "other", Topic: "r"}, admin.ToSeq(0)); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("unknown group: %v", err)
 	}
 	outboxtest.WaitFor(t, "the cursor at the end", 30*time.Second, func() bool { s, _, _ := e.Cursor("g", "r", 0); return s == 20 })

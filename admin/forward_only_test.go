@@ -46,7 +46,7 @@ func TestStatusSaysWhichPathATopicTakes(t *testing.T) {
 		t.Fatalf("forwarder-only: %v, want payments only", paths)
 	}
 	// No log to replay: a reset of its cursors is refused, nothing moves.
-	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "outbox-forwarder", Topic: "payments"}, admin.ToSeq(0)); !errors.Is(err, admin.ErrInvalidArgument) || !strings.Contains(err.Error(), "forwarder-only") {
+	if _, err := e.admin.ResetCursor(ctx, admin.Scope{Group: "outbox-forwarder", Topic: "payments"}, admin.ToSeq(0)); !errors.Is(err, outbox.ErrInvalidArgument) || !strings.Contains(err.Error(), "forwarder-only") {
 		t.Fatalf("ResetCursor of a forwarder-only topic: %v, want ErrInvalidArgument", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // rowQuerier is a *pgxpool.Pool or a pgx.Tx.
@@ -60,8 +61,8 @@ type DeletedGroup struct {
 // or pass opts.Force. A refusal does not wait for the group's running
 // transactions. A group with nothing to delete in the scope (no cursors
 // or members, nor dead letters with opts.DeadLetters) is a *NotFoundError
-// (ErrNotFound) that says whether the topic or the group is unknown; an
-// empty group or bad topic name is ErrInvalidArgument or an
+// (outbox.ErrNotFound) that says whether the topic or the group is unknown; an
+// empty group or bad topic name is outbox.ErrInvalidArgument or an
 // outbox.ErrInvalidName.
 //
 // Dead letters are kept unless opts.DeadLetters (see DeleteGroupOptions).
@@ -116,7 +117,7 @@ func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupO
 			if opts.DeadLetters {
 				what = "cursors, members or dead letters"
 			}
-			return fmt.Errorf("%w: consumer group %q has no %s%s (check the name with Status)", ErrNotFound, group, what, topicSuffix(opts.Topic))
+			return fmt.Errorf("%w: consumer group %q has no %s%s (check the name with Status)", sentinel.ErrNotFound, group, what, topicSuffix(opts.Topic))
 		}
 		return nil
 	})

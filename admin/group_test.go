@@ -90,7 +90,7 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "busy", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrGroupActive) || !errors.As(err, &active) || len(active.Members) != 1 {
 		t.Fatalf("DeleteGroup(busy) = %v, want ErrGroupActive naming its member", err)
 	}
-	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "nobody", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "nobody", admin.DeleteGroupOptions{}); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("DeleteGroup(nobody) = %v, want ErrNotFound", err)
 	}
 	deleted, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "gone", admin.DeleteGroupOptions{})
@@ -109,7 +109,7 @@ func TestDeleteGroupIsRefusedWhileLiveAndFreesRetention(t *testing.T) {
 	// its live member.
 	outboxtest.WaitFor(t, "busy's running member to show again", 10*time.Second, func() bool {
 		rep, err := e.admin.Status(outboxtest.Ctx(t), admin.Filter{Group: "busy"})
-		if errors.Is(err, admin.ErrNotFound) {
+		if errors.Is(err, outbox.ErrNotFound) {
 			return false // no row of it until its member heartbeats again
 		}
 		if err != nil {
@@ -240,7 +240,7 @@ func TestResetCursorRefusesTheZeroPosition(t *testing.T) {
 	e.PublishN("orders", 5, "m")
 	e.SequenceAll()
 	e.Exec(`INSERT INTO ` + e.Schema + `.cursors (group_name, topic, partition, seq) VALUES ('g', 'orders', 0, 5)`)
-	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "orders"}, admin.Position{}); !errors.Is(err, admin.ErrInvalidArgument) {
+	if _, err := e.admin.ResetCursor(outboxtest.Ctx(t), admin.Scope{Group: "g", Topic: "orders"}, admin.Position{}); !errors.Is(err, outbox.ErrInvalidArgument) {
 		t.Fatalf("ResetCursor(Position{}) = %v, want ErrInvalidArgument", err)
 	}
 	if seq, _, _ := e.Cursor("g", "orders", 0); seq != 5 {
@@ -351,11 +351,11 @@ func TestDeleteGroupLiveness(t *testing.T) {
 		t.Fatalf("forced DeleteGroup(joining) = %+v, %v", got, err)
 	}
 	for _, group := range []string{"stale", "leased", "joining"} {
-		if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), group, admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
+		if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), group, admin.DeleteGroupOptions{}); !errors.Is(err, outbox.ErrNotFound) {
 			t.Fatalf("DeleteGroup(%s) again = %v, want ErrNotFound", group, err)
 		}
 	}
-	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrInvalidArgument) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "", admin.DeleteGroupOptions{}); !errors.Is(err, outbox.ErrInvalidArgument) {
 		t.Fatalf("DeleteGroup(\"\") = %v, want ErrInvalidArgument", err)
 	}
 	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Topic: "bad topic"}); !errors.Is(err, outbox.ErrInvalidName) {
@@ -377,7 +377,7 @@ func TestDeleteGroupOneTopicAndItsDeadLetters(t *testing.T) {
 		('g', 'a', 0, 1, 'u1', '{}', '', 'boom', now(), now()), ('g', 'a', 0, 2, 'u2', '{}', '', 'boom', now(), now()),
 		('g', 'b', 0, 1, 'u3', '{}', '', 'boom', now(), now()), ('other', 'a', 0, 1, 'u4', '{}', '', 'boom', now(), now())`)
 
-	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Topic: "nope"}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Topic: "nope"}); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("DeleteGroup on a topic the group does not consume = %v, want ErrNotFound", err)
 	}
 	got, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "g", admin.DeleteGroupOptions{Topic: "a"})
@@ -404,7 +404,7 @@ func TestDeleteGroupOneTopicAndItsDeadLetters(t *testing.T) {
 	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "other", admin.DeleteGroupOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "other", admin.DeleteGroupOptions{}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := e.admin.DeleteGroup(outboxtest.Ctx(t), "other", admin.DeleteGroupOptions{}); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("DeleteGroup(other) again = %v, want ErrNotFound", err)
 	}
 	if got, err = e.admin.DeleteGroup(outboxtest.Ctx(t), "other", admin.DeleteGroupOptions{DeadLetters: true}); err != nil || got.DeadLetters != 1 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // HeldRef names a key held back by a consumer group in one partition
@@ -21,11 +22,11 @@ type HeldRef struct {
 func (r HeldRef) validate() error {
 	switch {
 	case r.Group == "" || r.Topic == "":
-		return fmt.Errorf("%w: a held key needs its group and topic", ErrInvalidArgument)
+		return fmt.Errorf("%w: a held key needs its group and topic", sentinel.ErrInvalidArgument)
 	case r.Partition < 0:
-		return fmt.Errorf("%w: partition %d is negative", ErrInvalidArgument, r.Partition)
+		return fmt.Errorf("%w: partition %d is negative", sentinel.ErrInvalidArgument, r.Partition)
 	case r.Key == "" && r.Seq <= 0:
-		return fmt.Errorf("%w: name the held key by Key, or a keyless message by its Seq", ErrInvalidArgument)
+		return fmt.Errorf("%w: name the held key by Key, or a keyless message by its Seq", sentinel.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -41,8 +42,8 @@ func (r HeldRef) keyArgs() (key any, seq int64) {
 // RetryHeldNow makes the lease holder retry a held key at once, with a
 // fresh count of attempts (MaxAttempts starts over): after fixing what made
 // it fail, say. It returns how many messages the key holds, or a
-// *NotFoundError (ErrNotFound) that names what is unknown: the topic, the
-// group, its partition, or the key.
+// *NotFoundError (outbox.ErrNotFound) that names what is unknown: the
+// topic, the group, its partition, or the key.
 func (a *Admin) RetryHeldNow(ctx context.Context, r HeldRef) (int, error) {
 	if err := a.constructed(); err != nil {
 		return 0, err
@@ -80,7 +81,7 @@ func (a *Admin) heldAction(ctx context.Context, r HeldRef, op, stmt string) (int
 	n := int(tag.RowsAffected())
 	if n == 0 {
 		// Say whether the topic, the group or the key is unknown.
-		if err := a.explain(ctx, Scope{Group: r.Group, Topic: r.Topic, Partitions: []int{r.Partition}}, ErrNotFound); err != ErrNotFound {
+		if err := a.explain(ctx, Scope{Group: r.Group, Topic: r.Topic, Partitions: []int{r.Partition}}, sentinel.ErrNotFound); err != sentinel.ErrNotFound {
 			return 0, err
 		}
 		return 0, &NotFoundError{What: "held key", Group: r.Group, Topic: r.Topic, Partitions: []int{r.Partition}, Key: r.Key, Seq: r.Seq}

@@ -8,14 +8,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // NotFoundError reports a topic, consumer group, partition or held key that
 // an admin call names and the schema does not have, so that a typo never
 // reads as "nothing to do": Status of an unknown group, Pause of a topic
-// the group does not consume. It matches ErrNotFound (outbox.ErrNotFound);
-// a topic that is not registered also matches outbox.ErrUnknownTopic.
+// the group does not consume. It matches outbox.ErrNotFound; a topic that
+// is not registered also matches outbox.ErrUnknownTopic.
 type NotFoundError struct {
 	// What is what is missing: "topic", "group", "partition" or "held key".
 	What string
@@ -56,10 +56,10 @@ func (e *NotFoundError) Error() string {
 	return fmt.Sprintf("admin: no such group %q: it has no cursors and no members on any topic", e.Group)
 }
 
-// Is makes errors.Is(err, ErrNotFound) true, and errors.Is(err,
+// Is makes errors.Is(err, outbox.ErrNotFound) true, and errors.Is(err,
 // outbox.ErrUnknownTopic) for a topic.
 func (e *NotFoundError) Is(target error) bool {
-	return target == ErrNotFound || e.What == "topic" && target == outboxtype.ErrUnknownTopic
+	return target == sentinel.ErrNotFound || e.What == "topic" && target == sentinel.ErrUnknownTopic
 }
 
 // Exists returns nil when the schema has every name f gives: the topic is
@@ -164,13 +164,13 @@ func (a *Admin) groupRows(ctx context.Context, tx pgx.Tx, group, topic string) (
 	return len(members) > 0, cursors, nil
 }
 
-// explain turns the ErrNotFound of an operation on s that matched fewer
+// explain turns the outbox.ErrNotFound of an operation on s that matched fewer
 // cursors than it names into the *NotFoundError that says what is missing;
 // any other error, or one it cannot explain (the cursors appeared
 // meanwhile), it returns as it is.
 func (a *Admin) explain(ctx context.Context, s Scope, err error) error {
 	var nf *NotFoundError
-	if !errors.Is(err, ErrNotFound) || errors.As(err, &nf) {
+	if !errors.Is(err, sentinel.ErrNotFound) || errors.As(err, &nf) {
 		return err
 	}
 	var missing *NotFoundError

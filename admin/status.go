@@ -280,7 +280,7 @@ func (p PartitionStatus) LagAge() time.Duration {
 // consistent snapshot. With f.Group set, only topics that group consumes
 // are reported. A filter naming a topic that is not registered, or a group
 // without cursors or members (on f.Topic, when set), is a *NotFoundError
-// (ErrNotFound), never an empty report.
+// (outbox.ErrNotFound), never an empty report.
 func (a *Admin) Status(ctx context.Context, f Filter) (Report, error) {
 	if err := a.check(ctx); err != nil {
 		return Report{}, err

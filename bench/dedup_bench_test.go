@@ -30,7 +30,7 @@ var dedupVariants = []publishVariant{
 			SELECT '`+topic+`', 'key-' || lpad(g::text, 4, '0'), now() + interval '1 day' FROM generate_series(0, 999) g`); err != nil {
 			return nil, err
 		}
-		return setupDedup(ctx, e, schema, func(m *message.Message) string { return m.Metadata.Get(outbox.PartitionKeyMetadata) })
+		return setupDedup(ctx, e, schema, func(m *message.Message) string { return m.Metadata.Get(outbox.PublishPartitionKeyMetadata) })
 	}},
 }
 

@@ -156,7 +156,7 @@ func (g *gen) messages(n int) []*message.Message {
 	msgs := make([]*message.Message, n)
 	for i := range msgs {
 		m := message.NewMessage(watermill.NewUUID(), g.payload)
-		m.Metadata.Set(outbox.PartitionKeyMetadata, keys[g.key()])
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, keys[g.key()])
 		msgs[i] = m
 	}
 	return msgs

@@ -53,6 +53,7 @@ import (
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -314,7 +315,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	topic, group := r.PathValue("topic"), r.PathValue("group")
 	rep, err := c.admin.Status(ctx, admin.Filter{Group: group, Topic: topic})
-	if errors.Is(err, admin.ErrNotFound) { // no such group or topic
+	if errors.Is(err, sentinel.ErrNotFound) { // no such group or topic
 		c.fail(w, r, http.StatusNotFound, err)
 		return
 	}
@@ -344,7 +345,7 @@ func (c *Console) apiStatus(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	if err != nil {
 		status := http.StatusInternalServerError
-		if errors.Is(err, admin.ErrNotFound) { // no such group or topic
+		if errors.Is(err, sentinel.ErrNotFound) { // no such group or topic
 			status = http.StatusNotFound
 		}
 		w.WriteHeader(status)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/admin"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // report is a status snapshot read at at of group billing on topic orders,
@@ -156,7 +156,7 @@ func TestHistoryConfigValidation(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("window %s, interval %s: %v, want ok %v", tc.window, tc.interval, err, tc.ok)
 		}
-		if err != nil && !errors.Is(err, outboxtype.ErrInvalidConfig) {
+		if err != nil && !errors.Is(err, sentinel.ErrInvalidConfig) {
 			t.Errorf("window %s, interval %s: %v is not an ErrInvalidConfig", tc.window, tc.interval, err)
 		}
 	}

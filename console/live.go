@@ -9,6 +9,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/admin"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // groupPage is what the group page shows: the group's status, the charts
@@ -74,7 +75,7 @@ func (c *Console) apiHistory(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			status := http.StatusInternalServerError
 			switch {
-			case errors.Is(err, admin.ErrNotFound):
+			case errors.Is(err, sentinel.ErrNotFound):
 				status = http.StatusNotFound
 			case errors.Is(err, outbox.ErrInvalidArgument):
 				status = http.StatusBadRequest

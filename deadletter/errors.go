@@ -4,23 +4,20 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
-// Errors of the store. Each can be matched with errors.Is.
+// Errors of the store besides the outbox's own, each matched with
+// errors.Is. An id no entry has is outbox.ErrNotFound; an impossible
+// argument of a call (an unknown status, a negative duration) is
+// outbox.ErrInvalidArgument.
 var (
-	// ErrNotFound: no entry has the given id. It is outbox.ErrNotFound.
-	ErrNotFound = outboxtype.ErrNotFound
 	// ErrInvalidState: the entry's status does not allow the operation,
 	// e.g. replaying an entry already replayed (*StateError).
 	ErrInvalidState = errors.New("deadletter: invalid entry state")
-	// ErrInvalidArgument: an argument of a call is impossible, e.g. an
-	// unknown status or a negative duration. It is
-	// outbox.ErrInvalidArgument.
-	ErrInvalidArgument = outboxtype.ErrInvalidArgument
 	// ErrInvalidCursor: a List cursor was not produced by List with the
-	// same order. It also matches ErrInvalidArgument.
-	ErrInvalidCursor = fmt.Errorf("%w: invalid page cursor", ErrInvalidArgument)
+	// same order. It also matches outbox.ErrInvalidArgument.
+	ErrInvalidCursor = fmt.Errorf("%w: invalid page cursor", sentinel.ErrInvalidArgument)
 )
 
 // StateError reports an operation refused because of the entry's status.
@@ -38,5 +35,5 @@ func (e *StateError) Error() string {
 func (e *StateError) Is(target error) bool { return target == ErrInvalidState }
 
 func invalidArg(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", sentinel.ErrInvalidArgument, fmt.Sprintf(format, args...))
 }

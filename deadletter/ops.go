@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Page sizes of List.
@@ -195,7 +196,7 @@ func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
 }
 
 // Get returns the entry with the given id, or an error matching
-// ErrNotFound.
+// outbox.ErrNotFound.
 func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
 	if err := s.check(ctx); err != nil {
 		return Entry{}, err
@@ -210,7 +211,7 @@ func (s *Store) get(ctx context.Context, q querier, id int64, lock bool) (Entry,
 	}
 	e, err := scanEntry(q.QueryRow(ctx, stmt, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Entry{}, fmt.Errorf("%w: id %d", ErrNotFound, id)
+		return Entry{}, fmt.Errorf("%w: id %d", sentinel.ErrNotFound, id)
 	}
 	if err != nil {
 		return Entry{}, s.wrap(fmt.Errorf("deadletter: get %d: %w", id, err))
@@ -279,7 +280,7 @@ func (s *Store) Replay(ctx context.Context, id int64, opts ReplayOptions) (Entry
 			delete(msg.Metadata, k)
 		}
 		if key != "" {
-			msg.Metadata.Set(outbox.PartitionKeyMetadata, key)
+			msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		}
 		msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(e.ID, 10))
 		msg.Metadata.Set(MetadataOriginalUUID, e.UUID)
@@ -339,14 +340,14 @@ type PurgeOptions struct {
 	ChunkSize int
 }
 
-// ResolvedStatuses are the statuses Purge deletes unless told otherwise:
+// resolvedStatuses are the statuses Purge deletes unless told otherwise:
 // entries replayed or discarded, whose message was dealt with.
-var ResolvedStatuses = []Status{StatusReplayed, StatusDiscarded}
+var resolvedStatuses = []Status{StatusReplayed, StatusDiscarded}
 
 // statuses returns the statuses opts deletes, each once.
 func (opts PurgeOptions) statuses() []Status {
 	if len(opts.Statuses) == 0 {
-		return slices.Clone(ResolvedStatuses)
+		return slices.Clone(resolvedStatuses)
 	}
 	var out []Status
 	for _, st := range opts.Statuses {

@@ -67,7 +67,7 @@ func (p poisonPublisher) Publish(topic string, msgs ...*message.Message) error {
 			Group:        msg.Metadata.Get(middleware.PoisonedHandlerKey),
 			Topic:        sourceTopic,
 			UUID:         msg.UUID,
-			PartitionKey: msg.Metadata.Get(outbox.PartitionKeyMetadata),
+			PartitionKey: msg.Metadata.Get(outbox.PublishPartitionKeyMetadata),
 			Metadata:     md,
 			Payload:      msg.Payload,
 			Reason:       errors.New(reason),

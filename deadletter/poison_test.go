@@ -91,7 +91,7 @@ func testRouterPoisonQueue(t *testing.T, strategy outbox.Strategy, poisonQueueOn
 				defer mu.Unlock()
 				if !seen[msg.UUID] {
 					seen[msg.UUID] = true
-					key := msg.Metadata.Get(outbox.PartitionKeyMetadata)
+					key := msg.Metadata.Get(outbox.PublishPartitionKeyMetadata)
 					n, _ := strconv.Atoi(msg.Metadata.Get("n"))
 					firstN[key] = append(firstN[key], n)
 				}
@@ -204,7 +204,7 @@ func TestPoisonPublisherStoresForeignMessagesDirectly(t *testing.T) {
 	<-router.Running()
 
 	bad := message.NewMessage("bad-1", []byte("bad"))
-	bad.Metadata.Set(outbox.PartitionKeyMetadata, "customer-9")
+	bad.Metadata.Set(outbox.PublishPartitionKeyMetadata, "customer-9")
 	bad.Metadata.Set("source", "csv")
 	for _, m := range []*message.Message{message.NewMessage("good-1", []byte("good")), bad, bad.Copy()} {
 		if err := bus.Publish("imports", m); err != nil {

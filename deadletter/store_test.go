@@ -118,7 +118,7 @@ func TestReplayRoundTrip(t *testing.T) {
 	if p := again.Metadata.Get(outbox.MetadataPartition); p != strconv.Itoa(entry.Partition) {
 		t.Fatalf("replayed into partition %s, the original was in %d", p, entry.Partition)
 	}
-	if again.Metadata.Get(outbox.PartitionKeyMetadata) != "k-2" || again.Metadata.Get("tenant") != "acme" || again.Metadata.Get("n") != "7" ||
+	if again.Metadata.Get(outbox.PublishPartitionKeyMetadata) != "k-2" || again.Metadata.Get("tenant") != "acme" || again.Metadata.Get("n") != "7" ||
 		again.Metadata.Get(deadletter.MetadataReplayOf) != strconv.FormatInt(entry.ID, 10) ||
 		again.Metadata.Get(deadletter.MetadataOriginalUUID) != "o7" || string(again.Payload) != "bad" {
 		t.Fatalf("replayed message metadata %v payload %q", again.Metadata, again.Payload)
@@ -203,13 +203,13 @@ func TestReplayToNamedTopic(t *testing.T) {
 
 func TestOperationsOnMissingEntries(t *testing.T) {
 	e := newEnv(t)
-	if _, err := e.store.Get(outboxtest.Ctx(t), 42); !errors.Is(err, deadletter.ErrNotFound) {
+	if _, err := e.store.Get(outboxtest.Ctx(t), 42); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("Get: %v", err)
 	}
-	if _, err := e.store.Replay(outboxtest.Ctx(t), 42, deadletter.ReplayOptions{}); !errors.Is(err, deadletter.ErrNotFound) {
+	if _, err := e.store.Replay(outboxtest.Ctx(t), 42, deadletter.ReplayOptions{}); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("Replay: %v", err)
 	}
-	if _, err := e.store.Discard(outboxtest.Ctx(t), 42); !errors.Is(err, deadletter.ErrNotFound) {
+	if _, err := e.store.Discard(outboxtest.Ctx(t), 42); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("Discard: %v", err)
 	}
 }
@@ -348,7 +348,7 @@ func TestListPagingAndFilters(t *testing.T) {
 		{Limit: -1},
 		{Filter: deadletter.Filter{Statuses: []deadletter.Status{"lost"}}},
 	} {
-		if _, err := e.store.List(outboxtest.Ctx(t), opts); !errors.Is(err, deadletter.ErrInvalidArgument) {
+		if _, err := e.store.List(outboxtest.Ctx(t), opts); !errors.Is(err, outbox.ErrInvalidArgument) {
 			t.Errorf("List(%+v): %v, want ErrInvalidArgument", opts, err)
 		}
 	}
@@ -412,10 +412,10 @@ func TestPurge(t *testing.T) {
 		{Statuses: []deadletter.Status{"lost"}},
 		{ChunkSize: -1},
 	} {
-		if _, err := e.store.Purge(ctx, opts); !errors.Is(err, deadletter.ErrInvalidArgument) {
+		if _, err := e.store.Purge(ctx, opts); !errors.Is(err, outbox.ErrInvalidArgument) {
 			t.Errorf("Purge(%+v): %v, want ErrInvalidArgument", opts, err)
 		}
-		if _, err := e.store.PlanPurge(ctx, opts); !errors.Is(err, deadletter.ErrInvalidArgument) {
+		if _, err := e.store.PlanPurge(ctx, opts); !errors.Is(err, outbox.ErrInvalidArgument) {
 			t.Errorf("PlanPurge(%+v): %v, want ErrInvalidArgument", opts, err)
 		}
 	}

@@ -95,7 +95,7 @@ func TestPublisherTarget(t *testing.T) {
 	var bad string
 	for i := 0; i < 20; i++ {
 		pub.Round("orders", 8, func(m *message.Message) {
-			if m.Metadata.Get("n") == "11" && m.Metadata.Get(outbox.PartitionKeyMetadata) == "key-5" {
+			if m.Metadata.Get("n") == "11" && m.Metadata.Get(outbox.PublishPartitionKeyMetadata) == "key-5" {
 				m.Metadata.Set("fail", "yes")
 				bad = m.UUID
 			}

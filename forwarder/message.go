@@ -10,7 +10,8 @@ import (
 
 // PartitionKey returns the partition key an outbox message was published
 // with: metadata outbox.MetadataPartitionKey (set by the Subscriber whenever
-// the message had a key), else outbox.PartitionKeyMetadata; "" when keyless.
+// the message had a key), else outbox.PublishPartitionKeyMetadata; "" when
+// keyless.
 func PartitionKey(msg *message.Message) string {
 	if msg == nil {
 		return ""
@@ -18,7 +19,7 @@ func PartitionKey(msg *message.Message) string {
 	if k := msg.Metadata.Get(outbox.MetadataPartitionKey); k != "" {
 		return k
 	}
-	return msg.Metadata.Get(outbox.PartitionKeyMetadata)
+	return msg.Metadata.Get(outbox.PublishPartitionKeyMetadata)
 }
 
 // Outgoing returns the message as it is published to the broker: the same

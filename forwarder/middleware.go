@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/watermill-outbox/internal/forward"
+	"github.com/millrace/watermill-outbox/internal/origin"
 )
 
 // ErrNotSent is the result the middleware chain of a message sees when the
@@ -41,10 +42,11 @@ var ErrNotSent = errors.New("forwarder: not sent: an earlier message of its batc
 //
 // The batch's outcome follows the chains' returns, as a router acks on nil:
 // done is the number of leading messages whose chain returned nil.
-func (f *Forwarder) sendThrough(ctx context.Context, targetTopic string, batch []*message.Message) (int, error) {
+func (f *Forwarder) sendThrough(ctx context.Context, from origin.Origin, targetTopic string, batch []*message.Message) (int, error) {
 	b := &middlewareBatch{
 		f:       f,
 		ctx:     ctx,
+		from:    from,
 		topic:   targetTopic,
 		msgs:    make([]*message.Message, len(batch)),
 		reached: make([]bool, len(batch)),
@@ -88,6 +90,7 @@ func (f *Forwarder) sendThrough(ctx context.Context, targetTopic string, batch [
 type middlewareBatch struct {
 	f     *Forwarder
 	ctx   context.Context
+	from  origin.Origin // where the batch comes from, for the target
 	topic string
 
 	mu      sync.Mutex
@@ -170,7 +173,7 @@ func (b *middlewareBatch) sendWhenReady() {
 
 	done, err := 0, error(nil)
 	if n > 0 {
-		done, err = b.f.cfg.Target.Send(b.ctx, b.topic, prefix)
+		done, err = forward.Direct(b.f.cfg.Target)(b.ctx, b.from, b.topic, prefix)
 		done = max(0, min(done, n))
 		if done < n && err == nil {
 			err = fmt.Errorf("forwarder: target confirmed %d of %d messages without an error", done, n)

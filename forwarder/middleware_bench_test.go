@@ -47,7 +47,7 @@ func drainThrough(b *testing.B, mw []message.HandlerMiddleware) float64 {
 		batch := make([]*message.Message, 500)
 		for j := range batch {
 			batch[j] = message.NewMessage(watermill.NewUUID(), make([]byte, 200))
-			batch[j].Metadata.Set(outbox.PartitionKeyMetadata, "key-"+strconv.Itoa((i+j)%1000))
+			batch[j].Metadata.Set(outbox.PublishPartitionKeyMetadata, "key-"+strconv.Itoa((i+j)%1000))
 		}
 		if err := pub.Publish("orders", batch...); err != nil {
 			b.Fatal(err)

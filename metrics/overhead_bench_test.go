@@ -77,7 +77,7 @@ func runPipeline(b *testing.B, withMetrics, withTracing bool) (rate, cpuPerMsg f
 		msgs := make([]*message.Message, perTx)
 		for j := range msgs {
 			msgs[j] = message.NewMessage(watermill.NewUUID(), make([]byte, 200))
-			msgs[j].Metadata.Set(outbox.PartitionKeyMetadata, "key-"+strconv.Itoa((i+j)%1000))
+			msgs[j].Metadata.Set(outbox.PublishPartitionKeyMetadata, "key-"+strconv.Itoa((i+j)%1000))
 			msgs[j].SetContext(msgCtx)
 		}
 		if err := pub.Publish("orders", msgs...); err != nil {

@@ -51,7 +51,7 @@ func env(t *testing.T) (*pgxpool.Pool, string) {
 
 func order(id int, customer string) *message.Message {
 	m := message.NewMessage(fmt.Sprintf("order-%d", id), fmt.Appendf(nil, `{"order_id":%d,"customer":%q,"lines":[{"sku":"a"}]}`, id, customer))
-	m.Metadata.Set(outbox.PartitionKeyMetadata, customer)
+	m.Metadata.Set(outbox.PublishPartitionKeyMetadata, customer)
 	m.Metadata.Set("type", "OrderPlaced")
 	return m
 }
@@ -259,10 +259,10 @@ func TestRunUntilIdleDeliversEverythingAndLeavesNothingRunning(t *testing.T) {
 					if !ok {
 						return errors.New("no transaction in the context")
 					}
-					_, err := tx.Exec(ctx, q, m.UUID, m.Metadata.Get(outbox.PartitionKeyMetadata))
+					_, err := tx.Exec(ctx, q, m.UUID, m.Metadata.Get(outbox.PublishPartitionKeyMetadata))
 					return err
 				}
-				_, err := pool.Exec(ctx, q, m.UUID, m.Metadata.Get(outbox.PartitionKeyMetadata))
+				_, err := pool.Exec(ctx, q, m.UUID, m.Metadata.Get(outbox.PublishPartitionKeyMetadata))
 				return err
 			}
 			ctx := context.Background()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // RejectedMessage is a message taken out of its stream as poison: what a
@@ -47,11 +48,11 @@ type RejectHandler interface {
 // RejectHandlerFunc adapts a function to RejectHandler.
 type RejectHandlerFunc func(ctx context.Context, tx pgx.Tx, m RejectedMessage) error
 
-// HandleReject calls f. A nil f is an error matching ErrInvalidArgument
+// HandleReject calls f. A nil f is an error matching outbox.ErrInvalidArgument
 // (the message stays in the stream).
 func (f RejectHandlerFunc) HandleReject(ctx context.Context, tx pgx.Tx, m RejectedMessage) error {
 	if f == nil {
-		return fmt.Errorf("%w: the RejectHandlerFunc is nil: give the Subscriber a function, or no RejectHandler at all", ErrInvalidArgument)
+		return fmt.Errorf("%w: the RejectHandlerFunc is nil: give the Subscriber a function, or no RejectHandler at all", sentinel.ErrInvalidArgument)
 	}
 	return f(ctx, tx, m)
 }

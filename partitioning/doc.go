@@ -19,7 +19,7 @@
 // Changing the partition count remaps keys, in the outbox as in Kafka.
 //
 // Partition counts must lie in [MinPartitions, MaxPartitions]; anything else
-// yields an error matching [ErrInvalidPartitionCount].
+// yields an error matching outbox.ErrInvalidPartitionCount.
 //
 // Keyless messages are not the partitioner's concern: the publisher spreads
 // them round-robin, so they carry no ordering guarantee relative to each

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/partitioning"
 )
 
@@ -18,7 +19,7 @@ func ExampleDefault() {
 		fmt.Printf("%s -> partition %d\n", key, n)
 	}
 	_, err := p.Partition("foobar", 0)
-	fmt.Println(errors.Is(err, partitioning.ErrInvalidPartitionCount))
+	fmt.Println(errors.Is(err, outbox.ErrInvalidPartitionCount))
 	// Output:
 	// order-42 -> partition 0
 	// customer-7 -> partition 7

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Bounds on the number of partitions a topic may have.
@@ -15,14 +15,9 @@ const (
 	MaxPartitions = 1024
 )
 
-// ErrInvalidPartitionCount is matched (via errors.Is) by every error reporting
-// a partition count outside [MinPartitions, MaxPartitions]. It is the same
-// value as outbox.ErrInvalidPartitionCount, so either sentinel matches an
-// error from this package or from the outbox.
-var ErrInvalidPartitionCount = outboxtype.ErrInvalidPartitionCount
-
 // PartitionCountError reports a partition count outside
-// [MinPartitions, MaxPartitions]. It matches [ErrInvalidPartitionCount].
+// [MinPartitions, MaxPartitions]. It matches outbox.ErrInvalidPartitionCount
+// ([sentinel.ErrInvalidPartitionCount]).
 type PartitionCountError struct {
 	// Partitions is the rejected partition count.
 	Partitions int
@@ -34,9 +29,9 @@ func (e *PartitionCountError) Error() string {
 		e.Partitions, MinPartitions, MaxPartitions)
 }
 
-// Is reports whether target is [ErrInvalidPartitionCount].
+// Is reports whether target is outbox.ErrInvalidPartitionCount.
 func (e *PartitionCountError) Is(target error) bool {
-	return target == ErrInvalidPartitionCount
+	return target == sentinel.ErrInvalidPartitionCount
 }
 
 // ValidatePartitions returns nil if partitions lies in
@@ -53,7 +48,7 @@ func ValidatePartitions(partitions int) error {
 // Implementations must be deterministic and safe for concurrent use, must
 // return a valid partition for every key (including the empty key), and must
 // reject partition counts outside [MinPartitions, MaxPartitions] with an
-// error matching [ErrInvalidPartitionCount].
+// error matching outbox.ErrInvalidPartitionCount.
 type Partitioner interface {
 	// Partition returns the partition for key among partitions partitions.
 	Partition(key string, partitions int) (int, error)

@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
@@ -270,7 +271,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 		return errs.NotConstructed("pipeline.Fleet", "pipeline.NewFleet")
 	}
 	if ctx == nil {
-		return fmt.Errorf("%w: pipeline.Fleet.Run: nil context", outboxtype.ErrInvalidArgument)
+		return fmt.Errorf("%w: pipeline.Fleet.Run: nil context", sentinel.ErrInvalidArgument)
 	}
 	return f.life.Run(ctx, nil, f.run)
 }
@@ -484,7 +485,7 @@ func (f *Fleet) Add(s Source) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.life.Closed() || f.stopped {
-		return fmt.Errorf("%w: pipeline.Fleet.Add after the Fleet stopped", outboxtype.ErrClosed)
+		return fmt.Errorf("%w: pipeline.Fleet.Add after the Fleet stopped", sentinel.ErrClosed)
 	}
 	if old, ok := f.sources[s.Name]; ok {
 		reason := fmt.Sprintf("the fleet has a source %q already: Remove it first", s.Name)

@@ -48,7 +48,7 @@ func fromSources(t *testing.T, br *broker, topic string) map[string]int {
 		if want := string(m.Payload); want != src {
 			t.Fatalf("message %s (id %s) published in %s arrived as from %q", m.UUID, m.Metadata.Get(outbox.MetadataID), want, src)
 		}
-		key := src + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata)
+		key := src + "/" + m.Metadata.Get(outbox.PublishPartitionKeyMetadata)
 		n, _ := strconv.Atoi(m.Metadata.Get("n"))
 		if n <= last[key] {
 			t.Fatalf("%s: message %d after %d", key, n, last[key])

@@ -44,6 +44,7 @@ import (
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/outboxtype"
 	"github.com/millrace/watermill-outbox/relay"
@@ -247,7 +248,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		return errs.NotConstructed("pipeline.Pipeline", "pipeline.New")
 	}
 	if ctx == nil {
-		return fmt.Errorf("%w: pipeline.Pipeline.Run: nil context", outboxtype.ErrInvalidArgument)
+		return fmt.Errorf("%w: pipeline.Pipeline.Run: nil context", sentinel.ErrInvalidArgument)
 	}
 	return p.life.Run(ctx, nil, p.run)
 }

@@ -118,7 +118,7 @@ func TestPipelineForwardsDeadLettersAndVacuums(t *testing.T) {
 	outboxtest.WaitFor(t, "every healthy message at the broker", 30*time.Second, func() bool { return br.count("shop.orders") == keys*perKey-1 })
 	last := map[string]int{}
 	for _, m := range br.got["shop.orders"] {
-		key := m.Metadata.Get(outbox.PartitionKeyMetadata)
+		key := m.Metadata.Get(outbox.PublishPartitionKeyMetadata)
 		n, _ := strconv.Atoi(m.Metadata.Get("n"))
 		if n <= last[key] {
 			t.Fatalf("key %s: message %d after %d", key, n, last[key])

@@ -160,7 +160,7 @@ func (s *session) insertRouted(ctx context.Context, exec func(ctx context.Contex
 }
 
 // pendingArgs are the arrays PendingInsertRelayed and WALAppendPending
-// take of rs: topics, partitions, keys ('' for none), uuids, metadata,
+// take of rs: topics, partitions, keys (empty: none), uuids, metadata,
 // payloads, commit times, delivery times and whether each holds its key.
 func pendingArgs(rs []routed) []any {
 	n := len(rs)

@@ -50,7 +50,7 @@ func ExampleRelay() {
 		log.Fatal(err)
 	}
 	msg := message.NewMessage("order-1", []byte(`{"order_id":1}`))
-	msg.Metadata.Set(outbox.PartitionKeyMetadata, "customer-7")
+	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, "customer-7")
 	msg.SetContext(outbox.WithTx(ctx, tx))
 	if err := pub.Publish("orders", msg); err != nil {
 		log.Fatal(err)

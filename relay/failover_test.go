@@ -196,7 +196,7 @@ func TestFrozenRelayIsTakenOverAndFencedWhenItWakes(t *testing.T) {
 				for i := range n {
 					key := fmt.Sprintf("key-%d", i%4)
 					m := message.NewMessage(fmt.Sprintf("r%d-%d", round, i), payload)
-					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+					m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 					msgs = append(msgs, m)
 					committed[m.UUID] = key
 					order[m.UUID] = len(order) + 1

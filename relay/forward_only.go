@@ -92,7 +92,7 @@ func (s *session) pendingChannel(rs []routed) *string {
 // with WALAppendPending: one statement.
 func (s *session) appendPending(ctx context.Context, rs []routed, newPos pgrepl.LSN) error {
 	args := append([]any{s.r.slot, int64(s.pos), int64(newPos)}, pendingArgs(rs)...)
-	args = append(args, s.pendingChannel(rs))
+	args = append(args, s.pendingChannel(rs), names.RelayedPayload)
 	var moved, inserted int64
 	var notified *int64
 	err := s.db.QueryRow(ctx, s.r.q.WALAppendPending, args...).Scan(&moved, &inserted, &notified)

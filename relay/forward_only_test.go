@@ -48,7 +48,8 @@ func pendingRows(t *testing.T, b *outboxtest.Bundle, topic string) []string {
 // topic (outbox.ForwardOnly) into pending, in commit order, where its
 // Forwarder reads it, and never into the log; the other topics' messages
 // go into the log as before, in the same append. It wakes the forwarders
-// on the pending channel, whether the append is a transaction with COPY
+// on the pending channel (payload names.RelayedPayload: they read at once),
+// whether the append is a transaction with COPY
 // (a large payload of the other topic) or pending alone (one statement).
 // A forwarder-only topic registered after the relay read the topics is
 // recognised too: the log statements refuse its partitions and the relay
@@ -69,8 +70,12 @@ func TestRelayPutsForwarderOnlyTopicsIntoPending(t *testing.T) {
 	}
 	woken := func(what string) {
 		t.Helper()
-		if _, err := listen.WaitForNotification(ctx); err != nil {
+		n, err := listen.WaitForNotification(ctx)
+		if err != nil {
 			t.Fatalf("no notification on the pending channel after %s: %v", what, err)
+		}
+		if n.Payload != names.RelayedPayload {
+			t.Fatalf("the notification after %s says %q, want %q (the forwarders go at once)", what, n.Payload, names.RelayedPayload)
 		}
 	}
 	startRelay(t, b.Pool, b.Schema, nil, nil)

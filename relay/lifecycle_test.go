@@ -90,7 +90,7 @@ func TestRelayBackoffResetsAfterAnAppend(t *testing.T) {
 	}
 	publish := func(uuid string) {
 		m := message.NewMessage(uuid, []byte("x"))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "k")
 		if err := pub.Publish("orders", m); err != nil {
 			t.Fatal(err)
 		}

@@ -17,7 +17,7 @@ func publishSingles(t *testing.T, pub *outbox.Publisher, topic string, first, n 
 	t.Helper()
 	for i := first; i < first+n; i++ {
 		m := message.NewMessage(watermillUUID(i), []byte("x"))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, fmt.Sprintf("key-%d", i))
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, fmt.Sprintf("key-%d", i))
 		if err := pub.Publish(topic, m); err != nil {
 			t.Fatal(err)
 		}

@@ -26,7 +26,7 @@ func TestPrerequisitesGetTypedErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Run(ctx); !errors.Is(err, relay.ErrNoSlot) || !strings.Contains(err.Error(), "CreateSlot") {
+	if err := r.Run(ctx); !errors.Is(err, outbox.ErrNoSlot) || !strings.Contains(err.Error(), "CreateSlot") {
 		t.Fatalf("Run without a slot: %v, want ErrNoSlot naming CreateSlot", err)
 	}
 
@@ -51,7 +51,7 @@ func TestPrerequisitesGetTypedErrors(t *testing.T) {
 
 	// A server with wal_level = replica (its default).
 	plain, _ := outboxtest.OwnCluster(t, nil, "plain")
-	if err := relay.CreateSlot(ctx, plain.Pool, "plain"); !errors.Is(err, relay.ErrWALLevel) || !strings.Contains(err.Error(), "wal_level = logical") {
+	if err := relay.CreateSlot(ctx, plain.Pool, "plain"); !errors.Is(err, outbox.ErrWALLevel) || !strings.Contains(err.Error(), "wal_level = logical") {
 		t.Fatalf("CreateSlot with wal_level = replica: %v, want ErrWALLevel", err)
 	}
 }

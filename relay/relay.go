@@ -40,6 +40,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/pgrepl"
 	"github.com/millrace/watermill-outbox/internal/relaydriver"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/walrecord"
 	"github.com/millrace/watermill-outbox/outboxtype"
@@ -275,8 +276,8 @@ func (r *Relay) Stats() Stats {
 // 2.5–5 s; an append that succeeds resets it). It returns at once the
 // errors retrying cannot mend: a schema never migrated or migrated by a
 // newer release (found at the start: Run may then be called again), a
-// server or role that cannot stream (ErrWALLevel,
-// ErrReplicationPrivilege), a missing slot (ErrNoSlot), and a record
+// server or role that cannot stream (outbox.ErrWALLevel,
+// ErrReplicationPrivilege), a missing slot (outbox.ErrNoSlot), and a record
 // written by a newer release (ErrRecordVersion). Otherwise Run runs once:
 // a second Run while it runs is outbox.ErrAlreadyRunning, a Run after
 // Close or after Run returned is outbox.ErrClosed.
@@ -290,7 +291,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // start refuses a schema retrying would not mend.
 func (r *Relay) start(ctx context.Context) error {
 	db, _ := pgexec.FromDB(r.cfg.Pool)
-	if err := schemacheck.Check(ctx, r.cfg.Pool, db, r.cfg.Schema); errors.Is(err, outboxtype.ErrNotMigrated) || errors.Is(err, outboxtype.ErrSchemaTooNew) {
+	if err := schemacheck.Check(ctx, r.cfg.Pool, db, r.cfg.Schema); errors.Is(err, sentinel.ErrNotMigrated) || errors.Is(err, sentinel.ErrSchemaTooNew) {
 		return err
 	}
 	return nil
@@ -321,7 +322,7 @@ func (r *Relay) run(ctx context.Context) error {
 			}
 			standby, wait = true, r.cfg.StandbyRetry
 			failures.Succeeded()
-		case errors.Is(err, ErrWALLevel), errors.Is(err, ErrReplicationPrivilege), errors.Is(err, ErrNoSlot), errors.Is(err, ErrRecordVersion):
+		case errors.Is(err, sentinel.ErrWALLevel), errors.Is(err, ErrReplicationPrivilege), errors.Is(err, sentinel.ErrNoSlot), errors.Is(err, ErrRecordVersion):
 			r.logger.Error("Relay stopped", err, nil)
 			return err
 		default:
@@ -355,7 +356,7 @@ func (r *Relay) Close() error {
 // Pool to stream with.
 func (r *Relay) made() error {
 	if r == nil || r.q == nil {
-		return fmt.Errorf("%w: a relay.Relay must be made by relay.New", outboxtype.ErrInvalidArgument)
+		return fmt.Errorf("%w: a relay.Relay must be made by relay.New", sentinel.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -481,11 +482,11 @@ func classify(err error) error {
 	}
 	switch pgErr.Code {
 	case "42704": // undefined_object: the slot
-		return fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
+		return fmt.Errorf("%w: %s", sentinel.ErrNoSlot, pgErr.Message)
 	case "42501", "28000": // insufficient_privilege, invalid_authorization_specification
 		return fmt.Errorf("%w: %s", ErrReplicationPrivilege, pgErr.Message)
 	case "55000": // object_not_in_prerequisite_state: wal_level
-		return fmt.Errorf("%w: %s", ErrWALLevel, pgErr.Message)
+		return fmt.Errorf("%w: %s", sentinel.ErrWALLevel, pgErr.Message)
 	}
 	return err
 }

@@ -112,7 +112,7 @@ func startPublishers(t *testing.T, pub *outbox.Publisher, n, maxPerTx int, failu
 				var msgs []*message.Message
 				for j := range 1 + i%maxPerTx {
 					m := message.NewMessage(fmt.Sprintf("%d-%d-%d", w, i, j), []byte("x"))
-					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+					m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 					msgs = append(msgs, m)
 				}
 				err := pub.Publish("orders", msgs...)
@@ -283,7 +283,7 @@ func TestRelayAppendsCommittedMessagesGapFreeInCommitOrder(t *testing.T) {
 					size := (i*7 + j) % 3 * 700 // 0, 700, 1400 bytes: inline and in bodies
 					payload := bytes.Repeat([]byte{byte(w), byte(i), byte(j)}, size/3+1)
 					m := message.NewMessage(fmt.Sprintf("%d-%d-%d", w, i, j), payload)
-					m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+					m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 					msgs = append(msgs, m)
 				}
 				rollback := i%7 == 3
@@ -348,7 +348,7 @@ func TestRelayAppendsCommittedMessagesGapFreeInCommitOrder(t *testing.T) {
 			if !bytes.Equal(m.Payload, payloads[m.UUID]) {
 				t.Fatalf("subscriber: payload of %s differs", m.UUID)
 			}
-			if got := m.Metadata.Get(outbox.PartitionKeyMetadata); got != committed[m.UUID] {
+			if got := m.Metadata.Get(outbox.PublishPartitionKeyMetadata); got != committed[m.UUID] {
 				t.Fatalf("subscriber: metadata of %s: partition key %q, want %q", m.UUID, got, committed[m.UUID])
 			}
 			m.Ack()
@@ -373,7 +373,7 @@ func TestUnregisteredPartitionAppendsNothingAndSaysWhich(t *testing.T) {
 			var msgs []*message.Message
 			for i := range size {
 				m := message.NewMessage(fmt.Sprintf("m-%d", i), []byte("x"))
-				m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+				m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "k")
 				msgs = append(msgs, m)
 				committed[m.UUID], order[m.UUID] = "k", i+1
 			}

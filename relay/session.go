@@ -378,7 +378,7 @@ func (s *session) append(ctx context.Context, batch []txn, n int) error {
 			return err
 		}
 		if ch := s.pendingChannel(delayed); ch != nil {
-			if err := exec(ctx, s.r.q.PendingNotify, *ch); err != nil {
+			if err := exec(ctx, s.r.q.PendingNotify, *ch, names.RelayedPayload); err != nil {
 				return fmt.Errorf("relay: wake the forwarders of forwarder-only topics: %w", err)
 			}
 		}

@@ -14,20 +14,16 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
-// Errors the log-based mode returns; each says what to change.
+// Errors the log-based mode returns; each says what to change. A server
+// without wal_level = logical, and a schema without its slot, are
+// outbox.ErrWALLevel and outbox.ErrNoSlot, as a Publisher in ModeWAL
+// returns them.
 var (
-	// ErrWALLevel: the server does not run with wal_level = logical. The
-	// same value as outbox.ErrWALLevel, which a Publisher in ModeWAL
-	// returns.
-	ErrWALLevel = outboxtype.ErrWALLevel
 	// ErrReplicationPrivilege: the role may not use replication slots.
 	ErrReplicationPrivilege = errors.New("relay: the role may not use replication slots; grant it with ALTER ROLE <role> REPLICATION, or connect as a role that has it")
-	// ErrNoSlot: the schema's slot does not exist. The same value as
-	// outbox.ErrNoSlot, which a Publisher in ModeWAL returns.
-	ErrNoSlot = outboxtype.ErrNoSlot
 	// ErrSlotActive: DropSlot found a relay streaming the slot.
 	ErrSlotActive = errors.New("relay: a relay is streaming the slot; stop every relay of the schema, then drop it")
 	// ErrSlotInUse: DropSlot found messages in the slot that no relay has
@@ -100,7 +96,7 @@ const UnrelayedScanLimit = 100000
 // schema (DefaultSchema for "").
 func args(pool *pgxpool.Pool, schema string) (string, error) {
 	if pool == nil {
-		return "", fmt.Errorf("%w: nil *pgxpool.Pool: pass the pool of the database that holds the schema", outboxtype.ErrUnsupportedTx)
+		return "", fmt.Errorf("%w: nil *pgxpool.Pool: pass the pool of the database that holds the schema", sentinel.ErrUnsupportedTx)
 	}
 	if schema == "" {
 		schema = names.DefaultSchema
@@ -109,7 +105,7 @@ func args(pool *pgxpool.Pool, schema string) (string, error) {
 }
 
 // Prerequisites checks that the server and the role can run the log-based
-// mode: wal_level = logical (ErrWALLevel) and the replication privilege
+// mode: wal_level = logical (outbox.ErrWALLevel) and the replication privilege
 // (ErrReplicationPrivilege).
 func Prerequisites(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := args(pool, ""); err != nil {
@@ -122,13 +118,13 @@ func Prerequisites(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	if level != "logical" {
-		return fmt.Errorf("%w (wal_level is %q)", ErrWALLevel, level)
+		return fmt.Errorf("%w (wal_level is %q)", sentinel.ErrWALLevel, level)
 	}
 	if !canReplicate {
 		return fmt.Errorf("%w (role %q)", ErrReplicationPrivilege, pool.Config().ConnConfig.User)
 	}
 	if maxSlots < 1 {
-		return fmt.Errorf("%w (max_replication_slots is 0; raise it and restart PostgreSQL)", ErrWALLevel)
+		return fmt.Errorf("%w (max_replication_slots is 0; raise it and restart PostgreSQL)", sentinel.ErrWALLevel)
 	}
 	return nil
 }
@@ -139,7 +135,7 @@ func Prerequisites(ctx context.Context, pool *pgxpool.Pool) error {
 // Prerequisites first, and does nothing that already exists, so it can run
 // at every start, like Migrate.
 //
-// Publishers in ModeWAL fail with ErrNoSlot until it has returned: while
+// Publishers in ModeWAL fail with outbox.ErrNoSlot until it has returned: while
 // PostgreSQL creates a slot it waits for the transactions open at that
 // moment to end, and the slot would not decode them.
 //
@@ -184,7 +180,7 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 
 // DropSlot removes what CreateSlot created: the slot (PostgreSQL then
 // frees the WAL it kept), the publication and the relay's position.
-// Publishers in ModeWAL of the schema fail with ErrNoSlot from then on.
+// Publishers in ModeWAL of the schema fail with outbox.ErrNoSlot from then on.
 //
 // It refuses while a relay streams the slot (ErrSlotActive). Unless force
 // is set, it also refuses (*SlotInUseError, ErrSlotInUse) while the slot

@@ -49,6 +49,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/schemacheck"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 	"github.com/millrace/watermill-outbox/outboxtype"
@@ -297,7 +298,7 @@ func (v *Vacuum) Run(ctx context.Context) error {
 // start refuses a schema retrying would not mend; any other error (the
 // database not up yet, say) is met again by the first pass, and retried.
 func (v *Vacuum) start(ctx context.Context) error {
-	if err := schemacheck.CheckPool(ctx, v.cfg.Pool, v.cfg.Schema); errors.Is(err, outboxtype.ErrNotMigrated) || errors.Is(err, outboxtype.ErrSchemaTooNew) {
+	if err := schemacheck.CheckPool(ctx, v.cfg.Pool, v.cfg.Schema); errors.Is(err, sentinel.ErrNotMigrated) || errors.Is(err, sentinel.ErrSchemaTooNew) {
 		return fmt.Errorf("retention: %w", err)
 	}
 	return nil

@@ -56,7 +56,7 @@ func (e env) publish(t *testing.T, topic string, n, keys int) {
 	for i := 0; i < n; i++ {
 		m := message.NewMessage(strconv.Itoa(i), []byte("payload"))
 		if keys > 0 {
-			m.Metadata.Set(outbox.PartitionKeyMetadata, "key-"+strconv.Itoa(i%keys))
+			m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "key-"+strconv.Itoa(i%keys))
 		}
 		batch = append(batch, m)
 		if len(batch) == cap(batch) || i == n-1 {
@@ -325,7 +325,7 @@ func TestRunAlongsideALiveSubscriber(t *testing.T) {
 			batch := make([]*message.Message, 0, 500)
 			for j := i; j < i+500; j++ {
 				m := message.NewMessage(strconv.Itoa(j), nil)
-				m.Metadata.Set(outbox.PartitionKeyMetadata, "k"+strconv.Itoa(j%16))
+				m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "k"+strconv.Itoa(j%16))
 				batch = append(batch, m)
 			}
 			if err := e.pub.Publish("live", batch...); err != nil {
@@ -344,7 +344,7 @@ func TestRunAlongsideALiveSubscriber(t *testing.T) {
 			t.Fatalf("stalled after %d messages", len(seen))
 		}
 		n, _ := strconv.Atoi(m.UUID)
-		key := m.Metadata.Get(outbox.PartitionKeyMetadata)
+		key := m.Metadata.Get(outbox.PublishPartitionKeyMetadata)
 		if !seen[m.UUID] {
 			if prev, ok := last[key]; ok && n <= prev {
 				t.Fatalf("key %s: %d after %d", key, n, prev)

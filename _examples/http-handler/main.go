@@ -66,7 +66,7 @@ func (h orderHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	payload, _ := json.Marshal(o)
 	msg := message.NewMessage(watermill.NewUUID(), payload)
-	msg.Metadata.Set(outbox.PartitionKeyMetadata, o.Customer)
+	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, o.Customer)
 	msg.Metadata.Set("type", "OrderPlaced")
 	msg.SetContext(outbox.WithTx(ctx, tx))
 	if err := h.pub.Publish("orders", msg); err != nil {

@@ -70,7 +70,7 @@ func run(ctx context.Context) error {
 	var want int64
 	for i := 1; i <= payments; i++ {
 		m := message.NewMessage(fmt.Sprintf("payment-%d", i), []byte(strconv.Itoa(i*10)))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, fmt.Sprintf("customer-%d", i%17))
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, fmt.Sprintf("customer-%d", i%17))
 		if err := pub.Publish("payments", m); err != nil {
 			return err
 		}
@@ -118,7 +118,7 @@ func run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(msg.Context(), `INSERT INTO ledger (customer, cents) VALUES ($1, $2)`, msg.Metadata.Get(outbox.PartitionKeyMetadata), cents)
+		_, err = tx.Exec(msg.Context(), `INSERT INTO ledger (customer, cents) VALUES ($1, $2)`, msg.Metadata.Get(outbox.PublishPartitionKeyMetadata), cents)
 		return err
 	})
 	routerDone := make(chan error, 1)

@@ -168,7 +168,7 @@ func placeOrder(ctx context.Context, pool *pgxpool.Pool, pub *outbox.Publisher, 
 	}
 	payload, _ := json.Marshal(map[string]any{"order_id": id, "customer": customer, "total_cents": totalCents})
 	msg := message.NewMessage(watermill.NewUUID(), payload)
-	msg.Metadata.Set(outbox.PartitionKeyMetadata, customer) // per-customer order
+	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, customer) // per-customer order
 	msg.SetContext(outbox.WithTx(ctx, tx))
 	if err := pub.Publish("orders", msg); err != nil {
 		return err

@@ -159,7 +159,7 @@ func run(ctx context.Context) error {
 			return fmt.Errorf("event %s arrived twice: Nats-Msg-Id should have dropped the copy", id)
 		}
 		seen[id] = true
-		account := m.Metadata.Get(outbox.PartitionKeyMetadata)
+		account := m.Metadata.Get(outbox.PublishPartitionKeyMetadata)
 		n, _ := strconv.Atoi(m.Metadata.Get("transfer_id"))
 		if n <= last[account] {
 			return fmt.Errorf("%s: transfer %d arrived after %d", account, n, last[account])
@@ -199,7 +199,7 @@ func transfer(ctx context.Context, db *exampledb.DB, pub *outbox.Publisher, id i
 		return err
 	}
 	msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"transfer_id":%d,"account":%q,"cents":%d}`, id, account, cents)))
-	msg.Metadata.Set(outbox.PartitionKeyMetadata, account)
+	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, account)
 	msg.Metadata.Set("transfer_id", strconv.Itoa(id))
 	msg.SetContext(outbox.WithTx(ctx, tx))
 	if err := pub.Publish("transfers", msg); err != nil {

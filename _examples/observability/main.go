@@ -96,7 +96,7 @@ func run(ctx context.Context) error {
 	var msgs []*message.Message
 	for i := 1; i <= 10; i++ {
 		msg := message.NewMessage(fmt.Sprintf("order-%d", i), []byte(fmt.Sprintf(`{"order": %d}`, i)))
-		msg.Metadata.Set(outbox.PartitionKeyMetadata, fmt.Sprintf("customer-%d", i%3))
+		msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, fmt.Sprintf("customer-%d", i%3))
 		msg.SetContext(checkout)
 		msgs = append(msgs, msg)
 	}

@@ -124,7 +124,7 @@ func serve(ctx context.Context, pool *pgxpool.Pool, kafkaBrokers []string, ln ne
 			}
 			payload, _ := json.Marshal(map[string]int{"order_id": id})
 			msg := message.NewMessage(watermill.NewUUID(), payload)
-			msg.Metadata.Set(outbox.PartitionKeyMetadata, strconv.Itoa(id)) // in order per key
+			msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, strconv.Itoa(id)) // in order per key
 			msg.SetContext(outbox.WithTx(r.Context(), tx))
 			return pub.Publish("orders", msg)
 		})

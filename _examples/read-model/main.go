@@ -72,7 +72,7 @@ func run(ctx context.Context) error {
 			}
 			payload, _ := json.Marshal(ev)
 			msg := message.NewMessage(watermill.NewUUID(), payload)
-			msg.Metadata.Set(outbox.PartitionKeyMetadata, ev.Customer)
+			msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, ev.Customer)
 			msg.SetContext(outbox.WithTx(ctx, tx))
 			return pub.Publish("orders", msg)
 		})

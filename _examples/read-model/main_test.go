@@ -49,7 +49,7 @@ func publish(t *testing.T, pool *pgxpool.Pool, schema string, evs ...orderPlaced
 		for _, ev := range evs {
 			payload, _ := json.Marshal(ev)
 			m := message.NewMessage(fmt.Sprintf("order-%d", ev.OrderID), payload)
-			m.Metadata.Set(outbox.PartitionKeyMetadata, ev.Customer)
+			m.Metadata.Set(outbox.PublishPartitionKeyMetadata, ev.Customer)
 			m.SetContext(outbox.WithTx(ctx, tx))
 			msgs = append(msgs, m)
 		}

@@ -66,7 +66,7 @@ func run(ctx context.Context) error {
 		}
 		payload, _ := json.Marshal(p)
 		msg := message.NewMessage(watermill.NewUUID(), payload)
-		msg.Metadata.Set(outbox.PartitionKeyMetadata, p.Account)
+		msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, p.Account)
 		if err := pub.Publish("payments", msg); err != nil {
 			return err
 		}

@@ -199,7 +199,7 @@ func setSetting(ctx context.Context, pool *pgxpool.Pool, pub *outbox.Publisher, 
 			return err
 		}
 		msg := message.NewMessage(watermill.NewUUID(), []byte(value))
-		msg.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		msg.Metadata.Set("ce_type", "com.shop.setting.changed")
 		msg.SetContext(tx)
 		return pub.Publish("settings", msg)
@@ -214,7 +214,7 @@ func deleteSetting(ctx context.Context, pool *pgxpool.Pool, pub *outbox.Publishe
 			return err
 		}
 		msg := message.NewMessage(watermill.NewUUID(), nil)
-		msg.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		msg.Metadata.Set("ce_type", "com.shop.setting.deleted")
 		if err := outbox.Tombstone(msg); err != nil {
 			return err

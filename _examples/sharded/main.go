@@ -314,7 +314,7 @@ func placeOrder(ctx context.Context, db *exampledb.DB, pub *outbox.Publisher, cu
 		}
 		payload, _ := json.Marshal(orderPlaced{customer, n})
 		msg := message.NewMessage(watermill.NewUUID(), payload)
-		msg.Metadata.Set(outbox.PartitionKeyMetadata, customer) // per-customer order, and the Kafka key
+		msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, customer) // per-customer order, and the Kafka key
 		msg.SetContext(outbox.WithTx(ctx, tx))
 		return pub.Publish("orders", msg)
 	})

@@ -182,7 +182,7 @@ func placeOrder(ctx context.Context, pool *pgxpool.Pool, pub *outbox.Publisher, 
 	}
 	payload, _ := json.Marshal(map[string]any{"order_id": id, "customer": customer, "total_cents": totalCents})
 	msg := message.NewMessage(watermill.NewUUID(), payload)
-	msg.Metadata.Set(outbox.PartitionKeyMetadata, customer)
+	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, customer)
 	msg.SetContext(outbox.WithTx(ctx, tx))
 	if err := pub.Publish("orders", msg); err != nil {
 		return err

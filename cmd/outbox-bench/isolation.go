@@ -190,7 +190,7 @@ func (b *bench) runIsolation(ctx context.Context, run string) (*isolationResult,
 				for i := range batch {
 					n := tx*perTx + i
 					m := message.NewMessage(strconv.Itoa(n), b.payload)
-					m.Metadata.Set(outbox.PartitionKeyMetadata, keyOf(n))
+					m.Metadata.Set(outbox.PublishPartitionKeyMetadata, keyOf(n))
 					m.Metadata.Set("bench_n", strconv.Itoa(n))
 					batch[i] = m
 				}

@@ -93,7 +93,7 @@ func (b *bench) publisher(ctx context.Context, l *load, jobs <-chan txJob, seed 
 		msgs := make([]*message.Message, l.perTx)
 		for i := range msgs {
 			m := message.NewMessage(watermill.NewUUID(), b.payload)
-			m.Metadata.Set(outbox.PartitionKeyMetadata, b.keys[rng.IntN(len(b.keys))])
+			m.Metadata.Set(outbox.PublishPartitionKeyMetadata, b.keys[rng.IntN(len(b.keys))])
 			if l.tag {
 				m.Metadata.Set(benchN, strconv.Itoa(first+i))
 			}

@@ -122,7 +122,7 @@ func (b *bench) setupRiver(ctx context.Context, schema, kafkaTopic string, broke
 		params := make([]river.InsertManyParams, len(msgs))
 		for i, m := range msgs {
 			params[i] = river.InsertManyParams{Args: riverOutboxArgs{
-				UUID: m.UUID, Key: m.Metadata.Get(outbox.PartitionKeyMetadata), Metadata: m.Metadata, Payload: m.Payload,
+				UUID: m.UUID, Key: m.Metadata.Get(outbox.PublishPartitionKeyMetadata), Metadata: m.Metadata, Payload: m.Payload,
 			}}
 		}
 		_, err := inserter.InsertManyFastTx(ctx, tx, params)

@@ -213,7 +213,7 @@ func newKafkaPublisher(brokers []string) (message.Publisher, error) {
 	return wmkafka.NewPublisher(wmkafka.PublisherConfig{
 		Brokers: brokers,
 		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-			return msg.Metadata.Get(outbox.PartitionKeyMetadata), nil
+			return msg.Metadata.Get(outbox.PublishPartitionKeyMetadata), nil
 		}),
 	}, watermill.NopLogger{})
 }

@@ -197,7 +197,7 @@ func newMessages(txCtx context.Context, key string, version int64, n int) []*mes
 	for i := range msgs {
 		payload := fmt.Sprintf(`{"order_id":%s,"version":%d,"index":%d}`, key, version, i+1)
 		m := message.NewMessage(watermill.NewUUID(), []byte(payload))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		m.Metadata.Set(versionMetadata, strconv.FormatInt(version, 10))
 		m.Metadata.Set(indexMetadata, strconv.Itoa(i+1))
 		m.SetContext(txCtx)

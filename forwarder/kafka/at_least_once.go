@@ -38,8 +38,8 @@ import (
 // atLeastOnceID names the producer of batch: its outbox partition's, or
 // one for batches that are not one outbox partition's (a Send outside a
 // Forwarder).
-func (t *Target) atLeastOnceID(ctx context.Context, batch []*message.Message) string {
-	if o, err := origin.Of(ctx, batch, "kafka"); err == nil {
+func (t *Target) atLeastOnceID(from origin.Origin, batch []*message.Message) string {
+	if o, err := origin.Of(from, batch, "kafka"); err == nil {
 		return "at-least-once:" + t.partitionTransactionalID(o)
 	}
 	return "at-least-once"
@@ -66,8 +66,8 @@ func (t *Target) atLeastOnceClient(driver kafkadriver.Driver, p *producer) (kafk
 }
 
 // sendAtLeastOnce is Send without transactions.
-func (t *Target) sendAtLeastOnce(ctx context.Context, driver kafkadriver.Driver, topic string, batch []*message.Message) (int, error) {
-	p, err := t.producer(t.atLeastOnceID(ctx, batch))
+func (t *Target) sendAtLeastOnce(ctx context.Context, driver kafkadriver.Driver, from origin.Origin, topic string, batch []*message.Message) (int, error) {
+	p, err := t.producer(t.atLeastOnceID(from, batch))
 	if err != nil {
 		return 0, err
 	}

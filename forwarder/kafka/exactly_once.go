@@ -185,8 +185,8 @@ func (t *Target) key(s *txnSend) partKey {
 }
 
 // sendExactlyOnce is Send with transactions; see the comment above.
-func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver, topic string, batch []*message.Message) (int, error) {
-	o, err := origin.Of(ctx, batch, "kafka")
+func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver, from origin.Origin, topic string, batch []*message.Message) (int, error) {
+	o, err := origin.Of(from, batch, "kafka")
 	if err != nil {
 		return 0, err
 	}
@@ -239,7 +239,7 @@ func (t *Target) leadRound(driver kafkadriver.Driver, first []*txnSend) {
 		linger := time.NewTimer(t.cfg.Linger)
 		select {
 		case <-linger.C:
-		case <-t.stop:
+		case <-t.life.Closing():
 			linger.Stop()
 		}
 	}
@@ -294,7 +294,7 @@ func (t *Target) roundContext(round []*txnSend) (context.Context, context.Cancel
 	ctx, cancelStop := context.WithCancel(ctx)
 	go func() {
 		select {
-		case <-t.stop:
+		case <-t.life.Closing():
 			cancelStop()
 		case <-ctx.Done():
 		}
@@ -562,11 +562,7 @@ func (t *Target) transact(ctx context.Context, topic string, records []outRecord
 // needs); the next transaction starts the producer again.
 func (t *Target) dropTxn() {
 	if cl := t.txn.client.Swap(nil); cl != nil {
-		t.wg.Add(1)
-		go func() {
-			defer t.wg.Done()
-			cl.close()
-		}()
+		t.closeLater(cl)
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 // empty value.
 func ExampleDefaultMarshaler_tombstone() {
 	deleted := message.NewMessage("user-42-theme-deleted", nil)
-	deleted.Metadata.Set(outbox.PartitionKeyMetadata, "user-42/theme")
+	deleted.Metadata.Set(outbox.PublishPartitionKeyMetadata, "user-42/theme")
 	if err := outbox.Tombstone(deleted); err != nil {
 		panic(err)
 	}

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,11 +60,7 @@ func (p *producer) retire() {
 // needs); the next Send starts on a new one. mu is held.
 func (t *Target) drop(p *producer) {
 	if cl := p.client.Swap(nil); cl != nil {
-		t.wg.Add(1)
-		go func() {
-			defer t.wg.Done()
-			cl.close()
-		}()
+		t.closeLater(cl)
 	}
 }
 
@@ -91,15 +88,14 @@ func (t *Target) producer(id string) (*producer, error) {
 }
 
 // sweepIdle closes the producers that sent nothing for
-// ProducerIdleTimeout, until Close.
-func (t *Target) sweepIdle() {
-	defer t.wg.Done()
+// ProducerIdleTimeout, until ctx ends (Close).
+func (t *Target) sweepIdle(ctx context.Context) {
 	every := max(time.Second, t.cfg.ProducerIdleTimeout/4)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
-		case <-t.stop:
+		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}

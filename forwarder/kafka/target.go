@@ -16,8 +16,10 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
 	"github.com/millrace/watermill-outbox/internal/origin"
+	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -76,8 +78,12 @@ type Target struct {
 	producers map[string]*producer // at least once, by id
 	txn       *txnProducer         // exactly once
 	refused   map[string]refusedSize
-	stop      chan struct{} // closed by Close: ends the idle sweep
-	wg        sync.WaitGroup
+
+	// life is the target's lifecycle (internal/startstop): started by the
+	// first connect, it runs the idle sweep and the closes of clients left
+	// in doubt (closeLater); Close stops and waits for them, and its
+	// Closing channel cuts the sends' waits short (a linger, a round).
+	life startstop.Service
 }
 
 // NewTarget creates a Target. It connects on the first Send, so that a
@@ -111,7 +117,7 @@ func newTarget(cfg Config, logger watermill.LoggerAdapter, newDriver kafkadriver
 		producers:  map[string]*producer{},
 		txn:        newTxnProducer(cfg.TransactionalIDPrefix + "/" + instance),
 		refused:    map[string]refusedSize{},
-		stop:       make(chan struct{}),
+		life:       startstop.Service{Name: "kafka.Target"},
 	}
 }
 
@@ -142,10 +148,18 @@ func (t *Target) connect() (kafkadriver.Driver, error) {
 			return nil, err
 		}
 		t.driver = d
-		t.wg.Add(1)
-		go t.sweepIdle()
+		_ = t.life.Start(context.Background(), t.sweepIdle) // (once: the target is not closed)
 	}
 	return t.driver, nil
+}
+
+// closeLater closes cl, a client left in doubt, on a goroutine of the
+// target's (closing waits for nothing the send needs); Close waits for it.
+// Once the target closes, it closes cl at once.
+func (t *Target) closeLater(cl *producerClient) {
+	if !t.life.Spawn(func(context.Context) { cl.close() }) {
+		cl.close()
+	}
 }
 
 // compressed reports whether the driver compresses record batches (false
@@ -160,7 +174,7 @@ func (t *Target) compressed() bool {
 // until they returned and every client is closed. A second Close does
 // nothing.
 func (t *Target) Close() error {
-	if t == nil || t.stop == nil {
+	if t == nil || t.txn == nil {
 		return nil
 	}
 	t.mu.Lock()
@@ -169,7 +183,6 @@ func (t *Target) Close() error {
 		return nil
 	}
 	t.closed = true
-	close(t.stop)
 	producers := make([]*producer, 0, len(t.producers))
 	for id, p := range t.producers {
 		producers = append(producers, p)
@@ -177,6 +190,9 @@ func (t *Target) Close() error {
 	}
 	driver := t.driver
 	t.mu.Unlock()
+	// The rounds and lingers under way end (Closing), the idle sweep
+	// stops, and the clients being closed in the background are closed.
+	t.life.Close()
 	// Closing a client fails what it has in flight, so that the sends
 	// using it return; then wait for them.
 	for _, p := range producers {
@@ -196,12 +212,30 @@ func (t *Target) Close() error {
 		p.mu.Unlock()
 	}
 	t.txn.waitIdle()
-	t.wg.Wait()
 	return nil
 }
 
 // Send implements forwarder.Target.
 func (t *Target) Send(ctx context.Context, topic string, batch []*message.Message) (int, error) {
+	return t.send(ctx, origin.Origin{}, topic, batch)
+}
+
+// The Forwarder sends with the batch's origin given (internal/forward's
+// Explicit): its source, schema, group and the topic's partition count
+// name and fence the producers; no value travels in the context.
+func init() {
+	forward.Explicit = func(target any) (forward.Send, bool) {
+		t, ok := target.(*Target)
+		if !ok || t == nil {
+			return nil, false
+		}
+		return t.send, true
+	}
+}
+
+// send is Send with the Forwarder's part of the batch's origin (empty
+// when the target is used on its own).
+func (t *Target) send(ctx context.Context, from origin.Origin, topic string, batch []*message.Message) (int, error) {
 	if t == nil || t.producers == nil {
 		return 0, errs.NotConstructed("kafka.Target", "kafka.NewTarget")
 	}
@@ -227,9 +261,9 @@ func (t *Target) Send(ctx context.Context, topic string, batch []*message.Messag
 		return 0, err
 	}
 	if t.cfg.AtLeastOnce {
-		return t.sendAtLeastOnce(ctx, driver, topic, batch)
+		return t.sendAtLeastOnce(ctx, driver, from, topic, batch)
 	}
-	return t.sendExactlyOnce(ctx, driver, topic, batch)
+	return t.sendExactlyOnce(ctx, driver, from, topic, batch)
 }
 
 // checkTopic refuses a topic name Kafka refuses: empty, "." or "..",

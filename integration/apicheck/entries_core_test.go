@@ -108,9 +108,6 @@ var coreEntries = []entry{
 			return err
 		})
 	}},
-	{"outbox.PartitionKeyFromMetadata", func(e *env) {
-		e.may("PartitionKeyFromMetadata(nil)", func() error { _, err := outbox.PartitionKeyFromMetadata("", nil); return err })
-	}},
 	{"outbox.PublisherConfig.Validate", func(e *env) {
 		e.may("PublisherConfig{}.Validate", func() error { return outbox.PublisherConfig{}.Validate() })
 		e.may("PublisherConfig{Partitioner: PartitionerFunc(nil)}.Validate", func() error {
@@ -151,7 +148,7 @@ var coreEntries = []entry{
 		nilPart := must(outbox.NewPublisher(outbox.PublisherConfig{Schema: e.schema, DB: e.pool, OwnTransaction: true, Partitioner: partitioning.PartitionerFunc(nil)}, nil))(e)
 		e.fails("Publisher(Partitioner: PartitionerFunc(nil)).Publish(orders, keyed msg)", func() error {
 			m := message.NewMessage("u", nil)
-			m.Metadata.Set(outbox.PartitionKeyMetadata, "k")
+			m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "k")
 			return nilPart.Publish("orders", m)
 		})
 		e.fails("Publisher(no DB).Publish(orders, msg)", func() error { return noDB.Publish("orders", message.NewMessage("u", nil)) })
@@ -179,9 +176,6 @@ var coreEntries = []entry{
 	}},
 	{"outbox.Sequencer.SequenceAll", func(e *env) {
 		e.fails("Sequencer{}.SequenceAll", func() error { _, err := new(outbox.Sequencer).SequenceAll(e.ctx); return err })
-	}},
-	{"outbox.Sequencer.Pass", func(e *env) {
-		e.fails("Sequencer{}.Pass", func() error { _, _, err := new(outbox.Sequencer).Pass(e.ctx); return err })
 	}},
 	{"outbox.Strategy.String", func(e *env) { e.call("Strategy(0).String", func() { _ = outbox.Strategy(0).String() }) }},
 	{"outbox.SubscriberConfig.Validate", func(e *env) {

@@ -35,7 +35,6 @@ var operationsEntries = []entry{
 	{"adaptive.LowLatency", func(e *env) { e.call("LowLatency", func() { _ = adaptive.LowLatency() }) }},
 	{"adaptive.HighThroughput", func(e *env) { e.call("HighThroughput", func() { _ = adaptive.HighThroughput() }) }},
 	{"adaptive.Background", func(e *env) { e.call("Background", func() { _ = adaptive.Background() }) }},
-	{"adaptive.ProfileNames", func(e *env) { e.call("ProfileNames", func() { adaptive.ProfileNames() }) }},
 	{"adaptive.Profile", func(e *env) {
 		e.fails("Profile(\"\")", func() error { _, err := adaptive.Profile(""); return err })
 	}},

@@ -151,7 +151,7 @@ var vocabulary = []error{
 	adaptive.ErrUnknownProfile, admin.ErrSeqOutOfRange, admin.ErrGroupActive,
 	deadletter.ErrInvalidState, deadletter.ErrInvalidCursor, forwarder.ErrNotSent,
 	inbox.ErrNoPosition, inbox.ErrStale,
-	relay.ErrWALLevel, relay.ErrReplicationPrivilege, relay.ErrNoSlot, relay.ErrSlotActive, relay.ErrRecordVersion,
+	relay.ErrReplicationPrivilege, relay.ErrSlotActive, relay.ErrRecordVersion,
 	context.Canceled, context.DeadlineExceeded,
 }
 

@@ -278,7 +278,7 @@ func newPaddedMessage(uuid, key string, n int, txID string, poison, rollback boo
 		panic(err)
 	}
 	wm := message.NewMessage(uuid, body)
-	wm.Metadata.Set(outbox.PartitionKeyMetadata, key)
+	wm.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 	return Message{UUID: uuid, Key: key, N: n, Payload: string(body), Poison: poison}, wm
 }
 
@@ -365,7 +365,7 @@ func (r *run) inject(pub *outbox.Publisher) {
 		}
 		for j := 0; j < 20; j++ {
 			again := message.NewMessage(wm.UUID, wm.Payload)
-			again.Metadata.Set(outbox.PartitionKeyMetadata, "selftest-dup")
+			again.Metadata.Set(outbox.PublishPartitionKeyMetadata, "selftest-dup")
 			err := r.injectTx(pub, fmt.Sprintf("%s-again-%d", txID, j), []*message.Message{again}, true)
 			if err == nil {
 				break

@@ -350,7 +350,7 @@ func (r *sourcesRun) publishTx(s *shard, txID, key string, count int, rollback b
 		m := sourceMessage{Source: s.name, Key: key, UUID: fmt.Sprintf("%s-%d", txID, j), Tx: txID, N: n - count + 1 + j}
 		body, _ := json.Marshal(sourcePayload{ID: m.UUID, Source: s.name, Key: key, N: m.N})
 		wm := message.NewMessage(m.UUID, body)
-		wm.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		wm.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		wm.SetContext(outbox.WithTx(ctx, tx))
 		batch = append(batch, wm)
 		msgs = append(msgs, m)

@@ -80,7 +80,7 @@ func TestChartsAndGridMoveInARealBrowser(t *testing.T) {
 	}
 	go func() {
 		for m := range msgs {
-			if m.Metadata.Get(outbox.PartitionKeyMetadata) == "poison" {
+			if m.Metadata.Get(outbox.PublishPartitionKeyMetadata) == "poison" {
 				m.Nack()
 				continue
 			}

@@ -24,7 +24,7 @@ type msg struct{ uuid, key, payload string }
 func (m msg) message() *message.Message {
 	w := message.NewMessage(m.uuid, []byte(m.payload))
 	if m.key != "" {
-		w.Metadata.Set(outbox.PartitionKeyMetadata, m.key)
+		w.Metadata.Set(outbox.PublishPartitionKeyMetadata, m.key)
 	}
 	w.Metadata.Set("n", strings.TrimLeft(m.uuid, "abx"))
 	return w

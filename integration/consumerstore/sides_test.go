@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -110,10 +109,12 @@ func pgSide(t *testing.T, msgs []msg) (*side, []consumer.Entry) {
 	b.Exec(`CREATE TABLE ` + b.Schema + `.fx (n serial, label text PRIMARY KEY)`)
 	b.Exec(`INSERT INTO ` + b.Schema + `.fx (label) VALUES ('FAIL')`)
 
-	stop, cancel := context.WithCancel(context.Background())
-	var background sync.WaitGroup
-	t.Cleanup(func() { cancel(); background.Wait() })
-	store := consumer.NewStore(b.Pool, b.Schema, group, stop, &background)
+	tasks := consumer.NewTasks() // the Marker's goroutine runs on them
+	if err := tasks.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tasks.Stop)
+	store := consumer.NewStore(b.Pool, b.Schema, group, tasks)
 
 	acquire := func() consumer.Lease {
 		m, err := lease.NewManager(lease.Config{Schema: b.Schema, Pool: b.Pool, Group: group, Topic: topic, Partitions: 1,

@@ -40,7 +40,7 @@ func TestForwarderKeyIsolation(t *testing.T) {
 	var fixed, brokerDown atomic.Bool
 	blocked := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			if msg.Metadata.Get(outbox.PartitionKeyMetadata) == "key-0" && !fixed.Load() {
+			if msg.Metadata.Get(outbox.PublishPartitionKeyMetadata) == "key-0" && !fixed.Load() {
 				return nil, errors.New("no route for key-0 yet")
 			}
 			return h(msg)

@@ -39,7 +39,7 @@ func (o *observer) middleware(h message.HandlerFunc) message.HandlerFunc {
 		out, err := h(msg)
 		n, _ := strconv.Atoi(msg.Metadata.Get("n"))
 		o.mu.Lock()
-		o.seen = append(o.seen, observed{key: msg.Metadata.Get(outbox.PartitionKeyMetadata), n: n, err: err})
+		o.seen = append(o.seen, observed{key: msg.Metadata.Get(outbox.PublishPartitionKeyMetadata), n: n, err: err})
 		o.mu.Unlock()
 		return out, err
 	}
@@ -120,7 +120,7 @@ func TestMiddlewareFailureAndPanicAreRetriedInOrder(t *testing.T) {
 	var failed, panicked atomic.Int32
 	flaky := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			key, n := msg.Metadata.Get(outbox.PartitionKeyMetadata), msg.Metadata.Get("n")
+			key, n := msg.Metadata.Get(outbox.PublishPartitionKeyMetadata), msg.Metadata.Get("n")
 			if key == "key-1" && n == "3" && failed.Add(1) <= 2 {
 				return nil, errors.New("middleware says no")
 			}

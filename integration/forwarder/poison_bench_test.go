@@ -108,7 +108,7 @@ func runPoisonLoad(b *testing.B, poisonPercent int) (maxLag int64, drain time.Du
 				<-tick.C
 				n := p*perPub + i
 				m := message.NewMessage("m"+strconv.Itoa(n), make([]byte, 200))
-				m.Metadata.Set(outbox.PartitionKeyMetadata, "key-"+strconv.Itoa(n%keys))
+				m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "key-"+strconv.Itoa(n%keys))
 				if poisonPercent > 0 && n%(100/poisonPercent) == 50 {
 					m.Payload = make([]byte, 100<<10)
 				}

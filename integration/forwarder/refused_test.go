@@ -33,7 +33,7 @@ func TestKafkaRefusedRecordIsIsolatedWithinTheSend(t *testing.T) {
 	big := map[string]bool{}
 	for i := 0; i < 12; i++ {
 		pub.Round("orders", 10, func(m *message.Message) {
-			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PublishPartitionKeyMetadata) {
 			case "3/key-4", "8/key-7", "8/key-8":
 				m.Payload = make([]byte, 100<<10) // the broker refuses it; the target's own limit (MaxBatchBytes) is higher
 				big[m.UUID] = true

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -88,12 +87,14 @@ func TestDatabaseModelIsPostgreSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop, cancel := context.WithCancel(context.Background())
-	var background sync.WaitGroup
-	t.Cleanup(func() { cancel(); background.Wait() })
+	tasks := consumer.NewTasks() // the Marker's goroutine runs on them
+	if err := tasks.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tasks.Stop)
 	pg := dbSide{
 		leases: lease.NewPGStore(db, nil, b.Schema),
-		store:  consumer.NewStore(b.Pool, b.Schema, pinGroup, stop, &background),
+		store:  consumer.NewStore(b.Pool, b.Schema, pinGroup, tasks),
 		begin:  func(ctx context.Context) (pgx.Tx, error) { return b.Pool.Begin(ctx) },
 		expire: func(p int) {
 			b.Exec(`UPDATE `+b.Schema+`.cursors SET lease_expires_at = now() - interval '1 second' WHERE group_name = $1 AND topic = $2 AND partition = $3`, pinGroup, pinTopic, p)

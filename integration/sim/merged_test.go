@@ -43,10 +43,12 @@ func newMergeSide(t *testing.T) *mergeSide {
 		b.Publish(pinTopic, outboxtest.Keyed(fmt.Sprintf("m%d", i), fmt.Sprintf("key-%d", i%7), i, "x"))
 	}
 	b.SequenceAll()
-	stop, cancel := context.WithCancel(context.Background())
-	var background sync.WaitGroup
-	t.Cleanup(func() { cancel(); background.Wait() })
-	store := consumer.NewStore(b.Pool, b.Schema, pinGroup, stop, &background)
+	tasks := consumer.NewTasks() // the Marker's goroutine runs on them
+	if err := tasks.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tasks.Stop)
+	store := consumer.NewStore(b.Pool, b.Schema, pinGroup, tasks)
 	db, err := pgexec.FromDB(b.Pool)
 	if err != nil {
 		t.Fatal(err)

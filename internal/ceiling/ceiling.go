@@ -33,7 +33,7 @@ func PlainInsert(insert, topic string, partitions int) func(ctx context.Context,
 		metas := make([]string, len(msgs))
 		payloads := make([][]byte, len(msgs))
 		for i, m := range msgs {
-			keys[i] = m.Metadata.Get(outbox.PartitionKeyMetadata)
+			keys[i] = m.Metadata.Get(outbox.PublishPartitionKeyMetadata)
 			p, err := partitioner.Partition(keys[i], partitions)
 			if err != nil {
 				return err

@@ -14,7 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/watermill-outbox/internal/pgexec"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // ConsumeBatches: the handler gets a batch and says how many are done.
@@ -154,7 +154,7 @@ func TestBatchRejectsAMessageWithinIt(t *testing.T) {
 			for i, m := range b {
 				if string(m.Payload) == "poison" {
 					err := Reject(m, cause, nil)
-					if !errors.Is(err, outboxtype.ErrPoison) {
+					if !errors.Is(err, sentinel.ErrPoison) {
 						t.Errorf("Reject returned %v", err)
 					}
 					return i, err

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,11 +36,10 @@ type Config struct {
 	// for its partition; the function it returns undoes that. Nil: no
 	// notifications.
 	Register func(topic string, partition int, p *worker.Poker) (unregister func())
-	// Stop ends when the Subscriber closes. Background counts the
-	// goroutines of abandoned handlers, which the Subscriber's Close waits
-	// for.
-	Stop       context.Context
-	Background *sync.WaitGroup
+	// Tasks runs what a worker leaves behind a turn (the waits for the
+	// handlers it abandoned); the Subscriber starts them before its
+	// workers and stops them, waiting, when it closes. Nil: see Tasks.Go.
+	Tasks *Tasks
 	// Counts are the Subscriber's running totals (Subscriber.Stats).
 	Counts *Counts
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Crash evidence (docs/failure-modes.md §3): what the worker records
@@ -177,10 +177,11 @@ func TestAbandonedHandlerMakesAloneNoEvidence(t *testing.T) {
 }
 
 // The goroutine that keeps an abandoned handler's place in the gate until
-// it answers is counted in Background, so the Subscriber's Close waits for
-// it (it ends when the Subscriber stops). It was not: Close returned with
-// it still running.
-func TestAbandonedHandlersGateWaitIsCountedInBackground(t *testing.T) {
+// it answers is one of the Subscriber's Tasks: it outlives the worker, and
+// the Tasks' Stop (the Subscriber's Close) ends it and returns only once it
+// has given the place back. It once was a goroutine of its own: Close
+// returned with it still running.
+func TestAbandonedHandlersGateWaitIsOneOfTheTasks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newFakeStore("never")
 		r := newRig(t, s, nil, nil)
@@ -189,16 +190,13 @@ func TestAbandonedHandlersGateWaitIsCountedInBackground(t *testing.T) {
 			t.Fatalf("%d abandoned, want the timed-out handler", abandoned)
 		}
 		r.w.Stop()
-		var waited atomic.Bool
-		go func() { r.bg.Wait(); waited.Store(true) }()
 		synctest.Wait()
-		if waited.Load() {
-			t.Fatal("Background's Wait returned while the abandoned handler's gate wait runs: Close would not wait for it")
+		if _, _, _, abandoned := r.cfg.Gate.state(); abandoned != 1 {
+			t.Fatalf("%d abandoned once the worker stopped: the wait for the handler must outlive the worker", abandoned)
 		}
-		r.stop() // the Subscriber closes
-		synctest.Wait()
-		if !waited.Load() {
-			t.Fatal("Background's Wait did not return once the Subscriber stopped")
+		r.tasks.Stop() // the Subscriber closes
+		if _, _, _, abandoned := r.cfg.Gate.state(); abandoned != 0 {
+			t.Fatalf("%d abandoned when Stop returned: it did not wait for the handler's gate wait", abandoned)
 		}
 	})
 }
@@ -215,7 +213,7 @@ func TestExhaustedHeadIsRejectedWithoutDelivery(t *testing.T) {
 			t.Fatalf("handed out %v: the exhausted message must not be delivered again", uuids(got))
 		}
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) {
+		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, sentinel.ErrPoison) {
 			t.Fatalf("rejected %+v", taken)
 		}
 		if r.cfg.Counts.Rejected.Load() != 1 || s.State().Seq != 1 {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The Leased strategy, one message at a time: what each answer of the
@@ -132,7 +132,7 @@ func TestMaxAttemptsTakesTheMessageOut(t *testing.T) {
 			r.step(map[string]answer{"bad": nack})
 		}
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) ||
+		if len(taken) != 1 || taken[0].UUID != "m1" || taken[0].Attempts != 3 || !errors.Is(taken[0].Reason, sentinel.ErrPoison) ||
 			!strings.Contains(taken[0].Reason.Error(), "failed 3 times") {
 			t.Fatalf("rejected %+v", taken)
 		}
@@ -244,7 +244,7 @@ func TestMissingPayloadFailsWithoutAHandOut(t *testing.T) {
 			t.Fatalf("handed out %v: want m1, then m3 after m2 is dead-lettered", handed)
 		}
 		taken := r.rejects.taken()
-		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, outboxtype.ErrPayloadMissing) {
+		if len(taken) != 1 || taken[0].UUID != "m2" || !errors.Is(taken[0].Reason, sentinel.ErrPayloadMissing) {
 			t.Fatalf("rejected %+v", taken)
 		}
 	})

@@ -71,8 +71,7 @@ type rig struct {
 	cfg     *Config
 	out     chan *message.Message
 	w       *Worker
-	stop    context.CancelFunc
-	bg      *sync.WaitGroup
+	tasks   *Tasks // started; stopped when the test ends (the Subscriber closes)
 	rejects *rejects
 }
 
@@ -88,12 +87,14 @@ func tuning() tune.Settings {
 // ConsumeBatches worker. Call it inside the test's synctest bubble.
 func newRig(t *testing.T, s *fakeStore, edit func(*Config, *fakeLease), batch BatchHandler) *rig {
 	t.Helper()
-	stop, cancel := context.WithCancel(context.Background())
-	r := &rig{t: t, store: s, lease: newFakeLease(s), out: make(chan *message.Message), stop: cancel, bg: &sync.WaitGroup{}, rejects: &rejects{}}
+	r := &rig{t: t, store: s, lease: newFakeLease(s), out: make(chan *message.Message), tasks: NewTasks(), rejects: &rejects{}}
+	if err := r.tasks.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	r.cfg = &Config{
 		Group: "g", MaxAttempts: 3, HandlerTimeout: time.Second, CloseTimeout: 100 * time.Millisecond,
 		Tuning: tuning(), RejectHandler: r.rejects, Store: s, Careful: &Careful{},
-		Bulkhead: mustBulkhead(t), Logger: watermill.NopLogger{}, Stop: stop, Background: r.bg, Counts: &Counts{},
+		Bulkhead: mustBulkhead(t), Logger: watermill.NopLogger{}, Tasks: r.tasks, Counts: &Counts{},
 		Gate: NewGate(),
 	}
 	if edit != nil {
@@ -107,8 +108,7 @@ func newRig(t *testing.T, s *fakeStore, edit func(*Config, *fakeLease), batch Ba
 	t.Cleanup(func() {
 		r.w.Stop()
 		r.lease.Cancel(errors.New("test over"))
-		cancel()
-		r.bg.Wait()
+		r.tasks.Stop()
 	})
 	return r
 }

@@ -247,7 +247,7 @@ func (w *Worker) releaseGate() {
 // abandonGate gives the worker's hold up for a handler it stops waiting
 // for, which may still be running: the gate counts it as abandoned until
 // it answers (a or b is closed or receives) or the Subscriber closes. The
-// goroutine that waits for that is counted in Background.
+// wait is one of the Subscriber's Tasks: its Close waits for it.
 func (w *Worker) abandonGate(a, b <-chan struct{}) {
 	h := w.gateHold
 	w.gateHold = nil
@@ -255,23 +255,14 @@ func (w *Worker) abandonGate(a, b <-chan struct{}) {
 		return
 	}
 	returned := w.s.theGate().abandon(h.alone)
-	stop := w.s.Stop
-	// Counted in Background: the Subscriber's Close waits for it, as for
-	// every goroutine the Subscriber started.
-	if w.s.Background != nil {
-		w.s.Background.Add(1)
-	}
-	go func() {
-		if w.s.Background != nil {
-			defer w.s.Background.Done()
-		}
+	w.s.Tasks.Go(func(stop context.Context) {
 		defer returned()
 		select {
 		case <-a:
 		case <-b:
 		case <-stop.Done():
 		}
-	}()
+	})
 }
 
 // isSuspect reports whether the message at seq is a suspect, to be

@@ -13,6 +13,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
@@ -52,7 +53,7 @@ type handled struct {
 // handle hands entries out after taking out a message whose payload is
 // missing: the batch ends before it, and when it is the first, it fails
 // without being handed out (a counted attempt, and after MaxAttempts a dead
-// letter; outboxtype.ErrPayloadMissing).
+// letter; sentinel.ErrPayloadMissing).
 func (w *Worker) handle(ctx context.Context, entries []Entry, tx *txGuard) handled {
 	for i, e := range entries {
 		if !e.PayloadMissing {
@@ -347,7 +348,7 @@ func (w *Worker) observe(span *observe.Span, got outcome, err error, n, ackedBef
 		}
 	case nacked, broken:
 		o = observe.Nack
-		if errors.Is(err, outboxtype.ErrHandlerTimeout) {
+		if errors.Is(err, sentinel.ErrHandlerTimeout) {
 			o = observe.Timeout
 		}
 	default:

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/pgtext"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // The held keys of key isolation are served at the start of every turn
@@ -219,7 +219,7 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 	if w.s.RejectHandler != nil && w.ledger.used() {
 		w.ledger.deliveries-- // this delivery does not happen
 		reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), a crash of its consumer process while it was the only delivery in flight included; last error: %s",
-			outboxtype.ErrPoison, w.ledger.deliveries, w.s.MaxAttempts, u.lastError)
+			sentinel.ErrPoison, w.ledger.deliveries, w.s.MaxAttempts, u.lastError)
 		return w.rejectHeld(ctx, u, es[:1], reason, w.s.RejectHandler)
 	}
 	if w.s.Transactional {

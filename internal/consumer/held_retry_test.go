@@ -10,8 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // The retries of held keys (held.go): what a worker finds held when it
@@ -154,7 +153,7 @@ func TestExhaustedHeldMessageIsRejectedWithoutDelivery(t *testing.T) {
 		if err != nil || len(got) != 0 {
 			t.Fatalf("handed out %v (err %v): want no delivery of an exhausted message", uuids(got), err)
 		}
-		if len(taken) != 1 || taken[0].Seq != 1 || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) || len(s.Held) != 0 {
+		if len(taken) != 1 || taken[0].Seq != 1 || !errors.Is(taken[0].Reason, sentinel.ErrPoison) || len(s.Held) != 0 {
 			t.Fatalf("rejected %+v, held %v: want a1 rejected as poison and released", taken, s.Held)
 		}
 		if taken[0].Attempts != 3 {

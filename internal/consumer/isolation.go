@@ -11,8 +11,8 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Isolation configures key-level isolation (outbox.KeyIsolation): a
@@ -186,7 +186,7 @@ func (iso *isolation) split(entries []Entry) (deliver []Entry, scanEnd int64, cu
 
 // holdable says whether a failure is the message's own, so that holding
 // its key back lets the others go on.
-func holdable(reason error) bool { return !errors.Is(reason, outboxtype.ErrNotKeySpecific) }
+func holdable(reason error) bool { return !errors.Is(reason, sentinel.ErrNotKeySpecific) }
 
 // canHold says whether e can be held as the head of a new held key.
 func (iso *isolation) canHold(Entry) bool {

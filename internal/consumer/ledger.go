@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // ledger is the attempt ledger of a partition: the deliveries and failures
@@ -107,9 +107,9 @@ func (l *ledger) poison(reason error) error {
 	failures := min(l.charged+1, l.maxAttempts)
 	if deliveries := l.deliveries; deliveries > failures {
 		return &exhaustedError{fmt.Errorf("%w: delivered %d times, failed %d times (MaxAttempts %d); the %d other deliveries were cut short by crashes of the consumer process while other deliveries were in flight, which count as no failure; last: %w",
-			outboxtype.ErrPoison, deliveries, failures, l.maxAttempts, deliveries-failures, reason)}
+			sentinel.ErrPoison, deliveries, failures, l.maxAttempts, deliveries-failures, reason)}
 	}
-	return &exhaustedError{fmt.Errorf("%w: failed %d times (MaxAttempts %d), last: %w", outboxtype.ErrPoison, failures, l.maxAttempts, reason)}
+	return &exhaustedError{fmt.Errorf("%w: failed %d times (MaxAttempts %d), last: %w", sentinel.ErrPoison, failures, l.maxAttempts, reason)}
 }
 
 // exhaustedError is the reason of a rejection after MaxAttempts failures,

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // The ledger numbers the head's deliveries as the read counted them, and a
@@ -52,7 +52,7 @@ func TestLedgerExhaustedAtMaxAttempts(t *testing.T) {
 func TestLedgerPoisonIsToldFromAHandlersReject(t *testing.T) {
 	l := newLedger(1, 2, "", 3)
 	reason := l.poison(errors.New("boom"))
-	if !errors.Is(reason, outboxtype.ErrPoison) || !isExhausted(reason) || !strings.Contains(reason.Error(), "failed 3 times") {
+	if !errors.Is(reason, sentinel.ErrPoison) || !isExhausted(reason) || !strings.Contains(reason.Error(), "failed 3 times") {
 		t.Fatalf("poison: %v", reason)
 	}
 	if handler := (&errs.PoisonError{Cause: errors.New("bad")}); isExhausted(handler) {

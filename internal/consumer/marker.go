@@ -22,11 +22,10 @@ import (
 // pool's connections, and must not wait for the pool's last one. The
 // connection is opened on demand and closed after markerIdle without work.
 type Marker struct {
-	pool       *pgxpool.Pool
-	q          *dbsql.Queries
-	group      string
-	stop       context.Context
-	background *sync.WaitGroup
+	pool  *pgxpool.Pool
+	q     *dbsql.Queries
+	group string
+	tasks *Tasks // runs the Marker's goroutine
 
 	start   sync.Once
 	mu      sync.Mutex
@@ -56,24 +55,18 @@ const (
 )
 
 // newMarker returns the Marker of consumer group on the outbox in schema;
-// its goroutine, started on first use, ends with stop and is counted in
-// background.
-func newMarker(pool *pgxpool.Pool, schema, group string, stop context.Context, background *sync.WaitGroup) *Marker {
-	return &Marker{pool: pool, q: dbsql.For(schema), group: group, stop: stop, background: background, wake: make(chan struct{}, 1)}
+// its goroutine, started on first use, is one of tasks.
+func newMarker(pool *pgxpool.Pool, schema, group string, tasks *Tasks) *Marker {
+	return &Marker{pool: pool, q: dbsql.For(schema), group: group, tasks: tasks, wake: make(chan struct{}, 1)}
 }
 
 // mark records seq as l's partition's delivery in flight and waits until it
-// is written. It starts the Marker's goroutine on first use, which ends
-// when stop does (counted in background). ok is false when the fence did
-// not hold (the lease is gone or the cursor moved).
+// is written. It starts the Marker's goroutine on first use, one of the
+// Marker's tasks, which ends when they stop (a mark asked after that fails
+// with errMarkerStopped). ok is false when the fence did not hold (the
+// lease is gone or the cursor moved).
 func (m *Marker) mark(ctx context.Context, topic string, l Lease, seq int64) (ok bool, err error) {
-	m.start.Do(func() {
-		m.background.Add(1)
-		go func() {
-			defer m.background.Done()
-			m.run(m.stop)
-		}()
-	})
+	m.start.Do(func() { m.tasks.Go(m.run) })
 	req := &markRequest{topic: topic, partition: l.Partition(), owner: l.Owner(), token: l.Token(), seq: seq, done: make(chan bool, 1)}
 	m.mu.Lock()
 	if m.stopped {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -68,7 +69,7 @@ func (d *delivery) reject(cause error, via RejectHandler) {
 	defer d.mu.Unlock()
 	d.rejected = true
 	if cause == nil {
-		cause = outboxtype.ErrPoison
+		cause = sentinel.ErrPoison
 	}
 	d.cause = cause
 	if via != nil {

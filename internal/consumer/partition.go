@@ -13,9 +13,9 @@ import (
 	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // Worker delivers one partition of one topic to one subscription while its
@@ -286,7 +286,7 @@ func (w *Worker) rejectExhaustedHead(ctx context.Context, head Entry) (worker.Di
 	}
 	w.ledger.deliveries-- // this delivery, counted by the read, does not happen
 	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), a crash of its consumer process while it was the only delivery in flight included; last error: %s",
-		outboxtype.ErrPoison, w.ledger.deliveries, w.s.MaxAttempts, last)
+		sentinel.ErrPoison, w.ledger.deliveries, w.s.MaxAttempts, last)
 	if err := w.rejectInOwnTx(ctx, head, reason, w.s.RejectHandler, nil); err != nil {
 		if leaseEnded(err) {
 			return worker.Idle(), true

@@ -9,8 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/worker"
-	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // The scan of a partition (partition.go): suspects read alone, the
@@ -74,7 +74,7 @@ func TestExhaustedHeadWithoutErrorIsRejected(t *testing.T) {
 		r := newRig(t, s, nil, nil)
 		_, got, _ := r.step(nil)
 		taken := r.rejects.taken()
-		if len(got) != 0 || len(taken) != 1 || taken[0].UUID != "m1" || !errors.Is(taken[0].Reason, outboxtype.ErrPoison) ||
+		if len(got) != 0 || len(taken) != 1 || taken[0].UUID != "m1" || !errors.Is(taken[0].Reason, sentinel.ErrPoison) ||
 			!strings.Contains(taken[0].Reason.Error(), "last error: no error recorded") {
 			t.Fatalf("handed out %v, rejected %+v: want m1 rejected without a delivery, no error recorded", uuids(got), taken)
 		}

@@ -83,7 +83,7 @@ func (sc *txScope) giveUp(ctx context.Context, w *Worker, h handled) bool {
 		_ = sc.tx.Rollback(context.WithoutCancel(ctx))
 		return true
 	}
-	sc.g.abandon(w.s.Background, w.s.Stop, w.s.CloseTimeout, func(err error) {
+	sc.g.abandon(w.s.Tasks, w.s.CloseTimeout, func(err error) {
 		w.logger.Error("Cannot roll back the transaction of a timed-out handler", err, watermill.LogFields{"seq": w.cursor + 1})
 	})
 	return true

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,9 +34,9 @@ type PGStore struct {
 var _ Store = (*PGStore)(nil)
 
 // NewStore returns the store of consumer group on the outbox in schema.
-// Its Marker's goroutine, started on first use, ends with stop and is
-// counted in background.
-func NewStore(pool *pgxpool.Pool, schema, group string, stop context.Context, background *sync.WaitGroup) *PGStore {
+// Its Marker's goroutine, started on first use, is one of tasks (started
+// before the store is used, stopped after).
+func NewStore(pool *pgxpool.Pool, schema, group string, tasks *Tasks) *PGStore {
 	db, _ := pgexec.FromDB(pool) // a *pgxpool.Pool always adapts
 	q := dbsql.For(schema)
 	relaxed := pgcombine.New(pool)
@@ -46,7 +45,7 @@ func NewStore(pool *pgxpool.Pool, schema, group string, stop context.Context, ba
 	relaxed.Merge(q.LogReadCounting, pgcombine.Merge{Many: q.LogReadCountingMany, Args: mergeReads, Key: partitionKey(1, 2)})
 	relaxed.Merge(q.CursorsAdvanceRelaxed, pgcombine.Merge{Many: q.CursorsAdvanceRelaxedMany, Args: mergeAdvances, Key: partitionKey(1, 2)})
 	return &PGStore{pool: pool, db: db, relaxed: relaxed, q: q, schema: schema, group: group,
-		marker: newMarker(pool, schema, group, stop, background)}
+		marker: newMarker(pool, schema, group, tasks)}
 }
 
 // partitionKey is a pgcombine.Merge's Key: the topic and the partition at

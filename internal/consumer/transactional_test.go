@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/pgexec"
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // The Transactional strategy: the handlers' writes commit with the cursor
@@ -97,7 +97,7 @@ func TestCommitByTheHandlerIsRefused(t *testing.T) {
 			commitErr = tx.Commit(context.Background())
 			m.Ack()
 		}})
-		if !errors.Is(commitErr, outboxtype.ErrTxMisuse) {
+		if !errors.Is(commitErr, sentinel.ErrTxMisuse) {
 			t.Fatalf("Commit: %v, want ErrTxMisuse", commitErr)
 		}
 		if c := s.State(); c.Seq != 0 || c.Attempts != 1 || !strings.Contains(c.LastError, "Commit") {

@@ -87,16 +87,14 @@ func (g *txGuard) takeMisuse() string {
 // abandon gives the transaction up after a handler timed out: every later
 // call of the handler fails, and the transaction is rolled back as soon as
 // no call of the handler's runs on it (a running query is cancelled on the
-// server first). The rollback runs in the background, tracked by wg; it
-// gives up waiting for the handler's call when stop ends (plus grace),
-// leaving the connection to die with the call.
-func (g *txGuard) abandon(wg *sync.WaitGroup, stop context.Context, grace time.Duration, logf func(error)) {
+// server first). The rollback is one of tasks (the Subscriber's Close
+// waits for it); it gives up waiting for the handler's call once the
+// tasks stop (plus grace), leaving the connection to die with the call.
+func (g *txGuard) abandon(tasks *Tasks, grace time.Duration, logf func(error)) {
 	g.state.mu.Lock()
 	g.state.abandoned = true
 	g.state.mu.Unlock()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	tasks.Go(func(stop context.Context) {
 		select {
 		case g.state.inCall <- struct{}{}:
 		default:
@@ -125,7 +123,7 @@ func (g *txGuard) abandon(wg *sync.WaitGroup, stop context.Context, grace time.D
 		// A failed rollback closes the connection, which ends the
 		// transaction on the server all the same.
 		_ = g.tx.Rollback(ctx)
-	}()
+	})
 }
 
 // Begin starts a nested transaction (a savepoint), guarded like this one.
@@ -142,7 +140,7 @@ func (g *txGuard) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // Commit releases a nested transaction; on the Subscriber's own
-// transaction it is refused with an outboxtype.ErrTxMisuse error and counted against
+// transaction it is refused with an sentinel.ErrTxMisuse error and counted against
 // the delivery.
 func (g *txGuard) Commit(ctx context.Context) error {
 	if !g.nested {
@@ -157,7 +155,7 @@ func (g *txGuard) Commit(ctx context.Context) error {
 }
 
 // Rollback rolls a nested transaction back; on the Subscriber's own
-// transaction it is refused with an outboxtype.ErrTxMisuse error and counted against
+// transaction it is refused with an sentinel.ErrTxMisuse error and counted against
 // the delivery.
 func (g *txGuard) Rollback(ctx context.Context) error {
 	if !g.nested {
@@ -230,7 +228,7 @@ func (g *txGuard) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Conn returns the transaction's connection (unguarded: statements that
-// end the transaction through it break the delivery; see outboxtype.ErrTxMisuse).
+// end the transaction through it break the delivery; see sentinel.ErrTxMisuse).
 func (g *txGuard) Conn() *pgx.Conn { return g.tx.Conn() }
 
 type errRow struct{ err error }

@@ -221,7 +221,8 @@ SELECT (SELECT count(*) FROM relay)::int8,
 -- $11 delivery times (NULL: not delayed) and $12 whether each holds its
 -- key back, go into pending in that order (their ids in commit order).
 -- Unless $13 is NULL, the forwarders are woken on that channel when it
--- commits. Returns whether relays moved, and the rows inserted.
+-- commits, with payload $14. Returns whether relays moved, and the rows
+-- inserted.
 WITH relay AS (
 	UPDATE {{schema}}.relays SET lsn = $3, updated_at = now() WHERE slot = $1 AND lsn = $2 RETURNING 1
 ), ins AS (
@@ -235,13 +236,13 @@ WITH relay AS (
 )
 SELECT (SELECT count(*) FROM relay)::int8,
 	(SELECT count(*) FROM ins)::int8,
-	(SELECT count(pg_notify($13, '')) FROM relay WHERE $13::text IS NOT NULL)::int8;
+	(SELECT count(pg_notify($13, $14)) FROM relay WHERE $13::text IS NOT NULL)::int8;
 
 -- name: PendingNotify
--- Wakes the forwarders of forwarder-only topics on channel $1 when the
--- transaction commits (the relay's append that put their messages into
--- pending with PendingInsertRelayed).
-SELECT pg_notify($1, '');
+-- Wakes the forwarders of forwarder-only topics on channel $1 with payload
+-- $2 when the transaction commits (the relay's append that put their
+-- messages into pending with PendingInsertRelayed).
+SELECT pg_notify($1, $2);
 
 -- name: BodiesNextIDs
 -- $1 ids for bodies rows the relay copies in.

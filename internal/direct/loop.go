@@ -21,6 +21,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/internal/queuevacuum"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/outboxtype"
@@ -100,7 +101,8 @@ type Loop struct {
 	compact *queuevacuum.Vacuumer
 	runCtx  context.Context // Run's, which the vacuums end with
 	logger  watermill.LoggerAdapter
-	wake    chan struct{}
+	wake    chan struct{} // a publisher's notification
+	wakeNow chan struct{} // the relay's (names.RelayedPayload)
 
 	mu    sync.Mutex
 	parts map[int]*part
@@ -138,16 +140,17 @@ func New(cfg Config) *Loop {
 		compact: compact,
 		logger:  cfg.Logger.With(watermill.LogFields{"topic": cfg.Topic, "path": "forwarder-only"}),
 		wake:    make(chan struct{}, 1),
+		wakeNow: make(chan struct{}, 1),
 		parts:   map[int]*part{},
 	}
 }
 
 // Lookup returns the partition count of topic and whether it is
-// forwarder-only (outboxtype.ErrUnknownTopic when it is not registered).
+// forwarder-only (sentinel.ErrUnknownTopic when it is not registered).
 func Lookup(ctx context.Context, pool *pgxpool.Pool, schema, topic string) (partitions int, forwardOnly bool, err error) {
 	err = pool.QueryRow(ctx, dbsql.For(schema).TopicsForwardOnly, topic).Scan(&partitions, &forwardOnly)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, fmt.Errorf("%w: %q in schema %q", outboxtype.ErrUnknownTopic, topic, schema)
+		return 0, false, fmt.Errorf("%w: %q in schema %q", sentinel.ErrUnknownTopic, topic, schema)
 	}
 	return partitions, forwardOnly, err
 }
@@ -168,9 +171,20 @@ func (l *Loop) Stats() Counts {
 	return l.cnt
 }
 
-func (l *Loop) poke() {
+// notified wakes the loop for a notification on the pending channel.
+func (l *Loop) notified(payload string) { l.poke(payload == names.RelayedPayload) }
+
+// poke wakes the loop for a notification: relayed says that the
+// log-based relay sent it (names.RelayedPayload), which starts a round at
+// once (the relay's pace made the batch); a publisher's starts one no
+// sooner than the pace after the last.
+func (l *Loop) poke(relayed bool) {
+	ch := l.wake
+	if relayed {
+		ch = l.wakeNow
+	}
 	select {
-	case l.wake <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -192,7 +206,7 @@ func (l *Loop) adopt(ls *lease.Lease) {
 	l.mu.Lock()
 	l.parts[ls.Partition()] = &part{l: ls, cursor: ls.Cursor(), reconcile: true, waitUntil: time.Now().Add(ls.Backoff())}
 	l.mu.Unlock()
-	l.poke()
+	l.poke(false)
 }
 
 // Step is one turn of Run's loop for a caller that drives it (the
@@ -260,7 +274,7 @@ func (l *Loop) run(ctx context.Context) error {
 		defer l.compact.Wait()
 	}
 	if l.cfg.Pool != nil && l.cfg.Store == nil {
-		sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, func(string) { l.poke() })
+		sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, l.notified)
 		defer sub.Unlisten()
 	}
 
@@ -274,8 +288,8 @@ func (l *Loop) run(ctx context.Context) error {
 	// notify at most every PublisherConfig.NotifyInterval, so a stream of
 	// commits is found by these follow-ups, in rounds that grow with the
 	// load); after a round that found nothing the follow-up doubles, up to
-	// Poll; a notification starts a round, not sooner than the pace after
-	// the last one.
+	// Poll; a publisher's notification starts a round, not sooner than
+	// the pace after the last one, the relay's at once.
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	followUp, gap := time.Duration(0), time.Duration(0)
@@ -311,12 +325,14 @@ func (l *Loop) run(ctx context.Context) error {
 			l.releaseAll()
 			return err
 		case <-timer.C:
+		case <-l.wakeNow:
 		case <-l.wake:
 			if d := gap - time.Since(start); d > 0 {
 				timer.Reset(d)
 				select {
 				case <-ctx.Done():
 				case <-timer.C:
+				case <-l.wakeNow:
 				}
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/consumer"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/observe"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/tune"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
@@ -85,7 +86,7 @@ func (l *Loop) observe(batches []*readBatch, took time.Duration) {
 		kind := ""
 		switch {
 		case b.Err == nil:
-		case errors.Is(b.Err, outboxtype.ErrPoison):
+		case errors.Is(b.Err, sentinel.ErrPoison):
 			kind = "poison"
 		case errors.Is(b.Err, context.DeadlineExceeded):
 			kind = "timeout"
@@ -260,7 +261,7 @@ func (l *Loop) record(ctx context.Context, batches []*readBatch) int {
 	)
 	for _, b := range batches {
 		n := max(0, min(b.Done, len(b.Messages)))
-		poison := b.Err != nil && n < len(b.Messages) && errors.Is(b.Err, outboxtype.ErrPoison)
+		poison := b.Err != nil && n < len(b.Messages) && errors.Is(b.Err, sentinel.ErrPoison)
 		end := n
 		if poison {
 			end = n + 1

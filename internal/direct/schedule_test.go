@@ -3,6 +3,7 @@ package direct_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/millrace/watermill-outbox/internal/direct"
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/internal/sim"
 	"github.com/millrace/watermill-outbox/internal/tune"
@@ -150,6 +152,59 @@ func TestRoundsFollowTheLoad(t *testing.T) {
 		}
 		if c := loop.Stats(); c.Messages != 3 || c.Rounds != 3 {
 			t.Fatalf("stats %+v, want 3 messages in 3 rounds", c)
+		}
+	})
+}
+
+// A publisher's notification starts a round no sooner than the pace after
+// the last one; the log-based relay's (names.RelayedPayload) starts one
+// at once: its own pace made the batch, and the forwarder's on top would
+// only add latency.
+func TestARelayNotificationStartsARoundAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start = time.Now()
+		model := sim.NewDBModel("g", time.Now)
+		target := &recordingTarget{}
+		const pace = 80 * time.Millisecond
+		loop := direct.New(direct.Config{
+			Store: model.Pending(), Schema: "s", Group: "g", Topic: "orders", Partitions: 1, TargetTopic: "orders",
+			Target: target, Lease: lease.Config{Store: model.Lease(), MemberID: "m", TTL: time.Hour},
+			BatchSize: 100, Pace: pace, Poll: time.Minute,
+		})
+		for i := range 11 {
+			model.InsertPending(0, "a"+strconv.Itoa(i), "k").Commit(model)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- loop.Run(ctx) }()
+		defer func() {
+			cancel()
+			<-done
+		}()
+		for i := 0; i < 5000 && len(target.sent()) == 0; i++ {
+			time.Sleep(time.Millisecond)
+			synctest.Wait()
+		}
+		first := target.sent()
+		if len(first) != 1 || len(first[0].uuid) != 11 {
+			t.Fatalf("first rounds %+v, want the 11 messages in one", first)
+		}
+		gap := tune.FollowLoad(pace, 11)
+		if gap < 5*time.Millisecond {
+			t.Fatalf("the pace after 11 messages is %v: the test needs a longer one", gap)
+		}
+		time.Sleep(time.Millisecond)
+		model.InsertPending(0, "b", "k").Commit(model)
+		loop.Notified("")
+		synctest.Wait()
+		if n := len(target.sent()); n != 1 {
+			t.Fatalf("%d rounds right after a publisher's notification, want none before the pace (%v)", n-1, gap)
+		}
+		loop.Notified(names.RelayedPayload)
+		synctest.Wait()
+		got := target.sent()
+		if len(got) != 2 || got[1].uuid[0] != "b" || got[1].at-first[0].at != time.Millisecond {
+			t.Fatalf("rounds %+v: want b sent at once on the relay's notification, 1ms after the first round", got)
 		}
 	})
 }

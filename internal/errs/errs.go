@@ -8,21 +8,21 @@ package errs
 import (
 	"fmt"
 
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // NilArgument reports an argument that is nil where a value is required:
 // what names it ("inbox.Process: fn"), todo says what to pass instead. It
 // matches ErrInvalidArgument.
 func NilArgument(what, todo string) error {
-	return fmt.Errorf("%w: %s is nil: %s", outboxtype.ErrInvalidArgument, what, todo)
+	return fmt.Errorf("%w: %s is nil: %s", sentinel.ErrInvalidArgument, what, todo)
 }
 
 // NotConstructed reports a method called on the zero value of a type that
 // only its constructor makes usable: typ names the type ("inbox.Inbox"),
 // ctor the constructor ("inbox.New"). It matches ErrInvalidArgument.
 func NotConstructed(typ, ctor string) error {
-	return fmt.Errorf("%w: a zero %s, not created by %s: create it with %s", outboxtype.ErrInvalidArgument, typ, ctor, ctor)
+	return fmt.Errorf("%w: a zero %s, not created by %s: create it with %s", sentinel.ErrInvalidArgument, typ, ctor, ctor)
 }
 
 // PoisonError carries the cause of a rejection.
@@ -30,11 +30,11 @@ type PoisonError struct{ Cause error }
 
 func (e *PoisonError) Error() string {
 	if e.Cause == nil {
-		return outboxtype.ErrPoison.Error()
+		return sentinel.ErrPoison.Error()
 	}
-	return outboxtype.ErrPoison.Error() + ": " + e.Cause.Error()
+	return sentinel.ErrPoison.Error() + ": " + e.Cause.Error()
 }
-func (e *PoisonError) Unwrap() []error { return []error{outboxtype.ErrPoison, e.Cause} }
+func (e *PoisonError) Unwrap() []error { return []error{sentinel.ErrPoison, e.Cause} }
 
 // NotKeySpecificError carries a failure that is not the message's own
 // (a broker or a database that is down); it matches ErrNotKeySpecific.
@@ -42,8 +42,8 @@ type NotKeySpecificError struct{ Cause error }
 
 func (e *NotKeySpecificError) Error() string {
 	if e.Cause == nil {
-		return outboxtype.ErrNotKeySpecific.Error()
+		return sentinel.ErrNotKeySpecific.Error()
 	}
 	return e.Cause.Error()
 }
-func (e *NotKeySpecificError) Unwrap() []error { return []error{outboxtype.ErrNotKeySpecific, e.Cause} }
+func (e *NotKeySpecificError) Unwrap() []error { return []error{sentinel.ErrNotKeySpecific, e.Cause} }

@@ -34,10 +34,11 @@ type Config struct {
 	// unknown), TargetTopic where it goes.
 	Topic, TargetTopic string
 	Partitions         int
-	// Send sends a batch: the target's Send with its errors marked
-	// BrokerWide, or the middleware chain around it (whose errors are
-	// each message's own).
-	Send func(ctx context.Context, topic string, batch []*message.Message) (done int, err error)
+	// Send sends a batch, with the origin made of Source, Schema, Group
+	// and Partitions: the target's send (TargetSend) with its errors
+	// marked BrokerWide, or the middleware chain around it (whose errors
+	// are each message's own).
+	Send Send
 	// Counts are the Forwarder's running totals (nil: none kept).
 	Counts *Counts
 	Logger watermill.LoggerAdapter
@@ -56,6 +57,7 @@ func Handler(cfg Config) func(ctx context.Context, batch []*message.Message) (in
 		logger = watermill.NopLogger{}
 	}
 	logger = logger.With(watermill.LogFields{"topic": cfg.Topic, "target_topic": cfg.TargetTopic})
+	from := origin.Origin{Source: cfg.Source, Schema: cfg.Schema, Group: cfg.Group, Partitions: cfg.Partitions}
 	counts := cfg.Counts
 	if counts == nil {
 		counts = &Counts{}
@@ -87,10 +89,9 @@ func Handler(cfg Config) func(ctx context.Context, batch []*message.Message) (in
 				delete(m.Metadata, outbox.MetadataSource)
 			}
 		}
-		ctx = origin.With(ctx, cfg.Source, cfg.Schema, cfg.Group, cfg.Partitions)
 		span := observe.StartForward(ctx, cfg.Topic, cfg.TargetTopic, batch)
 		start := time.Now()
-		done, err := cfg.Send(ctx, cfg.TargetTopic, batch)
+		done, err := cfg.Send(ctx, from, cfg.TargetTopic, batch)
 		done = max(0, min(done, len(batch)))
 		if done < len(batch) && err == nil {
 			err = BrokerWide(fmt.Errorf("%w: %d of %d messages", errPartialConfirm, done, len(batch)))
@@ -127,11 +128,35 @@ type Target interface {
 	Send(ctx context.Context, topic string, batch []*message.Message) (done int, err error)
 }
 
-// TargetSend is Config.Send for target without middleware: its Send, its
-// errors marked BrokerWide.
-func TargetSend(target Target) func(ctx context.Context, topic string, batch []*message.Message) (int, error) {
-	return func(ctx context.Context, topic string, batch []*message.Message) (int, error) {
-		done, err := target.Send(ctx, topic, batch)
+// Send sends a batch of an outbox partition to topic; from says where the
+// batch comes from (the Forwarder's part of its origin.Origin).
+type Send func(ctx context.Context, from origin.Origin, topic string, batch []*message.Message) (int, error)
+
+// Explicit returns the send of a target that takes the batch's origin as
+// an argument (the exactly-once Kafka target, which names and fences its
+// writers by it), when target is one: package forwarder/kafka sets it as
+// it initialises. Other targets need no origin.
+var Explicit func(target any) (Send, bool)
+
+// Direct is target's send: Explicit's when it has one, else its Send (the
+// origin is the batch's own metadata then).
+func Direct(target Target) Send {
+	if Explicit != nil {
+		if send, ok := Explicit(target); ok {
+			return send
+		}
+	}
+	return func(ctx context.Context, _ origin.Origin, topic string, batch []*message.Message) (int, error) {
+		return target.Send(ctx, topic, batch)
+	}
+}
+
+// TargetSend is Config.Send for target without middleware: Direct(target),
+// its errors marked BrokerWide.
+func TargetSend(target Target) Send {
+	send := Direct(target)
+	return func(ctx context.Context, from origin.Origin, topic string, batch []*message.Message) (int, error) {
+		done, err := send(ctx, from, topic, batch)
 		return done, BrokerWide(err)
 	}
 }

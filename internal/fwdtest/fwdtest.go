@@ -127,7 +127,7 @@ func (p *Publisher) Round(topic string, keys int, edit func(*message.Message)) {
 		key := "key-" + strconv.Itoa(k)
 		n := p.next[key] + 1
 		m := message.NewMessage(watermill.NewUUID(), []byte(key+"/"+strconv.Itoa(n)))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		m.Metadata.Set("n", strconv.Itoa(n))
 		if edit != nil {
 			edit(m)
@@ -212,7 +212,7 @@ func (r *Received) Add(m *message.Message, brokerPartition int) {
 		r.uuids = map[string]bool{}
 	}
 	r.msgs = append(r.msgs, Got{
-		UUID: m.UUID, ID: m.Metadata.Get(outbox.MetadataID), Key: m.Metadata.Get(outbox.PartitionKeyMetadata), N: n,
+		UUID: m.UUID, ID: m.Metadata.Get(outbox.MetadataID), Key: m.Metadata.Get(outbox.PublishPartitionKeyMetadata), N: n,
 		BrokerPartition: brokerPartition, OutboxPartition: op, Metadata: m.Metadata,
 	})
 	r.uuids[m.UUID] = true

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/watermill-outbox/internal/lease"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -64,11 +65,11 @@ func TestConfigValidate(t *testing.T) {
 					t.Fatalf("want valid, got %v", err)
 				}
 			case tt.name2:
-				if !errors.As(err, &ne) || !errors.Is(err, outboxtype.ErrInvalidName) {
+				if !errors.As(err, &ne) || !errors.Is(err, sentinel.ErrInvalidName) {
 					t.Fatalf("want a *NameError, got %T %v", err, err)
 				}
 			default:
-				if !errors.As(err, &ce) || !errors.Is(err, outboxtype.ErrInvalidConfig) {
+				if !errors.As(err, &ce) || !errors.Is(err, sentinel.ErrInvalidConfig) {
 					t.Fatalf("want a *ConfigError, got %T %v", err, err)
 				}
 				if ce.Field != tt.field {

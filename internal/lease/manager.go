@@ -107,8 +107,8 @@ func (m *Manager) Held() []int {
 // database unreachable, the schema dropped): the manager is then as it was,
 // and the caller may Run it again after a backoff (the Subscriber's join
 // retry, with internal/backoff). Otherwise Run runs once: a second Run
-// while it runs is outboxtype.ErrAlreadyRunning, a Run after Run returned is
-// outboxtype.ErrClosed; a nil onAcquire is outboxtype.ErrInvalidArgument.
+// while it runs is sentinel.ErrAlreadyRunning, a Run after Run returned is
+// sentinel.ErrClosed; a nil onAcquire is sentinel.ErrInvalidArgument.
 func (m *Manager) Run(ctx context.Context, onAcquire func(l *Lease)) error {
 	if onAcquire == nil {
 		return errs.NilArgument("lease.Manager.Run: onAcquire", "pass a callback that starts a worker for each lease")

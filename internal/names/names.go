@@ -152,6 +152,13 @@ func WALPrefix(schema string) string { return "watermill-outbox:" + schema }
 // sequencer of schema.
 func PendingChannel(schema string) string { return schema + "_pending" }
 
+// RelayedPayload is the payload of the log-based relay's notifications on
+// PendingChannel: it put messages of forwarder-only topics into pending,
+// in a batch its own pace already made, so their forwarders read at once
+// rather than after their own pace (and the sequencer, which leaves them
+// alone, need not look).
+const RelayedPayload = "relay"
+
 // SequencedChannel is the notification channel the sequencer uses to wake
 // subscribers of schema; the payload names the topic and the partitions
 // that got new messages: "topic:0,5,7".

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -16,7 +17,7 @@ func TestGroupRefusesWhatATerminalWouldActOn(t *testing.T) {
 	} {
 		err := Group(name)
 		var ne *outboxtype.NameError
-		if !errors.Is(err, outboxtype.ErrInvalidName) || !errors.As(err, &ne) || ne.Kind != "group" || ne.Name != name {
+		if !errors.Is(err, sentinel.ErrInvalidName) || !errors.As(err, &ne) || ne.Kind != "group" || ne.Name != name {
 			t.Errorf("Group(%q) = %v, want a *NameError of kind group", name, err)
 		}
 	}
@@ -35,7 +36,7 @@ func TestGroupAcceptsPrintableNames(t *testing.T) {
 
 func TestTopicRefusesControlAndFormatCharacters(t *testing.T) {
 	for _, name := range []string{"orders\x1b[2J", "orders\r\n", "\u202Eorders", "ord\u200Bers"} {
-		if err := Topic(name); !errors.Is(err, outboxtype.ErrInvalidName) {
+		if err := Topic(name); !errors.Is(err, sentinel.ErrInvalidName) {
 			t.Errorf("Topic(%q) = %v, want ErrInvalidName", name, err)
 		}
 	}
@@ -49,7 +50,7 @@ func TestSourceAcceptsShardNamesAndRefusesSeparators(t *testing.T) {
 	}
 	for _, name := range []string{"", strings.Repeat("s", MaxSourceLen+1), "a/b", "a=b", "eu west", "eu\x1b[2J", "é", ".", ".."} {
 		var ne *outboxtype.NameError
-		if err := Source(name); !errors.As(err, &ne) || ne.Kind != "source" || !errors.Is(err, outboxtype.ErrInvalidName) {
+		if err := Source(name); !errors.As(err, &ne) || ne.Kind != "source" || !errors.Is(err, sentinel.ErrInvalidName) {
 			t.Errorf("Source(%q) = %v, want a *NameError of kind source", name, err)
 		}
 	}

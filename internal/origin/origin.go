@@ -1,12 +1,12 @@
 // Package origin says where a batch a forwarder sends comes from in the
 // outbox: what a target needs to name a Kafka transactional producer per
 // outbox partition and to find, in the target topic, what that partition
-// already wrote. The Forwarder (package forwarder) sets it on the send's
-// context (With); targets read it (Of).
+// already wrote. The Forwarder (package forwarder) passes it to the
+// target explicitly (internal/forward's Explicit; no context value), and
+// the target completes it from the batch (Of).
 package origin
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 
@@ -37,19 +37,13 @@ type Origin struct {
 	Writer consumer.WriterRecord
 }
 
-type key struct{}
-
-// With tells the targets the Forwarder's source, schema, group and the
-// partition count of the outbox topic it is sending.
-func With(ctx context.Context, source, schema, group string, partitions int) context.Context {
-	return context.WithValue(ctx, key{}, Origin{Source: source, Schema: schema, Group: group, Partitions: partitions})
-}
-
-// Of returns the origin of batch (not empty): every message must come from
-// the same outbox partition and carry the outbox metadata the Subscriber
-// sets. what names the caller in errors (e.g. "kafka").
-func Of(ctx context.Context, batch []*message.Message, what string) (Origin, error) {
-	o, _ := ctx.Value(key{}).(Origin)
+// Of returns the origin of batch (not empty): base (the Forwarder's
+// source, schema, group and partition count; empty when a target is used
+// on its own) completed from the batch, every message of which must come
+// from the same outbox partition and carry the outbox metadata the
+// Subscriber sets. what names the caller in errors (e.g. "kafka").
+func Of(base Origin, batch []*message.Message, what string) (Origin, error) {
+	o := base
 	first := batch[0]
 	o.Topic = first.Metadata.Get(outbox.MetadataTopic)
 	o.Incarnation = first.Metadata.Get(outbox.MetadataIncarnation)

@@ -1,7 +1,6 @@
 package origin_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 
@@ -21,8 +20,8 @@ func delivered(topic, partition, seq string) *message.Message {
 }
 
 func TestOfReadsTheBatchAndWhatTheForwarderSaid(t *testing.T) {
-	ctx := origin.With(context.Background(), "eu", "s", "g", 8)
-	o, err := origin.Of(ctx, []*message.Message{delivered("orders", "3", "7"), delivered("orders", "3", "8")}, "test")
+	base := origin.Origin{Source: "eu", Schema: "s", Group: "g", Partitions: 8}
+	o, err := origin.Of(base, []*message.Message{delivered("orders", "3", "7"), delivered("orders", "3", "8")}, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +30,7 @@ func TestOfReadsTheBatchAndWhatTheForwarderSaid(t *testing.T) {
 		t.Fatalf("%+v, want %+v", o, want)
 	}
 	// Without a Forwarder: schema, group and partition count unknown.
-	o, err = origin.Of(context.Background(), []*message.Message{delivered("a/b", "0", "1")}, "test")
+	o, err = origin.Of(origin.Origin{}, []*message.Message{delivered("a/b", "0", "1")}, "test")
 	if err != nil || o.Schema != "" || o.Partitions != 0 || o.Topic != "a/b" {
 		t.Fatalf("%+v, %v", o, err)
 	}
@@ -47,7 +46,7 @@ func TestOfRefusesWhatIsNotOneOutboxPartition(t *testing.T) {
 		"a seq of 0":          {delivered("orders", "1", "0")},
 		"a partition of text": {delivered("orders", "x", "1")},
 	} {
-		if _, err := origin.Of(context.Background(), batch, "test"); !errors.Is(err, outbox.ErrInvalidArgument) {
+		if _, err := origin.Of(origin.Origin{}, batch, "test"); !errors.Is(err, outbox.ErrInvalidArgument) {
 			t.Fatalf("%s: %v, want ErrInvalidArgument", name, err)
 		}
 	}

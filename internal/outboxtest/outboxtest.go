@@ -128,7 +128,7 @@ func (b *Bundle) PublishN(topic string, n int, prefix string) {
 // key, from 1).
 func Keyed(uuid, key string, n int, payload string) *message.Message {
 	m := message.NewMessage(uuid, []byte(payload))
-	m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+	m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 	m.Metadata.Set("n", strconv.Itoa(n))
 	return m
 }

@@ -13,6 +13,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -79,14 +80,14 @@ func isNil(v any) bool {
 // *sql.Tx and watermill-sql transactions (anything with ExecContext and
 // QueryContext, or pgx's Exec and Query, that also has Commit and
 // Rollback), and a *pgx.Conn, whose transaction status is checked at every
-// statement. nil gives outboxtype.ErrNilTx, an unknown type outboxtype.ErrUnsupportedTx,
+// statement. nil gives sentinel.ErrNilTx, an unknown type sentinel.ErrUnsupportedTx,
 // and a handle that is not a transaction (a pool, *sql.DB, *sql.Conn,
 // watermill-sql Beginner) a *outboxtype.NotInTxError: a statement on it would
 // commit on its own. A *sql.Conn is refused even after a raw BEGIN, as
 // database/sql cannot tell whether one is in progress.
 func FromTx(tx any) (Querier, error) {
 	if isNil(tx) {
-		return nil, outboxtype.ErrNilTx
+		return nil, sentinel.ErrNilTx
 	}
 	if conn, ok := tx.(*pgx.Conn); ok {
 		// A connection is accepted while it is in a transaction (BEGIN
@@ -102,7 +103,7 @@ func FromTx(tx any) (Querier, error) {
 	case wsql.ContextExecutor:
 		q = wmQ{t}
 	default:
-		return nil, fmt.Errorf("%w: %T (want a pgx.Tx, *sql.Tx or a watermill-sql executor)", outboxtype.ErrUnsupportedTx, tx)
+		return nil, fmt.Errorf("%w: %T (want a pgx.Tx, *sql.Tx or a watermill-sql executor)", sentinel.ErrUnsupportedTx, tx)
 	}
 	if !isTx(tx) {
 		return nil, &outboxtype.NotInTxError{Type: fmt.Sprintf("%T", tx)}
@@ -183,7 +184,7 @@ func (c connQ) Query(ctx context.Context, sql string, args ...any) (Rows, error)
 // *pgxpool.Pool or *pgx.Conn, or a *sql.DB or *sql.Conn.
 func FromDB(db any) (DB, error) {
 	if isNil(db) {
-		return nil, fmt.Errorf("%w: nil database handle", outboxtype.ErrUnsupportedTx)
+		return nil, fmt.Errorf("%w: nil database handle", sentinel.ErrUnsupportedTx)
 	}
 	switch d := db.(type) {
 	case pgxBeginner:
@@ -191,7 +192,7 @@ func FromDB(db any) (DB, error) {
 	case stdBeginner:
 		return stdDB{stdQ{d}, d}, nil
 	}
-	return nil, fmt.Errorf("%w: %T (want a *pgxpool.Pool, *pgx.Conn or *sql.DB)", outboxtype.ErrUnsupportedTx, db)
+	return nil, fmt.Errorf("%w: %T (want a *pgxpool.Pool, *pgx.Conn or *sql.DB)", sentinel.ErrUnsupportedTx, db)
 }
 
 // QueryRow runs a query that returns at most one row and scans it. It

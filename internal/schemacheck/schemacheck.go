@@ -1,7 +1,7 @@
 // Package schemacheck makes every entry point of the outbox refuse a schema
 // it cannot work with, with a typed error instead of a raw SQL one: a schema
-// that was never migrated (outboxtype.ErrNotMigrated, naming outbox.Migrate) and
-// one migrated by a newer release (outboxtype.ErrSchemaTooNew).
+// that was never migrated (sentinel.ErrNotMigrated, naming outbox.Migrate) and
+// one migrated by a newer release (sentinel.ErrSchemaTooNew).
 //
 // Check reads the schema's version once per database handle and schema and
 // caches a success, so that it costs one query per process, not per call;

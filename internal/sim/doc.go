@@ -50,6 +50,20 @@
 // drained (nothing stalls). During the run: no partition's lease is held
 // by two live instances at once.
 //
+// # Forwarder-only topics
+//
+// One seed in three runs a forwarder-only topic (outbox.ForwardOnly): the
+// forwarders run internal/direct's loop, which reads pending, numbers the
+// rows from each cursor, sends a round and records it. In most of those
+// seeds the publishers insert into pending and commit later, out of id
+// order, some rolling back; in the others (the log-based mode) they commit
+// into the WAL and the relays put the messages into pending in commit
+// order. The checks then read the numbering back from Kafka and the dead
+// letters: each partition's seqs 1..n taken exactly once, nothing lost or
+// sent twice, poison only dead-lettered, order per key, pending empty,
+// cursors and last_seq at n. A call a model does not simulate fails the
+// run rather than showing as a stall.
+//
 // # Models, pinned
 //
 // The models stand for real components, and tests keep them honest: the
@@ -60,7 +74,7 @@
 // internal/kafkadriver.Driver, and integration/sim runs the same scenarios
 // through it and through kgo against kfake and compares; the WAL model
 // runs the relay package's code on it and on PostgreSQL and compares the
-// logs.
+// logs (and, for a forwarder-only topic, what it put into pending).
 //
 // Run it with go test ./internal/sim (-sim.schedules, -sim.seed to replay
 // one, -sim.v to trace it).

@@ -373,7 +373,6 @@ func (w *world) addInstance() *instance {
 		Store:             in.conn,
 		Careful:           &consumer.Careful{},
 		Logger:            logger,
-		Stop:              context.Background(),
 		Gate:              consumer.NewGate(),
 		Jitter:            w.jitter,
 		Counts:            &consumer.Counts{},

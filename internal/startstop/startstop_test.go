@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -11,8 +12,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/startstop"
-	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -29,7 +30,7 @@ func TestRunTwiceIsAlreadyRunning(t *testing.T) {
 		go func() { done <- s.Run(context.Background(), nil, untilDone) }()
 		synctest.Wait()
 		err := s.Run(context.Background(), nil, untilDone)
-		if !errors.Is(err, outboxtype.ErrAlreadyRunning) || !strings.Contains(err.Error(), "test.Thing") {
+		if !errors.Is(err, sentinel.ErrAlreadyRunning) || !strings.Contains(err.Error(), "test.Thing") {
 			t.Fatalf("second Run: %v, want ErrAlreadyRunning naming test.Thing", err)
 		}
 		select {
@@ -53,7 +54,7 @@ func TestRunAfterItStoppedIsClosed(t *testing.T) {
 	if err := s.Run(ctx, nil, untilDone); err != nil {
 		t.Fatalf("Run on an ended context: %v", err)
 	}
-	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, outboxtype.ErrClosed) {
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, sentinel.ErrClosed) {
 		t.Fatalf("Run after a Run returned: %v, want ErrClosed", err)
 	}
 }
@@ -67,10 +68,10 @@ func TestCloseBeforeRunMakesRunClosed(t *testing.T) {
 	}
 	called := false
 	err := s.Run(context.Background(), func(context.Context) error { called = true; return nil }, untilDone)
-	if !errors.Is(err, outboxtype.ErrClosed) || called {
+	if !errors.Is(err, sentinel.ErrClosed) || called {
 		t.Fatalf("Run after Close: %v (start called: %v), want ErrClosed without calling start", err, called)
 	}
-	if err := s.Start(context.Background(), func(context.Context) { called = true }); !errors.Is(err, outboxtype.ErrClosed) || called {
+	if err := s.Start(context.Background(), func(context.Context) { called = true }); !errors.Is(err, sentinel.ErrClosed) || called {
 		t.Fatalf("Start after Close: %v (run called: %v), want ErrClosed", err, called)
 	}
 }
@@ -189,7 +190,7 @@ func TestFailedStartCanRunAgain(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Run whose start failed as its context ended: %v, want nil", err)
 		}
-		if err := s2.Run(context.Background(), nil, untilDone); !errors.Is(err, outboxtype.ErrClosed) {
+		if err := s2.Run(context.Background(), nil, untilDone); !errors.Is(err, sentinel.ErrClosed) {
 			t.Fatalf("Run after a Run stopped while starting: %v, want ErrClosed", err)
 		}
 	})
@@ -223,7 +224,7 @@ func TestRunReturnsRunsError(t *testing.T) {
 	if err := s.Run(context.Background(), nil, func(context.Context) error { return errFatal }); !errors.Is(err, errFatal) {
 		t.Fatalf("Run: %v, want run's error", err)
 	}
-	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, outboxtype.ErrClosed) {
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, sentinel.ErrClosed) {
 		t.Fatalf("Run after a Run that ran: %v, want ErrClosed", err)
 	}
 }
@@ -241,7 +242,7 @@ func TestStartRunsInTheBackgroundAndCloseWaits(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Start(context.Background(), func(context.Context) {}); !errors.Is(err, outboxtype.ErrAlreadyRunning) {
+		if err := s.Start(context.Background(), func(context.Context) {}); !errors.Is(err, sentinel.ErrAlreadyRunning) {
 			t.Fatalf("second Start: %v, want ErrAlreadyRunning", err)
 		}
 		synctest.Wait()
@@ -256,7 +257,137 @@ func TestStartRunsInTheBackgroundAndCloseWaits(t *testing.T) {
 func TestZeroServiceNamesItself(t *testing.T) {
 	var s startstop.Service
 	s.Close()
-	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, outboxtype.ErrClosed) || !strings.Contains(err.Error(), "service") {
+	if err := s.Run(context.Background(), nil, untilDone); !errors.Is(err, sentinel.ErrClosed) || !strings.Contains(err.Error(), "service") {
 		t.Fatalf("Run on a closed zero Service: %v", err)
+	}
+}
+
+// Spawn runs work of a running service from outside it: the goroutine gets
+// the service's context, and Close waits for it. Before the service runs,
+// and once it was told to stop, Spawn refuses and runs nothing.
+func TestSpawnRunsOnlyWhileTheServiceRunsAndCloseWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{Name: "test.Thing"}
+		ran := func(context.Context) { t.Error("Spawn ran fn on a service that does not run") }
+		if s.Spawn(ran) {
+			t.Fatal("Spawn before Start: true, want false")
+		}
+		if err := s.Start(context.Background(), func(ctx context.Context) { <-ctx.Done() }); err != nil {
+			t.Fatal(err)
+		}
+		release := make(chan struct{})
+		var ended atomic.Bool
+		if !s.Spawn(func(ctx context.Context) {
+			<-ctx.Done() // the service's context: it ends with Close
+			<-release
+			ended.Store(true)
+		}) {
+			t.Fatal("Spawn on a running service: false")
+		}
+		closed := make(chan struct{})
+		go func() { s.Close(); close(closed) }()
+		synctest.Wait() // Close ended the context, and waits
+		select {
+		case <-closed:
+			t.Fatal("Close returned while a spawned goroutine runs")
+		default:
+		}
+		if s.Spawn(ran) {
+			t.Fatal("Spawn after Close: true, want false")
+		}
+		close(release)
+		<-closed
+		if !ended.Load() {
+			t.Fatal("Close returned before the spawned goroutine")
+		}
+		if s.Spawn(ran) {
+			t.Fatal("Spawn after the service stopped: true, want false")
+		}
+	})
+}
+
+// A service whose context ended (not closed) refuses Spawn as well: it is
+// stopping.
+func TestSpawnRefusedOnceTheContextEnded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &startstop.Service{}
+		ctx, cancel := context.WithCancel(context.Background())
+		release := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Run(ctx, nil, func(ctx context.Context) error { <-ctx.Done(); <-release; return nil })
+		}()
+		synctest.Wait()
+		cancel()
+		synctest.Wait() // run is past ctx.Done, held by release
+		if s.Spawn(func(context.Context) { t.Error("spawned after the context ended") }) {
+			t.Fatal("Spawn after the Run's context ended: true, want false")
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Spawn racing Close: each Spawn either refuses or runs a goroutine that
+// Close waited for (the race detector checks the WaitGroup's use).
+func TestSpawnRacingClose(t *testing.T) {
+	for range 50 {
+		s := &startstop.Service{}
+		if err := s.Start(context.Background(), func(ctx context.Context) { <-ctx.Done() }); err != nil {
+			t.Fatal(err)
+		}
+		var spawned, finished atomic.Int32
+		start := make(chan struct{})
+		var spawners sync.WaitGroup
+		for range 4 {
+			spawners.Go(func() {
+				<-start
+				for range 20 {
+					if s.Spawn(func(ctx context.Context) { <-ctx.Done(); finished.Add(1) }) {
+						spawned.Add(1)
+					}
+				}
+			})
+		}
+		close(start)
+		s.Close()
+		got := finished.Load() // what Close waited for
+		spawners.Wait()
+		if n := spawned.Load(); got != n {
+			t.Fatalf("Close returned with %d of %d spawned goroutines finished", got, n)
+		}
+	}
+}
+
+// Closing is closed by Close, whether asked for before or after it; a
+// service that never ran has one too.
+func TestClosingIsClosedByClose(t *testing.T) {
+	s := &startstop.Service{}
+	before := s.Closing()
+	select {
+	case <-before:
+		t.Fatal("Closing closed before Close")
+	default:
+	}
+	if s.Closing() != before {
+		t.Fatal("Closing returned another channel")
+	}
+	s.Close()
+	s.Close()
+	for _, ch := range []<-chan struct{}{before, s.Closing()} {
+		select {
+		case <-ch:
+		default:
+			t.Fatal("Closing not closed after Close")
+		}
+	}
+	closedFirst := &startstop.Service{}
+	closedFirst.Close()
+	select {
+	case <-closedFirst.Closing():
+	default:
+		t.Fatal("Closing asked for after Close is not closed")
 	}
 }

@@ -3,11 +3,12 @@ package tune
 import (
 	"fmt"
 
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
 // ErrInvalidConfig is matched by every [*ConfigError]: outbox.ErrInvalidConfig.
-var ErrInvalidConfig = outboxtype.ErrInvalidConfig
+var ErrInvalidConfig = sentinel.ErrInvalidConfig
 
 // ConfigError reports one invalid field: outboxtype.ConfigError.
 type ConfigError = outboxtype.ConfigError

@@ -245,7 +245,7 @@ func TestJetStreamPoisonMessagesAreDeadLettered(t *testing.T) {
 	want := map[string]string{} // uuid -> expected reason fragment
 	for i := 0; i < 20; i++ {
 		pub.Round("orders", 10, func(m *message.Message) {
-			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PublishPartitionKeyMetadata) {
 			case "5/key-3":
 				m.Payload = make([]byte, 20<<10) // over the stream's MaxMsgSize
 				want[m.UUID] = "maximum"

@@ -105,7 +105,7 @@ func TestJetStreamRefusedMessagesAreDeadLetteredOnTheirFirstAttempt(t *testing.T
 	poison := map[string]bool{}
 	for i := 0; i < 12; i++ {
 		pub.Round("orders", 8, func(m *message.Message) {
-			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PublishPartitionKeyMetadata) {
 			case "4/key-2":
 				m.Metadata.Set("Nats-TTL", "soon") // no valid TTL
 				poison[m.UUID] = true
@@ -155,7 +155,7 @@ func TestJetStreamRefusedMessageIsRejectedOnItsFirstAttempt(t *testing.T) {
 	big := map[string]bool{}
 	for i := 0; i < 12; i++ {
 		pub.Round("orders", 10, func(m *message.Message) {
-			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PublishPartitionKeyMetadata) {
 			case "3/key-4", "8/key-7":
 				m.Payload = make([]byte, 20<<10) // over the stream's MaxMsgSize
 				big[m.UUID] = true

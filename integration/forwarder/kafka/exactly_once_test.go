@@ -19,6 +19,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
+	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/kafkaseam"
 	"github.com/millrace/watermill-outbox/internal/origin"
@@ -206,22 +207,24 @@ func TestCommittedBatchIsNotSentAgainWithUnequalPartitionCounts(t *testing.T) {
 		t.Run("TailScanLimit "+strconv.Itoa(limit), func(t *testing.T) {
 			c := kafkatest.New(t)
 			topic := c.Topic(t, "orders", 3, nil)
-			// As a Forwarder says it: the outbox topic has 8 partitions.
-			ctx := origin.With(outboxtest.Ctx(t), "", "schema", "group", 8)
+			// As a Forwarder says it (its origin): the outbox topic has 8
+			// partitions.
+			ctx := outboxtest.Ctx(t)
+			from := origin.Origin{Schema: "schema", Group: "group", Partitions: 8}
 			a := newTarget(t, c, false)
 			batch := partitionBatch(0, 1, 12)
-			if done, err := a.Send(ctx, topic, batch[:6]); done != 6 || err != nil {
+			if done, err := forward.Direct(a)(ctx, from, topic, batch[:6]); done != 6 || err != nil {
 				t.Fatalf("A: done %d, %v", done, err)
 			}
 			others := newTarget(t, c, false)
 			for p := 1; p < 8; p++ {
-				if done, err := others.Send(ctx, topic, partitionBatch(p, 1, 20)); done != 20 || err != nil {
+				if done, err := forward.Direct(others)(ctx, from, topic, partitionBatch(p, 1, 20)); done != 20 || err != nil {
 					t.Fatalf("partition %d: done %d, %v", p, done, err)
 				}
 			}
 			// A dies here; B gets the whole batch from the cursor.
 			b := newTargetWith(t, kafka.Config{Brokers: c.Brokers, TailScanLimit: limit})
-			if done, err := b.Send(ctx, topic, batch); done != len(batch) || err != nil {
+			if done, err := forward.Direct(b)(ctx, from, topic, batch); done != len(batch) || err != nil {
 				t.Fatalf("B: done %d of %d, %v", done, len(batch), err)
 			}
 			var got []int

@@ -161,7 +161,7 @@ func TestForwardOnlyTakeoverRecordsWhatAPreviousOwnerCommitted(t *testing.T) {
 	for i := range uuids {
 		uuids[i] = watermill.NewUUID()
 		m := message.NewMessage(uuids[i], []byte("m"+strconv.Itoa(i+1)))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, "key-"+strconv.Itoa(i))
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, "key-"+strconv.Itoa(i))
 		e.Publish("orders", m)
 	}
 	type row struct {
@@ -320,7 +320,7 @@ func TestForwardOnlyDelaysAndTombstones(t *testing.T) {
 	})
 	keyed := func(key, payload string) *message.Message {
 		m := message.NewMessage(watermill.NewUUID(), []byte(payload))
-		m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 		return m
 	}
 	due := time.Now().Add(2 * time.Second)

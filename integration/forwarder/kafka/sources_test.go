@@ -12,6 +12,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/integration/internal/kafkatest"
+	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/fwdtest"
 	"github.com/millrace/watermill-outbox/internal/kafkaseam"
 	"github.com/millrace/watermill-outbox/internal/origin"
@@ -37,9 +38,11 @@ func fromSource(source string, first int64, batch []*message.Message) []*message
 	return batch
 }
 
-// sourceCtx is the context a Forwarder of source gives its target.
-func sourceCtx(t *testing.T, source string) context.Context {
-	return origin.With(outboxtest.Ctx(t), source, "shop_outbox", "outbox-forwarder", 1)
+// sendAs sends batch through target as a Forwarder of source does: with
+// its origin given explicitly (internal/forward.Direct).
+func sendAs(ctx context.Context, target *kafka.Target, source, topic string, batch []*message.Message) (int, error) {
+	from := origin.Origin{Source: source, Schema: "shop_outbox", Group: "outbox-forwarder", Partitions: 1}
+	return forward.Direct(target)(ctx, from, topic, batch)
 }
 
 // bySource counts the committed records of topic by source, each id once,
@@ -70,11 +73,11 @@ func TestEachSourceReadsBackOnlyItsOwnRecords(t *testing.T) {
 	c := kafkatest.New(t)
 	topic := c.Topic(t, "orders", 1, nil)
 	eu := fromSource("eu", 1, fwdtest.OutboxBatch(10, fwdtest.SameKey))
-	if done, err := newTarget(t, c, false).Send(sourceCtx(t, "eu"), topic, eu); done != 10 || err != nil {
+	if done, err := sendAs(outboxtest.Ctx(t), newTarget(t, c, false), "eu", topic, eu); done != 10 || err != nil {
 		t.Fatalf("eu: %d of 10, %v", done, err)
 	}
 	us := fromSource("us", 1, fwdtest.OutboxBatch(5, fwdtest.SameKey))
-	if done, err := newTarget(t, c, false).Send(sourceCtx(t, "us"), topic, us); done != 5 || err != nil {
+	if done, err := sendAs(outboxtest.Ctx(t), newTarget(t, c, false), "us", topic, us); done != 5 || err != nil {
 		t.Fatalf("us: %d of 5, %v", done, err)
 	}
 	if got := bySource(t, c, topic); got["eu"] != 10 || got["us"] != 5 {
@@ -83,7 +86,7 @@ func TestEachSourceReadsBackOnlyItsOwnRecords(t *testing.T) {
 	// us's partition changes hands before its cursor moved: the new owner
 	// gets the batch again and finds it in the tail, as its own.
 	again := fromSource("us", 1, fwdtest.OutboxBatch(5, fwdtest.SameKey))
-	if done, err := newTarget(t, c, false).Send(sourceCtx(t, "us"), topic, again); done != 5 || err != nil {
+	if done, err := sendAs(outboxtest.Ctx(t), newTarget(t, c, false), "us", topic, again); done != 5 || err != nil {
 		t.Fatalf("us after a takeover: %d of 5, %v", done, err)
 	}
 	if got := bySource(t, c, topic); got["eu"] != 10 || got["us"] != 5 {
@@ -98,20 +101,20 @@ func TestSourcesDoNotFenceEachOther(t *testing.T) {
 	c := kafkatest.New(t)
 	topic := c.Topic(t, "orders", 1, nil)
 	frozen, wake := make(chan struct{}), make(chan struct{})
-	paused := kafkaseam.With(sourceCtx(t, "eu"), kafkaseam.Seams{BeforeCommit: func() {
+	paused := kafkaseam.With(outboxtest.Ctx(t), kafkaseam.Seams{BeforeCommit: func() {
 		close(frozen)
 		<-wake
 	}})
 	euDone := make(chan error, 1)
 	go func() {
-		done, err := newTarget(t, c, false).Send(paused, topic, fromSource("eu", 1, fwdtest.OutboxBatch(10, fwdtest.SameKey)))
+		done, err := sendAs(paused, newTarget(t, c, false), "eu", topic, fromSource("eu", 1, fwdtest.OutboxBatch(10, fwdtest.SameKey)))
 		if err == nil && done != 10 {
 			err = errors.New("partial send without an error")
 		}
 		euDone <- err
 	}()
 	<-frozen
-	if done, err := newTarget(t, c, false).Send(sourceCtx(t, "us"), topic, fromSource("us", 1, fwdtest.OutboxBatch(5, fwdtest.SameKey))); done != 5 || err != nil {
+	if done, err := sendAs(outboxtest.Ctx(t), newTarget(t, c, false), "us", topic, fromSource("us", 1, fwdtest.OutboxBatch(5, fwdtest.SameKey))); done != 5 || err != nil {
 		t.Fatalf("us: %d of 5, %v", done, err)
 	}
 	close(wake)
@@ -141,7 +144,7 @@ func TestTakeoverOfASourceFindsItsRecordsWhateverTheMarshaler(t *testing.T) {
 		t.Helper()
 		target := newTargetWith(t, kafka.Config{Brokers: c.Brokers, Marshaler: bareMarshaler{}})
 		batch := fromSource("eu", 1, fwdtest.OutboxBatch(3, fwdtest.SameKey))
-		if done, err := target.Send(sourceCtx(t, "eu"), topic, batch); done != 3 || err != nil {
+		if done, err := sendAs(outboxtest.Ctx(t), target, "eu", topic, batch); done != 3 || err != nil {
 			t.Fatalf("eu: %d of 3, %v", done, err)
 		}
 	}

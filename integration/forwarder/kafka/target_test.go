@@ -141,7 +141,7 @@ func TestWatermillKafkaSubscriberReadsTheRecords(t *testing.T) {
 	target := newTarget(t, c, true)
 	batch := fwdtest.OutboxBatch(5, func(i int) string { return "key-" + strconv.Itoa(i) })
 	for _, m := range batch {
-		m.Metadata.Set(outbox.PartitionKeyMetadata, m.Metadata.Get(outbox.MetadataPartitionKey))
+		m.Metadata.Set(outbox.PublishPartitionKeyMetadata, m.Metadata.Get(outbox.MetadataPartitionKey))
 	}
 	batch[2].Metadata.Set("note", "with metadata")
 	batch[3].Payload = nil
@@ -204,7 +204,7 @@ func TestEveryMessageArrivesInKeyOrderOnTheSamePartitionNumber(t *testing.T) {
 	pub := fwdtest.NewPublisher(t, e)
 	for i := 0; i < 20; i++ {
 		pub.Round("orders", 40, func(m *message.Message) {
-			if strings.HasSuffix(m.Metadata.Get(outbox.PartitionKeyMetadata), "-7") {
+			if strings.HasSuffix(m.Metadata.Get(outbox.PublishPartitionKeyMetadata), "-7") {
 				m.Metadata.Set("note", "key seven") // arbitrary metadata travels as headers
 			}
 		})
@@ -420,7 +420,7 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 	var big, reserved []string
 	for i := 0; i < 20; i++ {
 		pub.Round("orders", 10, func(m *message.Message) {
-			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PartitionKeyMetadata) {
+			switch m.Metadata.Get("n") + "/" + m.Metadata.Get(outbox.PublishPartitionKeyMetadata) {
 			case "5/key-3", "12/key-8":
 				m.Payload = make([]byte, 100<<10) // larger than the broker accepts
 				big = append(big, m.UUID)
@@ -470,7 +470,7 @@ func TestRecordOverMaxBatchBytesIsDeadLettered(t *testing.T) {
 	var big string
 	for i := 0; i < 5; i++ {
 		pub.Round("orders", 4, func(m *message.Message) {
-			if m.Metadata.Get("n") == "3" && m.Metadata.Get(outbox.PartitionKeyMetadata) == "key-2" {
+			if m.Metadata.Get("n") == "3" && m.Metadata.Get(outbox.PublishPartitionKeyMetadata) == "key-2" {
 				m.Payload = make([]byte, 20<<10)
 				big = m.UUID
 			}

@@ -31,7 +31,7 @@ func Batch(n int) []*message.Message {
 func Setting(t testing.TB, key, value string, tombstone bool) *message.Message {
 	t.Helper()
 	m := message.NewMessage(watermill.NewUUID(), []byte(value))
-	m.Metadata.Set(outbox.PartitionKeyMetadata, key)
+	m.Metadata.Set(outbox.PublishPartitionKeyMetadata, key)
 	m.Metadata.Set("ce_type", "com.example.setting.changed")
 	if tombstone {
 		m.Payload = nil

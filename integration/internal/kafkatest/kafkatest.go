@@ -311,8 +311,8 @@ func (c *Cluster) Consume(t *testing.T, topic string, r *fwdtest.Received) {
 		for m := range msgs {
 			p, _ := kafka.MessagePartitionFromCtx(m.Context())
 			key, _ := kafka.MessageKeyFromCtx(m.Context())
-			if string(key) != m.Metadata.Get(outbox.PartitionKeyMetadata) {
-				t.Errorf("record key %q, partition key %q", key, m.Metadata.Get(outbox.PartitionKeyMetadata))
+			if string(key) != m.Metadata.Get(outbox.PublishPartitionKeyMetadata) {
+				t.Errorf("record key %q, partition key %q", key, m.Metadata.Get(outbox.PublishPartitionKeyMetadata))
 			}
 			r.Add(m, int(p))
 			m.Ack()

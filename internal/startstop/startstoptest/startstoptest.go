@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/watermill-outbox/outboxtype"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
 // Component is what a long-running component exposes.
@@ -29,7 +29,7 @@ func RunTwiceThenClose(t *testing.T, c Component) {
 	}
 	select {
 	case err := <-results:
-		if !errors.Is(err, outboxtype.ErrAlreadyRunning) {
+		if !errors.Is(err, sentinel.ErrAlreadyRunning) {
 			t.Fatalf("one of two Runs: %v, want ErrAlreadyRunning", err)
 		}
 	case <-time.After(30 * time.Second):
@@ -48,7 +48,7 @@ func RunTwiceThenClose(t *testing.T, c Component) {
 	default:
 		t.Fatal("Close returned before Run")
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, outboxtype.ErrClosed) {
+	if err := c.Run(context.Background()); !errors.Is(err, sentinel.ErrClosed) {
 		t.Fatalf("Run after it stopped: %v, want ErrClosed", err)
 	}
 }
@@ -60,7 +60,7 @@ func CloseThenRun(t *testing.T, c Component) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, outboxtype.ErrClosed) {
+	if err := c.Run(context.Background()); !errors.Is(err, sentinel.ErrClosed) {
 		t.Fatalf("Run after Close: %v, want ErrClosed", err)
 	}
 }

@@ -1,0 +1,5 @@
+package direct
+
+// Notified delivers a notification of the pending channel with payload to
+// the loop, as its listener does.
+func (l *Loop) Notified(payload string) { l.notified(payload) }
