@@ -24,7 +24,9 @@
 // every channel is listened to again, and every callback is called with
 // payload "": notifications may have been missed, re-poll. The same ""
 // call follows the first LISTEN of each subscription, so a subscriber
-// never misses what happened before it listened.
+// never misses what happened before it listened. [Subscription.Live] tells
+// whether the channel is listened to on a live connection now: a caller
+// stretches its safety-net poll only while it is (the Sequencer does).
 //
 // Callbacks run on the listener's goroutine and must not block: they
 // should only record the wake-up (a non-blocking send on a buffered
