@@ -16,3 +16,7 @@ func (s *Sequencer) Pass(ctx context.Context) (n int, more bool, err error) { re
 // "sequencer" and "tasks" (once the workers' Tasks stopped). A test blocks
 // one in f to see that Close waits for it. Call it before s is used.
 func SetExitHook(s *Subscriber, f func(what string)) { s.exit = f }
+
+// SequencerLooks counts the unprompted looks (the one-statement check for
+// pending work) s's Run made so far.
+func SequencerLooks(s *Sequencer) int64 { return s.looks.Load() }

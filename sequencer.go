@@ -42,8 +42,26 @@ type SequencerConfig struct {
 	// (default 256).
 	MaxPartitionsPerPass int
 	// PollInterval is the safety net: how often an idle sequencer looks for
-	// new messages without being notified (default 500ms).
+	// new messages without being notified (default 500ms). While its
+	// LISTEN connection is up and notifications have not missed anything,
+	// the wait stretches beyond it, doubling up to MaxIdlePoll.
 	PollInterval time.Duration
+	// MaxIdlePoll is how far an idle sequencer's safety-net poll stretches
+	// (default DefaultMaxIdlePoll, 10s; at most PollInterval when lower;
+	// negative: no stretch). A sequencer that has found nothing doubles its
+	// wait after every empty look, from PollInterval up to this, but only
+	// while it listens for publishers' notifications on a live connection
+	// (the process's LISTEN connection for its pool is up) and none of its
+	// own polls found work that no notification had announced: a notification still starts a pass at
+	// once, however long the sequencer idled. After its LISTEN connection
+	// drops, or once a poll finds unannounced work (publishers with
+	// PublisherConfig.DisableNotify, or the notifying transaction rolled
+	// back), it polls every PollInterval again, until a notified pass finds
+	// work. So a quiet schema costs one statement per MaxIdlePoll, and a
+	// message whose transaction sent no NOTIFY waits at most MaxIdlePoll
+	// after a long quiet spell, PollInterval once the sequencer has seen
+	// one.
+	MaxIdlePoll time.Duration
 	// Debounce is how long an idle sequencer waits after a notification
 	// before it runs, so that a burst of commits is sequenced in one pass
 	// rather than one pass per commit (default 1ms; negative: none).
@@ -89,6 +107,9 @@ type SequencerConfig struct {
 	Clock func() time.Time
 }
 
+// DefaultMaxIdlePoll is the default SequencerConfig.MaxIdlePoll.
+const DefaultMaxIdlePoll = 10 * time.Second
+
 func (c *SequencerConfig) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = DefaultSchema
@@ -101,6 +122,9 @@ func (c *SequencerConfig) setDefaults() {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 500 * time.Millisecond
+	}
+	if c.MaxIdlePoll == 0 {
+		c.MaxIdlePoll = DefaultMaxIdlePoll
 	}
 	if c.Debounce == 0 {
 		c.Debounce = time.Millisecond
@@ -156,6 +180,8 @@ type Sequencer struct {
 	sequenced atomic.Int64
 	passes    atomic.Int64
 	pace      atomic.Int64 // the load-following gap Run set after its last pass (ns)
+	idleWait  atomic.Int64 // Run's wait before its next unprompted look (ns)
+	looks     atomic.Int64 // unprompted looks (anyPending) so far
 	standby   atomic.Bool  // Run waits for the process's sequencer of the schema to stop
 
 	// compact vacuums pending every queuevacuum.Every rows Run moved.
@@ -204,11 +230,17 @@ type SequencerStats struct {
 	// may start the next: short at light load, growing with the messages
 	// a pass moves, up to MinPassInterval (see MinPassInterval).
 	Pace time.Duration
+	// IdlePoll is how long after its last look Run looks again unprompted:
+	// the busy pace after a pass that found work, doubling with every
+	// empty look up to PollInterval, and on up to MaxIdlePoll while
+	// notifications are trusted (see MaxIdlePoll).
+	IdlePoll time.Duration
 }
 
 // Stats returns the running totals.
 func (s *Sequencer) Stats() SequencerStats {
-	st := SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load(), Pace: time.Duration(s.pace.Load()), Standby: s.standby.Load()}
+	st := SequencerStats{Sequenced: s.sequenced.Load(), Passes: s.passes.Load(), Pace: time.Duration(s.pace.Load()), Standby: s.standby.Load(),
+		IdlePoll: time.Duration(s.idleWait.Load())}
 	if s.compact != nil {
 		st.PendingVacuums = s.compact.Vacuums()
 	}
@@ -250,6 +282,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 		}
 		defer release()
 	}
+	idle := idlePoll{base: s.cfg.PollInterval, max: s.cfg.MaxIdlePoll}
 	if !s.cfg.DisableListen {
 		// The process's shared LISTEN connection for this pool.
 		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(payload string) {
@@ -258,13 +291,15 @@ func (s *Sequencer) run(ctx context.Context) error {
 			}
 		})
 		defer sub.Unlisten()
+		idle.live = sub.Live
 	}
 
 	defer s.compact.Wait()
 	var failures backoff.Streak // backoff.Default
-	// followUp is the wait before the next unprompted pass after work was
-	// found: MinPassInterval after a productive pass, doubling with every
-	// empty pass up to PollInterval (0: idle).
+	// followUp is the wait before the next unprompted look: MinPassInterval
+	// after a productive pass, doubling with every empty look up to
+	// PollInterval, and on up to MaxIdlePoll while notifications are
+	// trusted (idle; 0: before the first look, and after an error).
 	followUp := time.Duration(0)
 	minGap := max(s.cfg.MinPassInterval, 0)
 	// gap is how long after the start of the last pass a notification may
@@ -275,6 +310,8 @@ func (s *Sequencer) run(ctx context.Context) error {
 	defer timer.Stop()
 	var nextDue time.Time // the earliest delayed message's time, as last read (zero: none)
 	prompted := true      // the first pass, and passes after a notification or a full pass
+	poked := false        // this pass follows a notification
+	due := false          // this look follows a wait cut short for a delayed message
 	for {
 		started := time.Now()
 		var (
@@ -286,11 +323,18 @@ func (s *Sequencer) run(ctx context.Context) error {
 		if !prompted {
 			var any bool
 			any, nextDue = s.anyPending(ctx)
+			if any && !due {
+				idle.unannounced(followUp)
+			}
 			prompted = any
 		}
 		if prompted {
 			n, more, err = s.pass(ctx)
 		}
+		if poked && n > 0 {
+			idle.announced()
+		}
+		poked = false
 		if n > 0 {
 			s.compact.Moved(ctx, n)
 		}
@@ -314,12 +358,11 @@ func (s *Sequencer) run(ctx context.Context) error {
 		case n > 0:
 			followUp = max(minGap, time.Millisecond)
 			wait = followUp - time.Since(started)
-		case followUp > 0:
-			followUp = min(2*followUp, s.cfg.PollInterval)
+		default: // found nothing: the wait doubles, PollInterval and beyond while notifications can be trusted
+			followUp = idle.next(followUp)
 			wait = followUp
-		default:
-			wait = s.cfg.PollInterval
 		}
+		s.idleWait.Store(int64(followUp))
 		if wait <= 0 {
 			prompted = n > 0 // (a productive pass that took its whole gap)
 			continue
@@ -331,8 +374,9 @@ func (s *Sequencer) run(ctx context.Context) error {
 		if !checked && n == 0 && err == nil {
 			_, nextDue = s.anyPending(ctx)
 		}
-		if !nextDue.IsZero() {
-			wait = min(wait, max(nextDue.Sub(s.cfg.Clock()), time.Millisecond))
+		due = false
+		if d := max(nextDue.Sub(s.cfg.Clock()), time.Millisecond); !nextDue.IsZero() && d < wait {
+			wait, due = d, true
 		}
 		timer.Reset(wait)
 		select {
@@ -340,7 +384,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 			return nil
 		case <-timer.C:
 		case <-s.poke:
-			prompted = true
+			prompted, poked = true, true
 			if err == nil {
 				// Not before the debounce, nor closer than gap to the
 				// start of the previous pass.
@@ -362,12 +406,59 @@ func (s *Sequencer) run(ctx context.Context) error {
 	}
 }
 
+// idlePoll is the schedule of an idle sequencer's safety-net poll: the
+// wait doubles after every look that found nothing, up to base
+// (PollInterval), and on up to max (MaxIdlePoll) while notifications can
+// be trusted: the LISTEN connection is up (live) and no unprompted look
+// found work since the last notified pass that did.
+type idlePoll struct {
+	base, max time.Duration
+	// live reports whether the LISTEN subscription is live (nil: the
+	// sequencer does not listen).
+	live func() bool
+	// missed: an unprompted look at the idle pace found work that no
+	// notification announced.
+	missed bool
+}
+
+// trusted reports whether notifications announce new work now.
+func (p *idlePoll) trusted() bool {
+	return p.live != nil && !p.missed && p.live()
+}
+
+// next is the wait after an empty look that followed a wait of last (0:
+// none yet).
+func (p *idlePoll) next(last time.Duration) time.Duration {
+	ceiling := p.base
+	if p.max > p.base && p.trusted() {
+		ceiling = p.max
+	}
+	if last <= 0 {
+		return p.base
+	}
+	return min(2*last, ceiling)
+}
+
+// unannounced records an unprompted look after a wait of last that found
+// work: at the idle pace (last at least base) the notifications missed it.
+// (A look soon after a pass is how the sequencer finds the commits whose
+// NOTIFY the Publisher left out on purpose; those are expected.)
+func (p *idlePoll) unannounced(last time.Duration) {
+	if last >= p.base {
+		p.missed = true
+	}
+}
+
+// announced records a notified pass that found work: notifications work.
+func (p *idlePoll) announced() { p.missed = false }
+
 // anyPending tells an unprompted pass (a follow-up or the safety-net
 // poll, which usually find nothing) whether a pass is worth its three
 // round trips: one statement, outside any transaction. On an error it says
 // yes, and the pass reports the error. It also returns when the earliest
 // delayed message is due (zero: none is waiting).
 func (s *Sequencer) anyPending(ctx context.Context) (bool, time.Time) {
+	s.looks.Add(1)
 	var any bool
 	var next *time.Time
 	if err := s.cfg.Pool.QueryRow(ctx, s.q.PendingAny, s.cfg.Clock()).Scan(&any, &next); err != nil {

@@ -105,10 +105,12 @@ type Advanced struct {
 	// (default: the profile's, 1s with adaptive.Default(), 10ms with
 	// LowLatency()). A worker is woken by the sequencer's notifications
 	// when messages arrive; without one it polls again after this long,
-	// doubling the wait after every poll that finds nothing, up to a
-	// second, and coming back to it as soon as a poll finds work no
-	// notification announced. Raise it to cut idle polling; lower it when
-	// notifications are off. The profile's busy pace is kept within it.
+	// doubling the wait after every poll that finds nothing, up to 30
+	// seconds, and coming back to it as soon as a poll finds work no
+	// notification announced (after which the wait stretches to a second
+	// at most, until a notification announces work again). Raise it to
+	// cut idle polling; lower it when notifications are off. The
+	// profile's busy pace is kept within it.
 	PollInterval time.Duration
 	// MaxConcurrentPartitions is the bulkhead: how many of this
 	// subscriber's partition workers query the database at the same time

@@ -122,8 +122,10 @@ func Default() Tuning { return fromProfile(tune.Default) }
 // chat): polls a few milliseconds apart while busy and a 10 ms
 // safety-net poll while idle, so a message is picked up well within 25 ms
 // even without pokes. With the sequencer's notifications (the default),
-// the poll of an idle partition stretches, doubling, to 1 s, so idling
-// costs what it costs with Default; without them it stays at 10 ms.
+// the poll of an idle partition stretches, doubling, to 30 s, so idling
+// costs what it costs with Default; without them it stays at 10 ms (a
+// worker whose poll found work no notification announced stretches it to
+// 1 s at most, until a notification announces work again).
 // Batches stay small (10) and retries start at 100 ms.
 func LowLatency() Tuning { return fromProfile(tune.LowLatency) }
 

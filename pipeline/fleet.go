@@ -85,7 +85,20 @@ type FleetConfig struct {
 	// stopped with an error is started again (it doubles from a second up
 	// to this; 30 s when 0).
 	RestartBackoff time.Duration
+	// TrimIdleAfter is how long a source's pool must have had an idle
+	// connection at hand for every acquire before the Fleet closes its
+	// idle connections but one (DefaultTrimIdleAfter, a minute, when 0;
+	// negative: never). A quiet source then holds two connections, its
+	// process's LISTEN connection and one in the pool, instead of what its
+	// pool opened at the start or in its last burst (pgxpool keeps an idle
+	// connection for 30 minutes by default). The check runs with the
+	// database check, every CheckInterval; the pool keeps at least its
+	// MinConns and MinIdleConns.
+	TrimIdleAfter time.Duration
 }
+
+// DefaultTrimIdleAfter is the default FleetConfig.TrimIdleAfter.
+const DefaultTrimIdleAfter = time.Minute
 
 func (c *FleetConfig) setDefaults() {
 	if c.CheckInterval == 0 {
@@ -93,6 +106,9 @@ func (c *FleetConfig) setDefaults() {
 	}
 	if c.RestartBackoff == 0 {
 		c.RestartBackoff = 30 * time.Second
+	}
+	if c.TrimIdleAfter == 0 {
+		c.TrimIdleAfter = DefaultTrimIdleAfter
 	}
 }
 
@@ -213,6 +229,12 @@ type fleetSource struct {
 
 	cancel context.CancelFunc
 	done   chan struct{} // closed when its goroutines have returned
+
+	// The trim of idle pool connections (watch's goroutine only): the
+	// pool's count of acquires that found no idle connection, as last
+	// read, and since when it has not moved.
+	emptyAcquires int64
+	ampleSince    time.Time
 }
 
 // NewFleet creates a Fleet of cfg.Sources; Run starts their pipelines.
@@ -362,8 +384,10 @@ func (f *Fleet) watch(ctx context.Context, s *fleetSource) {
 	defer observe.Current().SourceRemoved(s.src.Name)
 	tick := time.NewTicker(f.cfg.CheckInterval)
 	defer tick.Stop()
+	s.emptyAcquires, s.ampleSince = s.src.Pool.Stat().EmptyAcquireCount(), time.Now()
 	for {
 		f.checkOnce(ctx, s)
+		f.trimIdle(ctx, s)
 		select {
 		case <-ctx.Done():
 			return
@@ -397,6 +421,52 @@ func (f *Fleet) checkOnce(ctx context.Context, s *fleetSource) {
 		s.logger.Info("The source's database answers again", nil)
 	case s.state == SourceRunning:
 		s.lastErr = ""
+	}
+}
+
+// trimIdle closes the idle connections of s's pool but one (or its
+// MinConns, MinIdleConns) once every acquire of the last TrimIdleAfter
+// found an idle connection at hand: the source is quiet, and what its
+// pool opened for its last burst is not needed. A burst later opens what
+// it needs again; a pool that had to open a connection for an acquire is
+// left alone for TrimIdleAfter, so a source that needs two connections at
+// times reopens at most one per TrimIdleAfter.
+func (f *Fleet) trimIdle(ctx context.Context, s *fleetSource) {
+	if f.cfg.TrimIdleAfter < 0 || ctx.Err() != nil {
+		return
+	}
+	pool := s.src.Pool
+	now := time.Now()
+	if n := pool.Stat().EmptyAcquireCount(); n != s.emptyAcquires {
+		s.emptyAcquires, s.ampleSince = n, now
+		return
+	}
+	if now.Sub(s.ampleSince) < f.cfg.TrimIdleAfter {
+		return
+	}
+	cfg := pool.Config()
+	keep := max(1, int(cfg.MinConns), int(cfg.MinIdleConns))
+	if int(pool.Stat().IdleConns()) <= keep {
+		return
+	}
+	idle := pool.AcquireAllIdle(ctx)
+	closed := 0
+	for i, c := range idle {
+		if i < keep {
+			c.Release()
+			continue
+		}
+		conn := c.Hijack()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = conn.Close(cctx)
+		cancel()
+		closed++
+	}
+	// Acquires that came while the pool's idle connections were taken
+	// here found none: not a sign of need.
+	s.emptyAcquires = pool.Stat().EmptyAcquireCount()
+	if closed > 0 {
+		s.logger.Debug("Closed the idle connections of a quiet source's pool", watermill.LogFields{"closed": closed, "kept": min(keep, len(idle))})
 	}
 }
 

@@ -105,6 +105,10 @@
 //	-max-drain 15m                   give up waiting for a run's messages at the broker after this long
 //	-out outbox-bench-results        output directory
 //	-cpuprofile FILE                 a CPU profile of the whole run (go tool pprof)
+//	-sources-counts 1,2,3            sources: databases of the throughput runs (0: none)
+//	-sources-idle 50  -sources-trickle 1  sources: the many-sources run
+//	-sources-settle 5s               sources: the fleet runs this long before its idle CPU is measured
+//	-sources-idle-profile FILE       a CPU profile of the many-sources run's idle window
 //	-smoke                           tiny sizes, all phases well under 90 s; for CI
 //	-rewrite                         measure nothing; render -out's outputs again from its results.json
 //	-medians d1,d2,d3                measure nothing; write -out/medians.md, each target's median over those runs
@@ -182,12 +186,15 @@ type config struct {
 	// relayPace is (e)'s relay.Config.MinAppendInterval (0: its default).
 	relayPace time.Duration
 
-	isolationRate     int
-	cpuProfile        string
-	latencyLoads      []int
-	latencyDuration   time.Duration
-	idleDuration      time.Duration
-	latencyPublishers int
+	isolationRate int
+	cpuProfile    string
+	// sourcesIdleProfile is the file of a CPU profile of the
+	// many-sources run's idle window ("": none).
+	sourcesIdleProfile string
+	latencyLoads       []int
+	latencyDuration    time.Duration
+	idleDuration       time.Duration
+	latencyPublishers  int
 
 	growthHistory    int
 	growthMaxBacklog int
@@ -207,6 +214,7 @@ type config struct {
 	soakTableDefaults bool
 
 	sourcesCounts     []int
+	sourcesSettle     time.Duration
 	sourcesPerTx      int
 	sourcesPublishers int
 	sourcesRate       float64
@@ -285,12 +293,13 @@ func parseFlags(args []string) (config, error) {
 	var phases, systems, perTx, loads, partitions, sourceCounts string
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
 	fs.StringVar(&phases, "phases", "compare,latency,growth,idle", "phases to run: compare, latency, growth, idle, isolation, soak, sources (comma-separated)")
-	fs.StringVar(&sourceCounts, "sources-counts", "1,2,3", "sources: the numbers of databases of the throughput runs")
+	fs.StringVar(&sourceCounts, "sources-counts", "1,2,3", "sources: the numbers of databases of the throughput runs (0: none, the many-sources run only)")
 	fs.IntVar(&cfg.sourcesPerTx, "sources-per-tx", 10, "sources: messages per transaction of the throughput runs")
 	fs.Float64Var(&cfg.sourcesRate, "sources-rate", 2000, "sources: msg/s offered to each source in the same-per-source runs")
 	fs.DurationVar(&cfg.sourcesDuration, "sources-duration", 10*time.Second, "sources: how long the same-per-source runs publish")
 	fs.IntVar(&cfg.sourcesPublishers, "sources-publishers", 6, "sources: publishers of the throughput runs, split among the sources (6: 6, 3+3, 2+2+2)")
 	fs.IntVar(&cfg.sourcesIdle, "sources-idle", 50, "sources: databases of the many-sources run (idle, then a trickle); 0: none")
+	fs.DurationVar(&cfg.sourcesSettle, "sources-settle", 5*time.Second, "sources: how long the many-sources run's fleet runs before its idle CPU is measured (past pipeline.DefaultTrimIdleAfter for the pools' trim to show)")
 	fs.Float64Var(&cfg.sourcesTrickle, "sources-trickle", 1, "sources: msg/s into each database of the many-sources run after its idle measurement; 0: none")
 	fs.DurationVar(&cfg.soakDuration, "soak-duration", time.Hour, "soak: how long the steady load runs")
 	fs.IntVar(&cfg.soakRate, "soak-rate", 1000, "soak: offered load in msg/s (max(1, rate/1000) per transaction)")
@@ -308,7 +317,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.publishers, "publishers", 4, "compare: concurrent publishers, one connection each")
 	fs.DurationVar(&cfg.maxDrain, "max-drain", 15*time.Minute, "give up waiting for a run's messages at the broker after this long (the result is then marked incomplete)")
 	fs.StringVar(&cfg.out, "out", "outbox-bench-results", "directory for results.json, results.md, statements.md and the PNGs")
-	fs.BoolVar(&cfg.forwardOnly, "outbox-forward-only", false, "(c), both modes: register the topic with outbox.ForwardOnly (no log copy: the forwarder reads pending, where the relay puts them in the log-based mode)")
+	fs.BoolVar(&cfg.forwardOnly, "outbox-forward-only", false, "(c), both modes, and the sources phase: register the topic with outbox.ForwardOnly (no log copy: the forwarder reads pending, where the relay puts them in the log-based mode)")
 	fs.BoolVar(&cfg.outboxNotify, "outbox-notify", true, "(c): the Publisher sends NOTIFY to wake the Sequencer (its default); false leaves the Sequencer to its poll interval")
 	fs.DurationVar(&cfg.relayPace, "relay-pace", 0, "(e): the relay's MinAppendInterval (0: the forwarder's profile's, adaptive.Tuning.AppendInterval; negative: no floor)")
 	fs.StringVar(&loads, "latency-loads", "1000,10000", "latency: offered loads in msg/s (comma-separated)")
@@ -317,6 +326,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.latencyPublishers, "latency-publishers", 8, "latency: publisher goroutines (one connection each)")
 	fs.IntVar(&cfg.growthHistory, "growth-history", 1000000, "growth: messages of the history run (retention on)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	fs.StringVar(&cfg.sourcesIdleProfile, "sources-idle-profile", "", "sources: write a CPU profile of the many-sources run's idle window to this file (go tool pprof; not with -cpuprofile)")
 	fs.StringVar(&cfg.medians, "medians", "", "measure nothing: write -out/medians.md, the median of every target over the runs whose -out directories are listed (comma-separated)")
 	fs.BoolVar(&cfg.rewrite, "rewrite", false, "measure nothing: render results.md, statements.md and the PNGs of -out again from its results.json")
 	fs.IntVar(&cfg.publishRounds, "publish-rounds", 5, "compare: rounds of publish-only runs of (a) and (c), interleaved, reported as medians (0: none)")
@@ -347,7 +357,9 @@ func parseFlags(args []string) (config, error) {
 	if cfg.growthPartitions, err = parseInts("-growth-partitions", partitions, 1, 1024); err != nil {
 		return cfg, err
 	}
-	if cfg.sourcesCounts, err = parseInts("-sources-counts", sourceCounts, 1, 64); err != nil {
+	if sourceCounts == "0" { // the many-sources run only
+		cfg.sourcesCounts = nil
+	} else if cfg.sourcesCounts, err = parseInts("-sources-counts", sourceCounts, 1, 64); err != nil {
 		return cfg, err
 	}
 	if cfg.smoke {
@@ -396,6 +408,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("-growth-max-backlog must not be negative")
 	case c.out == "":
 		return fmt.Errorf("-out must not be empty")
+	case c.sourcesSettle < 0:
+		return fmt.Errorf("-sources-settle must not be negative")
+	case c.cpuProfile != "" && c.sourcesIdleProfile != "":
+		return fmt.Errorf("-cpuprofile and -sources-idle-profile cannot both be set (one CPU profile at a time)")
 	case c.soakInterval < 100*time.Millisecond || c.soakDuration < 6*c.soakInterval:
 		return fmt.Errorf("-soak-interval must be at least 100ms and -soak-duration at least 6 intervals (a trend needs samples)")
 	case c.soakRate < 1 || c.soakRate > 100_000:

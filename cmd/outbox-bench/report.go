@@ -382,7 +382,7 @@ func (res *results) markdown() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "Machine: %s; %s.\n\n", res.Machine.String(), res.Machine.PostgreSQL)
 	if res.Config["forward_only"] == true {
-		sb.WriteString("**(c) and (e) ran with their topic registered `outbox.ForwardOnly()`** (`-outbox-forward-only`): their messages go from `pending` to Kafka without the log.\n\n")
+		sb.WriteString("**(c), (e) and the sources phase ran with their topic registered `outbox.ForwardOnly()`** (`-outbox-forward-only`): their messages go from `pending` to Kafka without the log.\n\n")
 	}
 	if len(res.PublishSummary) > 0 {
 		res.publishRoundsMarkdown(&sb)

@@ -90,6 +90,12 @@ type sourcesIdle struct {
 	TrickleDelivered               int64       `json:"trickle_delivered"`
 	TricklePublished               int64       `json:"trickle_published"`
 	Statements                     []statement `json:"top_statements,omitempty"`
+	// Settle is how long the fleet ran before the idle window (s; 0 in
+	// results from before it was set: 5 s).
+	Settle float64 `json:"settle_s,omitempty"`
+	// Breakdown takes the idle window apart (nil in results from before
+	// it was measured).
+	Breakdown *idleBreakdown `json:"idle_breakdown,omitempty"`
 }
 
 // sourcesResult is the sources phase.
@@ -155,7 +161,11 @@ func (b *bench) createSources(ctx context.Context, prefix string, n, partitions,
 		if err := outbox.Migrate(ctx, relay, outbox.DefaultSchema); err != nil {
 			return f, err
 		}
-		if err := outbox.RegisterTopic(ctx, relay, outbox.DefaultSchema, outboxTopic, partitions); err != nil {
+		var topicOpts []outbox.TopicOption
+		if b.cfg.forwardOnly {
+			topicOpts = append(topicOpts, outbox.ForwardOnly())
+		}
+		if err := outbox.RegisterTopic(ctx, relay, outbox.DefaultSchema, outboxTopic, partitions, topicOpts...); err != nil {
 			return f, err
 		}
 		if pubConns > 0 {
@@ -387,38 +397,82 @@ func (b *bench) runManySources(ctx context.Context, n int) (*sourcesIdle, error)
 	if err != nil {
 		return nil, err
 	}
-	if err := f.startFleet(kb.addrs, kafkaTopic); err != nil {
-		return nil, err
-	}
 	if _, err := kb.counter.Count(ctx, kafkaTopic); err != nil { // its consumer reads from now on
 		return nil, err
 	}
-	settle := func() error {
+	settle := func(d time.Duration) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Second):
+		case <-time.After(d):
 		}
 		return b.beforeRun(ctx)
 	}
-	if err := settle(); err != nil {
-		return nil, err
+	wait := func(d time.Duration) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+		return nil
 	}
 	d := b.cfg.idleDuration
-	r := &sourcesIdle{Sources: n, Seconds: d.Seconds(), TricklePerSource: b.cfg.sourcesTrickle}
+	r := &sourcesIdle{Sources: n, Seconds: d.Seconds(), Settle: b.cfg.sourcesSettle.Seconds(), TricklePerSource: b.cfg.sourcesTrickle, Breakdown: &idleBreakdown{}}
+	// The databases without a fleet: the floor.
+	if err := settle(5 * time.Second); err != nil {
+		return nil, err
+	}
 	c0 := readCPU(b.postmaster)
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(d):
+	if err := wait(d); err != nil {
+		return nil, err
 	}
 	c1 := readCPU(b.postmaster)
+	r.Breakdown.NoFleetProcessMillisPerSecond = (c1.process - c0.process).Seconds() * 1e3 / d.Seconds()
+	r.Breakdown.NoFleetPostgresMillisPerSecond = (c1.server - c0.server).Seconds() * 1e3 / d.Seconds()
+	logf("sources %d without a fleet: %.1f ms CPU per second (process %.1f + PostgreSQL %.1f)", n,
+		r.Breakdown.NoFleetProcessMillisPerSecond+r.Breakdown.NoFleetPostgresMillisPerSecond, r.Breakdown.NoFleetProcessMillisPerSecond, r.Breakdown.NoFleetPostgresMillisPerSecond)
+
+	if err := f.startFleet(kb.addrs, kafkaTopic); err != nil {
+		return nil, err
+	}
+	if err := settle(b.cfg.sourcesSettle); err != nil {
+		return nil, err
+	}
+	stopProfile := func() {}
+	if b.cfg.sourcesIdleProfile != "" {
+		stop, err := startCPUProfile(b.cfg.sourcesIdleProfile)
+		if err != nil {
+			return nil, err
+		}
+		var once sync.Once
+		stopProfile = func() { once.Do(stop) }
+		defer stopProfile()
+	}
+	backends := b.sourceBackends(ctx, prefix)
+	p0 := processCPU(backends)
+	c0 = readCPU(b.postmaster)
+	if err := wait(d); err != nil {
+		return nil, err
+	}
+	c1 = readCPU(b.postmaster)
+	p1 := processCPU(backends)
+	stopProfile()
 	r.IdleProcessMillisPerSecond = (c1.process - c0.process).Seconds() * 1e3 / d.Seconds()
 	r.IdlePostgresMillisPerSecond = (c1.server - c0.server).Seconds() * 1e3 / d.Seconds()
 	r.IdleConnections = b.connections(ctx, prefix)
+	r.Breakdown.BackendsMillisPerSecond = backendsCPU(p0, p1).Seconds() * 1e3 / d.Seconds()
+	r.Breakdown.Connections = b.sourceConnections(ctx, prefix)
+	r.Breakdown.Statements, r.Breakdown.StatementsPerSecond = b.sourceStatements(ctx, prefix, n, d)
 	r.Statements = b.topStatements(ctx)
-	logf("sources %d idle: %.1f ms CPU per second (process %.1f + PostgreSQL %.1f), %d connections",
-		n, r.IdleProcessMillisPerSecond+r.IdlePostgresMillisPerSecond, r.IdleProcessMillisPerSecond, r.IdlePostgresMillisPerSecond, r.IdleConnections)
+	logf("sources %d idle: %.1f ms CPU per second (process %.1f + PostgreSQL %.1f, of which the sources' backends %.1f), %d connections, %.2f statements/s per source",
+		n, r.IdleProcessMillisPerSecond+r.IdlePostgresMillisPerSecond, r.IdleProcessMillisPerSecond, r.IdlePostgresMillisPerSecond,
+		r.Breakdown.BackendsMillisPerSecond, r.IdleConnections, r.Breakdown.StatementsPerSecond)
+	for _, c := range r.Breakdown.Connections {
+		logf("  %3d connections %s: %s", c.Count, c.State, c.Query)
+	}
+	for _, s := range r.Breakdown.Statements {
+		logf("  %7.3f/s per source, %8.1f ms: %s", s.CallsPerSecond, s.TotalMs, s.Query)
+	}
 
 	// The trickle: each database gets a one-message transaction every
 	// 1/rate s, from one publisher each.
@@ -476,6 +530,14 @@ func (b *bench) runManySources(ctx context.Context, n int) (*sourcesIdle, error)
 	return r, nil
 }
 
+// settled says how long the fleet ran before the idle window.
+func settled(s float64) string {
+	if s == 0 {
+		s = 5
+	}
+	return fmt.Sprintf(", the idle window %.0f s after the fleet started", s)
+}
+
 // sourcesMarkdown renders the sources phase.
 func (res *results) sourcesMarkdown(sb *strings.Builder) {
 	s := res.Sources
@@ -498,7 +560,7 @@ func (res *results) sourcesMarkdown(sb *strings.Builder) {
 		sb.WriteString("\n")
 	}
 	if i := s.Idle; i != nil {
-		fmt.Fprintf(sb, "**%d sources, one fleet** (4 partitions each, pools of 4 connections as `outbox pipeline --config` opens them), over %.0f s each:\n\n", i.Sources, i.Seconds)
+		fmt.Fprintf(sb, "**%d sources, one fleet** (4 partitions each, pools of 4 connections as `outbox pipeline --config` opens them), over %.0f s each%s:\n\n", i.Sources, i.Seconds, settled(i.Settle))
 		sb.WriteString("| load | CPU ms/s (process + PostgreSQL) | connections |\n|---|---:|---:|\n")
 		fmt.Fprintf(sb, "| idle | %.1f (%.1f + %.1f) | %d |\n", i.IdleProcessMillisPerSecond+i.IdlePostgresMillisPerSecond, i.IdleProcessMillisPerSecond, i.IdlePostgresMillisPerSecond, i.IdleConnections)
 		if i.TricklePerSource > 0 {
@@ -506,5 +568,8 @@ func (res *results) sourcesMarkdown(sb *strings.Builder) {
 				i.TrickleProcessMillisPerSecond+i.TricklePostgresMillisPerSecond, i.TrickleProcessMillisPerSecond, i.TricklePostgresMillisPerSecond)
 		}
 		sb.WriteString("\n")
+		if i.Breakdown != nil {
+			i.Breakdown.markdown(sb, i.Sources, i.IdleProcessMillisPerSecond+i.IdlePostgresMillisPerSecond)
+		}
 	}
 }

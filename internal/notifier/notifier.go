@@ -24,7 +24,9 @@
 // every channel is listened to again, and every callback is called with
 // payload "": notifications may have been missed, re-poll. The same ""
 // call follows the first LISTEN of each subscription, so a subscriber
-// never misses what happened before it listened.
+// never misses what happened before it listened. [Subscription.Live] tells
+// whether the channel is listened to on a live connection now: a caller
+// stretches its safety-net poll only while it is (the Sequencer does).
 //
 // Callbacks run on the listener's goroutine and must not block: they
 // should only record the wake-up (a non-blocking send on a buffered
@@ -53,6 +55,18 @@ type Subscription struct {
 	channel string
 	fn      func(payload string)
 	once    sync.Once
+}
+
+// Live reports whether the subscription's channel is listened to on a
+// live connection now: a notification sent on it would reach fn. It is
+// false before the first LISTEN, and from the loss of the connection until
+// it is re-established and the channel listened to again (fn then gets its
+// ""). A caller that stretches its safety-net poll while notifications
+// arrive checks it: while it is false, nothing announces new work.
+func (s *Subscription) Live() bool {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	return s.l.live[s.channel]
 }
 
 // Unlisten removes the subscription. When it was the pool's last, the
@@ -95,6 +109,7 @@ type listener struct {
 	mu      sync.Mutex
 	subs    map[string]map[*Subscription]struct{} // channel -> subscriptions
 	fresh   []*Subscription                       // added since the last sync: owed a "" call
+	live    map[string]bool                       // channels listened to on the live connection
 	changed chan struct{}                         // a channel was added or dropped (capacity 1)
 
 	life startstop.Service
@@ -105,6 +120,7 @@ func newListener(pool *pgxpool.Pool, logger watermill.LoggerAdapter) *listener {
 		pool:    pool,
 		logger:  logger.With(watermill.LogFields{"component": "outbox.notifier"}),
 		subs:    map[string]map[*Subscription]struct{}{},
+		live:    map[string]bool{},
 		changed: make(chan struct{}, 1),
 	}
 	l.life.Name = "notifier.listener"
@@ -186,6 +202,11 @@ func (l *listener) session(ctx context.Context) error {
 	}
 	conn := pc.Hijack() // carries LISTENs: never back to the pool
 	defer conn.Close(context.Background())
+	defer func() { // nothing is listened to until the next session's LISTENs
+		l.mu.Lock()
+		clear(l.live)
+		l.mu.Unlock()
+	}()
 	listening := map[string]bool{}
 	l.mu.Lock()
 	// Everyone subscribed now gets a "" after this session's LISTENs.
@@ -266,6 +287,10 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 		delete(listening, ch)
 	}
 	l.mu.Lock()
+	clear(l.live)
+	for ch := range listening {
+		l.live[ch] = true
+	}
 	owed := l.fresh
 	l.fresh = nil
 	var live []*Subscription

@@ -217,3 +217,40 @@ func TestReconnectBacksOffWithTheSharedBackoff(t *testing.T) {
 	s.Unlisten()
 	goleak.VerifyNone(t, ignore, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
 }
+
+// Live tells whether a notification would reach the subscription: false
+// while the connection cannot be made, true once the channel is listened
+// to (before its "" call), false from the loss of the connection until it
+// is listened to again.
+func TestLiveWhileTheChannelIsListenedTo(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	pool := switchablePool(t, &down)
+	admin := pgtest.Pool(t)
+	r := make(received, 16)
+	s := notifier.Listen(pool, "ch_live", nil, r.fn)
+	defer s.Unlisten()
+	if s.Live() {
+		t.Fatal("live before any connection could be made")
+	}
+	down.Store(false)
+	r.next(t, "")
+	if !s.Live() {
+		t.Fatal("not live after its first LISTEN")
+	}
+	down.Store(true) // the reconnect fails until allowed again
+	var killed int
+	if err := admin.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE 'LISTEN %ch_live%'`).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed != 1 {
+		t.Fatalf("terminated %d listening backends, want 1", killed)
+	}
+	waitFor(t, "the subscription to see the connection lost", func() bool { return !s.Live() })
+	down.Store(false)
+	r.next(t, "") // reconnected and listening again
+	if !s.Live() {
+		t.Fatal("not live after the reconnect")
+	}
+}

@@ -23,8 +23,9 @@ type Pacing struct {
 	// an idle worker polls again after this long. A worker that is poked
 	// when work arrives (the Subscriber's, by the sequencer's
 	// notifications) doubles it after every poll that finds nothing, up to
-	// a second, and comes back to it as soon as a poll finds work no poke
-	// announced. Must be > 0.
+	// 30 seconds (a second once a poll found work no poke announced, until
+	// a poke announces work again), and comes back to it as soon as a poll
+	// finds work no poke announced. Must be > 0.
 	IdleInterval time.Duration
 }
 

@@ -114,12 +114,21 @@ func Run(ctx context.Context, cfg Config, action Action) error {
 			return nil
 		}
 		l.idleTimedOut = stretchable && !poked
+		l.poked = poked
 	}
 }
 
-// maxIdleStretch bounds how far an idle worker with a poke source stretches
-// its safety-net poll (see loop.idleWait).
-const maxIdleStretch = time.Second
+// How far an idle worker with a poke source stretches its safety-net poll
+// (see loop.idleWait), or IdleInterval when longer.
+const (
+	// maxIdleStretch: while the pokes have announced all the work the
+	// worker found, so a quiet partition costs a query per 30 s.
+	maxIdleStretch = 30 * time.Second
+	// missedStretch: once a poll that no poke asked for found work (the
+	// pokes missed it: a sequencer that does not notify), until a poke
+	// announces work again.
+	missedStretch = time.Second
+)
 
 type loop struct {
 	cfg      Config
@@ -127,17 +136,32 @@ type loop struct {
 	streak   int // consecutive Proceeds
 	failures int // consecutive failed calls
 	// idleWait is the idle poll period: Pacing.IdleInterval, doubled
-	// after every idle poll that found nothing (up to maxIdleStretch)
-	// while the worker has a poke source, because the pokes then tell it
-	// of new work; back to IdleInterval when a poll that no poke asked
-	// for finds work (the pokes missed something, e.g. a sequencer that
-	// does not notify). So idle partitions cost almost nothing, and work
-	// that comes without a poke still waits at most IdleInterval once the
-	// worker has seen it happen.
+	// after every idle poll that found nothing while the worker has a
+	// poke source, because the pokes then tell it of new work: up to
+	// maxIdleStretch, or missedStretch once a poll that no poke asked for
+	// found work (the pokes missed something, e.g. a sequencer that does
+	// not notify), until a poked call finds work again; back to
+	// IdleInterval at such a find. So idle partitions cost almost nothing,
+	// work that comes without a poke after a long quiet spell waits at
+	// most maxIdleStretch, and once the worker has seen that happen at
+	// most missedStretch (IdleInterval when longer).
 	idleWait time.Duration
 	// idleTimedOut: the last pause was an idle wait that ended by its
 	// timer, not by a poke.
 	idleTimedOut bool
+	// poked: the last pause ended by a poke.
+	poked bool
+	// missed: a poll that no poke asked for found work since the last
+	// poked call that did.
+	missed bool
+}
+
+// stretch is how far the idle poll may stretch now.
+func (l *loop) stretch() time.Duration {
+	if l.missed {
+		return max(missedStretch, l.cfg.Pacing.IdleInterval)
+	}
+	return max(maxIdleStretch, l.cfg.Pacing.IdleInterval)
 }
 
 // step makes one Execute call and works out the wait before the next one.
@@ -162,12 +186,13 @@ func (l *loop) step(ctx context.Context) (wait time.Duration, wakeOnPoke, ok boo
 		return wait, false, true
 	}
 	l.failures = 0
-	if l.idleTimedOut {
-		if dir.kind == kindIdle {
-			l.idleWait = min(2*l.idleWait, max(maxIdleStretch, l.cfg.Pacing.IdleInterval))
-		} else {
-			l.idleWait = l.cfg.Pacing.IdleInterval
-		}
+	switch {
+	case l.idleTimedOut && dir.kind == kindIdle:
+		l.idleWait = min(2*l.idleWait, l.stretch())
+	case l.idleTimedOut:
+		l.idleWait, l.missed = l.cfg.Pacing.IdleInterval, true
+	case l.poked && dir.kind != kindIdle:
+		l.missed = false
 	}
 	switch dir.kind {
 	case kindProceed:

@@ -518,26 +518,81 @@ func TestDirective(t *testing.T) {
 }
 
 // With a poke source, an idle worker's safety-net poll stretches (doubling
-// up to a second) while its polls find nothing, and comes back to
-// IdleInterval once a poll that no poke asked for finds work.
+// up to 30 s) while its polls find nothing, and comes back to IdleInterval
+// once a poll that no poke asked for finds work.
 func TestIdlePollStretchesWhilePokesExplainTheWork(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ms = time.Millisecond
 		h := newHarness(t)
 		i, p := worker.Idle(), worker.Proceed()
+		steps := make([]step, 14)
+		for k := range steps {
+			steps[k] = step{dir: i}
+		}
+		steps = append(steps, step{dir: p}, // found work no poke announced: back to 10 ms
+			step{dir: i}, step{dir: i}, step{dir: i})
 		h.start(worker.Config{
 			Pacing: tune.Pacing{MinInterval: 5 * ms, ActiveInterval: 5 * ms, IdleInterval: 10 * ms},
 			Poker:  worker.NewPoker(),
-		}, scripted(h,
-			step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i}, step{dir: i},
-			step{dir: p}, // found work no poke announced: back to 10 ms
-			step{dir: i}, step{dir: i}, step{dir: i}))
-		time.Sleep(2310 * time.Millisecond)
-		requireStarts(t, h.stop(),
-			0, 10*ms, 30*ms, 70*ms, 150*ms, 310*ms, 630*ms, 1270*ms, // waits 10, 20, 40, ..., 640
-			2270*ms,                   // capped at 1 s
-			2275*ms, 2285*ms, 2305*ms) // active 5 ms, then 10, 20 again
+		}, scripted(h, steps...))
+		// Waits 10, 20, 40, ..., 20,480 ms, then 30 s twice; after the
+		// find, active 5 ms, then 10 and 20 ms again.
+		want := startsAfter(10*ms, 20*ms, 40*ms, 80*ms, 160*ms, 320*ms, 640*ms, 1280*ms, 2560*ms, 5120*ms, 10240*ms, 20480*ms,
+			30*time.Second, 30*time.Second, 5*ms, 10*ms, 20*ms)
+		time.Sleep(want[len(want)-1] + ms)
+		requireStarts(t, h.stop(), want...)
 	})
+}
+
+// Once a poll that no poke asked for found work (a sequencer that does not
+// notify), the idle poll stretches only to a second, until a poke
+// announces work again; then it stretches to 30 s again.
+func TestIdlePollStretchesLessOnceThePokesMissedWork(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = time.Millisecond
+		h := newHarness(t)
+		poker := worker.NewPoker()
+		i, p := worker.Idle(), worker.Proceed()
+		steps := []step{
+			{dir: i}, {dir: i}, {dir: i}, {dir: i}, {dir: i}, {dir: i}, {dir: i}, {dir: i}, // 10 ms doubling to 1,280
+			{dir: p}, // unannounced work: the pokes missed it
+		}
+		for range 9 { // 5 ms active, then 10 ms doubling, capped at a second
+			steps = append(steps, step{dir: i})
+		}
+		steps = append(steps, step{dir: p}) // poked: the pokes announce work again
+		steps = append(steps, step{dir: i}) // and idle from then on
+		h.start(worker.Config{
+			Pacing: tune.Pacing{MinInterval: 5 * ms, ActiveInterval: 5 * ms, IdleInterval: 10 * ms},
+			Poker:  poker,
+		}, scripted(h, steps...))
+		missed := startsAfter(10*ms, 20*ms, 40*ms, 80*ms, 160*ms, 320*ms, 640*ms, 1280*ms, // the find at 2,550 ms
+			5*ms, 10*ms, 20*ms, 40*ms, 80*ms, 160*ms, 320*ms, 640*ms, time.Second) // capped at 1 s
+		last := missed[len(missed)-1]
+		time.Sleep(last + 500*ms)
+		poker.Poke() // at last+500 ms, in the middle of a 1 s wait
+		synctest.Wait()
+		poked := last + 500*ms
+		// After the poked find: 5 ms active, then the wait goes on doubling
+		// from the second it had reached, now up to 30 s.
+		after := startsAfter(5*ms, time.Second, 2*time.Second, 4*time.Second, 8*time.Second, 16*time.Second, 30*time.Second, 30*time.Second)
+		want := append(missed, poked)
+		for _, d := range after[1:] {
+			want = append(want, poked+d)
+		}
+		time.Sleep(want[len(want)-1] - poked + ms)
+		requireStarts(t, h.stop(), want...)
+	})
+}
+
+// startsAfter is when the calls of a worker start that waits each of waits
+// in turn after the call before (calls take no time): 0, then the sums.
+func startsAfter(waits ...time.Duration) []time.Duration {
+	out := []time.Duration{0}
+	for _, w := range waits {
+		out = append(out, out[len(out)-1]+w)
+	}
+	return out
 }
 
 // Without a poke source nothing would announce work: the idle poll keeps
