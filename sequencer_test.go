@@ -106,6 +106,23 @@ func runStress(t *testing.T, sequencers int) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// A pass that committed reports its messages when it returns: stop
+	// once the reports add up to the log, or a pass whose commit landed
+	// as it was cancelled would go uncounted (its error is the cancel).
+	logged := int64(len(e.readLog(t, topic)))
+	for {
+		var reported int64
+		for _, s := range seqs {
+			reported += s.Stats().Sequenced
+		}
+		if reported >= logged {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sequencers report %d of the log's %d messages", reported, logged)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	stop()
 	seqWG.Wait()
 	var total int64
