@@ -282,7 +282,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 		}
 		defer release()
 	}
-	idle := idlePoll{base: s.cfg.PollInterval, max: s.cfg.MaxIdlePoll}
+	idle := tune.IdlePoll{Base: s.cfg.PollInterval, Max: s.cfg.MaxIdlePoll}
 	if !s.cfg.DisableListen {
 		// The process's shared LISTEN connection for this pool.
 		sub := notifier.Listen(s.cfg.Pool, s.listenChannel, s.logger, func(payload string) {
@@ -291,7 +291,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 			}
 		})
 		defer sub.Unlisten()
-		idle.live = sub.Live
+		idle.Live = sub.Live
 	}
 
 	defer s.compact.Wait()
@@ -324,7 +324,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 			var any bool
 			any, nextDue = s.anyPending(ctx)
 			if any && !due {
-				idle.unannounced(followUp)
+				idle.Unannounced(followUp)
 			}
 			prompted = any
 		}
@@ -332,7 +332,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 			n, more, err = s.pass(ctx)
 		}
 		if poked && n > 0 {
-			idle.announced()
+			idle.Announced()
 		}
 		poked = false
 		if n > 0 {
@@ -359,7 +359,7 @@ func (s *Sequencer) run(ctx context.Context) error {
 			followUp = max(minGap, time.Millisecond)
 			wait = followUp - time.Since(started)
 		default: // found nothing: the wait doubles, PollInterval and beyond while notifications can be trusted
-			followUp = idle.next(followUp)
+			followUp = idle.Next(followUp)
 			wait = followUp
 		}
 		s.idleWait.Store(int64(followUp))
@@ -405,52 +405,6 @@ func (s *Sequencer) run(ctx context.Context) error {
 		}
 	}
 }
-
-// idlePoll is the schedule of an idle sequencer's safety-net poll: the
-// wait doubles after every look that found nothing, up to base
-// (PollInterval), and on up to max (MaxIdlePoll) while notifications can
-// be trusted: the LISTEN connection is up (live) and no unprompted look
-// found work since the last notified pass that did.
-type idlePoll struct {
-	base, max time.Duration
-	// live reports whether the LISTEN subscription is live (nil: the
-	// sequencer does not listen).
-	live func() bool
-	// missed: an unprompted look at the idle pace found work that no
-	// notification announced.
-	missed bool
-}
-
-// trusted reports whether notifications announce new work now.
-func (p *idlePoll) trusted() bool {
-	return p.live != nil && !p.missed && p.live()
-}
-
-// next is the wait after an empty look that followed a wait of last (0:
-// none yet).
-func (p *idlePoll) next(last time.Duration) time.Duration {
-	ceiling := p.base
-	if p.max > p.base && p.trusted() {
-		ceiling = p.max
-	}
-	if last <= 0 {
-		return p.base
-	}
-	return min(2*last, ceiling)
-}
-
-// unannounced records an unprompted look after a wait of last that found
-// work: at the idle pace (last at least base) the notifications missed it.
-// (A look soon after a pass is how the sequencer finds the commits whose
-// NOTIFY the Publisher left out on purpose; those are expected.)
-func (p *idlePoll) unannounced(last time.Duration) {
-	if last >= p.base {
-		p.missed = true
-	}
-}
-
-// announced records a notified pass that found work: notifications work.
-func (p *idlePoll) announced() { p.missed = false }
 
 // anyPending tells an unprompted pass (a follow-up or the safety-net
 // poll, which usually find nothing) whether a pass is worth its three

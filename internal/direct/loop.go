@@ -48,6 +48,13 @@ type Config struct {
 	// Poll is how long a round that found nothing waits before the next
 	// one unless a publisher's notification comes first.
 	Poll time.Duration
+	// MaxIdlePoll is how far an idle loop's poll stretches past Poll,
+	// doubling, while its LISTEN is live and no look at the idle pace
+	// found work that no notification announced (tune.IdlePoll, as the
+	// sequencer's): a quiet topic then costs a read per MaxIdlePoll.
+	// Default DefaultMaxIdlePoll; at most Poll (no stretch) when lower or
+	// negative.
+	MaxIdlePoll time.Duration
 	// Pace is the busy pace: a round that forwarded n messages is followed
 	// by the next one tune.FollowLoad(Pace, n) after its start, at the
 	// earliest (0: at once).
@@ -101,6 +108,9 @@ type Loop struct {
 	compact *queuevacuum.Vacuumer
 	runCtx  context.Context // Run's, which the vacuums end with
 	logger  watermill.LoggerAdapter
+	// live says whether notifications arrive (tests only, export_test.go;
+	// otherwise the listener's).
+	live    func() bool
 	wake    chan struct{} // a publisher's notification
 	wakeNow chan struct{} // the relay's (names.RelayedPayload)
 
@@ -108,6 +118,9 @@ type Loop struct {
 	parts map[int]*part
 	cnt   Counts
 }
+
+// DefaultMaxIdlePoll is the default Config.MaxIdlePoll (the sequencer's).
+const DefaultMaxIdlePoll = 10 * time.Second
 
 // New returns the loop of cfg.
 func New(cfg Config) *Loop {
@@ -119,6 +132,9 @@ func New(cfg Config) *Loop {
 	}
 	if cfg.Poll <= 0 {
 		cfg.Poll = time.Second
+	}
+	if cfg.MaxIdlePoll == 0 {
+		cfg.MaxIdlePoll = DefaultMaxIdlePoll
 	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = 100 * time.Millisecond
@@ -273,9 +289,11 @@ func (l *Loop) run(ctx context.Context) error {
 	if l.compact != nil {
 		defer l.compact.Wait()
 	}
+	idle := tune.IdlePoll{Base: l.cfg.Poll, Max: l.cfg.MaxIdlePoll, Live: l.live}
 	if l.cfg.Pool != nil && l.cfg.Store == nil {
 		sub := notifier.Listen(l.cfg.Pool, names.PendingChannel(l.cfg.Schema), l.logger, l.notified)
 		defer sub.Unlisten()
+		idle.Live = sub.Live
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -288,15 +306,25 @@ func (l *Loop) run(ctx context.Context) error {
 	// notify at most every PublisherConfig.NotifyInterval, so a stream of
 	// commits is found by these follow-ups, in rounds that grow with the
 	// load); after a round that found nothing the follow-up doubles, up to
-	// Poll; a publisher's notification starts a round, not sooner than
-	// the pace after the last one, the relay's at once.
+	// Poll, and on up to MaxIdlePoll while notifications are trusted
+	// (tune.IdlePoll); a publisher's notification starts a round, not
+	// sooner than the pace after the last one, the relay's at once.
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	followUp, gap := time.Duration(0), time.Duration(0)
+	poked := false // this round follows a notification (or a new lease)
 	for {
 		start := time.Now()
 		n, full := l.round(ctx)
 		gap = tune.FollowLoad(l.cfg.Pace, n)
+		if n > 0 {
+			if poked {
+				idle.Announced()
+			} else {
+				idle.Unannounced(followUp)
+			}
+		}
+		poked = false
 		var wait time.Duration
 		switch {
 		case n > 0:
@@ -305,10 +333,11 @@ func (l *Loop) run(ctx context.Context) error {
 		case followUp > 0:
 			// Nothing came since: the next look is at the busy pace,
 			// then doubling, while notifications wake it for new work.
-			followUp = min(max(2*followUp, l.cfg.Pace), l.cfg.Poll)
+			followUp = max(idle.Next(followUp), min(l.cfg.Pace, l.cfg.Poll))
 			wait = followUp
 		default:
-			wait = l.cfg.Poll
+			followUp = l.cfg.Poll
+			wait = followUp
 		}
 		if full {
 			wait = gap - time.Since(start)
@@ -326,7 +355,9 @@ func (l *Loop) run(ctx context.Context) error {
 			return err
 		case <-timer.C:
 		case <-l.wakeNow:
+			poked = true
 		case <-l.wake:
+			poked = true
 			if d := gap - time.Since(start); d > 0 {
 				timer.Reset(d)
 				select {

@@ -208,3 +208,87 @@ func TestARelayNotificationStartsARoundAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// An idle loop's poll doubles from Poll up to MaxIdlePoll while its
+// notifications are trusted (its LISTEN is live), stays at Poll when they
+// are not, and falls back to Poll once a look at the idle pace finds a
+// message no notification announced, until a notified round finds work
+// again: the sequencer's rule (tune.IdlePoll), so that a quiet topic costs
+// a read per MaxIdlePoll and a missed notification costs at most that.
+func TestAnIdleLoopStretchesItsPollWhileNotificationsAreTrusted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start = time.Now()
+		model := sim.NewDBModel("g", time.Now)
+		target := &recordingTarget{}
+		store := &countingStore{Store: model.Pending()}
+		const poll, maxIdle = 100 * time.Millisecond, 800 * time.Millisecond
+		loop := direct.New(direct.Config{
+			Store: store, Schema: "s", Group: "g", Topic: "orders", Partitions: 1, TargetTopic: "orders",
+			Target: target, Lease: lease.Config{Store: model.Lease(), MemberID: "m", TTL: time.Hour},
+			BatchSize: 10, Pace: 10 * time.Millisecond, Poll: poll, MaxIdlePoll: maxIdle,
+		})
+		var mu sync.Mutex
+		live := true
+		loop.SetLive(func() bool { mu.Lock(); defer mu.Unlock(); return live })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- loop.Run(ctx) }()
+		defer func() {
+			cancel()
+			<-done
+		}()
+		// gaps returns the waits between the reads of the last span.
+		gaps := func(span time.Duration) []time.Duration {
+			from := time.Since(start)
+			time.Sleep(span)
+			synctest.Wait()
+			reads := store.since(from)
+			var out []time.Duration
+			for i := 1; i < len(reads); i++ {
+				out = append(out, reads[i]-reads[i-1])
+			}
+			return out
+		}
+		settled := func(what string, got []time.Duration, want time.Duration) {
+			t.Helper()
+			if len(got) < 2 || got[len(got)-1] != want || got[len(got)-2] != want {
+				t.Fatalf("%s: waits between reads %v, want them to settle at %v", what, got, want)
+			}
+			for _, g := range got {
+				if g > want {
+					t.Fatalf("%s: waits between reads %v, one over %v", what, got, want)
+				}
+			}
+		}
+		settled("listening, nothing to do", gaps(6*time.Second), maxIdle)
+
+		mu.Lock()
+		live = false // the LISTEN connection dropped
+		mu.Unlock()
+		settled("not listening", gaps(time.Second), poll)
+
+		mu.Lock()
+		live = true
+		mu.Unlock()
+		settled("listening again", gaps(6*time.Second), maxIdle)
+
+		// A message without a notification: found by the idle look, after
+		// which the loop no longer trusts the notifications.
+		model.InsertPending(0, "unannounced", "k").Commit(model)
+		time.Sleep(maxIdle)
+		synctest.Wait()
+		if got := target.sent(); len(got) != 1 || got[0].uuid[0] != "unannounced" {
+			t.Fatalf("rounds %+v: want the unannounced message found within MaxIdlePoll", got)
+		}
+		settled("after an unannounced find", gaps(3*time.Second), poll)
+
+		// A notified round that finds work trusts them again.
+		model.InsertPending(0, "announced", "k").Commit(model)
+		loop.Notified("")
+		synctest.Wait()
+		if got := target.sent(); len(got) != 2 || got[1].uuid[0] != "announced" {
+			t.Fatalf("rounds %+v: want the announced message sent on its notification", got)
+		}
+		settled("after an announced find", gaps(6*time.Second), maxIdle)
+	})
+}

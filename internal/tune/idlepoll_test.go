@@ -1,22 +1,24 @@
-package outbox
+package tune_test
 
 import (
 	"testing"
 	"time"
+
+	"github.com/millrace/watermill-outbox/internal/tune"
 )
 
-// The idle sequencer's wait doubles up to PollInterval, and on up to
-// MaxIdlePoll only while notifications are trusted: its LISTEN is live and
+// An idle loop's wait doubles up to its poll interval, and on up to
+// Max only while notifications are trusted: its LISTEN is live and
 // no unprompted look at the idle pace found work since a notified pass
 // did.
 func TestIdlePollStretchesOnlyWhileNotificationsAreTrusted(t *testing.T) {
 	const ms = time.Millisecond
 	live := true
-	p := idlePoll{base: 100 * ms, max: 800 * ms, live: func() bool { return live }}
+	p := tune.IdlePoll{Base: 100 * ms, Max: 800 * ms, Live: func() bool { return live }}
 	doubling := func(from time.Duration, steps int) []time.Duration {
 		var out []time.Duration
 		for range steps {
-			from = p.next(from)
+			from = p.Next(from)
 			out = append(out, from)
 		}
 		return out
@@ -39,20 +41,20 @@ func TestIdlePollStretchesOnlyWhileNotificationsAreTrusted(t *testing.T) {
 	check("not listening", doubling(800*ms, 3), 100*ms, 100*ms, 100*ms)
 	live = true
 
-	p.unannounced(50 * ms) // a follow-up soon after a pass finds work: expected
+	p.Unannounced(50 * ms) // a follow-up soon after a pass finds work: expected
 	check("found by a follow-up", doubling(400*ms, 2), 800*ms, 800*ms)
-	p.unannounced(800 * ms) // at the idle pace: the notifications missed it
+	p.Unannounced(800 * ms) // at the idle pace: the notifications missed it
 	check("missed", doubling(20*ms, 5), 40*ms, 80*ms, 100*ms, 100*ms, 100*ms)
-	p.announced() // a notified pass found work
+	p.Announced() // a notified pass found work
 	check("announced again", doubling(100*ms, 4), 200*ms, 400*ms, 800*ms, 800*ms)
 
-	none := idlePoll{base: 100 * ms, max: 800 * ms} // DisableListen
-	if w := none.next(100 * ms); w != 100*ms {
+	none := tune.IdlePoll{Base: 100 * ms, Max: 800 * ms} // DisableListen
+	if w := none.Next(100 * ms); w != 100*ms {
 		t.Fatalf("a sequencer that does not listen stretched its poll to %v", w)
 	}
 	for _, max := range []time.Duration{-1, 50 * ms, 100 * ms} { // no stretch
-		q := idlePoll{base: 100 * ms, max: max, live: func() bool { return true }}
-		if w := q.next(100 * ms); w != 100*ms {
+		q := tune.IdlePoll{Base: 100 * ms, Max: max, Live: func() bool { return true }}
+		if w := q.Next(100 * ms); w != 100*ms {
 			t.Fatalf("MaxIdlePoll %v: the poll stretched to %v", max, w)
 		}
 	}
