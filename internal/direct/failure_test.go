@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/millrace/watermill-outbox/internal/direct"
-	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/origin"
 	"github.com/millrace/watermill-outbox/internal/sim"
 )
@@ -75,20 +74,9 @@ func TestAFailedReadIsRecordedOnTheCursorRows(t *testing.T) {
 		target := &countingTarget{}
 		store := &failingReads{Store: model.Pending()}
 		const backoff = time.Second
-		loop := direct.New(direct.Config{
-			Store: store, Schema: "s", Group: "g", Topic: "orders", Partitions: 2, TargetTopic: "orders",
-			Target: target, Lease: lease.Config{Store: model.Lease(), MemberID: "m", TTL: time.Hour},
-			BatchSize: 10, Pace: 10 * time.Millisecond, Poll: 100 * time.Millisecond,
-			BackoffBase: backoff, BackoffMax: time.Hour,
-		})
 		model.InsertPending(0, "m1", "k").Commit(model)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- loop.Run(ctx) }()
-		defer func() { // (a failed check ends the loop too, so that the bubble ends)
-			cancel()
-			<-done
-		}()
+		loop := runLoop(t, model, store, target, direct.Config{Partitions: 2, BatchSize: 10, Pace: 10 * time.Millisecond, Poll: 100 * time.Millisecond,
+			BackoffBase: backoff, BackoffMax: time.Hour})
 		held := func() bool {
 			return model.Cursor("g", "orders", 0).Live && model.Cursor("g", "orders", 1).Live
 		}

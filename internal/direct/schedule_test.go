@@ -166,21 +166,10 @@ func TestARelayNotificationStartsARoundAtOnce(t *testing.T) {
 		model := sim.NewDBModel("g", time.Now)
 		target := &recordingTarget{}
 		const pace = 80 * time.Millisecond
-		loop := direct.New(direct.Config{
-			Store: model.Pending(), Schema: "s", Group: "g", Topic: "orders", Partitions: 1, TargetTopic: "orders",
-			Target: target, Lease: lease.Config{Store: model.Lease(), MemberID: "m", TTL: time.Hour},
-			BatchSize: 100, Pace: pace, Poll: time.Minute,
-		})
 		for i := range 11 {
 			model.InsertPending(0, "a"+strconv.Itoa(i), "k").Commit(model)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- loop.Run(ctx) }()
-		defer func() {
-			cancel()
-			<-done
-		}()
+		loop := runLoop(t, model, model.Pending(), target, direct.Config{Partitions: 1, BatchSize: 100, Pace: pace, Poll: time.Minute})
 		for i := 0; i < 5000 && len(target.sent()) == 0; i++ {
 			time.Sleep(time.Millisecond)
 			synctest.Wait()
@@ -222,21 +211,10 @@ func TestAnIdleLoopStretchesItsPollWhileNotificationsAreTrusted(t *testing.T) {
 		target := &recordingTarget{}
 		store := &countingStore{Store: model.Pending()}
 		const poll, maxIdle = 100 * time.Millisecond, 800 * time.Millisecond
-		loop := direct.New(direct.Config{
-			Store: store, Schema: "s", Group: "g", Topic: "orders", Partitions: 1, TargetTopic: "orders",
-			Target: target, Lease: lease.Config{Store: model.Lease(), MemberID: "m", TTL: time.Hour},
-			BatchSize: 10, Pace: 10 * time.Millisecond, Poll: poll, MaxIdlePoll: maxIdle,
-		})
+		loop := runLoop(t, model, store, target, direct.Config{Partitions: 1, BatchSize: 10, Pace: 10 * time.Millisecond, Poll: poll, MaxIdlePoll: maxIdle})
 		var mu sync.Mutex
 		live := true
 		loop.SetLive(func() bool { mu.Lock(); defer mu.Unlock(); return live })
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- loop.Run(ctx) }()
-		defer func() {
-			cancel()
-			<-done
-		}()
 		// gaps returns the waits between the reads of the last span.
 		gaps := func(span time.Duration) []time.Duration {
 			from := time.Since(start)
@@ -291,4 +269,23 @@ func TestAnIdleLoopStretchesItsPollWhileNotificationsAreTrusted(t *testing.T) {
 		}
 		settled("after an announced find", gaps(6*time.Second), maxIdle)
 	})
+}
+
+// runLoop runs a loop of one member (an hour's lease) on model's leases,
+// store and target, of cfg (its Config's fields for the test), until the
+// test's bubble ends.
+func runLoop(t *testing.T, model *sim.DBModel, store direct.Store, target direct.Target, cfg direct.Config) *direct.Loop {
+	t.Helper()
+	cfg.Store, cfg.Target = store, target
+	cfg.Schema, cfg.Group, cfg.Topic, cfg.TargetTopic = "s", "g", "orders", "orders"
+	cfg.Lease = lease.Config{Store: model.Lease(), MemberID: "m", TTL: time.Hour}
+	loop := direct.New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return loop
 }
