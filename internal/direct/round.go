@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/consumer"
+	"github.com/millrace/watermill-outbox/internal/forward"
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/observe"
 	"github.com/millrace/watermill-outbox/internal/sentinel"
@@ -76,24 +77,7 @@ func (l *Loop) observe(batches []*readBatch, took time.Duration) {
 	}
 	for _, b := range batches {
 		n := max(0, min(b.Done, len(b.Messages)))
-		bytes := 0
-		for _, m := range b.Messages[:n] {
-			bytes += len(m.Payload)
-			for k, v := range m.Metadata {
-				bytes += len(k) + len(v)
-			}
-		}
-		kind := ""
-		switch {
-		case b.Err == nil:
-		case errors.Is(b.Err, sentinel.ErrPoison):
-			kind = "poison"
-		case errors.Is(b.Err, context.DeadlineExceeded):
-			kind = "timeout"
-		default:
-			kind = "broker"
-		}
-		observe.Current().Forwarded(l.cfg.Source, l.cfg.TargetTopic, n, bytes, took, kind)
+		observe.Current().Forwarded(l.cfg.Source, l.cfg.TargetTopic, n, forward.MessageBytes(b.Messages[:n]), took, forward.ErrorKind(context.Background(), b.Err))
 	}
 }
 

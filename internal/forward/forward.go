@@ -98,7 +98,7 @@ func Handler(cfg Config) func(ctx context.Context, batch []*message.Message) (in
 		}
 		span.EndWith(err, attribute.Int("messaging.outbox.confirmed", done))
 		if observe.Enabled() {
-			observe.Current().Forwarded(cfg.Source, cfg.TargetTopic, done, messageBytes(batch[:done]), time.Since(start), errorKind(ctx, err))
+			observe.Current().Forwarded(cfg.Source, cfg.TargetTopic, done, MessageBytes(batch[:done]), time.Since(start), ErrorKind(ctx, err))
 		}
 		counts.Messages.Add(int64(done))
 		if done == len(batch) {
@@ -184,9 +184,9 @@ func BrokerWide(err error) error {
 	return outbox.NotKeySpecific(err)
 }
 
-// messageBytes is the size of msgs as a broker sees it: payloads and
+// MessageBytes is the size of msgs as a broker sees it: payloads and
 // metadata keys and values.
-func messageBytes(msgs []*message.Message) int {
+func MessageBytes(msgs []*message.Message) int {
 	n := 0
 	for _, m := range msgs {
 		n += len(m.Payload)
@@ -197,12 +197,12 @@ func messageBytes(msgs []*message.Message) int {
 	return n
 }
 
-// errorKind classifies a failed send for the metrics: "" (none), "poison"
+// ErrorKind classifies a failed send for the metrics: "" (none), "poison"
 // (the broker refused a message for good: rejected), "timeout" (the
 // Subscriber's HandlerTimeout), "partial" (the broker confirmed only part
 // of the batch without saying why) or "broker" (any other error of the
 // target).
-func errorKind(ctx context.Context, err error) string {
+func ErrorKind(ctx context.Context, err error) string {
 	switch {
 	case err == nil:
 		return ""
