@@ -83,20 +83,7 @@ func (s *session) route(ctx context.Context, batch []txn) ([]txn, []routed, erro
 			k := topicKey{m.Topic, m.Key}
 			_, held := s.held[k]
 			_, forwardOnly := s.forwardOnly[m.Topic]
-			if forwardOnly {
-				// Its forwarder reads pending in id order, which is commit
-				// order here; a delayed one holds its key back there as a
-				// table-mode Publisher's does.
-				if msgs == nil {
-					if out == nil {
-						kept = append([]txn(nil), batch...)
-					}
-					msgs = append(make([]walrecord.Message, 0, len(t.msgs)), t.msgs[:j]...)
-				}
-				out = append(out, routed{msg: m, commitTime: t.commitTime, deliverAt: at, holds: ordered && at != nil, forwardOnly: true})
-				continue
-			}
-			if at == nil && !(ordered && held) {
+			if !forwardOnly && at == nil && !(ordered && held) {
 				if msgs != nil {
 					msgs = append(msgs, m)
 				}
@@ -108,11 +95,19 @@ func (s *session) route(ctx context.Context, batch []txn) ([]txn, []routed, erro
 				}
 				msgs = append(make([]walrecord.Message, 0, len(t.msgs)), t.msgs[:j]...)
 			}
-			out = append(out, routed{msg: m, commitTime: t.commitTime, deliverAt: at, holds: ordered})
-			waited = true
-			if ordered {
-				s.held[k] = struct{}{}
+			r := routed{msg: m, commitTime: t.commitTime, deliverAt: at, holds: ordered, forwardOnly: forwardOnly}
+			if forwardOnly {
+				// Its forwarder reads pending in id order, which is commit
+				// order here; a delayed one holds its key back there as a
+				// table-mode Publisher's does.
+				r.holds = ordered && at != nil
+			} else {
+				waited = true
+				if ordered {
+					s.held[k] = struct{}{}
+				}
 			}
+			out = append(out, r)
 		}
 		if msgs != nil {
 			kept[i].msgs = msgs
