@@ -29,16 +29,28 @@
 // The files, each with one concept:
 //
 //   - partition.go: the Worker, its lifecycle (Run, Step, Stop) and scan;
+//   - progress.go: where the Worker stands — its cursor, the attempt
+//     ledger of the message it follows, the suspects — and the only code
+//     that changes it, one method per event (a test reads the package's
+//     source and fails on a write anywhere else); ledger.go: the ledger's
+//     counting (deliveries, failures recorded, MaxAttempts);
 //   - handle.go, batch.go: handing out and waiting for answers;
-//   - settle.go: the transaction scope and recording the outcome;
-//   - ledger.go: the attempt ledger (deliveries, failures recorded,
-//     MaxAttempts) of the message the worker follows;
+//   - settle.go: the transaction scope and recording the outcome, every
+//     cursor move in the database included (moveScan);
+//   - isolation.go, held.go: key isolation — sorting a read batch into
+//     what is delivered and what waits behind a held key, holding a
+//     failure, and retrying the held keys before each scan;
 //   - gate.go, marker.go: crash evidence — the process's delivery gate and
 //     careful mode's per-message records (docs/failure-modes.md §3);
-//   - isolation.go, held.go: key isolation, a layer around the scan;
 //   - message.go, txguard.go: the delivered message's handle (Reject) and
 //     the guarded transaction a Transactional handler gets;
-//   - deps.go, store_pg.go: the Lease, Policy and Store it depends on
+//   - deadletter.go: the dead letter row a RejectHandler writes
+//     (InsertDeadLetter, shared with package deadletter);
+//   - subscription.go: a topic's delivery in this process — the lease
+//     manager's partitions, a Worker each; tasks.go: the goroutines a
+//     worker leaves behind (an abandoned handler's rollback);
+//   - config.go: what the workers of a subscription share (Config);
+//     deps.go, store_pg.go: the Lease, Policy and Store it depends on
 //     (Lease and Store defined in internal/consumer/seam), and their
 //     PostgreSQL implementations; internal/consumer/consumerfake has
 //     in-memory ones, on which the unit tests run in milliseconds under

@@ -171,18 +171,6 @@ func (w *Worker) heldEntries(ctx context.Context, u *heldUnit, n int) ([]Entry, 
 	return out, nil
 }
 
-// borrow makes the ledger follow held message seq of u, whose retry was
-// just counted (deliveries), and returns the function that gives the scan's
-// ledger back.
-func (w *Worker) borrow(u *heldUnit, seq int64, deliveries int) (restore func()) {
-	saved := w.ledger
-	w.ledger = ledger{seq: seq, deliveries: deliveries, charged: u.attempts, first: u.firstFailure, lastError: u.lastError, maxAttempts: w.s.MaxAttempts}
-	if w.ledger.first.IsZero() {
-		w.ledger.first = time.Now()
-	}
-	return func() { w.ledger = saved }
-}
-
 // retryHead delivers the head of held key u once — counted before hand-out
 // on its held row — then releases it (ack), takes it out (Reject,
 // MaxAttempts) or gives it its next retry time (failure). progressed
@@ -217,7 +205,7 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 	}
 	defer w.borrow(u, e.Seq, deliveries)()
 	if w.s.RejectHandler != nil && w.ledger.used() {
-		w.ledger.deliveries-- // this delivery does not happen
+		w.notDelivered() // this delivery does not happen
 		reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), a crash of its consumer process while it was the only delivery in flight included; last error: %s",
 			sentinel.ErrPoison, w.ledger.deliveries, w.s.MaxAttempts, u.lastError)
 		return w.rejectHeld(ctx, u, es[:1], reason, w.s.RejectHandler)
@@ -399,7 +387,7 @@ var errDeadLetteredByOperator = errors.New("outbox: dead-lettered by an operator
 // caller checked is set).
 func (w *Worker) deadLetterUnit(ctx context.Context, u *heldUnit) error {
 	defer w.borrow(u, u.seqs[0], u.attempts)()
-	w.ledger.last = time.Now()
+	w.deadLettering()
 	for len(u.seqs) > 0 {
 		es, err := w.heldEntries(ctx, u, 64)
 		if err != nil {
@@ -409,7 +397,7 @@ func (w *Worker) deadLetterUnit(ctx context.Context, u *heldUnit) error {
 		if ok, err := w.rejectHeld(ctx, u, es, reason, w.s.RejectHandler); err != nil || !ok {
 			return err
 		}
-		w.ledger.deliveries = 0
+		w.nextUndelivered()
 	}
 	return nil
 }

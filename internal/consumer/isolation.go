@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/backoff"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
@@ -156,7 +155,7 @@ func (w *Worker) isolateBatch(ctx context.Context, b *batch) (turnEnd, bool) {
 	if _, err := w.withBulkhead(dctx, func() ([]Entry, error) { return nil, w.moveScan(dctx, nil, scanEnd) }); err != nil {
 		return turnEnd{dir: worker.Idle(), err: err}, true
 	}
-	w.cursor = scanEnd
+	w.moved(scanEnd)
 	return turnEnd{dir: worker.Proceed()}, true
 }
 
@@ -239,48 +238,6 @@ func (w *Worker) hold(e Entry, attempts int, reason error) {
 // attempts-th failure: the shared backoff with the Tuning's bounds.
 func (w *Worker) heldBackoff(attempts int) time.Duration {
 	return backoff.Policy{Base: w.s.Tuning.BackoffBase, Max: w.s.Tuning.BackoffMax}.Delay(max(attempts, 1))
-}
-
-// moveScan moves the scan position (the cursor) to done, writing the
-// parking rows at or below it in the same transaction: tx, or one of its
-// own when tx is nil (then applied to the held state at once; with tx, the
-// caller calls iso.committed after its commit). Without rows to write it is
-// the usual cursor move: relaxed for the Leased strategy unless
-// SyncCursorCommits.
-func (w *Worker) moveScan(ctx context.Context, tx pgx.Tx, done int64) error {
-	var rows []Hold
-	if w.iso != nil {
-		for _, r := range w.iso.parking {
-			if r.Seq <= done {
-				rows = append(rows, r)
-			}
-		}
-		w.iso.parking = rows
-	}
-	if len(rows) == 0 {
-		if tx != nil || w.s.SyncCursorCommits {
-			return w.lease.Advance(ctx, tx, done)
-		}
-		return w.lease.AdvanceRelaxed(ctx, done)
-	}
-	write := func(tx pgx.Tx) error {
-		if err := w.s.Store.HeldInsert(ctx, tx, w.topic, w.part, rows); err != nil {
-			return err
-		}
-		return w.lease.Advance(ctx, tx, done)
-	}
-	if tx != nil {
-		return write(tx)
-	}
-	// As a relaxed cursor move (Leased): a server crash loses the held rows
-	// with the scan move, and the batch comes again.
-	relaxed := !w.s.Transactional && !w.s.SyncCursorCommits
-	if err := w.s.Store.InTx(ctx, relaxed, write); err != nil {
-		w.iso.parking = nil
-		return err
-	}
-	w.iso.committed()
-	return nil
 }
 
 // committed applies the parking rows written by a committed scan move.

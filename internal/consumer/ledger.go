@@ -32,6 +32,16 @@ func newLedger(head int64, charged int, lastError string, maxAttempts int) ledge
 	return ledger{seq: head, deliveries: charged, charged: charged, lastError: lastError, maxAttempts: maxAttempts}
 }
 
+// heldLedger is the ledger of held message seq of u, whose retry was just
+// counted (deliveries): its failures are on its held row.
+func heldLedger(u *heldUnit, seq int64, deliveries, maxAttempts int, now time.Time) ledger {
+	l := ledger{seq: seq, deliveries: deliveries, charged: u.attempts, first: u.firstFailure, lastError: u.lastError, maxAttempts: maxAttempts}
+	if l.first.IsZero() {
+		l.first = now
+	}
+	return l
+}
+
 // counted takes the delivery count a read made for seq, the head.
 func (l *ledger) counted(seq int64, deliveries int) {
 	if l.seq != seq {
@@ -61,6 +71,13 @@ func (l *ledger) follow(seq int64) {
 	*l = ledger{seq: seq, maxAttempts: l.maxAttempts}
 }
 
+// uncount takes back a counted delivery that did not happen.
+func (l *ledger) uncount() {
+	if l.deliveries > 0 {
+		l.deliveries--
+	}
+}
+
 // failed notes that a delivery failed now (for the dead letter's times).
 func (l *ledger) failed(now time.Time) {
 	if l.first.IsZero() {
@@ -74,13 +91,13 @@ func (l *ledger) recorded() { l.charged++ }
 
 // exhausted reports whether a failure now would be the message's
 // MaxAttempts-th.
-func (l *ledger) exhausted() bool {
+func (l ledger) exhausted() bool {
 	return l.maxAttempts > 0 && l.charged+1 >= l.maxAttempts
 }
 
 // used reports whether the message has failed MaxAttempts times already:
 // it is taken out without another delivery.
-func (l *ledger) used() bool {
+func (l ledger) used() bool {
 	return l.maxAttempts > 0 && l.charged >= l.maxAttempts
 }
 
@@ -100,7 +117,7 @@ func (l *ledger) failure(reason error) error {
 // letter's Attempts holds: more than the failures when a crash cut a
 // delivery short while others were in flight in its process (counted as a
 // delivery, not as a failure: docs/failure-modes.md §3).
-func (l *ledger) poison(reason error) error {
+func (l ledger) poison(reason error) error {
 	if reason == nil {
 		reason = errors.New("nacked")
 	}

@@ -38,12 +38,11 @@ type Worker struct {
 	spanAttrs   []attribute.KeyValue //
 	mode        Policy               // adaptive batching (its own state)
 
-	// What changes from turn to turn.
-	cursor         int64         // last seq done (the scan position with key isolation)
-	ledger         ledger        // deliveries and failures of the message it follows
+	// What changes from turn to turn: where it stands (progress.go, the
+	// only code that changes it), and the rest.
+	progress
 	shown          shownState    // the adaptive state last written to the cursor row
 	initialBackoff time.Duration // what was left of the backoff at acquisition, taken once
-	suspects       span          // messages to deliver alone (crash evidence)
 	gateHold       *gateHold     // the delivery's hold on the process's gate
 	iso            *isolation    // key isolation's held state (nil: off)
 	timer          *time.Timer   // bounds the wait for a handler's answer
@@ -81,12 +80,10 @@ func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *messag
 		spanName:       topic + " process",
 		spanAttrs:      observe.ProcessAttributes(s.Group, topic, l.Partition()),
 		mode:           mode,
-		cursor:         l.Cursor(),
-		ledger:         newLedger(l.Cursor()+1, l.Attempts(), l.LastError(), s.MaxAttempts),
+		progress:       newProgress(l, s.MaxAttempts),
 		initialBackoff: l.Backoff(),
 		iso:            newIsolation(s.Isolation, l.Charged()),
 	}
-	w.suspects.from, w.suspects.to = l.Suspects()
 	w.noteCrash(l)
 	return w
 }
@@ -240,15 +237,7 @@ func (w *Worker) triage(ctx context.Context, b *batch) (turnEnd, bool) {
 // alone; a batch stops before the first suspect.
 func (w *Worker) read(ctx context.Context, limit int) ([]Entry, error) {
 	head := w.cursor + 1
-	if w.suspects.to > 0 && w.suspects.to < head {
-		w.suspects = span{}
-	}
-	switch {
-	case w.suspects.covers(head):
-		limit = 1
-	case w.suspects.to > 0 && w.suspects.from > head:
-		limit = int(min(int64(limit), w.suspects.from-head))
-	}
+	limit = w.readLimit(limit)
 	entries, counted, err := w.s.Store.Read(ctx, w.topic, w.part, w.cursor, limit, w.lease, !w.marksEach(), w.alone())
 	if err != nil {
 		return nil, err
@@ -267,7 +256,7 @@ func (w *Worker) read(ctx context.Context, limit int) ([]Entry, error) {
 		// cursor was moved under it.
 		return nil, w.lease.Verify(ctx, "count a delivery", w.cursor)
 	}
-	w.ledger.counted(head, int(*counted))
+	w.counted(head, int(*counted))
 	return entries, nil
 }
 
@@ -284,7 +273,7 @@ func (w *Worker) rejectExhaustedHead(ctx context.Context, head Entry) (worker.Di
 	if last == "" {
 		last = "no error recorded"
 	}
-	w.ledger.deliveries-- // this delivery, counted by the read, does not happen
+	w.notDelivered() // this delivery, counted by the read, does not happen
 	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), a crash of its consumer process while it was the only delivery in flight included; last error: %s",
 		sentinel.ErrPoison, w.ledger.deliveries, w.s.MaxAttempts, last)
 	if err := w.rejectInOwnTx(ctx, head, reason, w.s.RejectHandler, nil); err != nil {
@@ -321,9 +310,7 @@ func (w *Worker) undoDelivery(ctx context.Context) {
 		w.logger.Debug("Cannot take back a delivery count", watermill.LogFields{"seq": w.cursor + 1, "err": err})
 		return
 	}
-	if w.ledger.seq == w.cursor+1 && w.ledger.deliveries > 0 {
-		w.ledger.deliveries--
-	}
+	w.tookBack()
 }
 
 // noteFailure feeds a failed batch (processed messages done before the

@@ -140,7 +140,7 @@ func (leasedScope) commit(ctx context.Context, w *Worker, b batch, h handled, do
 		if _, err := w.withBulkhead(dctx, advance); err != nil {
 			return worker.Idle(), err
 		}
-		w.cursor = done
+		w.moved(done)
 	}
 	if h.dbErr != nil {
 		return worker.Idle(), h.dbErr // (recording a delivery in flight failed: the rest comes again)
@@ -155,7 +155,7 @@ func (leasedScope) commit(ctx context.Context, w *Worker, b batch, h handled, do
 		if w.iso != nil {
 			w.iso.blocked(h.reason, delay)
 		}
-		w.recordRetry(ctx, nil, w.ledger.failure(h.reason), delay)
+		w.recordRetry(ctx, nil, w.failure(h.reason), delay)
 	}
 	return w.conclude(ctx, h, b.full, delay), nil
 }
@@ -182,7 +182,7 @@ func (sc *txScope) commit(ctx context.Context, w *Worker, b batch, h handled, do
 	retry := h.outcome == nacked && !held
 	if retry {
 		delay = w.noteFailure(h.done)
-		if err := w.lease.RecordRetry(dctx, sc.tx, w.ledger.failure(h.reason), delay); err != nil {
+		if err := w.lease.RecordRetry(dctx, sc.tx, w.failure(h.reason), delay); err != nil {
 			return worker.Idle(), err
 		}
 	}
@@ -191,10 +191,10 @@ func (sc *txScope) commit(ctx context.Context, w *Worker, b batch, h handled, do
 		return worker.Idle(), err
 	}
 	if retry {
-		w.ledger.recorded()
+		w.failureRecorded()
 	}
 	w.iso.committed()
-	w.cursor = done
+	w.moved(done)
 	if held {
 		w.showState(ctx)
 		return worker.Proceed(), nil
@@ -274,12 +274,54 @@ func (w *Worker) failWholeTx(ctx context.Context, entries []Entry, h handled) (w
 		w.setFull(ctx, true)
 	}
 	delay := w.noteFailure(0)
-	w.recordRetry(ctx, nil, w.ledger.failure(reason), delay)
+	w.recordRetry(ctx, nil, w.failure(reason), delay)
 	w.showState(ctx)
 	if w.iso != nil {
 		w.iso.blocked(why, delay)
 	}
 	return worker.Sleep(delay), nil
+}
+
+// moveScan moves the scan position (the cursor) to done, writing the
+// parking rows at or below it in the same transaction: tx, or one of its
+// own when tx is nil (then applied to the held state at once; with tx, the
+// caller calls iso.committed after its commit). Without rows to write it is
+// the usual cursor move: relaxed for the Leased strategy unless
+// SyncCursorCommits.
+func (w *Worker) moveScan(ctx context.Context, tx pgx.Tx, done int64) error {
+	var rows []Hold
+	if w.iso != nil {
+		for _, r := range w.iso.parking {
+			if r.Seq <= done {
+				rows = append(rows, r)
+			}
+		}
+		w.iso.parking = rows
+	}
+	if len(rows) == 0 {
+		if tx != nil || w.s.SyncCursorCommits {
+			return w.lease.Advance(ctx, tx, done)
+		}
+		return w.lease.AdvanceRelaxed(ctx, done)
+	}
+	write := func(tx pgx.Tx) error {
+		if err := w.s.Store.HeldInsert(ctx, tx, w.topic, w.part, rows); err != nil {
+			return err
+		}
+		return w.lease.Advance(ctx, tx, done)
+	}
+	if tx != nil {
+		return write(tx)
+	}
+	// As a relaxed cursor move (Leased): a server crash loses the held rows
+	// with the scan move, and the batch comes again.
+	relaxed := !w.s.Transactional && !w.s.SyncCursorCommits
+	if err := w.s.Store.InTx(ctx, relaxed, write); err != nil {
+		w.iso.parking = nil
+		return err
+	}
+	w.iso.committed()
+	return nil
 }
 
 // recordRetry records a failed attempt of the message the ledger follows
@@ -291,7 +333,7 @@ func (w *Worker) recordRetry(ctx context.Context, tx pgx.Tx, cause error, delay 
 	err := w.lease.RecordRetry(dctx, tx, cause, delay)
 	switch {
 	case err == nil:
-		w.ledger.recorded()
+		w.failureRecorded()
 	case !leaseEnded(err):
 		w.logger.Error("Cannot record failure", err, watermill.LogFields{"seq": w.ledger.seq, "attempt": w.ledger.deliveries})
 	}
@@ -344,7 +386,7 @@ func (w *Worker) rejectInOwnTx(ctx context.Context, e Entry, reason error, via R
 		return err
 	}
 	w.iso.committed()
-	w.cursor = e.Seq
+	w.moved(e.Seq)
 	return nil
 }
 
@@ -360,7 +402,7 @@ func (w *Worker) holdInOwnTx(ctx context.Context, e Entry, reason error) (worker
 		}
 		return worker.Idle(), err
 	}
-	w.cursor = e.Seq
+	w.moved(e.Seq)
 	w.showState(ctx)
 	return worker.Proceed(), nil
 }
