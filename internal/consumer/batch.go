@@ -20,7 +20,7 @@ import (
 // degradation then shrinks the batch until the failing message stands
 // alone.
 func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) (h handled) {
-	headAttempt := w.handingOut(entries[0].Seq)
+	headAttempt := w.ledger.attemptOf(entries[0].Seq)
 	msgs := make([]*message.Message, len(entries))
 	deliveries := make([]*delivery, len(entries))
 	start := time.Now()
@@ -126,8 +126,8 @@ func (w *Worker) handleBatch(ctx context.Context, entries []Entry, tx *txGuard) 
 	// A message after the head failed: it is retried as the next head, and
 	// its failure is the one recorded (the cursor moves to it).
 	h.done, h.outcome, h.reason = done, nacked, err
-	w.handingOut(entries[done].Seq)
-	w.failedNow()
+	w.ledger.attemptOf(entries[done].Seq)
+	w.ledger.failed(time.Now())
 	if rej, via, cause := deliveries[done].rejection(); rej && (via != nil || w.s.RejectHandler != nil) {
 		h.last = msgs[done]
 		if via == nil {

@@ -53,14 +53,6 @@ type Config struct {
 	Gate *Gate
 }
 
-// theGate is the delivery gate the workers share: the process's.
-func (s *Config) theGate() *Gate {
-	if s.Gate != nil {
-		return s.Gate
-	}
-	return processGate
-}
-
 // Counts are running totals of a Subscriber's deliveries.
 type Counts struct {
 	Acked, Nacked, Rejected, TimedOut, Crashed, Batches atomic.Int64

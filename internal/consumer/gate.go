@@ -188,7 +188,7 @@ type gateHold struct {
 // takeGate takes the gate for the next delivery, which is of the head
 // (cursor+1): alone when the head is a suspect, else a share.
 func (w *Worker) takeGate(ctx context.Context) error {
-	if !w.isSuspect(w.cursor + 1) {
+	if !w.suspects.covers(w.cursor + 1) {
 		return w.takeShare(ctx)
 	}
 	return w.takeAlone(ctx)
@@ -200,7 +200,7 @@ func (w *Worker) takeGate(ctx context.Context) error {
 // suspect.
 func (w *Worker) takeAlone(ctx context.Context) error {
 	w.releaseGate()
-	release, ok, evidence, err := w.s.theGate().holdAlone(ctx, w.s.abandonAfter())
+	release, ok, evidence, err := w.gate.holdAlone(ctx, w.s.abandonAfter())
 	if err != nil {
 		return err
 	}
@@ -215,7 +215,7 @@ func (w *Worker) takeAlone(ctx context.Context) error {
 // takeShare takes a share of the gate for a delivery that is not alone.
 func (w *Worker) takeShare(ctx context.Context) error {
 	w.releaseGate()
-	release, err := w.s.theGate().share(ctx)
+	release, err := w.gate.share(ctx)
 	if err != nil {
 		return err
 	}
@@ -254,7 +254,7 @@ func (w *Worker) abandonGate(a, b <-chan struct{}) {
 	if h == nil {
 		return
 	}
-	returned := w.s.theGate().abandon(h.alone)
+	returned := w.gate.abandon(h.alone)
 	w.s.Tasks.Go(func(stop context.Context) {
 		defer returned()
 		select {
@@ -263,12 +263,6 @@ func (w *Worker) abandonGate(a, b <-chan struct{}) {
 		case <-stop.Done():
 		}
 	})
-}
-
-// isSuspect reports whether the message at seq is a suspect, to be
-// delivered alone.
-func (w *Worker) isSuspect(seq int64) bool {
-	return w.suspects.covers(seq)
 }
 
 // carefulWindow is how long a Subscriber stays careful after it found that

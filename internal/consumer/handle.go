@@ -179,7 +179,7 @@ func (w *Worker) brokenTx(ctx context.Context, tx *txGuard, h handled, entries [
 		h.outcome, h.reason = broken, &outboxtype.TxMisuseError{Seq: e.Seq, What: misuseEnded, Cause: cause}
 		return h
 	}
-	w.handingOut(e.Seq)
+	w.ledger.attemptOf(e.Seq)
 	h.outcome, h.via, h.reason = w.answer(&delivery{}, nacked, &outboxtype.TxMisuseError{Seq: e.Seq, What: misuseAborted, Cause: cause})
 	return h
 }
@@ -189,7 +189,7 @@ func (w *Worker) brokenTx(ctx context.Context, tx *txGuard, h handled, entries [
 // finds the transaction in the message context. It notes in h that the
 // message was handed out, and which.
 func (w *Worker) deliver(ctx context.Context, e Entry, tx *txGuard, h *handled) (got outcome, via RejectHandler, reason error) {
-	msg, d, cancel := w.newMessage(ctx, e, tx, w.handingOut(e.Seq))
+	msg, d, cancel := w.newMessage(ctx, e, tx, w.ledger.attemptOf(e.Seq))
 	defer cancel() // a message's context ends with its Ack or Nack
 	start := time.Now()
 	defer func() { w.observe(d.span, got, reason, 1, 0, time.Since(start)) }()
@@ -259,7 +259,7 @@ func (w *Worker) deliver(ctx context.Context, e Entry, tx *txGuard, h *handled) 
 func (w *Worker) answer(d *delivery, got outcome, reason error) (outcome, RejectHandler, error) {
 	isRejected, via, cause := d.rejection()
 	if got == nacked || isRejected {
-		w.failedNow()
+		w.ledger.failed(time.Now())
 	}
 	if via == nil {
 		via = w.s.RejectHandler

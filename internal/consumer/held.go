@@ -205,7 +205,7 @@ func (w *Worker) retryHead(ctx context.Context, u *heldUnit, budget *int) (progr
 	}
 	defer w.borrow(u, e.Seq, deliveries)()
 	if w.s.RejectHandler != nil && w.ledger.used() {
-		w.notDelivered() // this delivery does not happen
+		w.ledger.uncount() // this delivery does not happen
 		reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), a crash of its consumer process while it was the only delivery in flight included; last error: %s",
 			sentinel.ErrPoison, w.ledger.deliveries, w.s.MaxAttempts, u.lastError)
 		return w.rejectHeld(ctx, u, es[:1], reason, w.s.RejectHandler)
@@ -387,7 +387,7 @@ var errDeadLetteredByOperator = errors.New("outbox: dead-lettered by an operator
 // caller checked is set).
 func (w *Worker) deadLetterUnit(ctx context.Context, u *heldUnit) error {
 	defer w.borrow(u, u.seqs[0], u.attempts)()
-	w.deadLettering()
+	w.ledger.deadLettering(time.Now())
 	for len(u.seqs) > 0 {
 		es, err := w.heldEntries(ctx, u, 64)
 		if err != nil {
@@ -397,7 +397,7 @@ func (w *Worker) deadLetterUnit(ctx context.Context, u *heldUnit) error {
 		if ok, err := w.rejectHeld(ctx, u, es, reason, w.s.RejectHandler); err != nil || !ok {
 			return err
 		}
-		w.nextUndelivered()
+		w.ledger.nextUndelivered()
 	}
 	return nil
 }

@@ -130,8 +130,8 @@ func (w *Worker) isolateBatch(ctx context.Context, b *batch) (turnEnd, bool) {
 		w.setFull(ctx, true)
 	}
 	if w.iso.holdHead && len(deliver) > 0 && deliver[0].Seq == first.Seq && deliver[0].Seq == w.ledger.seq && w.ledger.charged > 0 {
-		if dir, ok := w.rejectExhaustedHead(ctx, deliver[0]); ok {
-			return turnEnd{dir: dir}, true
+		if w.exhaustedHead(deliver[0]) {
+			return turnEnd{dir: w.rejectExhaustedHead(ctx, deliver[0])}, true
 		}
 		if w.iso.canHold(deliver[0]) {
 			last := w.ledger.lastError
@@ -195,11 +195,8 @@ func (iso *isolation) canHold(Entry) bool {
 // holdFailure, with key-level isolation, works out how far the scan moves
 // after the handler finished h.done of the batch (done without isolation)
 // and holds the message that failed, if it can (held).
-func (w *Worker) holdFailure(ctx context.Context, b batch, h handled, done int64) (int64, bool) {
-	if w.iso == nil {
-		return done, false
-	}
-	done = w.scanDone(b, h.done)
+func (w *Worker) holdFailure(ctx context.Context, b batch, h handled) (int64, bool) {
+	done := w.scanDone(b, h.done)
 	if h.outcome != nacked || !holdable(h.reason) {
 		return done, false
 	}

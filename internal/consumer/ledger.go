@@ -78,6 +78,14 @@ func (l *ledger) uncount() {
 	}
 }
 
+// deadLettering notes that the followed held messages are dead-lettered
+// now (the dead letters' last failure).
+func (l *ledger) deadLettering(now time.Time) { l.last = now }
+
+// nextUndelivered notes that the messages dead-lettered next were not
+// delivered (after the first batch of a held key).
+func (l *ledger) nextUndelivered() { l.deliveries = 0 }
+
 // failed notes that a delivery failed now (for the dead letter's times).
 func (l *ledger) failed(now time.Time) {
 	if l.first.IsZero() {

@@ -43,7 +43,8 @@ type Worker struct {
 	progress
 	shown          shownState    // the adaptive state last written to the cursor row
 	initialBackoff time.Duration // what was left of the backoff at acquisition, taken once
-	gateHold       *gateHold     // the delivery's hold on the process's gate
+	gate           *Gate         // the process's delivery gate (Config.Gate)
+	gateHold       *gateHold     // the delivery's hold on it
 	iso            *isolation    // key isolation's held state (nil: off)
 	timer          *time.Timer   // bounds the wait for a handler's answer
 }
@@ -82,7 +83,11 @@ func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *messag
 		mode:           mode,
 		progress:       newProgress(l, s.MaxAttempts),
 		initialBackoff: l.Backoff(),
+		gate:           s.Gate,
 		iso:            newIsolation(s.Isolation, l.Charged()),
+	}
+	if w.gate == nil {
+		w.gate = processGate
 	}
 	w.noteCrash(l)
 	return w
@@ -219,10 +224,8 @@ func (w *Worker) triage(ctx context.Context, b *batch) (turnEnd, bool) {
 			return end, true
 		}
 	}
-	if b.deliver[0].Seq == first {
-		if dir, ok := w.rejectExhaustedHead(ctx, b.deliver[0]); ok {
-			return turnEnd{dir: dir}, true
-		}
+	if head := b.deliver[0]; head.Seq == first && w.exhaustedHead(head) {
+		return turnEnd{dir: w.rejectExhaustedHead(ctx, head)}, true
 	}
 	return turnEnd{}, false
 }
@@ -256,40 +259,42 @@ func (w *Worker) read(ctx context.Context, limit int) ([]Entry, error) {
 		// cursor was moved under it.
 		return nil, w.lease.Verify(ctx, "count a delivery", w.cursor)
 	}
-	w.counted(head, int(*counted))
+	w.ledger.counted(head, int(*counted))
 	return entries, nil
 }
 
-// rejectExhaustedHead takes the head message out without delivering it
-// when MaxAttempts of its deliveries have failed — a delivery that was the
-// only one in flight in a process that died included (see
-// migrations/0009_crash_evidence.sql). ok reports that it handled the
-// batch.
-func (w *Worker) rejectExhaustedHead(ctx context.Context, head Entry) (worker.Directive, bool) {
-	if w.s.RejectHandler == nil || head.Seq != w.ledger.seq || !w.ledger.used() {
-		return worker.Directive{}, false
-	}
+// exhaustedHead reports whether MaxAttempts of the head's deliveries have
+// failed — a delivery that was the only one in flight in a process that
+// died included (see migrations/0009_crash_evidence.sql) — and a
+// RejectHandler can take it out.
+func (w *Worker) exhaustedHead(head Entry) bool {
+	return w.s.RejectHandler != nil && head.Seq == w.ledger.seq && w.ledger.used()
+}
+
+// rejectExhaustedHead takes the exhausted head message out without
+// delivering it (exhaustedHead).
+func (w *Worker) rejectExhaustedHead(ctx context.Context, head Entry) worker.Directive {
 	last := w.ledger.lastError
 	if last == "" {
 		last = "no error recorded"
 	}
-	w.notDelivered() // this delivery, counted by the read, does not happen
+	w.ledger.uncount() // this delivery, counted by the read, does not happen
 	reason := fmt.Errorf("%w: delivered %d times without success (MaxAttempts %d), a crash of its consumer process while it was the only delivery in flight included; last error: %s",
 		sentinel.ErrPoison, w.ledger.deliveries, w.s.MaxAttempts, last)
 	if err := w.rejectInOwnTx(ctx, head, reason, w.s.RejectHandler, nil); err != nil {
 		if leaseEnded(err) {
-			return worker.Idle(), true
+			return worker.Idle()
 		}
 		delay := w.noteFailure(0)
 		w.recordRetry(ctx, nil, err, delay)
 		w.showState(ctx)
-		return worker.Sleep(delay), true
+		return worker.Sleep(delay)
 	}
 	w.logger.Error("Message taken out of the stream after MaxAttempts", reason, watermill.LogFields{"seq": head.Seq})
 	w.countRejected()
 	w.mode.Rejected(0)
 	w.showState(ctx)
-	return worker.Proceed(), true
+	return worker.Proceed()
 }
 
 // takeInitialBackoff returns, once, what was left of the backoff recorded
@@ -310,7 +315,9 @@ func (w *Worker) undoDelivery(ctx context.Context) {
 		w.logger.Debug("Cannot take back a delivery count", watermill.LogFields{"seq": w.cursor + 1, "err": err})
 		return
 	}
-	w.tookBack()
+	if w.ledger.seq == w.cursor+1 {
+		w.ledger.uncount()
+	}
 }
 
 // noteFailure feeds a failed batch (processed messages done before the

@@ -3,10 +3,11 @@ package consumer
 import "time"
 
 // progress is where a Worker stands in its partition: the state that every
-// turn reads and changes. The methods in this file are the only code that
-// writes it (progress_owner_test.go fails on a write anywhere else), so
-// every way the cursor, the attempt ledger or the suspects can change is
-// listed here, each named by the event that changes it.
+// turn reads and changes. Only the methods in this file and the ledger's
+// own (ledger.go) write it (progress_owner_test.go fails on a write
+// anywhere else), so every way the cursor, the attempt ledger or the
+// suspects can change is listed in those two files, each named by the
+// event that changes it.
 type progress struct {
 	// cursor is the last seq done, as committed on the cursor row (the
 	// scan position with key isolation: held and parked messages are at
@@ -51,37 +52,6 @@ func (p *progress) readLimit(limit int) int {
 	return limit
 }
 
-// counted records the deliveries of the head (seq) the read counted, this
-// one included.
-func (p *progress) counted(seq int64, deliveries int) { p.ledger.counted(seq, deliveries) }
-
-// handingOut returns the attempt number of the message at seq, now handed
-// out, and follows it when it is further on than the message followed.
-func (p *progress) handingOut(seq int64) int { return p.ledger.attemptOf(seq) }
-
-// failedNow records that a delivery of the followed message failed now.
-func (p *progress) failedNow() { p.ledger.failed(time.Now()) }
-
-// failure returns the text recorded for a failed attempt of the followed
-// message (reason), remembered for its dead letter.
-func (p *progress) failure(reason error) error { return p.ledger.failure(reason) }
-
-// failureRecorded records that a failed attempt was written on the cursor
-// row (or the held row): it counts towards MaxAttempts.
-func (p *progress) failureRecorded() { p.ledger.recorded() }
-
-// notDelivered takes back the delivery the read (or a held retry's count)
-// counted of the followed message: it is taken out without one.
-func (p *progress) notDelivered() { p.ledger.uncount() }
-
-// tookBack records that the delivery in flight of the head was taken back
-// on the cursor row (undoDelivery).
-func (p *progress) tookBack() {
-	if p.ledger.seq == p.cursor+1 {
-		p.ledger.uncount()
-	}
-}
-
 // borrow makes the ledger follow held message seq of u, whose retry was
 // just counted (deliveries), and returns the function that gives the
 // scan's ledger back.
@@ -90,11 +60,3 @@ func (p *progress) borrow(u *heldUnit, seq int64, deliveries int) (restore func(
 	p.ledger = heldLedger(u, seq, deliveries, saved.maxAttempts, time.Now())
 	return func() { p.ledger = saved }
 }
-
-// deadLettering records that the followed held messages are being
-// dead-lettered now (the dead letters' last failure).
-func (p *progress) deadLettering() { p.ledger.last = time.Now() }
-
-// nextUndelivered records that the messages dead-lettered next were not
-// delivered (after the first batch of a held key).
-func (p *progress) nextUndelivered() { p.ledger.deliveries = 0 }

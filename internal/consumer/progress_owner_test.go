@@ -11,13 +11,12 @@ import (
 
 // A Worker's state is changed in one place: where it stands (progress:
 // the cursor, the attempt ledger, the suspects) is written only by the
-// methods of progress.go, and by the ledger's own methods (ledger.go),
-// which only progress.go calls when they change it. A reviewer reads every
-// way the cursor or an attempt count can change in those two files. This
-// test reads the package's source and fails on a write anywhere else: an
-// assignment or ++/-- to one of those fields, or a call of a ledger method
-// that changes it (one with a pointer receiver).
-func TestTheWorkersProgressIsWrittenOnlyByProgressGo(t *testing.T) {
+// methods of progress.go and the ledger's own methods (ledger.go). A
+// reviewer reads every way the cursor or an attempt count can change in
+// those two files. This test reads the package's source and fails on a
+// write anywhere else: an assignment or ++/-- to one of those fields or a
+// part of one.
+func TestTheWorkersProgressIsWrittenOnlyInProgressAndLedger(t *testing.T) {
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*.go")
 	if err != nil {
@@ -55,18 +54,6 @@ func TestTheWorkersProgressIsWrittenOnlyByProgressGo(t *testing.T) {
 			t.Fatalf("progress has no field %q: this test no longer checks what it says", want)
 		}
 	}
-	writers := map[string]bool{}
-	for _, d := range parsed["ledger.go"].Decls {
-		if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv != nil {
-			if _, ptr := fd.Recv.List[0].Type.(*ast.StarExpr); ptr {
-				writers[fd.Name.Name] = true
-			}
-		}
-	}
-	if !writers["counted"] || !writers["recorded"] || writers["exhausted"] {
-		t.Fatalf("the ledger's writers are %v: this test no longer tells them apart", writers)
-	}
-
 	// touches reports whether expression e (an assignment's target) is, or
 	// is a part of, an owned field reached through a selector.
 	touches := func(e ast.Expr) bool {
@@ -100,18 +87,11 @@ func TestTheWorkersProgressIsWrittenOnlyByProgressGo(t *testing.T) {
 				targets = s.Lhs
 			case *ast.IncDecStmt:
 				targets = []ast.Expr{s.X}
-			case *ast.CallExpr:
-				// x.ledger.method(...) with a method that writes.
-				if sel, ok := s.Fun.(*ast.SelectorExpr); ok && writers[sel.Sel.Name] {
-					if inner, ok := sel.X.(*ast.SelectorExpr); ok && inner.Sel.Name == "ledger" {
-						t.Errorf("%s: calls ledger.%s, which changes the worker's progress: call a method of progress.go", fset.Position(s.Pos()), sel.Sel.Name)
-					}
-				}
 			}
 			for _, e := range targets {
 				checked++
 				if touches(e) {
-					t.Errorf("%s: writes the worker's progress (%s): only progress.go may", fset.Position(e.Pos()), exprString(e))
+					t.Errorf("%s: writes the worker's progress (%s): only progress.go and ledger.go may", fset.Position(e.Pos()), exprString(e))
 				}
 			}
 			return true

@@ -118,7 +118,10 @@ func (w *Worker) settle(ctx context.Context, sc scope, b batch, h handled) (work
 	if h.done > 0 {
 		done = b.deliver[h.done-1].Seq
 	}
-	done, held := w.holdFailure(ctx, b, h, done)
+	held := false
+	if w.iso != nil {
+		done, held = w.holdFailure(ctx, b, h)
+	}
 	return sc.commit(ctx, w, b, h, done, held)
 }
 
@@ -155,7 +158,7 @@ func (leasedScope) commit(ctx context.Context, w *Worker, b batch, h handled, do
 		if w.iso != nil {
 			w.iso.blocked(h.reason, delay)
 		}
-		w.recordRetry(ctx, nil, w.failure(h.reason), delay)
+		w.recordRetry(ctx, nil, w.ledger.failure(h.reason), delay)
 	}
 	return w.conclude(ctx, h, b.full, delay), nil
 }
@@ -182,7 +185,7 @@ func (sc *txScope) commit(ctx context.Context, w *Worker, b batch, h handled, do
 	retry := h.outcome == nacked && !held
 	if retry {
 		delay = w.noteFailure(h.done)
-		if err := w.lease.RecordRetry(dctx, sc.tx, w.failure(h.reason), delay); err != nil {
+		if err := w.lease.RecordRetry(dctx, sc.tx, w.ledger.failure(h.reason), delay); err != nil {
 			return worker.Idle(), err
 		}
 	}
@@ -191,7 +194,7 @@ func (sc *txScope) commit(ctx context.Context, w *Worker, b batch, h handled, do
 		return worker.Idle(), err
 	}
 	if retry {
-		w.failureRecorded()
+		w.ledger.recorded()
 	}
 	w.iso.committed()
 	w.moved(done)
@@ -274,7 +277,7 @@ func (w *Worker) failWholeTx(ctx context.Context, entries []Entry, h handled) (w
 		w.setFull(ctx, true)
 	}
 	delay := w.noteFailure(0)
-	w.recordRetry(ctx, nil, w.failure(reason), delay)
+	w.recordRetry(ctx, nil, w.ledger.failure(reason), delay)
 	w.showState(ctx)
 	if w.iso != nil {
 		w.iso.blocked(why, delay)
@@ -333,7 +336,7 @@ func (w *Worker) recordRetry(ctx context.Context, tx pgx.Tx, cause error, delay 
 	err := w.lease.RecordRetry(dctx, tx, cause, delay)
 	switch {
 	case err == nil:
-		w.failureRecorded()
+		w.ledger.recorded()
 	case !leaseEnded(err):
 		w.logger.Error("Cannot record failure", err, watermill.LogFields{"seq": w.ledger.seq, "attempt": w.ledger.deliveries})
 	}
