@@ -29,11 +29,11 @@
 // The files, each with one concept:
 //
 //   - partition.go: the Worker, its lifecycle (Run, Step, Stop) and scan;
-//   - progress.go: where the Worker stands — its cursor, the attempt
-//     ledger of the message it follows, the suspects — and the only code
-//     that changes it, one method per event (a test reads the package's
-//     source and fails on a write anywhere else); ledger.go: the ledger's
-//     counting (deliveries, failures recorded, MaxAttempts);
+//   - progress.go, ledger.go: where the Worker stands — its cursor, the
+//     attempt ledger of the message it follows (deliveries, failures
+//     recorded, MaxAttempts), the suspects — and the only code that
+//     changes it, one method per event (a test reads the package's source
+//     and fails on a write anywhere else);
 //   - handle.go, batch.go: handing out and waiting for answers;
 //   - settle.go: the transaction scope and recording the outcome, every
 //     cursor move in the database included (moveScan);
