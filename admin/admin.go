@@ -219,7 +219,10 @@ func (a *Admin) setPaused(ctx context.Context, s Scope, paused bool) (int, error
 			return fmt.Errorf("admin: pause/resume %+v: %w", s, err)
 		}
 		n = int(tag.RowsAffected())
-		return s.complete(n)
+		if err := s.complete(n); err != nil {
+			return err
+		}
+		return a.announce(ctx, tx, s)
 	})
 	if err != nil {
 		return 0, a.explain(ctx, s, schemaErr(err, a.cfg.Schema))
@@ -360,13 +363,23 @@ func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]Curso
 		if _, err = tx.Exec(ctx, a.q.HeldClear, s.Group, s.Topic, parts); err != nil {
 			return fmt.Errorf("admin: reset: forget held messages: %w", err)
 		}
-		return nil
+		return a.announce(ctx, tx, s)
 	})
 	if err != nil {
 		return nil, a.explain(ctx, s, schemaErr(err, a.cfg.Schema))
 	}
 	a.logger.Info("Cursors reset", watermill.LogFields{"group": s.Group, "topic": s.Topic, "resets": resets})
 	return resets, nil
+}
+
+// announce tells the scope's lease managers, when tx commits, that its
+// cursors changed: they balance at once (a paused partition is given
+// back, a resumed or reset one taken) rather than at their next heartbeat.
+func (a *Admin) announce(ctx context.Context, tx pgx.Tx, s Scope) error {
+	if _, err := tx.Exec(ctx, a.q.MembersChanged, s.Group, s.Topic, names.MembersChannel(a.cfg.Schema)); err != nil {
+		return fmt.Errorf("admin: notify the group's members: %w", err)
+	}
+	return nil
 }
 
 // constructed refuses a zero Admin (not made by New).

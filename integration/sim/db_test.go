@@ -225,7 +225,10 @@ func dbScenario(t *testing.T, d dbSide) []string {
 	balance := func(member string) {
 		bal, err := d.leases.Balance(ctx, g, member, pinTTL, pinParts)
 		check("balance", err)
-		say("%s balances: others %v active %d paused %v", member, bal.Others, bal.Active, bal.Paused)
+		// When the first other member expires differs by the time the
+		// calls took: its bounds are the same.
+		expiry := bal.OthersExpireIn > 0 && bal.OthersExpireIn <= pinTTL
+		say("%s balances: others %v active %d paused %v, first expiry known %v", member, bal.Others, bal.Active, bal.Paused, expiry)
 	}
 	renew := func(member string) {
 		var parts []int32

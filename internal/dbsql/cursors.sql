@@ -22,20 +22,33 @@ ON CONFLICT (group_name, topic, partition) DO NOTHING;
 -- name: CursorsBalance
 -- A member's heartbeat, with its TTL (it is live until heartbeat_at +
 -- ttl), then what it needs to rebalance: the other live members (each by
--- its own TTL), the number of partitions not paused, and the paused
--- partitions this member holds. $1 group, $2 topic, $3 me, $4 TTL in µs,
+-- its own TTL), the number of partitions not paused, the paused
+-- partitions this member holds, and in how many µs the first of the other
+-- live members expires unless it heartbeats (0: none live), so that a
+-- member that balances seldom looks again when a crashed one's partitions
+-- come free. A member that joins (no row, or its last heartbeat expired)
+-- notifies the group's change on channel $7 (names.MembersChannel; NULL:
+-- none): members balance at once. $1 group, $2 topic, $3 me, $4 TTL in µs,
 -- $5 partitions, $6 whether this member can reject (it has a
--- RejectHandler).
-WITH hb AS (
+-- RejectHandler). The CTE "was" reads the row as it was before the
+-- heartbeat.
+WITH was AS (
+	SELECT heartbeat_at + ttl > now() AS live FROM {{schema}}.members
+	WHERE group_name = $1 AND topic = $2 AND member_id = $3
+), hb AS (
 	INSERT INTO {{schema}}.members (group_name, topic, member_id, heartbeat_at, ttl, can_reject)
 	VALUES ($1, $2, $3, now(), $4::int8 * interval '1 microsecond', $6)
 	ON CONFLICT (group_name, topic, member_id) DO UPDATE SET heartbeat_at = now(), ttl = excluded.ttl, can_reject = $6
+	RETURNING NOT EXISTS (SELECT 1 FROM was WHERE was.live) AS joined
 )
 SELECT
 	ARRAY(SELECT member_id FROM {{schema}}.members WHERE group_name = $1 AND topic = $2 AND member_id <> $3
 		AND heartbeat_at + ttl > now()),
 	(SELECT count(*) FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2 AND partition < $5 AND NOT paused),
-	ARRAY(SELECT partition FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2 AND paused AND lease_owner = $3);
+	ARRAY(SELECT partition FROM {{schema}}.cursors WHERE group_name = $1 AND topic = $2 AND paused AND lease_owner = $3),
+	coalesce((SELECT ceil(extract(epoch FROM min(heartbeat_at + ttl) - now()) * 1000000)::int8 FROM {{schema}}.members
+		WHERE group_name = $1 AND topic = $2 AND member_id <> $3 AND heartbeat_at + ttl > now()), 0),
+	(SELECT count(pg_notify($7, $2 || ':' || $1)) FROM hb WHERE hb.joined AND $7::text IS NOT NULL)::int8;
 
 -- name: CursorsAcquire
 -- Takes free or expired leases, never a live one. $1 group, $2 topic, $3 me,
@@ -122,13 +135,21 @@ WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
 -- Fenced by owner and token. A row locked by a transaction is skipped, not
 -- waited for; the partitions released are returned, and CursorsStillHeld
 -- tells a skipped lease (released again later) from one lost meanwhile.
-UPDATE {{schema}}.cursors c SET lease_owner = NULL, lease_expires_at = NULL
-WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
-	SELECT partition FROM {{schema}}.cursors
-	WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
-		AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
-	FOR UPDATE SKIP LOCKED)
-RETURNING c.partition;
+-- When it released any, it notifies the group's change on channel $6
+-- (names.MembersChannel; NULL: none): a member waiting for its share takes
+-- them at once.
+WITH released AS (
+	UPDATE {{schema}}.cursors c SET lease_owner = NULL, lease_expires_at = NULL
+	WHERE c.group_name = $1 AND c.topic = $2 AND c.partition IN (
+		SELECT partition FROM {{schema}}.cursors
+		WHERE group_name = $1 AND topic = $2 AND lease_owner = $3
+			AND (partition, lease_token) IN (SELECT * FROM unnest($4::int4[], $5::int8[]))
+		FOR UPDATE SKIP LOCKED)
+	RETURNING c.partition
+), announced AS (
+	SELECT count(pg_notify($6, $2 || ':' || $1)) FROM (SELECT 1 FROM released LIMIT 1) x WHERE $6::text IS NOT NULL
+)
+SELECT r.partition FROM released r, announced;
 
 -- name: CursorsStillHeld
 -- Of the leases given ($4 partitions, $5 tokens), those member $3 still

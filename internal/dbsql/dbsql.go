@@ -120,6 +120,7 @@ type Queries struct {
 	// members.sql
 	MembersExpire      string
 	MembersLeave       string
+	MembersChanged     string
 	MembersLockGroup   string
 	MembersDeleteGroup string
 	MembersStatus      string

@@ -10,8 +10,21 @@ DELETE FROM {{schema}}.members WHERE group_name = $1 AND topic = $2
 	AND heartbeat_at + ttl < now() - $3::int8 * interval '1 microsecond';
 
 -- name: MembersLeave
--- A member leaves the group: $1 group, $2 topic, $3 me.
-DELETE FROM {{schema}}.members WHERE group_name = $1 AND topic = $2 AND member_id = $3;
+-- A member leaves the group: $1 group, $2 topic, $3 me; and, when it was
+-- live, notifies the group's change on channel $4 (names.MembersChannel;
+-- NULL: none), so that the others take its share at once.
+WITH gone AS (
+	DELETE FROM {{schema}}.members WHERE group_name = $1 AND topic = $2 AND member_id = $3
+	RETURNING heartbeat_at + ttl > now() AS live
+)
+SELECT count(pg_notify($4, $2 || ':' || $1)) FROM gone WHERE gone.live AND $4::text IS NOT NULL;
+
+-- name: MembersChanged
+-- Notifies group $1's members of topic $2 ('' for all its topics) on
+-- channel $3 (names.MembersChannel) that its cursors changed (admin's
+-- pause, resume and reset): they balance at once rather than at their
+-- next heartbeat. Sent when the caller's transaction commits.
+SELECT pg_notify($3, $2 || ':' || $1);
 
 -- name: MembersLockGroup
 -- Admin, before deleting a group: locks its member rows ($1 group, $2 topic

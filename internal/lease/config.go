@@ -53,9 +53,23 @@ type Config struct {
 	// Must be < TTL.
 	RenewInterval time.Duration
 	// BalanceInterval is how often the member heartbeats and re-evaluates
-	// membership, its share, paused partitions and free leases (default
-	// 1s). Must be < TTL.
+	// membership, its share, paused partitions and free leases while the
+	// group changes (default 1s). Must be < TTL.
 	BalanceInterval time.Duration
+	// MaxBalanceInterval is how long the wait between balances grows to,
+	// doubling from BalanceInterval, while the group is settled (this
+	// member holds its share, nothing drains, nobody joined or left) and
+	// the group's changes are announced (Listen's subscription is live):
+	// a join, a leave, a pause, a resume or a reset is then heard at once,
+	// and a crashed member's expiry is looked at when it falls due
+	// (Balance.OthersExpireIn). Default TTL/3; at least BalanceInterval
+	// and < TTL. Set it to BalanceInterval to balance at a fixed pace.
+	MaxBalanceInterval time.Duration
+	// Listen subscribes fn to the notifications of the group's changes on
+	// channel (names.MembersChannel) for Run's loop. Default: the shared
+	// LISTEN connection of Pool (internal/notifier); without Pool, none,
+	// and the manager balances every BalanceInterval.
+	Listen func(channel string, fn func(payload string)) Listening
 	// StartFromNewest makes a new group's cursors start at the partition's
 	// current last seq, skipping the existing messages, instead of at 0.
 	// Existing cursors never move.
@@ -83,6 +97,20 @@ func (c *Config) setDefaults() {
 	if c.BalanceInterval == 0 {
 		c.BalanceInterval = DefaultBalanceInterval
 	}
+	if c.MaxBalanceInterval == 0 {
+		c.MaxBalanceInterval = max(c.TTL/3, c.BalanceInterval)
+	}
+}
+
+// Listening is a subscription Config.Listen made (a
+// *notifier.Subscription by default).
+type Listening interface {
+	// Live reports whether a notification sent now would reach the
+	// subscription's callback: the manager stretches its balances only
+	// while it does.
+	Live() bool
+	// Unlisten ends the subscription.
+	Unlisten()
 }
 
 // Validate reports the first impossible setting as a *outboxtype.ConfigError
@@ -118,6 +146,10 @@ func (c Config) Validate() error {
 		return &outboxtype.ConfigError{Field: "BalanceInterval", Reason: fmt.Sprintf("must be positive, got %v", c.BalanceInterval)}
 	case c.BalanceInterval >= c.TTL:
 		return &outboxtype.ConfigError{Field: "BalanceInterval", Reason: fmt.Sprintf("must be < TTL (%v), got %v", c.TTL, c.BalanceInterval)}
+	case c.MaxBalanceInterval < c.BalanceInterval:
+		return &outboxtype.ConfigError{Field: "MaxBalanceInterval", Reason: fmt.Sprintf("must be at least BalanceInterval (%v), got %v", c.BalanceInterval, c.MaxBalanceInterval)}
+	case c.MaxBalanceInterval >= c.TTL:
+		return &outboxtype.ConfigError{Field: "MaxBalanceInterval", Reason: fmt.Sprintf("must be < TTL (%v), got %v", c.TTL, c.MaxBalanceInterval)}
 	}
 	return nil
 }

@@ -51,6 +51,9 @@ func TestConfigValidate(t *testing.T) {
 		{name: "renew not below TTL", change: func(c *lease.Config) { c.TTL, c.RenewInterval = time.Second, time.Second }, field: "RenewInterval"},
 		{name: "negative balance", change: func(c *lease.Config) { c.BalanceInterval = -time.Second }, field: "BalanceInterval"},
 		{name: "balance not below TTL", change: func(c *lease.Config) { c.BalanceInterval = lease.DefaultTTL }, field: "BalanceInterval"},
+		{name: "fixed balance pace", change: func(c *lease.Config) { c.BalanceInterval, c.MaxBalanceInterval = 2*time.Second, 2*time.Second }},
+		{name: "max balance below balance", change: func(c *lease.Config) { c.MaxBalanceInterval = time.Second / 2 }, field: "MaxBalanceInterval"},
+		{name: "max balance not below TTL", change: func(c *lease.Config) { c.MaxBalanceInterval = lease.DefaultTTL }, field: "MaxBalanceInterval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

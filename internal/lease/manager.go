@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/millrace/watermill-outbox/internal/errs"
+	"github.com/millrace/watermill-outbox/internal/names"
+	"github.com/millrace/watermill-outbox/internal/notifier"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/startstop"
 )
@@ -27,14 +29,21 @@ type Manager struct {
 	store  Store
 	group  Group
 
-	life   startstop.Service
-	wake   chan struct{}
-	frozen atomic.Bool // test hook: the Run loop ignores its timers, like a stalled process
+	life    startstop.Service
+	wake    chan struct{} // a lease's worker called Done
+	changed chan struct{} // the group changed (a notification on names.MembersChannel)
+	frozen  atomic.Bool   // test hook: the Run loop ignores its timers, like a stalled process
 
 	mu     sync.Mutex
 	leases map[int]*Lease // leases held, or waiting for their worker's Done
 	// stepped: Step created the cursor rows.
 	stepped bool
+	// seen is the group as the last balance found it (the balance's
+	// goroutine only).
+	seen struct {
+		others []string
+		active int
+	}
 }
 
 // NewManager validates cfg and creates a Manager.
@@ -60,10 +69,11 @@ func NewManager(cfg Config, logger watermill.LoggerAdapter) (*Manager, error) {
 			"component": "outbox.lease", "schema": cfg.Schema,
 			"group": cfg.Group, "topic": cfg.Topic, "member": cfg.MemberID,
 		}),
-		store:  store,
-		group:  Group{Name: cfg.Group, Topic: cfg.Topic},
-		wake:   make(chan struct{}, 1),
-		leases: make(map[int]*Lease),
+		store:   store,
+		group:   Group{Name: cfg.Group, Topic: cfg.Topic},
+		wake:    make(chan struct{}, 1),
+		changed: make(chan struct{}, 1),
+		leases:  make(map[int]*Lease),
 	}
 	m.life.Name = "lease.Manager"
 	return m, nil
@@ -120,13 +130,23 @@ func (m *Manager) Run(ctx context.Context, onAcquire func(l *Lease)) error {
 }
 
 // run is Run's loop, until ctx ends and the leases are given back.
+//
+// It balances every BalanceInterval while the group changes, and, while
+// it is settled and its changes are announced, at a pace that doubles up
+// to MaxBalanceInterval (balancePace): a notification of a change, or a
+// lease of this member's ending, brings the next balance forward.
 func (m *Manager) run(ctx context.Context, onAcquire func(l *Lease)) {
+	listening := m.listen()
+	if listening != nil {
+		defer listening.Unlisten()
+	}
 	renew := time.NewTicker(m.cfg.RenewInterval)
 	defer renew.Stop()
-	balance := time.NewTicker(m.cfg.BalanceInterval)
+	pace := balancePace{min: m.cfg.BalanceInterval, max: m.cfg.MaxBalanceInterval, listening: listening}
+	wait := pace.next(m.balance(ctx, onAcquire))
+	balance := time.NewTimer(wait)
 	defer balance.Stop()
-
-	m.balance(ctx, onAcquire)
+	due := time.Now().Add(wait)
 	for {
 		select {
 		case <-ctx.Done():
@@ -137,16 +157,90 @@ func (m *Manager) run(ctx context.Context, onAcquire func(l *Lease)) {
 				m.renew(ctx)
 			}
 		case <-balance.C:
+			wait = m.cfg.BalanceInterval
 			if !m.frozen.Load() {
-				m.balance(ctx, onAcquire)
+				wait = pace.next(m.balance(ctx, onAcquire))
+			}
+			balance.Reset(wait)
+			due = time.Now().Add(wait)
+		case <-m.changed:
+			// Balance now, through the timer: a notification and the
+			// timer falling due together take one balance.
+			pace.restart()
+			if time.Until(due) > 0 {
+				balance.Reset(0)
+				due = time.Now()
 			}
 		case <-m.wake:
 			if !m.frozen.Load() {
 				m.releaseFinished(ctx)
 			}
+			// A lease ended: this member's share is short until a balance
+			// takes it (or another member's) again.
+			pace.restart()
+			if time.Until(due) > m.cfg.BalanceInterval {
+				balance.Reset(m.cfg.BalanceInterval)
+				due = time.Now().Add(m.cfg.BalanceInterval)
+			}
 		}
 	}
 }
+
+// listen subscribes the manager to its group's changes (Config.Listen, or
+// the Pool's shared LISTEN connection); nil when there is no way to hear
+// them.
+func (m *Manager) listen() Listening {
+	channel := names.MembersChannel(m.cfg.Schema)
+	mine := names.MembersPayload(m.cfg.Group, m.cfg.Topic)
+	every := names.MembersPayload(m.cfg.Group, "")
+	fn := func(payload string) {
+		// "": the subscription (re)started and may have missed some.
+		if payload == "" || payload == mine || payload == every {
+			select {
+			case m.changed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	switch {
+	case m.cfg.Listen != nil:
+		return m.cfg.Listen(channel, fn)
+	case m.cfg.Pool != nil && m.cfg.Store == nil:
+		return notifier.Listen(m.cfg.Pool, channel, m.logger, fn)
+	}
+	return nil
+}
+
+// balancePace is how long Run's loop waits between balances: min while
+// the group changes or its changes cannot be heard, doubling up to max
+// while it is settled and they can; never past the moment another
+// member's heartbeat expires, when its partitions may come free.
+type balancePace struct {
+	min, max  time.Duration
+	listening Listening
+	cur       time.Duration
+}
+
+// expiryMargin is how long after another member's expiry the next balance
+// looks: a balance at that very moment could still find it live.
+const expiryMargin = 10 * time.Millisecond
+
+// next returns the wait after a balance that found what r says.
+func (p *balancePace) next(r balanced) time.Duration {
+	if r.settled && p.listening != nil && p.listening.Live() {
+		p.cur = min(max(2*p.cur, p.min), p.max)
+	} else {
+		p.cur = p.min
+	}
+	wait := p.cur
+	if r.othersExpireIn > 0 {
+		wait = min(wait, r.othersExpireIn+expiryMargin)
+	}
+	return wait
+}
+
+// restart goes back to the shortest wait: the group is changing.
+func (p *balancePace) restart() { p.cur = p.min }
 
 // start creates the cursor rows (one statement) and forgets long-dead
 // members.
@@ -173,9 +267,17 @@ func (m *Manager) poke() {
 	}
 }
 
+// balanced is what a balance found: settled when the group did not change
+// since the previous balance and this member holds its share with nothing
+// draining; and how soon the first other member expires (0: none live).
+type balanced struct {
+	settled        bool
+	othersExpireIn time.Duration
+}
+
 // balance heartbeats, computes this member's share, gives back paused and
 // surplus leases, releases finished ones, and acquires up to the share.
-func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
+func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) balanced {
 	m.expireLocal()
 	m.releaseFinished(ctx)
 
@@ -187,8 +289,12 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 		if ctx.Err() == nil {
 			m.logger.Error("Heartbeat failed", err, nil)
 		}
-		return
+		return balanced{}
 	}
+	result := balanced{othersExpireIn: b.OthersExpireIn}
+	slices.Sort(others)
+	sameGroup := m.seen.active == active && slices.Equal(m.seen.others, others)
+	m.seen.active, m.seen.others = active, others
 	target := share(active, m.cfg.MemberID, others)
 
 	m.mu.Lock()
@@ -226,14 +332,16 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 	for p := range m.leases {
 		exclude = append(exclude, int32(p))
 	}
+	settledSoFar := sameGroup && len(paused) == 0 && len(held) == target && draining == 0 && len(m.leases) == target
 	m.mu.Unlock()
 
 	if need <= 0 {
-		return
+		result.settled = settledSoFar
+		return result
 	}
 	got := m.acquire(ctx, need, exclude)
 	if len(got) == 0 {
-		return
+		return result
 	}
 	if ctx.Err() != nil {
 		// Stopping: leases the statement took as the stop came are not
@@ -241,7 +349,7 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 		for _, l := range got {
 			l.Done()
 		}
-		return
+		return result
 	}
 	parts := make([]int, len(got))
 	for i, l := range got {
@@ -252,6 +360,7 @@ func (m *Manager) balance(ctx context.Context, onAcquire func(*Lease)) {
 		m.logger.Debug("Acquired lease", watermill.LogFields{"partition": l.partition, "token": l.token, "cursor": l.cursor})
 		onAcquire(l)
 	}
+	return result
 }
 
 // share is this member's number of partitions: active/n for each of the n

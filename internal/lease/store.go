@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/internal/dbsql"
+	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 )
 
@@ -89,11 +90,14 @@ type Fence struct {
 }
 
 // Balance is what a heartbeat returns: the other live members, the
-// partitions that are not paused, and the paused ones this member holds.
+// partitions that are not paused, the paused ones this member holds, and
+// how soon the first of the others expires unless it heartbeats (0: no
+// other live member).
 type Balance struct {
-	Others []string
-	Active int
-	Paused []int32
+	Others         []string
+	Active         int
+	Paused         []int32
+	OthersExpireIn time.Duration
 }
 
 // Acquired is one lease Acquire took: the cursor row as it left it.
@@ -124,13 +128,14 @@ func NewPGStore(pool pgexec.DB, relaxed pgexec.Querier, schema string) Store {
 	if relaxed == nil {
 		relaxed = pool
 	}
-	return &pgStore{pool: pool, relaxed: relaxed, q: dbsql.For(schema)}
+	return &pgStore{pool: pool, relaxed: relaxed, q: dbsql.For(schema), channel: names.MembersChannel(schema)}
 }
 
 type pgStore struct {
 	pool    pgexec.DB
 	relaxed pgexec.Querier
 	q       *dbsql.Queries
+	channel string // where joins and leaves are announced (names.MembersChannel)
 }
 
 // on is where a statement runs: tx, or the pool.
@@ -153,9 +158,11 @@ func (s *pgStore) ExpireMembers(ctx context.Context, g Group, deadFor time.Durat
 
 func (s *pgStore) Balance(ctx context.Context, g Group, member string, ttl time.Duration, partitions int) (Balance, error) {
 	var b Balance
+	var expireIn, notified int64
 	err := pgexec.QueryRow(ctx, s.pool, s.q.CursorsBalance,
-		[]any{g.Name, g.Topic, member, ttl.Microseconds(), partitions, true}, // can_reject: every Subscriber has a RejectHandler (older releases wrote false without one)
-		&b.Others, &b.Active, &b.Paused)
+		[]any{g.Name, g.Topic, member, ttl.Microseconds(), partitions, true, s.channel}, // can_reject: every Subscriber has a RejectHandler (older releases wrote false without one)
+		&b.Others, &b.Active, &b.Paused, &expireIn, &notified)
+	b.OthersExpireIn = time.Duration(expireIn) * time.Microsecond
 	return b, err
 }
 
@@ -200,7 +207,7 @@ func (s *pgStore) Renew(ctx context.Context, g Group, member string, parts []int
 }
 
 func (s *pgStore) Release(ctx context.Context, g Group, member string, parts []int32, tokens []int64) ([]int32, error) {
-	return s.partitions(ctx, s.q.CursorsRelease, g, member, parts, tokens)
+	return s.partitions(ctx, s.q.CursorsRelease, g, member, parts, tokens, s.channel)
 }
 
 func (s *pgStore) StillHeld(ctx context.Context, g Group, member string, parts []int32, tokens []int64) ([]int32, error) {
@@ -208,9 +215,10 @@ func (s *pgStore) StillHeld(ctx context.Context, g Group, member string, parts [
 }
 
 // partitions runs stmt (CursorsRelease, CursorsStillHeld) and returns the
-// partitions it returned.
-func (s *pgStore) partitions(ctx context.Context, stmt string, g Group, member string, parts []int32, tokens []int64) ([]int32, error) {
-	rows, err := s.pool.Query(ctx, stmt, g.Name, g.Topic, member, parts, tokens)
+// partitions it returned; more are the statement's parameters after the
+// tokens.
+func (s *pgStore) partitions(ctx context.Context, stmt string, g Group, member string, parts []int32, tokens []int64, more ...any) ([]int32, error) {
+	rows, err := s.pool.Query(ctx, stmt, append([]any{g.Name, g.Topic, member, parts, tokens}, more...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +254,7 @@ func (s *pgStore) SetWriter(ctx context.Context, f Fence, writer string) (bool, 
 }
 
 func (s *pgStore) Leave(ctx context.Context, g Group, member string) error {
-	_, err := s.pool.Exec(ctx, s.q.MembersLeave, g.Name, g.Topic, member)
+	_, err := s.pool.Exec(ctx, s.q.MembersLeave, g.Name, g.Topic, member, s.channel)
 	return err
 }
 

@@ -164,6 +164,17 @@ const RelayedPayload = "relay"
 // that got new messages: "topic:0,5,7".
 func SequencedChannel(schema string) string { return schema + "_sequenced" }
 
+// MembersChannel is the notification channel on which a consumer group's
+// changes are announced to its lease managers: a member joined or left,
+// an operator paused, resumed or reset partitions. The payload is
+// MembersPayload's.
+func MembersChannel(schema string) string { return schema + "_members" }
+
+// MembersPayload is the payload of a notification on MembersChannel about
+// group's members of topic (every topic of the group when topic is ""):
+// "topic:group" (a topic holds no ':').
+func MembersPayload(group, topic string) string { return topic + ":" + group }
+
 // Instance names this process: host:pid, the host name with every byte
 // outside printable ASCII replaced by '?' and cut so that the whole fits
 // in maxLen bytes ("unknown-host" when the host has no name).

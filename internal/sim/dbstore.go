@@ -123,6 +123,9 @@ func (c *conn) Balance(ctx context.Context, g lease.Group, member string, ttl ti
 			m := c.d.members[memberKey{g.Name, g.Topic, id}]
 			if id != member && m.heartbeat.Add(m.ttl).After(now) {
 				b.Others = append(b.Others, id)
+				if in := m.heartbeat.Add(m.ttl).Sub(now); b.OthersExpireIn == 0 || in < b.OthersExpireIn {
+					b.OthersExpireIn = in
+				}
 			}
 		}
 		for _, k := range c.d.sortedCursors(g.Name, g.Topic) {
