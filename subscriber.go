@@ -414,7 +414,13 @@ func (s *Subscriber) startBackground() {
 	if s.sequencer != nil {
 		s.life.Spawn(func(ctx context.Context) {
 			defer s.exited("sequencer")
-			_ = s.sequencer.Run(ctx)
+			// Run returns an error only for a schema it cannot work with,
+			// which Subscribe checked first (a schema dropped or migrated
+			// by a newer release since): said, not swallowed, since
+			// nothing is sequenced without it.
+			if err := s.sequencer.Run(ctx); err != nil {
+				s.logger.Error("The Subscriber's sequencer stopped: nothing new is delivered until the schema is mended and the Subscriber restarted", err, nil)
+			}
 		})
 	}
 }
