@@ -199,7 +199,7 @@ func (w *Worker) callBatch(ctx, handlerCtx context.Context, msgs []*message.Mess
 		done, err := w.batch(handlerCtx, msgs)
 		r = result{max(0, min(done, len(msgs))), err}
 	}()
-	timeout := time.NewTimer(w.s.abandonAfter())
+	timeout := time.NewTimer(w.abandonAfter)
 	defer timeout.Stop()
 	stop := ctx.Done()
 	var grace <-chan time.Time

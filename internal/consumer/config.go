@@ -64,7 +64,7 @@ type BatchHandler = func(ctx context.Context, batch []*message.Message) (done in
 // abandonAfter is how long a worker waits for a handler's answer:
 // HandlerTimeout, when the handler's context ends, plus a tenth of it (at
 // most a second), so that a handler that honours its context can still
-// answer with its own error.
+// answer with its own error. A Worker takes it once (Worker.abandonAfter).
 func (s *Config) abandonAfter() time.Duration {
 	return s.HandlerTimeout + min(s.HandlerTimeout/10, time.Second)
 }

@@ -200,7 +200,7 @@ func (w *Worker) takeGate(ctx context.Context) error {
 // suspect.
 func (w *Worker) takeAlone(ctx context.Context) error {
 	w.releaseGate()
-	release, ok, evidence, err := w.gate.holdAlone(ctx, w.s.abandonAfter())
+	release, ok, evidence, err := w.gate.holdAlone(ctx, w.abandonAfter)
 	if err != nil {
 		return err
 	}

@@ -204,9 +204,9 @@ func (w *Worker) deliver(ctx context.Context, e Entry, tx *txGuard, h *handled) 
 	// One timer per worker, not per message (the hot path); since Go 1.23
 	// Reset and Stop leave no stale tick in its channel.
 	if w.timer == nil {
-		w.timer = time.NewTimer(w.s.abandonAfter())
+		w.timer = time.NewTimer(w.abandonAfter)
 	} else {
-		w.timer.Reset(w.s.abandonAfter())
+		w.timer.Reset(w.abandonAfter)
 	}
 	timeout := w.timer
 	defer timeout.Stop()

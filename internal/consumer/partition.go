@@ -47,6 +47,7 @@ type Worker struct {
 	gateHold       *gateHold     // the delivery's hold on it
 	iso            *isolation    // key isolation's held state (nil: off)
 	timer          *time.Timer   // bounds the wait for a handler's answer
+	abandonAfter   time.Duration // how long that wait is (Config.abandonAfter)
 }
 
 // shownState is the adaptive state last written to the cursor row.
@@ -84,6 +85,7 @@ func NewWorker(s *Config, topic, incarnation string, l Lease, out chan<- *messag
 		progress:       newProgress(l, s.MaxAttempts),
 		initialBackoff: l.Backoff(),
 		gate:           s.Gate,
+		abandonAfter:   s.abandonAfter(),
 		iso:            newIsolation(s.Isolation, l.Charged()),
 	}
 	if w.gate == nil {

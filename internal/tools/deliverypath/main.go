@@ -5,9 +5,9 @@
 // reader comes back to a file already left.
 //
 // What runs is measured, not guessed: the tool runs one unit test of the
-// package (-run, by default TestShortBatchGoesIdle: one message read,
-// handed out, acked and its cursor moved, by the Leased strategy, then an
-// empty read) with coverage, and keeps the functions that ran. The order
+// package (-run, by default TestOneDelivery: one message read, handed
+// out, acked and its cursor moved, by the Leased strategy, and nothing
+// else) with coverage, and keeps the functions that ran. The order
 // is the source's: from Worker.scan, depth first, each call (or method
 // value) in a function's body in source order, into a function of the
 // package that ran and was not met before. Calls are matched by name (a
@@ -38,7 +38,7 @@ import (
 
 func main() {
 	pkg := flag.String("pkg", "./internal/consumer", "the package directory")
-	run := flag.String("run", "^TestShortBatchGoesIdle$", "the test whose run is followed")
+	run := flag.String("run", "^TestOneDelivery$", "the test whose run is followed")
 	start := flag.String("from", "scan", "the method the path starts at")
 	verbose := flag.Bool("v", false, "print the path")
 	flag.Parse()
