@@ -77,7 +77,7 @@
 //
 //	integration/chaos/contended.sh -n 20 -busy 4   # TestChaosKafka and TestChaosKafkaWAL, 20 times each
 //
-// TestChaosSources runs one relay fleet over several databases: three
+// TestChaosSources runs one pipeline.Fleet over several databases: three
 // PostgreSQL servers whose shards have the same schema, topic, incarnation
 // and consumer group (so the same outbox ids), two fleet processes
 // (pipeline.Fleet, RoleFleet) SIGKILLed and frozen past their leases, one

@@ -26,7 +26,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/pgtest"
 )
 
-// TestChaosSources proves one relay fleet over several databases (issue
+// TestChaosSources proves one pipeline.Fleet over several databases (issue
 // 31): three throwaway PostgreSQL servers, each a shard with the same
 // schema, topic (4 partitions, the same incarnation) and consumer group,
 // so their messages have the same outbox ids; publishers commit, roll back and fail on each; two
