@@ -65,13 +65,18 @@ func (t *Target) atLeastOnceClient(driver kafkadriver.Driver, p *producer) (kafk
 	return idem, idem.Capacity(), nil
 }
 
-// sendAtLeastOnce is Send without transactions.
-func (t *Target) sendAtLeastOnce(ctx context.Context, driver kafkadriver.Driver, from origin.Origin, topic string, batch []*message.Message) (int, error) {
-	p, err := t.producer(t.atLeastOnceID(from, batch))
-	if err != nil {
-		return 0, err
-	}
-	defer p.mu.Unlock()
+// sendAtLeastOnce is Send without transactions, on the producer of the
+// batch's partition, held for the send.
+func (t *Target) sendAtLeastOnce(ctx context.Context, driver kafkadriver.Driver, from origin.Origin, topic string, batch []*message.Message) (done int, err error) {
+	err = t.withProducer(t.atLeastOnceID(from, batch), func(p *producer) error {
+		done, err = t.sendOn(ctx, driver, p, topic, batch)
+		return err
+	})
+	return done, err
+}
+
+// sendOn sends batch on p, which the caller holds.
+func (t *Target) sendOn(ctx context.Context, driver kafkadriver.Driver, p *producer, topic string, batch []*message.Message) (int, error) {
 	records, bad := t.build(ctx, topic, batch)
 	// limit caps the records of a try once the broker refused a record
 	// batch of several records: one of them is to blame, and halving the

@@ -36,7 +36,7 @@ func (d directTarget) Reconcile(ctx context.Context, from origin.Origin, topic s
 	}
 	s := &txnSend{ctx: ctx, topic: topic, o: from}
 	var held []direct.Held
-	t.exclusive(func() {
+	t.txn.exclusive(func() {
 		rctx, cancel := t.roundContext([]*txnSend{s})
 		defer cancel()
 		k := t.key(s)
@@ -91,39 +91,10 @@ func (d directTarget) SendRound(ctx context.Context, topic string, batches []*di
 }
 
 // sendTogether puts sends into one round: led at once when no round is in
-// flight, else queued together behind it (the first of them leads the
-// next round, which takes the rest of them along).
+// flight, else queued together behind it (the first of them to be handed
+// the lead takes the rest of them along).
 func (t *Target) sendTogether(driver kafkadriver.Driver, sends []*txnSend) {
-	tp := t.txn
-	tp.mu.Lock()
-	if !tp.busy {
-		tp.busy = true
-		tp.mu.Unlock()
-		t.leadRound(driver, sends)
-		return
-	}
-	tp.queue = append(tp.queue, sends...)
-	tp.mu.Unlock()
-	for _, s := range sends {
-		select {
-		case <-s.lead:
-			t.lead(driver, s)
-		case <-s.finished:
-		}
-	}
-}
-
-// exclusive runs fn while no round is in flight and none starts.
-func (t *Target) exclusive(fn func()) {
-	tp := t.txn
-	tp.mu.Lock()
-	for tp.busy {
-		tp.idle.Wait()
-	}
-	tp.busy = true
-	tp.mu.Unlock()
-	defer t.handOff()
-	fn()
+	t.txn.run(sends, false, t.linger, func(round []*txnSend) { t.round(driver, round) })
 }
 
 // heldSince returns the records of outbox partition o that topic holds

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -115,14 +114,11 @@ func newInstanceID() string {
 type txnProducer struct {
 	id string
 
-	mu    sync.Mutex // guards busy and queue
-	busy  bool       // a round is in flight
-	idle  *sync.Cond // on mu: broadcast when busy turns false
-	queue []*txnSend // what arrived meanwhile, in order
+	*rounds // who runs the next round (rounds.go)
 
 	client atomic.Pointer[producerClient] // nil: not started (read without a round by Close)
 
-	// Owned by the round in flight.
+	// Owned by the round in flight (the lead's holder).
 	epoch int64 // counts the starts of the producer
 	parts map[partKey]*partState
 	local map[partKey]*localWriter // writer records of batches without a lease's
@@ -131,19 +127,7 @@ type txnProducer struct {
 // newTxnProducer returns the producer of transactional id id, not
 // started.
 func newTxnProducer(id string) *txnProducer {
-	tp := &txnProducer{id: id, parts: map[partKey]*partState{}}
-	tp.idle = sync.NewCond(&tp.mu)
-	return tp
-}
-
-// waitIdle waits until no round is in flight (none starts once the target
-// is closed: a queued send's round ends at once with ErrClosed).
-func (tp *txnProducer) waitIdle() {
-	tp.mu.Lock()
-	for tp.busy {
-		tp.idle.Wait()
-	}
-	tp.mu.Unlock()
+	return &txnProducer{id: id, rounds: newRounds(), parts: map[partKey]*partState{}}
 }
 
 // partKey names an outbox partition and where it goes.
@@ -191,83 +175,22 @@ func (t *Target) sendExactlyOnce(ctx context.Context, driver kafkadriver.Driver,
 		return 0, err
 	}
 	s := &txnSend{ctx: ctx, topic: topic, batch: batch, o: o, lead: make(chan struct{}), finished: make(chan struct{})}
-	tp := t.txn
-	tp.mu.Lock()
-	if !tp.busy {
-		tp.busy = true
-		tp.mu.Unlock()
-		t.lead(driver, s)
-		return s.done, s.err
-	}
-	tp.queue = append(tp.queue, s)
-	tp.mu.Unlock()
-	select {
-	case <-s.lead:
-		t.lead(driver, s)
-		return s.done, s.err
-	case <-s.finished:
-		return s.done, s.err
-	case <-ctx.Done():
-	}
-	tp.mu.Lock()
-	if i := slices.Index(tp.queue, s); i >= 0 {
-		tp.queue = slices.Delete(tp.queue, i, i+1)
-		tp.mu.Unlock()
-		return 0, ctx.Err()
-	}
-	tp.mu.Unlock()
-	// Taken into a round, or chosen to lead the next one.
-	select {
-	case <-s.lead:
-		t.lead(driver, s)
-	case <-s.finished:
-	}
+	t.txn.run([]*txnSend{s}, true, t.linger, func(round []*txnSend) { t.round(driver, round) })
 	return s.done, s.err
 }
 
-// lead runs a round of s and of the sends queued, then hands the next
-// round to the first send that queued meanwhile.
-func (t *Target) lead(driver kafkadriver.Driver, s *txnSend) {
-	t.leadRound(driver, []*txnSend{s})
-}
-
-// leadRound runs a round of first and of the sends queued, then hands the
-// next round on (handOff).
-func (t *Target) leadRound(driver kafkadriver.Driver, first []*txnSend) {
-	tp := t.txn
-	if t.cfg.Linger > 0 {
-		linger := time.NewTimer(t.cfg.Linger)
-		select {
-		case <-linger.C:
-		case <-t.life.Closing():
-			linger.Stop()
-		}
+// linger waits Linger before a round takes the sends queued, so that more
+// join it (cut short when the target closes).
+func (t *Target) linger() {
+	if t.cfg.Linger <= 0 {
+		return
 	}
-	tp.mu.Lock()
-	round := append(slices.Clip(first), tp.queue...)
-	tp.queue = nil
-	tp.mu.Unlock()
-	t.round(driver, round)
-	for _, x := range round[1:] {
-		close(x.finished)
+	linger := time.NewTimer(t.cfg.Linger)
+	defer linger.Stop()
+	select {
+	case <-linger.C:
+	case <-t.life.Closing():
 	}
-	t.handOff()
-}
-
-// handOff ends a round: the first send queued meanwhile leads the next
-// one, or the producer is idle.
-func (t *Target) handOff() {
-	tp := t.txn
-	tp.mu.Lock()
-	if len(tp.queue) > 0 {
-		next := tp.queue[0]
-		tp.queue = tp.queue[1:]
-		close(next.lead)
-	} else {
-		tp.busy = false
-		tp.idle.Broadcast()
-	}
-	tp.mu.Unlock()
 }
 
 // roundContext is the context of a round's calls: it ends at the latest

@@ -64,13 +64,14 @@ func (t *Target) drop(p *producer) {
 	}
 }
 
-// producer returns the producer of transactional id id, locked.
-func (t *Target) producer(id string) (*producer, error) {
+// withProducer runs fn holding the producer of id (created when missing):
+// one send at a time on it, none while the idle sweep retires it.
+func (t *Target) withProducer(id string, fn func(p *producer) error) error {
 	for {
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
-			return nil, outbox.ErrClosed
+			return outbox.ErrClosed
 		}
 		p := t.producers[id]
 		if p == nil {
@@ -78,13 +79,22 @@ func (t *Target) producer(id string) (*producer, error) {
 			t.producers[id] = p
 		}
 		t.mu.Unlock()
-		p.mu.Lock()
-		if !p.retired {
-			p.lastUsed = time.Now()
-			return p, nil
+		if ok, err := p.use(fn); ok {
+			return err
 		}
-		p.mu.Unlock() // retired by the idle sweep meanwhile
+		// Retired by the idle sweep meanwhile: take a new one.
 	}
+}
+
+// use runs fn holding p, unless p was retired (ok false).
+func (p *producer) use(fn func(p *producer) error) (ok bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.retired {
+		return false, nil
+	}
+	p.lastUsed = time.Now()
+	return true, fn(p)
 }
 
 // sweepIdle closes the producers that sent nothing for
