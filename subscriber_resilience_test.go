@@ -125,6 +125,14 @@ func TestCloseLeavesTheHandlerCloseTimeoutToAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The notification listener ends as soon as Close begins (the
+	// subscription waits for the handler's answer).
+	begun := make(chan struct{}, 1)
+	outbox.SetExitHook(sub, func(what string) {
+		if what == "listener" {
+			begun <- struct{}{}
+		}
+	})
 	msgs, err := sub.Subscribe(outboxtest.Ctx(t), "closing")
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +140,7 @@ func TestCloseLeavesTheHandlerCloseTimeoutToAnswer(t *testing.T) {
 	m := <-msgs
 	closed := make(chan error, 1)
 	go func() { closed <- sub.Close() }()
-	time.Sleep(300 * time.Millisecond) // Close has begun and waits for the answer
+	<-begun // Close has begun and waits for the answer
 	if err := m.Context().Err(); err != nil {
 		t.Fatalf("the message's context ended when Close began: %v", err)
 	}
