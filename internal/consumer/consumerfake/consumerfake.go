@@ -21,6 +21,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -82,7 +83,11 @@ type Store struct {
 	Marks         []int64
 	Commits       int
 	Rollbacks     int
-	Effects       []string // the handlers' writes, as committed
+	// RelaxedCommits counts the transactions of InTx asked to commit
+	// without waiting for their WAL flush (relaxed), which a test tells
+	// from the others.
+	RelaxedCommits int
+	Effects        []string // the handlers' writes, as committed
 	// Fail injects an error into the named operation's next call: "read",
 	// "begin", "savepoint", "mark", "commit".
 	Fail map[string]error
@@ -192,7 +197,7 @@ func (s *Store) Begin(context.Context) (pgx.Tx, error) {
 }
 
 // InTx implements seam.Store.
-func (s *Store) InTx(ctx context.Context, _ bool, fn func(pgx.Tx) error) error {
+func (s *Store) InTx(ctx context.Context, relaxed bool, fn func(pgx.Tx) error) error {
 	tx, err := s.Begin(ctx)
 	if err != nil {
 		return err
@@ -201,7 +206,15 @@ func (s *Store) InTx(ctx context.Context, _ bool, fn func(pgx.Tx) error) error {
 		_ = tx.Rollback(ctx)
 		return err
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	if relaxed {
+		s.Mu.Lock()
+		s.RelaxedCommits++
+		s.Mu.Unlock()
+	}
+	return nil
 }
 
 // Savepoint implements seam.Store.
@@ -611,6 +624,10 @@ type Lease struct {
 	// Found is what the acquisition found; NewLease takes the attempts
 	// and the last error from the cursor row, a test sets the rest.
 	Found Found
+	// RelaxedMoves counts the cursor moves made with AdvanceRelaxed (on
+	// PostgreSQL: committed without waiting for their WAL flush), which
+	// a test tells from Advance's.
+	RelaxedMoves atomic.Int64
 }
 
 var _ seam.Lease = (*Lease)(nil)
@@ -749,7 +766,11 @@ func (l *Lease) Advance(_ context.Context, tx pgx.Tx, seq int64) error {
 
 // AdvanceRelaxed implements seam.Lease.
 func (l *Lease) AdvanceRelaxed(ctx context.Context, seq int64) error {
-	return l.Advance(ctx, nil, seq)
+	err := l.Advance(ctx, nil, seq)
+	if err == nil {
+		l.RelaxedMoves.Add(1)
+	}
+	return err
 }
 
 // RecordRetry implements seam.Lease.
