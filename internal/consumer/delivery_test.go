@@ -290,6 +290,28 @@ func TestLeaseEndingMidDeliveryTakesTheDeliveryBack(t *testing.T) {
 	})
 }
 
+// A lease that ends before the first message reached a handler (nobody
+// took it from the channel) takes its delivery back in the turn itself,
+// not only when the worker stops: the message was never delivered.
+func TestLeaseEndingBeforeTheHandOutTakesTheDeliveryBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFakeStore("never handed out")
+		r := newRig(t, s, nil, nil)
+		r.unstopped = true // what the turn itself leaves
+		go func() {
+			time.Sleep(10 * time.Millisecond) // the worker waits on the channel, unread
+			r.lease.Cancel(errors.New("rebalanced"))
+		}()
+		dir, err := r.w.Step(r.lease.Context())
+		if err != nil || dir != worker.Idle() {
+			t.Fatalf("directive %v, err %v; want idle", dir, err)
+		}
+		if c := s.State(); c.InflightTo != 0 || c.Deliveries != 0 || c.Attempts != 0 {
+			t.Fatalf("cursor row %+v: want the delivery taken back by the turn", c)
+		}
+	})
+}
+
 // A lost lease ends the turn with lease.ErrLeaseLost: nothing is written.
 func TestLostLeaseEndsTheTurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
