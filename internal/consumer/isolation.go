@@ -118,12 +118,13 @@ func (w *Worker) isolatedTurn(ctx context.Context) (worker.Directive, error) {
 }
 
 // isolateBatch sorts a batch read after the scan position into the
-// messages to deliver and those parked behind their held key (split).
+// messages to deliver, which it returns, and those parked behind their
+// held key (split).
 // settled reports that it settled the batch itself: nothing to deliver
 // (the scan moved past what it parked, or the bounds stop it), or the
 // head, which failed before (it crashed its consumer alone, or failed while
 // the bounds were reached), held at once.
-func (w *Worker) isolateBatch(ctx context.Context, b *batch) (turnEnd, bool) {
+func (w *Worker) isolateBatch(ctx context.Context, b batch) (batch, turnEnd, bool) {
 	first := b.deliver[0]
 	deliver, scanEnd, cut := w.iso.split(b.deliver)
 	if cut {
@@ -131,7 +132,7 @@ func (w *Worker) isolateBatch(ctx context.Context, b *batch) (turnEnd, bool) {
 	}
 	if w.iso.holdHead && len(deliver) > 0 && deliver[0].Seq == first.Seq && deliver[0].Seq == w.ledger.seq && w.ledger.charged > 0 {
 		if w.exhaustedHead(deliver[0]) {
-			return turnEnd{dir: w.rejectExhaustedHead(ctx, deliver[0])}, true
+			return b, turnEnd{dir: w.rejectExhaustedHead(ctx, deliver[0])}, true
 		}
 		if w.iso.canHold(deliver[0]) {
 			last := w.ledger.lastError
@@ -144,19 +145,19 @@ func (w *Worker) isolateBatch(ctx context.Context, b *batch) (turnEnd, bool) {
 	}
 	b.deliver, b.scanEnd = deliver, scanEnd
 	if len(deliver) > 0 {
-		return turnEnd{}, false
+		return b, turnEnd{}, false
 	}
 	if scanEnd == 0 { // the bounds stop the scan at its first message
 		w.undoDelivery(ctx)
-		return turnEnd{dir: worker.Idle()}, true
+		return b, turnEnd{dir: worker.Idle()}, true
 	}
 	dctx, cancel := dbContext(ctx)
 	defer cancel()
 	if _, err := w.withBulkhead(dctx, func() ([]Entry, error) { return nil, w.moveScan(dctx, nil, scanEnd) }); err != nil {
-		return turnEnd{dir: worker.Idle(), err: err}, true
+		return b, turnEnd{dir: worker.Idle(), err: err}, true
 	}
 	w.moved(scanEnd)
-	return turnEnd{dir: worker.Proceed()}, true
+	return b, turnEnd{dir: worker.Proceed()}, true
 }
 
 // split sorts a batch read after the scan position into the messages to

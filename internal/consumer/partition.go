@@ -189,8 +189,8 @@ func (w *Worker) scan(ctx context.Context) (worker.Directive, error) {
 	if err != nil || len(entries) == 0 {
 		return worker.Idle(), err
 	}
-	b := batch{deliver: entries, full: len(entries) == size || w.suspects.to > 0}
-	if end, settled := w.triage(ctx, &b); settled {
+	b, end, settled := w.triage(ctx, batch{deliver: entries, full: len(entries) == size || w.suspects.to > 0})
+	if settled {
 		return end.dir, end.err
 	}
 	sc, err := w.openScope(ctx)
@@ -216,20 +216,22 @@ type turnEnd struct {
 	err error
 }
 
-// triage prepares a batch read after the cursor: with key isolation it
-// sorts out what to deliver (isolateBatch), and it takes a head that has
-// had its MaxAttempts out. settled reports that the batch is settled.
-func (w *Worker) triage(ctx context.Context, b *batch) (turnEnd, bool) {
+// triage takes a batch read after the cursor and returns what to deliver
+// of it: with key isolation it sorts out what waits behind a held key
+// (isolateBatch), and it takes out a head that has had its MaxAttempts.
+// settled reports that the batch is settled, with the turn's end.
+func (w *Worker) triage(ctx context.Context, b batch) (_ batch, _ turnEnd, settled bool) {
 	first := b.deliver[0].Seq
 	if w.iso != nil {
-		if end, settled := w.isolateBatch(ctx, b); settled {
-			return end, true
+		var end turnEnd
+		if b, end, settled = w.isolateBatch(ctx, b); settled {
+			return b, end, true
 		}
 	}
 	if head := b.deliver[0]; head.Seq == first && w.exhaustedHead(head) {
-		return turnEnd{dir: w.rejectExhaustedHead(ctx, head)}, true
+		return b, turnEnd{dir: w.rejectExhaustedHead(ctx, head)}, true
 	}
-	return turnEnd{}, false
+	return b, turnEnd{}, false
 }
 
 // read reads the next batch after the cursor and, in the same statement,
