@@ -10,8 +10,8 @@ import (
 )
 
 // runSpecific matches the parts of a target's name that differ from run to
-// run: which peer was the best, and its figure.
-var runSpecific = regexp.MustCompile(`best peer (?:peer-tuned|peer|river)\b|best peer's \([^)]*\)`)
+// run: which peer was the best, and its figure; the ceiling's figure.
+var runSpecific = regexp.MustCompile(`best peer (?:peer-tuned|peer|river)\b|best peer's \([^)]*\)|at that rate \([^)]*\)`)
 
 // stableName is a target's name without what differs from run to run, so
 // that the same target of several runs is one row.
@@ -19,6 +19,9 @@ func stableName(name string) string {
 	return runSpecific.ReplaceAllStringFunc(name, func(m string) string {
 		if strings.HasPrefix(m, "best peer's") {
 			return "best peer's"
+		}
+		if strings.HasPrefix(m, "at that rate") {
+			return "at that rate"
 		}
 		return "best peer"
 	})
