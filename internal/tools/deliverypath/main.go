@@ -124,7 +124,7 @@ func measure(dir, run, start string, verbose bool) error {
 		}
 	}
 	if root == nil || !root.ran {
-		return fmt.Errorf("Worker.%s not found, or it did not run in %s", start, run)
+		return fmt.Errorf("method Worker.%s not found, or it did not run in %s", start, run)
 	}
 
 	// callees is what a use of obj may run: the function itself, or, for
