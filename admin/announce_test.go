@@ -1,11 +1,8 @@
 package admin_test
 
 import (
-	"fmt"
 	"slices"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/watermill-outbox/admin"
 	"github.com/millrace/watermill-outbox/internal/names"
@@ -24,32 +21,7 @@ func TestPauseResumeAndResetAreAnnouncedToTheGroup(t *testing.T) {
 	e.SequenceAll()
 	e.Exec(`INSERT INTO ` + e.Schema + `.cursors (group_name, topic, partition, seq) VALUES ('g', 'orders', 0, 0), ('g', 'orders', 1, 0)`)
 
-	channel := names.MembersChannel(e.Schema)
-	conn, err := e.Pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	// heard returns what was announced until now: a marker sent last is
-	// received last (notifications arrive in commit order).
-	heard := func() []string {
-		t.Helper()
-		e.Exec(fmt.Sprintf(`SELECT pg_notify('%s', 'marker')`, channel))
-		var got []string
-		for {
-			n, err := conn.Conn().WaitForNotification(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n.Payload == "marker" {
-				return got
-			}
-			got = append(got, n.Payload)
-		}
-	}
+	heard := e.Listen(names.MembersChannel(e.Schema))
 	expect := func(what string, want ...string) {
 		t.Helper()
 		if got := heard(); !slices.Equal(got, want) {

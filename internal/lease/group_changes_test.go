@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/millrace/watermill-outbox/internal/lease"
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
@@ -29,33 +27,7 @@ func TestTheGroupsChangesAreAnnounced(t *testing.T) {
 	if err := s.CreateCursors(ctx, g, 4, false); err != nil {
 		t.Fatal(err)
 	}
-	channel := names.MembersChannel(e.Schema)
-	conn, err := e.Pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	// heard returns the payloads of the notifications sent until now: a
-	// marker sent last, and received last (notifications arrive in commit
-	// order), tells when they are all in.
-	heard := func() []string {
-		t.Helper()
-		e.Exec(fmt.Sprintf(`SELECT pg_notify('%s', 'marker')`, channel))
-		var got []string
-		for {
-			n, err := conn.Conn().WaitForNotification(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n.Payload == "marker" {
-				return got
-			}
-			got = append(got, n.Payload)
-		}
-	}
+	heard := e.Listen(names.MembersChannel(e.Schema))
 	expect := func(what string, want ...string) {
 		t.Helper()
 		if got := heard(); fmt.Sprint(got) != fmt.Sprint(want) {

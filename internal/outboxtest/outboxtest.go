@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
@@ -309,4 +310,39 @@ func Shard(t testing.TB, schema string) *Bundle {
 		t.Fatal(err)
 	}
 	return Attach(t, pool, schema)
+}
+
+// Listen listens on channel on a connection of its own, held until the
+// test ends, and returns heard: the payloads of the notifications sent on
+// channel since the last call. heard sends a marker last and reads up to
+// it (notifications arrive in commit order), so it waits for no clock.
+func (b *Bundle) Listen(channel string) (heard func() []string) {
+	b.T.Helper()
+	ctx := Ctx(b.T)
+	conn, err := b.Pool.Acquire(ctx)
+	if err != nil {
+		b.T.Fatal(err)
+	}
+	b.T.Cleanup(conn.Release)
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		b.T.Fatal(err)
+	}
+	const marker = "outboxtest:marker"
+	return func() []string {
+		b.T.Helper()
+		if _, err := b.Pool.Exec(ctx, "SELECT pg_notify($1, $2)", channel, marker); err != nil {
+			b.T.Fatal(err)
+		}
+		var got []string
+		for {
+			n, err := conn.Conn().WaitForNotification(ctx)
+			if err != nil {
+				b.T.Fatal(err)
+			}
+			if n.Payload == marker {
+				return got
+			}
+			got = append(got, n.Payload)
+		}
+	}
 }
