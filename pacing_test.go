@@ -125,7 +125,7 @@ func TestSequencerFindsMessagesWhoseTransactionDidNotNotify(t *testing.T) {
 
 // The sequencer's pace follows the load (tune.FollowLoad): after a pass
 // of one message a notification may start the next pass after 1/20 of
-// MinPassInterval; after a pass of 77 messages or more, not before
+// MinPassInterval; after a pass of 39 messages or more, not before
 // MinPassInterval from its start, and the messages committed meanwhile go
 // in one pass. (Before, every pass waited MinPassInterval.)
 func TestSequencerPaceFollowsTheLoad(t *testing.T) {

@@ -73,7 +73,7 @@ type SequencerConfig struct {
 	// rather than in one pass per commit. A notification may start the
 	// next pass sooner, by a wait that follows the load: 1/20 of
 	// MinPassInterval after a pass that moved one message (1 ms of the
-	// default), growing by 1/80 of it with each further message the pass
+	// default), growing by 1/40 of it with each further message the pass
 	// moved, never more than MinPassInterval (SequencerStats.Pace shows
 	// it). So a message after a quiet spell waits about a millisecond, and
 	// under load each pass carries more. After a pass that found

@@ -29,7 +29,7 @@ func watermillUUID(i int) string { return fmt.Sprintf("00000000-0000-0000-0000-%
 
 // The relay's pace follows the load (tune.FollowLoad): after an append of
 // one message the next may start 1/20 of MinAppendInterval after it; after
-// an append of 77 messages or more, not before MinAppendInterval, and
+// an append of 39 messages or more, not before MinAppendInterval, and
 // what is committed meanwhile goes in one append — instead of one append
 // per commit (which costs every partition it touches a read, a cursor
 // move and a send). Without a floor a commit that finds the relay idle is

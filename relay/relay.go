@@ -77,7 +77,7 @@ type Config struct {
 	// SequencerConfig.MinPassInterval paces the table mode's sequencer: an
 	// append follows the previous one no sooner than a wait that follows
 	// the load after it started — 1/20 of MinAppendInterval after an
-	// append of one message, growing by 1/80 of it with each further
+	// append of one message, growing by 1/40 of it with each further
 	// message, never more than MinAppendInterval (Stats.Pace shows it) —
 	// and takes every transaction decoded meanwhile (up to MaxBatch), so
 	// a stream of small commits is appended, and wakes Subscribers, in

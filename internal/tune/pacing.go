@@ -74,9 +74,14 @@ const (
 	// share of the busy pace: 1/20 (1 ms of adaptive.Default()'s 20 ms).
 	LightLoadShare = 20
 	// PerMessageShare is what each further message of the pass adds to the
-	// wait, as a share of the busy pace: 1/80 (250 µs of 20 ms), so that
-	// the wait reaches the busy pace at 77 messages a pass.
-	PerMessageShare = 80
+	// wait, as a share of the busy pace: 1/40 (500 µs of 20 ms), so that
+	// the wait reaches the busy pace at 39 messages a pass. (1/80 made a
+	// stream of one-message commits at 2,000–4,000 msg/s pass in steps of
+	// about 5 messages, each a durable commit and a round: measured at
+	// 1/40, the log-based mode's unpaced 1 msg/tx publishing went from
+	// 1,859 to 3,333 msg/s at half the CPU per message, with the latency
+	// at 1,000 and 100 msg/s unchanged; docs/bench-results/pace-share-issue-40.)
+	PerMessageShare = 40
 )
 
 // FollowLoad returns how long after the start of a sequencer pass (or a

@@ -86,8 +86,8 @@ func TestFollowLoadGrowsWithTheMessagesOfAPass(t *testing.T) {
 		n    int
 		want time.Duration
 	}{
-		{0, time.Millisecond}, {1, time.Millisecond}, {2, 1250 * time.Microsecond}, {5, 2 * time.Millisecond},
-		{41, 11 * time.Millisecond}, {76, 19750 * time.Microsecond}, {77, busy}, {5000, busy}, {math.MaxInt, busy},
+		{0, time.Millisecond}, {1, time.Millisecond}, {2, 1500 * time.Microsecond}, {5, 3 * time.Millisecond},
+		{21, 11 * time.Millisecond}, {38, 19500 * time.Microsecond}, {39, busy}, {5000, busy}, {math.MaxInt, busy},
 	} {
 		if got := tune.FollowLoad(busy, c.n); got != c.want {
 			t.Errorf("FollowLoad(%v, %d) = %v, want %v", busy, c.n, got, c.want)
