@@ -14,6 +14,7 @@ import (
 	"github.com/millrace/watermill-outbox/internal/names"
 	"github.com/millrace/watermill-outbox/internal/pgexec"
 	"github.com/millrace/watermill-outbox/internal/pgtext"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 	"github.com/millrace/watermill-outbox/outboxtype"
 )
 
@@ -45,7 +46,9 @@ const DefaultDedupWindow = 24 * time.Hour
 // (DedupKeyMetadata), where Publish reads it (and checks it again).
 //
 // A nil msg, an empty key, a key longer than MaxDedupKeyBytes or one that
-// is not valid UTF-8 or holds a NUL byte is refused with an error matching
+// is not valid UTF-8 or holds a NUL byte, a control character (a line
+// feed, a tab, an escape) or a format character (a bidirectional override,
+// a zero-width character) is refused with an error matching
 // ErrInvalidArgument, and msg is left unchanged.
 func DedupKey(msg *message.Message, key string) error {
 	if msg == nil {
@@ -96,6 +99,11 @@ func dedupKeyProblem(key string) string {
 		return fmt.Sprintf("the dedup key is %d bytes long, more than MaxDedupKeyBytes (%d)", len(key), MaxDedupKeyBytes)
 	case !pgtext.Storable(key):
 		return "the dedup key must be valid UTF-8 without NUL bytes"
+	}
+	for i, r := range key {
+		if termsafe.Unsafe(r) {
+			return fmt.Sprintf("the dedup key holds the control or format character %U at byte %d, which would act on or hide text where it is shown (status, logs, the console): use printable characters", r, i)
+		}
 	}
 	return ""
 }

@@ -284,6 +284,7 @@ func TestDedupBadInputIsTyped(t *testing.T) {
 	}
 	for name, key := range map[string]string{
 		"empty": "", "NUL": "a\x00b", "invalid UTF-8": "a\xffb", "too long": strings.Repeat("k", outbox.MaxDedupKeyBytes+1),
+		"a line feed": "order-1\norder-2", "an escape": "\x1b[31mred", "a right-to-left override": "order\u202e1", "a zero-width space": "order\u200b1",
 	} {
 		m := message.NewMessage("m", nil)
 		if err := outbox.DedupKey(m, key); !errors.Is(err, outbox.ErrInvalidArgument) || len(m.Metadata) != 0 {

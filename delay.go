@@ -25,13 +25,19 @@ const (
 	// metadataUnordered marks a message that does not keep its order with
 	// the delayed messages of its key (Unordered).
 	metadataUnordered = "outbox_unordered"
+	// unorderedMark is metadataUnordered's one value (Publish refuses any
+	// other: the SQL reads the key's presence, so "false" would mean true).
+	unorderedMark = "true"
 )
 
 // DeliverAt makes msg a delayed message: it is not delivered before t.
 // The later messages of its key are delivered after it (they wait), unless
-// it has no key or is marked Unordered. t must not be in the past
-// (ErrInvalidArgument): publish without DeliverAt to deliver at once. The
-// time is metadata "outbox_deliver_at" (RFC 3339, UTC), kept on delivery:
+// it has no key or is marked Unordered: a delay of 30 s on one message of
+// a key delays every later message of that key by up to 30 s. t must not
+// be in the past (publish without DeliverAt to deliver at once), nor after
+// the year 9999 (RFC 3339's last); either is refused with an error
+// matching ErrInvalidArgument, and msg is left unchanged. The time is
+// metadata "outbox_deliver_at" (RFC 3339, UTC), kept on delivery:
 // DeliveryTime reads it.
 func DeliverAt(msg *message.Message, t time.Time) error {
 	if msg == nil {
@@ -44,11 +50,12 @@ func DeliverAt(msg *message.Message, t time.Time) error {
 		return fmt.Errorf("%w: outbox.DeliverAt: message %s: %s is %s in the past: publish without DeliverAt to deliver at once",
 			ErrInvalidArgument, msg.UUID, t.UTC().Format(time.RFC3339Nano), now.Sub(t).Round(time.Millisecond))
 	}
-	msg.Metadata.Set(metadataDeliverAt, t.UTC().Format(time.RFC3339Nano))
-	return nil
+	return setDeliverAt("outbox.DeliverAt", msg, t)
 }
 
 // DeliverAfter is DeliverAt(msg, time.Now().Add(d)); d must be positive.
+// However short d is, the message is due d after the call: it is never
+// refused as "in the past".
 func DeliverAfter(msg *message.Message, d time.Duration) error {
 	if msg == nil {
 		return errs.NilArgument("outbox.DeliverAfter: msg", "pass the message to delay")
@@ -56,7 +63,25 @@ func DeliverAfter(msg *message.Message, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: outbox.DeliverAfter: message %s: a delay of %s: pass a positive one, or publish without it", ErrInvalidArgument, msg.UUID, d)
 	}
-	return DeliverAt(msg, time.Now().Add(d))
+	return setDeliverAt("outbox.DeliverAfter", msg, time.Now().Add(d))
+}
+
+// lastDeliverAt is the latest time a delayed message can be due: the end
+// of the year 9999, the last an RFC 3339 time can write.
+var lastDeliverAt = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
+
+// setDeliverAt writes t into msg's metadata, once it is known to be
+// representable.
+func setDeliverAt(fn string, msg *message.Message, t time.Time) error {
+	if t.After(lastDeliverAt) {
+		return fmt.Errorf("%w: %s: message %s: %s is after the year 9999, the last an RFC 3339 time (and so the outbox) can store: pass an earlier time",
+			ErrInvalidArgument, fn, msg.UUID, t.UTC().Format(time.RFC3339))
+	}
+	if msg.Metadata == nil {
+		msg.Metadata = message.Metadata{}
+	}
+	msg.Metadata.Set(metadataDeliverAt, t.UTC().Format(time.RFC3339Nano))
+	return nil
 }
 
 // Unordered marks msg as outside its key's order with delayed messages: it
@@ -67,7 +92,10 @@ func Unordered(msg *message.Message) error {
 	if msg == nil {
 		return errs.NilArgument("outbox.Unordered: msg", "pass the message to mark")
 	}
-	msg.Metadata.Set(metadataUnordered, "true")
+	if msg.Metadata == nil {
+		msg.Metadata = message.Metadata{}
+	}
+	msg.Metadata.Set(metadataUnordered, unorderedMark)
 	return nil
 }
 
@@ -85,13 +113,19 @@ func DeliveryTime(msg *message.Message) (t time.Time, ok bool) {
 	return t, err == nil
 }
 
-// checkDelay refuses, before anything is written, a message whose
-// metadataDeliverAt is not a time (set by hand, not by DeliverAt).
+// checkDelay refuses, before anything is written, a message whose delay
+// metadata was set by hand, not by DeliverAt and Unordered, to something
+// the outbox would misread: a metadataDeliverAt that is not an RFC 3339
+// time (empty included), or a metadataUnordered other than "true" (the
+// outbox reads the key's presence: "false" would be taken as true).
 func checkDelay(m *message.Message) error {
-	if v := m.Metadata.Get(metadataDeliverAt); v != "" {
+	if v, ok := m.Metadata[metadataDeliverAt]; ok {
 		if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
-			return &outboxtype.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("metadata %s %q is not an RFC 3339 time: set it with outbox.DeliverAt", metadataDeliverAt, v)}
+			return &outboxtype.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("metadata %s %q is not an RFC 3339 time: set it with outbox.DeliverAt, or delete the key to deliver at once", metadataDeliverAt, v)}
 		}
+	}
+	if v, ok := m.Metadata[metadataUnordered]; ok && v != unorderedMark {
+		return &outboxtype.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("metadata %s is %q: the outbox reads the key's presence as unordered, so only %q is accepted: mark it with outbox.Unordered, or delete the key to keep the order", metadataUnordered, v, unorderedMark)}
 	}
 	return nil
 }

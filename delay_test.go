@@ -356,19 +356,32 @@ func TestDeliverAtRefusesBadInput(t *testing.T) {
 	t.Parallel()
 	m := message.NewMessage("u", nil)
 	for name, err := range map[string]error{
-		"a past time":    outbox.DeliverAt(m, time.Now().Add(-time.Minute)),
-		"a zero time":    outbox.DeliverAt(m, time.Time{}),
-		"a nil message":  outbox.DeliverAt(nil, time.Now().Add(time.Minute)),
-		"a zero delay":   outbox.DeliverAfter(m, 0),
-		"a nil message ": outbox.DeliverAfter(nil, time.Minute),
-		"Unordered(nil)": outbox.Unordered(nil),
+		"a past time":     outbox.DeliverAt(m, time.Now().Add(-time.Minute)),
+		"a zero time":     outbox.DeliverAt(m, time.Time{}),
+		"a nil message":   outbox.DeliverAt(nil, time.Now().Add(time.Minute)),
+		"a zero delay":    outbox.DeliverAfter(m, 0),
+		"a nil message ":  outbox.DeliverAfter(nil, time.Minute),
+		"Unordered(nil)":  outbox.Unordered(nil),
+		"the year 300000": outbox.DeliverAt(m, time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)),
 	} {
 		if !errors.Is(err, outbox.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
 		}
 	}
-	if m.Metadata.Get(outbox.MetadataDeliverAt) != "" {
+	if _, set := m.Metadata[outbox.MetadataDeliverAt]; set {
 		t.Fatal("a refused DeliverAt set the metadata")
+	}
+	// The shortest delay is a delay, never "in the past".
+	short := message.NewMessage("short", nil)
+	if err := outbox.DeliverAfter(short, time.Nanosecond); err != nil {
+		t.Fatalf("DeliverAfter(1ns): %v", err)
+	}
+	if _, ok := outbox.DeliveryTime(short); !ok {
+		t.Fatal("DeliverAfter(1ns) set no time")
+	}
+	// The latest time an RFC 3339 time can write is accepted.
+	if err := outbox.DeliverAt(message.NewMessage("far", nil), time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)); err != nil {
+		t.Fatalf("DeliverAt(9999-12-31): %v", err)
 	}
 	// A time set by hand that is not one: refused by Publish, nothing written.
 	e := newEnv(t)

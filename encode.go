@@ -45,7 +45,7 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		}
 		key, err := p.cfg.PartitionKeyFunc(topic, m)
 		if err != nil {
-			return b, fmt.Errorf("outbox: partition key of message %s: %w", m.UUID, err)
+			return b, &outboxtype.MessageError{UUID: m.UUID, Reason: "PublisherConfig.PartitionKeyFunc failed on it (nothing of the call was written)", Err: err}
 		}
 		if !pgtext.Storable(key) {
 			return b, &outboxtype.MessageError{UUID: m.UUID, Reason: "partition key must be valid UTF-8 without NUL bytes"}
@@ -57,7 +57,7 @@ func (p *Publisher) encode(topic string, ts *topicState, msgs []*message.Message
 		if key == "" {
 			part = int(ts.next.Add(1)-1) % ts.partitions
 		} else if part, err = p.cfg.Partitioner.Partition(key, ts.partitions); err != nil {
-			return b, fmt.Errorf("outbox: partition of message %s: %w", m.UUID, err)
+			return b, &outboxtype.MessageError{UUID: m.UUID, Reason: "PublisherConfig.Partitioner failed on it (nothing of the call was written)", Err: err}
 		} else if part < 0 || part >= ts.partitions {
 			return b, &outboxtype.MessageError{UUID: m.UUID, Reason: fmt.Sprintf("partitioner returned %d for %d partitions", part, ts.partitions)}
 		}

@@ -87,6 +87,11 @@ var (
 	// (*outboxtype.TxMisuseError). The delivery counts as a failed attempt and its
 	// writes are undone.
 	ErrTxMisuse = sentinel.ErrTxMisuse
+	// ErrTxAborted reports a Publish into a transaction that an earlier
+	// statement of the caller's made fail (PostgreSQL's SQLSTATE 25P02):
+	// nothing can be written in it any more, nothing of the call was. Roll
+	// the transaction back and publish in a new one.
+	ErrTxAborted = sentinel.ErrTxAborted
 	// ErrNotFound: what an operation names does not exist (a dead letter,
 	// a consumer group's cursor): admin's and deadletter's calls return it.
 	ErrNotFound = sentinel.ErrNotFound

@@ -338,6 +338,22 @@ func newPublisher(bound pgexec.Querier, cfg PublisherConfig, logger watermill.Lo
 // A message whose dedup key (DedupKey) is taken is left out, and
 // Deduplicated(msg) reports it; Publish returns nil for it.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	return txAborted(p.publish(topic, msgs))
+}
+
+// txAborted marks err with ErrTxAborted when it is PostgreSQL's "current
+// transaction is aborted" (25P02): the caller's transaction failed before
+// this call, which is what the caller must know, not the statement that
+// found it.
+func txAborted(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "25P02" {
+		return fmt.Errorf("%w: %w", ErrTxAborted, err)
+	}
+	return err
+}
+
+func (p *Publisher) publish(topic string, msgs []*message.Message) error {
 	if p.closed.Load() {
 		return ErrPublisherClosed
 	}

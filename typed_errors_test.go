@@ -12,6 +12,7 @@ import (
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/partitioning"
 )
 
 // dbState is everything a bad input could have changed.
@@ -28,6 +29,9 @@ func snapshot(t *testing.T, e env) dbState {
 	}
 	return s
 }
+
+// errKeyFunc is a PartitionKeyFunc's own failure.
+var errKeyFunc = errors.New("no customer id in the order")
 
 func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 	// Not parallel: the snapshot counts every schema of the database.
@@ -159,6 +163,67 @@ func TestBadInputGivesTypedErrorAndChangesNothing(t *testing.T) {
 			cfg := base
 			cfg.OwnTransaction = true
 			_, err := outbox.NewPublisher(cfg, nil)
+			return err
+		}},
+		{"publish into an aborted transaction", outbox.ErrTxAborted, func(t *testing.T) error {
+			tx, err := e.Pool.Begin(outboxtest.Ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			if _, err := tx.Exec(outboxtest.Ctx(t), "SELECT 1/0"); err == nil {
+				t.Fatal("SELECT 1/0 did not fail")
+			}
+			pub, err := outbox.NewTxPublisher(tx, base, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pub.Publish("orders", msg())
+		}},
+		{`outbox_unordered set by hand to "false"`, outbox.ErrInvalidMessage, func(t *testing.T) error {
+			bad := msg()
+			bad.Metadata.Set("outbox_unordered", "false")
+			return inTx(t, base, "orders", msg(), bad)
+		}},
+		{"outbox_deliver_at set by hand to empty", outbox.ErrInvalidMessage, func(t *testing.T) error {
+			bad := msg()
+			bad.Metadata.Set("outbox_deliver_at", "")
+			return inTx(t, base, "orders", bad)
+		}},
+		{"PartitionKeyFunc fails", errKeyFunc, func(t *testing.T) error {
+			cfg := base
+			cfg.PartitionKeyFunc = func(string, *message.Message) (string, error) { return "", errKeyFunc }
+			err := inTx(t, cfg, "orders", msg())
+			if !errors.Is(err, outbox.ErrInvalidMessage) {
+				t.Errorf("PartitionKeyFunc's failure %v does not match ErrInvalidMessage", err)
+			}
+			return err
+		}},
+		{"Migrate on a closed connection", outbox.ErrClosed, func(t *testing.T) error {
+			conn, err := pgx.ConnectConfig(outboxtest.Ctx(t), e.Pool.Config().ConnConfig.Copy())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = conn.Close(outboxtest.Ctx(t))
+			return outbox.Migrate(outboxtest.Ctx(t), conn, "closed_conn_schema")
+		}},
+		{"a Partitioner out of range", outbox.ErrInvalidMessage, func(t *testing.T) error {
+			cfg := base
+			cfg.Partitioner = partitioning.PartitionerFunc(func(string, int) (int, error) { return 99, nil })
+			return inTx(t, cfg, "orders", msg())
+		}},
+		{"a Partitioner that fails", errKeyFunc, func(t *testing.T) error {
+			cfg := base
+			cfg.Partitioner = partitioning.PartitionerFunc(func(string, int) (int, error) { return 0, errKeyFunc })
+			return inTx(t, cfg, "orders", msg())
+		}},
+		{"Subscribe on an unregistered topic", outbox.ErrUnknownTopic, func(t *testing.T) error {
+			sub, err := outbox.NewSubscriber(outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "g"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Close()
+			_, err = sub.Subscribe(outboxtest.Ctx(t), "never-registered")
 			return err
 		}},
 		{"sequencer without pool", outbox.ErrInvalidConfig, func(t *testing.T) error {

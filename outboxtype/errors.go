@@ -155,16 +155,29 @@ func (e *PayloadTooLargeError) Error() string {
 // Is makes errors.Is(err, outbox.ErrPayloadTooLarge) true.
 func (e *PayloadTooLargeError) Is(target error) bool { return target == sentinel.ErrPayloadTooLarge }
 
-// MessageError reports a message the outbox cannot store byte-exact.
+// MessageError reports a message the outbox refuses to store: one it
+// cannot store byte-exact, one whose outbox metadata was set by hand to a
+// value it would misread, or one the configured PartitionKeyFunc or
+// Partitioner failed on (Err, then, is their error).
 type MessageError struct {
 	UUID   string
 	Reason string
+	// Err is the error of the user's function that failed on the message
+	// (PartitionKeyFunc, Partitioner), nil otherwise; errors.Is and
+	// errors.As reach it.
+	Err error
 }
 
 // Error says what is wrong.
 func (e *MessageError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("outbox: message %s: %s: %v", e.UUID, e.Reason, e.Err)
+	}
 	return fmt.Sprintf("outbox: message %s: %s", e.UUID, e.Reason)
 }
+
+// Unwrap returns Err.
+func (e *MessageError) Unwrap() error { return e.Err }
 
 // Is makes errors.Is(err, outbox.ErrInvalidMessage) true.
 func (e *MessageError) Is(target error) bool { return target == sentinel.ErrInvalidMessage }

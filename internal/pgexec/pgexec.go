@@ -186,6 +186,9 @@ func FromDB(db any) (DB, error) {
 	if isNil(db) {
 		return nil, fmt.Errorf("%w: nil database handle", sentinel.ErrUnsupportedTx)
 	}
+	if c, ok := db.(interface{ IsClosed() bool }); ok && c.IsClosed() {
+		return nil, fmt.Errorf("%w: the %T is closed: pass an open connection (or a *pgxpool.Pool, which reconnects)", sentinel.ErrClosed, db)
+	}
 	switch d := db.(type) {
 	case pgxBeginner:
 		return pgxDB{pgxQ{d}, d}, nil

@@ -88,6 +88,10 @@ var (
 	// (*TxMisuseError). The delivery counts as a failed attempt and its
 	// writes are undone.
 	ErrTxMisuse = errors.New("outbox: the handler misused the subscriber's transaction")
+	// ErrTxAborted reports a Publish into a transaction that an earlier
+	// statement of the caller's made fail (PostgreSQL's 25P02): nothing
+	// can be written in it any more.
+	ErrTxAborted = errors.New("outbox: the transaction is aborted by an earlier failed statement: roll it back, then publish in a new one")
 	// ErrNotFound: what an operation names does not exist (a dead letter,
 	// a consumer group's cursor): admin's and deadletter's calls return it.
 	ErrNotFound = errors.New("outbox: not found")
