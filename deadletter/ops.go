@@ -335,6 +335,9 @@ type PurgeOptions struct {
 	// nobody has handled yet, which Replay can still publish again: it is
 	// deleted only when StatusPending is named here.
 	Statuses []Status
+	// Group and Topic, when set, delete only the entries of that consumer
+	// group and that topic.
+	Group, Topic string
 	// ChunkSize bounds the rows deleted per statement (default 1000), so
 	// that a large purge never holds many locks for long.
 	ChunkSize int
@@ -395,7 +398,7 @@ func (s *Store) PlanPurge(ctx context.Context, opts PurgeOptions) (PurgePlan, er
 	}
 	plan := PurgePlan{Before: before, Statuses: opts.statuses(), Counts: map[Status]int64{}}
 	for _, st := range []Status{StatusPending, StatusReplayed, StatusDiscarded} {
-		n, err := s.Count(ctx, Filter{Statuses: []Status{st}, To: before})
+		n, err := s.Count(ctx, Filter{Group: opts.Group, Topic: opts.Topic, Statuses: []Status{st}, To: before})
 		if err != nil {
 			return PurgePlan{}, err
 		}
@@ -451,7 +454,7 @@ func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 	statuses := filter[2]
 	var total int64
 	for {
-		tag, err := s.cfg.Pool.Exec(ctx, s.q.DeadLettersPurge, statuses, cutoff, chunk)
+		tag, err := s.cfg.Pool.Exec(ctx, s.q.DeadLettersPurge, statuses, cutoff, chunk, opts.Group, opts.Topic)
 		if err != nil {
 			return total, s.wrap(fmt.Errorf("deadletter: purge: %w", err))
 		}

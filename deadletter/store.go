@@ -224,6 +224,12 @@ type querier interface {
 }
 
 func (s *Store) insert(ctx context.Context, q querier, m outboxtype.RejectedMessage) (bool, error) {
+	// The group is checked as a Subscriber checks its ConsumerGroup, so
+	// that no entry shows a name a terminal would act on; the error
+	// matches outbox.ErrInvalidName.
+	if err := names.Group(m.Group); err != nil {
+		return false, fmt.Errorf("deadletter: store message %s: %w", m.UUID, err)
+	}
 	inserted, err := consumer.InsertDeadLetter(ctx, q, s.q, m, s.cfg.MaxReasonBytes)
 	return inserted, s.wrap(err)
 }

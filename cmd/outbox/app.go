@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -159,7 +160,8 @@ func (a *app) logger(debug bool) watermill.LoggerAdapter {
 }
 
 // confirm asks the user to confirm the question format (unless yes), its
-// arguments escaped; a refusal is an error.
+// arguments escaped; a refusal is an error (exit 1: the command line was
+// right, the answer was no).
 func (a *app) confirm(yes bool, format string, args ...any) error {
 	if yes {
 		return nil
@@ -167,7 +169,7 @@ func (a *app) confirm(yes bool, format string, args ...any) error {
 	_, _ = termsafe.Fprintf(a.stderr, format+"\nType yes to go on: ", args...)
 	line, _ := bufio.NewReader(a.stdin).ReadString('\n')
 	if strings.TrimSpace(line) != "yes" {
-		return usagef("not confirmed: nothing was changed (pass --yes to skip the question)")
+		return errors.New("not confirmed: nothing was changed (pass --yes to skip the question)")
 	}
 	return nil
 }

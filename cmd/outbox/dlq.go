@@ -97,7 +97,12 @@ func (a *app) dlqCommand() *cobra.Command {
 					w.Printf("metadata\t%s = %s\n", k, e.Metadata[k])
 				}
 				if utf8.Valid(e.Payload) {
-					w.Printf("payload\t%s\n", strconv.Quote(string(e.Payload)))
+					head, cut := payloadPreview(e.Payload)
+					if cut {
+						w.Printf("payload\t%s… (the first %d of %d bytes: -o json has it whole)\n", strconv.Quote(head), len(head), len(e.Payload))
+					} else {
+						w.Printf("payload\t%s\n", strconv.Quote(head))
+					}
 				} else {
 					w.Printf("payload\t%d bytes, not UTF-8: use -o json\n", len(e.Payload))
 				}
@@ -174,6 +179,7 @@ by default replayed and discarded: their messages were dealt with. A pending dea
 handled yet, and once deleted it can never be replayed: purge deletes pending ones only when --status names pending.
 It first counts what it would delete, by status, and asks before deleting (unless --yes).`,
 		Example: `  outbox dlq purge --older-than 720h
+  outbox dlq purge --group billing --older-than 720h
   outbox dlq purge --older-than 720h --status replayed,discarded,pending --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -191,6 +197,12 @@ It first counts what it would delete, by status, and asks before deleting (unles
 			age := "of any age"
 			if purge.OlderThan > 0 {
 				age = fmt.Sprintf("older than %v (created before %s)", purge.OlderThan, plan.Before.Format(time.RFC3339))
+			}
+			if purge.Group != "" {
+				age += fmt.Sprintf(" of group %q", purge.Group)
+			}
+			if purge.Topic != "" {
+				age += fmt.Sprintf(" on topic %s", purge.Topic)
 			}
 			if plan.Deleted() == 0 {
 				return a.print(map[string]any{"deleted": 0, "plan": plan}, func(w *termsafe.Writer) {
@@ -212,6 +224,8 @@ It first counts what it would delete, by status, and asks before deleting (unles
 	}
 	purgeCmd.Flags().DurationVar(&purge.OlderThan, "older-than", 0, "only entries created longer ago than this")
 	purgeCmd.Flags().StringSliceVar(&purgeStatuses, "status", nil, "the statuses to delete (default replayed,discarded; pending only when named)")
+	purgeCmd.Flags().StringVar(&purge.Group, "group", "", "only this consumer group's dead letters")
+	purgeCmd.Flags().StringVar(&purge.Topic, "topic", "", "only this topic's dead letters")
 	purgeCmd.Flags().BoolVar(&yesPurge, "yes", false, "do not ask for confirmation")
 
 	cmd.AddCommand(list, show, replay, discard, purgeCmd)
@@ -275,4 +289,22 @@ func parseID(s string) (int64, error) {
 		return 0, usagef("ID must be a positive number (see outbox dlq list), got %q", s)
 	}
 	return id, nil
+}
+
+// payloadPreviewBytes is how much of a payload dlq show prints in a table,
+// as much as the console's dead-letter page shows: a 1 MB payload would
+// bury the rest of the entry (-o json has it whole).
+const payloadPreviewBytes = 16 << 10
+
+// payloadPreview returns the first payloadPreviewBytes of a UTF-8 payload,
+// cut at a character boundary, and whether it was cut.
+func payloadPreview(p []byte) (string, bool) {
+	if len(p) <= payloadPreviewBytes {
+		return string(p), false
+	}
+	n := payloadPreviewBytes
+	for n > 0 && !utf8.RuneStart(p[n]) {
+		n--
+	}
+	return string(p[:n]), true
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
+	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/outboxtype"
@@ -45,7 +47,7 @@ func TestDLQPurgeKeepsPendingUnlessNamed(t *testing.T) {
 
 	// The question names the counts; refused, nothing is deleted.
 	code, _, stderr := c.run("no\n", "dlq", "purge")
-	if code != exitUsage || !strings.Contains(stderr, "Delete 3 dead letters of any age: 1 replayed, 2 discarded.") ||
+	if code != exitError || !strings.Contains(stderr, "Delete 3 dead letters of any age: 1 replayed, 2 discarded.") ||
 		!strings.Contains(stderr, "3 pending dead letters of that age are kept") {
 		t.Fatalf("dlq purge question: exit %d\n%s", code, stderr)
 	}
@@ -64,12 +66,35 @@ func TestDLQPurgeKeepsPendingUnlessNamed(t *testing.T) {
 	}
 	// Named, pending ones go, after a question that says what that means.
 	code, _, stderr = c.run("no\n", "dlq", "purge", "--status", "pending")
-	if code != exitUsage || !strings.Contains(stderr, "Delete 3 dead letters of any age: 3 pending. The 3 pending ones were never replayed or discarded") {
+	if code != exitError || !strings.Contains(stderr, "Delete 3 dead letters of any age: 3 pending. The 3 pending ones were never replayed or discarded") {
 		t.Fatalf("dlq purge --status pending question: exit %d\n%s", code, stderr)
 	}
 	c.ok("dlq", "purge", "--status", "pending", "--yes")
 	if n := b.Rows("dead_letters"); n != 0 {
 		t.Fatalf("dlq purge --status pending left %d entries", n)
+	}
+
+	// --group and --topic purge one group's (and topic's) entries only.
+	for i, g := range []string{"billing", "billing", "shipping", "shipping", "shipping"} {
+		topic := "orders"
+		if i == 4 {
+			topic = "returns"
+		}
+		if _, err := store.Add(ctx, outboxtype.RejectedMessage{Group: g, Topic: topic, UUID: "g" + itoa(int64(i)), Reason: errString("bad")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, _, stderr = c.run("no\n", "dlq", "purge", "--group", "shipping", "--topic", "orders", "--status", "pending")
+	if code != exitError || !strings.Contains(stderr, `Delete 2 dead letters of any age of group "shipping" on topic orders: 2 pending.`) {
+		t.Fatalf("dlq purge --group shipping --topic orders question: exit %d\n%s", code, stderr)
+	}
+	c.ok("dlq", "purge", "--group", "shipping", "--topic", "orders", "--status", "pending", "--yes")
+	if n, left := b.Rows("dead_letters"), b.Int("SELECT count(*) FROM "+b.Schema+".dead_letters WHERE group_name = 'shipping'"); n != 3 || left != 1 {
+		t.Fatalf("dlq purge --group shipping --topic orders left %d entries, %d of shipping; want billing's 2 and shipping's returns", n, left)
+	}
+	// A group name that cannot be stored is refused by Add, typed.
+	if _, err := store.Add(ctx, outboxtype.RejectedMessage{Group: "bill\u202eing", Topic: "orders", UUID: "bidi", Reason: errString("bad")}); !errors.Is(err, outbox.ErrInvalidName) {
+		t.Fatalf("Add with a bidi override in the group: %v, want ErrInvalidName", err)
 	}
 }
 

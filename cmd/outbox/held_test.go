@@ -56,8 +56,8 @@ func TestHeldCommands(t *testing.T) {
 			b.Int("SELECT count(*) FROM "+b.Schema+".held WHERE seq = 1 AND retry_at > now() + interval '30 minutes'") == 1
 	})
 	code, _, errOut := c.run("no\n", "held", "dead-letter", "--group", "billing", "--topic", "orders", "--key", "customer-42")
-	if code != exitUsage || !strings.Contains(errOut, "not confirmed") {
-		t.Fatalf("unconfirmed dead-letter: exit %d, %s", code, errOut)
+	if code != exitError || !strings.Contains(errOut, "not confirmed") || strings.Contains(errOut, "--help") {
+		t.Fatalf("unconfirmed dead-letter: exit %d, %s; want exit 1, no usage text", code, errOut)
 	}
 	c.ok("held", "dead-letter", "--group", "billing", "--topic", "orders", "--key", "customer-42", "--yes")
 	outboxtest.WaitFor(t, "the key dead-lettered", 30*time.Second, func() bool {

@@ -158,8 +158,8 @@ func TestOperatorCommands(t *testing.T) {
 	// Reset: refused without confirmation, done with --yes.
 	part := itoa(b.Int("SELECT partition FROM " + b.Schema + ".partitions WHERE topic = 'orders' AND last_seq >= 2 ORDER BY partition LIMIT 1"))
 	code, _, errOut := c.run("no\n", "reset", "--group", "billing", "--topic", "orders", "--partition", part, "--to-seq", "2")
-	if code != exitUsage || !strings.Contains(errOut, "not confirmed") {
-		t.Fatalf("unconfirmed reset: exit %d, %s", code, errOut)
+	if code != exitError || !strings.Contains(errOut, "not confirmed") || strings.Contains(errOut, "--help") {
+		t.Fatalf("unconfirmed reset: exit %d, %s; want exit 1, no usage text", code, errOut)
 	}
 	if n := b.Int("SELECT max(seq) FROM " + b.Schema + ".cursors WHERE group_name = 'billing'"); n != 0 {
 		t.Fatalf("an unconfirmed reset moved a cursor to %d", n)

@@ -62,13 +62,36 @@ type pipelineFile struct {
 	AtLeastOnce bool     `yaml:"at_least_once"`
 }
 
+// maxConfigBytes is the largest --config file read: a config lists
+// sources and topics, a few kilobytes; anything near this is a wrong path
+// (a log, a dump), refused before it is read whole.
+const maxConfigBytes = 1 << 20
+
+// readConfigFile reads the --config file, refusing one larger than
+// maxConfigBytes without reading more of it.
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usagef("--config: %v", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return nil, usagef("--config %s: %v", path, err)
+	}
+	if len(data) > maxConfigBytes {
+		return nil, usagef("--config %s: larger than %d KiB: a config file lists sources and a pipeline in a few kilobytes; is it the right file?", path, maxConfigBytes>>10)
+	}
+	return data, nil
+}
+
 // loadSources reads --config and --source-env into a.sources and
 // a.file, and checks them and --source: called before every command.
 func (a *app) loadSources() error {
 	if a.configPath != "" {
-		data, err := os.ReadFile(a.configPath)
+		data, err := readConfigFile(a.configPath)
 		if err != nil {
-			return usagef("--config: %v", err)
+			return err
 		}
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true) // a misspelt key (or a database_url written in the file) is an error, not ignored
@@ -315,7 +338,10 @@ func sourcesTable(w *termsafe.Writer, rep sourcesReport) {
 	}
 	for _, s := range rep.Sources {
 		if s.Error != "" {
-			w.Printf("%s\t%s\tUNREACHABLE: %s\n", s.Name, s.Schema, s.Error)
+			// Every column, so that the rows after it stay aligned (a
+			// tabwriter column ends at a line without it); the error
+			// follows the table.
+			w.Printf("%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\n", s.Name, s.Schema)
 			continue
 		}
 		line(s.Name, s.Schema, s.Summary)
@@ -325,4 +351,9 @@ func sourcesTable(w *termsafe.Writer, rep sourcesReport) {
 		total = fmt.Sprintf("TOTAL of %d (%d unreachable, not counted)", len(rep.Sources)-rep.Unreachable, rep.Unreachable)
 	}
 	line(total, "", rep.Total)
+	for _, s := range rep.Sources {
+		if s.Error != "" {
+			w.Printf("%s: UNREACHABLE: %s\n", s.Name, s.Error)
+		}
+	}
 }

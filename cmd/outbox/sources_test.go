@@ -168,12 +168,20 @@ func TestStatusShowsAnUnreachableSourceAndLeavesItOutOfTheTotal(t *testing.T) {
 	s.env["OUTBOX_US_DATABASE_URL"] = "postgres://outbox:secret-password@127.0.0.1:1/none?connect_timeout=1"
 	config := s.write("two.yaml", "sources:\n  - name: eu\n    database_url_env: OUTBOX_EU_DATABASE_URL\n    schema: shop_outbox\n  - name: us\n    database_url_env: OUTBOX_US_DATABASE_URL\n")
 	code, out, errOut := s.run("status", "--config", config)
-	if code != exitError || !regexp.MustCompile(`(?m)^us\s+watermill_outbox\s+UNREACHABLE: `).MatchString(out) ||
+	if code != exitError || !regexp.MustCompile(`(?m)^us\s+watermill_outbox(\s+-){10}\s*$`).MatchString(out) || !regexp.MustCompile(`(?m)^us: UNREACHABLE: `).MatchString(out) ||
 		!regexp.MustCompile(`(?m)^TOTAL of 1 \(1 unreachable, not counted\)\s+1\s+2\s+3\s+`).MatchString(out) || !strings.Contains(errOut, "1 of 2 sources failed: us") {
 		t.Fatalf("status with us down: exit %d\n%s%s", code, out, errOut)
 	}
 	if strings.Contains(out+errOut, "secret-password") {
 		t.Fatalf("the password of us was printed:\n%s%s", out, errOut)
+	}
+	// Aligned: every row's TOPICS column starts under the header's.
+	lines := strings.Split(out, "\n")
+	col := strings.Index(lines[0], "TOPICS")
+	for _, l := range lines[1:4] {
+		if col < 1 || len(l) <= col || l[col] == ' ' || l[col-1] != ' ' {
+			t.Fatalf("the row %q does not start its TOPICS column at %d, under the header:\n%s", l, col, out)
+		}
 	}
 }
 
@@ -193,6 +201,7 @@ func TestSourceConfigurationErrors(t *testing.T) {
 		"an unknown --source":             {"sources:\n  - {name: eu, database_url_env: OUTBOX_EU_DATABASE_URL}\n", []string{"--source", "us"}, "--source us: not one of the configured sources (eu)"},
 		"sources and --database-url":      {"sources:\n  - {name: eu, database_url_env: OUTBOX_EU_DATABASE_URL}\n", []string{"--database-url", "postgres://x"}, "exclude each other"},
 		"--source-env without a variable": {"", []string{"--source-env", "eu"}, "want NAME=ENV_VAR"},
+		"a file of 2 MiB":                 {"sources: []\n#" + strings.Repeat("x", 2<<20), nil, "larger than 1024 KiB"},
 	} {
 		args := append([]string{"status"}, c.args...)
 		if c.file != "" {

@@ -83,10 +83,11 @@ RETURNING id, group_name, topic, partition, seq, uuid, coalesce(partition_key, '
 
 -- name: DeadLettersPurge
 -- Deletes up to $3 of the oldest entries in states $1 (empty for any)
--- created before $2.
+-- created before $2, of group $4 and topic $5 ('' for any).
 DELETE FROM {{schema}}.dead_letters WHERE id = ANY(ARRAY(
 	SELECT id FROM {{schema}}.dead_letters
 	WHERE (coalesce(cardinality($1::text[]), 0) = 0 OR status = ANY($1::text[])) AND created_at < $2
+		AND ($4::text = '' OR group_name = $4) AND ($5::text = '' OR topic = $5)
 	ORDER BY id LIMIT $3));
 
 -- name: DeadLettersDeleteGroup
