@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -35,6 +37,30 @@ func Reject(msg *message.Message, cause error) error {
 // transaction that moves the cursor past the message.
 func RejectTo(msg *message.Message, cause error, h outboxtype.RejectHandler) error {
 	return consumer.Reject(msg, cause, h)
+}
+
+// QuietRejects is a Router middleware (router.AddMiddleware) for handlers
+// that reject with `return outbox.Reject(msg, err)`: it answers a
+// rejection of a message a Subscriber delivered with an ack instead of the
+// error, so that the Router neither logs a deliberate rejection as a
+// failed handler ("Handler returned error", at ERROR) nor hands it to the
+// retries of its other middleware. The Subscriber takes the message out
+// as it would anyway (its RejectHandler, a dead letter by default). Any
+// other error, and a rejection of a message no Subscriber delivered, pass
+// through unchanged. Add it last, so that it wraps the handler first.
+func QuietRejects(h message.HandlerFunc) message.HandlerFunc {
+	if h == nil {
+		return func(*message.Message) ([]*message.Message, error) {
+			return nil, fmt.Errorf("%w: outbox.QuietRejects was given a nil handler", ErrInvalidArgument)
+		}
+	}
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err != nil && errors.Is(err, ErrPoison) && consumer.IsRejected(msg) {
+			return out, nil
+		}
+		return out, err
+	}
 }
 
 // IsDelivered reports whether msg was delivered by a Subscriber (so Reject

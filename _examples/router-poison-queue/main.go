@@ -87,6 +87,9 @@ func run(ctx context.Context) error {
 		poisonQueue, // outermost: gets the error once Retry gave up
 		middleware.Retry{MaxRetries: 3, InitialInterval: 10 * time.Millisecond, Multiplier: 2}.Middleware, // no Logger: retries are expected here
 		middleware.Recoverer,
+		// innermost: `return outbox.Reject(msg, err)` dead-letters a message at
+		// once (no retries, no poison queue) and is not logged as a failure
+		outbox.QuietRejects,
 	)
 
 	// The poison queue takes what the handlers give up on; the dead-letter
@@ -117,7 +120,7 @@ func run(ctx context.Context) error {
 	router.AddConsumerHandler("charge", "payments", paymentsSub, func(msg *message.Message) error {
 		var p payment
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
-			return err
+			return outbox.Reject(msg, err) // unreadable: no retry can help, to the dead letters now
 		}
 		mu.Lock()
 		defer mu.Unlock()

@@ -148,6 +148,20 @@ func Delivered(ctx context.Context, token int64, rec WriterRecord) context.Conte
 // on it reaches the Subscriber).
 func IsDelivered(msg *message.Message) bool { return msg != nil && deliveryFrom(msg.Context()) != nil }
 
+// IsRejected reports whether msg was delivered by a Worker and marked
+// rejected (Reject, RejectTo) since.
+func IsRejected(msg *message.Message) bool {
+	if msg == nil {
+		return false
+	}
+	d := deliveryFrom(msg.Context())
+	if d == nil {
+		return false
+	}
+	rejected, _, _ := d.rejection()
+	return rejected
+}
+
 // Reject marks msg as poison because of cause (see outbox.Reject), to be
 // taken out by via (nil: the Subscriber's RejectHandler), and returns an
 // error matching both ErrPoison and cause.
