@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -150,5 +151,84 @@ func main() {
 	}
 	if !strings.Contains(graph, "github.com/twmb/franz-go@") {
 		t.Errorf("the graph does not hold franz-go: the check did not see the library's requirements:\n%s", graph)
+	}
+}
+
+// An application that tests its Kafka forwarding with kfake builds with the
+// franz-go and kfake pair docs/testing.md names, after `go mod tidy`,
+// outside the workspace: the pair the library's own franz-go (v1.21.7, for
+// Go 1.25) does not give (today's kfake needs a newer franz-go). The pair
+// named there is the one _examples and integration build with.
+func TestAnApplicationTestingWithKfakeBuildsWithThePairTheDocsName(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("resolves a module graph and compiles kfake: not in -short")
+	}
+	doc, err := os.ReadFile("docs/testing.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair := regexp.MustCompile(`go get github.com/twmb/franz-go@(v\S+) github.com/twmb/franz-go/pkg/kfake@(v\S+)`).FindStringSubmatch(string(doc))
+	if pair == nil {
+		t.Fatal("docs/testing.md names no franz-go and kfake pair (`go get github.com/twmb/franz-go@… github.com/twmb/franz-go/pkg/kfake@…`)")
+	}
+	franz, kfake := pair[1], pair[2]
+	for _, mod := range []string{"_examples/go.mod", "integration/go.mod"} {
+		data, err := os.ReadFile(mod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(data), "github.com/twmb/franz-go "+franz+"\n") || !strings.Contains(string(data), "github.com/twmb/franz-go/pkg/kfake "+kfake+"\n") {
+			t.Errorf("%s does not build with the pair docs/testing.md names (franz-go %s, kfake %s)", mod, franz, kfake)
+		}
+	}
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := t.TempDir()
+	write := func(name, content string) {
+		if err := os.WriteFile(filepath.Join(app, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.com/app\n\ngo 1.26.0\n\nrequire (\n"+
+		"\tgithub.com/millrace/watermill-outbox v0.0.0-00010101000000-000000000000\n"+
+		"\tgithub.com/twmb/franz-go "+franz+"\n\tgithub.com/twmb/franz-go/pkg/kfake "+kfake+"\n)\n\n"+
+		"replace github.com/millrace/watermill-outbox => "+root+"\n")
+	write("app.go", `package app
+
+import "github.com/millrace/watermill-outbox/forwarder/kafka"
+
+// Target is what the application forwards with.
+func Target(brokers []string) (*kafka.Target, error) {
+	return kafka.NewTarget(kafka.Config{Brokers: brokers}, nil)
+}
+`)
+	write("app_test.go", `package app
+
+import (
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+func TestForwardsToKfake(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	target, err := Target(c.ListenAddrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = target.Close()
+}
+`)
+	goList(t, app, "mod", "tidy")
+	goList(t, app, "vet", "./...") // compiles the test, kfake included, against what tidy kept
+	if graph := goList(t, app, "list", "-m", "github.com/twmb/franz-go"); !strings.Contains(graph, franz) {
+		t.Errorf("after go mod tidy the application builds with %s, not the franz-go %s docs/testing.md names", strings.TrimSpace(graph), franz)
 	}
 }

@@ -332,9 +332,10 @@ func TestTickSaysWhatHappened(t *testing.T) {
 	tu.BackoffBase, tu.BackoffMax = time.Hour, time.Hour // no retry within the test
 	cfg := outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "billing", Tuning: tu, RejectHandler: store, MaxAttempts: 2}
 	calls := 0
+	errDown, errStillDown := errors.New("the payment service is down"), errors.New("still down")
 	r, err := outboxtest.NewRunner(ctx, cfg, "orders", func(*message.Message) error {
 		calls++
-		return errors.New("the payment service is down")
+		return errDown
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -347,20 +348,30 @@ func TestTickSaysWhatHappened(t *testing.T) {
 	if first.State != outboxtest.Processed || first.Failed != 1 || first.Sequenced != 1 || first.Partitions != 3 || calls != 1 {
 		t.Fatalf("first tick: %+v, %d calls", first, calls)
 	}
+	if !errors.Is(first.HandlerErr, errDown) {
+		t.Fatalf("first tick's HandlerErr = %v, want the handler's error %q", first.HandlerErr, errDown)
+	}
 	second, err := r.Tick(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if second.State != outboxtest.BackingOff || second.RetryIn < 30*time.Minute || calls != 1 {
-		t.Fatalf("second tick: %+v, %d calls; want backing off for about an hour", second, calls)
+	if second.State != outboxtest.BackingOff || second.RetryIn < 30*time.Minute || calls != 1 || second.HandlerErr != nil {
+		t.Fatalf("second tick: %+v, %d calls; want backing off for about an hour, no delivery and so no handler error", second, calls)
 	}
-	// An operator's "retry now": the backoff is reset, and the second
-	// failure is the last one allowed (MaxAttempts 2): a dead letter.
-	if _, err := pool.Exec(ctx, "UPDATE "+schema+".cursors SET backoff_until = NULL"); err != nil {
+	// An operator's "retry now": pause and resume (outbox pause / resume,
+	// the console) ends the backoff, and the second failure is the last
+	// one allowed (MaxAttempts 2): a dead letter.
+	r.Close()
+	adm, err := admin.New(admin.Config{Schema: schema, Pool: pool}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	r.Close()
-	r, err = outboxtest.NewRunner(ctx, cfg, "orders", func(*message.Message) error { calls++; return errors.New("still down") })
+	for _, op := range []func(context.Context, admin.Scope) (int, error){adm.Pause, adm.Resume} {
+		if _, err := op(ctx, admin.Scope{Group: "billing", Topic: "orders"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err = outboxtest.NewRunner(ctx, cfg, "orders", func(*message.Message) error { calls++; return errStillDown })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,8 +379,8 @@ func TestTickSaysWhatHappened(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Rejected != 1 || res.Last != outboxtest.Idle || calls != 2 {
-		t.Fatalf("after the retry: %+v, %d calls; want rejected, then idle", res, calls)
+	if res.Rejected != 1 || res.Last != outboxtest.Idle || calls != 2 || !errors.Is(res.HandlerErr, errStillDown) {
+		t.Fatalf("after the retry: %+v, %d calls; want rejected with the handler's error, then idle", res, calls)
 	}
 	if n, err := store.Count(ctx, deadletter.Filter{}); err != nil || n != 1 {
 		t.Fatalf("dead letters: %d, %v", n, err)
@@ -377,10 +388,6 @@ func TestTickSaysWhatHappened(t *testing.T) {
 	r.Close()
 
 	// Paused by an operator.
-	adm, err := admin.New(admin.Config{Schema: schema, Pool: pool}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := adm.Pause(ctx, admin.Scope{Group: "billing", Topic: "orders"}); err != nil {
 		t.Fatal(err)
 	}
@@ -563,5 +570,42 @@ func TestRunnerAdvanceDeliversDelayedMessages(t *testing.T) {
 	}
 	if want := []string{order(0, "c").UUID, delayedOrder.UUID, order(2, "c").UUID}; !slices.Equal(got, want) {
 		t.Fatalf("delivered %v, want %v", got, want)
+	}
+}
+
+// RunTopicsUntilIdle follows work across topics in one call: each order's
+// handler publishes a shipment, whose handler runs before the call returns.
+func TestRunTopicsUntilIdleFollowsWorkAcrossTopics(t *testing.T) {
+	pool, schema := env(t)
+	ctx := context.Background()
+	if err := outbox.RegisterTopic(ctx, pool, schema, "shipments", 2); err != nil {
+		t.Fatal(err)
+	}
+	publishCommitted(t, pool, schema, order(1, "a"), order(2, "b"), order(3, "a"))
+	pub, err := outbox.NewPublisher(outbox.PublisherConfig{Schema: schema, DB: pool, OwnTransaction: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shipped []string
+	res, err := outboxtest.RunTopicsUntilIdle(ctx, outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "fulfilment"},
+		map[string]outboxtest.Handler{
+			"orders": func(m *message.Message) error {
+				return pub.Publish("shipments", message.NewMessage("ship-"+m.UUID, nil))
+			},
+			"shipments": func(m *message.Message) error {
+				shipped = append(shipped, m.UUID)
+				return nil
+			},
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(shipped)
+	if res["orders"].Acked != 3 || res["shipments"].Acked != 3 || !slices.Equal(shipped, []string{"ship-order-1", "ship-order-2", "ship-order-3"}) {
+		t.Fatalf("results %+v, shipped %v; want 3 orders and their 3 shipments handled", res, shipped)
+	}
+	if _, err := outboxtest.RunTopicsUntilIdle(ctx, outbox.SubscriberConfig{Schema: schema, Pool: pool, ConsumerGroup: "x"},
+		map[string]outboxtest.Handler{"orders": nil}); !errors.Is(err, outbox.ErrInvalidArgument) {
+		t.Fatalf("a nil handler: %v, want ErrInvalidArgument", err)
 	}
 }

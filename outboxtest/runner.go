@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +61,10 @@ type TickResult struct {
 	Partitions int
 	// RetryIn is, when backing off, the soonest a partition retries.
 	RetryIn time.Duration
+	// HandlerErr is the error of this tick's last failed or rejected
+	// delivery (the handler's own error, or the panic it raised), nil when
+	// every delivery was acked.
+	HandlerErr error
 }
 
 // Result sums the ticks of RunUntilIdle.
@@ -71,6 +77,11 @@ type Result struct {
 	// take it out), Paused or LeasedByAnother.
 	Last    State
 	RetryIn time.Duration
+	// HandlerErr is the error of the last failed or rejected delivery of
+	// any tick (the handler's own error, or the panic it raised): what a
+	// Result of Failed: 1, Last: BackingOff failed with. Nil when none
+	// failed.
+	HandlerErr error
 }
 
 // Handled is how many deliveries ended in an outcome: acked, failed or
@@ -104,6 +115,8 @@ type Runner struct {
 	// panicked is a panic of the handler, re-raised by the Tick that
 	// met it once the partition's turn is over.
 	panicked any
+	// handlerErr is the last error a handler returned in this Tick.
+	handlerErr error
 	// ahead is how far Advance moved the runner's clock past the real one.
 	ahead atomic.Int64
 }
@@ -211,6 +224,7 @@ func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 		}
 		res.Sequenced = n
 	}
+	r.handlerErr = nil
 	counts := r.sc.Counts()
 	acked0, nacked0, rejected0, timedOut0 := counts.Acked.Load(), counts.Nacked.Load(), counts.Rejected.Load(), counts.TimedOut.Load()
 	step, err := r.sc.Step(ctx, func(w *consumer.Worker) (worker.Directive, error) {
@@ -225,7 +239,7 @@ func (r *Runner) Tick(ctx context.Context) (TickResult, error) {
 	if step.Partitions == 0 && err != nil {
 		return res, err
 	}
-	res.Partitions, res.RetryIn = step.Partitions, step.RetryIn
+	res.Partitions, res.RetryIn, res.HandlerErr = step.Partitions, step.RetryIn, r.handlerErr
 	res.Acked = int(counts.Acked.Load() - acked0)
 	res.Failed = int(counts.Nacked.Load() - nacked0 + counts.TimedOut.Load() - timedOut0)
 	res.Rejected = int(counts.Rejected.Load() - rejected0)
@@ -296,6 +310,9 @@ func (r *Runner) call(fn func() error) (err error) {
 			r.panicked = v
 			err = fmt.Errorf("outboxtest: handler panicked: %v", v)
 		}
+		if err != nil {
+			r.handlerErr = err
+		}
 	}()
 	return fn()
 }
@@ -331,6 +348,9 @@ func (r *Runner) RunUntilIdle(ctx context.Context) (Result, error) {
 		sum.Failed += t.Failed
 		sum.Rejected += t.Rejected
 		sum.Last, sum.RetryIn = t.State, t.RetryIn
+		if t.HandlerErr != nil {
+			sum.HandlerErr = t.HandlerErr
+		}
 		if err != nil {
 			return sum, err
 		}
@@ -368,4 +388,66 @@ func RunUntilIdle(ctx context.Context, cfg outbox.SubscriberConfig, topic string
 	}
 	res, err := r.RunUntilIdle(ctx)
 	return res, errors.Join(err, r.Close())
+}
+
+// RunTopicsUntilIdle delivers everything committed on several topics, each
+// to its handler, for cfg's consumer group, in the calling goroutine: it
+// ticks every topic's runner in turn (topics in name order) until a round
+// in which none delivered anything and the sequencer found nothing, so that
+// a handler of one topic that publishes to another (an order that becomes
+// a shipment) is followed to the end in one call. It returns each topic's
+// sums; the partitions are given back before it returns. A nil handler is
+// an error (outbox.ErrInvalidArgument), and nothing runs.
+func RunTopicsUntilIdle(ctx context.Context, cfg outbox.SubscriberConfig, handlers map[string]Handler) (map[string]Result, error) {
+	topics := slices.Sorted(maps.Keys(handlers))
+	for _, topic := range topics {
+		if handlers[topic] == nil {
+			return nil, fmt.Errorf("%w: outboxtest.RunTopicsUntilIdle: the handler of topic %q is nil", outbox.ErrInvalidArgument, topic)
+		}
+	}
+	runners := make([]*Runner, 0, len(topics))
+	closeAll := func() error {
+		var errs []error
+		for _, r := range runners {
+			errs = append(errs, r.Close())
+		}
+		return errors.Join(errs...)
+	}
+	for _, topic := range topics {
+		r, err := NewRunner(ctx, cfg, topic, handlers[topic])
+		if err != nil {
+			return nil, errors.Join(err, closeAll())
+		}
+		runners = append(runners, r)
+	}
+	sums := make(map[string]Result, len(topics))
+	for {
+		busy := false
+		for i, r := range runners {
+			t, err := r.Tick(ctx)
+			sum := sums[topics[i]]
+			sum.Ticks++
+			sum.Sequenced += t.Sequenced
+			sum.Acked += t.Acked
+			sum.Failed += t.Failed
+			sum.Rejected += t.Rejected
+			sum.Last, sum.RetryIn = t.State, t.RetryIn
+			if t.HandlerErr != nil {
+				sum.HandlerErr = t.HandlerErr
+			}
+			sums[topics[i]] = sum
+			if err != nil {
+				return sums, errors.Join(err, closeAll())
+			}
+			if t.State == Processed || t.Sequenced > 0 {
+				busy = true
+			}
+		}
+		if !busy {
+			return sums, closeAll()
+		}
+		if err := ctx.Err(); err != nil {
+			return sums, errors.Join(err, closeAll())
+		}
+	}
 }
