@@ -86,6 +86,7 @@ type Subscriber struct {
 	pokers     map[string]map[int]map[*worker.Poker]struct{} // topic -> partition -> pokers
 	topicsMu   sync.Mutex
 	topics     map[string]int
+	joined     map[string]int // the partitions of the topics joined, for checkPool
 }
 
 // NewSubscriber creates a Subscriber.
@@ -336,6 +337,9 @@ func (s *Subscriber) prepare(ctx context.Context, topic string, out chan<- *mess
 	partitions, err := s.topic(ctx, topic)
 	if err != nil {
 		return nil, s.schemaError(err)
+	}
+	if err := s.checkPool(topic, partitions); err != nil {
+		return nil, err
 	}
 	var incarnation int64
 	if err := pgexec.QueryRow(ctx, s.db, dbsql.For(s.cfg.Schema).TopicsIncarnation, []any{topic}, &incarnation); err != nil {

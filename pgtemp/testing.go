@@ -132,8 +132,8 @@ func Schema(t testing.TB) (*pgxpool.Pool, string) {
 		return nil, ""
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	if cfg.MaxConns < 16 {
-		cfg.MaxConns = 16 // a subscriber and its handler's transactions at once
+	if cfg.MaxConns < 24 {
+		cfg.MaxConns = 24 // a Transactional subscriber (16 partitions at once, and its leases and sequencer) and its handler's transactions
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
