@@ -192,14 +192,19 @@ func (s Scope) partitions() []int32 {
 // covers; a scope naming an unknown topic or group, or partitions the group
 // has no cursor in, is a *NotFoundError (outbox.ErrNotFound) and changes
 // nothing.
-func (a *Admin) Pause(ctx context.Context, s Scope) (int, error) {
+func (a *Admin) Pause(ctx context.Context, s Scope) (n int, err error) {
+	ctx, span := startSpan(ctx, "pause", s.Group, s.Topic)
+	defer func() { span.EndWith(err, changed(n)) }()
 	return a.setPaused(ctx, s, true)
 }
 
 // Resume resumes the scope's partitions; the group goes on from its cursors.
-// It returns how many partitions the scope covers (a *NotFoundError as for
-// Pause).
-func (a *Admin) Resume(ctx context.Context, s Scope) (int, error) {
+// A partition that was backing off after a failure retries at once: pause
+// and resume is an operator's "retry now". It returns how many partitions
+// the scope covers (a *NotFoundError as for Pause).
+func (a *Admin) Resume(ctx context.Context, s Scope) (n int, err error) {
+	ctx, span := startSpan(ctx, "resume", s.Group, s.Topic)
+	defer func() { span.EndWith(err, changed(n)) }()
 	return a.setPaused(ctx, s, false)
 }
 
@@ -286,7 +291,13 @@ type CursorReset struct {
 // group goes on from the oldest one left. A forwarder-only topic
 // (outbox.ForwardOnly) has no log: its cursors are refused
 // (outbox.ErrInvalidArgument).
-func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) ([]CursorReset, error) {
+func (a *Admin) ResetCursor(ctx context.Context, s Scope, pos Position) (resets []CursorReset, err error) {
+	ctx, span := startSpan(ctx, "reset cursor", s.Group, s.Topic)
+	defer func() { span.EndWith(err, changed(len(resets))) }()
+	return a.resetCursor(ctx, s, pos)
+}
+
+func (a *Admin) resetCursor(ctx context.Context, s Scope, pos Position) ([]CursorReset, error) {
 	if err := s.validate(); err != nil {
 		return nil, err
 	}

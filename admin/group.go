@@ -66,7 +66,13 @@ type DeletedGroup struct {
 // outbox.ErrInvalidName.
 //
 // Dead letters are kept unless opts.DeadLetters (see DeleteGroupOptions).
-func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupOptions) (DeletedGroup, error) {
+func (a *Admin) DeleteGroup(ctx context.Context, group string, opts DeleteGroupOptions) (deleted DeletedGroup, err error) {
+	ctx, span := startSpan(ctx, "delete group", group, opts.Topic)
+	defer func() { span.EndWith(err) }()
+	return a.deleteGroup(ctx, group, opts)
+}
+
+func (a *Admin) deleteGroup(ctx context.Context, group string, opts DeleteGroupOptions) (DeletedGroup, error) {
 	if err := (Scope{Group: group, Topic: opts.Topic}).validate(); err != nil {
 		return DeletedGroup{}, err
 	}

@@ -66,7 +66,13 @@ func (a *Admin) DeadLetterHeld(ctx context.Context, r HeldRef) (int, error) {
 	return a.heldAction(ctx, r, "dead-letter", a.q.HeldRequestDeadLetter)
 }
 
-func (a *Admin) heldAction(ctx context.Context, r HeldRef, op, stmt string) (int, error) {
+func (a *Admin) heldAction(ctx context.Context, r HeldRef, op, stmt string) (n int, err error) {
+	ctx, span := startSpan(ctx, "held "+op, r.Group, r.Topic)
+	defer func() { span.EndWith(err, changed(n)) }()
+	return a.heldActionIn(ctx, r, op, stmt)
+}
+
+func (a *Admin) heldActionIn(ctx context.Context, r HeldRef, op, stmt string) (int, error) {
 	if err := r.validate(); err != nil {
 		return 0, err
 	}

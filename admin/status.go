@@ -69,6 +69,12 @@ type TopicStatus struct {
 	// keys that wait behind them, are not counted in the groups' Lag.
 	Delayed   int64      `json:"delayed"`
 	NextDueAt *time.Time `json:"next_due_at,omitempty"`
+	// BehindDelayed counts the Unsequenced messages that are not delayed
+	// (or are due) but wait behind a delayed message of their key that is
+	// not due yet: order per key holds them until it is (outbox.Unordered
+	// opts a message out). A long delay on one message of a key delays
+	// every later message of that key: this is how many it delays now.
+	BehindDelayed int64 `json:"behind_delayed"`
 	// RetentionHeldBy is the group that holds the retention vacuum back
 	// most on this topic ("" when none does): of the groups whose cursor is
 	// the lowest in a partition with messages left after it, the one with

@@ -29,9 +29,9 @@ func (a *Admin) addUnsequenced(ctx context.Context, tx pgx.Tx, topics []TopicSta
 		return err
 	}
 	type waiting struct {
-		ready, delayed int64
-		age            float64
-		next           *time.Time
+		ready, delayed, behind int64
+		age                    float64
+		next                   *time.Time
 	}
 	byTopic := map[string]waiting{}
 	var (
@@ -41,7 +41,7 @@ func (a *Admin) addUnsequenced(ctx context.Context, tx pgx.Tx, topics []TopicSta
 		next               *time.Time
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&topic, &n, &age, &delayed, &notYet, &next}, func() error {
-		byTopic[topic] = waiting{ready: n - notYet, delayed: delayed, age: age, next: next}
+		byTopic[topic] = waiting{ready: n - notYet, delayed: delayed, behind: max(notYet-delayed, 0), age: age, next: next}
 		return nil
 	}); err != nil {
 		return err
@@ -49,7 +49,7 @@ func (a *Admin) addUnsequenced(ctx context.Context, tx pgx.Tx, topics []TopicSta
 	for ti := range topics {
 		t := &topics[ti]
 		w := byTopic[t.Topic]
-		t.Delayed, t.NextDueAt = w.delayed, w.next
+		t.Delayed, t.NextDueAt, t.BehindDelayed = w.delayed, w.next, w.behind
 		for gi := range t.Groups {
 			if g := &t.Groups[gi]; len(g.Partitions) > 0 {
 				g.Lag += w.ready

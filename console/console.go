@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -47,6 +48,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outbox "github.com/millrace/watermill-outbox"
@@ -291,7 +293,28 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, page string, st
 }
 
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+	status = unavailable(status, err)
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "5")
+	}
 	c.render(w, r, "message", status, view{Title: http.StatusText(status), Error: err.Error()})
+}
+
+// unavailable turns an internal error (500) that is the database not
+// answering into 503 Service Unavailable: a connection that could not be
+// made, or no answer within Config.Timeout. The console is fine; what it
+// reads from is not, for now — a load balancer or a monitor tells the two
+// apart by it.
+func unavailable(status int, err error) int {
+	if status != http.StatusInternalServerError {
+		return status
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	if errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) {
+		return http.StatusServiceUnavailable
+	}
+	return status
 }
 
 func (c *Console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
@@ -348,7 +371,7 @@ func (c *Console) apiStatus(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, sentinel.ErrNotFound) { // no such group or topic
 			status = http.StatusNotFound
 		}
-		w.WriteHeader(status)
+		w.WriteHeader(unavailable(status, err))
 		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
 		return
 	}

@@ -80,7 +80,7 @@ func (c *Console) apiHistory(w http.ResponseWriter, r *http.Request) {
 			case errors.Is(err, outbox.ErrInvalidArgument):
 				status = http.StatusBadRequest
 			}
-			jsonError(w, status, err)
+			jsonError(w, unavailable(status, err), err)
 			return
 		}
 		c.history.record(rep, time.Now())

@@ -302,6 +302,15 @@ func TestSourcesShowsAnUnreachableSourceAndAnIncompleteTotal(t *testing.T) {
 		t.Errorf("/api/sources: %+v", j)
 	}
 
+	// The down source's own pages: 503 (the console is fine, its database
+	// is not), escaped, with a Retry-After; the stuck one's too.
+	for _, path := range []string{"/sources/down/", "/sources/down/api/status", "/sources/stuck/"} {
+		resp, body := fetch(t, srv, http.MethodGet, path, "")
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" && !strings.Contains(path, "api") || strings.Contains(body, "<script>window") {
+			t.Errorf("GET %s of an unreachable source: %d, Retry-After %q\n%s", path, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
+
 	// Every source down: no total at all.
 	srv = sourcesServer(t, console.SourcesConfig{Sources: []console.Source{{Name: "down", Pool: down}}})
 	_, page = fetch(t, srv, http.MethodGet, "/", "")

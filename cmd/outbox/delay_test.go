@@ -19,9 +19,9 @@ func TestStatusShowsDelayedMessages(t *testing.T) {
 	if err := outbox.DeliverAt(m, due); err != nil {
 		t.Fatal(err)
 	}
-	b.Publish("reminders", m)
+	b.Publish("reminders", m, outboxtest.Keyed("r2", "customer-7", 1, "x"), outboxtest.Keyed("r3", "customer-8", 1, "x"))
 	out := newCLI(t, b.Schema).ok("status")
-	if want := "(1 delayed, next due at " + due.Format(time.RFC3339); !strings.Contains(out, want) {
+	if want := "(1 delayed, next due at " + due.Format(time.RFC3339) + "; 1 more wait behind them in their keys' order)"; !strings.Contains(out, want) {
 		t.Fatalf("status does not say %q:\n%s", want, out)
 	}
 }

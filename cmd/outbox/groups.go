@@ -108,7 +108,11 @@ func statusTable(w *termsafe.Writer, rep admin.Report) {
 		}
 		delayed := ""
 		if t.Delayed > 0 && t.NextDueAt != nil {
-			delayed = fmt.Sprintf(" (%d delayed, next due at %s)", t.Delayed, t.NextDueAt.Format(time.RFC3339))
+			delayed = fmt.Sprintf(" (%d delayed, next due at %s", t.Delayed, t.NextDueAt.Format(time.RFC3339))
+			if t.BehindDelayed > 0 {
+				delayed += fmt.Sprintf("; %d more wait behind them in their keys' order", t.BehindDelayed)
+			}
+			delayed += ")"
 		}
 		if t.ForwardOnly {
 			w.Printf("\ntopic %s (forwarder-only): %d partitions, %d forwarded, %d pending%s%s\n", t.Topic, t.Partitions, t.Sequenced, t.Unsequenced, delayed, held)

@@ -331,9 +331,11 @@ ORDER BY h.topic, h.messages DESC, h.group_name;
 -- name: CursorsPause
 -- Admin: pauses ($4 true) or resumes ($4 false) a consumer group's
 -- partitions: $1 group, $2 topic ('' for all), $3 partitions (empty for
--- all). The rows are locked in key order first, as every admin operation
--- does.
-UPDATE {{schema}}.cursors c SET paused = $4, updated_at = clock_timestamp()
+-- all). Resuming also ends a retry backoff: an operator who resumes wants
+-- the partition to go on now ("retry now"). The rows are locked in key
+-- order first, as every admin operation does.
+UPDATE {{schema}}.cursors c SET paused = $4, updated_at = clock_timestamp(),
+	backoff_until = CASE WHEN $4 THEN c.backoff_until END
 FROM (
 	SELECT topic, partition FROM {{schema}}.cursors
 	WHERE group_name = $1 AND ($2 = '' OR topic = $2) AND (cardinality($3::int4[]) = 0 OR partition = ANY($3::int4[]))
