@@ -79,12 +79,14 @@ type CloudEvents struct {
 	// message's metadata TypeMetadata.
 	Type func(msg *message.Message) string
 	// TypeMetadata is the metadata key of the type when Type is nil.
-	// Default DefaultCloudEventsTypeMetadata.
+	// Default DefaultCloudEventsTypeMetadata. A key a binding reads as
+	// another attribute ("ce_id", "ce-source", "content-type") is refused.
 	TypeMetadata string
 	// TimeMetadata is the metadata key of an event's time, an RFC 3339
 	// time the publisher may set (e.g. when the business event happened);
 	// without it, the time is the send's. Default
-	// DefaultCloudEventsTimeMetadata.
+	// DefaultCloudEventsTimeMetadata. A key a binding reads as another
+	// attribute is refused, as for TypeMetadata.
 	TimeMetadata string
 	// DataContentType is the datacontenttype attribute of every event
 	// ("application/json"); empty: left out. In structured mode a JSON
@@ -119,9 +121,15 @@ func (c CloudEvents) Validate() error {
 	if c.Type != nil && c.TypeMetadata != "" {
 		return &outboxtype.ConfigError{Field: "CloudEvents.TypeMetadata", Reason: "set Type or TypeMetadata, not both"}
 	}
-	for field, key := range map[string]string{"TypeMetadata": c.TypeMetadata, "TimeMetadata": c.TimeMetadata} {
-		if key != "" && !headerSafe(key) {
-			return &outboxtype.ConfigError{Field: "CloudEvents." + field, Reason: fmt.Sprintf("%q is no metadata key: spaces or control characters", key)}
+	for _, f := range []struct{ field, key, attr string }{{"TypeMetadata", c.TypeMetadata, "type"}, {"TimeMetadata", c.TimeMetadata, "time"}} {
+		if f.key == "" {
+			continue
+		}
+		if !headerSafe(f.key) {
+			return &outboxtype.ConfigError{Field: "CloudEvents." + f.field, Reason: fmt.Sprintf("%q is no metadata key: spaces or control characters", f.key)}
+		}
+		if attr, ok := bindingAttribute(f.key); ok && attr != f.attr {
+			return &outboxtype.ConfigError{Field: "CloudEvents." + f.field, Reason: fmt.Sprintf("%q is the header a CloudEvents binding reads as the %s attribute: use a key of your own (e.g. event_%s), or ce_%s", f.key, attr, f.attr, f.attr)}
 		}
 	}
 	if c.DataContentType != "" {
@@ -131,6 +139,21 @@ func (c CloudEvents) Validate() error {
 		}
 	}
 	return nil
+}
+
+// bindingAttribute returns the attribute a CloudEvents binding reads from
+// the header key: the name after "ce_" (Kafka) or "ce-" (NATS), and
+// "datacontenttype" for "content-type", compared as the bindings compare
+// header names, without case.
+func bindingAttribute(key string) (string, bool) {
+	k := strings.ToLower(key)
+	switch {
+	case k == "content-type":
+		return "datacontenttype", true
+	case strings.HasPrefix(k, "ce_"), strings.HasPrefix(k, "ce-"):
+		return k[3:], true
+	}
+	return "", false
 }
 
 // headerSafe reports a non-empty string without spaces or control

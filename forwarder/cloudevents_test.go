@@ -17,17 +17,22 @@ func TestCloudEventsValidate(t *testing.T) {
 		cfg   forwarder.CloudEvents
 		field string // "" valid
 	}{
-		"off":                         {forwarder.CloudEvents{}, ""},
-		"binary":                      {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/shop/orders"}, ""},
-		"structured, all set":         {forwarder.CloudEvents{Mode: forwarder.CloudEventsStructured, Source: "urn:shop:orders", Type: typ, TimeMetadata: "at", DataContentType: "application/json; charset=utf-8"}, ""},
-		"fields without a mode":       {forwarder.CloudEvents{Source: "/shop"}, "CloudEvents.Mode"},
-		"no such mode":                {forwarder.CloudEvents{Mode: 7, Source: "/shop"}, "CloudEvents.Mode"},
-		"no source":                   {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary}, "CloudEvents.Source"},
-		"a source with a space":       {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/shop orders"}, "CloudEvents.Source"},
-		"a source that is no URI":     {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "http://[::1"}, "CloudEvents.Source"},
-		"Type and TypeMetadata":       {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", Type: typ, TypeMetadata: "kind"}, "CloudEvents.TypeMetadata"},
-		"a metadata key with a space": {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TimeMetadata: "a b"}, "CloudEvents.TimeMetadata"},
-		"no media type":               {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", DataContentType: "json"}, "CloudEvents.DataContentType"},
+		"off":                                     {forwarder.CloudEvents{}, ""},
+		"binary":                                  {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/shop/orders"}, ""},
+		"structured, all set":                     {forwarder.CloudEvents{Mode: forwarder.CloudEventsStructured, Source: "urn:shop:orders", Type: typ, TimeMetadata: "at", DataContentType: "application/json; charset=utf-8"}, ""},
+		"fields without a mode":                   {forwarder.CloudEvents{Source: "/shop"}, "CloudEvents.Mode"},
+		"no such mode":                            {forwarder.CloudEvents{Mode: 7, Source: "/shop"}, "CloudEvents.Mode"},
+		"no source":                               {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary}, "CloudEvents.Source"},
+		"a source with a space":                   {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/shop orders"}, "CloudEvents.Source"},
+		"a source that is no URI":                 {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "http://[::1"}, "CloudEvents.Source"},
+		"Type and TypeMetadata":                   {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", Type: typ, TypeMetadata: "kind"}, "CloudEvents.TypeMetadata"},
+		"a metadata key with a space":             {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TimeMetadata: "a b"}, "CloudEvents.TimeMetadata"},
+		"TypeMetadata is the id header":           {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TypeMetadata: "ce_id"}, "CloudEvents.TypeMetadata"},
+		"TypeMetadata is the content type":        {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TypeMetadata: "Content-Type"}, "CloudEvents.TypeMetadata"},
+		"TimeMetadata is NATS's source header":    {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TimeMetadata: "ce-source"}, "CloudEvents.TimeMetadata"},
+		"TimeMetadata is the type header":         {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TimeMetadata: "ce_type"}, "CloudEvents.TimeMetadata"},
+		"the binding's own type and time headers": {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TypeMetadata: "ce-type", TimeMetadata: "CE_TIME"}, ""},
+		"no media type":                           {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", DataContentType: "json"}, "CloudEvents.DataContentType"},
 	} {
 		err := tc.cfg.Validate()
 		if tc.field == "" {

@@ -20,6 +20,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -159,9 +161,29 @@ type Target struct {
 	closeOnce sync.Once
 }
 
+// ErrConnect is what NewTarget returns (wrapped with the NATS client's
+// error) when its first connection to URL fails.
+var ErrConnect = errors.New("forwarder: jetstream: cannot connect to the NATS server at")
+
+// redactURLs returns the comma-separated server URLs of a NATS URL with
+// their passwords hidden, for an error message.
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil {
+			parts[i] = u.Redacted()
+		} else {
+			parts[i] = "(an unparsable URL)"
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
 // NewTarget creates a Target; logger may be nil (no logging). With URL,
 // the connection keeps reconnecting forever; the first connection attempt
-// must succeed unless Options contain nats.RetryOnFailedConnect(true).
+// must succeed unless Options contain nats.RetryOnFailedConnect(true): a
+// failed one returns an error matching ErrConnect (and the NATS client's
+// error, e.g. nats.ErrNoServers).
 func NewTarget(cfg Config, logger watermill.LoggerAdapter) (*Target, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -176,7 +198,8 @@ func NewTarget(cfg Config, logger watermill.LoggerAdapter) (*Target, error) {
 			nats.ReconnectBufSize(-1), nats.MaxReconnects(-1))
 		nc, err := nats.Connect(cfg.URL, opts...)
 		if err != nil {
-			return nil, fmt.Errorf("forwarder: jetstream: connect: %w", err)
+			return nil, fmt.Errorf("%w %s: %w: check the URL and that nats-server runs there with JetStream (nats-server -js), or pass nats.RetryOnFailedConnect(true) in Options to start without it",
+				ErrConnect, redactURLs(cfg.URL), err)
 		}
 		t.nc, t.own = nc, true
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/kafkadriver"
+	"github.com/millrace/watermill-outbox/internal/sentinel"
 	"github.com/millrace/watermill-outbox/internal/warnlog"
 )
 
@@ -30,8 +31,10 @@ var _ forwarder.TopicChecker = (*Target)(nil)
 // CheckTopic implements forwarder.TopicChecker; the Forwarder calls it
 // for every outbox topic as it starts. A topic that does not exist is
 // ErrNoSuchTopic (sends to it would only be retried), or is created with
-// outboxPartitions partitions (1 when unknown) and the brokers' default
-// replication factor when Config.CreateTopics is set. A topic whose
+// outboxPartitions partitions and the brokers' default replication factor
+// when Config.CreateTopics is set; with outboxPartitions 0 (the outbox
+// topic is not registered) it is not created but refused, with an error
+// matching outbox.ErrUnknownTopic. A topic whose
 // partition count differs from the outbox topic's is forwarded (each
 // record goes to the Kafka partition of its key, which keeps the order per
 // key) with a warning: exactly-once takeovers then read further back to
@@ -71,6 +74,12 @@ func (t *Target) CheckTopic(ctx context.Context, topic string, outboxPartitions 
 // createTopic creates topic when Config.CreateTopics allows it.
 func (t *Target) createTopic(ctx context.Context, driver kafkadriver.Driver, topic string, outboxPartitions int, fields watermill.LogFields) error {
 	partitions := max(outboxPartitions, 1)
+	if t.cfg.CreateTopics && outboxPartitions <= 0 {
+		// Created now, it would have 1 partition for good, whatever the
+		// outbox topic is registered with later.
+		return fmt.Errorf("%w: the outbox topic forwarded to Kafka topic %q is not registered (or its database could not be read at start), so the forwarder does not know how many partitions to create it with: register it first (outbox.RegisterTopic, or outbox topics register TOPIC PARTITIONS), then start the forwarder",
+			sentinel.ErrUnknownTopic, topic)
+	}
 	if !t.cfg.CreateTopics {
 		return fmt.Errorf("%w: %q: create it with %d partitions (as many as the outbox topic; e.g. kafka-topics.sh --create --topic %s --partitions %d), or set kafka.Config.CreateTopics to let the forwarder create it",
 			ErrNoSuchTopic, topic, partitions, topic, partitions)
@@ -83,5 +92,19 @@ func (t *Target) createTopic(ctx context.Context, driver kafkadriver.Driver, top
 	default:
 		return fmt.Errorf("kafka: create topic %q with %d partitions (kafka.Config.CreateTopics): %w", topic, partitions, err)
 	}
-	return nil
+	// The brokers answer a create before every one of them knows the
+	// topic: a send right after it fails with UNKNOWN_TOPIC_OR_PARTITION
+	// (retried, but logged). Wait until the metadata shows every
+	// partition, as long as the check may take.
+	for {
+		if n, exists, err := driver.TopicPartitions(ctx, topic); err == nil && exists && n >= partitions {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			t.logger.Info("The created Kafka topic's metadata did not show all its partitions in time: the first sends may be retried", fields)
+			return nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

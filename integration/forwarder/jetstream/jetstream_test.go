@@ -275,3 +275,25 @@ func TestJetStreamPoisonMessagesAreDeadLettered(t *testing.T) {
 	}
 	t.Logf("dead letters %v; stats %+v", dead, fwd.Stats())
 }
+
+// NewTarget with a URL nobody answers fails typed (ErrConnect, and the
+// NATS client's ErrNoServers), says what to check, and hides the password.
+func TestNewTargetUnreachableIsTyped(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close() // a port nobody listens on
+	target, err := jetstream.NewTarget(jetstream.Config{URL: "nats://forwarder:s3cret@" + addr}, nil)
+	if err == nil {
+		_ = target.Close()
+		t.Fatal("NewTarget of an unreachable URL: nil error")
+	}
+	if !errors.Is(err, jetstream.ErrConnect) || !errors.Is(err, nats.ErrNoServers) {
+		t.Errorf("NewTarget of an unreachable URL: %v, want ErrConnect and nats.ErrNoServers", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "s3cret") || !strings.Contains(msg, addr) || !strings.Contains(msg, "nats-server -js") {
+		t.Errorf("the error %q: want the address without the password, and what to check", msg)
+	}
+}

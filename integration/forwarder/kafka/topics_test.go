@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -35,13 +36,18 @@ func missingTopic(t *testing.T, c *kafkatest.Cluster) string {
 
 func runForwarder(t *testing.T, e fwdtest.Env, target forwarder.Target, topic, kafkaTopic string) (*forwarder.Forwarder, chan error) {
 	t.Helper()
+	return runForwarderLogged(t, e, target, topic, kafkaTopic, nil)
+}
+
+func runForwarderLogged(t *testing.T, e fwdtest.Env, target forwarder.Target, topic, kafkaTopic string, logger watermill.LoggerAdapter) (*forwarder.Forwarder, chan error) {
+	t.Helper()
 	fwd, err := forwarder.NewForwarder(forwarder.Config{
 		Subscriber: outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, Tuning: outboxtest.FastTuning(),
 			Advanced: outboxtest.FastAdvanced(), RejectHandler: e.DeadLetters(), CloseTimeout: time.Second},
 		Topics:      []string{topic},
 		Target:      target,
 		TargetTopic: func(string) string { return kafkaTopic },
-	}, nil)
+	}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,13 +77,16 @@ func TestForwarderRefusesAMissingKafkaTopicAtStart(t *testing.T) {
 }
 
 // With CreateTopics the forwarder creates the missing topic with as many
-// partitions as the outbox topic, and forwards into it.
+// partitions as the outbox topic, and forwards into it; it waits for the
+// topic's metadata first, so that no first send fails (and is logged) with
+// UNKNOWN_TOPIC_OR_PARTITION, as the quick start's did.
 func TestForwarderCreatesTheMissingKafkaTopicWhenAsked(t *testing.T) {
 	e := fwdtest.NewEnv(t)
 	e.Register("orders", 6)
 	c := kafkatest.New(t)
 	topic := missingTopic(t, c)
-	fwd, _ := runForwarder(t, e, newTargetWith(t, kafka.Config{Brokers: c.Brokers, CreateTopics: true}), "orders", topic)
+	logs := watermill.NewCaptureLogger()
+	fwd, _ := runForwarderLogged(t, e, newTargetWith(t, kafka.Config{Brokers: c.Brokers, CreateTopics: true}), "orders", topic, logs)
 	pub := fwdtest.NewPublisher(t, e)
 	pub.Round("orders", 20, nil)
 	outboxtest.WaitFor(t, "the messages forwarded", time.Minute, func() bool { return fwd.Stats().Messages == 20 })
@@ -90,6 +99,38 @@ func TestForwarderCreatesTheMissingKafkaTopicWhenAsked(t *testing.T) {
 	}
 	if got := len(c.ReadCommitted(t, topic)); got != 20 {
 		t.Fatalf("%d records in the created topic, want 20", got)
+	}
+	for _, entries := range logs.Captured() {
+		for _, l := range entries {
+			if strings.Contains(fmt.Sprint(l.Fields["err"], l.Err), "UNKNOWN_TOPIC_OR_PARTITION") {
+				t.Errorf("a send into the topic just created failed: %s %v %v", l.Msg, l.Err, l.Fields["err"])
+			}
+		}
+	}
+}
+
+// With CreateTopics, an outbox topic that is not registered is refused
+// (ErrUnknownTopic, saying to register it) instead of a Kafka topic created
+// with 1 partition for good.
+func TestForwarderDoesNotCreateAKafkaTopicForAnUnregisteredOutboxTopic(t *testing.T) {
+	e := fwdtest.NewEnv(t)
+	c := kafkatest.New(t)
+	topic := missingTopic(t, c)
+	_, ran := runForwarder(t, e, newTargetWith(t, kafka.Config{Brokers: c.Brokers, CreateTopics: true}), "orders", topic)
+	select {
+	case err := <-ran:
+		if !errors.Is(err, outbox.ErrUnknownTopic) || !strings.Contains(err.Error(), "register it first") {
+			t.Fatalf("Run: %v, want ErrUnknownTopic saying to register the outbox topic first", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run kept running with an outbox topic that is not registered")
+	}
+	md, err := c.Admin().ListTopics(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := md[topic]; ok && d.Err == nil {
+		t.Fatalf("the Kafka topic %s was created (%d partitions) for an unregistered outbox topic", topic, len(d.Partitions))
 	}
 }
 
