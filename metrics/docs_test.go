@@ -136,6 +136,18 @@ func TestDashboardAlertsAndDocsMatchTheExportedMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What an alert fires on, and the gauges an operator reads an alert
+	// with, each have a panel: a page names a metric the dashboard shows.
+	onDashboard := map[string]bool{}
+	for _, n := range referenced(dashExprs) {
+		onDashboard[n] = true
+	}
+	for _, n := range append(referenced(ruleExprs), "outbox_held_keys", "outbox_held_messages", "outbox_partitions_isolation_full",
+		"outbox_delayed_messages", "outbox_pending_messages") {
+		if !onDashboard[n] {
+			t.Errorf("%s (used by an alert, or read beside one) has no panel on the dashboard", n)
+		}
+	}
 	for what, exprs := range map[string][]string{"the dashboard": dashExprs, "the alerting rules": ruleExprs} {
 		for _, n := range referenced(exprs) {
 			if !names[n] {

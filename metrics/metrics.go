@@ -178,7 +178,7 @@ func Enable(cfg Config) (*Metrics, error) {
 		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "sequencer_pass_duration_seconds",
 			Help: "Duration of sequencer passes that moved messages.", Buckets: latency}),
 		sequencingDelay: histogram("sequencing_delay_seconds",
-			"Per sequencer pass and topic, the time from the INSERT of the oldest message moved to its seq: an upper bound of the commit-to-seq delay of every message of the pass.", latency, "topic"),
+			"Per sequencer pass and topic, the time from the INSERT of the oldest message moved (from its delivery time, for a delayed one) to its seq: an upper bound of the commit-to-seq delay of every message of the pass.", latency, "topic"),
 		deliveries: counter("deliveries_total",
 			"Deliveries to consumer groups by outcome: ack, nack, reject, timeout, crash (ended without an outcome, counted as a failed attempt by the next lease holder).", "group", "topic", "outcome"),
 		handlerDuration:  histogram("handler_duration_seconds", "Duration of handler calls (one message, or a whole batch for ConsumeBatches).", latency, "group", "topic"),

@@ -320,3 +320,56 @@ func TestCollectorFailureIsCountedAndMarkedDown(t *testing.T) {
 		t.Fatalf("no pool: %v", err)
 	}
 }
+
+// histogramSum is the sum of the samples of histogram name for topic.
+func histogramSum(t *testing.T, reg *prometheus.Registry, name, topic string) (sum float64, count uint64) {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "topic" && l.GetValue() == topic {
+					sum += m.GetHistogram().GetSampleSum()
+					count += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return sum, count
+}
+
+// A delayed message's sequencing delay counts from its delivery time, not
+// from its publish: a message published an hour ago for delivery now was
+// not late by an hour (which the dashboard's p99 would show as the top
+// bucket for as long as delays are used).
+func TestSequencingDelayOfADelayedMessageCountsFromItsDueTime(t *testing.T) {
+	b := outboxtest.Setup(t)
+	reg := prometheus.NewRegistry()
+	m, err := metrics.Enable(metrics.Config{Registerer: reg, Pool: b.Pool, Schema: b.Schema, CollectInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Disable()
+	b.Register("reminders", 1)
+	msg := outboxtest.Keyed("remind", "customer-1", 0, "x")
+	if err := outbox.DeliverAfter(msg, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	b.Publish("reminders", msg)
+	// As if published an hour ago for delivery now: its INSERT an hour
+	// back, its delivery time a moment ago.
+	b.Exec("UPDATE " + b.Schema + ".pending SET created_at = now() - interval '1 hour', deliver_at = now() - interval '1 second'")
+	if n := b.SequenceAll(); n != 1 {
+		t.Fatalf("sequenced %d, want the due message", n)
+	}
+	sum, count := histogramSum(t, reg, "outbox_sequencing_delay_seconds", "reminders")
+	if count != 1 || sum < 1 || sum > 600 {
+		t.Fatalf("outbox_sequencing_delay_seconds{topic=reminders}: %d samples summing %.1fs; want one of about a second (since it was due), not an hour (since its publish)", count, sum)
+	}
+}

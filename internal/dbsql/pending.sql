@@ -90,7 +90,9 @@ SELECT DISTINCT topic, partition_key FROM {{schema}}.pending WHERE holds;
 -- at most $3 rows, in id order, so each partition gets a prefix of its own
 -- rows) into the log, numbering each partition's rows from last_seq + 1, and
 -- returns per topic how many moved, the most in one partition and the age
--- in seconds of the oldest message moved (its INSERT to now). Unless the
+-- in seconds of the oldest message moved (from its INSERT, or from its
+-- delivery time for a delayed message, to now: a delay is not a sequencing
+-- delay). Unless the
 -- channel $4 is NULL, it also notifies it once per topic, with the payload
 -- "topic:p1,p2,..." (the partitions that got messages), which wakes the
 -- subscribers when the transaction commits. For the links of the pass's
@@ -134,7 +136,7 @@ WITH locked AS (
 )
 SELECT a.topic, sum(a.n)::bigint, max(a.n)::bigint,
 	CASE WHEN $4::text IS NOT NULL THEN pg_notify($4, a.topic || ':' || string_agg(a.partition::text, ',')) END::text,
-	(SELECT extract(epoch FROM clock_timestamp() - min(mv.created_at)) FROM moved mv WHERE mv.topic = a.topic)::float8,
+	(SELECT greatest(extract(epoch FROM clock_timestamp() - min(greatest(mv.created_at, mv.deliver_at))), 0) FROM moved mv WHERE mv.topic = a.topic)::float8,
 	CASE WHEN $5::int4 > 0 THEN (SELECT count(*) FROM moved mv WHERE mv.topic = a.topic AND mv.metadata ?| $6::text[]) ELSE 0 END::int8,
 	CASE WHEN $5::int4 > 0 THEN ARRAY(
 		SELECT x.carrier FROM (
