@@ -123,9 +123,12 @@ func (w *Worker) Run() {
 		defer w.s.Register(w.topic, w.part, w.poker)()
 	}
 	cfg := worker.Config{
-		Name:    StableID(w.topic, w.part, 0),
-		Pacing:  w.s.Tuning.Pacing,
-		Backoff: worker.BackoffConfig{Base: w.s.Tuning.BackoffBase, Max: w.s.Tuning.BackoffMax},
+		Name:   StableID(w.topic, w.part, 0),
+		Pacing: w.s.Tuning.Pacing,
+		// A database error backs off with jitter, as a handler's failure
+		// does (noteFailure): the partitions an outage failed together do
+		// not all retry at the same instant.
+		Backoff: worker.BackoffConfig{Base: w.s.Tuning.BackoffBase, Max: w.s.Tuning.BackoffMax, Jitter: w.jitter},
 		Poker:   w.poker,
 		OnFailure: func(f worker.Failure) {
 			if !leaseEnded(f.Err) {
@@ -330,10 +333,15 @@ func (w *Worker) undoDelivery(ctx context.Context) {
 // that partitions failing together do not retry in lockstep.
 func (w *Worker) noteFailure(processed int) time.Duration {
 	w.mode.Failed(processed)
+	return w.jitter(w.mode.Backoff())
+}
+
+// jitter spreads a backoff: Config.Jitter, or backoff.Jitter.
+func (w *Worker) jitter(d time.Duration) time.Duration {
 	if w.s.Jitter != nil {
-		return w.s.Jitter(w.mode.Backoff())
+		return w.s.Jitter(d)
 	}
-	return backoff.Jitter(w.mode.Backoff())
+	return backoff.Jitter(d)
 }
 
 // showState writes the adaptive state to the cursor row when it changed,

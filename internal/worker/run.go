@@ -70,8 +70,10 @@ func (c Config) withDefaults() Config {
 	if c.Pacing == (tune.Pacing{}) {
 		c.Pacing = tune.Default.Pacing()
 	}
-	if c.Backoff == (BackoffConfig{}) {
+	if c.Backoff.Base == 0 && c.Backoff.Max == 0 {
+		jitter := c.Backoff.Jitter
 		c.Backoff = DefaultBackoff
+		c.Backoff.Jitter = jitter
 	}
 	return c
 }
@@ -179,7 +181,7 @@ func (l *loop) step(ctx context.Context) (wait time.Duration, wakeOnPoke, ok boo
 		if l.failures < math.MaxInt {
 			l.failures++
 		}
-		wait = l.cfg.Backoff.Delay(l.failures)
+		wait = l.cfg.Backoff.wait(l.failures)
 		if l.cfg.OnFailure != nil {
 			l.cfg.OnFailure(Failure{Worker: l.cfg.Name, Err: err, Consecutive: l.failures, RetryIn: wait})
 		}

@@ -158,6 +158,26 @@ func TestErrorBackoffIsCapped(t *testing.T) {
 	})
 }
 
+// With a Jitter, each backoff is spread by it, and the wait reported is the
+// one waited.
+func TestErrorBackoffIsSpreadByTheJitter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.start(worker.Config{
+			Pacing:  tune.Pacing{IdleInterval: hour},
+			Backoff: worker.BackoffConfig{Base: 4 * time.Second, Max: hour, Jitter: func(d time.Duration) time.Duration { return d * 3 / 4 }},
+		}, scripted(h, step{err: errors.New("down")}, step{err: errors.New("down")}, step{dir: worker.Sleep(10 * hour)}))
+		time.Sleep(time.Minute)
+		s := time.Second
+		requireStarts(t, h.stop(), 0, 3*s, 9*s)
+		for i, f := range h.recordedFailures() {
+			if want := (4 * time.Second << i) * 3 / 4; f.RetryIn != want {
+				t.Fatalf("failure %d: retry in %v, want the jittered %v", i, f.RetryIn, want)
+			}
+		}
+	})
+}
+
 // Consecutive Proceeds ramp the wait down from ActiveInterval to
 // MinInterval; an Idle, a Sleep or an error starts the ramp over.
 func TestPacingRampsDownAndResets(t *testing.T) {
