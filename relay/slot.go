@@ -214,6 +214,11 @@ func DropSlot(ctx context.Context, pool *pgxpool.Pool, schema string, force bool
 	if err := conn.QueryRow(ctx, q.WALSlotState, slot).Scan(&exists, &walStatus); err != nil {
 		return err
 	}
+	if !exists && version == 0 {
+		// Neither the schema's tables nor its slot: most likely a
+		// mistyped schema name, which a silent nil would hide.
+		return fmt.Errorf("%w: relay.DropSlot: schema %q has no outbox tables and no slot %s: nothing to drop (check the schema name; `outbox status` lists what a database holds)", sentinel.ErrNoSlot, schema, slot)
+	}
 	if exists && !force {
 		// The messages a relay could still append: none once the slot is
 		// lost (it can no longer be streamed), or without the schema's

@@ -184,6 +184,16 @@ func TestDropSlotRefusesWhatItWouldLose(t *testing.T) {
 	if err := pub.Publish("orders", message.NewMessage("after-force", []byte("x"))); !errors.Is(err, outbox.ErrNoSlot) {
 		t.Fatalf("Publish after a forced DropSlot: %v, want ErrNoSlot", err)
 	}
+	// Dropping again is no error: the schema is there, the slot gone.
+	if err := relay.DropSlot(ctx, b.Pool, b.Schema, false); err != nil {
+		t.Fatalf("DropSlot of a dropped slot: %v", err)
+	}
+	// A schema that never existed (a mistyped name) has nothing to drop:
+	// said, not a silent nil.
+	err = relay.DropSlot(ctx, b.Pool, "never_migrated_here", false)
+	if !errors.Is(err, outbox.ErrNoSlot) || !strings.Contains(err.Error(), "check the schema name") {
+		t.Fatalf("DropSlot of a schema that never existed: %v, want ErrNoSlot saying to check the name", err)
+	}
 }
 
 // Each relay's replication connection carries its instance, and status
