@@ -129,6 +129,7 @@ func (c FleetConfig) Validate() error {
 		return &outboxtype.ConfigError{Field: "RestartBackoff", Reason: "must not be negative"}
 	}
 	seen := map[string]bool{}
+	outboxes := map[string]string{} // database and schema -> the source that reads it
 	for i, s := range c.Sources {
 		field := fmt.Sprintf("Sources[%d]", i)
 		if err := s.validate(field); err != nil {
@@ -138,12 +139,39 @@ func (c FleetConfig) Validate() error {
 			return &outboxtype.ConfigError{Field: field + ".Name", Reason: fmt.Sprintf("source %q listed twice", s.Name)}
 		}
 		seen[s.Name] = true
+		where := outboxOf(s)
+		if other, ok := outboxes[where]; ok {
+			return &outboxtype.ConfigError{Field: field, Reason: fmt.Sprintf("source %q reads the same outbox as source %q (%s): one outbox under two names would be forwarded twice, under two ids; list it once", s.Name, other, where)}
+		}
+		outboxes[where] = s.Name
 	}
 	// The template must make a valid pipeline for any source: checked with
 	// a stand-in source (Validate only looks at whether Pool is set).
 	probe := c.Pipeline
 	probe.Pool, probe.Source = &pgxpool.Pool{}, "probe"
 	return prefix("Pipeline.", probe.Validate())
+}
+
+// outboxOf names the outbox a source reads: its database (host, port and
+// name, from the pool's configuration; the pool itself when it has none,
+// as a pgxpool.Pool not made by pgxpool.New) and schema.
+func outboxOf(s Source) string {
+	schema := s.Schema
+	if schema == "" {
+		schema = names.DefaultSchema
+	}
+	return poolDatabase(s.Pool) + ", schema " + schema
+}
+
+// poolDatabase names the database of pool: "database D on host:port".
+func poolDatabase(pool *pgxpool.Pool) (name string) {
+	defer func() {
+		if recover() != nil { // a zero Pool has no Config to copy
+			name = fmt.Sprintf("pool %p", pool)
+		}
+	}()
+	cc := pool.Config().ConnConfig
+	return fmt.Sprintf("database %s on %s:%d", cc.Database, cc.Host, cc.Port)
 }
 
 // pipelineFor is the configuration of s's pipeline.
@@ -493,6 +521,12 @@ func (f *Fleet) Add(s Source) error {
 			reason = fmt.Sprintf("source %q is being removed: Add it again once Remove has returned", s.Name)
 		}
 		return &outboxtype.ConfigError{Field: "Source.Name", Reason: reason}
+	}
+	where := outboxOf(s)
+	for name, other := range f.sources {
+		if !other.removing && outboxOf(other.src) == where {
+			return &outboxtype.ConfigError{Field: "Source", Reason: fmt.Sprintf("source %q reads the same outbox as source %q (%s): one outbox under two names would be forwarded twice, under two ids", s.Name, name, where)}
+		}
 	}
 	fs := f.newSource(s)
 	f.sources[s.Name] = fs

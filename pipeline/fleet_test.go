@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,6 +228,8 @@ func TestFleetRefusesBadSources(t *testing.T) {
 		"a source for every one":   {Pipeline: pipeline.Config{Source: "eu", Forward: fwd}},
 		"a bad template":           {Pipeline: pipeline.Config{Forward: forwarder.Config{Topics: []string{"orders"}}}},
 		"a negative CheckInterval": {CheckInterval: -1, Pipeline: pipeline.Config{Forward: fwd}},
+		"one outbox under two names": {Sources: []pipeline.Source{{Name: "eu", Pool: b.Pool, Schema: b.Schema}, {Name: "eu-again", Pool: b.Pool, Schema: b.Schema}},
+			Pipeline: pipeline.Config{Forward: fwd}},
 	} {
 		_, err := pipeline.NewFleet(cfg, nil)
 		var ce *outboxtype.ConfigError
@@ -244,6 +247,9 @@ func TestFleetRefusesBadSources(t *testing.T) {
 	var ce *outboxtype.ConfigError
 	if err := f.Add(pipeline.Source{Name: "eu", Pool: b.Pool}); !errors.As(err, &ce) {
 		t.Errorf("Add of a name it has: %v", err)
+	}
+	if err := f.Add(pipeline.Source{Name: "eu-again", Pool: b.Pool, Schema: b.Schema}); !errors.As(err, &ce) || !strings.Contains(err.Error(), "same outbox") {
+		t.Errorf("Add of the outbox of eu under another name: %v", err)
 	}
 	if err := f.Remove("nope"); !errors.As(err, &ce) {
 		t.Errorf("Remove of an unknown name: %v", err)

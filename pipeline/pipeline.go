@@ -69,7 +69,9 @@ type Config struct {
 	// --topic). Its Subscriber runs no sequencer of its own: the
 	// pipeline's serves every topic.
 	Forward forwarder.Config
-	// Sequencer tunes the sequencer (its defaults when zero).
+	// Sequencer tunes the sequencer (its defaults when zero; a zero
+	// MinPassInterval follows Forward.Subscriber.Tuning's profile, as the
+	// WAL relay's MinAppendInterval does: see adaptive.Tuning.AppendInterval).
 	Sequencer outbox.SequencerConfig
 	// DisableSequencer runs no sequencer: for a schema published only in
 	// outbox.ModeWAL (set WAL), or whose sequencer runs elsewhere.
@@ -121,7 +123,30 @@ func (c *Config) withSchema() error {
 		}
 		c.WAL = &wal
 	}
-	return set("Retention", &c.Retention.Schema, &c.Retention.Pool)
+	if err := set("Retention", &c.Retention.Schema, &c.Retention.Pool); err != nil {
+		return err
+	}
+	c.followProfile()
+	return nil
+}
+
+// followProfile gives the sequencer and the relay the pace of the
+// forwarder's tuning profile (Forward.Subscriber.Tuning.AppendInterval: 2
+// ms for LowLatency, 100 ms for Background) where they leave it zero, so
+// that one profile sets the whole pipeline: the steps that bring messages
+// into the log follow the pace of the reads that take them out. The
+// vacuum keeps its own interval: no profile has one.
+func (c *Config) followProfile() {
+	pace := c.Forward.Subscriber.Tuning.AppendInterval()
+	if pace <= 0 {
+		return
+	}
+	if c.Sequencer.MinPassInterval == 0 {
+		c.Sequencer.MinPassInterval = pace
+	}
+	if c.WAL != nil && c.WAL.MinAppendInterval == 0 {
+		c.WAL.MinAppendInterval = pace
+	}
 }
 
 // forwards reports whether the pipeline runs a Forwarder.
