@@ -20,3 +20,7 @@ func SetExitHook(s *Subscriber, f func(what string)) { s.exit = f }
 // SequencerLooks counts the unprompted looks (the one-statement check for
 // pending work) s's Run made so far.
 func SequencerLooks(s *Sequencer) int64 { return s.looks.Load() }
+
+// SequencerConfigOf is the configuration s runs with, its defaults filled
+// in.
+func SequencerConfigOf(s *Sequencer) SequencerConfig { return s.cfg }
