@@ -132,12 +132,18 @@ func TestWithoutPostgreSQLStartFetchesIntoTheCacheOnceAndReusesIt(t *testing.T) 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// As root, a directory of t.TempDir is out of the postgres user's
-	// reach, as ~/.cache is under /root: the tree is then mirrored for it.
+	// reach, as ~/.cache is under /root: the tree is then mirrored for it,
+	// and the mirror removed when the last server running it stops.
 	cache := t.TempDir()
-	t.Cleanup(func() { // after the servers stop: the copies made for the postgres user, if any
-		mirrors, _ := filepath.Glob(filepath.Join(os.TempDir(), "watermill-outbox-postgres-"+testVersion+"-*"))
-		for _, m := range mirrors {
-			_ = os.RemoveAll(m)
+	var mirror string
+	t.Cleanup(func() { // after the servers stop
+		if mirror == "" {
+			return
+		}
+		for _, p := range []string{mirror, mirror + ".lock"} {
+			if _, err := os.Lstat(p); !os.IsNotExist(err) {
+				t.Errorf("%s is still there after the servers stopped (%v)", p, err)
+			}
 		}
 	})
 	var progress bytes.Buffer
@@ -174,6 +180,9 @@ func TestWithoutPostgreSQLStartFetchesIntoTheCacheOnceAndReusesIt(t *testing.T) 
 	}
 	if os.Geteuid() != 0 && s.BinDir() != filepath.Join(tree, "bin") {
 		t.Fatalf("the server runs %s, want the cache's %s/bin", s.BinDir(), tree)
+	}
+	if os.Geteuid() == 0 && s.BinDir() != filepath.Join(tree, "bin") {
+		mirror = filepath.Dir(s.BinDir())
 	}
 	if v := ask(t, ctx, s.URL(""), "SELECT version()"); !strings.HasPrefix(v, "PostgreSQL ") {
 		t.Fatalf("version() = %q", v)

@@ -31,8 +31,9 @@
 // module that requires pgtemp (in practice, for its tests) does.
 //
 // As root, the server runs as the "postgres" user (PostgreSQL refuses root),
-// which must exist; binaries in a cache it cannot reach are copied once into
-// the temporary directory for it. Linux only.
+// or "nobody" where there is none; binaries in a cache it cannot reach are copied into the
+// temporary directory for it, a copy that the servers running them share
+// and the last of them to stop removes. Linux only.
 package pgtemp
 
 import (
