@@ -9,6 +9,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -130,12 +132,18 @@ func TestWithoutPostgreSQLStartFetchesIntoTheCacheOnceAndReusesIt(t *testing.T) 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// As root, a directory of t.TempDir is out of the postgres user's
-	// reach, as ~/.cache is under /root: the tree is then mirrored for it.
+	// reach, as ~/.cache is under /root: the tree is then mirrored for it,
+	// and the mirror removed when the last server running it stops.
 	cache := t.TempDir()
-	t.Cleanup(func() { // after the servers stop: the copies made for the postgres user, if any
-		mirrors, _ := filepath.Glob(filepath.Join(os.TempDir(), "watermill-outbox-postgres-"+testVersion+"-*"))
-		for _, m := range mirrors {
-			_ = os.RemoveAll(m)
+	var mirror string
+	t.Cleanup(func() { // after the servers stop
+		if mirror == "" {
+			return
+		}
+		for _, p := range []string{mirror, mirror + ".lock"} {
+			if _, err := os.Lstat(p); !os.IsNotExist(err) {
+				t.Errorf("%s is still there after the servers stopped (%v)", p, err)
+			}
 		}
 	})
 	var progress bytes.Buffer
@@ -156,10 +164,7 @@ func TestWithoutPostgreSQLStartFetchesIntoTheCacheOnceAndReusesIt(t *testing.T) 
 	if all, jars := repo.Requests(); jars != 1 || all != 2 {
 		t.Fatalf("%d requests, %d of the jar; want the jar and its .sha256", all, jars)
 	}
-	lines := strings.Split(strings.TrimSpace(progress.String()), "\n")
-	if len(lines) != 1 || !strings.Contains(lines[0], "fetching PostgreSQL "+testVersion+" from "+url) {
-		t.Fatalf("progress: %q, want one line saying what is fetched from where", progress.String())
-	}
+	fetchProgress(t, progress.String(), url)
 	tree := filepath.Join(cache, testVersion)
 	if _, err := os.Stat(filepath.Join(tree, "bin", "postgres")); err != nil {
 		t.Fatalf("the cache holds no tree: %v", err)
@@ -176,6 +181,9 @@ func TestWithoutPostgreSQLStartFetchesIntoTheCacheOnceAndReusesIt(t *testing.T) 
 	if os.Geteuid() != 0 && s.BinDir() != filepath.Join(tree, "bin") {
 		t.Fatalf("the server runs %s, want the cache's %s/bin", s.BinDir(), tree)
 	}
+	if os.Geteuid() == 0 && s.BinDir() != filepath.Join(tree, "bin") {
+		mirror = filepath.Dir(s.BinDir())
+	}
 	if v := ask(t, ctx, s.URL(""), "SELECT version()"); !strings.HasPrefix(v, "PostgreSQL ") {
 		t.Fatalf("version() = %q", v)
 	}
@@ -190,12 +198,13 @@ func TestWithoutPostgreSQLStartFetchesIntoTheCacheOnceAndReusesIt(t *testing.T) 
 		t.Fatalf("plpgsql installed %s times", n)
 	}
 
+	printed := progress.String()
 	again := start()
 	if all, _ := repo.Requests(); all != 2 {
 		t.Fatalf("the second Start made %d more requests, want none", all-2)
 	}
-	if strings.Count(progress.String(), "\n") != 1 {
-		t.Fatalf("the second Start printed progress: %q", progress.String())
+	if progress.String() != printed {
+		t.Fatalf("the second Start printed progress: %q", strings.TrimPrefix(progress.String(), printed))
 	}
 	if again.BinDir() != s.BinDir() {
 		t.Fatalf("the second server runs %s, the first %s", again.BinDir(), s.BinDir())
@@ -207,6 +216,46 @@ func TestWithoutPostgreSQLStartFetchesIntoTheCacheOnceAndReusesIt(t *testing.T) 
 	t.Setenv(EnvCacheDir, cache)
 	if d, err := pgcluster.FindBinDir(); err != nil || d != filepath.Join(tree, "bin") {
 		t.Fatalf("pgcluster.FindBinDir() = %s, %v; want the cache's", d, err)
+	}
+}
+
+// fetchProgress checks what a fetch of the stand-in jar printed: one line
+// saying what is fetched from where, then lines of how much has arrived,
+// one at least for every tenth of the jar (more if a tenth took longer than
+// progressEvery), the last at all of it.
+func fetchProgress(t *testing.T, printed, url string) {
+	t.Helper()
+	st, err := os.Stat(jarOnce.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := megabytes(st.Size())
+	lines := strings.Split(strings.TrimSpace(printed), "\n")
+	if !strings.Contains(lines[0], "fetching PostgreSQL "+testVersion+" from "+url) {
+		t.Fatalf("progress: %q, want a first line saying what is fetched from where", printed)
+	}
+	line := regexp.MustCompile(`^pgtemp: [0-9]+\.[0-9] MB of ` + regexp.QuoteMeta(total) + ` \(([0-9]+)%\)$`)
+	tenths := map[int]bool{}
+	last := -1
+	for _, l := range lines[1:] {
+		m := line.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("progress line %q, want \"pgtemp: <n> MB of %s (<p>%%)\"", l, total)
+		}
+		p, _ := strconv.Atoi(m[1])
+		if p < last || p > 100 {
+			t.Fatalf("progress %d%% after %d%%: %q", p, last, printed)
+		}
+		last = p
+		tenths[p/10] = true
+	}
+	for k := 1; k <= 10; k++ {
+		if !tenths[k] {
+			t.Errorf("no progress line at %d%%: %q", k*10, printed)
+		}
+	}
+	if want := "pgtemp: " + total + " of " + total + " (100%)"; lines[len(lines)-1] != want {
+		t.Errorf("last progress line %q, want %q", lines[len(lines)-1], want)
 	}
 }
 

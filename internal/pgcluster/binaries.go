@@ -2,11 +2,7 @@ package pgcluster
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,12 +148,13 @@ func hasServer(dir string) bool {
 func (c *Cluster) BinDir() string { return c.bindir }
 
 // runnableAs returns a directory holding bindir's binaries that the user
-// of cred can run. That is bindir itself, unless the user cannot reach it:
-// a movable tree, such as one fetched into root's cache (~/.cache, under a
-// home directory only root may enter), is then mirrored once into a
-// directory of the temporary directory that everyone may read, and reused
-// from there.
-func runnableAs(ctx context.Context, bindir string, cred *syscall.Credential, movable bool) (string, error) {
+// of cred can run, and what to call when the cluster no longer runs them.
+// That is bindir itself, unless the user cannot reach it: a movable tree,
+// such as one fetched into root's cache (~/.cache, under a home directory
+// only root may enter), is then mirrored into a directory of the temporary
+// directory that everyone may read (mirrorTree), which the clusters running
+// it share and the last of them removes.
+func runnableAs(ctx context.Context, bindir string, cred *syscall.Credential, movable bool) (string, func(), error) {
 	probe := func(dir string) error {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
@@ -171,7 +168,7 @@ func runnableAs(ctx context.Context, bindir string, cred *syscall.Credential, mo
 	}
 	err := probe(bindir)
 	if err == nil {
-		return bindir, nil
+		return bindir, func() {}, nil
 	}
 	cache, cerr := CacheDir()
 	tree := filepath.Dir(bindir)
@@ -179,131 +176,22 @@ func runnableAs(ctx context.Context, bindir string, cred *syscall.Credential, mo
 		movable = cerr == nil && within(cache, tree)
 	}
 	if !movable || filepath.Base(bindir) != "bin" {
-		return "", fmt.Errorf("pgcluster: as root the server runs as the postgres user, which cannot run %s/postgres (%v): make the directory readable to it, or set %s", bindir, err, EnvBinDir)
+		return "", nil, fmt.Errorf("pgcluster: as root the server runs as the postgres user, which cannot run %s/postgres (%v): make the directory readable to it, or set %s", bindir, err, EnvBinDir)
 	}
-	mirror, err := mirrorTree(tree)
+	mirror, release, err := mirrorTree(ctx, tree)
 	if err != nil {
-		return "", fmt.Errorf("pgcluster: as root the server runs as the postgres user, which cannot reach %s; copying it where it can: %w", tree, err)
+		return "", nil, fmt.Errorf("pgcluster: as root the server runs as the postgres user, which cannot reach %s; copying it where it can: %w", tree, err)
 	}
 	bin := filepath.Join(mirror, "bin")
 	if err := probe(bin); err != nil {
-		return "", fmt.Errorf("pgcluster: the postgres user cannot run %s/postgres either: %w", bin, err)
+		release()
+		return "", nil, fmt.Errorf("pgcluster: the postgres user cannot run %s/postgres either: %w", bin, err)
 	}
-	return bin, nil
+	return bin, release, nil
 }
 
 // within reports whether path is dir or inside it.
 func within(dir, path string) bool {
 	rel, err := filepath.Rel(dir, path)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
-}
-
-// mirrorTree copies tree into the temporary directory, readable by
-// everyone, and returns the copy. A copy made before is reused when it is
-// ours (owned by this user, writable by no one else) and was made from the
-// same tree (the stamp: the tree's path and its postgres's size and
-// modification time).
-func mirrorTree(tree string) (string, error) {
-	st, err := os.Stat(filepath.Join(tree, "bin", "postgres"))
-	if err != nil {
-		return "", err
-	}
-	stamp := fmt.Sprintf("%s\n%d %d\n", tree, st.Size(), st.ModTime().UnixNano())
-	sum := sha256.Sum256([]byte(stamp))
-	name := filepath.Join(os.TempDir(), "watermill-outbox-postgres-"+filepath.Base(tree)+"-"+hex.EncodeToString(sum[:6]))
-	const stampFile = ".watermill-outbox-mirror"
-	trusted := func(dir string) bool {
-		fi, err := os.Lstat(dir)
-		if err != nil || !fi.IsDir() || fi.Mode().Perm()&0o022 != 0 {
-			return false
-		}
-		if sys, ok := fi.Sys().(*syscall.Stat_t); !ok || int(sys.Uid) != os.Geteuid() {
-			return false
-		}
-		b, err := os.ReadFile(filepath.Join(dir, stampFile))
-		return err == nil && string(b) == stamp
-	}
-	if trusted(name) {
-		return name, nil
-	}
-	tmp, err := os.MkdirTemp(os.TempDir(), "watermill-outbox-postgres-")
-	if err != nil {
-		return "", err
-	}
-	if err := copyTree(tree, tmp); err != nil {
-		_ = os.RemoveAll(tmp)
-		return "", err
-	}
-	if err := os.WriteFile(filepath.Join(tmp, stampFile), []byte(stamp), 0o644); err != nil {
-		_ = os.RemoveAll(tmp)
-		return "", err
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		_ = os.RemoveAll(tmp)
-		return "", err
-	}
-	if err := os.Rename(tmp, name); err != nil {
-		if trusted(name) { // made meanwhile by another process
-			_ = os.RemoveAll(tmp)
-			return name, nil
-		}
-		// Someone else's file is in the way: use the copy where it is,
-		// for this run only.
-		return tmp, nil
-	}
-	return name, nil
-}
-
-// copyTree copies the directories, regular files and symbolic links of src
-// into dst (which exists), readable by everyone, keeping the execute bits.
-func copyTree(src, dst string) error {
-	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, path)
-		if err != nil || rel == "." {
-			return err
-		}
-		target := filepath.Join(dst, rel)
-		switch {
-		case d.IsDir():
-			return os.Mkdir(target, 0o755)
-		case d.Type()&fs.ModeSymlink != 0:
-			link, err := os.Readlink(path)
-			if err != nil {
-				return err
-			}
-			return os.Symlink(link, target)
-		case d.Type().IsRegular():
-			fi, err := d.Info()
-			if err != nil {
-				return err
-			}
-			return copyFile(path, target, fi.Mode().Perm()|0o444)
-		}
-		return nil
-	})
-}
-
-func copyFile(src, dst string, mode fs.FileMode) (err error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-	}()
-	_, err = io.Copy(out, in)
-	if err == nil {
-		err = os.Chmod(dst, mode) // the umask took bits off
-	}
-	return err
 }

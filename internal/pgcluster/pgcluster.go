@@ -74,6 +74,7 @@ type Cluster struct {
 	args    []string // the postgres command line of the running server
 	logFile string
 	done    chan struct{} // closed by Stop: ends the log tail
+	release func()        // gives back the mirror of the binaries, if any (runnableAs); nil: none
 
 	// lifeMu serializes Stop and Restart, so that a server is never
 	// started again after (or while) the cluster is stopped.
@@ -118,7 +119,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
 			return nil, fmt.Errorf("pgcluster: chown %s: %w", dir, err)
 		}
-		if c.bindir, err = runnableAs(ctx, bindir, cred, opts.Movable); err != nil {
+		if c.bindir, c.release, err = runnableAs(ctx, bindir, cred, opts.Movable); err != nil {
 			return nil, err
 		}
 	}
@@ -250,9 +251,10 @@ func (c *Cluster) URL(db string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, db)
 }
 
-// Stop shuts the server down (fast mode) and removes its directory. It is
-// safe to call more than once and from several goroutines; a Restart in
-// progress finishes first.
+// Stop shuts the server down (fast mode) and removes its directory, and the
+// copy of its binaries made for it as root when no other cluster runs that
+// copy any more. It is safe to call more than once and from several
+// goroutines; a Restart in progress finishes first.
 func (c *Cluster) Stop() {
 	c.stopMu.Lock()
 	if c.stopped {
@@ -272,6 +274,9 @@ func (c *Cluster) Stop() {
 		close(c.done)
 	}
 	_ = os.RemoveAll(c.dir)
+	if c.release != nil {
+		c.release() // after the server: its binaries may go now
+	}
 }
 
 // ShutdownMode says how Restart stops the server.

@@ -33,6 +33,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 )
@@ -246,6 +247,7 @@ func (r *Repo) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case "/maven2" + r.Artifact():
 		r.jars.Add(1)
 		w.Header().Set("Content-Type", "application/java-archive")
+		w.Header().Set("Content-Length", strconv.Itoa(len(r.jar))) // as Maven Central does
 		_, _ = w.Write(r.jar)
 	case "/maven2" + r.Artifact() + ".sha256":
 		_, _ = io.WriteString(w, r.sum)
