@@ -99,6 +99,30 @@ func TestLibraryPackageListIsComplete(t *testing.T) {
 	}
 }
 
+// application makes an application module in a temporary directory: Go
+// version goVersion, requiring the library (replaced by this checkout) and
+// requires ("path version"). It returns the directory and a function that
+// writes a file into it.
+func application(t *testing.T, goVersion string, requires ...string) (string, func(name, content string)) {
+	t.Helper()
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := t.TempDir()
+	write := func(name, content string) {
+		if err := os.WriteFile(filepath.Join(app, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mod := "module example.com/app\n\ngo " + goVersion + "\n\nrequire (\n\tgithub.com/millrace/watermill-outbox v0.0.0-00010101000000-000000000000\n"
+	for _, r := range requires {
+		mod += "\t" + r + "\n"
+	}
+	write("go.mod", mod+")\n\nreplace github.com/millrace/watermill-outbox => "+root+"\n")
+	return app, write
+}
+
 // A program that imports the root package and forwarder/kafka inherits,
 // through the library's go.mod, none of the tools' dependencies: the
 // benchmark's River and gonum, the console test's chromedp, the test
@@ -110,19 +134,7 @@ func TestAnApplicationsModuleGraphHoldsNoToolDependencies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("resolves a module graph: not in -short")
 	}
-	root, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := t.TempDir()
-	write := func(name, content string) {
-		if err := os.WriteFile(filepath.Join(app, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("go.mod", "module example.com/app\n\ngo 1.25.0\n\n"+
-		"require github.com/millrace/watermill-outbox v0.0.0-00010101000000-000000000000\n\n"+
-		"replace github.com/millrace/watermill-outbox => "+root+"\n")
+	app, write := application(t, "1.25.0")
 	write("main.go", `package main
 
 import (
@@ -182,20 +194,7 @@ func TestAnApplicationTestingWithKfakeBuildsWithThePairTheDocsName(t *testing.T)
 			t.Errorf("%s does not build with the pair docs/testing.md names (franz-go %s, kfake %s)", mod, franz, kfake)
 		}
 	}
-	root, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := t.TempDir()
-	write := func(name, content string) {
-		if err := os.WriteFile(filepath.Join(app, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("go.mod", "module example.com/app\n\ngo 1.26.0\n\nrequire (\n"+
-		"\tgithub.com/millrace/watermill-outbox v0.0.0-00010101000000-000000000000\n"+
-		"\tgithub.com/twmb/franz-go "+franz+"\n\tgithub.com/twmb/franz-go/pkg/kfake "+kfake+"\n)\n\n"+
-		"replace github.com/millrace/watermill-outbox => "+root+"\n")
+	app, write := application(t, "1.26.0", "github.com/twmb/franz-go "+franz, "github.com/twmb/franz-go/pkg/kfake "+kfake)
 	write("app.go", `package app
 
 import "github.com/millrace/watermill-outbox/forwarder/kafka"

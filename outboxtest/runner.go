@@ -84,6 +84,20 @@ type Result struct {
 	HandlerErr error
 }
 
+// add counts one tick into r: its sums, and its state and handler error as
+// the last ones.
+func (r *Result) add(t TickResult) {
+	r.Ticks++
+	r.Sequenced += t.Sequenced
+	r.Acked += t.Acked
+	r.Failed += t.Failed
+	r.Rejected += t.Rejected
+	r.Last, r.RetryIn = t.State, t.RetryIn
+	if t.HandlerErr != nil {
+		r.HandlerErr = t.HandlerErr
+	}
+}
+
 // Handled is how many deliveries ended in an outcome: acked, failed or
 // rejected.
 func (r Result) Handled() int { return r.Acked + r.Failed + r.Rejected }
@@ -342,15 +356,7 @@ func (r *Runner) RunUntilIdle(ctx context.Context) (Result, error) {
 	var sum Result
 	for {
 		t, err := r.Tick(ctx)
-		sum.Ticks++
-		sum.Sequenced += t.Sequenced
-		sum.Acked += t.Acked
-		sum.Failed += t.Failed
-		sum.Rejected += t.Rejected
-		sum.Last, sum.RetryIn = t.State, t.RetryIn
-		if t.HandlerErr != nil {
-			sum.HandlerErr = t.HandlerErr
-		}
+		sum.add(t)
 		if err != nil {
 			return sum, err
 		}
@@ -426,15 +432,7 @@ func RunTopicsUntilIdle(ctx context.Context, cfg outbox.SubscriberConfig, handle
 		for i, r := range runners {
 			t, err := r.Tick(ctx)
 			sum := sums[topics[i]]
-			sum.Ticks++
-			sum.Sequenced += t.Sequenced
-			sum.Acked += t.Acked
-			sum.Failed += t.Failed
-			sum.Rejected += t.Rejected
-			sum.Last, sum.RetryIn = t.State, t.RetryIn
-			if t.HandlerErr != nil {
-				sum.HandlerErr = t.HandlerErr
-			}
+			sum.add(t)
 			sums[topics[i]] = sum
 			if err != nil {
 				return sums, errors.Join(err, closeAll())
