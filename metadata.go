@@ -27,6 +27,14 @@ const (
 	// incarnation. Package inbox uses it to tell a new stream from a
 	// replay of an old one.
 	MetadataIncarnation = consumer.MetadataIncarnation
+	// MetadataPublishedAt is when the message was published: the
+	// statement that wrote it (the table mode), or its transaction's
+	// commit (the log-based mode); RFC 3339 with nanoseconds, UTC. With
+	// MetadataSequencedAt it says where a message's latency went.
+	MetadataPublishedAt = consumer.MetadataPublishedAt
+	// MetadataSequencedAt is when the message was given its seq (by the
+	// sequencer, or the relay), in the same form.
+	MetadataSequencedAt = consumer.MetadataSequencedAt
 )
 
 // MetadataSource names the source (the database) a forwarded message was

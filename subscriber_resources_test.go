@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -120,5 +121,52 @@ func TestEachSubscriptionLeasesUnderAnOwnerIDOfItsOwn(t *testing.T) {
 	})
 	if n := e.Int("SELECT count(DISTINCT lease_owner) FROM " + e.Schema + ".cursors WHERE group_name = 'billing'"); n != 2 {
 		t.Fatalf("%d distinct lease owners for the two subscriptions, want 2", n)
+	}
+}
+
+// A delivered message says when it was published and when it was
+// sequenced (the seeds' timestamps): both in RFC 3339, in that order,
+// within the test's span, the same on a redelivery.
+func TestADeliveredMessageCarriesItsPublishAndSequenceTimes(t *testing.T) {
+	e := newEnv(t)
+	e.Register("orders", 1)
+	ctx := outboxtest.Ctx(t)
+	before := time.Now()
+	e.Publish("orders", outboxtest.Keyed("o-1", "c-1", 1, "x"))
+	type stamps struct{ published, sequenced time.Time }
+	var seen []stamps
+	r, err := publicoutboxtest.NewRunner(ctx, outbox.SubscriberConfig{Schema: e.Schema, Pool: e.Pool, ConsumerGroup: "billing", Tuning: outboxtest.FastTuning()}, "orders",
+		func(m *message.Message) error {
+			p, perr := time.Parse(time.RFC3339Nano, m.Metadata.Get(outbox.MetadataPublishedAt))
+			s, serr := time.Parse(time.RFC3339Nano, m.Metadata.Get(outbox.MetadataSequencedAt))
+			if perr != nil || serr != nil {
+				t.Errorf("metadata %v: %v, %v", m.Metadata, perr, serr)
+			}
+			seen = append(seen, stamps{p, s})
+			if len(seen) == 1 {
+				return errors.New("once more") // a redelivery carries the same times
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for len(seen) < 2 {
+		res, err := r.Tick(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.State == publicoutboxtest.BackingOff {
+			time.Sleep(res.RetryIn) // FastTuning's backoff: milliseconds
+		}
+	}
+	after := time.Now()
+	s := seen[0]
+	if s.published.Before(before.Add(-time.Second)) || s.sequenced.Before(s.published) || s.sequenced.After(after.Add(time.Second)) {
+		t.Fatalf("published %v, sequenced %v; want before ≤ published ≤ sequenced ≤ after (%v, %v)", s.published, s.sequenced, before, after)
+	}
+	if seen[1] != s {
+		t.Fatalf("the redelivery carries %+v, the first delivery %+v", seen[1], s)
 	}
 }

@@ -313,6 +313,12 @@ func (w *Worker) buildMessage(ctx context.Context, e Entry, attempt int) (*messa
 	if e.Key != "" {
 		msg.Metadata.Set(MetadataPartitionKey, e.Key)
 	}
+	if !e.PublishedAt.IsZero() {
+		msg.Metadata.Set(MetadataPublishedAt, e.PublishedAt.UTC().Format(time.RFC3339Nano))
+	}
+	if !e.SequencedAt.IsZero() {
+		msg.Metadata.Set(MetadataSequencedAt, e.SequencedAt.UTC().Format(time.RFC3339Nano))
+	}
 	d := &delivery{token: w.lease.Token()}
 	if rec, ok := w.lease.(WriterRecord); ok {
 		d.writer = rec

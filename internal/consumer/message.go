@@ -34,6 +34,12 @@ const (
 	// registration time, µs since the Unix epoch): a topic registered
 	// again numbers its messages from 1 again, under a new incarnation.
 	MetadataIncarnation = "outbox_incarnation"
+	// MetadataPublishedAt is when the message was published (the
+	// statement that wrote it, or its transaction's commit in the
+	// log-based mode), RFC 3339 with nanoseconds, UTC.
+	MetadataPublishedAt = "outbox_published_at"
+	// MetadataSequencedAt is when it was given its seq, in the same form.
+	MetadataSequencedAt = "outbox_sequenced_at"
 )
 
 // StableID returns the stable id of the message at seq in partition of topic.

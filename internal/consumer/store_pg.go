@@ -149,14 +149,14 @@ func (s *PGStore) ReadSeqs(ctx context.Context, topic string, partition int, seq
 }
 
 // scanEntries reads log rows (seq, uuid, key, metadata, payload, whether
-// the payload is missing, count) and closes them; counted is the last
+// the payload is missing, published and sequenced at, count) and closes them; counted is the last
 // row's count.
 func scanEntries(rows pgexec.Rows, capacity int) (_ []Entry, counted *int32, _ error) {
 	defer rows.Close()
 	entries := make([]Entry, 0, capacity)
 	for rows.Next() {
 		var e Entry
-		if err := rows.Scan(&e.Seq, &e.UUID, &e.Key, &e.Metadata, &e.Payload, &e.PayloadMissing, &counted); err != nil {
+		if err := rows.Scan(&e.Seq, &e.UUID, &e.Key, &e.Metadata, &e.Payload, &e.PayloadMissing, &e.PublishedAt, &e.SequencedAt, &counted); err != nil {
 			return nil, nil, err
 		}
 		entries = append(entries, e)

@@ -8,10 +8,11 @@
 -- Columns, in every LogRead statement: seq, uuid, key, metadata, payload
 -- (from bodies when it is kept there), whether the payload is missing (its
 -- bodies row is gone: the message cannot be delivered as it was written),
--- and the delivery count (NULL: not counted).
+-- when it was published (its INSERT) and sequenced, and the delivery count
+-- (NULL: not counted).
 SELECT seq, uuid, coalesce(partition_key, ''), metadata,
 	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)),
-	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), NULL::int4
+	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), created_at, sequenced_at, NULL::int4
 FROM {{schema}}.log
 WHERE topic = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4;
 
@@ -41,7 +42,8 @@ WITH counted AS (
 )
 SELECT seq, uuid, coalesce(partition_key, ''), metadata,
 	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)),
-	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), (SELECT deliveries FROM counted)
+	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), created_at, sequenced_at,
+	(SELECT deliveries FROM counted)
 FROM {{schema}}.log
 WHERE topic = $2 AND partition = $3 AND seq > $4 ORDER BY seq LIMIT $7;
 
@@ -72,7 +74,7 @@ WITH r AS MATERIALIZED (
 )
 SELECT r.i, l.seq, l.uuid, coalesce(l.partition_key, ''), l.metadata,
 	coalesce(l.payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = l.body_id)),
-	l.payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = l.body_id),
+	l.payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = l.body_id), l.created_at, l.sequenced_at,
 	(SELECT n.deliveries FROM counted n WHERE n.i = r.i)
 FROM r CROSS JOIN LATERAL (SELECT * FROM {{schema}}.log
 	WHERE topic = r.topic AND partition = r.part AND seq > r.after ORDER BY seq LIMIT r.lim) l
@@ -82,7 +84,7 @@ ORDER BY r.i, l.seq;
 -- The held messages to retry (held.sql): $1 topic, $2 partition, $3 seqs.
 SELECT seq, uuid, coalesce(partition_key, ''), metadata,
 	coalesce(payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = body_id)),
-	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), NULL::int4
+	payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = body_id), created_at, sequenced_at, NULL::int4
 FROM {{schema}}.log
 WHERE topic = $1 AND partition = $2 AND seq = ANY($3::int8[]) ORDER BY seq;
 

@@ -70,6 +70,9 @@ type Entry struct {
 	// PayloadMissing: the payload was kept in bodies and its row is gone;
 	// the message cannot be delivered as it was written.
 	PayloadMissing bool
+	// PublishedAt and SequencedAt are when the message was written (its
+	// publishing statement) and given its seq; zero when unknown.
+	PublishedAt, SequencedAt time.Time
 }
 
 // SavepointOp is one of the savepoint statements of the Transactional
