@@ -40,7 +40,10 @@ func start(ctx context.Context, opts pgtemp.Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, cluster.URL("postgres"))
+	// pgxpool's default (4 connections on a 2-core machine) is too few
+	// for a Transactional Subscriber, whose workers hold a connection per
+	// batch: it refuses such a pool (docs/postgresql.md, "Pool size").
+	pool, err := pgxpool.New(ctx, cluster.URL("postgres")+"&pool_max_conns=24")
 	if err != nil {
 		cluster.Stop()
 		return nil, err
