@@ -402,9 +402,12 @@ func RunUntilIdle(ctx context.Context, cfg outbox.SubscriberConfig, topic string
 // in which none delivered anything and the sequencer found nothing, so that
 // a handler of one topic that publishes to another (an order that becomes
 // a shipment) is followed to the end in one call. It returns each topic's
-// sums; the partitions are given back before it returns. A nil handler is
-// an error (outbox.ErrInvalidArgument), and nothing runs.
+// sums; the partitions are given back before it returns. No topics, or a
+// nil handler, is an error (outbox.ErrInvalidArgument), and nothing runs.
 func RunTopicsUntilIdle(ctx context.Context, cfg outbox.SubscriberConfig, handlers map[string]Handler) (map[string]Result, error) {
+	if len(handlers) == 0 {
+		return nil, fmt.Errorf("%w: outboxtest.RunTopicsUntilIdle: no topics: give a handler per topic to run", outbox.ErrInvalidArgument)
+	}
 	topics := slices.Sorted(maps.Keys(handlers))
 	for _, topic := range topics {
 		if handlers[topic] == nil {

@@ -160,6 +160,17 @@ var consumersEntries = []entry{
 		e.fails("RunUntilIdle(zero, \"\", nil)", func() error { _, err := outboxtest.RunUntilIdle(e.ctx, outbox.SubscriberConfig{}, "", nil); return err })
 		e.fails("RunUntilIdle(cfg, orders, nil)", func() error { _, err := outboxtest.RunUntilIdle(e.ctx, subCfg(e), "orders", nil); return err })
 	}},
+	{"outboxtest.RunTopicsUntilIdle", func(e *env) {
+		e.fails("RunTopicsUntilIdle(cfg, nil)", func() error { _, err := outboxtest.RunTopicsUntilIdle(e.ctx, subCfg(e), nil); return err })
+		e.fails("RunTopicsUntilIdle(cfg, {orders: nil})", func() error {
+			_, err := outboxtest.RunTopicsUntilIdle(e.ctx, subCfg(e), map[string]outboxtest.Handler{"orders": nil})
+			return err
+		})
+		e.fails("RunTopicsUntilIdle(zero, {\"\": h})", func() error {
+			_, err := outboxtest.RunTopicsUntilIdle(e.ctx, outbox.SubscriberConfig{}, map[string]outboxtest.Handler{"": func(*message.Message) error { return nil }})
+			return err
+		})
+	}},
 	{"outboxtest.Schema", func(e *env) {
 		e.call("Schema(t, nil pool)", func() { outboxtest.Schema(&fakeTB{}, (*pgxpool.Pool)(nil)) })
 		e.call("Schema(t, nil *sql.DB)", func() { outboxtest.Schema(&fakeTB{}, (*sql.DB)(nil)) })

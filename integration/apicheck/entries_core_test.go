@@ -60,6 +60,16 @@ var coreEntries = []entry{
 		})
 	}},
 	{"outbox.IsDelivered", func(e *env) { e.call("IsDelivered(nil)", func() { outbox.IsDelivered(nil) }) }},
+	{"outbox.QuietRejects", func(e *env) {
+		e.fails("QuietRejects(nil)(msg)", func() error {
+			_, err := outbox.QuietRejects(nil)(message.NewMessage("u", nil))
+			return err
+		})
+		e.fails("QuietRejects(h)(nil), h rejecting it", func() error {
+			_, err := outbox.QuietRejects(func(m *message.Message) ([]*message.Message, error) { return nil, outbox.Reject(m, nil) })(nil)
+			return err
+		})
+	}},
 	{"outbox.Tombstone", func(e *env) {
 		e.fails("Tombstone(nil)", func() error { return outbox.Tombstone(nil) })
 		e.fails("Tombstone(msg with a payload)", func() error { return outbox.Tombstone(message.NewMessage("u", []byte("x"))) })

@@ -23,6 +23,9 @@ var typesEntries = []entry{
 	{"outboxtype.LimitError.Is", func(e *env) { e.call("LimitError{}.Is", func() { _ = new(outboxtype.LimitError).Is(nil) }) }},
 	{"outboxtype.MessageError.Error", func(e *env) { e.call("MessageError{}.Error", func() { _ = new(outboxtype.MessageError).Error() }) }},
 	{"outboxtype.MessageError.Is", func(e *env) { e.call("MessageError{}.Is", func() { _ = new(outboxtype.MessageError).Is(nil) }) }},
+	{"outboxtype.MessageError.Unwrap", func(e *env) {
+		e.call("MessageError{}.Unwrap", func() { _ = new(outboxtype.MessageError).Unwrap() })
+	}},
 	{"outboxtype.NameError.Error", func(e *env) { e.call("NameError{}.Error", func() { _ = new(outboxtype.NameError).Error() }) }},
 	{"outboxtype.NameError.Is", func(e *env) { e.call("NameError{}.Is", func() { _ = new(outboxtype.NameError).Is(nil) }) }},
 	{"outboxtype.NotInTxError.Error", func(e *env) { e.call("NotInTxError{}.Error", func() { _ = new(outboxtype.NotInTxError).Error() }) }},
