@@ -383,9 +383,7 @@ func TestSequencerBacksOffWithTheSharedBackoff(t *testing.T) {
 			t.Fatal("the sequencer did not sequence the message")
 		}
 	}
-	if _, err := e.Pool.Exec(outboxtest.Ctx(t), "DROP SCHEMA "+e.Schema+" CASCADE"); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.DropSchemaUnder(t, e.Pool, e.Schema) // the sequencer keeps running
 	backofftest.Check(t, backoff.Default, logs.WaitFor(t, 5, 30*time.Second)[:5], outbox.ErrNotMigrated)
 }
 

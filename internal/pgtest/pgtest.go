@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -214,6 +215,30 @@ func Schema(t testing.TB) string {
 		})
 	}
 	return name
+}
+
+// DropSchemaUnder drops schema while components may still be running on it
+// (a test of what they do once it is gone). PostgreSQL may choose the DROP
+// as the victim of a deadlock with a running component's statement
+// (SQLSTATE 40P01); the DROP is retried then, up to 50 times, and any other
+// error fails the test.
+func DropSchemaUnder(t testing.TB, pool *pgxpool.Pool, schema string) {
+	t.Helper()
+	stmt := "DROP SCHEMA " + pgx.Identifier{schema}.Sanitize() + " CASCADE"
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		_, err := pool.Exec(ctx, stmt)
+		cancel()
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			return
+		case errors.As(err, &pgErr) && pgErr.Code == "40P01" && attempt < 50:
+			t.Logf("pgtest: drop schema %s: deadlock with a running component, retrying (attempt %d)", schema, attempt)
+		default:
+			t.Fatalf("pgtest: drop schema %s: %v", schema, err)
+		}
+	}
 }
 
 // External reports whether the tests run against OUTBOX_TEST_DATABASE_URL
