@@ -215,4 +215,3 @@ func (c *protobufCodec) json(body []byte) ([]byte, error) {
 	}
 	return protojson.Marshal(m)
 }
-
