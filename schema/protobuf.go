@@ -22,9 +22,10 @@ const protoFile = "schema.proto"
 type protobufCodec struct {
 	desc protoreflect.MessageDescriptor
 	idx  []int
-	// goTypes caches, per Go type given to encode or decode, whether its
-	// descriptor agrees with the schema's (nil) or what differs.
-	goTypes sync.Map // reflect.Type → error
+	// goTypes caches, per descriptor of a Go value given to encode or
+	// decode (a generated type's, or a dynamicpb message's), whether it
+	// agrees with the schema's (nil) or what differs.
+	goTypes sync.Map // protoreflect.MessageDescriptor → error
 }
 
 func compileProtobuf(text, message string, index []int) (*protobufCodec, error) {
@@ -153,7 +154,7 @@ func (c *protobufCodec) goMessage(v any) (proto.Message, error) {
 	if got.FullName() != c.desc.FullName() {
 		return nil, fmt.Errorf("a %s is not a %s", got.FullName(), c.desc.FullName())
 	}
-	t := reflect.TypeOf(v)
+	t := got
 	if known, ok := c.goTypes.Load(t); ok {
 		if known != nil {
 			return nil, known.(error)
