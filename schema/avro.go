@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
+	"sync"
 
 	"github.com/hamba/avro/v2"
 )
@@ -12,6 +15,9 @@ import (
 type avroCodec struct {
 	schema avro.Schema
 	name   string
+	// targets caches, per struct type decoded into, whether it has a
+	// field for each of the record's (nil) or which it lacks.
+	targets sync.Map // reflect.Type → error
 }
 
 func compileAvro(text string) (*avroCodec, error) {
@@ -55,6 +61,9 @@ func (c *avroCodec) encode(dst []byte, v any) ([]byte, error) {
 }
 
 func (c *avroCodec) decode(body []byte, v any) error {
+	if err := c.checkTarget(v); err != nil {
+		return err
+	}
 	if err := avro.Unmarshal(c.schema, body, v); err != nil {
 		return fmt.Errorf("cannot decode into a %T: %w", v, err)
 	}
@@ -67,4 +76,50 @@ func (c *avroCodec) json(body []byte) ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(v)
+}
+
+// checkTarget refuses a struct target that lacks a field for one of the
+// record's fields (hamba/avro skips them silently, leaving a zero value
+// where the record had data): a Go type of another record, or of another
+// version. Maps and interfaces take any record.
+func (c *avroCodec) checkTarget(v any) error {
+	rec, ok := c.schema.(*avro.RecordSchema)
+	if !ok {
+		return nil
+	}
+	t := reflect.TypeOf(v)
+	if t == nil || t.Kind() != reflect.Pointer {
+		return fmt.Errorf("decode into a pointer, not a %T", v)
+	}
+	t = t.Elem()
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	if known, ok := c.targets.Load(t); ok {
+		if known != nil {
+			return known.(error)
+		}
+		return nil
+	}
+	names := map[string]bool{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name := f.Name
+		if tag, ok := f.Tag.Lookup("avro"); ok {
+			name, _, _ = strings.Cut(tag, ",")
+		}
+		names[name] = true
+	}
+	for _, f := range rec.Fields() {
+		if !names[f.Name()] {
+			err := fmt.Errorf("the Go type %v has no field for the record's %q (%s): tag one `avro:%q`, or decode into a type of this record", t, f.Name(), rec.FullName(), f.Name())
+			c.targets.Store(t, err)
+			return err
+		}
+	}
+	c.targets.Store(t, nil)
+	return nil
 }

@@ -4,7 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
 )
+
+func errNotConstructed() error { return errs.NotConstructed("schema.Codec", "schema.New") }
+
+func errNilHandler() error {
+	return errs.NilArgument("schema.Handler: fn", "pass the function that handles the decoded value")
+}
+
+func errNilMessage() error {
+	return errs.NilArgument("schema.Handler: msg", "the Subscriber delivers messages, never nil")
+}
 
 // The kinds of failure, for errors.Is. Every error of the package that is
 // not a configuration or argument error (outbox.ErrInvalidConfig,
