@@ -16,7 +16,7 @@ import (
 // (TestLibraryPackageListIsComplete).
 var libraryPackages = []string{
 	".", "./adaptive", "./admin", "./console", "./deadletter", "./forwarder", "./forwarder/jetstream",
-	"./forwarder/kafka", "./inbox", "./metrics", "./outboxtype", "./partitioning", "./pipeline", "./relay", "./retention",
+	"./forwarder/kafka", "./inbox", "./metrics", "./outboxtype", "./partitioning", "./pipeline", "./relay", "./retention", "./schema",
 }
 
 // brokerClients are the broker client libraries, each with the one package
@@ -27,6 +27,25 @@ var brokerClients = map[string]string{
 	"github.com/twmb/franz-go":   "./forwarder/kafka",
 	"github.com/nats-io/nats.go": "./forwarder/jetstream",
 	"github.com/IBM/sarama":      "",
+}
+
+// schemaLibraries are what package schema needs (the registry client and
+// wire format, Avro, .proto parsing, JSON Schema validation): only schema
+// may link them, so that an application that does not validate events
+// links none of them.
+var schemaLibraries = []string{
+	"github.com/twmb/franz-go/pkg/sr", "github.com/hamba/avro", "github.com/bufbuild/protocompile",
+	"github.com/santhosh-tekuri/jsonschema", "github.com/json-iterator/go", "github.com/modern-go/",
+}
+
+// isSchemaLibrary reports a package of schemaLibraries.
+func isSchemaLibrary(dep string) bool {
+	for _, l := range schemaLibraries {
+		if dep == l || strings.HasPrefix(dep, l) && (strings.HasSuffix(l, "/") || strings.HasPrefix(dep, l+"/")) {
+			return true
+		}
+	}
+	return false
 }
 
 // goList runs the go command in the library module alone (GOWORK=off), as
@@ -71,6 +90,12 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 			}
 			if strings.HasPrefix(dep, "github.com/prometheus/") && pkg != "./metrics" {
 				t.Errorf("%s links Prometheus; only metrics may", pkg)
+			}
+			if isSchemaLibrary(dep) {
+				if pkg != "./schema" {
+					t.Errorf("%s links %s; only schema may (an application that does not import schema links none of its libraries)", pkg, dep)
+				}
+				continue
 			}
 			for client, allowed := range brokerClients {
 				if (dep == client || strings.HasPrefix(dep, client+"/")) && pkg != allowed {
@@ -128,7 +153,8 @@ func application(t *testing.T, goVersion string, requires ...string) (string, fu
 // benchmark's River and gonum, the console test's chromedp, the test
 // brokers kfake and nats-server, the CLI's cobra, the tests' embedded-postgres.
 // They live in modules of their own (cmd, _examples, integration, pgtemp), so
-// they are not in the program's module graph at all.
+// they are not in the program's module graph at all. And it links none of
+// the schema package's libraries (Avro, .proto parsing, JSON Schema).
 func TestAnApplicationsModuleGraphHoldsNoToolDependencies(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -163,6 +189,19 @@ func main() {
 	}
 	if !strings.Contains(graph, "github.com/twmb/franz-go@") {
 		t.Errorf("the graph does not hold franz-go: the check did not see the library's requirements:\n%s", graph)
+	}
+	// The schema package's libraries are in the graph (the library's go.mod
+	// requires them) but the program links none of them; one that imports
+	// schema does.
+	for dep := range strings.Lines(goList(t, app, "list", "-deps", ".")) {
+		if isSchemaLibrary(strings.TrimSpace(dep)) {
+			t.Errorf("a program that does not import schema links %s", strings.TrimSpace(dep))
+		}
+	}
+	write("schema.go", "package main\n\nimport _ \"github.com/millrace/watermill-outbox/schema\"\n")
+	goList(t, app, "mod", "tidy")
+	if deps := goList(t, app, "list", "-deps", "."); !strings.Contains(deps, "github.com/hamba/avro/v2\n") {
+		t.Errorf("a program that imports schema does not link hamba/avro: the check above proves nothing:\n%s", deps)
 	}
 }
 
