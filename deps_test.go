@@ -17,6 +17,7 @@ import (
 var libraryPackages = []string{
 	".", "./adaptive", "./admin", "./console", "./deadletter", "./forwarder", "./forwarder/jetstream",
 	"./forwarder/kafka", "./inbox", "./metrics", "./outboxtype", "./partitioning", "./pipeline", "./relay", "./retention",
+	"./schema",
 }
 
 // brokerClients are the broker client libraries, each with the one package
@@ -41,6 +42,16 @@ func goList(t *testing.T, dir string, args ...string) string {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// schemaDeps are the libraries package schema brings (the registry client
+// and wire format, Avro, .proto compilation, JSON Schema), each allowed in
+// schema only: an application that does not import it links none of them
+// (docs/schemas.md, "Dependencies"). The registry client is franz-go's,
+// but no broker client: it is checked here, not in brokerClients.
+var schemaDeps = []string{
+	"github.com/twmb/franz-go/pkg/sr", "github.com/hamba/avro", "github.com/bufbuild/protocompile",
+	"github.com/santhosh-tekuri/jsonschema",
 }
 
 // Library packages never import the demo, the benchmarks, a command or a
@@ -71,6 +82,14 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 			}
 			if strings.HasPrefix(dep, "github.com/prometheus/") && pkg != "./metrics" {
 				t.Errorf("%s links Prometheus; only metrics may", pkg)
+			}
+			for _, lib := range schemaDeps {
+				if (dep == lib || strings.HasPrefix(dep, lib+"/")) && pkg != "./schema" {
+					t.Errorf("%s links %s; only schema may (an application that does not import it must link none of its dependencies)", pkg, dep)
+				}
+			}
+			if dep == "github.com/twmb/franz-go/pkg/sr" {
+				continue // the registry client, checked above
 			}
 			for client, allowed := range brokerClients {
 				if (dep == client || strings.HasPrefix(dep, client+"/")) && pkg != allowed {
