@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/watermill-outbox/schema"
+	"github.com/millrace/watermill-outbox/schema/schematest"
 )
 
 // The cost of a schema per message, without a database: a ~1 KB order
@@ -26,20 +27,20 @@ import (
 func BenchmarkNewMessage(b *testing.B) {
 	order := benchOrder(1)
 	b.Run("avro", func(b *testing.B) {
-		codec := newCodec(b, schema.TopicSchema{Topic: "orders", Format: schema.Avro, Text: orderAvro})
+		codec, topic := newCodec(b, schema.Avro, orderAvro)
 		checkSize(b, "Avro", avroRecord(b, order))
-		benchNewMessage(b, codec, order)
+		benchNewMessage(b, codec, topic, order)
 	})
 	b.Run("protobuf", func(b *testing.B) {
-		codec := newCodec(b, schema.TopicSchema{Topic: "orders", Format: schema.Protobuf, Text: orderProto})
+		codec, topic := newCodec(b, schema.Protobuf, orderProto)
 		md := orderDescriptor(b)
 		checkSize(b, "Protobuf", protoRecord(b, md, order))
-		benchNewMessage(b, codec, protoOrder(md, order))
+		benchNewMessage(b, codec, topic, protoOrder(md, order))
 	})
 }
 
-func benchNewMessage(b *testing.B, codec *schema.Codec, v any) {
-	m, err := codec.NewMessage("orders", v)
+func benchNewMessage(b *testing.B, codec *schema.Codec, topic string, v any) {
+	m, err := codec.NewMessage(topic, v)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func benchNewMessage(b *testing.B, codec *schema.Codec, v any) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		if _, err := codec.NewMessage("orders", v); err != nil {
+		if _, err := codec.NewMessage(topic, v); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -63,20 +64,20 @@ func benchNewMessage(b *testing.B, codec *schema.Codec, v any) {
 func BenchmarkPublisherBytes(b *testing.B) {
 	order := benchOrder(1)
 	b.Run("avro", func(b *testing.B) {
-		codec := newCodec(b, schema.TopicSchema{Topic: "orders", Format: schema.Avro, Text: orderAvro})
+		codec, topic := newCodec(b, schema.Avro, orderAvro)
 		record := avroRecord(b, order)
 		checkSize(b, "Avro", record)
-		benchPublisherBytes(b, codec, record)
+		benchPublisherBytes(b, codec, topic, record)
 	})
 	b.Run("protobuf", func(b *testing.B) {
-		codec := newCodec(b, schema.TopicSchema{Topic: "orders", Format: schema.Protobuf, Text: orderProto})
+		codec, topic := newCodec(b, schema.Protobuf, orderProto)
 		record := protoRecord(b, orderDescriptor(b), order)
 		checkSize(b, "Protobuf", record)
-		benchPublisherBytes(b, codec, record)
+		benchPublisherBytes(b, codec, topic, record)
 	})
 }
 
-func benchPublisherBytes(b *testing.B, codec *schema.Codec, record []byte) {
+func benchPublisherBytes(b *testing.B, codec *schema.Codec, topic string, record []byte) {
 	var sink discard
 	pub, err := codec.Publisher(&sink)
 	if err != nil {
@@ -92,14 +93,14 @@ func benchPublisherBytes(b *testing.B, codec *schema.Codec, record []byte) {
 		delete(m.Metadata, schema.MetadataSubject)
 		delete(m.Metadata, schema.MetadataVersion)
 	}
-	if err := pub.Publish("orders", m); err != nil {
+	if err := pub.Publish(topic, m); err != nil {
 		b.Fatal(err)
 	}
 	if sink.n != 1 || !isWire(sink.last, m.Metadata.Get(schema.MetadataSchemaID)) || len(sink.last) <= len(record) {
 		b.Fatalf("the Publisher passed on %d messages, the last not in the wire format: % x", sink.n, sink.last[:8])
 	}
 	// A record that does not match is refused, or this measures nothing.
-	if err := pub.Publish("orders", message.NewMessage("bench-bad", record[:len(record)/2])); err == nil {
+	if err := pub.Publish(topic, message.NewMessage("bench-bad", record[:len(record)/2])); err == nil {
 		b.Fatal("the Publisher let a truncated record through")
 	}
 	b.SetBytes(int64(len(record)))
@@ -107,20 +108,28 @@ func benchPublisherBytes(b *testing.B, codec *schema.Codec, record []byte) {
 	b.ResetTimer()
 	for b.Loop() {
 		reset()
-		if err := pub.Publish("orders", m); err != nil {
+		if err := pub.Publish(topic, m); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-// newCodec starts a Codec of the schemas on a registry of its own.
-func newCodec(tb testing.TB, schemas ...schema.TopicSchema) *schema.Codec {
+// newCodec starts a Codec with a schema for one topic, on the registry
+// of schematest.New (a stand-in of its own, or the real registry of
+// OUTBOX_TEST_SCHEMA_REGISTRY_URL), and returns it and the topic (named
+// apart, so that its subject is new on a shared registry too).
+func newCodec(tb testing.TB, format schema.Format, text string) (*schema.Codec, string) {
 	tb.Helper()
-	codec, err := schema.New(context.Background(), schema.Config{Client: registryClient(tb), Schemas: schemas}, nil)
+	reg := schematest.New(tb)
+	topic := reg.Name(tb, "orders")
+	codec, err := schema.New(context.Background(), schema.Config{
+		Client:  reg.Client(tb),
+		Schemas: []schema.TopicSchema{{Topic: topic, Format: format, Text: text}},
+	}, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return codec
+	return codec, topic
 }
 
 // discard is a message.Publisher that keeps the last payload it was given.

@@ -9,7 +9,6 @@ import (
 	"github.com/bufbuild/protocompile"
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
-	"github.com/twmb/franz-go/pkg/sr/srfake"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
@@ -173,19 +172,6 @@ func checkSize(tb testing.TB, what string, record []byte) {
 	if len(record) < 900 || len(record) > 1200 {
 		tb.Fatalf("the %s record is %d bytes, not about 1 KB: adjust benchOrder", what, len(record))
 	}
-}
-
-// registryClient returns a client of a registry for tb: franz-go's
-// in-memory srfake, closed with tb.
-func registryClient(tb testing.TB) *sr.Client {
-	tb.Helper()
-	reg := srfake.New()
-	tb.Cleanup(reg.Close)
-	client, err := sr.NewClient(sr.URLs(reg.URL()))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return client
 }
 
 // isWire reports a payload in the Confluent wire format with the given

@@ -51,25 +51,26 @@ func BenchmarkPublish100PerTx(b *testing.B) {
 	checkSize(b, "Avro", records[0])
 
 	b.Run("plain", func(b *testing.B) {
-		db := newOutbox(b, dbURL)
+		db := newOutbox(b, dbURL, "orders")
 		pub := db.publisher(b)
 		benchPublish(b, db, func() error {
 			return pub.Publish("orders", bareMessages(records)...)
 		}, false)
 	})
 	b.Run("validated", func(b *testing.B) {
-		db := newOutbox(b, dbURL)
-		pub, err := newCodec(b, schema.TopicSchema{Topic: "orders", Format: schema.Avro, Text: orderAvro}).Publisher(db.publisher(b))
+		codec, topic := newCodec(b, schema.Avro, orderAvro)
+		db := newOutbox(b, dbURL, topic)
+		pub, err := codec.Publisher(db.publisher(b))
 		if err != nil {
 			b.Fatal(err)
 		}
 		benchPublish(b, db, func() error {
-			return pub.Publish("orders", bareMessages(records)...)
+			return pub.Publish(topic, bareMessages(records)...)
 		}, true)
 	})
 	b.Run("encoded", func(b *testing.B) {
-		db := newOutbox(b, dbURL)
-		codec := newCodec(b, schema.TopicSchema{Topic: "orders", Format: schema.Avro, Text: orderAvro})
+		codec, topic := newCodec(b, schema.Avro, orderAvro)
+		db := newOutbox(b, dbURL, topic)
 		pub, err := codec.Publisher(db.publisher(b))
 		if err != nil {
 			b.Fatal(err)
@@ -77,14 +78,14 @@ func BenchmarkPublish100PerTx(b *testing.B) {
 		benchPublish(b, db, func() error {
 			msgs := make([]*message.Message, len(orders))
 			for i := range orders {
-				m, err := codec.NewMessage("orders", orders[i])
+				m, err := codec.NewMessage(topic, orders[i])
 				if err != nil {
 					return err
 				}
 				m.Metadata.Set(outbox.PublishPartitionKeyMetadata, orders[i].Customer)
 				msgs[i] = m
 			}
-			return pub.Publish("orders", msgs...)
+			return pub.Publish(topic, msgs...)
 		}, true)
 	})
 }
@@ -140,15 +141,15 @@ func benchPublish(b *testing.B, db *benchOutbox, publish func() error, wire bool
 	}
 }
 
-// benchOutbox is an outbox in a schema of its own, with the topic
-// "orders" of 16 partitions.
+// benchOutbox is an outbox in a schema of its own, with one topic of 16
+// partitions.
 type benchOutbox struct {
 	pool   *pgxpool.Pool
 	schema string
 	tx     context.Context // the current transaction's, for the messages
 }
 
-func newOutbox(b *testing.B, dbURL string) *benchOutbox {
+func newOutbox(b *testing.B, dbURL, topic string) *benchOutbox {
 	b.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dbURL)
@@ -165,7 +166,7 @@ func newOutbox(b *testing.B, dbURL string) *benchOutbox {
 	if err := outbox.Migrate(ctx, pool, db.schema); err != nil {
 		b.Fatal(err)
 	}
-	if err := outbox.RegisterTopic(ctx, pool, db.schema, "orders", 16); err != nil {
+	if err := outbox.RegisterTopic(ctx, pool, db.schema, topic, 16); err != nil {
 		b.Fatal(err)
 	}
 	return db

@@ -12,10 +12,12 @@
 //
 // No setup: PostgreSQL is a throwaway server, Kafka an in-process fake
 // cluster (franz-go's kfake), and the schema registry an in-process
-// stand-in unless SCHEMA_REGISTRY_URL names a real one (Confluent,
-// Karapace, Redpanda, Apicurio in ccompat mode), where the schema is
-// registered under the subject "shop.orders-value" (the TopicName strategy
-// of the outbox topic "shop.orders"). The last line printed is OK.
+// stand-in (package schema/schematest: the REST subset franz-go's sr
+// client uses, compatibility checks included) unless SCHEMA_REGISTRY_URL
+// names a real one (Confluent, Karapace, Redpanda, Apicurio in ccompat
+// mode), where the schema is registered under the subject
+// "shop.orders-value" (the TopicName strategy of the outbox topic
+// "shop.orders"). The last line printed is OK.
 package main
 
 import (
@@ -33,13 +35,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
-	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/_examples/internal/exampledb"
 	"github.com/millrace/watermill-outbox/forwarder"
 	"github.com/millrace/watermill-outbox/forwarder/kafka"
 	"github.com/millrace/watermill-outbox/schema"
+	"github.com/millrace/watermill-outbox/schema/schematest"
 )
 
 const (
@@ -89,9 +91,11 @@ func run(ctx context.Context) error {
 	// The schema registry: SCHEMA_REGISTRY_URL's, or an in-process one.
 	registryURL := os.Getenv("SCHEMA_REGISTRY_URL")
 	if registryURL == "" {
-		standIn := srfake.New()
+		standIn := schematest.NewStandIn()
+		if registryURL, err = standIn.Start(); err != nil {
+			return err
+		}
 		defer standIn.Close()
-		registryURL = standIn.URL()
 		fmt.Printf("Schema registry: in-process stand-in on %s (set SCHEMA_REGISTRY_URL to use a real one)\n", registryURL)
 	} else {
 		fmt.Printf("Schema registry: %s\n", registryURL)
