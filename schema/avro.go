@@ -2,7 +2,6 @@ package schema
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -35,21 +34,12 @@ func compileAvro(text string) (*avroCodec, error) {
 func (c *avroCodec) record() string { return c.name }
 func (c *avroCodec) index() []int   { return nil }
 
-// validate decodes the record with the schema and checks that it is all
-// of the body: a record that decodes with bytes left over is another
-// record's, or garbage.
+// validate reads the record with the schema (checkAvroRecord: as decoding
+// it would, without building it) and checks that it is all of the body: a
+// record that decodes with bytes left over is another record's, or
+// garbage.
 func (c *avroCodec) validate(body []byte) error {
-	r := avro.NewReader(nil, 0).Reset(body)
-	var v any
-	r.ReadVal(c.schema, &v)
-	if r.Error != nil {
-		return fmt.Errorf("not an Avro record of this schema: %w", r.Error)
-	}
-	r.Peek()
-	if r.Error == nil {
-		return errors.New("not an Avro record of this schema: bytes are left over after the record")
-	}
-	return nil
+	return checkAvroRecord(c.schema, body)
 }
 
 func (c *avroCodec) encode(dst []byte, v any) ([]byte, error) {

@@ -46,7 +46,7 @@ const orderV2Compatible = `{"type": "record", "name": "Order", "namespace": "sho
   {"name": "currency", "type": "string", "default": "EUR"}
  ]}`
 
-func newCodec(t testing.TB, cl *sr.Client, edit func(*schema.Config), schemas ...schema.TopicSchema) (*schema.Codec, error) {
+func startCodec(t testing.TB, cl *sr.Client, edit func(*schema.Config), schemas ...schema.TopicSchema) (*schema.Codec, error) {
 	t.Helper()
 	cfg := schema.Config{Client: cl, Schemas: schemas}
 	if edit != nil {
@@ -67,11 +67,11 @@ func TestNewRegistersEachSchemaOnce(t *testing.T) {
 		{Topic: refunds, Format: schema.Protobuf, Text: read(t, "order.proto"), Message: "shop.Refund"},
 		{Topic: events, Format: schema.JSONSchema, Text: read(t, "order.schema.json")},
 	}
-	first, err := newCodec(t, cl, nil, schemas...)
+	first, err := startCodec(t, cl, nil, schemas...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := newCodec(t, cl, nil, schemas...)
+	second, err := startCodec(t, cl, nil, schemas...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestSubjectStrategies(t *testing.T) {
 		{schema.RecordName, r.Name(t, "b"), ns + ".Order"},
 		{schema.TopicRecordName, r.Name(t, "c"), "%t-" + ns + ".Order"},
 	} {
-		if _, err := newCodec(t, cl, func(c *schema.Config) { c.Subjects = tc.strategy }, schema.TopicSchema{Topic: tc.topic, Format: schema.Avro, Text: avsc}); err != nil {
+		if _, err := startCodec(t, cl, func(c *schema.Config) { c.Subjects = tc.strategy }, schema.TopicSchema{Topic: tc.topic, Format: schema.Avro, Text: avsc}); err != nil {
 			t.Fatal(err)
 		}
 		want := strings.ReplaceAll(tc.want, "%t", tc.topic)
@@ -116,7 +116,7 @@ func TestSubjectStrategies(t *testing.T) {
 		}
 	}
 	// A record name is needed for the record strategies.
-	_, err := newCodec(t, cl, func(c *schema.Config) { c.Subjects = schema.RecordName }, schema.TopicSchema{Topic: r.Name(t, "d"), Format: schema.JSONSchema, Text: `{"type": "object"}`})
+	_, err := startCodec(t, cl, func(c *schema.Config) { c.Subjects = schema.RecordName }, schema.TopicSchema{Topic: r.Name(t, "d"), Format: schema.JSONSchema, Text: `{"type": "object"}`})
 	if !errors.Is(err, schema.ErrInvalidSchema) || !strings.Contains(err.Error(), "title") {
 		t.Errorf("a JSON Schema without a title under RecordName: %v", err)
 	}
@@ -129,10 +129,10 @@ func TestNewRefusesAnIncompatibleSchemaNamingTheField(t *testing.T) {
 	r := schematest.New(t)
 	cl := r.Client(t)
 	topic := r.Name(t, "orders")
-	if _, err := newCodec(t, cl, nil, schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: read(t, "order.avsc")}); err != nil {
+	if _, err := startCodec(t, cl, nil, schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: read(t, "order.avsc")}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := newCodec(t, cl, nil, schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: orderV2})
+	_, err := startCodec(t, cl, nil, schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: orderV2})
 	var se *schema.SchemaError
 	if !errors.As(err, &se) || !errors.Is(err, schema.ErrIncompatible) {
 		t.Fatalf("an incompatible version: %v, want a *SchemaError matching ErrIncompatible", err)
@@ -143,7 +143,7 @@ func TestNewRefusesAnIncompatibleSchemaNamingTheField(t *testing.T) {
 	if versions, _ := cl.SubjectVersions(outboxtest.Ctx(t), topic+"-value"); !slices.Equal(versions, []int{1}) {
 		t.Errorf("versions after the refusal: %v, want [1]", versions)
 	}
-	c, err := newCodec(t, cl, nil, schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: orderV2Compatible})
+	c, err := startCodec(t, cl, nil, schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: orderV2Compatible})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestRequireRegisteredNeverRegisters(t *testing.T) {
 	topic := r.Name(t, "orders")
 	ts := schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: read(t, "order.avsc")}
 	require := func(c *schema.Config) { c.Registration = schema.RequireRegistered }
-	_, err := newCodec(t, cl, require, ts)
+	_, err := startCodec(t, cl, require, ts)
 	if !errors.Is(err, schema.ErrNotRegistered) || !strings.Contains(err.Error(), topic+"-value") {
 		t.Fatalf("an unknown subject: %v, want ErrNotRegistered naming the subject", err)
 	}
@@ -171,12 +171,12 @@ func TestRequireRegisteredNeverRegisters(t *testing.T) {
 	if _, err := cl.CreateSchema(outboxtest.Ctx(t), topic+"-value", sr.Schema{Schema: ts.Text, Type: sr.TypeAvro}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newCodec(t, cl, require, ts); err != nil {
+	if _, err := startCodec(t, cl, require, ts); err != nil {
 		t.Fatalf("a registered schema: %v", err)
 	}
 	other := ts
 	other.Text = orderV2Compatible
-	if _, err := newCodec(t, cl, require, other); !errors.Is(err, schema.ErrNotRegistered) {
+	if _, err := startCodec(t, cl, require, other); !errors.Is(err, schema.ErrNotRegistered) {
 		t.Errorf("a schema other than the registered one: %v, want ErrNotRegistered", err)
 	}
 }
@@ -199,7 +199,7 @@ func TestNewWithTheRegistryDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = newCodec(t, cl, nil, schema.TopicSchema{Topic: "orders", Format: schema.Avro, Text: read(t, "order.avsc")})
+	_, err = startCodec(t, cl, nil, schema.TopicSchema{Topic: "orders", Format: schema.Avro, Text: read(t, "order.avsc")})
 	var re *schema.RegistryError
 	if !errors.As(err, &re) || !errors.Is(err, schema.ErrRegistryUnavailable) || !strings.Contains(err.Error(), url) || !strings.Contains(err.Error(), "start the schema registry") {
 		t.Fatalf("a registry that is down: %v", err)
@@ -208,7 +208,7 @@ func TestNewWithTheRegistryDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := s.Requests()
-	_, err = newCodec(t, cl, nil, schema.TopicSchema{Topic: "orders", Format: schema.Avro, Text: `{"type": "record"}`})
+	_, err = startCodec(t, cl, nil, schema.TopicSchema{Topic: "orders", Format: schema.Avro, Text: `{"type": "record"}`})
 	if !errors.Is(err, schema.ErrInvalidSchema) || !strings.Contains(err.Error(), `topic "orders"`) {
 		t.Errorf("a schema that does not parse: %v", err)
 	}
