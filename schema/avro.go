@@ -68,10 +68,13 @@ func (c *avroCodec) json(body []byte) ([]byte, error) {
 	return json.Marshal(v)
 }
 
-// checkTarget refuses a struct target that lacks a field for one of the
-// record's fields (hamba/avro skips them silently, leaving a zero value
-// where the record had data): a Go type of another record, or of another
-// version. Maps and interfaces take any record.
+// checkTarget refuses a struct target that has none of the record's
+// fields (hamba/avro would skip them all and leave a zero value): a Go type
+// of another record. A struct that lacks some of the record's fields (an
+// older version of the type reading a newer record) or has fields the
+// record lacks (a newer type reading an older record) is fine: as Avro's
+// schema resolution does, the former are skipped and the latter stay zero.
+// Maps and interfaces take any record.
 func (c *avroCodec) checkTarget(v any) error {
 	rec, ok := c.schema.(*avro.RecordSchema)
 	if !ok {
@@ -104,12 +107,13 @@ func (c *avroCodec) checkTarget(v any) error {
 		names[name] = true
 	}
 	for _, f := range rec.Fields() {
-		if !names[f.Name()] {
-			err := fmt.Errorf("the Go type %v has no field for the record's %q (%s): tag one `avro:%q`, or decode into a type of this record", t, f.Name(), rec.FullName(), f.Name())
-			c.targets.Store(t, err)
-			return err
+		if names[f.Name()] {
+			c.targets.Store(t, nil)
+			return nil
 		}
 	}
-	c.targets.Store(t, nil)
-	return nil
+	err := fmt.Errorf("the Go type %v has none of the fields of the record %s: decode into a type of this record (fields tagged `avro:\"name\"`)", t, rec.FullName())
+	c.targets.Store(t, err)
+	return err
 }
+

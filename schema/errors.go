@@ -97,6 +97,9 @@ func (e *SchemaError) Error() string {
 	if len(e.Details) > 0 {
 		b.WriteString(": ")
 		b.WriteString(strings.Join(e.Details, "; "))
+	} else if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
 	}
 	return b.String()
 }

@@ -377,3 +377,38 @@ func TestTheRegistryDownLater(t *testing.T) {
 		t.Errorf("two records of an unseen id asked the registry %d times; want it once per id (schema and its versions)", n)
 	}
 }
+
+// A consumer whose Go type is of an older version reads a newer record
+// (a field added with a default): the new field is skipped, as Avro's
+// schema resolution does; a type of another record is refused.
+func TestDecodeReadsANewerVersionIntoAnOlderType(t *testing.T) {
+	t.Parallel()
+	reg := schematest.New(t)
+	topic := reg.Name(t, "orders")
+	cl := reg.Client(t)
+	if _, err := startCodec(t, cl, nil, schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: read(t, "order.avsc")}); err != nil {
+		t.Fatal(err)
+	}
+	v2, err := startCodec(t, cl, nil, schema.TopicSchema{Topic: topic, Format: schema.Avro, Text: orderV2Compatible})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := v2.NewMessage(topic, map[string]any{"id": "o9", "customer": "c", "qty": 3, "note": nil, "currency": "USD"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := startCodec(t, cl, nil) // no Schemas: it only reads
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old order
+	if err := reader.Decode(m, &old); err != nil || old.ID != "o9" || old.Qty != 3 {
+		t.Fatalf("a version-2 record into the version-1 type: %+v, %v", old, err)
+	}
+	var other struct {
+		Name string `avro:"name"`
+	}
+	if err := reader.Decode(m, &other); !errors.Is(err, schema.ErrMismatch) || !strings.Contains(err.Error(), "none of the fields") {
+		t.Errorf("a type of another record: %v", err)
+	}
+}

@@ -141,7 +141,7 @@ func run(ctx context.Context) error {
 	if !errors.As(err, &serr) || !errors.Is(err, schema.ErrMismatch) {
 		return fmt.Errorf("the malformed event was not refused with a *schema.SchemaError: %v", err)
 	}
-	fmt.Printf("refused: %v\n  because: %v\n", err, serr.Err)
+	fmt.Printf("refused: %v\n", err)
 	var n int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE id = 999`).Scan(&n); err != nil {
 		return err
