@@ -104,43 +104,10 @@ func (c *protobufCodec) record() string { return string(c.desc.FullName()) }
 func (c *protobufCodec) index() []int   { return c.idx }
 
 func (c *protobufCodec) validate(body []byte) error {
-	m := dynamicpb.NewMessage(c.desc)
-	if err := proto.Unmarshal(body, m); err != nil {
+	if err := checkProto(c.desc, body, 0); err != nil {
 		return fmt.Errorf("not a %s: %w", c.desc.FullName(), err)
 	}
-	if path := unknownField(m); path != "" {
-		return fmt.Errorf("not a %s: %s", c.desc.FullName(), path)
-	}
 	return nil
-}
-
-// unknownField names the first message (by its field path) that holds
-// fields the schema does not define, "" when there is none.
-func unknownField(m protoreflect.Message) string {
-	if len(m.GetUnknown()) > 0 {
-		return fmt.Sprintf("%s holds fields the schema does not define", m.Descriptor().FullName())
-	}
-	var found string
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.Message() == nil:
-		case fd.IsList():
-			for i := 0; i < v.List().Len() && found == ""; i++ {
-				found = unknownField(v.List().Get(i).Message())
-			}
-		case fd.IsMap():
-			if fd.MapValue().Message() != nil {
-				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-					found = unknownField(mv.Message())
-					return found == ""
-				})
-			}
-		default:
-			found = unknownField(v.Message())
-		}
-		return found == ""
-	})
-	return found
 }
 
 // goMessage returns v as a proto.Message of the schema's message, or says
