@@ -116,4 +116,3 @@ func (c *avroCodec) checkTarget(v any) error {
 	c.targets.Store(t, err)
 	return err
 }
-
