@@ -36,3 +36,7 @@ func (r registry) id(t *testing.T, subject string, s sr.Schema) int {
 	}
 	return got.ID
 }
+
+// name returns a topic name of base the registry's subjects of no other
+// test share.
+func (r registry) name(_ *testing.T, base string) string { return base }

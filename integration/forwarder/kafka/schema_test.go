@@ -95,6 +95,9 @@ type published struct {
 func (r schemaRun) run(t *testing.T) {
 	ctx := outboxtest.Ctx(t)
 	reg := newRegistry(t)
+	// Subjects are "<topic>-value": topics of their own, for a shared
+	// registry.
+	r.avroTopic, r.protoTopic = reg.name(t, r.avroTopic), reg.name(t, r.protoTopic)
 	for _, topic := range []string{r.avroTopic, r.protoTopic} {
 		if err := outbox.RegisterTopic(ctx, r.e.Pool, r.e.Schema, topic, 2); err != nil {
 			t.Fatal(err)
