@@ -4,27 +4,24 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/sr"
-	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/schema/schematest"
 )
 
 // registry is a schema registry of one test.
 type registry struct {
+	*schematest.Registry
 	url    string
 	client *sr.Client
 }
 
-// newRegistry returns the test's registry: franz-go's srfake in process.
+// newRegistry returns the test's registry: schematest's stand-in, or the
+// real one of OUTBOX_TEST_SCHEMA_REGISTRY_URL.
 func newRegistry(t *testing.T) registry {
 	t.Helper()
-	fake := srfake.New()
-	t.Cleanup(fake.Close)
-	cl, err := sr.NewClient(sr.URLs(fake.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return registry{url: fake.URL(), client: cl}
+	r := schematest.New(t)
+	return registry{Registry: r, url: r.URL, client: r.Client(t)}
 }
 
 // id returns the id the registry gave s under subject.
@@ -37,6 +34,8 @@ func (r registry) id(t *testing.T, subject string, s sr.Schema) int {
 	return got.ID
 }
 
-// name returns a topic name of base the registry's subjects of no other
-// test share.
-func (r registry) name(_ *testing.T, base string) string { return base }
+// name returns a topic name of base whose subjects no other test shares.
+func (r registry) name(t *testing.T, base string) string {
+	t.Helper()
+	return r.Name(t, base)
+}
