@@ -38,6 +38,24 @@ const (
 	DefaultCloudEventsTimeMetadata = "ce_time"
 )
 
+// Metadata keys of attributes a publisher may set per message (the schema
+// package's Publisher sets both with schema.Config.CloudEventsMetadata).
+// Unlike other keys a binding would read as an attribute, a message may
+// carry them; their attribute's header takes the place of theirs.
+const (
+	// DataSchemaMetadata is the metadata key of an event's dataschema
+	// attribute: an absolute URI (RFC 3986, section 4.3) of the schema the
+	// data adheres to, e.g. a schema registry's
+	// https://registry:8081/schemas/ids/7. A value that is no absolute URI
+	// rejects the message.
+	DataSchemaMetadata = "ce_dataschema"
+	// DataContentTypeMetadata is the metadata key of an event's
+	// datacontenttype attribute, a media type ("application/avro"): it
+	// takes the place of CloudEvents.DataContentType for that message. A
+	// value that is no media type rejects the message.
+	DataContentTypeMetadata = "ce_datacontenttype"
+)
+
 // CloudEvents makes a target (kafka.Config.CloudEvents,
 // jetstream.Config.CloudEvents) send each message as a CloudEvent 1.0 of
 // the broker's protocol binding (Kafka, NATS), readable by the CloudEvents
@@ -53,14 +71,20 @@ const (
 //     publisher set it, else the time the target builds the event;
 //   - subject: the message's key (the Kafka record key, the partition key
 //     on NATS), left out when it has none;
-//   - datacontenttype: DataContentType, left out when empty;
+//   - datacontenttype: the message's metadata DataContentTypeMetadata,
+//     else DataContentType; left out when both are empty;
+//   - dataschema: the message's metadata DataSchemaMetadata, left out
+//     when it has none;
 //   - data: the payload.
 //
 // A message the target cannot make an event of is rejected (outbox.Reject)
-// with a *outboxtype.MessageError: no type, a TimeMetadata that is no RFC 3339
-// time, or metadata the binding would read as an attribute (a key starting
-// with the binding's header prefix, "ce_" on Kafka and "ce-" on NATS,
-// other than TypeMetadata and TimeMetadata, or "content-type"). The outbox
+// with a *outboxtype.MessageError: no type, a TimeMetadata that is no RFC
+// 3339 time, a DataSchemaMetadata that is no absolute URI, a
+// DataContentTypeMetadata that is no media type, or metadata the binding
+// would read as an attribute (a key starting with the binding's header
+// prefix, "ce_" on Kafka and "ce-" on NATS, other than TypeMetadata,
+// TimeMetadata, DataSchemaMetadata and DataContentTypeMetadata, or
+// "content-type"). The outbox
 // metadata (outbox_id, outbox_incarnation, outbox_source…) stay headers in
 // both modes: the Kafka target's exactly-once tail read finds its records
 // by them. A tombstone (outbox.Tombstone) is sent in binary mode in both
@@ -89,7 +113,8 @@ type CloudEvents struct {
 	// attribute is refused, as for TypeMetadata.
 	TimeMetadata string
 	// DataContentType is the datacontenttype attribute of every event
-	// ("application/json"); empty: left out. In structured mode a JSON
+	// ("application/json") but those whose message has metadata
+	// DataContentTypeMetadata; empty: left out. In structured mode a JSON
 	// media type (application/json, text/json, …+json) puts a payload that
 	// is valid JSON into "data" as it is; any other payload goes into
 	// "data_base64".

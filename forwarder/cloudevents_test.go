@@ -32,6 +32,8 @@ func TestCloudEventsValidate(t *testing.T) {
 		"TimeMetadata is NATS's source header":    {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TimeMetadata: "ce-source"}, "CloudEvents.TimeMetadata"},
 		"TimeMetadata is the type header":         {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TimeMetadata: "ce_type"}, "CloudEvents.TimeMetadata"},
 		"the binding's own type and time headers": {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TypeMetadata: "ce-type", TimeMetadata: "CE_TIME"}, ""},
+		"TypeMetadata is the dataschema header":   {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TypeMetadata: forwarder.DataSchemaMetadata}, "CloudEvents.TypeMetadata"},
+		"TimeMetadata is the content type header": {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", TimeMetadata: forwarder.DataContentTypeMetadata}, "CloudEvents.TimeMetadata"},
 		"no media type":                           {forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/s", DataContentType: "json"}, "CloudEvents.DataContentType"},
 	} {
 		err := tc.cfg.Validate()

@@ -10,8 +10,10 @@ package cloudevents
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"mime"
+	"net/url"
 	"strings"
 	"time"
 
@@ -35,7 +37,7 @@ const ContentTypeHeader = "content-type"
 
 // Event is the attributes of one event, each as its canonical string.
 type Event struct {
-	ID, Source, Type, Time, Subject, DataContentType string
+	ID, Source, Type, Time, Subject, DataContentType, DataSchema string
 }
 
 // Attr is one attribute of an event.
@@ -45,7 +47,7 @@ type Attr struct{ Name, Value string }
 func (e Event) Attributes() []Attr {
 	all := []Attr{
 		{"specversion", SpecVersion}, {"id", e.ID}, {"source", e.Source}, {"type", e.Type},
-		{"time", e.Time}, {"subject", e.Subject}, {"datacontenttype", e.DataContentType},
+		{"time", e.Time}, {"subject", e.Subject}, {"datacontenttype", e.DataContentType}, {"dataschema", e.DataSchema},
 	}
 	out := all[:0]
 	for _, a := range all {
@@ -87,6 +89,9 @@ func Of(cfg forwarder.CloudEvents, msg *message.Message, key string, now time.Ti
 		}
 		e.Time = at.UTC().Format(time.RFC3339Nano)
 	}
+	if err := perMessage(&e, msg); err != nil {
+		return Event{}, err
+	}
 	for name, v := range map[string]string{"id": e.ID, "type": e.Type, "subject": e.Subject} {
 		if hasControl(v) {
 			return Event{}, &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("CloudEvents %s %q holds control characters, which an attribute cannot", name, v)}
@@ -94,6 +99,37 @@ func Of(cfg forwarder.CloudEvents, msg *message.Message, key string, now time.Ti
 	}
 	return e, nil
 }
+
+// perMessage sets e's attributes that msg's metadata gives
+// (forwarder.DataSchemaMetadata, forwarder.DataContentTypeMetadata), or
+// refuses their values.
+func perMessage(e *Event, msg *message.Message) error {
+	if v := msg.Metadata.Get(forwarder.DataSchemaMetadata); v != "" {
+		u, err := url.Parse(v)
+		if err == nil && (u.Scheme == "" || strings.Contains(v, "#") || strings.ContainsFunc(v, notInURI)) {
+			err = errors.New("not an absolute URI: scheme:path[?query], no fragment, no spaces")
+		}
+		if err != nil {
+			return &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("metadata %s is %q, no absolute URI (RFC 3986, section 4.3; e.g. https://registry:8081/schemas/ids/7): %v", forwarder.DataSchemaMetadata, v, err)}
+		}
+		e.DataSchema = v
+	}
+	if v := msg.Metadata.Get(forwarder.DataContentTypeMetadata); v != "" {
+		mt, _, err := mime.ParseMediaType(v)
+		if err == nil && (!strings.Contains(mt, "/") || hasControl(v)) {
+			err = errors.New("no type/subtype")
+		}
+		if err != nil {
+			return &outboxtype.MessageError{UUID: msg.UUID, Reason: fmt.Sprintf("metadata %s is %q, no media type (RFC 2046; e.g. application/avro): %v", forwarder.DataContentTypeMetadata, v, err)}
+		}
+		e.DataContentType = v
+	}
+	return nil
+}
+
+// notInURI reports a character a URI cannot hold as it is: a space or a
+// control character.
+func notInURI(r rune) bool { return r <= ' ' || r >= 0x7f }
 
 func typeKey(cfg forwarder.CloudEvents) string {
 	if cfg.TypeMetadata != "" {
@@ -110,10 +146,11 @@ func timeKey(cfg forwarder.CloudEvents) string {
 }
 
 // Consumed reports whether the metadata key is one the event is made of
-// (its type, even when CloudEvents.Type gives it, or its time): a binding
-// drops its header, the attribute's takes its place.
+// (its type, even when CloudEvents.Type gives it, its time, dataschema or
+// datacontenttype): a binding drops its header, the attribute's takes its
+// place.
 func Consumed(cfg forwarder.CloudEvents, key string) bool {
-	return key == typeKey(cfg) || key == timeKey(cfg)
+	return key == typeKey(cfg) || key == timeKey(cfg) || key == forwarder.DataSchemaMetadata || key == forwarder.DataContentTypeMetadata
 }
 
 // Reserved reports whether a receiver of the binding whose attribute
@@ -148,11 +185,12 @@ func Structured(e Event, data []byte) ([]byte, error) {
 		Subject         string          `json:"subject,omitempty"`
 		Time            string          `json:"time"`
 		DataContentType string          `json:"datacontenttype,omitempty"`
+		DataSchema      string          `json:"dataschema,omitempty"`
 		Data            json.RawMessage `json:"data,omitempty"`
 		DataBase64      string          `json:"data_base64,omitempty"`
 	}
 	doc.SpecVersion, doc.ID, doc.Source, doc.Type = SpecVersion, e.ID, e.Source, e.Type
-	doc.Subject, doc.Time, doc.DataContentType = e.Subject, e.Time, e.DataContentType
+	doc.Subject, doc.Time, doc.DataContentType, doc.DataSchema = e.Subject, e.Time, e.DataContentType, e.DataSchema
 	switch {
 	case len(data) == 0:
 	case isJSON(e.DataContentType) && json.Valid(data):

@@ -61,7 +61,8 @@ func TestJetStreamCloudEventsAreReadByTheSDK(t *testing.T) {
 				ev := cetest.Event(t, msg)
 				id := m.Metadata.Get(outbox.MetadataID)
 				if ev.ID() != id || ev.Source() != "https://shop.example/orders" || ev.Type() != "com.example.order.placed" ||
-					ev.Subject() != fmt.Sprintf("key-%d", i) || ev.DataContentType() != "application/json" || string(ev.Data()) != string(m.Payload) {
+					ev.Subject() != fmt.Sprintf("key-%d", i) || ev.DataContentType() != cetest.ContentType(m, "application/json") ||
+					ev.DataSchema() != m.Metadata.Get(forwarder.DataSchemaMetadata) || string(ev.Data()) != string(m.Payload) {
 					t.Fatalf("message %d: event %s, data %q", i, ev, ev.Data())
 				}
 				if i == 1 {
@@ -128,6 +129,8 @@ func TestJetStreamCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
 		{"a bad time", func(m *message.Message) { m.Metadata.Set("ce_time", "yesterday") }},
 		{"an attribute in metadata", func(m *message.Message) { m.Metadata.Set("ce-id", "mine") }},
 		{"a content type in metadata", func(m *message.Message) { m.Metadata.Set("content-type", "text/plain") }},
+		{"a dataschema that is no absolute URI", func(m *message.Message) { m.Metadata.Set(forwarder.DataSchemaMetadata, "schemas/ids/7") }},
+		{"a datacontenttype that is no media type", func(m *message.Message) { m.Metadata.Set(forwarder.DataContentTypeMetadata, "avro") }},
 	} {
 		t.Run(bad.name, func(t *testing.T) {
 			target := newTargetWith(t, jetstream.Config{URL: s.ClientURL(), CloudEvents: forwarder.CloudEvents{Mode: forwarder.CloudEventsBinary, Source: "/shop"}})

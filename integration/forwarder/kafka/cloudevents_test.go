@@ -55,7 +55,8 @@ func checkEvents(t *testing.T, rs []*kgo.Record, batch []*message.Message, encod
 		ev := cetest.Event(t, msg)
 		id := m.Metadata.Get(outbox.MetadataID)
 		if ev.SpecVersion() != "1.0" || ev.ID() != id || ev.Source() != "https://shop.example/orders" || ev.Type() != "com.example.order.placed" ||
-			ev.Subject() != string(r.Key) || ev.Subject() != fmt.Sprintf("key-%d", i) || ev.DataContentType() != "application/json" {
+			ev.Subject() != string(r.Key) || ev.Subject() != fmt.Sprintf("key-%d", i) || ev.DataContentType() != cetest.ContentType(m, "application/json") ||
+			ev.DataSchema() != m.Metadata.Get(forwarder.DataSchemaMetadata) {
 			t.Fatalf("record %d: event %s", i, ev)
 		}
 		if string(ev.Data()) != string(m.Payload) {
@@ -73,7 +74,7 @@ func checkEvents(t *testing.T, rs []*kgo.Record, batch []*message.Message, encod
 			t.Fatalf("record %d: headers %v", i, r.Headers)
 		}
 		if ct := kafkatest.Header(r, "content-type"); encoding == binding.EncodingStructured && ct != "application/cloudevents+json" ||
-			encoding == binding.EncodingBinary && (ct != "application/json" || kafkatest.Header(r, "ce_id") != id) {
+			encoding == binding.EncodingBinary && (ct != cetest.ContentType(m, "application/json") || kafkatest.Header(r, "ce_id") != id) {
 			t.Fatalf("record %d: content-type %q, headers %v", i, ct, r.Headers)
 		}
 	}
@@ -82,9 +83,11 @@ func checkEvents(t *testing.T, rs []*kgo.Record, batch []*message.Message, encod
 // The records of a target with CloudEvents are events the CloudEvents SDK
 // reads (the Kafka binding's rules: binary by its ce_ headers, structured
 // by content-type), in both delivery modes: id the stable outbox id,
-// subject the record key, time from metadata ce_time or the send's, data
-// the payload (in structured mode JSON as it is, other payloads in
-// data_base64).
+// subject the record key, time from metadata ce_time or the send's,
+// dataschema and datacontenttype from metadata ce_dataschema and
+// ce_datacontenttype when set, data the payload (in structured mode JSON
+// as it is, other payloads, the wire format of a schema's record among
+// them, in data_base64).
 func TestCloudEventsAreReadByTheSDK(t *testing.T) {
 	for _, ce := range ceModes {
 		for _, mode := range deliveryModes {
@@ -133,8 +136,9 @@ func TestCloudEventsKeepExactlyOnceThroughATakeover(t *testing.T) {
 
 // A message the target cannot make an event of is rejected (dead letter)
 // with a *outboxtype.MessageError, the messages before it delivered: no type,
-// a ce_time that is no RFC 3339 time, metadata a receiver would read as an
-// attribute (ce_…, content-type).
+// a ce_time that is no RFC 3339 time, a ce_dataschema that is no absolute
+// URI, a ce_datacontenttype that is no media type, metadata a receiver
+// would read as an attribute (ce_…, content-type).
 func TestCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
 	for _, bad := range []struct {
 		name string
@@ -145,6 +149,8 @@ func TestCloudEventsRejectMessagesWithoutAnEvent(t *testing.T) {
 		{"an attribute in metadata", func(m *message.Message) { m.Metadata.Set("ce_id", "mine") }},
 		{"an extension in metadata", func(m *message.Message) { m.Metadata.Set("CE_Traceparent", "x") }},
 		{"a content type in metadata", func(m *message.Message) { m.Metadata.Set("Content-Type", "text/plain") }},
+		{"a dataschema that is no absolute URI", func(m *message.Message) { m.Metadata.Set(forwarder.DataSchemaMetadata, "schemas/ids/7") }},
+		{"a datacontenttype that is no media type", func(m *message.Message) { m.Metadata.Set(forwarder.DataContentTypeMetadata, "avro") }},
 	} {
 		t.Run(bad.name, func(t *testing.T) {
 			c := kafkatest.New(t)

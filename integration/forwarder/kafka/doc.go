@@ -5,7 +5,9 @@
 // of its outbox partition, a broker outage, failed produce requests, an
 // instance killed in the middle of a batch, a zombie fenced, a committed
 // batch not sent again, records the broker refuses isolated within the
-// send, and what one instance holds open at 64 partitions.
+// send, what one instance holds open at 64 partitions, and records of
+// topics with a schema (package schema) decoded by an ordinary consumer
+// with franz-go's sr.Serde.
 //
 // The package has no code of its own.
 package kafka
