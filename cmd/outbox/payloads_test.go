@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	outbox "github.com/millrace/watermill-outbox"
+	"github.com/millrace/watermill-outbox/deadletter"
+	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/schema"
+)
+
+// orderSchema is the Avro schema of the tests' topic "orders".
+const orderSchema = `{"type":"record","name":"Order","namespace":"shop","fields":[{"name":"id","type":"string"},{"name":"note","type":"string"}]}`
+
+// registry is a schema registry for one test: its URL and a client of it.
+func registry(t *testing.T) (string, *sr.Client) {
+	t.Helper()
+	reg := srfake.New()
+	t.Cleanup(reg.Close)
+	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg.URL(), cl
+}
+
+// downRegistry is the URL of a registry that does not answer.
+func downRegistry() string {
+	reg := srfake.New()
+	reg.Close()
+	return reg.URL()
+}
+
+// dlq show and held list, given a schema registry (--schema-registry or
+// the --config file's schema_registry), show a payload in the wire format
+// decoded as JSON beside the raw bytes, and -o json gains payload_json;
+// with the registry down, the output says why for the payload and the
+// command exits 1 after it.
+func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
+	ctx := context.Background()
+	b := outboxtest.Setup(t)
+	c := newCLI(t, b.Schema)
+	b.Register("orders", 1)
+	url, cl := registry(t)
+	codec, err := schema.New(ctx, schema.Config{Client: cl, Schemas: []schema.TopicSchema{{Topic: "orders", Format: schema.Avro, Text: orderSchema}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := codec.Publisher(b.Publisher(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := codec.NewMessage("orders", map[string]any{"id": "o-1", "note": "fragile \x1b[2J"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, "customer-42")
+	if err := pub.Publish("orders", msg); err != nil {
+		t.Fatal(err)
+	}
+	text, schemaID, ok, err := codec.JSON(ctx, msg.Payload)
+	if err != nil || !ok {
+		t.Fatalf("the published payload is not in the wire format: %v %v", ok, err)
+	}
+	label := "payload (json, schema id " + strconv.Itoa(schemaID) + ")"
+	decoded := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(label) + ` +` + regexp.QuoteMeta(strconv.Quote(string(text))) + `$`)
+	raw := regexp.MustCompile(`(?m)^payload +"\\x00\\x00\\x00\\x00`)
+
+	// One group rejects the message (a dead letter), another holds its key.
+	store, err := deadletter.NewStore(deadletter.Config{Schema: b.Schema, Pool: b.Pool}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SequenceAll()
+	b.RejectingConsumer("shipping", "orders", store)
+	b.HoldingConsumer("billing", "orders", store, "customer-42")
+	outboxtest.WaitFor(t, "the message dead-lettered and held", 30*time.Second, func() bool {
+		return b.Rows("dead_letters") == 1 && b.Rows("held") == 1
+	})
+	id := itoa(b.Int("SELECT id FROM " + b.Schema + ".dead_letters"))
+
+	// dlq show: without a registry, the raw payload only.
+	if out := c.ok("dlq", "show", id); strings.Contains(out, "payload (json") || !raw.MatchString(out) {
+		t.Fatalf("dlq show without a registry:\n%s", out)
+	}
+	out := c.ok("dlq", "show", id, "--schema-registry", url)
+	if !decoded.MatchString(out) || !raw.MatchString(out) || strings.Contains(out, "\x1b") {
+		t.Fatalf("dlq show --schema-registry does not show the payload decoded beside the raw bytes (want %s):\n%s", decoded, out)
+	}
+	var shown struct {
+		Payload     []byte
+		PayloadJSON struct{ ID, Note string } `json:"payload_json"`
+		SchemaID    int                       `json:"payload_schema_id"`
+	}
+	c.json(&shown, "dlq", "show", id, "--schema-registry", url)
+	if shown.PayloadJSON.ID != "o-1" || shown.PayloadJSON.Note != "fragile \x1b[2J" || shown.SchemaID != schemaID || len(shown.Payload) == 0 {
+		t.Fatalf("dlq show -o json: %+v", shown)
+	}
+	// The --config file's schema_registry.
+	config := filepath.Join(t.TempDir(), "outbox.yaml")
+	if err := os.WriteFile(config, []byte("schema_registry: "+url+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := c.ok("dlq", "show", id, "--config", config); !decoded.MatchString(out) {
+		t.Fatalf("dlq show with schema_registry in --config:\n%s", out)
+	}
+
+	// held list: the head's payload and its JSON, after the table.
+	if out := c.ok("held", "list"); strings.Contains(out, "head of") {
+		t.Fatalf("held list without a registry shows the heads:\n%s", out)
+	}
+	out = c.ok("held", "list", "--schema-registry", url)
+	if !strings.Contains(out, `head of key "customer-42": group billing, topic orders, partition 0, seq 1, uuid `+msg.UUID) || !decoded.MatchString(out) || !raw.MatchString(out) {
+		t.Fatalf("held list --schema-registry does not show the head's payload decoded (want %s):\n%s", decoded, out)
+	}
+	var held []struct {
+		Key  string
+		Head struct {
+			UUID        string
+			PayloadJSON struct{ ID string } `json:"payload_json"`
+		}
+	}
+	c.json(&held, "held", "list", "--schema-registry", url)
+	if len(held) != 1 || held[0].Head.UUID != msg.UUID || held[0].Head.PayloadJSON.ID != "o-1" {
+		t.Fatalf("held list -o json: %+v", held)
+	}
+
+	// The registry down: each command still shows everything, says why
+	// the payload is not decoded, and exits 1.
+	down := downRegistry()
+	for _, args := range [][]string{{"dlq", "show", id}, {"held", "list"}} {
+		code, out, errOut := c.run("", append(args, "--schema-registry", down)...)
+		if code != exitError || !regexp.MustCompile(regexp.QuoteMeta(label)+` +NOT DECODED: schema: registry unavailable`).MatchString(out) ||
+			!raw.MatchString(out) || !strings.Contains(errOut, "1 of 1 payloads in the wire format could not be decoded") {
+			t.Fatalf("outbox %s with the registry down: exit %d\n%s\n%s", strings.Join(args, " "), code, out, errOut)
+		}
+	}
+	var failed struct {
+		Error string `json:"payload_json_error"`
+	}
+	code, jsonOut, _ := c.run("", "dlq", "show", id, "--schema-registry", down, "-o", "json")
+	if err := json.Unmarshal([]byte(jsonOut), &failed); err != nil || code != exitError || !strings.Contains(failed.Error, "registry unavailable") {
+		t.Fatalf("dlq show -o json with the registry down: exit %d, %v\n%s", code, err, jsonOut)
+	}
+	if code, _, errOut := c.run("", "dlq", "show", id, "--schema-registry", "registry:8081"); code != exitUsage || !strings.Contains(errOut, "is not the URL of a schema registry") {
+		t.Fatalf("a --schema-registry that is no URL: exit %d\n%s", code, errOut)
+	}
+}
