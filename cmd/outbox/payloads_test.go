@@ -17,6 +17,7 @@ import (
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
+	"github.com/millrace/watermill-outbox/internal/termsafe"
 	"github.com/millrace/watermill-outbox/schema"
 )
 
@@ -155,5 +156,17 @@ func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
 	}
 	if code, _, errOut := c.run("", "dlq", "show", id, "--schema-registry", "registry:8081"); code != exitUsage || !strings.Contains(errOut, "is not the URL of a schema registry") {
 		t.Fatalf("a --schema-registry that is no URL: exit %d\n%s", code, errOut)
+	}
+}
+
+// A long JSON rendering is cut as a long payload is, and says so.
+func TestALongDecodedPayloadIsCutLikeAPayload(t *testing.T) {
+	long := `{"a":"` + strings.Repeat("x", 40<<10) + `"}`
+	var b strings.Builder
+	printPayload(termsafe.NewWriter(&b), []byte("raw"), &decodedPayload{JSON: json.RawMessage(long), SchemaID: 3})
+	out := b.String()
+	want := "payload (json, schema id 3)\t" + strconv.Quote(long[:payloadPreviewBytes]) + "… (the first 16384 of " + strconv.Itoa(len(long)) + " bytes: -o json has it whole)\n"
+	if !strings.Contains(out, want) || !strings.HasPrefix(out, "payload\t\"raw\"\n") {
+		t.Fatalf("a long JSON rendering:\n%.300s", out)
 	}
 }
