@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -117,6 +120,12 @@ func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
 		t.Fatalf("dlq show with schema_registry in --config:\n%s", out)
 	}
 
+	// serve: the console's dead-letter page shows it decoded too.
+	if page := servePage(t, c, "dlq/"+id, "--schema-registry", url); !strings.Contains(page, "decoded with schema id "+strconv.Itoa(schemaID)) ||
+		!strings.Contains(page, "&#34;id&#34;: &#34;o-1&#34;") {
+		t.Fatalf("serve --schema-registry: the dead-letter page does not show the payload decoded:\n%s", page)
+	}
+
 	// held list: the head's payload and its JSON, after the table.
 	if out := c.ok("held", "list"); strings.Contains(out, "head of") {
 		t.Fatalf("held list without a registry shows the heads:\n%s", out)
@@ -169,4 +178,49 @@ func TestALongDecodedPayloadIsCutLikeAPayload(t *testing.T) {
 	if !strings.Contains(out, want) || !strings.HasPrefix(out, "payload\t\"raw\"\n") {
 		t.Fatalf("a long JSON rendering:\n%.300s", out)
 	}
+}
+
+// servePage runs outbox serve with args, reads the console's page path,
+// and stops it.
+func servePage(t *testing.T, c cli, path string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var errOut syncBuffer
+	go func() {
+		env := func(k string) string {
+			if k == "DATABASE_URL" {
+				return c.url
+			}
+			return ""
+		}
+		done <- execute(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--schema", c.schema}, args...), strings.NewReader(""), &bytes.Buffer{}, &errOut, env)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != exitOK {
+			t.Errorf("serve exited %d after an interrupt: %s", code, errOut.String())
+		}
+	}()
+	var addr string
+	outboxtest.WaitFor(t, "the console to listen", 30*time.Second, func() bool {
+		m := regexp.MustCompile(`console on (http://[^ ]+/) `).FindStringSubmatch(errOut.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil || strings.Contains(errOut.String(), "Error:")
+	})
+	if addr == "" {
+		t.Fatalf("serve did not start: %s", errOut.String())
+	}
+	resp, err := http.Get(addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /%s: %d\n%s", path, resp.StatusCode, body)
+	}
+	return string(body)
 }
