@@ -17,6 +17,14 @@ require (
 )
 
 require (
+	github.com/bufbuild/protocompile v0.14.1 // indirect
+	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
+	github.com/hamba/avro/v2 v2.31.0 // indirect
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3 // indirect
+	github.com/twmb/franz-go/pkg/sr v1.8.0 // indirect
+)
+
+require (
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
@@ -25,7 +33,7 @@ require (
 
 require (
 	github.com/ThreeDotsLabs/watermill-nats/v2 v2.2.0
-	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.5 // indirect
+	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.5
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect

@@ -32,6 +32,7 @@ import (
 	"github.com/millrace/watermill-outbox/inbox"
 	"github.com/millrace/watermill-outbox/outboxtest"
 	"github.com/millrace/watermill-outbox/relay"
+	"github.com/millrace/watermill-outbox/schema/schematest"
 
 	fixture "github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/pgtest"
@@ -45,7 +46,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // not library API.
 var libraryPackages = []string{
 	".", "adaptive", "admin", "console", "deadletter", "forwarder", "forwarder/jetstream", "forwarder/kafka", "inbox",
-	"metrics", "outboxtest", "outboxtype", "partitioning", "pipeline", "relay", "retention",
+	"metrics", "outboxtest", "outboxtype", "partitioning", "pipeline", "relay", "retention", "schema/schematest",
 }
 
 // An entry calls one exported function or method (its name as
@@ -152,6 +153,7 @@ var vocabulary = []error{
 	deadletter.ErrInvalidState, deadletter.ErrInvalidCursor, forwarder.ErrNotSent,
 	inbox.ErrNoPosition, inbox.ErrStale,
 	relay.ErrReplicationPrivilege, relay.ErrSlotActive, relay.ErrRecordVersion,
+	schematest.ErrNotStarted, schematest.ErrListen, // its other errors match outbox's
 	context.Canceled, context.DeadlineExceeded,
 }
 
@@ -248,7 +250,7 @@ func handler(*message.Message) error { return nil }
 
 // entries is the table: one entry per exported function and method of
 // the library packages (TestSweepCoversEveryExportedFunction checks it).
-var entries = slices.Concat(coreEntries, operationsEntries, forwarderEntries, consumersEntries, typesEntries)
+var entries = slices.Concat(coreEntries, operationsEntries, forwarderEntries, consumersEntries, typesEntries, schematestEntries)
 
 // requireWith runs RequirePublished with match m (a Match built from nil
 // and zero arguments) over a topic that holds a message, so that m is
