@@ -13,31 +13,39 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/sr"
-	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/millrace/watermill-outbox/console"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/consoletest"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/schema"
+	"github.com/millrace/watermill-outbox/schema/schematest"
 )
 
-// The schemas of the tests' topics: "orders" Avro, "notes" JSON Schema.
+// The schemas of the tests' topics: orders-… Avro, notes-… JSON Schema.
 const (
 	orderSchema = `{"type":"record","name":"Order","namespace":"shop","fields":[{"name":"id","type":"string"},{"name":"note","type":"string"}]}`
 	noteSchema  = `{"title":"Note","type":"object","properties":{"note":{"type":"string"}},"required":["note"]}`
 )
 
-// registry is a schema registry for one test, and the client of it.
-func registry(t *testing.T) *sr.Client {
+// downURL is the URL of a schema registry that does not answer: reg's
+// own stand-in, taken down (it stays down), or, with a real registry, a
+// stand-in of its own that went away.
+func downURL(t *testing.T, reg *schematest.Registry) string {
 	t.Helper()
-	reg := srfake.New()
-	t.Cleanup(reg.Close)
-	cl, err := sr.NewClient(sr.URLs(reg.URL()))
-	if err != nil {
+	s, u := reg.StandIn, reg.URL
+	if reg.External() {
+		s = schematest.NewStandIn()
+		var err error
+		if u, err = s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+	}
+	if err := s.Down(); err != nil {
 		t.Fatal(err)
 	}
-	return cl
+	return u
 }
 
 // A dead letter's payload in the wire format (an Avro record published
@@ -46,9 +54,11 @@ func registry(t *testing.T) *sr.Client {
 // cannot be reached the page says why and still shows the raw bytes.
 func TestDeadLetterPayloadIsShownDecodedWithItsSchema(t *testing.T) {
 	ctx := context.Background()
-	cl := registry(t)
+	reg := schematest.New(t)
+	cl := reg.Client(t)
+	orders, notes := reg.Name(t, "orders"), reg.Name(t, "notes") // subjects of their own, on a shared registry too
 	codec, err := schema.New(ctx, schema.Config{Client: cl, Schemas: []schema.TopicSchema{
-		{Topic: "orders", Format: schema.Avro, Text: orderSchema}, {Topic: "notes", Format: schema.JSONSchema, Text: noteSchema}}}, nil)
+		{Topic: orders, Format: schema.Avro, Text: orderSchema}, {Topic: notes, Format: schema.JSONSchema, Text: noteSchema}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,16 +68,17 @@ func TestDeadLetterPayloadIsShownDecodedWithItsSchema(t *testing.T) {
 	}
 	f := consoletest.NewWith(t, false, "", func(c *console.Config) { c.Payloads = reader })
 
-	f.B.Register("notes", 1)
+	f.B.Register(orders, 1)
+	f.B.Register(notes, 1)
 	pub, err := codec.Publisher(f.B.Publisher(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := codec.NewMessage("orders", map[string]any{"id": "o-1", "note": consoletest.Hostile})
+	msg, err := codec.NewMessage(orders, map[string]any{"id": "o-1", "note": consoletest.Hostile})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Publish("orders", msg); err != nil {
+	if err := pub.Publish(orders, msg); err != nil {
 		t.Fatal(err)
 	}
 	var note bytes.Buffer
@@ -76,10 +87,10 @@ func TestDeadLetterPayloadIsShownDecodedWithItsSchema(t *testing.T) {
 	if err := enc.Encode(map[string]string{"note": consoletest.Hostile}); err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Publish("notes", message.NewMessage("n-1", note.Bytes())); err != nil {
+	if err := pub.Publish(notes, message.NewMessage("n-1", note.Bytes())); err != nil {
 		t.Fatal(err)
 	}
-	entry := deadLetter(t, f.B, "orders")
+	entry := deadLetter(t, f.B, orders)
 
 	id := consoletest.Itoa(entry.ID)
 	text, schemaID, ok, err := reader.JSON(ctx, entry.Payload)
@@ -107,19 +118,17 @@ func TestDeadLetterPayloadIsShownDecodedWithItsSchema(t *testing.T) {
 	}
 
 	// A JSON Schema record holds the markup as it is: shown as text.
-	code, page = f.Get(t, "/dlq/"+consoletest.Itoa(deadLetter(t, f.B, "notes").ID))
+	code, page = f.Get(t, "/dlq/"+consoletest.Itoa(deadLetter(t, f.B, notes).ID))
 	if code != http.StatusOK || !strings.Contains(page, template.HTMLEscapeString(`"note": "<script>window.__pwned=1</script>`)) || strings.Contains(page, "<script>window") {
 		t.Fatalf("the page (%d) does not show a JSON Schema record's markup escaped:\n%s", code, page)
 	}
 
 	// A registry that cannot be reached: the page says why, with the raw
 	// bytes, and is no error page.
-	down := srfake.New()
-	downClient, err := sr.NewClient(sr.URLs(down.URL()))
+	downClient, err := sr.NewClient(sr.URLs(downURL(t, reg)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	down.Close()
 	blind, err := schema.New(ctx, schema.Config{Client: downClient, Timeout: 5 * time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -14,36 +14,35 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/sr"
-	"github.com/twmb/franz-go/pkg/sr/srfake"
-
 	outbox "github.com/millrace/watermill-outbox"
 	"github.com/millrace/watermill-outbox/deadletter"
 	"github.com/millrace/watermill-outbox/internal/outboxtest"
 	"github.com/millrace/watermill-outbox/internal/termsafe"
 	"github.com/millrace/watermill-outbox/schema"
+	"github.com/millrace/watermill-outbox/schema/schematest"
 )
 
-// orderSchema is the Avro schema of the tests' topic "orders".
+// orderSchema is the Avro schema of the tests' topic (orders-…).
 const orderSchema = `{"type":"record","name":"Order","namespace":"shop","fields":[{"name":"id","type":"string"},{"name":"note","type":"string"}]}`
 
-// registry is a schema registry for one test: its URL and a client of it.
-func registry(t *testing.T) (string, *sr.Client) {
+// downURL is the URL of a schema registry that does not answer: reg's
+// own stand-in, taken down (it stays down), or, with a real registry, a
+// stand-in of its own that went away.
+func downURL(t *testing.T, reg *schematest.Registry) string {
 	t.Helper()
-	reg := srfake.New()
-	t.Cleanup(reg.Close)
-	cl, err := sr.NewClient(sr.URLs(reg.URL()))
-	if err != nil {
+	s, u := reg.StandIn, reg.URL
+	if reg.External() {
+		s = schematest.NewStandIn()
+		var err error
+		if u, err = s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+	}
+	if err := s.Down(); err != nil {
 		t.Fatal(err)
 	}
-	return reg.URL(), cl
-}
-
-// downRegistry is the URL of a registry that does not answer.
-func downRegistry() string {
-	reg := srfake.New()
-	reg.Close()
-	return reg.URL()
+	return u
 }
 
 // dlq show and held list, given a schema registry (--schema-registry or
@@ -55,9 +54,10 @@ func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
 	ctx := context.Background()
 	b := outboxtest.Setup(t)
 	c := newCLI(t, b.Schema)
-	b.Register("orders", 1)
-	url, cl := registry(t)
-	codec, err := schema.New(ctx, schema.Config{Client: cl, Schemas: []schema.TopicSchema{{Topic: "orders", Format: schema.Avro, Text: orderSchema}}}, nil)
+	reg := schematest.New(t)
+	url, orders := reg.URL, reg.Name(t, "orders") // a subject of its own, on a shared registry too
+	b.Register(orders, 1)
+	codec, err := schema.New(ctx, schema.Config{Client: reg.Client(t), Schemas: []schema.TopicSchema{{Topic: orders, Format: schema.Avro, Text: orderSchema}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,12 +65,12 @@ func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := codec.NewMessage("orders", map[string]any{"id": "o-1", "note": "fragile \x1b[2J"})
+	msg, err := codec.NewMessage(orders, map[string]any{"id": "o-1", "note": "fragile \x1b[2J"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	msg.Metadata.Set(outbox.PublishPartitionKeyMetadata, "customer-42")
-	if err := pub.Publish("orders", msg); err != nil {
+	if err := pub.Publish(orders, msg); err != nil {
 		t.Fatal(err)
 	}
 	text, schemaID, ok, err := codec.JSON(ctx, msg.Payload)
@@ -87,8 +87,8 @@ func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.SequenceAll()
-	b.RejectingConsumer("shipping", "orders", store)
-	b.HoldingConsumer("billing", "orders", store, "customer-42")
+	b.RejectingConsumer("shipping", orders, store)
+	b.HoldingConsumer("billing", orders, store, "customer-42")
 	outboxtest.WaitFor(t, "the message dead-lettered and held", 30*time.Second, func() bool {
 		return b.Rows("dead_letters") == 1 && b.Rows("held") == 1
 	})
@@ -131,7 +131,7 @@ func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
 		t.Fatalf("held list without a registry shows the heads:\n%s", out)
 	}
 	out = c.ok("held", "list", "--schema-registry", url)
-	if !strings.Contains(out, `head of key "customer-42": group billing, topic orders, partition 0, seq 1, uuid `+msg.UUID) || !decoded.MatchString(out) || !raw.MatchString(out) {
+	if !strings.Contains(out, `head of key "customer-42": group billing, topic `+orders+`, partition 0, seq 1, uuid `+msg.UUID) || !decoded.MatchString(out) || !raw.MatchString(out) {
 		t.Fatalf("held list --schema-registry does not show the head's payload decoded (want %s):\n%s", decoded, out)
 	}
 	var held []struct {
@@ -148,7 +148,7 @@ func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
 
 	// The registry down: each command still shows everything, says why
 	// the payload is not decoded, and exits 1.
-	down := downRegistry()
+	down := downURL(t, reg)
 	for _, args := range [][]string{{"dlq", "show", id}, {"held", "list"}} {
 		code, out, errOut := c.run("", append(args, "--schema-registry", down)...)
 		if code != exitError || !regexp.MustCompile(regexp.QuoteMeta(label)+` +NOT DECODED: schema: registry unavailable`).MatchString(out) ||
