@@ -106,6 +106,23 @@ func TestLibraryPackagesKeepTheirDependenciesLean(t *testing.T) {
 	}
 }
 
+// The console renders a payload in the wire format through its
+// PayloadDecoder interface: it links neither package schema nor the
+// formats' libraries, so that an application mounting the console links
+// Avro, Protobuf and JSON Schema only when it uses them.
+func TestTheConsoleLinksNoSchemaFormat(t *testing.T) {
+	t.Parallel()
+	for dep := range strings.Lines(goList(t, ".", "list", "-deps", "./console")) {
+		dep = strings.TrimSpace(dep)
+		for _, f := range []string{"github.com/millrace/watermill-outbox/schema", "github.com/hamba/avro", "github.com/bufbuild/protocompile",
+			"github.com/santhosh-tekuri/jsonschema", "github.com/twmb/franz-go/pkg/sr", "google.golang.org/protobuf"} {
+			if dep == f || strings.HasPrefix(dep, f+"/") {
+				t.Errorf("./console links %s", dep)
+			}
+		}
+	}
+}
+
 // TestLibraryPackageListIsComplete fails when a public package is added
 // without a place in libraryPackages.
 func TestLibraryPackageListIsComplete(t *testing.T) {

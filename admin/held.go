@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/millrace/watermill-outbox/internal/errs"
 	"github.com/millrace/watermill-outbox/internal/sentinel"
 )
 
@@ -94,4 +96,48 @@ func (a *Admin) heldActionIn(ctx context.Context, r HeldRef, op, stmt string) (i
 	}
 	a.logger.Info("Held key: "+op, watermill.LogFields{"group": r.Group, "topic": r.Topic, "partition": r.Partition, "key": r.Key, "seq": r.Seq, "messages": n})
 	return n, nil
+}
+
+// HeldHead is the first message of a held key: the one retried.
+type HeldHead struct {
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	Seq       int64  `json:"seq"`
+	// UUID and Payload are the message's; Missing when the log or its
+	// payload's body no longer holds it (UUID "", Payload nil).
+	UUID    string `json:"uuid"`
+	Payload []byte `json:"payload"`
+	Missing bool   `json:"missing,omitempty"`
+}
+
+// HeldHeads returns the head message of every held key of f's group and
+// topic (each optional), with its payload, in the order Status lists the
+// held keys (HeadSeq): for reading what a key is held on. Status leaves
+// payloads out, as they may be large.
+func (a *Admin) HeldHeads(ctx context.Context, f Filter) (heads []HeldHead, err error) {
+	if ctx == nil {
+		return nil, errs.NilArgument("admin.HeldHeads: ctx", "pass a context")
+	}
+	if err := a.check(ctx); err != nil {
+		return nil, err
+	}
+	ctx, span := startSpan(ctx, "held heads", f.Group, f.Topic)
+	defer func() { span.EndWith(err) }()
+	rows, err := a.cfg.Pool.Query(ctx, a.q.HeldHeads, f.Group, f.Topic)
+	if err != nil {
+		return nil, schemaErr(fmt.Errorf("admin: held heads: %w", err), a.cfg.Schema)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var h HeldHead
+		if err := rows.Scan(&h.Group, &h.Topic, &h.Partition, &h.Seq, &h.UUID, &h.Payload, &h.Missing); err != nil {
+			return nil, fmt.Errorf("admin: held heads: %w", err)
+		}
+		heads = append(heads, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, schemaErr(fmt.Errorf("admin: held heads: %w", err), a.cfg.Schema)
+	}
+	return heads, nil
 }

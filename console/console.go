@@ -105,6 +105,12 @@ type Config struct {
 	// history API is read), never on its own: idle, it costs nothing.
 	HistoryWindow   time.Duration
 	HistoryInterval time.Duration
+	// Payloads, when set, renders each dead letter's payload that is in a
+	// schema registry's wire format as JSON beside its raw bytes: pass a
+	// *schema.Codec (schema.New with the registry's client and no
+	// Schemas). A payload the registry cannot decode shows why instead.
+	// Each decoding is bounded by Timeout too.
+	Payloads PayloadDecoder
 }
 
 // Validate reports the first impossible setting.
@@ -417,7 +423,7 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
-	c.render(w, r, "entry", http.StatusOK, view{Title: fmt.Sprintf("Dead letter %d", e.ID), Data: e})
+	c.render(w, r, "entry", http.StatusOK, view{Title: fmt.Sprintf("Dead letter %d", e.ID), Data: entryView{Entry: e, Decoded: c.decode(ctx, e.Payload)}})
 }
 
 // payload sends a dead letter's payload whole, as a file to save: never

@@ -42,7 +42,8 @@ type SourcesConfig struct {
 	Sources []Source
 	// Console is every source's console configuration: EnableActions,
 	// Token, Authorize, Timeout, RefreshInterval, Prefix (where the
-	// Sources console is mounted), AllowedHosts and the History settings.
+	// Sources console is mounted), AllowedHosts, the History settings and
+	// Payloads.
 	// Leave its Pool and Schema empty: each source's are its own. Its
 	// Timeout also bounds the sources page: a source that has not answered
 	// by then is shown unreachable.

@@ -31,6 +31,9 @@ type app struct {
 
 	databaseURL, schema, output string
 
+	// schemaRegistry is --schema-registry (payloads.go).
+	schemaRegistry string
+
 	// Several databases (sources.go): --config, --source-env, --source.
 	configPath string
 	sourceEnvs []string

@@ -23,6 +23,7 @@ func (a *app) dlqCommand() *cobra.Command {
 		Short: "Browse, replay, discard and purge dead letters",
 		Example: `  outbox dlq list --group billing --status pending
   outbox dlq show 42
+  outbox dlq show 42 --schema-registry http://registry:8081
   outbox dlq replay 42 --yes
   outbox dlq discard 43 --yes
   outbox dlq purge --older-than 720h --status replayed,discarded --yes`,
@@ -90,25 +91,31 @@ func (a *app) dlqCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.print(e, func(w *termsafe.Writer) {
+			codec, err := a.payloadDecoder(cmd.Context())
+			if err != nil {
+				return err
+			}
+			out := shownEntry{Entry: e}
+			if d, ok := decodePayload(cmd.Context(), codec, e.Payload); ok {
+				out.decodedPayload, out.decoded = d, &d
+			}
+			if err := a.print(out, func(w *termsafe.Writer) {
 				w.Printf("id\t%d\ngroup\t%s\ntopic\t%s\npartition\t%d\nseq\t%d\nuuid\t%s\nkey\t%s\nstatus\t%s\nattempts\t%d\nreason\t%s\n",
 					e.ID, e.Group, e.Topic, e.Partition, e.Seq, e.UUID, e.PartitionKey, e.Status, e.Attempts, e.Reason)
 				for _, k := range slices.Sorted(maps.Keys(e.Metadata)) {
 					w.Printf("metadata\t%s = %s\n", k, e.Metadata[k])
 				}
-				if utf8.Valid(e.Payload) {
-					head, cut := payloadPreview(e.Payload)
-					if cut {
-						w.Printf("payload\t%s… (the first %d of %d bytes: -o json has it whole)\n", strconv.Quote(head), len(head), len(e.Payload))
-					} else {
-						w.Printf("payload\t%s\n", strconv.Quote(head))
-					}
-				} else {
-					w.Printf("payload\t%d bytes, not UTF-8: use -o json\n", len(e.Payload))
-				}
-			})
+				printPayload(w, e.Payload, out.decoded)
+			}); err != nil {
+				return err
+			}
+			if out.Error != "" {
+				return undecoded(1, 1, out.Error)
+			}
+			return nil
 		},
 	}
+	a.schemaRegistryFlag(show, "show a payload in the registry's wire format decoded as JSON too")
 
 	var replayTopic string
 	var yes bool
@@ -230,6 +237,14 @@ It first counts what it would delete, by status, and asks before deleting (unles
 
 	cmd.AddCommand(list, show, replay, discard, purgeCmd)
 	return cmd
+}
+
+// shownEntry is a dead letter in the output of dlq show: with
+// --schema-registry, its payload decoded as JSON (payload_json).
+type shownEntry struct {
+	deadletter.Entry
+	decodedPayload
+	decoded *decodedPayload // for the table; nil when not decoded
 }
 
 // counts lists the plan's counts of statuses: "3 replayed, 5 discarded".

@@ -34,7 +34,8 @@ It listens on 127.0.0.1 by default. It is read-only unless --enable-actions, and
 It answers only to localhost, 127.0.0.1, [::1] and its --listen address (421 Misdirected Request for other Host
 headers, against DNS rebinding): name each other host it is reached under with --allowed-host.
 With several sources (--config), its first page shows every source side by side with a total, and each source's
-console is under /sources/NAME/.`,
+console is under /sources/NAME/. With --schema-registry (or schema_registry in --config), a dead letter's payload in
+the registry's wire format is shown decoded as JSON beside its raw bytes.`,
 		Example: `  outbox serve
   OUTBOX_CONSOLE_TOKEN=$(openssl rand -hex 16) outbox serve --listen 127.0.0.1:8080 --enable-actions
   outbox serve --listen 0.0.0.0:8080 --allowed-host ops.example.com
@@ -52,8 +53,14 @@ console is under /sources/NAME/.`,
 			cfg := console.Config{EnableActions: enableActions, Token: token,
 				AllowedHosts:  append(console.ListenHosts(listen), allowedHosts...),
 				HistoryWindow: historyWindow, HistoryInterval: historyEvery}
+			codec, err := a.payloadDecoder(ctx)
+			if err != nil {
+				return err
+			}
+			if codec != nil { // a nil *schema.Codec is no nil PayloadDecoder
+				cfg.Payloads = codec
+			}
 			var c http.Handler
-			var err error
 			if a.multiSource() {
 				c, err = a.sourcesConsole(ctx, cfg)
 			} else {
@@ -106,6 +113,7 @@ console is under /sources/NAME/.`,
 	cmd.Flags().StringArrayVar(&allowedHosts, "allowed-host", nil, "another host the console answers to, as NAME or NAME:PORT (repeatable)")
 	cmd.Flags().DurationVar(&historyWindow, "history-window", console.DefaultHistoryWindow, "how far back the group page's charts of lag and throughput go")
 	cmd.Flags().DurationVar(&historyEvery, "history-interval", console.DefaultHistoryInterval, "time between two samples of those charts (taken only while a page is open)")
+	a.schemaRegistryFlag(cmd, "show a dead letter's payload in the registry's wire format decoded as JSON too")
 	return cmd
 }
 

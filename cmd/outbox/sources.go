@@ -35,6 +35,7 @@ import (
 //	pipeline:         # outbox pipeline's flags, overridden by the command line
 //	  topics: [orders]
 //	  kafka: [broker1:9092]
+//	schema_registry: http://registry:8081   # --schema-registry
 //
 // Commands that act on one database take --source NAME (or need none when
 // one source is configured); status, migrate, pipeline and serve act on every
@@ -51,6 +52,9 @@ type sourceSpec struct {
 type fileConfig struct {
 	Sources  []sourceSpec `yaml:"sources"`
 	Pipeline pipelineFile `yaml:"pipeline"`
+	// SchemaRegistry is the schema registry's URL, for --schema-registry
+	// (payloads.go).
+	SchemaRegistry string `yaml:"schema_registry"`
 }
 
 // pipelineFile holds outbox pipeline's settings in the --config file.

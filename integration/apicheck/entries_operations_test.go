@@ -1,6 +1,7 @@
 package apicheck_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -101,6 +102,12 @@ var operationsEntries = []entry{
 			_, err := new(admin.Admin).DeadLetterHeld(e.ctx, admin.HeldRef{Group: "g", Topic: "orders", Key: "k"})
 			return err
 		})
+	}},
+	{"admin.Admin.HeldHeads", func(e *env) {
+		a := must(admin.New(admin.Config{Pool: e.pool, Schema: e.schema}, nil))(e)
+		var noCtx context.Context
+		e.fails("Admin.HeldHeads(nil ctx)", func() error { _, err := a.HeldHeads(noCtx, admin.Filter{}); return err })
+		e.fails("Admin{}.HeldHeads", func() error { _, err := new(admin.Admin).HeldHeads(e.ctx, admin.Filter{}); return err })
 	}},
 	{"admin.Admin.Exists", func(e *env) {
 		a := must(admin.New(admin.Config{Pool: e.pool, Schema: e.schema}, nil))(e)

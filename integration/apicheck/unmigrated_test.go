@@ -96,6 +96,7 @@ func TestUnmigratedSchemaIsErrNotMigrated(t *testing.T) {
 			held := admin.HeldRef{Group: "g", Topic: "orders", Key: "k"}
 			check("admin.RetryHeldNow", func() error { _, err := a.RetryHeldNow(ctx, held); return err })
 			check("admin.DeadLetterHeld", func() error { _, err := a.DeadLetterHeld(ctx, held); return err })
+			check("admin.HeldHeads", func() error { _, err := a.HeldHeads(ctx, admin.Filter{}); return err })
 			check("admin.Status", func() error { _, err := a.Status(ctx, admin.Filter{}); return err })
 
 			s := must(deadletter.NewStore(deadletter.Config{Pool: pool, Schema: schema}, nil))(e)

@@ -82,6 +82,7 @@ type Queries struct {
 	HeldRelease           string
 	HeldShowFull          string
 	HeldStatus            string
+	HeldHeads             string
 	HeldRetryNow          string
 	HeldRequestDeadLetter string
 	HeldClear             string

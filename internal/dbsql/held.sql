@@ -122,6 +122,21 @@ SELECT DISTINCT ON (group_name, topic, partition, partition_key, CASE WHEN parti
 FROM h
 ORDER BY group_name, topic, partition, partition_key, CASE WHEN partition_key IS NULL THEN seq END, seq;
 
+-- name: HeldHeads
+-- Admin: the head message of each held key of group $1 ('' for all) and
+-- topic $2 ('' for all), in the order of HeldStatus: group, topic,
+-- partition, seq, uuid ('' when the log no longer holds it), payload (from
+-- bodies when it is kept there), and whether the message or its payload is
+-- gone.
+SELECT DISTINCT ON (h.group_name, h.topic, h.partition, h.partition_key, CASE WHEN h.partition_key IS NULL THEN h.seq END)
+	h.group_name, h.topic, h.partition, h.seq, coalesce(l.uuid, ''),
+	coalesce(l.payload, (SELECT b.payload FROM {{schema}}.bodies b WHERE b.id = l.body_id)),
+	l.seq IS NULL OR (l.payload IS NULL AND NOT EXISTS (SELECT FROM {{schema}}.bodies b WHERE b.id = l.body_id))
+FROM {{schema}}.held h
+LEFT JOIN {{schema}}.log l ON l.topic = h.topic AND l.partition = h.partition AND l.seq = h.seq
+WHERE ($1 = '' OR h.group_name = $1) AND ($2 = '' OR h.topic = $2)
+ORDER BY h.group_name, h.topic, h.partition, h.partition_key, CASE WHEN h.partition_key IS NULL THEN h.seq END, h.seq;
+
 -- name: HeldRetryNow
 -- Admin: retries held key $4 of ($1 group, $2 topic, $3 partition) at once
 -- with a fresh count of attempts (a keyless message: $4 NULL and $5 its

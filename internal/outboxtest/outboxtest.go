@@ -20,6 +20,7 @@ package outboxtest
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"testing"
@@ -240,6 +241,25 @@ func (b *Bundle) HoldingConsumer(group, topic string, rejects outboxtype.RejectH
 			} else {
 				m.Ack()
 			}
+		}
+	}()
+}
+
+// RejectingConsumer subscribes group to topic with rejects as its
+// RejectHandler and rejects every message it is delivered (outbox.Reject),
+// until the test ends: with a deadletter.Store, each message becomes a dead
+// letter.
+func (b *Bundle) RejectingConsumer(group, topic string, rejects outboxtype.RejectHandler) {
+	b.T.Helper()
+	sub := b.Subscriber(group, func(c *outbox.SubscriberConfig) { c.RejectHandler = rejects })
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	if err != nil {
+		b.T.Fatal(err)
+	}
+	go func() {
+		for m := range msgs {
+			_ = outbox.Reject(m, errors.New("rejected by outboxtest.RejectingConsumer"))
+			m.Nack()
 		}
 	}()
 }
