@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -65,7 +66,15 @@ func (c *avroCodec) json(body []byte) ([]byte, error) {
 	if err := avro.Unmarshal(c.schema, body, &v); err != nil {
 		return nil, err
 	}
-	return json.Marshal(v)
+	// The text is shown to people (the CLI, the console, which escape it
+	// for their page): "<" stays "<", not "\u003c".
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // checkTarget refuses a struct target that has none of the record's

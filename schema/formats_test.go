@@ -220,3 +220,20 @@ func TestJSONSchemaValidation(t *testing.T) {
 		t.Error("a channel was encoded")
 	}
 }
+
+// The JSON of an Avro record is for people: markup stays as written (the
+// CLI and the console escape it for their output).
+func TestAvroJSONKeepsMarkupAsWritten(t *testing.T) {
+	c, err := compileAvro(read(t, "order.avsc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := c.encode(nil, order{ID: "<script>&", Customer: "c", Qty: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := c.json(body)
+	if err != nil || !strings.Contains(string(js), `"id":"<script>&"`) || strings.HasSuffix(string(js), "\n") {
+		t.Fatalf("json: %q, %v", js, err)
+	}
+}
