@@ -28,26 +28,6 @@ const (
 	noteSchema  = `{"title":"Note","type":"object","properties":{"note":{"type":"string"}},"required":["note"]}`
 )
 
-// downURL is the URL of a schema registry that does not answer: reg's
-// own stand-in, taken down (it stays down), or, with a real registry, a
-// stand-in of its own that went away.
-func downURL(t *testing.T, reg *schematest.Registry) string {
-	t.Helper()
-	s, u := reg.StandIn, reg.URL
-	if reg.External() {
-		s = schematest.NewStandIn()
-		var err error
-		if u, err = s.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-	}
-	if err := s.Down(); err != nil {
-		t.Fatal(err)
-	}
-	return u
-}
-
 // A dead letter's payload in the wire format (an Avro record published
 // through the schema Publisher) is shown decoded as JSON beside its raw
 // bytes, escaped (a <script> in a string is text); when the registry
@@ -125,7 +105,7 @@ func TestDeadLetterPayloadIsShownDecodedWithItsSchema(t *testing.T) {
 
 	// A registry that cannot be reached: the page says why, with the raw
 	// bytes, and is no error page.
-	downClient, err := sr.NewClient(sr.URLs(downURL(t, reg)))
+	downClient, err := sr.NewClient(sr.URLs(reg.DownURL(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

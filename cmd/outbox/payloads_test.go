@@ -25,26 +25,6 @@ import (
 // orderSchema is the Avro schema of the tests' topic (orders-…).
 const orderSchema = `{"type":"record","name":"Order","namespace":"shop","fields":[{"name":"id","type":"string"},{"name":"note","type":"string"}]}`
 
-// downURL is the URL of a schema registry that does not answer: reg's
-// own stand-in, taken down (it stays down), or, with a real registry, a
-// stand-in of its own that went away.
-func downURL(t *testing.T, reg *schematest.Registry) string {
-	t.Helper()
-	s, u := reg.StandIn, reg.URL
-	if reg.External() {
-		s = schematest.NewStandIn()
-		var err error
-		if u, err = s.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-	}
-	if err := s.Down(); err != nil {
-		t.Fatal(err)
-	}
-	return u
-}
-
 // dlq show and held list, given a schema registry (--schema-registry or
 // the --config file's schema_registry), show a payload in the wire format
 // decoded as JSON beside the raw bytes, and -o json gains payload_json;
@@ -148,7 +128,7 @@ func TestPayloadsAreShownDecodedWithTheSchemaRegistry(t *testing.T) {
 
 	// The registry down: each command still shows everything, says why
 	// the payload is not decoded, and exits 1.
-	down := downURL(t, reg)
+	down := reg.DownURL(t)
 	for _, args := range [][]string{{"dlq", "show", id}, {"held", "list"}} {
 		code, out, errOut := c.run("", append(args, "--schema-registry", down)...)
 		if code != exitError || !regexp.MustCompile(regexp.QuoteMeta(label)+` +NOT DECODED: schema: registry unavailable`).MatchString(out) ||

@@ -78,6 +78,12 @@ var schematestEntries = []entry{
 		e.call("Registry{}.Client(t)", func() { _ = new(schematest.Registry).Client(&fakeTB{}) })
 		e.call("Registry{}.Client(nil)", func() { _ = new(schematest.Registry).Client(nil) })
 	}},
+	{"schematest.Registry.DownURL", func(e *env) {
+		e.call("Registry{}.DownURL(nil)", func() { _ = new(schematest.Registry).DownURL(nil) })
+		tb := &cleanupTB{}
+		e.call("(*Registry)(nil).DownURL(t)", func() { _ = (*schematest.Registry)(nil).DownURL(tb) })
+		tb.runCleanups()
+	}},
 	{"schematest.Registry.Name", func(e *env) {
 		e.call("(*Registry)(nil).Name(t, \"\")", func() { _ = (*schematest.Registry)(nil).Name(&fakeTB{}, "") })
 		e.call("Registry{}.Name(nil, \"\")", func() { _ = new(schematest.Registry).Name(nil, "") })

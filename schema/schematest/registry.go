@@ -98,3 +98,33 @@ func (r *Registry) Name(t testing.TB, base string) string {
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return base + "-" + hex.EncodeToString(b[:])
 }
+
+// DownURL returns the URL of a registry that does not answer, for tests
+// of an outage: the stand-in's own, taken down (it stays down: call
+// StandIn.Up to bring it back), or, with a real registry (External), the
+// URL of a stand-in of the test's own that went away. It fails the test
+// when no stand-in can start. With a nil t it returns "".
+func (r *Registry) DownURL(t testing.TB) string {
+	if t == nil {
+		return ""
+	}
+	t.Helper()
+	var s *StandIn
+	var u string
+	if r != nil && r.StandIn != nil {
+		s, u = r.StandIn, r.URL
+	} else {
+		s = NewStandIn()
+		var err error
+		if u, err = s.Start(); err != nil {
+			t.Fatalf("schematest: start a stand-in to take down: %v", err)
+			return ""
+		}
+		t.Cleanup(func() { _ = s.Close() })
+	}
+	if err := s.Down(); err != nil {
+		t.Fatalf("schematest: take the stand-in down: %v", err)
+		return ""
+	}
+	return u
+}

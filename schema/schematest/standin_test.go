@@ -157,3 +157,26 @@ func TestLifecycleErrors(t *testing.T) {
 		t.Errorf("Close of a stand-in never started: %v", err)
 	}
 }
+
+// DownURL is a URL that refuses connections: the test registry's own
+// stand-in taken down, or, for an external registry, one of its own.
+func TestDownURLRefuses(t *testing.T) {
+	t.Parallel()
+	s, u, _ := standIn(t)
+	for name, r := range map[string]*schematest.Registry{
+		"a stand-in":           {URL: u, StandIn: s},
+		"an external registry": {URL: "http://registry.invalid:8081"},
+	} {
+		down := r.DownURL(t)
+		if r.StandIn != nil && down != r.URL {
+			t.Errorf("%s: DownURL %s, want its own URL %s", name, down, r.URL)
+		}
+		cl, err := sr.NewClient(sr.URLs(down))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cl.Subjects(t.Context()); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("%s: a client of DownURL: %v, want a refused connection", name, err)
+		}
+	}
+}
