@@ -186,12 +186,8 @@ func TestRequireRegisteredNeverRegisters(t *testing.T) {
 // registry is asked.
 func TestNewWithTheRegistryDown(t *testing.T) {
 	t.Parallel()
-	s := schematest.NewStandIn()
-	url, err := s.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	reg := schematest.NewStandInRegistry(t)
+	s, url := reg.StandIn, reg.URL
 	if err := s.Down(); err != nil {
 		t.Fatal(err)
 	}

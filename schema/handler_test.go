@@ -23,13 +23,8 @@ const stringValue = "syntax = \"proto3\";\npackage google.protobuf;\nmessage Str
 // an error to retry.
 func TestHandlerDecodesAndRejectsWhatItCannot(t *testing.T) {
 	t.Parallel()
-	s := schematest.NewStandIn()
-	url, err := s.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	reg := &schematest.Registry{URL: url, StandIn: s}
+	reg := schematest.NewStandInRegistry(t)
+	s := reg.StandIn
 	orders, names := reg.Name(t, "orders"), reg.Name(t, "names")
 	codec, err := schema.New(outboxtest.Ctx(t), schema.Config{Client: reg.Client(t), Schemas: []schema.TopicSchema{
 		{Topic: orders, Format: schema.Avro, Text: read(t, "order.avsc")},

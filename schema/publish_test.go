@@ -310,13 +310,8 @@ func TestTopicsWithoutASchemaPass(t *testing.T) {
 // registry is back, it is looked up once.
 func TestTheRegistryDownLater(t *testing.T) {
 	t.Parallel()
-	s := schematest.NewStandIn()
-	url, err := s.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	reg := &schematest.Registry{URL: url, StandIn: s}
+	reg := schematest.NewStandInRegistry(t)
+	s := reg.StandIn
 	e := newEnv(t, reg)
 	// A second version registered by another service: its id is unseen here.
 	other, err := reg.Client(t).CreateSchema(outboxtest.Ctx(t), e.topic+"-value", sr.Schema{Schema: orderV2Compatible, Type: sr.TypeAvro})

@@ -69,6 +69,12 @@ var schematestEntries = []entry{
 		e.call("New(t)", func() { _ = schematest.New(tb) })
 		tb.runCleanups()
 	}},
+	{"schematest.NewStandInRegistry", func(e *env) {
+		e.call("NewStandInRegistry(nil)", func() { _ = schematest.NewStandInRegistry(nil) })
+		tb := &cleanupTB{}
+		e.call("NewStandInRegistry(t)", func() { _ = schematest.NewStandInRegistry(tb) })
+		tb.runCleanups()
+	}},
 	{"schematest.Registry.External", func(e *env) {
 		e.call("(*Registry)(nil).External", func() { _ = (*schematest.Registry)(nil).External() })
 		e.call("Registry{}.External", func() { _ = new(schematest.Registry).External() })

@@ -38,6 +38,19 @@ func New(t testing.TB) *Registry {
 	if u := strings.TrimSpace(os.Getenv(EnvRegistryURL)); u != "" {
 		return &Registry{URL: strings.TrimRight(u, "/")}
 	}
+	return NewStandInRegistry(t)
+}
+
+// NewStandInRegistry returns a Registry served by a stand-in started for
+// the test and closed at its cleanup, whatever EnvRegistryURL says: for
+// the tests of an outage, which take it down (StandIn.Down) and bring it
+// back (StandIn.Up). A stand-in that cannot start fails the test.
+// NewStandInRegistry(nil) returns nil.
+func NewStandInRegistry(t testing.TB) *Registry {
+	if t == nil {
+		return nil
+	}
+	t.Helper()
 	s := NewStandIn()
 	u, err := s.Start()
 	if err != nil {
