@@ -38,6 +38,11 @@ import (
 // database answers, by default (FleetConfig.CheckInterval).
 const DefaultCheckInterval = 5 * time.Second
 
+// MinCheckTimeout is the least time a Fleet's check of a source's
+// database waits for its answer before it calls the source unreachable,
+// however short FleetConfig.CheckInterval is.
+const MinCheckTimeout = time.Second
+
 // Source is one database of a Fleet.
 type Source struct {
 	// Name names the source in every message it forwards (metadata
@@ -78,7 +83,9 @@ type FleetConfig struct {
 	// source's are its own.
 	Pipeline Config
 	// CheckInterval is how often the Fleet checks that each source's
-	// database answers (a query bounded by the interval), for Status and
+	// database answers (a query bounded by the interval, or by
+	// MinCheckTimeout when the interval is shorter: a database that takes
+	// 30 ms to open a connection is slow, not unreachable), for Status and
 	// the metric outbox_source_up (DefaultCheckInterval when 0).
 	CheckInterval time.Duration
 	// RestartBackoff bounds the wait before a source's pipeline that
@@ -426,7 +433,7 @@ func (f *Fleet) watch(ctx context.Context, s *fleetSource) {
 
 // checkOnce checks s's database once.
 func (f *Fleet) checkOnce(ctx context.Context, s *fleetSource) {
-	cctx, cancel := context.WithTimeout(ctx, f.cfg.CheckInterval)
+	cctx, cancel := context.WithTimeout(ctx, max(f.cfg.CheckInterval, MinCheckTimeout))
 	defer cancel()
 	_, err := s.src.Pool.Exec(cctx, "SELECT 1")
 	if ctx.Err() != nil {

@@ -73,9 +73,9 @@ func TestFleetQuietSourceHoldsTwoConnectionsAndWakesOnNotify(t *testing.T) {
 
 	eu.Publish("orders", outboxtest.Keyed("after", "a", 2, "eu"))
 	outboxtest.WaitFor(t, "the message after the quiet spell, woken by notifications", 30*time.Second, func() bool { return br.count("orders") == 9 })
-	if st := f.Status(); st[0].State != pipeline.SourceRunning {
-		t.Fatalf("the source is %s after the trim, want running", st[0].State)
-	}
+	outboxtest.WaitFor(t, "the source running after the trim", 30*time.Second, func() bool {
+		return f.Status()[0].State == pipeline.SourceRunning
+	})
 }
 
 // TrimIdleAfter must not be refused, and a negative one turns the trim off:

@@ -90,8 +90,9 @@ type Config struct {
 	// DefaultStandbyRetry).
 	StandbyRetry time.Duration
 	// WarnRetainedWAL: the relay (active or standby) logs an error when the
-	// slot keeps more WAL than this many bytes (default
-	// DefaultWarnRetainedWAL; negative: never).
+	// slot keeps more WAL than this many bytes, checked when Run starts and
+	// every StatusInterval (default DefaultWarnRetainedWAL; negative:
+	// never).
 	WarnRetainedWAL int64
 	// StatusInterval is how often the relay checks the slot's retained WAL
 	// (default DefaultStatusInterval).
@@ -300,6 +301,10 @@ func (r *Relay) start(ctx context.Context) error {
 // run is Run's loop, until ctx ends or an error retrying cannot mend.
 func (r *Relay) run(ctx context.Context) error {
 	if r.cfg.WarnRetainedWAL >= 0 {
+		// Once before streaming, which soon lets the slot's WAL go: a
+		// relay that starts on a backlog says so every time, not when its
+		// watcher happens to look first.
+		r.checkRetained(ctx)
 		r.life.Go(func() { r.watchRetained(ctx) })
 	}
 	failures := backoff.Streak{Jitter: r.jitter} // backoff.Default
@@ -442,12 +447,12 @@ func (r *Relay) watchRetained(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.StatusInterval)
 	defer ticker.Stop()
 	for {
-		r.checkRetained(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		}
+		r.checkRetained(ctx)
 	}
 }
 
