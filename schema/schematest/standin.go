@@ -131,13 +131,22 @@ func (s *StandIn) Down() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.startedLocked(); err != nil {
+		return err
+	}
+	s.stop()
+	return nil
+}
+
+// startedLocked refuses a stand-in that is closed or was never started;
+// s.mu is held.
+func (s *StandIn) startedLocked() error {
 	switch {
 	case s.closed:
 		return ErrClosed
 	case !s.started:
 		return ErrNotStarted
 	}
-	s.stop()
 	return nil
 }
 
@@ -150,13 +159,8 @@ func (s *StandIn) Up() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return ErrClosed
-	case !s.started:
-		return ErrNotStarted
-	case s.srv != nil:
-		return nil
+	if err := s.startedLocked(); err != nil || s.srv != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", s.addr)
 	if err != nil {
