@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -84,22 +85,23 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return p.next.Publish(topic, msgs...)
 	}
 	payloads := make([][]byte, len(msgs))
+	ids := make([]int, len(msgs))
 	for i, m := range msgs {
 		if m == nil {
 			continue // the wrapped Publisher refuses it, typed
 		}
-		payload, err := p.codec.check(t, m)
+		payload, id, err := p.codec.check(t, m)
 		if err != nil {
 			return err
 		}
-		payloads[i] = payload
+		payloads[i], ids[i] = payload, id
 	}
 	for i, m := range msgs {
 		if m == nil || payloads[i] == nil {
 			continue
 		}
 		m.Payload = payloads[i]
-		p.codec.mark(t, m, payloadID(payloads[i], t.id))
+		p.codec.mark(t, m, ids[i])
 	}
 	return p.next.Publish(topic, msgs...)
 }
@@ -113,54 +115,57 @@ func (p *Publisher) Close() error {
 }
 
 // check validates m for topic t and returns its payload in the wire
-// format; nil for a tombstone, which passes as it is.
-func (c *Codec) check(t *topicSchema, m *message.Message) ([]byte, error) {
+// format and the schema id it was validated against; a nil payload for a
+// tombstone, which passes as it is.
+func (c *Codec) check(t *topicSchema, m *message.Message) ([]byte, int, error) {
 	if len(m.Payload) == 0 && outbox.IsTombstone(m) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if md := m.Metadata.Get(MetadataSchemaID); md != "" {
-		return m.Payload, c.checkWire(t, m, md)
+		id, err := c.checkWire(t, m, md)
+		return m.Payload, id, err
 	}
 	if err := t.codec.validate(m.Payload); err != nil {
-		return nil, &SchemaError{Topic: t.topic, Subject: t.subject, Version: t.version, ID: t.id, UUID: m.UUID, Kind: ErrMismatch,
+		return nil, 0, &SchemaError{Topic: t.topic, Subject: t.subject, Version: t.version, ID: t.id, UUID: m.UUID, Kind: ErrMismatch,
 			Reason: "the payload does not match the topic's schema (fix the producer, or register the new schema)", Err: err}
 	}
 	out := make([]byte, 0, len(t.header)+len(m.Payload))
-	return append(append(out, t.header...), m.Payload...), nil
+	return append(append(out, t.header...), m.Payload...), t.id, nil
 }
 
-// checkWire validates a payload that says it is in the wire format.
-func (c *Codec) checkWire(t *topicSchema, m *message.Message, md string) error {
+// checkWire validates a payload that says it is in the wire format and
+// returns the schema id of its header.
+func (c *Codec) checkWire(t *topicSchema, m *message.Message, md string) (int, error) {
 	mismatch := func(version, id int, reason string, err error) error {
 		return &SchemaError{Topic: t.topic, Subject: t.subject, Version: version, ID: id, UUID: m.UUID, Kind: ErrMismatch, Reason: reason, Err: err}
 	}
 	id, body, err := (&sr.ConfluentHeader{}).DecodeID(m.Payload)
 	if err != nil {
-		return mismatch(t.version, t.id, fmt.Sprintf("metadata %s is %q but the payload is not in the wire format (magic byte 0, schema id): publish the record itself without that metadata, or make the message with Codec.NewMessage", MetadataSchemaID, md), err)
+		return 0, mismatch(t.version, t.id, fmt.Sprintf("metadata %s is %q but the payload is not in the wire format (magic byte 0, schema id): publish the record itself without that metadata, or make the message with Codec.NewMessage", MetadataSchemaID, md), err)
 	}
-	if md != fmt.Sprint(id) {
-		return mismatch(t.version, id, fmt.Sprintf("metadata %s is %q but the payload's header says %d", MetadataSchemaID, md, id), nil)
+	if md != strconv.Itoa(id) {
+		return 0, mismatch(t.version, id, fmt.Sprintf("metadata %s is %q but the payload's header says %d", MetadataSchemaID, md, id), nil)
 	}
 	if id == t.id && bytes.HasPrefix(m.Payload, t.header) {
 		if err := t.codec.validate(m.Payload[len(t.header):]); err != nil {
-			return mismatch(t.version, id, "the record does not match the schema of its id", err)
+			return 0, mismatch(t.version, id, "the record does not match the schema of its id", err)
 		}
-		return nil
+		return id, nil
 	}
 	ctx, cancel := context.WithTimeout(m.Context(), c.cfg.Timeout)
 	defer cancel()
 	version, err := c.versionOf(ctx, t, id)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	codec, body, err := c.codecOf(ctx, id, body)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := codec.validate(body); err != nil {
-		return mismatch(version, id, "the record does not match the schema of its id", err)
+		return 0, mismatch(version, id, "the record does not match the schema of its id", err)
 	}
-	return nil
+	return id, nil
 }
 
 // mark sets the schema's metadata on m.
@@ -173,9 +178,9 @@ func (c *Codec) mark(t *topicSchema, m *message.Message, id int) {
 		m.Metadata.Set(MetadataSchemaID, t.idText)
 		m.Metadata.Set(MetadataVersion, t.verText)
 	} else {
-		m.Metadata.Set(MetadataSchemaID, fmt.Sprint(id))
+		m.Metadata.Set(MetadataSchemaID, strconv.Itoa(id))
 		if v, ok := c.knownVersion(t, id); ok {
-			m.Metadata.Set(MetadataVersion, fmt.Sprint(v))
+			m.Metadata.Set(MetadataVersion, strconv.Itoa(v))
 		}
 	}
 	if c.cfg.CloudEventsMetadata {
@@ -184,14 +189,4 @@ func (c *Codec) mark(t *topicSchema, m *message.Message, id int) {
 		}
 		m.Metadata.Set(MetadataCloudEventsContentType, t.format.ContentType())
 	}
-}
-
-// payloadID is the schema id of a payload in the wire format (def when it
-// cannot be read: the payload was just encoded with def).
-func payloadID(payload []byte, def int) int {
-	id, _, err := (&sr.ConfluentHeader{}).DecodeID(payload)
-	if err != nil {
-		return def
-	}
-	return id
 }
