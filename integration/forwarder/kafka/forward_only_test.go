@@ -55,7 +55,7 @@ func TestForwardOnlyTopicGoesToKafkaWithoutTheLog(t *testing.T) {
 	r := &fwdtest.Received{}
 	c.Consume(t, topic, r)
 	outboxtest.WaitFor(t, "every message forwarded", 2*time.Minute, func() bool {
-		return a.Stats().Messages+b.Stats().Messages == int64(pub.Count()) && r.Distinct() == pub.Count()
+		return a.Stats().Messages+b.Stats().Messages >= int64(pub.Count()) && r.Distinct() == pub.Count()
 	})
 	if dups := r.Check(t, pub.Snapshot(), nil); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
@@ -124,7 +124,7 @@ func TestForwardOnlyTopicInTheLogBasedMode(t *testing.T) {
 	got := &fwdtest.Received{}
 	c.Consume(t, topic, got)
 	outboxtest.WaitFor(t, "every message forwarded", 2*time.Minute, func() bool {
-		return a.Stats().Messages+f.Stats().Messages == int64(pub.Count()) && got.Distinct() == pub.Count()
+		return a.Stats().Messages+f.Stats().Messages >= int64(pub.Count()) && got.Distinct() == pub.Count()
 	})
 	if dups := got.Check(t, pub.Snapshot(), nil); dups != 0 {
 		t.Fatalf("%d duplicates", dups)

@@ -89,7 +89,7 @@ func TestForwarderCreatesTheMissingKafkaTopicWhenAsked(t *testing.T) {
 	fwd, _ := runForwarderLogged(t, e, newTargetWith(t, kafka.Config{Brokers: c.Brokers, CreateTopics: true}), "orders", topic, logs)
 	pub := fwdtest.NewPublisher(t, e)
 	pub.Round("orders", 20, nil)
-	outboxtest.WaitFor(t, "the messages forwarded", time.Minute, func() bool { return fwd.Stats().Messages == 20 })
+	outboxtest.WaitFor(t, "the messages forwarded", time.Minute, func() bool { return fwd.Stats().Messages >= 20 }) // a batch confirmed again after a failed cursor write counts twice
 	md, err := c.Admin().ListTopics(context.Background(), topic)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestForwarderWarnsOfUnequalPartitionCounts(t *testing.T) {
 	fwd, _ := runForwarder(t, e, target, "orders", topic)
 	pub := fwdtest.NewPublisher(t, e)
 	pub.Round("orders", 20, nil)
-	outboxtest.WaitFor(t, "the messages forwarded", time.Minute, func() bool { return fwd.Stats().Messages == 20 })
+	outboxtest.WaitFor(t, "the messages forwarded", time.Minute, func() bool { return fwd.Stats().Messages >= 20 }) // a batch confirmed again after a failed cursor write counts twice
 	warned := false
 	for _, entries := range logs.Captured() {
 		for _, l := range entries {
